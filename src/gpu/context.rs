@@ -1,0 +1,261 @@
+//! The one GPU context: adapter, device, queue, limits, features and the pipeline cache.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use wgpu::util::DeviceExt;
+
+use super::{shaders, GpuError};
+
+/// What the caller needs from the device.
+#[derive(Clone, Debug)]
+pub struct ContextOptions {
+    /// The largest single storage binding the caller will bind (bytes).
+    /// The device is refused with [`GpuError::Limits`] if the adapter offers less.
+    pub min_storage_binding: u64,
+    /// Prefer a CPU (software) adapter; tests pin lavapipe this way when a real GPU exists.
+    pub force_fallback_adapter: bool,
+}
+
+impl Default for ContextOptions {
+    fn default() -> Self {
+        ContextOptions { min_storage_binding: 64 << 20, force_fallback_adapter: false }
+    }
+}
+
+/// Key of the pipeline cache: shader file, entry point, and override constants
+/// (sorted by name, values as f64 bits so the key is hashable).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct PipelineKey {
+    shader: String,
+    entry: String,
+    constants: Vec<(String, u64)>,
+}
+
+/// Owns device, queue, limits and every cache. Every op gets GPU resources through it.
+pub struct Context {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    /// Features the adapter offers (probed, not all requested: `shader-f16` is never required).
+    pub adapter_features: wgpu::Features,
+    modules: Mutex<HashMap<String, Arc<wgpu::ShaderModule>>>,
+    pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
+}
+
+impl Context {
+    /// Finds an adapter (Vulkan natively, `navigator.gpu` on the web) and creates the device,
+    /// requesting the limits the adapter offers.
+    pub async fn new(options: ContextOptions) -> Result<Context, GpuError> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle().with_env());
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                force_fallback_adapter: options.force_fallback_adapter,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| {
+                GpuError::NoAdapter(format!(
+                    "{e}. Natively pagedlm needs a Vulkan driver (on Debian: apt-get install mesa-vulkan-drivers); \
+                     in Chromium, WebGPU must be enabled (headless: --enable-unsafe-webgpu)"
+                ))
+            })?;
+        let info = adapter.get_info();
+        let adapter_limits = adapter.limits();
+        let adapter_features = adapter.features();
+        let need = options.min_storage_binding;
+        if (adapter_limits.max_storage_buffer_binding_size as u64) < need {
+            return Err(GpuError::Limits(format!(
+                "maxStorageBufferBindingSize is {} bytes, {} needed",
+                adapter_limits.max_storage_buffer_binding_size, need
+            )));
+        }
+        if adapter_limits.max_compute_invocations_per_workgroup < 64 {
+            return Err(GpuError::Limits(format!(
+                "maxComputeInvocationsPerWorkgroup is {}, 64 needed",
+                adapter_limits.max_compute_invocations_per_workgroup
+            )));
+        }
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("pagedlm"),
+                required_features: wgpu::Features::empty(),
+                required_limits: adapter_limits.clone(),
+                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            })
+            .await
+            .map_err(|e| GpuError::Device(e.to_string()))?;
+        let limits = device.limits();
+        Ok(Context {
+            device,
+            queue,
+            info,
+            limits,
+            adapter_features,
+            modules: Mutex::new(HashMap::new()),
+            pipelines: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A one-line description of the adapter, e.g. "llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan, Cpu)".
+    pub fn adapter_name(&self) -> String {
+        format!("{} ({:?}, {:?})", self.info.name, self.info.backend, self.info.device_type)
+    }
+
+    /// True when the "GPU" is a CPU emulation (lavapipe, SwiftShader): kernels choose
+    /// register-heavy, barrier-free variants there (see KERNELS.md).
+    pub fn is_cpu(&self) -> bool {
+        self.info.device_type == wgpu::DeviceType::Cpu
+    }
+
+    fn module(&self, shader: &str) -> Result<Arc<wgpu::ShaderModule>, GpuError> {
+        let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = modules.get(shader) {
+            return Ok(m.clone());
+        }
+        let src = shaders::source(shader).ok_or_else(|| GpuError::UnknownShader(shader.to_string()))?;
+        let module = Arc::new(self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(shader),
+            source: wgpu::ShaderSource::Wgsl(src.into()),
+        }));
+        modules.insert(shader.to_string(), module.clone());
+        Ok(module)
+    }
+
+    /// The compute pipeline for `shader`'s `entry` with the given override constants,
+    /// compiled once and cached. Its layout is derived from the shader ("auto"), so a
+    /// shader must use every binding it declares.
+    pub fn pipeline(
+        &self,
+        shader: &str,
+        entry: &str,
+        constants: &[(&str, f64)],
+    ) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
+        let mut sorted: Vec<(String, u64)> = constants.iter().map(|(k, v)| (k.to_string(), v.to_bits())).collect();
+        sorted.sort();
+        let key = PipelineKey { shader: shader.to_string(), entry: entry.to_string(), constants: sorted };
+        if let Some(p) = self.pipelines.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(p.clone());
+        }
+        let module = self.module(shader)?;
+        let pipeline = Arc::new(self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&format!("{shader}::{entry}")),
+            layout: None,
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: wgpu::PipelineCompilationOptions { constants, ..Default::default() },
+            cache: None,
+        }));
+        self.pipelines.lock().unwrap_or_else(|e| e.into_inner()).insert(key, pipeline.clone());
+        Ok(pipeline)
+    }
+
+    /// Number of distinct pipelines compiled so far.
+    pub fn pipeline_count(&self) -> usize {
+        self.pipelines.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// A storage buffer initialised with `data` (readable and writable by kernels, copyable both ways).
+    pub fn storage_init(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
+        // wgpu requires buffer sizes to be multiples of 4 for copies; pad.
+        let mut padded;
+        let bytes = if data.len() % 4 != 0 || data.is_empty() {
+            padded = data.to_vec();
+            padded.resize(data.len().div_ceil(4).max(1) * 4, 0);
+            &padded[..]
+        } else {
+            data
+        };
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytes,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        })
+    }
+
+    /// A zero-filled storage buffer of `size` bytes (rounded up to 4).
+    pub fn storage_zeroed(&self, label: &str, size: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: size.div_ceil(4).max(1) * 4,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// A uniform buffer holding `data` (a `#[repr(C)]` Pod struct padded to 16 bytes by the caller
+    /// or by this function), writable later with `queue.write_buffer`.
+    pub fn uniform_init(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
+        let mut padded = data.to_vec();
+        padded.resize(data.len().div_ceil(16).max(1) * 16, 0);
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: &padded,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        })
+    }
+
+    /// Copies `size` bytes at `offset` of `buffer` to the CPU. Submits a copy and waits through
+    /// `map_async`, which works natively (the device is polled) and on the web (the browser's
+    /// event loop completes the map). Recorded work submitted before is complete when this returns.
+    pub async fn read_bytes(&self, buffer: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>, GpuError> {
+        if offset % 4 != 0 || size % 4 != 0 || offset + size > buffer.size() {
+            return Err(GpuError::Readback(format!(
+                "range {offset}..{} of a {}-byte buffer is out of bounds or not 4-byte aligned",
+                offset + size,
+                buffer.size()
+            )));
+        }
+        if size == 0 {
+            return Ok(Vec::new());
+        }
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
+        encoder.copy_buffer_to_buffer(buffer, offset, &staging, 0, size);
+        self.queue.submit(Some(encoder.finish()));
+        self.map_staging(&staging).await
+    }
+
+    /// Maps an already-filled MAP_READ buffer and returns its contents.
+    pub async fn map_staging(&self, staging: &wgpu::Buffer) -> Result<Vec<u8>, GpuError> {
+        let slice = staging.slice(..);
+        let (tx, rx) = futures_channel::oneshot::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        rx.await
+            .map_err(|_| GpuError::Readback("the map callback was dropped".into()))?
+            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        let data = slice
+            .get_mapped_range()
+            .map_err(|e| GpuError::Readback(e.to_string()))?
+            .to_vec();
+        staging.unmap();
+        Ok(data)
+    }
+
+    /// Reads `len` f32 values starting at element `start`.
+    pub async fn read_f32(&self, buffer: &wgpu::Buffer, start: u64, len: u64) -> Result<Vec<f32>, GpuError> {
+        let bytes = self.read_bytes(buffer, start * 4, len * 4).await?;
+        Ok(bytemuck::cast_slice(&bytes).to_vec())
+    }
+
+    /// Reads `len` u32 values starting at element `start`.
+    pub async fn read_u32(&self, buffer: &wgpu::Buffer, start: u64, len: u64) -> Result<Vec<u32>, GpuError> {
+        let bytes = self.read_bytes(buffer, start * 4, len * 4).await?;
+        Ok(bytemuck::cast_slice(&bytes).to_vec())
+    }
+}

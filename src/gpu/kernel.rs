@@ -1,0 +1,114 @@
+//! A recorded-once unit of GPU work and the recorder that batches them into one submission.
+
+use std::sync::Arc;
+
+use super::Context;
+
+/// One dispatch: pipeline, bind group (group 0) and workgroup count. Built by a launcher in
+/// [`super::ops`] after its shape contract has been checked; recorded any number of times.
+pub struct Kernel {
+    pub name: &'static str,
+    pub pipeline: Arc<wgpu::ComputePipeline>,
+    pub bind_group: wgpu::BindGroup,
+    pub workgroups: [u32; 3],
+    /// Uniform buffers the kernel owns (kept alive with it; rewritable through the queue).
+    pub params: Option<wgpu::Buffer>,
+}
+
+impl Kernel {
+    /// Builds a kernel, binding `resources` to bindings 0, 1, 2, ... of group 0 in order.
+    pub fn new(
+        ctx: &Context,
+        name: &'static str,
+        pipeline: Arc<wgpu::ComputePipeline>,
+        resources: &[wgpu::BindingResource<'_>],
+        workgroups: [u32; 3],
+        params: Option<wgpu::Buffer>,
+    ) -> Kernel {
+        let layout = pipeline.get_bind_group_layout(0);
+        let entries: Vec<wgpu::BindGroupEntry<'_>> = resources
+            .iter()
+            .enumerate()
+            .map(|(i, r)| wgpu::BindGroupEntry { binding: i as u32, resource: r.clone() })
+            .collect();
+        let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(name),
+            layout: &layout,
+            entries: &entries,
+        });
+        Kernel { name, pipeline, bind_group, workgroups, params }
+    }
+
+    /// Keeps `params` alive with the kernel (a uniform the kernel reads).
+    pub fn owning(mut self, params: wgpu::Buffer) -> Kernel {
+        self.params = Some(params);
+        self
+    }
+
+    /// Records this dispatch into an open compute pass.
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>) {
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind_group, &[]);
+        pass.dispatch_workgroups(self.workgroups[0], self.workgroups[1], self.workgroups[2]);
+    }
+}
+
+/// Splits a linear workgroup count over x and y so that no dimension exceeds the device limit
+/// (65,535 on most devices). Kernels recover the linear index as `wg.x + wg.y * num_workgroups.x`.
+pub fn split_workgroups(ctx: &Context, count: u32) -> [u32; 3] {
+    let max = ctx.limits.max_compute_workgroups_per_dimension.max(1);
+    if count <= max {
+        [count.max(1), 1, 1]
+    } else {
+        let y = count.div_ceil(max);
+        [count.div_ceil(y), y, 1]
+    }
+}
+
+/// Collects the dispatches and copies of one step into a single command buffer and submission.
+pub struct Recorder<'a> {
+    ctx: &'a Context,
+    encoder: wgpu::CommandEncoder,
+    pass: Option<wgpu::ComputePass<'static>>,
+    dispatches: usize,
+}
+
+impl<'a> Recorder<'a> {
+    pub fn new(ctx: &'a Context, label: &str) -> Recorder<'a> {
+        let encoder = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
+        Recorder { ctx, encoder, pass: None, dispatches: 0 }
+    }
+
+    /// Records a kernel; consecutive kernels share one compute pass (WebGPU orders storage
+    /// writes between dispatches of a pass).
+    pub fn dispatch(&mut self, kernel: &Kernel) {
+        if self.pass.is_none() {
+            let pass = self
+                .encoder
+                .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("step"), timestamp_writes: None })
+                .forget_lifetime();
+            self.pass = Some(pass);
+        }
+        if let Some(pass) = self.pass.as_mut() {
+            kernel.record(pass);
+        }
+        self.dispatches += 1;
+    }
+
+    /// Records a buffer-to-buffer copy (closes the open compute pass first).
+    pub fn copy(&mut self, src: &wgpu::Buffer, src_offset: u64, dst: &wgpu::Buffer, dst_offset: u64, size: u64) {
+        self.pass = None;
+        self.encoder.copy_buffer_to_buffer(src, src_offset, dst, dst_offset, size);
+    }
+
+    /// Dispatches recorded so far.
+    pub fn dispatch_count(&self) -> usize {
+        self.dispatches
+    }
+
+    /// Finishes the command buffer and submits it.
+    pub fn submit(mut self) -> wgpu::SubmissionIndex {
+        self.pass = None;
+        self.ctx.queue.submit(Some(self.encoder.finish()))
+    }
+}
