@@ -3,4 +3,5 @@
 
 pub mod gguf;
 pub mod gpu;
+pub mod quant;
 pub mod rng;
