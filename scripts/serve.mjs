@@ -1,0 +1,46 @@
+// Static server for the chat page: www/ at "/", the wasm package at "/pkg/", the model at "/models/".
+// Binds 127.0.0.1 only. PORT overrides 8080.
+import { createServer } from "node:http";
+import { createReadStream, statSync } from "node:fs";
+import { extname, join, normalize, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const root = resolve(fileURLToPath(new URL("..", import.meta.url)));
+const port = Number(process.env.PORT || 8080);
+const host = process.env.HOST || "127.0.0.1";
+const types = {
+  ".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".mjs": "text/javascript; charset=utf-8",
+  ".css": "text/css; charset=utf-8", ".wasm": "application/wasm", ".json": "application/json", ".svg": "image/svg+xml",
+  ".png": "image/png", ".gguf": "application/octet-stream", ".ts": "text/plain; charset=utf-8",
+};
+const mounts = [["/pkg/", "pkg"], ["/models/", "models"], ["/js/", "js"], ["/", "www"]];
+
+function resolvePath(urlPath) {
+  for (const [prefix, dir] of mounts) {
+    if (urlPath.startsWith(prefix)) {
+      const rel = normalize(decodeURIComponent(urlPath.slice(prefix.length))).replace(/^(\.\.[/\\])+/, "");
+      const base = join(root, dir);
+      const full = join(base, rel || "index.html");
+      return full.startsWith(base) ? full : null;
+    }
+  }
+  return null;
+}
+
+const server = createServer((req, res) => {
+  const url = new URL(req.url, "http://x");
+  let file = resolvePath(url.pathname);
+  let st;
+  try { st = file && statSync(file); if (st && st.isDirectory()) { file = join(file, "index.html"); st = statSync(file); } } catch { st = null; }
+  if (!st) { res.writeHead(404, { "content-type": "text/plain" }); res.end("not found"); return; }
+  res.writeHead(200, {
+    "content-type": types[extname(file)] || "application/octet-stream",
+    "content-length": st.size,
+    "cache-control": "no-cache",
+    "cross-origin-opener-policy": "same-origin",
+    "cross-origin-embedder-policy": "require-corp",
+  });
+  if (req.method === "HEAD") { res.end(); return; }
+  createReadStream(file).pipe(res);
+});
+server.listen(port, host, () => console.log(`pagedlm: serving the chat page at http://${host}:${port}/`));
