@@ -1,8 +1,13 @@
 //! pagedlm: a small decoder-only LLM runtime on WebGPU (natively on Vulkan), built around a
 //! paged, prefix-sharing KV cache.
 
+pub mod engine;
 pub mod gguf;
 pub mod gpu;
+pub mod kv;
+pub mod model;
 pub mod quant;
 pub mod rng;
 pub mod sampler;
+pub mod time;
+pub mod tokenizer;

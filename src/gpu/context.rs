@@ -227,7 +227,12 @@ impl Context {
 
     /// Maps an already-filled MAP_READ buffer and returns its contents.
     pub async fn map_staging(&self, staging: &wgpu::Buffer) -> Result<Vec<u8>, GpuError> {
-        let slice = staging.slice(..);
+        self.map_staging_range(staging, staging.size()).await
+    }
+
+    /// Maps the first `size` bytes of a filled MAP_READ buffer and returns them.
+    pub async fn map_staging_range(&self, staging: &wgpu::Buffer, size: u64) -> Result<Vec<u8>, GpuError> {
+        let slice = staging.slice(..size);
         let (tx, rx) = futures_channel::oneshot::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);

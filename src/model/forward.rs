@@ -1,0 +1,224 @@
+//! The llama forward pass as a graph of kernels built once per step shape and recorded into one
+//! submission per step.
+//!
+//! For each layer (pre-norm residual blocks):
+//! ```text
+//! h    = rms_norm(x) · attn_norm
+//! qkv  = h · Wqkvᵀ                  (q, k, v heads in one row)
+//! rope(q, k at absolute positions); write k, v into the cache at those positions
+//! x   += attention(q, K, V) · Woᵀ
+//! h    = rms_norm(x) · ffn_norm
+//! x   += (silu(h · Wgateᵀ) ⊙ (h · Wupᵀ)) · Wdownᵀ
+//! ```
+//! then `logits = rms_norm(x_last) · output_norm · Wembᵀ` for the rows the caller wants.
+//! Prefill builds the graph for a batch of prompt rows (tiled matmuls); decode for one row
+//! (memory-bound matvecs). Nothing is read back between layers: a step ends with the argmax (and,
+//! when asked, the logits) copied into one staging buffer.
+
+use crate::gpu::ops::attention::Attention;
+use crate::gpu::ops::{act, argmax, elementwise, embed, kv_write, matmul, norm, rope};
+use crate::gpu::{Context, Kernel, Recorder};
+use crate::kv::ContiguousKv;
+
+use super::{ModelConfig, ModelError, Weights};
+
+enum Node {
+    Kernel(Kernel),
+    Kernels(Vec<Kernel>),
+    /// Index into `StepGraph::attention`.
+    Attention(usize),
+    Copy { src: usize, src_offset: u64, dst: usize, size: u64 },
+}
+
+/// What a step reads back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the argmax token of each logit row.
+    Argmax,
+    /// The argmax and the full logits of each logit row.
+    Full,
+}
+
+/// The kernels of one forward step over `n_tokens` new tokens of one sequence, producing logits
+/// for the last `logit_rows` of them.
+pub struct StepGraph {
+    pub n_tokens: u32,
+    pub logit_rows: u32,
+    vocab: u32,
+    /// [n_tokens] u32 token ids, written before each step.
+    ids: wgpu::Buffer,
+    /// [n_tokens] u32 absolute positions, written before each step.
+    positions: wgpu::Buffer,
+    /// Buffers the copies refer to by index: 0 = x, 1 = x_last, 2 = argmax out, 3 = logits.
+    copy_buffers: Vec<wgpu::Buffer>,
+    staging: wgpu::Buffer,
+    nodes: Vec<Node>,
+    attention: Vec<Attention>,
+}
+
+const X: usize = 0;
+const X_LAST: usize = 1;
+const ARGMAX: usize = 2;
+const LOGITS: usize = 3;
+
+impl StepGraph {
+    /// Builds the graph. `logit_rows` ≤ `n_tokens`; the logits are those of the last rows.
+    pub fn build(
+        ctx: &Context,
+        cfg: &ModelConfig,
+        weights: &Weights,
+        kv: &ContiguousKv,
+        n_tokens: u32,
+        logit_rows: u32,
+    ) -> Result<StepGraph, ModelError> {
+        if n_tokens == 0 || logit_rows == 0 || logit_rows > n_tokens {
+            return Err(ModelError::Format(format!("a step of {n_tokens} tokens cannot give {logit_rows} logit rows")));
+        }
+        let n = n_tokens as u64;
+        let f = 4u64;
+        let hidden = cfg.hidden;
+        let ids = ctx.storage_zeroed("ids", n * 4);
+        let positions = ctx.storage_zeroed("positions", n * 4);
+        let x = ctx.storage_zeroed("x", n * hidden as u64 * f);
+        let h = ctx.storage_zeroed("h", n * hidden as u64 * f);
+        let qkv = ctx.storage_zeroed("qkv", n * cfg.qkv_width() as u64 * f);
+        let attn = ctx.storage_zeroed("attn", n * cfg.q_width() as u64 * f);
+        let gu = ctx.storage_zeroed("gate_up", n * 2 * cfg.ffn as u64 * f);
+        let act_buf = ctx.storage_zeroed("act", n * cfg.ffn as u64 * f);
+        let rows = logit_rows as u64;
+        let x_last = ctx.storage_zeroed("x_last", rows * hidden as u64 * f);
+        let h_last = ctx.storage_zeroed("h_last", rows * hidden as u64 * f);
+        let logits = ctx.storage_zeroed("logits", rows * cfg.vocab as u64 * f);
+        let argmax_out = ctx.storage_zeroed("argmax", rows * 4);
+
+        let mut nodes = Vec::new();
+        let mut attention = Vec::new();
+        nodes.push(Node::Kernel(embed::embedding(ctx, &weights.token_embd, &ids, &x, n_tokens)?));
+        for (l, lw) in weights.layers.iter().enumerate() {
+            nodes.push(Node::Kernel(norm::rms_norm(ctx, &x, &lw.attn_norm, &h, n_tokens, hidden, cfg.rms_eps)?));
+            nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.wqkv, &h, &qkv, n_tokens)?));
+            nodes.push(Node::Kernel(rope::rope(
+                ctx,
+                &qkv,
+                &positions,
+                n_tokens,
+                cfg.qkv_width(),
+                cfg.n_heads + cfg.n_kv_heads,
+                cfg.head_dim,
+                cfg.rope_base,
+            )?));
+            nodes.push(Node::Kernel(kv_write::write_contiguous(
+                ctx,
+                &qkv,
+                &kv.k[l],
+                &kv.v[l],
+                &positions,
+                n_tokens,
+                cfg.n_heads,
+                cfg.n_kv_heads,
+                cfg.head_dim,
+                kv.max_len,
+            )?));
+            attention.push(Attention::contiguous(
+                ctx,
+                &qkv,
+                &kv.k[l],
+                &kv.v[l],
+                &positions,
+                &attn,
+                n_tokens,
+                cfg.n_heads,
+                cfg.n_kv_heads,
+                cfg.head_dim,
+                kv.max_len,
+            )?);
+            nodes.push(Node::Attention(attention.len() - 1));
+            nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.wo, &attn, &h, n_tokens)?));
+            nodes.push(Node::Kernel(elementwise::add(ctx, &x, &h, n_tokens * hidden)?));
+            nodes.push(Node::Kernel(norm::rms_norm(ctx, &x, &lw.ffn_norm, &h, n_tokens, hidden, cfg.rms_eps)?));
+            nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.w_gate_up, &h, &gu, n_tokens)?));
+            nodes.push(Node::Kernel(act::silu_mul(ctx, &gu, &act_buf, n_tokens, cfg.ffn)?));
+            nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.w_down, &act_buf, &h, n_tokens)?));
+            nodes.push(Node::Kernel(elementwise::add(ctx, &x, &h, n_tokens * hidden)?));
+        }
+        let row_bytes = hidden as u64 * f;
+        nodes.push(Node::Copy { src: X, src_offset: (n - rows) * row_bytes, dst: X_LAST, size: rows * row_bytes });
+        nodes.push(Node::Kernel(norm::rms_norm(ctx, &x_last, &weights.output_norm, &h_last, logit_rows, hidden, cfg.rms_eps)?));
+        nodes.push(Node::Kernels(matmul::matmul(ctx, weights.lm_head(), &h_last, &logits, logit_rows)?));
+        nodes.push(Node::Kernels(argmax::argmax(ctx, &logits, &argmax_out, logit_rows, cfg.vocab)?));
+
+        let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("step.staging"),
+            size: rows * 4 + rows * cfg.vocab as u64 * f,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Ok(StepGraph {
+            n_tokens,
+            logit_rows,
+            vocab: cfg.vocab,
+            ids,
+            positions,
+            copy_buffers: vec![x, x_last, argmax_out, logits],
+            staging,
+            nodes,
+            attention,
+        })
+    }
+
+    /// Runs one step: `tokens` at absolute positions `start..start + n_tokens`. Returns the argmax
+    /// of each logit row and, with [`Logits::Full`], the logits (row-major `[logit_rows, vocab]`).
+    pub async fn run(
+        &mut self,
+        ctx: &Context,
+        tokens: &[u32],
+        start: u32,
+        read: Logits,
+    ) -> Result<(Vec<u32>, Option<Vec<f32>>), ModelError> {
+        if tokens.len() != self.n_tokens as usize {
+            return Err(ModelError::Format(format!("a graph for {} tokens was given {}", self.n_tokens, tokens.len())));
+        }
+        let positions: Vec<u32> = (start..start + self.n_tokens).collect();
+        ctx.queue.write_buffer(&self.ids, 0, bytemuck::cast_slice(tokens));
+        ctx.queue.write_buffer(&self.positions, 0, bytemuck::cast_slice(&positions));
+        let kv_len = start + self.n_tokens;
+        for a in &mut self.attention {
+            a.set_kv_len(kv_len)?;
+        }
+        let mut rec = Recorder::new(ctx, "step");
+        for node in &self.nodes {
+            match node {
+                Node::Kernel(k) => rec.dispatch(k),
+                Node::Kernels(ks) => ks.iter().for_each(|k| rec.dispatch(k)),
+                Node::Attention(i) => self.attention[*i].kernels().iter().for_each(|k| rec.dispatch(k)),
+                Node::Copy { src, src_offset, dst, size } => {
+                    rec.copy(&self.copy_buffers[*src], *src_offset, &self.copy_buffers[*dst], 0, *size)
+                }
+            }
+        }
+        let rows = self.logit_rows as u64;
+        rec.copy(&self.copy_buffers[ARGMAX], 0, &self.staging, 0, rows * 4);
+        let logit_bytes = rows * self.vocab as u64 * 4;
+        if read == Logits::Full {
+            rec.copy(&self.copy_buffers[LOGITS], 0, &self.staging, rows * 4, logit_bytes);
+        }
+        rec.submit();
+        let bytes = ctx.map_staging_range(&self.staging, if read == Logits::Full { rows * 4 + logit_bytes } else { rows * 4 }).await?;
+        let ids: Vec<u32> = bytemuck::cast_slice(&bytes[..rows as usize * 4]).to_vec();
+        let logits = (read == Logits::Full).then(|| bytemuck::cast_slice(&bytes[rows as usize * 4..]).to_vec());
+        Ok((ids, logits))
+    }
+
+    /// Number of dispatches one step records (with the current kv length).
+    pub fn dispatch_count(&self) -> usize {
+        self.nodes
+            .iter()
+            .map(|n| match n {
+                Node::Kernel(_) => 1,
+                Node::Kernels(k) => k.len(),
+                Node::Attention(i) => self.attention[*i].kernels().len(),
+                Node::Copy { .. } => 0,
+            })
+            .sum()
+    }
+}

@@ -1,0 +1,28 @@
+//! The llama model: configuration from GGUF metadata, weights uploaded once and kept quantized,
+//! and the forward pass (see [`forward`]).
+
+pub mod config;
+pub mod forward;
+pub mod weights;
+
+pub use config::ModelConfig;
+pub use forward::{Logits, StepGraph};
+pub use weights::Weights;
+
+use crate::gguf::GgufError;
+use crate::gpu::GpuError;
+
+/// Errors of the model layer.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("not a usable GGUF file: {0}")]
+    Gguf(#[from] GgufError),
+    #[error("the model file is malformed: {0}")]
+    Format(String),
+    #[error("pagedlm does not support {0}")]
+    Unsupported(String),
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error("the sequence needs {needed} tokens of context but holds at most {limit}")]
+    ContextOverflow { needed: usize, limit: usize },
+}
