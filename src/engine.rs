@@ -323,6 +323,22 @@ impl Engine {
         })
     }
 
+    /// For benchmarks: prefills `prompt`, then decodes exactly `n` greedy tokens whatever they are
+    /// (end-of-generation tokens included). Returns (tokens decoded, decode milliseconds).
+    pub async fn generate_ignoring_eos(&mut self, prompt: &[u32], n: u32) -> Result<(u32, f64), EngineError> {
+        self.check_tokens(prompt)?;
+        self.kv.len = 0;
+        let (ids, _) = self.prefill(prompt, 0, prompt.len() as u32 - 1, Logits::Argmax).await?;
+        let mut next = ids[ids.len() - 1];
+        let t0 = now_ms();
+        let mut done = 0;
+        while done < n && self.kv.len < self.kv.max_len {
+            next = self.decode(next, Logits::Argmax).await?.0;
+            done += 1;
+        }
+        Ok((done, now_ms() - t0))
+    }
+
     /// Teacher forcing: reads `ids` and, for every position p from `from - 1` to `len - 1`,
     /// returns the top-5 (id, logit) predicting position p + 1.
     pub async fn score(&mut self, ids: &[u32], from: usize, mode: ScoreMode) -> Result<Vec<Vec<(u32, f32)>>, EngineError> {

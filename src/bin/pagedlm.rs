@@ -1,1 +1,271 @@
+//! The `pagedlm` command line: tokenize, score, generate and bench (see README and CONTRACTS).
+
+#[cfg(target_arch = "wasm32")]
 fn main() {}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn main() {
+    if let Err(e) = cli::run(std::env::args().skip(1).collect()) {
+        eprintln!("pagedlm: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+mod cli {
+    use std::collections::HashMap;
+    use std::io::Write;
+
+    use anyhow::{anyhow, bail, Context as _, Result};
+    use pagedlm::engine::{Engine, EngineOptions, GenerateRequest, KvDtype, KvLayout, ScoreMode};
+    use pagedlm::gguf::Gguf;
+    use pagedlm::sampler::SamplingParams;
+    use pagedlm::tokenizer::{ChatMessage, Tokenizer, TokenizerSpec};
+    use serde_json::{json, Value};
+
+    const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+    const USAGE: &str = "usage: pagedlm <tokenize|score|generate|bench> [options]
+  common:   --model PATH  --kv-layout contiguous|paged  --kv-dtype f32|int8  --block-size N  --pool-tokens N
+            --max-context N  --prefill-chunk N
+  tokenize  --texts FILE.json
+  score     --input FILE.json [--mode decode|prefill]
+  generate  --input FILE.json | --prompt TEXT  [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
+            [--repetition-penalty R]
+  bench     [--prompt-tokens 512] [--gen-tokens 128] [--context N] [--batch N]";
+
+    /// `--key value` options and bare flags.
+    struct Args {
+        values: HashMap<String, String>,
+    }
+
+    impl Args {
+        fn parse(list: &[String], flags: &[&str]) -> Result<Args> {
+            let mut values = HashMap::new();
+            let mut i = 0;
+            while i < list.len() {
+                let key = list[i].strip_prefix("--").ok_or_else(|| anyhow!("unexpected argument '{}'\n{USAGE}", list[i]))?;
+                if flags.contains(&key) {
+                    values.insert(key.to_string(), "true".to_string());
+                    i += 1;
+                    continue;
+                }
+                let value = list.get(i + 1).ok_or_else(|| anyhow!("--{key} needs a value"))?;
+                values.insert(key.to_string(), value.clone());
+                i += 2;
+            }
+            Ok(Args { values })
+        }
+        fn str(&self, key: &str) -> Option<&str> {
+            self.values.get(key).map(|s| s.as_str())
+        }
+        fn num<T: std::str::FromStr>(&self, key: &str, default: T) -> Result<T> {
+            match self.values.get(key) {
+                None => Ok(default),
+                Some(v) => v.parse().map_err(|_| anyhow!("--{key} expects a number, got '{v}'")),
+            }
+        }
+        fn flag(&self, key: &str) -> bool {
+            self.values.contains_key(key)
+        }
+    }
+
+    pub fn run(argv: Vec<String>) -> Result<()> {
+        let Some(cmd) = argv.first() else { bail!("{USAGE}") };
+        let args = Args::parse(&argv[1..], &["no-prefix-cache", "disaggregate"])?;
+        match cmd.as_str() {
+            "tokenize" => tokenize(&args),
+            "score" => pollster::block_on(score(&args)),
+            "generate" => pollster::block_on(generate(&args)),
+            "bench" => pollster::block_on(bench(&args)),
+            "help" | "--help" | "-h" => {
+                println!("{USAGE}");
+                Ok(())
+            }
+            other => bail!("unknown command '{other}'\n{USAGE}"),
+        }
+    }
+
+    fn model_bytes(args: &Args) -> Result<Vec<u8>> {
+        let path = args.str("model").unwrap_or(DEFAULT_MODEL);
+        std::fs::read(path).with_context(|| {
+            format!("cannot read the model at {path} (run `npm run fetch-model`, or pass --model PATH)")
+        })
+    }
+
+    fn read_json(path: Option<&str>, what: &str) -> Result<Value> {
+        let path = path.ok_or_else(|| anyhow!("{what} FILE is required"))?;
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?;
+        serde_json::from_str(&text).with_context(|| format!("{path} is not valid JSON"))
+    }
+
+    fn engine_options(args: &Args) -> Result<EngineOptions> {
+        let kv_layout = match args.str("kv-layout").unwrap_or("contiguous") {
+            "contiguous" => KvLayout::Contiguous,
+            "paged" => KvLayout::Paged,
+            other => bail!("--kv-layout must be contiguous or paged, got '{other}'"),
+        };
+        let kv_dtype = match args.str("kv-dtype").unwrap_or("f32") {
+            "f32" => KvDtype::F32,
+            "int8" => KvDtype::Int8,
+            other => bail!("--kv-dtype must be f32 or int8, got '{other}'"),
+        };
+        Ok(EngineOptions {
+            max_context: args.num("max-context", 0)?,
+            prefill_chunk: args.num("prefill-chunk", 512)?,
+            kv_layout,
+            kv_dtype,
+        })
+    }
+
+    async fn load(args: &Args) -> Result<Engine> {
+        let bytes = model_bytes(args)?;
+        Ok(Engine::load(&bytes, engine_options(args)?).await?)
+    }
+
+    fn print_line(v: &Value) -> Result<()> {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{v}")?;
+        out.flush()?;
+        Ok(())
+    }
+
+    fn tokenize(args: &Args) -> Result<()> {
+        let texts = read_json(args.str("texts"), "--texts")?;
+        let texts = texts.as_array().ok_or_else(|| anyhow!("--texts must hold a JSON array of strings"))?;
+        let bytes = model_bytes(args)?;
+        let gguf = Gguf::parse(&bytes)?;
+        let tokenizer = Tokenizer::from_spec(TokenizerSpec::from_gguf(&gguf)?)?;
+        for (i, t) in texts.iter().enumerate() {
+            let s = t.as_str().ok_or_else(|| anyhow!("--texts item {i} is not a string"))?;
+            print_line(&json!({ "ids": tokenizer.encode(s)? }))?;
+        }
+        Ok(())
+    }
+
+    async fn score(args: &Args) -> Result<()> {
+        let items = read_json(args.str("input"), "--input")?;
+        let items = items.as_array().ok_or_else(|| anyhow!("--input must hold a JSON array"))?;
+        let mode = match args.str("mode").unwrap_or("decode") {
+            "decode" => ScoreMode::Decode,
+            "prefill" => ScoreMode::Prefill,
+            other => bail!("--mode must be decode or prefill, got '{other}'"),
+        };
+        let mut engine = load(args).await?;
+        for (i, item) in items.iter().enumerate() {
+            let id = item.get("id").and_then(Value::as_str).unwrap_or("").to_string();
+            let ids: Vec<u32> = serde_json::from_value(item.get("ids").cloned().unwrap_or(Value::Null))
+                .with_context(|| format!("item {i}: \"ids\" must be an array of token ids"))?;
+            let from = item.get("from").and_then(Value::as_u64).ok_or_else(|| anyhow!("item {i}: \"from\" is required"))?;
+            let top5 = engine.score(&ids, from as usize, mode).await?;
+            let argmax: Vec<u32> = top5.iter().map(|t| t.first().map_or(0, |p| p.0)).collect();
+            let top5: Vec<Vec<(u32, f32)>> = top5;
+            print_line(&json!({ "id": id, "argmax": argmax, "top5": top5 }))?;
+        }
+        Ok(())
+    }
+
+    fn sampling(args: &Args) -> Result<SamplingParams> {
+        Ok(SamplingParams {
+            temperature: args.num("temperature", 0.0)?,
+            top_k: args.num("top-k", 0)?,
+            top_p: args.num("top-p", 1.0)?,
+            repetition_penalty: args.num("repetition-penalty", 1.0)?,
+            repetition_window: 64,
+            seed: args.num("seed", 0)?,
+        })
+    }
+
+    async fn generate(args: &Args) -> Result<()> {
+        let request = GenerateRequest { max_tokens: args.num("max-tokens", 128)?, sampling: sampling(args)?, stop: Vec::new() };
+        request.sampling.validate()?;
+        if let Some(prompt) = args.str("prompt") {
+            let mut engine = load(args).await?;
+            let ids = engine.tokenizer().encode(prompt)?;
+            let mut out = std::io::stdout();
+            let g = engine
+                .generate(&ids, &request, &mut |ev| {
+                    let _ = out.write_all(ev.text.as_bytes());
+                    let _ = out.flush();
+                    true
+                })
+                .await?;
+            println!();
+            eprintln!(
+                "[{} prompt tokens in {:.0} ms, {} tokens in {:.0} ms: {:.1} tok/s, finish: {:?}]",
+                g.prompt_tokens.len(),
+                g.prefill_ms,
+                g.tokens.len(),
+                g.decode_ms,
+                g.tokens.len() as f64 / (g.decode_ms / 1000.0).max(1e-9),
+                g.finish_reason
+            );
+            return Ok(());
+        }
+        let items = read_json(args.str("input"), "--input (or --prompt)")?;
+        let items = items.as_array().ok_or_else(|| anyhow!("--input must hold a JSON array"))?;
+        let mut engine = load(args).await?;
+        for (i, item) in items.iter().enumerate() {
+            let id = item.get("id").and_then(Value::as_str).unwrap_or("").to_string();
+            let prompt_ids = if let Some(p) = item.get("prompt").and_then(Value::as_str) {
+                engine.tokenizer().encode(p)?
+            } else if let Some(m) = item.get("messages") {
+                let messages: Vec<ChatMessage> = serde_json::from_value(m.clone())
+                    .with_context(|| format!("item {i}: \"messages\" must be [{{role, content}}]"))?;
+                engine.chat_prompt(&messages)?
+            } else {
+                bail!("item {i} needs \"prompt\" or \"messages\"");
+            };
+            let g = engine.generate(&prompt_ids, &request, &mut |_| true).await?;
+            print_line(&json!({
+                "id": id, "prompt_tokens": g.prompt_tokens, "tokens": g.tokens, "text": g.text,
+                "finish_reason": g.finish_reason, "prefill_ms": g.prefill_ms, "decode_ms": g.decode_ms,
+            }))?;
+        }
+        Ok(())
+    }
+
+    async fn bench(args: &Args) -> Result<()> {
+        let prompt_tokens: u32 = args.num("prompt-tokens", 512)?;
+        let gen_tokens: u32 = args.num("gen-tokens", 128)?;
+        let context: u32 = args.num("context", 0)?;
+        let batch: u32 = args.num("batch", 1)?;
+        if batch != 1 {
+            bail!("--batch {batch}: batched decoding is not available yet (continuous batching); use --batch 1");
+        }
+        let mut opts = engine_options(args)?;
+        let needed = prompt_tokens.max(context) + gen_tokens + 1;
+        if opts.max_context == 0 {
+            opts.max_context = needed;
+        }
+        let bytes = model_bytes(args)?;
+        let mut engine = Engine::load(&bytes, opts).await?;
+        // A deterministic prompt of ordinary tokens (ids cycle through a mid-vocabulary range).
+        let vocab = engine.config().vocab;
+        let make = |n: u32| -> Vec<u32> { (0..n).map(|i| 100 + (i * 7919) % (vocab - 200).max(1)).collect() };
+        let request = GenerateRequest { max_tokens: gen_tokens, sampling: SamplingParams::greedy(), stop: Vec::new() };
+        let never_stop = |_: &pagedlm::engine::TokenEvent<'_>| true;
+        // Warm-up: compiles pipelines and builds graphs.
+        engine.generate(&make(prompt_tokens.min(16).max(1)), &GenerateRequest { max_tokens: 4, ..request.clone() }, &mut |e| never_stop(e)).await?;
+        let prefill = engine.generate(&make(prompt_tokens.max(1)), &GenerateRequest { max_tokens: 1, ..request.clone() }, &mut |e| never_stop(e)).await?;
+        let decode_ctx = if context > 0 { context } else { prompt_tokens.max(1) };
+        let mut decode = engine.generate_ignoring_eos(&make(decode_ctx), gen_tokens).await?;
+        decode.0 = decode.0.max(1);
+        let (weights, kv) = engine.memory();
+        print_line(&json!({
+            "adapter": engine.context().adapter_name(),
+            "prefill_tok_s": prompt_tokens as f64 / (prefill.prefill_ms / 1000.0),
+            "decode_tok_s": decode.0 as f64 / (decode.1 / 1000.0),
+            "prompt_tokens": prompt_tokens,
+            "gen_tokens": decode.0,
+            "context": decode_ctx,
+            "batch": batch,
+            "prefill_ms": prefill.prefill_ms,
+            "decode_ms": decode.1,
+            "kv_layout": "contiguous",
+            "kv_dtype": "f32",
+            "weights_bytes": weights,
+            "kv_bytes": kv,
+        }))
+    }
+}
