@@ -39,6 +39,8 @@ const server = createServer((req, res) => {
     "cache-control": "no-cache",
     "cross-origin-opener-policy": "same-origin",
     "cross-origin-embedder-policy": "require-corp",
+    "cross-origin-resource-policy": "cross-origin",
+    "access-control-allow-origin": "*",
   });
   if (req.method === "HEAD") { res.end(); return; }
   createReadStream(file).pipe(res);

@@ -342,6 +342,13 @@ impl Engine {
     /// Teacher forcing: reads `ids` and, for every position p from `from - 1` to `len - 1`,
     /// returns the top-5 (id, logit) predicting position p + 1.
     pub async fn score(&mut self, ids: &[u32], from: usize, mode: ScoreMode) -> Result<Vec<Vec<(u32, f32)>>, EngineError> {
+        let rows = self.score_logits(ids, from, mode).await?;
+        Ok(rows.iter().map(|row| top_k(row, 5)).collect())
+    }
+
+    /// Teacher forcing with full logits: one row of `vocab` logits per position p from `from - 1`
+    /// to `len - 1` (the prediction for position p + 1).
+    pub async fn score_logits(&mut self, ids: &[u32], from: usize, mode: ScoreMode) -> Result<Vec<Vec<f32>>, EngineError> {
         self.check_tokens(ids)?;
         if from == 0 || from > ids.len() {
             return Err(EngineError::InvalidArgument(format!("from must be in 1..={}, got {from}", ids.len())));
@@ -352,14 +359,14 @@ impl Engine {
         match mode {
             ScoreMode::Prefill => {
                 let (_, logits) = self.prefill(ids, 0, from as u32 - 1, Logits::Full).await?;
-                out.extend(logits.chunks(vocab).map(|row| top_k(row, 5)));
+                out.extend(logits.chunks(vocab).map(|row| row.to_vec()));
             }
             ScoreMode::Decode => {
                 let (_, logits) = self.prefill(&ids[..from], 0, from as u32 - 1, Logits::Full).await?;
-                out.push(top_k(&logits, 5));
+                out.push(logits);
                 for &t in &ids[from..] {
                     let (_, logits) = self.decode(t, Logits::Full).await?;
-                    out.push(top_k(&logits.unwrap_or_default(), 5));
+                    out.push(logits.unwrap_or_default());
                 }
             }
         }

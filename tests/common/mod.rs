@@ -47,3 +47,31 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], abs_tol: f32, rel_tol
         );
     }
 }
+
+/// The real model's bytes. Natively from `PAGEDLM_MODEL` or `models/` in the crate; in the
+/// browser fetched from `PAGEDLM_MODEL_URL` (set at build time by scripts/test.sh, which serves
+/// models/ on a local port). A missing model fails the test with what to do.
+#[cfg(not(target_arch = "wasm32"))]
+pub async fn real_model_bytes() -> Vec<u8> {
+    let path = std::env::var("PAGEDLM_MODEL")
+        .unwrap_or_else(|_| format!("{}/models/SmolLM2-135M-Instruct.Q4_1.gguf", env!("CARGO_MANIFEST_DIR")));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("the real model is needed at {path} ({e}): run `npm run fetch-model`"))
+}
+
+#[cfg(target_arch = "wasm32")]
+pub async fn real_model_bytes() -> Vec<u8> {
+    use wasm_bindgen::JsCast;
+    use wasm_bindgen_futures::JsFuture;
+    let url = option_env!("PAGEDLM_MODEL_URL").expect(
+        "PAGEDLM_MODEL_URL was not set when the browser tests were built: run them through `npm test` (scripts/test.sh), \
+         which serves models/ locally",
+    );
+    let window = web_sys::window().expect("the browser tests run in a window");
+    let resp = JsFuture::from(window.fetch_with_str(url))
+        .await
+        .unwrap_or_else(|e| panic!("fetching the model from {url} failed: {e:?} (is scripts/serve.mjs running?)"));
+    let resp: web_sys::Response = resp.dyn_into().expect("fetch returns a Response");
+    assert!(resp.ok(), "fetching the model from {url}: HTTP {}", resp.status());
+    let buf = JsFuture::from(resp.array_buffer().expect("array_buffer")).await.expect("reading the model body");
+    js_sys::Uint8Array::new(&buf).to_vec()
+}
