@@ -10,5 +10,11 @@ echo "== native tests (Vulkan: $(command -v vulkaninfo >/dev/null && vulkaninfo 
 cargo test --quiet 2>&1
 
 echo "== browser tests (headless Chromium, WebGPU)"
+# The browser golden test fetches the real model from a local static server.
+port=${PAGEDLM_TEST_PORT:-18931}
+PORT=$port node scripts/serve.mjs >/dev/null 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null || true' EXIT
+export PAGEDLM_MODEL_URL="http://127.0.0.1:$port/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 CHROMEDRIVER=/usr/bin/chromedriver WASM_BINDGEN_TEST_TIMEOUT=${WASM_BINDGEN_TEST_TIMEOUT:-600} \
   wasm-pack --quiet test --headless --chrome 2>&1 | grep -v "failed to get wasm-pack version"
