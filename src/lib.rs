@@ -9,5 +9,6 @@ pub mod model;
 pub mod quant;
 pub mod rng;
 pub mod sampler;
+pub mod synth;
 pub mod time;
 pub mod tokenizer;

@@ -1,0 +1,378 @@
+//! Writing GGUF files, and tiny synthetic llama models in the real model's format, so
+//! end-to-end tests run in seconds without the 98 MB model.
+//!
+//! The synthetic model has the tensor types of SmolLM2-135M-Instruct.Q4_1 (Q8_0 tied
+//! embedding/output, Q4_1 projections, F32 norms), its metadata keys and its chat template.
+//! Its vocabulary is byte-level GPT-2 BPE:
+//! - ids 0, 1, 2: `<|endoftext|>`, `<|im_start|>`, `<|im_end|>` (control tokens, the same ids
+//!   as in the real model);
+//! - ids 3..=258: the 256 single bytes, byte `b` as token `3 + b`, spelled with GPT-2's
+//!   bytes-to-unicode alphabet (space is `Ġ`), so every byte string can be tokenized;
+//! - ids 259..: one token per merge of [`SYNTH_MERGES`], in order, when `vocab` asks for more.
+
+use crate::gguf::{tensor_size_bytes, GgmlType, GgufError, MetaValue, DEFAULT_ALIGNMENT, MAX_STRING_LEN};
+use crate::quant::{quantize_q4_1, quantize_q8_0};
+use crate::rng::Rng;
+
+/// Builds a GGUF v3 file in memory.
+#[derive(Debug, Clone, Default)]
+pub struct GgufWriter {
+    metadata: Vec<(String, MetaValue)>,
+    tensors: Vec<PendingTensor>,
+}
+
+#[derive(Debug, Clone)]
+struct PendingTensor {
+    name: String,
+    dims: Vec<u64>,
+    ggml_type: GgmlType,
+    data: Vec<u8>,
+}
+
+impl GgufWriter {
+    pub fn new() -> GgufWriter {
+        GgufWriter::default()
+    }
+
+    /// Adds a metadata entry. Arrays must hold values of one type (nested arrays may differ
+    /// from each other); an empty array is written with element type string.
+    /// A `general.alignment` that is not a power of two is written as given, so tests can make
+    /// files a reader must refuse; the layout then uses 32.
+    pub fn add_meta(&mut self, key: impl Into<String>, value: MetaValue) -> Result<(), GgufError> {
+        let key = key.into();
+        if self.metadata.iter().any(|(k, _)| *k == key) {
+            return Err(GgufError::InvalidWrite(format!("metadata key {key:?} added twice")));
+        }
+        check_string(&key, "metadata key")?;
+        check_writable(&key, &value)?;
+        self.metadata.push((key, value));
+        Ok(())
+    }
+
+    /// Adds a tensor. dims: GGUF order (`dims[0]` = ne0, innermost); `data` must have exactly
+    /// the size the type and dims give (any size for `Other` types, which have no known size).
+    pub fn add_tensor(&mut self, name: impl Into<String>, dims: &[u64], ggml_type: GgmlType, data: Vec<u8>) -> Result<(), GgufError> {
+        let name = name.into();
+        let invalid = |msg: String| Err(GgufError::InvalidWrite(format!("tensor {name}: {msg}")));
+        if self.tensors.iter().any(|t| t.name == name) {
+            return invalid("added twice".into());
+        }
+        check_string(&name, "tensor name")?;
+        if dims.len() > crate::gguf::MAX_DIMS as usize {
+            return invalid(format!("{} dimensions", dims.len()));
+        }
+        match tensor_size_bytes(dims, ggml_type) {
+            Err(reason) => return invalid(reason),
+            Ok(Some(size)) if size != data.len() as u64 => {
+                return invalid(format!("{} {:?} needs {size} bytes, got {}", ggml_type.name(), dims, data.len()))
+            }
+            Ok(_) => {}
+        }
+        self.tensors.push(PendingTensor { name, dims: dims.to_vec(), ggml_type, data });
+        Ok(())
+    }
+
+    /// The alignment the file is laid out with: `general.alignment` if it is a power of two.
+    pub fn alignment(&self) -> u64 {
+        self.metadata
+            .iter()
+            .find(|(k, _)| k == "general.alignment")
+            .and_then(|(_, v)| v.as_u64())
+            .filter(|a| a.is_power_of_two())
+            .unwrap_or(DEFAULT_ALIGNMENT)
+    }
+
+    /// The file: header, metadata, tensor infos, zero padding to the alignment, then every
+    /// tensor's data at an aligned offset, each padded to the alignment.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let alignment = self.alignment() as usize;
+        let mut out = Vec::new();
+        out.extend_from_slice(b"GGUF");
+        out.extend_from_slice(&3u32.to_le_bytes());
+        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
+        for (key, value) in &self.metadata {
+            write_string(&mut out, key);
+            out.extend_from_slice(&value.type_id().to_le_bytes());
+            write_value(&mut out, value);
+        }
+        let mut offset = 0usize;
+        for t in &self.tensors {
+            write_string(&mut out, &t.name);
+            out.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
+            for d in &t.dims {
+                out.extend_from_slice(&d.to_le_bytes());
+            }
+            out.extend_from_slice(&t.ggml_type.to_u32().to_le_bytes());
+            out.extend_from_slice(&(offset as u64).to_le_bytes());
+            offset += t.data.len().next_multiple_of(alignment);
+        }
+        out.resize(out.len().next_multiple_of(alignment), 0);
+        for t in &self.tensors {
+            out.extend_from_slice(&t.data);
+            out.resize(out.len().next_multiple_of(alignment), 0);
+        }
+        out
+    }
+}
+
+fn check_string(s: &str, what: &str) -> Result<(), GgufError> {
+    if s.len() as u64 > MAX_STRING_LEN {
+        return Err(GgufError::InvalidWrite(format!("{what} of {} bytes is longer than {MAX_STRING_LEN}", s.len())));
+    }
+    Ok(())
+}
+
+/// Arrays must be homogeneous (GGUF stores one element type per array) and strings short
+/// enough for the reader to accept.
+fn check_writable(key: &str, value: &MetaValue) -> Result<(), GgufError> {
+    match value {
+        MetaValue::String(s) => check_string(s, &format!("value of {key}")),
+        MetaValue::Array(items) => {
+            if let Some(first) = items.first() {
+                if let Some(odd) = items.iter().find(|v| v.type_id() != first.type_id()) {
+                    return Err(GgufError::InvalidWrite(format!(
+                        "array {key} mixes {} and {} elements",
+                        first.type_name(),
+                        odd.type_name()
+                    )));
+                }
+            }
+            items.iter().try_for_each(|v| check_writable(key, v))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn write_string(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn write_value(out: &mut Vec<u8>, value: &MetaValue) {
+    match value {
+        MetaValue::U8(v) => out.push(*v),
+        MetaValue::I8(v) => out.push(*v as u8),
+        MetaValue::U16(v) => out.extend_from_slice(&v.to_le_bytes()),
+        MetaValue::I16(v) => out.extend_from_slice(&v.to_le_bytes()),
+        MetaValue::U32(v) => out.extend_from_slice(&v.to_le_bytes()),
+        MetaValue::I32(v) => out.extend_from_slice(&v.to_le_bytes()),
+        MetaValue::F32(v) => out.extend_from_slice(&v.to_le_bytes()),
+        MetaValue::Bool(v) => out.push(*v as u8),
+        MetaValue::String(s) => write_string(out, s),
+        MetaValue::Array(items) => {
+            let elem_type = items.first().map_or(MetaValue::String(String::new()).type_id(), |v| v.type_id());
+            out.extend_from_slice(&elem_type.to_le_bytes());
+            out.extend_from_slice(&(items.len() as u64).to_le_bytes());
+            for v in items {
+                write_value(out, v);
+            }
+        }
+        MetaValue::U64(v) => out.extend_from_slice(&v.to_le_bytes()),
+        MetaValue::I64(v) => out.extend_from_slice(&v.to_le_bytes()),
+        MetaValue::F64(v) => out.extend_from_slice(&v.to_le_bytes()),
+    }
+}
+
+/// SmolLM2-135M-Instruct's chat template (ChatML, with a default system prompt when the
+/// conversation has none), copied from the model's `tokenizer.chat_template`.
+pub const SMOLLM2_CHAT_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// The special tokens, ids 0, 1, 2 as in the real model.
+pub const SYNTH_SPECIALS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+/// Id of the first byte token: byte `b` is token `SYNTH_FIRST_BYTE_TOKEN + b`.
+pub const SYNTH_FIRST_BYTE_TOKEN: u32 = 3;
+/// Vocabulary size without merges: the specials and the 256 bytes.
+pub const SYNTH_BASE_VOCAB: usize = 259;
+/// Merges (the real model's first ones) whose results become tokens 259.. when a config asks
+/// for a vocabulary larger than [`SYNTH_BASE_VOCAB`]; each uses only earlier tokens.
+pub const SYNTH_MERGES: [&str; 19] =
+    ["Ġ t", "Ġ a", "i n", "h e", "Ġ Ġ", "r e", "o n", "e r", "Ġt he", "a t", "Ġ s", "Ġ o", "e n", "Ġ c", "e s", "Ġ w", "n d", "i t", "o r"];
+
+/// GPT-2's byte-level alphabet: the printable character that stands for each byte in vocab
+/// strings. Printable Latin-1 bytes stand for themselves; the rest map to U+0100 onwards in
+/// byte order (so space, 0x20, is `Ġ` U+0120).
+pub fn gpt2_byte_to_char() -> [char; 256] {
+    let printable = |b: u32| (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+    let mut table = ['\0'; 256];
+    let mut next_unprintable = 0u32;
+    for (b, slot) in table.iter_mut().enumerate() {
+        let b = b as u32;
+        let code = if printable(b) {
+            b
+        } else {
+            next_unprintable += 1;
+            0x100 + next_unprintable - 1
+        };
+        *slot = char::from_u32(code).unwrap_or('\u{FFFD}');
+    }
+    table
+}
+
+/// Shape and seed of a synthetic llama.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SynthConfig {
+    pub n_layers: usize,
+    pub hidden: usize,
+    pub ffn: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    /// Token count: at least [`SYNTH_BASE_VOCAB`], at most that plus [`SYNTH_MERGES`]`.len()`.
+    pub vocab: usize,
+    pub context: usize,
+    pub rope_base: f32,
+    pub eps: f32,
+    pub seed: u64,
+}
+
+impl SynthConfig {
+    /// 2 layers, hidden 64, FFN 128, 4 heads and 2 KV heads of dim 16, vocab 259 (no merges),
+    /// context 512: about 70 KB.
+    pub fn tiny() -> SynthConfig {
+        SynthConfig {
+            n_layers: 2,
+            hidden: 64,
+            ffn: 128,
+            n_heads: 4,
+            n_kv_heads: 2,
+            vocab: SYNTH_BASE_VOCAB,
+            context: 512,
+            rope_base: 10000.0,
+            eps: 1e-5,
+            seed: 0x5eed,
+        }
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.hidden.checked_div(self.n_heads).unwrap_or(0)
+    }
+
+    /// Checks what the GGUF layout and a llama forward pass need.
+    pub fn validate(&self) -> Result<(), GgufError> {
+        let bad = |msg: String| Err(GgufError::InvalidWrite(format!("synthetic config: {msg}")));
+        if self.n_layers == 0 || self.n_heads == 0 || self.n_kv_heads == 0 || self.context == 0 {
+            return bad("layers, heads, KV heads and context must be nonzero".into());
+        }
+        if self.hidden % 32 != 0 || self.ffn % 32 != 0 || self.hidden == 0 || self.ffn == 0 {
+            return bad(format!(
+                "hidden {} and ffn {} must be nonzero multiples of 32 (Q4_1/Q8_0 blocks along ne0)",
+                self.hidden, self.ffn
+            ));
+        }
+        if self.hidden % self.n_heads != 0 || self.head_dim() % 2 != 0 {
+            return bad(format!("hidden {} must split into {} heads of even size (RoPE pairs)", self.hidden, self.n_heads));
+        }
+        if self.n_heads % self.n_kv_heads != 0 {
+            return bad(format!("{} heads cannot share {} KV heads evenly", self.n_heads, self.n_kv_heads));
+        }
+        let max_vocab = SYNTH_BASE_VOCAB + SYNTH_MERGES.len();
+        if !(SYNTH_BASE_VOCAB..=max_vocab).contains(&self.vocab) {
+            return bad(format!("vocab {} must be in {SYNTH_BASE_VOCAB}..={max_vocab}", self.vocab));
+        }
+        Ok(())
+    }
+}
+
+/// The synthetic vocabulary, merges and token types for `vocab` tokens (see the module doc).
+pub fn synth_vocab(vocab: usize) -> (Vec<String>, Vec<String>, Vec<i32>) {
+    let alphabet = gpt2_byte_to_char();
+    let mut tokens: Vec<String> = SYNTH_SPECIALS.iter().map(|s| s.to_string()).collect();
+    tokens.extend(alphabet.iter().map(|c| c.to_string()));
+    let n_merges = vocab.saturating_sub(SYNTH_BASE_VOCAB).min(SYNTH_MERGES.len());
+    let merges: Vec<String> = SYNTH_MERGES[..n_merges].iter().map(|m| m.to_string()).collect();
+    tokens.extend(merges.iter().map(|m| m.replace(' ', "")));
+    let token_types = (0..tokens.len()).map(|i| if i < SYNTH_SPECIALS.len() { 3 } else { 1 }).collect();
+    (tokens, merges, token_types)
+}
+
+/// A llama GGUF with random weights, laid out like SmolLM2-135M-Instruct.Q4_1: Q8_0
+/// `token_embd.weight` [hidden, vocab] tied to the output (no `output.weight`), Q4_1
+/// projections, F32 norms. Weights are normal with std `gain / sqrt(fan_in)` so activations
+/// stay O(1) and logits spread over a few units; norms are 1 ± 0.1.
+///
+/// # Panics
+/// If `cfg` fails [`SynthConfig::validate`] (use [`try_tiny_llama_gguf`] to get the error).
+pub fn tiny_llama_gguf(cfg: &SynthConfig) -> Vec<u8> {
+    try_tiny_llama_gguf(cfg).unwrap_or_else(|e| panic!("tiny_llama_gguf: {e}"))
+}
+
+/// [`tiny_llama_gguf`], returning a config error instead of panicking.
+pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
+    cfg.validate()?;
+    let mut rng = Rng::new(cfg.seed);
+    let hd = cfg.head_dim();
+    let (hidden, ffn, q_dim, kv_dim) = (cfg.hidden as u64, cfg.ffn as u64, (cfg.n_heads * hd) as u64, (cfg.n_kv_heads * hd) as u64);
+    let u32_meta = |v: usize| MetaValue::U32(v as u32);
+
+    let mut w = GgufWriter::new();
+    let (tokens, merges, token_types) = synth_vocab(cfg.vocab);
+    let meta = [
+        ("general.architecture", MetaValue::String("llama".into())),
+        ("general.type", MetaValue::String("model".into())),
+        ("general.name", MetaValue::String("pagedlm synthetic llama".into())),
+        ("general.alignment", MetaValue::U32(DEFAULT_ALIGNMENT as u32)),
+        ("llama.block_count", u32_meta(cfg.n_layers)),
+        ("llama.context_length", u32_meta(cfg.context)),
+        ("llama.embedding_length", u32_meta(cfg.hidden)),
+        ("llama.feed_forward_length", u32_meta(cfg.ffn)),
+        ("llama.attention.head_count", u32_meta(cfg.n_heads)),
+        ("llama.attention.head_count_kv", u32_meta(cfg.n_kv_heads)),
+        ("llama.rope.freq_base", MetaValue::F32(cfg.rope_base)),
+        ("llama.attention.layer_norm_rms_epsilon", MetaValue::F32(cfg.eps)),
+        // 3 = mostly Q4_1, as in the real file.
+        ("general.file_type", MetaValue::U32(3)),
+        ("llama.vocab_size", u32_meta(cfg.vocab)),
+        ("llama.rope.dimension_count", u32_meta(hd)),
+        ("tokenizer.ggml.add_space_prefix", MetaValue::Bool(false)),
+        ("tokenizer.ggml.add_bos_token", MetaValue::Bool(false)),
+        ("tokenizer.ggml.model", MetaValue::String("gpt2".into())),
+        ("tokenizer.ggml.pre", MetaValue::String("smollm".into())),
+        ("tokenizer.ggml.tokens", MetaValue::Array(tokens.into_iter().map(MetaValue::String).collect())),
+        ("tokenizer.ggml.token_type", MetaValue::Array(token_types.into_iter().map(MetaValue::I32).collect())),
+        ("tokenizer.ggml.merges", MetaValue::Array(merges.into_iter().map(MetaValue::String).collect())),
+        ("tokenizer.ggml.bos_token_id", MetaValue::U32(1)),
+        ("tokenizer.ggml.eos_token_id", MetaValue::U32(2)),
+        ("tokenizer.ggml.unknown_token_id", MetaValue::U32(0)),
+        ("tokenizer.ggml.padding_token_id", MetaValue::U32(2)),
+        ("tokenizer.chat_template", MetaValue::String(SMOLLM2_CHAT_TEMPLATE.into())),
+        ("general.quantization_version", MetaValue::U32(2)),
+    ];
+    for (key, value) in meta {
+        w.add_meta(key, value)?;
+    }
+
+    // [ne0 = fan_in, ne1 = fan_out] matrices, random normal scaled by gain / sqrt(fan_in).
+    let matrix = |rng: &mut Rng, fan_in: u64, fan_out: u64, gain: f32| -> Vec<f32> {
+        let std = gain / (fan_in as f32).sqrt();
+        (0..fan_in * fan_out).map(|_| rng.normal() * std).collect()
+    };
+    let norm = |rng: &mut Rng| -> Vec<u8> {
+        let v: Vec<f32> = (0..hidden).map(|_| 1.0 + 0.1 * rng.normal()).collect();
+        bytemuck::cast_slice(&v).to_vec()
+    };
+    // Tied output: logits = h·E with |h| ≈ sqrt(hidden), so gain 2 gives logits of std ≈ 2.
+    let embd = matrix(&mut rng, hidden, cfg.vocab as u64, 2.0);
+    w.add_tensor("token_embd.weight", &[hidden, cfg.vocab as u64], GgmlType::Q8_0, quantize_q8_0(&embd))?;
+    for layer in 0..cfg.n_layers {
+        let name = |t: &str| format!("blk.{layer}.{t}.weight");
+        // The real file's order within a block.
+        w.add_tensor(name("attn_norm"), &[hidden], GgmlType::F32, norm(&mut rng))?;
+        let down = matrix(&mut rng, ffn, hidden, 0.5);
+        w.add_tensor(name("ffn_down"), &[ffn, hidden], GgmlType::Q4_1, quantize_q4_1(&down))?;
+        for t in ["ffn_gate", "ffn_up"] {
+            let m = matrix(&mut rng, hidden, ffn, 1.0);
+            w.add_tensor(name(t), &[hidden, ffn], GgmlType::Q4_1, quantize_q4_1(&m))?;
+        }
+        w.add_tensor(name("ffn_norm"), &[hidden], GgmlType::F32, norm(&mut rng))?;
+        let k = matrix(&mut rng, hidden, kv_dim, 1.0);
+        w.add_tensor(name("attn_k"), &[hidden, kv_dim], GgmlType::Q4_1, quantize_q4_1(&k))?;
+        let o = matrix(&mut rng, q_dim, hidden, 0.5);
+        w.add_tensor(name("attn_output"), &[q_dim, hidden], GgmlType::Q4_1, quantize_q4_1(&o))?;
+        let q = matrix(&mut rng, hidden, q_dim, 1.0);
+        w.add_tensor(name("attn_q"), &[hidden, q_dim], GgmlType::Q4_1, quantize_q4_1(&q))?;
+        let v = matrix(&mut rng, hidden, kv_dim, 1.0);
+        w.add_tensor(name("attn_v"), &[hidden, kv_dim], GgmlType::Q4_1, quantize_q4_1(&v))?;
+    }
+    w.add_tensor("output_norm.weight", &[hidden], GgmlType::F32, norm(&mut rng))?;
+    Ok(w.to_bytes())
+}
