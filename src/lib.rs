@@ -5,3 +5,4 @@ pub mod gguf;
 pub mod gpu;
 pub mod quant;
 pub mod rng;
+pub mod tokenizer;
