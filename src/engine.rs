@@ -10,7 +10,7 @@ use crate::kv::ContiguousKv;
 use crate::model::{Logits, ModelConfig, ModelError, StepGraph, Weights};
 use crate::sampler::{top_k, Sampler, SamplingError, SamplingParams};
 use crate::time::now_ms;
-use crate::tokenizer::{ChatMessage, StreamDecoder, Tokenizer, TokenizerError, TokenizerSpec};
+use crate::tokenizer::{ChatMessage, Tokenizer, TokenizerError, TokenizerSpec};
 
 /// Where a sequence's KV cache lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -268,7 +268,7 @@ impl Engine {
         let greedy = request.sampling.is_greedy();
         let read = if greedy { Logits::Argmax } else { Logits::Full };
         let eos = self.tokenizer.eos_ids();
-        let mut decoder = StreamDecoder::new(&self.tokenizer);
+        let mut decoder = self.tokenizer.stream_decoder();
         let mut history: Vec<u32> = prompt.to_vec();
         let mut tokens = Vec::new();
         let mut text = String::new();
