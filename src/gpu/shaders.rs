@@ -4,6 +4,11 @@
 pub fn source(name: &str) -> Option<&'static str> {
     Some(match name {
         "add" => include_str!("../../shaders/add.wgsl"),
+        "argmax" => include_str!("../../shaders/argmax.wgsl"),
+        "kv_write" => include_str!("../../shaders/kv_write.wgsl"),
+        "rms_norm" => include_str!("../../shaders/rms_norm.wgsl"),
+        "rope" => include_str!("../../shaders/rope.wgsl"),
+        "silu_mul" => include_str!("../../shaders/silu_mul.wgsl"),
         _ => return None,
     })
 }

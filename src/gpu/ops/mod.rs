@@ -4,7 +4,12 @@
 use super::kernel::split_workgroups;
 use super::{shape_err, Context, GpuError};
 
+pub mod act;
+pub mod argmax;
 pub mod elementwise;
+pub mod kv_write;
+pub mod norm;
+pub mod rope;
 
 /// Checks that `buffer` holds at least `bytes` bytes.
 pub(crate) fn check_size(op: &'static str, what: &str, buffer: &wgpu::Buffer, bytes: u64) -> Result<(), GpuError> {

@@ -1,0 +1,72 @@
+// Greedy sampling: out[r] = the index of the largest logit of row r, in two passes.
+// Order: numbers compare as usual (-0 == +0); NaN ranks below every number, -inf included;
+// ties go to the lowest index. A row of only NaNs gives 0.
+// Comparisons run on integer keys built from the float bits, so a compiler that assumes
+// no NaNs (WGSL allows it) cannot change the result.
+//
+// Pass `scan_parts`: invocation p of row r scans columns p, p + n_parts, p + 2 n_parts, ... (adjacent
+//   invocations read adjacent logits, which the CPU "GPUs" vectorise) and keeps its best (key, index).
+// Pass `pick_best`: one invocation per row picks the best of the row's n_parts partial results.
+//
+// Bindings: io is the pass's own buffer: the logits [n_rows, vocab] f32 read as bits in pass
+// `scan_parts`, the result [n_rows] u32 written in pass `pick_best`. One declaration serves both, because
+// a bind group built from the "auto" layout must match each entry point's bindings exactly.
+// partials: [n_rows, n_parts] (key, index).
+
+struct Params { n_rows: u32, vocab: u32, n_parts: u32, _pad: u32 }
+
+@group(0) @binding(0) var<storage, read_write> partials: array<vec2<u32>>;
+@group(0) @binding(1) var<storage, read_write> io: array<u32>;
+@group(0) @binding(2) var<uniform> params: Params;
+
+override WG: u32 = 64u;
+
+// A u32 whose order is the float order above: NaN -> 0, both zeros -> one key, negatives
+// bit-inverted (larger magnitude, smaller key), positives above them.
+fn order_key(bits: u32) -> u32 {
+    let magnitude = bits & 0x7fffffffu;
+    let signed_key = select(bits | 0x80000000u, ~bits, bits >= 0x80000000u);
+    let number_key = select(signed_key, 0x80000000u, magnitude == 0u);
+    return select(number_key, 0u, magnitude > 0x7f800000u);
+}
+
+@compute @workgroup_size(WG)
+fn scan_parts(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let item = gid.x + gid.y * nwg.x * WG;
+    let n_parts = params.n_parts;
+    if (item >= params.n_rows * n_parts) {
+        return;
+    }
+    let row = item / n_parts;
+    let part = item % n_parts;
+    let base = row * params.vocab;
+    // n_parts <= vocab, so every invocation owns column `part` at least; starting from it with
+    // key 0 keeps the lowest index when all its columns are NaN.
+    var best_key = 0u;
+    var best_index = part;
+    for (var col = part; col < params.vocab; col += n_parts) {
+        let key = order_key(io[base + col]);
+        if (key > best_key) {
+            best_key = key;
+            best_index = col;
+        }
+    }
+    partials[item] = vec2<u32>(best_key, best_index);
+}
+
+@compute @workgroup_size(WG)
+fn pick_best(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = gid.x + gid.y * nwg.x * WG;
+    if (row >= params.n_rows) {
+        return;
+    }
+    let base = row * params.n_parts;
+    var best = partials[base];
+    for (var p = 1u; p < params.n_parts; p += 1u) {
+        let candidate = partials[base + p];
+        if (candidate.x > best.x || (candidate.x == best.x && candidate.y < best.y)) {
+            best = candidate;
+        }
+    }
+    io[row] = best.y;
+}

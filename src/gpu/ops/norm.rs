@@ -1,0 +1,74 @@
+//! RMSNorm, llama's normalisation before attention, before the FFN and before the output.
+
+use super::{check_binding, check_size, grid, whole};
+use crate::gpu::{shape_err, Context, GpuError, Kernel};
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct RmsNormParams {
+    n_rows: u32,
+    dim: u32,
+    eps: f32,
+    _pad: u32,
+}
+
+/// One invocation per row (see the shader), 64 rows per workgroup.
+const RMS_NORM_WG: u64 = 64;
+
+/// `out = x / sqrt(mean(x²) + eps) * weight`, per row.
+/// x: [n_rows, dim] f32, weight: [dim] f32, out: [n_rows, dim] f32 (may not alias x).
+/// `n_rows` and `dim` must be at least 1, `eps` finite and >= 0.
+pub fn rms_norm(
+    ctx: &Context,
+    x: &wgpu::Buffer,
+    weight: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    n_rows: u32,
+    dim: u32,
+    eps: f32,
+) -> Result<Kernel, GpuError> {
+    const OP: &str = "rms_norm";
+    if n_rows == 0 || dim == 0 {
+        return Err(shape_err(OP, format!("n_rows ({n_rows}) and dim ({dim}) must be at least 1")));
+    }
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(shape_err(OP, format!("eps must be finite and >= 0, got {eps}")));
+    }
+    if x == out {
+        return Err(shape_err(OP, "out must be a different buffer from x"));
+    }
+    let elems = n_rows as u64 * dim as u64;
+    check_size(OP, "x", x, elems * 4)?;
+    check_size(OP, "weight", weight, dim as u64 * 4)?;
+    check_size(OP, "out", out, elems * 4)?;
+    for (what, buffer) in [("x", x), ("weight", weight), ("out", out)] {
+        check_binding(ctx, OP, what, buffer.size())?;
+    }
+    let params = RmsNormParams { n_rows, dim, eps, _pad: 0 };
+    let params = ctx.uniform_init("rms_norm.params", bytemuck::bytes_of(&params));
+    let pipeline = ctx.pipeline("rms_norm", "main", &[("WG", RMS_NORM_WG as f64)])?;
+    let kernel = Kernel::new(
+        ctx,
+        OP,
+        pipeline,
+        &[whole(x), whole(weight), whole(out), whole(&params)],
+        grid(ctx, n_rows as u64, RMS_NORM_WG),
+        None,
+    );
+    Ok(kernel.owning(params))
+}
+
+/// CPU reference of [`rms_norm`], accumulated in f64.
+/// x: [n_rows, dim], weight: [dim]; returns [n_rows, dim].
+pub fn rms_norm_cpu(x: &[f32], weight: &[f32], n_rows: usize, dim: usize, eps: f32) -> Vec<f32> {
+    let mut out = vec![0.0f32; n_rows * dim];
+    for r in 0..n_rows {
+        let row = &x[r * dim..(r + 1) * dim];
+        let mean_square = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / dim as f64;
+        let scale = 1.0 / (mean_square + eps as f64).sqrt();
+        for c in 0..dim {
+            out[r * dim + c] = (row[c] as f64 * scale * weight[c] as f64) as f32;
+        }
+    }
+    out
+}

@@ -1,0 +1,102 @@
+//! Rotary position embedding (llama NORM pairing) on the fused q/k rows.
+
+use super::{check_binding, check_size, grid, whole};
+use crate::gpu::{shape_err, Context, GpuError, Kernel};
+
+const ROPE_WG: u64 = 64;
+/// Pairs the shader's turn table holds (`array<vec4<u32>, 128>`, two pairs per vec4).
+const MAX_PAIRS: u32 = 256;
+/// u32 words of the uniform: 4 header words, then 4 per table entry.
+const PARAM_WORDS: usize = 4 + MAX_PAIRS as usize * 2;
+
+/// Rotates, in place, the first `n_heads` heads of each token row by the token's position.
+/// x: [n_tokens, row_stride] f32; head h of a row is columns `h*head_dim .. (h+1)*head_dim`
+/// (on the fused qkv rows pass n_heads = n_q_heads + n_kv_heads: q and k heads are adjacent,
+/// the v heads after them stay as they are).
+/// positions: [n_tokens] u32 absolute positions, read when the kernel runs, so a decode step
+/// rewrites this buffer and records the same kernel again; any start position works.
+/// Pairing (llama NORM, as GGUF's converted q/k weights expect): (x[2i], x[2i+1]) within each
+/// head rotates by pos * base^(-2i/head_dim).
+/// head_dim must be even, 2..=512; n_heads * head_dim <= row_stride; base finite and > 0.
+#[allow(clippy::too_many_arguments)]
+pub fn rope(
+    ctx: &Context,
+    x: &wgpu::Buffer,
+    positions: &wgpu::Buffer,
+    n_tokens: u32,
+    row_stride: u32,
+    n_heads: u32,
+    head_dim: u32,
+    base: f32,
+) -> Result<Kernel, GpuError> {
+    const OP: &str = "rope";
+    if n_tokens == 0 || n_heads == 0 {
+        return Err(shape_err(OP, format!("n_tokens ({n_tokens}) and n_heads ({n_heads}) must be at least 1")));
+    }
+    if head_dim == 0 || head_dim % 2 != 0 || head_dim / 2 > MAX_PAIRS {
+        return Err(shape_err(OP, format!("head_dim must be even and in 2..={}, got {head_dim}", MAX_PAIRS * 2)));
+    }
+    if n_heads as u64 * head_dim as u64 > row_stride as u64 {
+        return Err(shape_err(OP, format!("{n_heads} heads of {head_dim} do not fit in a row of {row_stride} floats")));
+    }
+    if !(base.is_finite() && base > 0.0) {
+        return Err(shape_err(OP, format!("base must be finite and > 0, got {base}")));
+    }
+    check_size(OP, "x", x, n_tokens as u64 * row_stride as u64 * 4)?;
+    check_size(OP, "positions", positions, n_tokens as u64 * 4)?;
+    check_binding(ctx, OP, "x", x.size())?;
+    check_binding(ctx, OP, "positions", positions.size())?;
+
+    let mut words = vec![0u32; PARAM_WORDS];
+    words[..4].copy_from_slice(&[n_tokens, row_stride, n_heads, head_dim]);
+    for pair in 0..head_dim / 2 {
+        let (fraction, remainder) = turns_per_position(base, head_dim, pair);
+        let at = 4 + pair as usize * 2;
+        words[at] = fraction;
+        words[at + 1] = remainder.to_bits();
+    }
+    let params = ctx.uniform_init("rope.params", bytemuck::cast_slice(&words));
+    let pipeline = ctx.pipeline("rope", "main", &[("WG", ROPE_WG as f64)])?;
+    let items = n_tokens as u64 * (head_dim / 2) as u64;
+    let kernel =
+        Kernel::new(ctx, OP, pipeline, &[whole(x), whole(positions), whole(&params)], grid(ctx, items, ROPE_WG), None);
+    Ok(kernel.owning(params))
+}
+
+/// theta_pair / 2π (turns per position) modulo 1, split into a 0.32 fixed-point u32 and the f32
+/// remainder it misses, computed in f64. The shader multiplies the u32 by the position with
+/// wrapping arithmetic, which discards whole turns exactly.
+fn turns_per_position(base: f32, head_dim: u32, pair: u32) -> (u32, f32) {
+    let theta = (base as f64).powf(-2.0 * pair as f64 / head_dim as f64);
+    let turns = theta / std::f64::consts::TAU;
+    let fraction = turns - turns.floor();
+    let scaled = (fraction * 4_294_967_296.0).round();
+    let remainder = fraction - scaled / 4_294_967_296.0;
+    // scaled may round up to 2^32, i.e. one whole turn: wrapping to 0 is exact.
+    ((scaled as u64 & 0xffff_ffff) as u32, remainder as f32)
+}
+
+/// CPU reference of [`rope`], in f64 like ref_llama.py. x: [n_tokens, row_stride], rotated in place.
+pub fn rope_cpu(
+    x: &mut [f32],
+    positions: &[u32],
+    n_tokens: usize,
+    row_stride: usize,
+    n_heads: usize,
+    head_dim: usize,
+    base: f32,
+) {
+    for (t, &pos) in positions.iter().enumerate().take(n_tokens) {
+        for i in 0..head_dim / 2 {
+            let theta = (base as f64).powf(-2.0 * i as f64 / head_dim as f64);
+            let angle = pos as f64 * theta;
+            let (s, c) = angle.sin_cos();
+            for h in 0..n_heads {
+                let j = t * row_stride + h * head_dim + 2 * i;
+                let (x0, x1) = (x[j] as f64, x[j + 1] as f64);
+                x[j] = (x0 * c - x1 * s) as f32;
+                x[j + 1] = (x0 * s + x1 * c) as f32;
+            }
+        }
+    }
+}

@@ -1,0 +1,433 @@
+//! rms_norm, rope, silu_mul, argmax and kv_write against their CPU references, natively
+//! (lavapipe) and in the browser (SwiftShader).
+mod common;
+
+#[cfg(target_arch = "wasm32")]
+wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
+
+use common::{assert_close, gpu};
+use pagedlm::gpu::ops::{act, argmax, kv_write, norm, rope};
+use pagedlm::gpu::{Context, GpuError, Kernel, Recorder};
+use pagedlm::rng::Rng;
+
+fn run(ctx: &Context, kernels: &[&Kernel]) {
+    let mut rec = Recorder::new(ctx, "test");
+    for k in kernels {
+        rec.dispatch(k);
+    }
+    rec.submit();
+}
+
+fn f32_buffer(ctx: &Context, data: &[f32]) -> wgpu::Buffer {
+    ctx.storage_init("test.f32", bytemuck::cast_slice(data))
+}
+
+fn u32_buffer(ctx: &Context, data: &[u32]) -> wgpu::Buffer {
+    ctx.storage_init("test.u32", bytemuck::cast_slice(data))
+}
+
+fn normals(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.normal() * scale).collect()
+}
+
+fn expect_shape_err(result: Result<impl Sized, GpuError>, needle: &str) {
+    match result {
+        Ok(_) => panic!("expected a shape error mentioning {needle:?}, the launcher accepted the input"),
+        Err(e @ GpuError::Shape { .. }) => assert!(e.to_string().contains(needle), "{e} lacks {needle:?}"),
+        Err(e) => panic!("expected a shape error, got {e}"),
+    }
+}
+
+// ---------------------------------------------------------------- rms_norm
+
+// f32 sum of squares over 576-2048 values plus sqrt and two products: ~1e-6 relative.
+const RMS_REL_TOL: f32 = 4e-6;
+const RMS_ABS_TOL: f32 = 1e-6;
+
+gpu_test! {
+    async fn rms_norm_matches_cpu() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(11);
+        // decode and prefill on SmolLM2's hidden size, odd sizes, one value per row, a wide row.
+        let shapes = [(1u32, 576u32), (512, 576), (1, 1), (3, 7), (65, 64), (2, 2049)];
+        for (n_rows, dim) in shapes {
+            for scale in [1.0f32, 1e-3, 300.0] {
+                let x = normals(&mut rng, (n_rows * dim) as usize, scale);
+                let weight = rng.vec_uniform(dim as usize, 0.2, 2.0);
+                let xb = f32_buffer(&ctx, &x);
+                let wb = f32_buffer(&ctx, &weight);
+                let ob = ctx.storage_zeroed("out", n_rows as u64 * dim as u64 * 4);
+                let k = norm::rms_norm(&ctx, &xb, &wb, &ob, n_rows, dim, 1e-5).unwrap();
+                run(&ctx, &[&k]);
+                let got = ctx.read_f32(&ob, 0, (n_rows * dim) as u64).await.unwrap();
+                let want = norm::rms_norm_cpu(&x, &weight, n_rows as usize, dim as usize, 1e-5);
+                assert_close(&format!("rms_norm {n_rows}x{dim} scale {scale}"), &got, &want, RMS_ABS_TOL, RMS_REL_TOL);
+            }
+        }
+    }
+}
+
+gpu_test! {
+    async fn rms_norm_rejects_bad_shapes() {
+        let ctx = gpu().await;
+        let x = ctx.storage_zeroed("x", 2 * 576 * 4);
+        let w = ctx.storage_zeroed("w", 576 * 4);
+        let out = ctx.storage_zeroed("out", 2 * 576 * 4);
+        expect_shape_err(norm::rms_norm(&ctx, &x, &w, &out, 3, 576, 1e-5), "x needs 6912 bytes");
+        expect_shape_err(norm::rms_norm(&ctx, &x, &w, &out, 1, 577, 1e-5), "weight needs 2308 bytes");
+        expect_shape_err(norm::rms_norm(&ctx, &x, &w, &out, 0, 576, 1e-5), "at least 1");
+        expect_shape_err(norm::rms_norm(&ctx, &x, &w, &out, 2, 576, f32::NAN), "eps");
+        expect_shape_err(norm::rms_norm(&ctx, &x, &w, &x, 2, 576, 1e-5), "different buffer");
+    }
+}
+
+// ---------------------------------------------------------------- rope
+
+/// Absolute tolerance for |x| <= 1 inputs against the f64 reference: the reduced angle is good
+/// to ~2e-7 rad at any position; sin/cos and the two products add a few f32 ulps.
+const ROPE_ABS_TOL: f32 = 2e-6;
+
+struct RopeCase {
+    n_q: u32,
+    n_kv: u32,
+    head_dim: u32,
+    base: f32,
+}
+
+const SMOLLM2: RopeCase = RopeCase { n_q: 9, n_kv: 3, head_dim: 64, base: 100_000.0 };
+
+/// Rotates random fused qkv rows on the GPU and on the CPU; checks the q and k heads within
+/// ROPE_ABS_TOL and the v heads bit for bit (they must not move).
+async fn check_rope(ctx: &Context, rng: &mut Rng, case: &RopeCase, positions: &[u32]) {
+    let n_tokens = positions.len();
+    let hd = case.head_dim as usize;
+    let rotated = (case.n_q + case.n_kv) as usize;
+    let row_stride = (case.n_q + 2 * case.n_kv) as usize * hd;
+    let x = rng.vec_uniform(n_tokens * row_stride, -1.0, 1.0);
+    let xb = f32_buffer(ctx, &x);
+    let pb = u32_buffer(ctx, positions);
+    let k = rope::rope(ctx, &xb, &pb, n_tokens as u32, row_stride as u32, rotated as u32, case.head_dim, case.base)
+        .unwrap();
+    run(ctx, &[&k]);
+    let got = ctx.read_f32(&xb, 0, x.len() as u64).await.unwrap();
+    let mut want = x.clone();
+    rope::rope_cpu(&mut want, positions, n_tokens, row_stride, rotated, hd, case.base);
+    let what = format!("rope q{} kv{} hd{} at {:?}", case.n_q, case.n_kv, hd, &positions[..positions.len().min(4)]);
+    assert_close(&what, &got, &want, ROPE_ABS_TOL, 0.0);
+    for t in 0..n_tokens {
+        let v = t * row_stride + rotated * hd..(t + 1) * row_stride;
+        assert_eq!(got[v.clone()], x[v], "{what}: v heads of token {t} changed");
+    }
+}
+
+gpu_test! {
+    async fn rope_matches_cpu_at_any_start() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(21);
+        for start in [0u32, 1, 17, 4095, 8191] {
+            for n_tokens in [1u32, 7] {
+                let positions: Vec<u32> = (start..start + n_tokens).collect();
+                check_rope(&ctx, &mut rng, &SMOLLM2, &positions).await;
+            }
+        }
+        // A 512-token prefill chunk that starts mid-sequence (a prefix-cache hit).
+        let positions: Vec<u32> = (3000..3512).collect();
+        check_rope(&ctx, &mut rng, &SMOLLM2, &positions).await;
+    }
+}
+
+gpu_test! {
+    async fn rope_matches_cpu_for_other_head_layouts() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(22);
+        let cases = [
+            RopeCase { n_q: 4, n_kv: 4, head_dim: 16, base: 10_000.0 }, // MHA
+            RopeCase { n_q: 8, n_kv: 1, head_dim: 32, base: 10_000.0 }, // MQA
+            RopeCase { n_q: 6, n_kv: 2, head_dim: 2, base: 500_000.0 },
+            RopeCase { n_q: 2, n_kv: 1, head_dim: 6, base: 100_000.0 },
+            RopeCase { n_q: 1, n_kv: 1, head_dim: 512, base: 1_000_000.0 },
+        ];
+        for case in &cases {
+            // Unordered, repeated and very large positions, as in a batch of sequences.
+            let positions = [5u32, 0, 8191, 123_456, 5, 1 << 20, u32::MAX];
+            check_rope(&ctx, &mut rng, case, &positions).await;
+        }
+    }
+}
+
+gpu_test! {
+    async fn rope_kernel_reused_with_new_positions() {
+        // Decode: the kernel is built once; each step rewrites the positions buffer.
+        let ctx = gpu().await;
+        let mut rng = Rng::new(23);
+        let hd = 64usize;
+        let row_stride = 15 * hd;
+        let xb = ctx.storage_zeroed("x", (row_stride * 4) as u64);
+        let pb = ctx.storage_zeroed("positions", 4);
+        let k = rope::rope(&ctx, &xb, &pb, 1, row_stride as u32, 12, hd as u32, 100_000.0).unwrap();
+        for pos in [0u32, 1, 2, 17, 4095, 8191] {
+            let x = rng.vec_uniform(row_stride, -1.0, 1.0);
+            ctx.queue.write_buffer(&xb, 0, bytemuck::cast_slice(&x));
+            ctx.queue.write_buffer(&pb, 0, bytemuck::bytes_of(&pos));
+            run(&ctx, &[&k]);
+            let got = ctx.read_f32(&xb, 0, row_stride as u64).await.unwrap();
+            let mut want = x;
+            rope::rope_cpu(&mut want, &[pos], 1, row_stride, 12, hd, 100_000.0);
+            assert_close(&format!("rope step at {pos}"), &got, &want, ROPE_ABS_TOL, 0.0);
+        }
+    }
+}
+
+gpu_test! {
+    async fn rope_rejects_bad_shapes() {
+        let ctx = gpu().await;
+        let x = ctx.storage_zeroed("x", 2 * 960 * 4);
+        let p = ctx.storage_zeroed("p", 8);
+        expect_shape_err(rope::rope(&ctx, &x, &p, 2, 960, 12, 63, 1e4), "even");
+        expect_shape_err(rope::rope(&ctx, &x, &p, 2, 960, 16, 64, 1e4), "do not fit");
+        expect_shape_err(rope::rope(&ctx, &x, &p, 3, 960, 12, 64, 1e4), "x needs");
+        expect_shape_err(rope::rope(&ctx, &x, &p, 2, 960, 12, 64, -1.0), "base");
+        expect_shape_err(rope::rope(&ctx, &x, &p, 2, 2048, 1, 1024, 1e4), "head_dim");
+        let p1 = ctx.storage_zeroed("p1", 4);
+        expect_shape_err(rope::rope(&ctx, &x, &p1, 2, 960, 12, 64, 1e4), "positions needs 8 bytes");
+    }
+}
+
+// ---------------------------------------------------------------- silu_mul
+
+// exp is allowed 3 + 2|x| ulp in WGSL; with |g| <= 30 that is ~1e-5 relative at worst.
+const SILU_REL_TOL: f32 = 2e-5;
+const SILU_ABS_TOL: f32 = 1e-6;
+
+gpu_test! {
+    async fn silu_mul_matches_cpu() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(31);
+        for (n_rows, ffn) in [(1u32, 1536u32), (512, 1536), (1, 1), (3, 5), (2, 4099)] {
+            let n = (n_rows * ffn) as usize;
+            let gu: Vec<f32> = (0..2 * n).map(|_| rng.normal() * 4.0).collect();
+            let gub = f32_buffer(&ctx, &gu);
+            let ob = ctx.storage_zeroed("out", n as u64 * 4);
+            let k = act::silu_mul(&ctx, &gub, &ob, n_rows, ffn).unwrap();
+            run(&ctx, &[&k]);
+            let got = ctx.read_f32(&ob, 0, n as u64).await.unwrap();
+            let want = act::silu_mul_cpu(&gu, n_rows as usize, ffn as usize);
+            assert_close(&format!("silu_mul {n_rows}x{ffn}"), &got, &want, SILU_ABS_TOL, SILU_REL_TOL);
+        }
+    }
+}
+
+gpu_test! {
+    async fn silu_mul_is_finite_for_extreme_gates() {
+        let ctx = gpu().await;
+        let gates = [0.0f32, -0.0, 1e-30, -1e-30, 30.0, -30.0, 88.0, -88.0, 89.0, -89.0, 1e4, -1e4, 3e38, -3e38];
+        let ffn = gates.len();
+        let ups: Vec<f32> = (0..ffn).map(|i| if i % 2 == 0 { 1.5 } else { -0.75 }).collect();
+        let gu: Vec<f32> = gates.iter().chain(&ups).copied().collect();
+        let gub = f32_buffer(&ctx, &gu);
+        let ob = ctx.storage_zeroed("out", ffn as u64 * 4);
+        let k = act::silu_mul(&ctx, &gub, &ob, 1, ffn as u32).unwrap();
+        run(&ctx, &[&k]);
+        let got = ctx.read_f32(&ob, 0, ffn as u64).await.unwrap();
+        let want = act::silu_mul_cpu(&gu, 1, ffn);
+        // The f64 reference of silu(3e38) * 1.5 overflows f32 to inf: only compare finite references.
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            if w.is_finite() {
+                assert_close(&format!("silu_mul gate {}", gates[i]), &[*g], &[*w], SILU_ABS_TOL, SILU_REL_TOL);
+            } else {
+                assert!(!g.is_nan(), "silu_mul gate {}: NaN", gates[i]);
+            }
+        }
+    }
+}
+
+gpu_test! {
+    async fn silu_mul_rejects_bad_shapes() {
+        let ctx = gpu().await;
+        let gu = ctx.storage_zeroed("gu", 2 * 1536 * 4);
+        let out = ctx.storage_zeroed("out", 1536 * 4);
+        expect_shape_err(act::silu_mul(&ctx, &gu, &out, 2, 1536), "gu needs 24576 bytes");
+        expect_shape_err(act::silu_mul(&ctx, &gu, &gu, 1, 1536), "different buffer");
+        expect_shape_err(act::silu_mul(&ctx, &gu, &out, 1, 0), "at least 1");
+    }
+}
+
+// ---------------------------------------------------------------- argmax
+
+async fn gpu_argmax(ctx: &Context, logits: &[f32], n_rows: u32, vocab: u32) -> Vec<u32> {
+    let lb = f32_buffer(ctx, logits);
+    let ob = ctx.storage_init("out", &vec![0xAAu8; n_rows as usize * 4]);
+    let kernels = argmax::argmax(ctx, &lb, &ob, n_rows, vocab).unwrap();
+    run(ctx, &kernels.iter().collect::<Vec<_>>());
+    ctx.read_u32(&ob, 0, n_rows as u64).await.unwrap()
+}
+
+gpu_test! {
+    async fn argmax_matches_cpu_on_random_rows() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(41);
+        // SmolLM2's vocab, vocabs off the 256 partials, smaller than them, a single logit.
+        for (n_rows, vocab) in [(1u32, 49_152u32), (4, 49_152), (3, 49_153), (2, 1000), (5, 255), (2, 257), (3, 1), (1, 7)] {
+            let logits = normals(&mut rng, (n_rows * vocab) as usize, 3.0);
+            let got = gpu_argmax(&ctx, &logits, n_rows, vocab).await;
+            assert_eq!(got, argmax::argmax_cpu(&logits, n_rows as usize, vocab as usize), "argmax {n_rows}x{vocab}");
+        }
+    }
+}
+
+gpu_test! {
+    async fn argmax_edge_cases() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(42);
+        let vocab = 49_152usize;
+        let mut rows: Vec<(&str, Vec<f32>)> = Vec::new();
+        let base = |rng: &mut Rng| rng.vec_uniform(vocab, -10.0, 10.0);
+        let mut last = base(&mut rng);
+        last[vocab - 1] = 11.0;
+        rows.push(("max is the last element", last));
+        let mut first = base(&mut rng);
+        first[0] = 11.0;
+        rows.push(("max is the first element", first));
+        // Ties in the same partial (stride 256) and across partials: the lowest index wins.
+        let mut tie = base(&mut rng);
+        for i in [40_000, 777, 777 + 256, 30_001] {
+            tie[i] = 12.0;
+        }
+        rows.push(("ties", tie));
+        rows.push(("all equal", vec![0.5; vocab]));
+        let mut nans = base(&mut rng);
+        for i in (0..vocab).step_by(97) {
+            nans[i] = f32::NAN;
+        }
+        nans[12_345] = 10.5;
+        nans[0] = f32::NAN;
+        rows.push(("NaNs are skipped", nans));
+        rows.push(("all NaN", vec![f32::NAN; vocab]));
+        let mut ninf = vec![f32::NEG_INFINITY; vocab];
+        ninf[3] = f32::NAN;
+        ninf[9_000] = -1e30;
+        rows.push(("-inf below a number", ninf.clone()));
+        ninf[9_000] = f32::NEG_INFINITY;
+        rows.push(("-inf above NaN", ninf));
+        let mut pinf = base(&mut rng);
+        pinf[20_000] = f32::INFINITY;
+        pinf[40_000] = f32::INFINITY;
+        rows.push(("+inf", pinf));
+        let mut zeros = vec![-1.0f32; vocab];
+        zeros[5_000] = -0.0;
+        zeros[600] = 0.0;
+        zeros[100] = -0.0;
+        rows.push(("-0 ties +0", zeros));
+        let logits: Vec<f32> = rows.iter().flat_map(|(_, r)| r.iter().copied()).collect();
+        let got = gpu_argmax(&ctx, &logits, rows.len() as u32, vocab as u32).await;
+        let want = argmax::argmax_cpu(&logits, rows.len(), vocab);
+        for (i, (what, _)) in rows.iter().enumerate() {
+            assert_eq!(got[i], want[i], "argmax: {what}");
+        }
+        // The reference itself on the cases whose answer is known by construction.
+        assert_eq!(want[0] as usize, vocab - 1);
+        assert_eq!(want[1], 0);
+        assert_eq!(want[2], 777);
+        assert_eq!(want[3], 0);
+        assert_eq!(want[4], 12_345);
+        assert_eq!(want[5], 0);
+        assert_eq!(want[6], 9_000);
+        assert_eq!(want[7], 0);
+        assert_eq!(want[8], 20_000);
+        assert_eq!(want[9], 100);
+    }
+}
+
+gpu_test! {
+    async fn argmax_rejects_bad_shapes() {
+        let ctx = gpu().await;
+        let logits = ctx.storage_zeroed("logits", 2 * 1000 * 4);
+        let out = ctx.storage_zeroed("out", 4);
+        expect_shape_err(argmax::argmax(&ctx, &logits, &out, 2, 1000), "out needs 8 bytes");
+        expect_shape_err(argmax::argmax(&ctx, &logits, &out, 1, 2001), "logits needs");
+        expect_shape_err(argmax::argmax(&ctx, &logits, &out, 1, 0), "at least 1");
+        expect_shape_err(argmax::argmax(&ctx, &logits, &logits, 1, 10), "different buffer");
+    }
+}
+
+// ---------------------------------------------------------------- kv_write
+
+struct KvCase {
+    n_heads: u32,
+    n_kv: u32,
+    head_dim: u32,
+    max_len: u32,
+}
+
+/// Writes random qkv rows into caches pre-filled with random values (slack past the cache's
+/// end included) and checks every cache element against the CPU reference, exactly.
+async fn check_kv_write(ctx: &Context, rng: &mut Rng, case: &KvCase, positions: &[u32]) {
+    let n_tokens = positions.len();
+    let (nh, nkv, hd, max_len) =
+        (case.n_heads as usize, case.n_kv as usize, case.head_dim as usize, case.max_len as usize);
+    let row = (nh + 2 * nkv) * hd;
+    let slack = 37;
+    let cache_len = nkv * max_len * hd + slack;
+    let qkv = rng.vec_uniform(n_tokens * row, -1.0, 1.0);
+    let k0 = rng.vec_uniform(cache_len, 5.0, 6.0);
+    let v0 = rng.vec_uniform(cache_len, 7.0, 8.0);
+    let (qb, kb, vb, pb) =
+        (f32_buffer(ctx, &qkv), f32_buffer(ctx, &k0), f32_buffer(ctx, &v0), u32_buffer(ctx, positions));
+    let kernel = kv_write::write_contiguous(
+        ctx,
+        &qb,
+        &kb,
+        &vb,
+        &pb,
+        n_tokens as u32,
+        case.n_heads,
+        case.n_kv,
+        case.head_dim,
+        case.max_len,
+    )
+    .unwrap();
+    run(ctx, &[&kernel]);
+    let got_k = ctx.read_f32(&kb, 0, cache_len as u64).await.unwrap();
+    let got_v = ctx.read_f32(&vb, 0, cache_len as u64).await.unwrap();
+    let (mut want_k, mut want_v) = (k0, v0);
+    kv_write::write_contiguous_cpu(&qkv, &mut want_k, &mut want_v, positions, n_tokens, nh, nkv, hd, max_len);
+    let what = format!("kv_write h{nh} kv{nkv} hd{hd} max_len {max_len} at {positions:?}");
+    assert_eq!(got_k, want_k, "{what}: k cache");
+    assert_eq!(got_v, want_v, "{what}: v cache");
+}
+
+gpu_test! {
+    async fn kv_write_matches_cpu() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(51);
+        let smollm2 = KvCase { n_heads: 9, n_kv: 3, head_dim: 64, max_len: 256 };
+        check_kv_write(&ctx, &mut rng, &smollm2, &[0]).await;
+        check_kv_write(&ctx, &mut rng, &smollm2, &[255]).await;
+        check_kv_write(&ctx, &mut rng, &smollm2, &(17..29).collect::<Vec<_>>()).await;
+        // Positions at and past max_len are skipped, the rest still written.
+        check_kv_write(&ctx, &mut rng, &smollm2, &[254, 255, 256, 257, u32::MAX, 3]).await;
+        let cases = [
+            KvCase { n_heads: 4, n_kv: 4, head_dim: 16, max_len: 10 }, // MHA
+            KvCase { n_heads: 8, n_kv: 1, head_dim: 32, max_len: 9 },  // MQA
+            KvCase { n_heads: 2, n_kv: 1, head_dim: 6, max_len: 5 },   // head_dim not a multiple of 4
+            KvCase { n_heads: 1, n_kv: 1, head_dim: 2, max_len: 1 },
+        ];
+        for case in &cases {
+            check_kv_write(&ctx, &mut rng, case, &[case.max_len - 1, 0, case.max_len]).await;
+        }
+    }
+}
+
+gpu_test! {
+    async fn kv_write_rejects_bad_shapes() {
+        let ctx = gpu().await;
+        let qkv = ctx.storage_zeroed("qkv", 2 * 15 * 64 * 4);
+        let k = ctx.storage_zeroed("k", 3 * 100 * 64 * 4);
+        let v = ctx.storage_zeroed("v", 3 * 100 * 64 * 4);
+        let p = ctx.storage_zeroed("p", 8);
+        expect_shape_err(kv_write::write_contiguous(&ctx, &qkv, &k, &v, &p, 2, 9, 3, 64, 101), "k_cache needs");
+        expect_shape_err(kv_write::write_contiguous(&ctx, &qkv, &k, &v, &p, 3, 9, 3, 64, 100), "qkv needs");
+        expect_shape_err(kv_write::write_contiguous(&ctx, &qkv, &k, &k, &p, 2, 9, 3, 64, 100), "different buffers");
+        expect_shape_err(kv_write::write_contiguous(&ctx, &qkv, &k, &v, &p, 2, 9, 0, 64, 100), "at least 1");
+    }
+}
