@@ -4,6 +4,9 @@
 pub fn source(name: &str) -> Option<&'static str> {
     Some(match name {
         "add" => include_str!("../../shaders/add.wgsl"),
+        "embed_q8_0" => include_str!("../../shaders/embed_q8_0.wgsl"),
+        "matmul_q4_1" => include_str!("../../shaders/matmul_q4_1.wgsl"),
+        "matmul_q8_0" => include_str!("../../shaders/matmul_q8_0.wgsl"),
         _ => return None,
     })
 }

@@ -5,6 +5,8 @@ use super::kernel::split_workgroups;
 use super::{shape_err, Context, GpuError};
 
 pub mod elementwise;
+pub mod embed;
+pub mod matmul;
 
 /// Checks that `buffer` holds at least `bytes` bytes.
 pub(crate) fn check_size(op: &'static str, what: &str, buffer: &wgpu::Buffer, bytes: u64) -> Result<(), GpuError> {
