@@ -9,6 +9,9 @@ pub fn source(name: &str) -> Option<&'static str> {
         "rms_norm" => include_str!("../../shaders/rms_norm.wgsl"),
         "rope" => include_str!("../../shaders/rope.wgsl"),
         "silu_mul" => include_str!("../../shaders/silu_mul.wgsl"),
+        "embed_q8_0" => include_str!("../../shaders/embed_q8_0.wgsl"),
+        "matmul_q4_1" => include_str!("../../shaders/matmul_q4_1.wgsl"),
+        "matmul_q8_0" => include_str!("../../shaders/matmul_q8_0.wgsl"),
         _ => return None,
     })
 }

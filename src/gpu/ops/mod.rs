@@ -7,7 +7,9 @@ use super::{shape_err, Context, GpuError};
 pub mod act;
 pub mod argmax;
 pub mod elementwise;
+pub mod embed;
 pub mod kv_write;
+pub mod matmul;
 pub mod norm;
 pub mod rope;
 

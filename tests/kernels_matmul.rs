@@ -1,0 +1,303 @@
+//! Quantized matmul and embedding kernels against their CPU references, natively and in the browser.
+//!
+//! Tolerance of the matmul tests: |got − want| ≤ 1e-5 · Σ_k |W[n,k] · x[a,k]| per output, where want
+//! is the f64 dot product of the dequantized weights. The kernels dequantize exactly (d · q + m in
+//! f32) and accumulate in f32, so only summation rounding remains: about √K · 2⁻²⁴ ≈ 2e-6 of that
+//! sum for K = 1536. One wrong quant, scale or row already moves an output by ~1/K of the sum
+//! (≥ 6e-4), far above the bound. The embedding is exact (a product of an f16 and an int8).
+mod common;
+
+#[cfg(target_arch = "wasm32")]
+wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
+
+use common::gpu;
+use pagedlm::gpu::ops::embed::{embedding, embedding_cpu};
+use pagedlm::gpu::ops::matmul::{matmul, matmul_cpu, matmul_with, GgmlKind, MatmulConfig, QuantMatrix, MAX_TILE_ROWS};
+use pagedlm::gpu::{Context, Recorder};
+use pagedlm::quant::{dequantize_q4_1, dequantize_q8_0, quantize_q4_1, quantize_q8_0};
+use pagedlm::rng::Rng;
+
+const REL_TOL: f64 = 1e-5;
+
+/// A seeded random GGUF matrix of `kind`, [rows, cols].
+fn random_matrix(rng: &mut Rng, kind: GgmlKind, rows: u32, cols: u32) -> Vec<u8> {
+    // Per-row offsets make the Q4_1 minimum matter and give rows different scales.
+    let mut values = Vec::with_capacity(rows as usize * cols as usize);
+    for _ in 0..rows {
+        let offset = rng.uniform(-0.5, 0.5);
+        let spread = rng.uniform(0.1, 2.0);
+        values.extend((0..cols).map(|_| offset + spread * rng.uniform(-1.0, 1.0)));
+    }
+    match kind {
+        GgmlKind::Q4_1 => quantize_q4_1(&values),
+        GgmlKind::Q8_0 => quantize_q8_0(&values),
+    }
+}
+
+fn dequantized(kind: GgmlKind, raw: &[u8], rows: u32, cols: u32) -> Vec<f32> {
+    let mut out = vec![0f32; rows as usize * cols as usize];
+    match kind {
+        GgmlKind::Q4_1 => dequantize_q4_1(raw, &mut out),
+        GgmlKind::Q8_0 => dequantize_q8_0(raw, &mut out),
+    }
+    out
+}
+
+/// Σ_k |W[n,k] · x[a,k]| for every output: the scale of each output's rounding error.
+fn magnitudes(kind: GgmlKind, raw: &[u8], rows: u32, cols: u32, x: &[f32], n_rows: u32) -> Vec<f64> {
+    let w = dequantized(kind, raw, rows, cols);
+    let (rows, cols) = (rows as usize, cols as usize);
+    let mut out = Vec::with_capacity(n_rows as usize * rows);
+    for a in 0..n_rows as usize {
+        let xa = &x[a * cols..][..cols];
+        for n in 0..rows {
+            out.push(w[n * cols..][..cols].iter().zip(xa).map(|(p, q)| (p * q).abs() as f64).sum());
+        }
+    }
+    out
+}
+
+fn assert_matmul_close(what: &str, got: &[f32], want: &[f32], scale: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst: Option<(usize, f64)> = None;
+    for (i, ((g, w), s)) in got.iter().zip(want).zip(scale).enumerate() {
+        let err = (*g as f64 - *w as f64).abs();
+        let excess = err / (REL_TOL * s.max(1e-30));
+        if !g.is_finite() || excess > 1.0 && worst.map_or(true, |(_, e)| excess > e) {
+            worst = Some((i, if g.is_finite() { excess } else { f64::INFINITY }));
+        }
+    }
+    if let Some((i, excess)) = worst {
+        panic!(
+            "{what}: element {i} is {} but the reference is {} (error {:.2}× the tolerance {REL_TOL}·{:.4})",
+            got[i], want[i], excess, scale[i]
+        );
+    }
+}
+
+/// Uploads, runs one matmul and returns y.
+async fn run_matmul(ctx: &Context, w: &QuantMatrix, x: &[f32], n_rows: u32, config: Option<MatmulConfig>) -> Vec<f32> {
+    let xb = ctx.storage_init("x", bytemuck::cast_slice(x));
+    let yb = ctx.storage_zeroed("y", n_rows as u64 * w.rows as u64 * 4);
+    let kernels = match config {
+        Some(c) => matmul_with(ctx, w, &xb, &yb, n_rows, c).unwrap(),
+        None => matmul(ctx, w, &xb, &yb, n_rows).unwrap(),
+    };
+    let mut rec = Recorder::new(ctx, "test");
+    for k in &kernels {
+        rec.dispatch(k);
+    }
+    rec.submit();
+    ctx.read_f32(&yb, 0, n_rows as u64 * w.rows as u64).await.unwrap()
+}
+
+/// Checks one shape and batch against the CPU reference.
+async fn check(ctx: &Context, rng: &mut Rng, kind: GgmlKind, rows: u32, cols: u32, n_rows: u32, config: Option<MatmulConfig>) {
+    let raw = random_matrix(rng, kind, rows, cols);
+    let x = rng.vec_uniform(n_rows as usize * cols as usize, -1.0, 1.0);
+    let w = QuantMatrix::upload(ctx, "w", kind, &raw, rows, cols).unwrap();
+    let got = run_matmul(ctx, &w, &x, n_rows, config).await;
+    let want = matmul_cpu(kind, &raw, rows, cols, &x, n_rows).unwrap();
+    let scale = magnitudes(kind, &raw, rows, cols, &x, n_rows);
+    assert_matmul_close(&format!("{kind:?} {cols}→{rows}, {n_rows} rows, {config:?}"), &got, &want, &scale);
+}
+
+gpu_test! {
+    async fn q4_1_matches_cpu_on_model_shapes() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(11);
+        for (rows, cols) in [(576, 576), (192, 576), (1536, 576), (576, 1536)] {
+            for n_rows in [1, 3, 8, 16] {
+                check(&ctx, &mut rng, GgmlKind::Q4_1, rows, cols, n_rows, None).await;
+            }
+        }
+    }
+}
+
+gpu_test! {
+    async fn q4_1_prefill_matches_cpu() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(12);
+        // 100 rows: not a multiple of the 8-row tile.
+        check(&ctx, &mut rng, GgmlKind::Q4_1, 1536, 576, 100, None).await;
+        check(&ctx, &mut rng, GgmlKind::Q4_1, 576, 1536, 100, None).await;
+    }
+}
+
+gpu_test! {
+    async fn q8_0_output_projection_matches_cpu() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(13);
+        check(&ctx, &mut rng, GgmlKind::Q8_0, 49152, 576, 1, None).await;
+        for n_rows in [3, 8, 16, 100] {
+            check(&ctx, &mut rng, GgmlKind::Q8_0, 1000, 576, n_rows, None).await;
+        }
+    }
+}
+
+gpu_test! {
+    async fn rows_that_do_not_fill_a_group_are_written_and_nothing_past_them() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(14);
+        for kind in [GgmlKind::Q4_1, GgmlKind::Q8_0] {
+            for rows in [1, 5, 13] {
+                check(&ctx, &mut rng, kind, rows, 64, 3, None).await;
+            }
+            // y is larger than needed: the element after the last output must stay untouched.
+            let (rows, cols, n_rows) = (13u32, 32u32, 2u32);
+            let raw = random_matrix(&mut rng, kind, rows, cols);
+            let w = QuantMatrix::upload(&ctx, "w", kind, &raw, rows, cols).unwrap();
+            let x = rng.vec_uniform((n_rows * cols) as usize, -1.0, 1.0);
+            let xb = ctx.storage_init("x", bytemuck::cast_slice(&x));
+            let sentinel = vec![7.5f32; (n_rows * rows + 16) as usize];
+            let yb = ctx.storage_init("y", bytemuck::cast_slice(&sentinel));
+            let kernels = matmul(&ctx, &w, &xb, &yb, n_rows).unwrap();
+            let mut rec = Recorder::new(&ctx, "test");
+            for k in &kernels {
+                rec.dispatch(k);
+            }
+            rec.submit();
+            let got = ctx.read_f32(&yb, 0, sentinel.len() as u64).await.unwrap();
+            let n_out = (n_rows * rows) as usize;
+            assert!(got[n_out..].iter().all(|&v| v == 7.5), "{kind:?}: wrote past the output: {:?}", &got[n_out..]);
+            let want = matmul_cpu(kind, &raw, rows, cols, &x, n_rows).unwrap();
+            let scale = magnitudes(kind, &raw, rows, cols, &x, n_rows);
+            assert_matmul_close(&format!("{kind:?} 13 rows into a larger y"), &got[..n_out], &want, &scale);
+        }
+    }
+}
+
+gpu_test! {
+    async fn every_kernel_variant_matches_cpu() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(15);
+        // The split-row variant (real GPUs) runs here too, so it is tested on CPU adapters.
+        let mut configs = vec![
+            MatmulConfig { tile_rows: 1, k_split: 8, workgroup: 64 },
+            MatmulConfig { tile_rows: 4, k_split: 8, workgroup: 64 },
+            MatmulConfig { tile_rows: 3, k_split: 4, workgroup: 16 },
+        ];
+        configs.extend([1, 2, 5, 8, MAX_TILE_ROWS].map(|tile_rows| MatmulConfig { tile_rows, k_split: 1, workgroup: 16 }));
+        for config in configs {
+            check(&ctx, &mut rng, GgmlKind::Q4_1, 96, 320, 19, Some(config)).await;
+            check(&ctx, &mut rng, GgmlKind::Q8_0, 96, 320, 19, Some(config)).await;
+        }
+    }
+}
+
+gpu_test! {
+    async fn stacked_upload_is_the_concatenation_of_its_parts() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(16);
+        for kind in [GgmlKind::Q4_1, GgmlKind::Q8_0] {
+            // q|k|v of SmolLM2: 576 + 192 + 192 rows; an odd part size checks that parts are not group-aligned.
+            let cols = 576u32;
+            let part_rows = [576u32, 192, 192, 5];
+            let raws: Vec<Vec<u8>> = part_rows.iter().map(|&r| random_matrix(&mut rng, kind, r, cols)).collect();
+            let parts: Vec<(&[u8], u32)> = raws.iter().zip(part_rows).map(|(r, n)| (&r[..], n)).collect();
+            let stacked = QuantMatrix::upload_stacked(&ctx, "qkv", kind, &parts, cols).unwrap();
+            let total: u32 = part_rows.iter().sum();
+            assert_eq!((stacked.rows, stacked.cols, stacked.ggml_type), (total, cols, kind));
+            let n_rows = 3u32;
+            let x = rng.vec_uniform((n_rows * cols) as usize, -1.0, 1.0);
+            let got = run_matmul(&ctx, &stacked, &x, n_rows, None).await;
+            let mut offset = 0usize;
+            for (raw, rows) in raws.iter().zip(part_rows) {
+                let want = matmul_cpu(kind, raw, rows, cols, &x, n_rows).unwrap();
+                let scale = magnitudes(kind, raw, rows, cols, &x, n_rows);
+                let got_part: Vec<f32> = (0..n_rows as usize)
+                    .flat_map(|a| got[a * total as usize + offset..][..rows as usize].to_vec())
+                    .collect();
+                assert_matmul_close(&format!("{kind:?} stacked part at row {offset}"), &got_part, &want, &scale);
+                offset += rows as usize;
+            }
+        }
+    }
+}
+
+gpu_test! {
+    async fn upload_keeps_the_gguf_size() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(17);
+        for (kind, rows) in [(GgmlKind::Q4_1, 1536u32), (GgmlKind::Q8_0, 1000)] {
+            let raw = random_matrix(&mut rng, kind, rows, 576);
+            let w = QuantMatrix::upload(&ctx, "w", kind, &raw, rows, 576).unwrap();
+            assert_eq!(w.bytes(), raw.len() as u64, "{kind:?}: the repacked layout must not grow");
+        }
+    }
+}
+
+gpu_test! {
+    async fn embedding_matches_dequantized_rows() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(18);
+        let (vocab, hidden) = (1003u32, 576u32);
+        let raw = random_matrix(&mut rng, GgmlKind::Q8_0, vocab, hidden);
+        let table = QuantMatrix::upload(&ctx, "embd", GgmlKind::Q8_0, &raw, vocab, hidden).unwrap();
+        // First and last rows, rows of the last (partial) group, random ones, and one id past the vocabulary.
+        let mut ids = vec![0u32, vocab - 1, 1000, 1001, 8, 7, vocab + 5];
+        ids.extend((0..25).map(|_| rng.below(vocab as u64) as u32));
+        let n = ids.len() as u32;
+        let idb = ctx.storage_init("ids", bytemuck::cast_slice(&ids));
+        let out = ctx.storage_zeroed("out", n as u64 * hidden as u64 * 4);
+        let kernel = embedding(&ctx, &table, &idb, &out, n).unwrap();
+        let mut rec = Recorder::new(&ctx, "test");
+        rec.dispatch(&kernel);
+        rec.submit();
+        let got = ctx.read_f32(&out, 0, n as u64 * hidden as u64).await.unwrap();
+        let want = embedding_cpu(&raw, vocab, hidden, &ids).unwrap();
+        // Exact: each value is one f32 product of an f16 scale and an int8.
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(g == w, "token {} (id {}), element {}: {g} != {w}", i / hidden as usize, ids[i / hidden as usize], i % hidden as usize);
+        }
+        assert!(want[..hidden as usize].iter().any(|&v| v != 0.0), "the reference rows must not be all zero");
+    }
+}
+
+gpu_test! {
+    async fn shape_contract_violations_are_refused() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(19);
+        let (rows, cols) = (64u32, 96u32);
+        let raw = random_matrix(&mut rng, GgmlKind::Q4_1, rows, cols);
+        let err = |r: Result<QuantMatrix, pagedlm::gpu::GpuError>| r.err().expect("must be refused").to_string();
+        let e = err(QuantMatrix::upload(&ctx, "w", GgmlKind::Q4_1, &raw, rows, 128));
+        assert!(e.contains("bytes"), "{e}");
+        let e = err(QuantMatrix::upload(&ctx, "w", GgmlKind::Q4_1, &raw[1..], rows, cols));
+        assert!(e.contains("bytes"), "{e}");
+        let e = err(QuantMatrix::upload(&ctx, "w", GgmlKind::Q4_1, &raw, rows * 2, cols / 2 + 1));
+        assert!(e.contains("multiple of 32"), "{e}");
+        let e = err(QuantMatrix::upload(&ctx, "w", GgmlKind::Q8_0, &raw, rows, cols));
+        assert!(e.contains("Q8_0"), "{e}");
+        let e = err(QuantMatrix::upload_stacked(&ctx, "qkv", GgmlKind::Q4_1, &[(&raw, rows), (&raw, rows)], 64));
+        assert!(e.contains("part 0"), "{e}");
+
+        let w = QuantMatrix::upload(&ctx, "w", GgmlKind::Q4_1, &raw, rows, cols).unwrap();
+        let n_rows = 3u32;
+        let x_ok = ctx.storage_zeroed("x", (n_rows * cols * 4) as u64);
+        let y_ok = ctx.storage_zeroed("y", (n_rows * rows * 4) as u64);
+        let x_short = ctx.storage_zeroed("x", (n_rows * cols * 4 - 4) as u64);
+        let y_short = ctx.storage_zeroed("y", (n_rows * rows * 4 - 4) as u64);
+        let merr = |r: Result<Vec<pagedlm::gpu::Kernel>, pagedlm::gpu::GpuError>| r.err().expect("must be refused").to_string();
+        let e = merr(matmul(&ctx, &w, &x_short, &y_ok, n_rows));
+        assert!(e.contains("x needs"), "{e}");
+        let e = merr(matmul(&ctx, &w, &x_ok, &y_short, n_rows));
+        assert!(e.contains("y needs"), "{e}");
+        let e = merr(matmul(&ctx, &w, &x_ok, &y_ok, 0));
+        assert!(e.contains("n_rows"), "{e}");
+        let e = merr(matmul_with(&ctx, &w, &x_ok, &y_ok, n_rows, MatmulConfig { tile_rows: MAX_TILE_ROWS + 1, k_split: 1, workgroup: 16 }));
+        assert!(e.contains("configuration"), "{e}");
+        assert!(matmul(&ctx, &w, &x_ok, &y_ok, n_rows).is_ok());
+
+        let ids = ctx.storage_zeroed("ids", 8);
+        let e = embedding(&ctx, &w, &ids, &y_ok, 2).err().expect("a Q4_1 table must be refused").to_string();
+        assert!(e.contains("Q8_0"), "{e}");
+        let table_raw = random_matrix(&mut rng, GgmlKind::Q8_0, 16, cols);
+        let table = QuantMatrix::upload(&ctx, "embd", GgmlKind::Q8_0, &table_raw, 16, cols).unwrap();
+        let e = embedding(&ctx, &table, &ids, &y_ok, 3).err().expect("short ids must be refused").to_string();
+        assert!(e.contains("ids needs"), "{e}");
+        let out_short = ctx.storage_zeroed("out", (2 * cols * 4 - 4) as u64);
+        let e = embedding(&ctx, &table, &ids, &out_short, 2).err().expect("a short out must be refused").to_string();
+        assert!(e.contains("out needs"), "{e}");
+    }
+}
