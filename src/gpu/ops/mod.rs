@@ -4,6 +4,7 @@
 use super::kernel::split_workgroups;
 use super::{shape_err, Context, GpuError};
 
+pub mod attention;
 pub mod elementwise;
 
 /// Checks that `buffer` holds at least `bytes` bytes.
