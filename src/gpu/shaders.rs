@@ -12,6 +12,8 @@ pub fn source(name: &str) -> Option<&'static str> {
         "embed_q8_0" => include_str!("../../shaders/embed_q8_0.wgsl"),
         "matmul_q4_1" => include_str!("../../shaders/matmul_q4_1.wgsl"),
         "matmul_q8_0" => include_str!("../../shaders/matmul_q8_0.wgsl"),
+        "attention" => include_str!("../../shaders/attention.wgsl"),
+        "attention_reduce" => include_str!("../../shaders/attention_reduce.wgsl"),
         _ => return None,
     })
 }

@@ -1,0 +1,439 @@
+//! Causal llama attention (GQA, scale 1/sqrt(head_dim), softmax in f32) over the contiguous
+//! KV cache, with two plans:
+//! - split-K (flash-decoding) for decode: the key range is cut into `chunk`-key splits spread over
+//!   invocations, each keeping an online softmax for all query heads of one KV group, then a reduce
+//!   kernel combines the splits. The number of splits follows the step's context (`set_kv_len`).
+//! - passes for prefill: an invocation owns a tile of query rows (tokens x heads of a group); one
+//!   dispatch per `chunk` keys, in order, each merging its keys into the normalized output.
+//!
+//! Both are `shaders/attention.wgsl` specialized by override constants; the reduce is
+//! `shaders/attention_reduce.wgsl`. On CPU adapters (lavapipe, SwiftShader) neither uses shared
+//! memory or barriers: the reuse of each loaded K/V row comes from the private tile of query rows.
+//!
+//! Why no invocation streams a whole context: lavapipe ends all loops of an invocation after
+//! 65,535 back-edges in total (gallivm's LP_MAX_TGSI_LOOP_ITERATIONS, shared by every loop of a
+//! shader), silently, leaving a wrong result. `chunk` is checked against that budget assuming no
+//! loop is unrolled.
+
+use super::{check_binding, check_size, whole};
+use crate::gpu::{shape_err, Context, GpuError, Kernel};
+
+const OP: &str = "attention";
+/// Rows of a tile (tokens x heads) and vec4s of a tile, as sized in attention.wgsl.
+const MAX_TILE_ROWS: u32 = 16;
+const MAX_TILE_VEC4: u32 = 256;
+/// head_dim above this would overflow the private tile even with one row.
+const MAX_HEAD_DIM: u32 = 128;
+/// Loop back-edges one invocation may take on lavapipe (65,535, with a margin).
+const LOOP_BUDGET: u64 = 60_000;
+/// Keys per dispatch of the passes plan, when the loop budget allows.
+const PASS_KEYS: u32 = 512;
+/// Batches up to this many query rows take the split-K plan by default; above, the direct plan
+/// has enough parallelism of its own and the split scratch would grow with the batch.
+pub const SPLIT_MAX_TOKENS: u32 = 16;
+
+/// The problem size of one attention call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionShape {
+    pub n_tokens: u32,
+    pub n_heads: u32,
+    pub n_kv_heads: u32,
+    pub head_dim: u32,
+    /// Capacity of the cache in tokens (the `max_len` axis of k_cache / v_cache).
+    pub max_len: u32,
+}
+
+impl AttentionShape {
+    fn check(&self) -> Result<(), GpuError> {
+        let s = self;
+        if s.n_tokens == 0 || s.n_heads == 0 || s.n_kv_heads == 0 || s.max_len == 0 {
+            return Err(shape_err(OP, format!("empty shape {s:?}")));
+        }
+        if s.n_heads % s.n_kv_heads != 0 {
+            return Err(shape_err(OP, format!("n_kv_heads {} does not divide n_heads {}", s.n_kv_heads, s.n_heads)));
+        }
+        if s.head_dim == 0 || s.head_dim % 4 != 0 || s.head_dim > MAX_HEAD_DIM {
+            return Err(shape_err(
+                OP,
+                format!("head_dim {} must be a positive multiple of 4 up to {MAX_HEAD_DIM}", s.head_dim),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Query heads per KV head.
+    pub fn group(&self) -> u32 {
+        self.n_heads / self.n_kv_heads
+    }
+
+    /// f32 elements in one row of the fused qkv buffer.
+    pub fn qkv_row(&self) -> u64 {
+        (self.n_heads + 2 * self.n_kv_heads) as u64 * self.head_dim as u64
+    }
+}
+
+/// Which kernel plan an [`Attention`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionPath {
+    /// Splits of `chunk` keys in parallel, then a reduce kernel (decode).
+    SplitK,
+    /// Sequential dispatches of `chunk` keys merging into the output (prefill).
+    Passes,
+}
+
+/// Kernel plan: path and tiling. [`AttentionPlan::auto`] picks one from the shape and adapter;
+/// the other fields exist for tests and benchmarks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionPlan {
+    pub path: AttentionPath,
+    /// Keys per invocation: per split (split-K) or per dispatch (passes).
+    pub chunk: u32,
+    /// Query heads of one KV group per invocation; each loaded K/V row serves all of them.
+    pub heads_per_item: u32,
+    /// Query tokens per invocation.
+    pub tokens_per_item: u32,
+    pub workgroup_size: u32,
+}
+
+impl AttentionPlan {
+    /// The default plan: split-K for up to [`SPLIT_MAX_TOKENS`] query tokens, passes above;
+    /// all heads of a GQA group in one invocation (K/V rows read once per group).
+    pub fn auto(ctx: &Context, shape: &AttentionShape) -> AttentionPlan {
+        let d4 = (shape.head_dim / 4).max(1);
+        let max_rows = MAX_TILE_ROWS.min(MAX_TILE_VEC4 / d4);
+        let heads_per_item = shape.group().clamp(1, max_rows);
+        let split = shape.n_tokens <= SPLIT_MAX_TOKENS;
+        let tokens_per_item = if split { 1 } else { (max_rows / heads_per_item).clamp(1, 4) };
+        let rows = heads_per_item * tokens_per_item;
+        AttentionPlan {
+            path: if split { AttentionPath::SplitK } else { AttentionPath::Passes },
+            chunk: if split { 128 } else { PASS_KEYS.min(max_chunk(rows, d4)) },
+            heads_per_item,
+            tokens_per_item,
+            // Software adapters want small workgroups (many to spread over cores, no barriers).
+            workgroup_size: if ctx.is_cpu() { 8 } else { 64 },
+        }
+    }
+
+    fn check(&self, ctx: &Context, shape: &AttentionShape) -> Result<(), GpuError> {
+        let rows = self.heads_per_item as u64 * self.tokens_per_item as u64;
+        if self.heads_per_item == 0 || self.tokens_per_item == 0 || rows > MAX_TILE_ROWS as u64 {
+            return Err(shape_err(OP, format!("a tile of {rows} query rows is outside 1..={MAX_TILE_ROWS}")));
+        }
+        if rows * (shape.head_dim / 4) as u64 > MAX_TILE_VEC4 as u64 {
+            return Err(shape_err(
+                OP,
+                format!("a tile of {rows} rows of head_dim {} exceeds {MAX_TILE_VEC4} vec4", shape.head_dim),
+            ));
+        }
+        let limit = max_chunk(rows as u32, shape.head_dim / 4);
+        if self.chunk == 0 || self.chunk > limit {
+            return Err(shape_err(
+                OP,
+                format!("chunk {} is outside 1..={limit} keys (lavapipe's loop budget for this tile)", self.chunk),
+            ));
+        }
+        if self.workgroup_size == 0 || self.workgroup_size > ctx.limits.max_compute_invocations_per_workgroup {
+            return Err(shape_err(OP, format!("workgroup size {} is unsupported", self.workgroup_size)));
+        }
+        Ok(())
+    }
+}
+
+/// The most keys one invocation may handle within [`LOOP_BUDGET`], assuming no loop of
+/// attention.wgsl is unrolled: per key the key loop, 4 loops over the tile rows and 2 over head_dim.
+fn max_chunk(rows: u32, d4: u32) -> u32 {
+    let (rows, d4) = (rows as u64, d4 as u64);
+    let setup = 4 * rows * (d4 + 1);
+    let per_key = 1 + 4 * rows + 2 * d4;
+    (LOOP_BUDGET.saturating_sub(setup) / per_key).min(u32::MAX as u64) as u32
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct AttentionParams {
+    n_tokens: u32,
+    n_heads: u32,
+    group: u32,
+    max_len: u32,
+    qkv_stride4: u32,
+    head_blocks: u32,
+    token_blocks: u32,
+    items_per_split: u32,
+    max_splits: u32,
+    scale: f32,
+    pass_begin: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct ReduceParams {
+    n_rows: u32,
+    n_heads: u32,
+    max_len: u32,
+    max_splits: u32,
+}
+
+/// Decode & prefill attention over the contiguous cache, built once per (layer, batch shape) and
+/// recorded every step; only the dispatches change with the context, never the bind groups.
+pub struct Attention {
+    /// Every prebuilt dispatch. Split-K: [splits, reduce]; passes: one per `chunk` keys of
+    /// max_len. Record [`Attention::kernels`], the ones the current kv_len needs (recording
+    /// all is still correct: passes past the context return at once).
+    pub kernels: Vec<Kernel>,
+    plan: AttentionPlan,
+    shape: AttentionShape,
+    /// Invocations per split or pass: token blocks x head blocks x KV heads.
+    items_per_split: u32,
+    max_workgroups_per_dim: u32,
+    kv_len: u32,
+    active: usize,
+    /// Split-K partial states or the passes' running (max, sum); the bind groups use them.
+    _scratch: wgpu::Buffer,
+    _state: wgpu::Buffer,
+}
+
+impl Attention {
+    /// Attention with the default plan ([`AttentionPlan::auto`]).
+    /// qkv: [n_tokens, (n_heads+2*n_kv_heads)*head_dim] f32, q heads first in each row (roped);
+    /// k_cache/v_cache: [n_kv_heads, max_len, head_dim] f32 holding keys 0..=max(positions),
+    /// the new tokens' included; positions: [n_tokens] u32, token t attends keys 0..=positions[t];
+    /// out: [n_tokens, n_heads*head_dim] f32.
+    /// Positions must stay below the `kv_len` of the last [`Attention::set_kv_len`] (initially
+    /// max_len); positions >= max_len are clamped to max_len - 1.
+    #[allow(clippy::too_many_arguments)]
+    pub fn contiguous(
+        ctx: &Context,
+        qkv: &wgpu::Buffer,
+        k_cache: &wgpu::Buffer,
+        v_cache: &wgpu::Buffer,
+        positions: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+        n_tokens: u32,
+        n_heads: u32,
+        n_kv_heads: u32,
+        head_dim: u32,
+        max_len: u32,
+    ) -> Result<Attention, GpuError> {
+        let shape = AttentionShape { n_tokens, n_heads, n_kv_heads, head_dim, max_len };
+        shape.check()?;
+        let plan = AttentionPlan::auto(ctx, &shape);
+        Attention::contiguous_with_plan(ctx, qkv, k_cache, v_cache, positions, out, shape, plan)
+    }
+
+    /// [`Attention::contiguous`] with an explicit plan (tests, benchmarks).
+    #[allow(clippy::too_many_arguments)]
+    pub fn contiguous_with_plan(
+        ctx: &Context,
+        qkv: &wgpu::Buffer,
+        k_cache: &wgpu::Buffer,
+        v_cache: &wgpu::Buffer,
+        positions: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+        shape: AttentionShape,
+        plan: AttentionPlan,
+    ) -> Result<Attention, GpuError> {
+        shape.check()?;
+        plan.check(ctx, &shape)?;
+        let s = shape;
+        let qkv_bytes = s.n_tokens as u64 * s.qkv_row() * 4;
+        let cache_bytes = s.n_kv_heads as u64 * s.max_len as u64 * s.head_dim as u64 * 4;
+        let out_bytes = s.n_tokens as u64 * s.n_heads as u64 * s.head_dim as u64 * 4;
+        check_size(OP, "qkv", qkv, qkv_bytes)?;
+        check_size(OP, "k_cache", k_cache, cache_bytes)?;
+        check_size(OP, "v_cache", v_cache, cache_bytes)?;
+        check_size(OP, "positions", positions, s.n_tokens as u64 * 4)?;
+        check_size(OP, "out", out, out_bytes)?;
+        // The whole buffers are bound; check what is bound, not just what is needed.
+        for (what, buf) in [("qkv", qkv), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out)] {
+            check_binding(ctx, OP, what, buf.size())?;
+        }
+
+        let d4 = s.head_dim / 4;
+        let rows = s.n_tokens as u64 * s.n_heads as u64;
+        let head_blocks = s.group().div_ceil(plan.heads_per_item);
+        let token_blocks = s.n_tokens.div_ceil(plan.tokens_per_item);
+        let items_per_split = token_blocks as u64 * head_blocks as u64 * s.n_kv_heads as u64;
+        let split = plan.path == AttentionPath::SplitK;
+        let n_chunks = s.max_len.div_ceil(plan.chunk);
+        let max_splits = if split { n_chunks } else { 1 };
+        if items_per_split * max_splits as u64 > u32::MAX as u64 / 2 {
+            return Err(shape_err(OP, format!("{items_per_split} tiles x {max_splits} splits is too many")));
+        }
+        let items_per_split = items_per_split as u32;
+        let params = AttentionParams {
+            n_tokens: s.n_tokens,
+            n_heads: s.n_heads,
+            group: s.group(),
+            max_len: s.max_len,
+            qkv_stride4: (s.qkv_row() / 4) as u32,
+            head_blocks,
+            token_blocks,
+            items_per_split,
+            max_splits,
+            scale: 1.0 / (s.head_dim as f32).sqrt(),
+            pass_begin: 0,
+        };
+        let constants = [
+            ("D4", d4 as f64),
+            ("HT", plan.heads_per_item as f64),
+            ("TT", plan.tokens_per_item as f64),
+            ("SPLIT", if split { 1.0 } else { 0.0 }),
+            ("CHUNK", plan.chunk as f64),
+            ("WG", plan.workgroup_size as f64),
+        ];
+        let pipeline = ctx.pipeline("attention", "main", &constants)?;
+        let scratch_bytes = if split { rows * max_splits as u64 * (d4 as u64 + 1) * 16 } else { 4 };
+        check_binding(ctx, OP, "the split scratch", scratch_bytes)?;
+        let scratch = ctx.storage_zeroed("attention.splits", scratch_bytes);
+        let state = ctx.storage_zeroed("attention.state", rows * 8);
+        let max_workgroups_per_dim = ctx.limits.max_compute_workgroups_per_dimension.max(1);
+        let groups = workgroups(max_workgroups_per_dim, plan.workgroup_size, items_per_split as u64);
+
+        let main_kernel = |name: &'static str, params: &AttentionParams, dst: &wgpu::Buffer| {
+            let params_buf = ctx.uniform_init(name, bytemuck::bytes_of(params));
+            let resources = [
+                whole(qkv),
+                whole(k_cache),
+                whole(v_cache),
+                whole(positions),
+                whole(&params_buf),
+                whole(dst),
+                whole(&state),
+            ];
+            Kernel::new(ctx, name, pipeline.clone(), &resources, groups, None).owning(params_buf)
+        };
+        let kernels = if split {
+            let main = main_kernel("attention.splits", &params, &scratch);
+            let reduce_params =
+                ReduceParams { n_rows: rows as u32, n_heads: s.n_heads, max_len: s.max_len, max_splits };
+            let reduce_buf = ctx.uniform_init("attention.reduce.params", bytemuck::bytes_of(&reduce_params));
+            let reduce_pipeline = ctx.pipeline(
+                "attention_reduce",
+                "main",
+                &[("D4", d4 as f64), ("CHUNK", plan.chunk as f64), ("WG", plan.workgroup_size as f64)],
+            )?;
+            let reduce = Kernel::new(
+                ctx,
+                "attention.reduce",
+                reduce_pipeline,
+                &[whole(positions), whole(&scratch), whole(out), whole(&reduce_buf)],
+                workgroups(max_workgroups_per_dim, plan.workgroup_size, rows * d4 as u64),
+                None,
+            )
+            .owning(reduce_buf);
+            vec![main, reduce]
+        } else {
+            (0..n_chunks)
+                .map(|p| main_kernel("attention.pass", &AttentionParams { pass_begin: p * plan.chunk, ..params }, out))
+                .collect()
+        };
+        let mut attention = Attention {
+            kernels,
+            plan,
+            shape,
+            items_per_split,
+            max_workgroups_per_dim,
+            kv_len: s.max_len,
+            active: 0,
+            _scratch: scratch,
+            _state: state,
+        };
+        attention.set_kv_len(s.max_len)?;
+        Ok(attention)
+    }
+
+    /// Called before recording a step whose longest key range is `kv_len` (max position + 1):
+    /// sizes the split dispatch to ceil(kv_len / chunk) splits, or selects ceil(kv_len / chunk)
+    /// passes. Bind groups are untouched. kv_len must be in 1..=max_len.
+    pub fn set_kv_len(&mut self, kv_len: u32) -> Result<(), GpuError> {
+        if kv_len == 0 || kv_len > self.shape.max_len {
+            return Err(shape_err(OP, format!("kv_len {kv_len} is outside 1..={}", self.shape.max_len)));
+        }
+        self.kv_len = kv_len;
+        let chunks = kv_len.div_ceil(self.plan.chunk);
+        match self.plan.path {
+            AttentionPath::SplitK => {
+                let items = self.items_per_split as u64 * chunks as u64;
+                self.kernels[0].workgroups = workgroups(self.max_workgroups_per_dim, self.plan.workgroup_size, items);
+                self.active = self.kernels.len();
+            }
+            AttentionPath::Passes => self.active = chunks as usize,
+        }
+        Ok(())
+    }
+
+    /// The kv_len the dispatches are currently sized for.
+    pub fn kv_len(&self) -> u32 {
+        self.kv_len
+    }
+
+    pub fn plan(&self) -> &AttentionPlan {
+        &self.plan
+    }
+
+    /// The dispatches of one step at the current kv_len, in order.
+    pub fn kernels(&self) -> &[Kernel] {
+        &self.kernels[..self.active]
+    }
+}
+
+/// Workgroups for `items` invocations, split over x/y past the per-dimension limit
+/// (the shaders recover the linear index as gid.x + gid.y * num_workgroups.x * WG).
+fn workgroups(max_per_dim: u32, workgroup_size: u32, items: u64) -> [u32; 3] {
+    let count = items.div_ceil(workgroup_size as u64).max(1) as u32;
+    if count <= max_per_dim {
+        [count, 1, 1]
+    } else {
+        let y = count.div_ceil(max_per_dim);
+        [count.div_ceil(y), y, 1]
+    }
+}
+
+/// Naive f64 reference over the same layouts as [`Attention::contiguous`] (positions clamped
+/// to max_len - 1 like the kernels). Returns out: [n_tokens, n_heads*head_dim].
+pub fn attention_cpu(
+    shape: &AttentionShape,
+    qkv: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    positions: &[u32],
+) -> Result<Vec<f32>, GpuError> {
+    shape.check()?;
+    let s = shape;
+    let (hd, row) = (s.head_dim as usize, s.qkv_row() as usize);
+    let cache_len = s.n_kv_heads as usize * s.max_len as usize * hd;
+    if qkv.len() < s.n_tokens as usize * row
+        || k_cache.len() < cache_len
+        || v_cache.len() < cache_len
+        || positions.len() < s.n_tokens as usize
+    {
+        return Err(shape_err(OP, "a CPU input slice is shorter than the shape needs"));
+    }
+    let group = s.group() as usize;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let mut out = vec![0f32; s.n_tokens as usize * s.n_heads as usize * hd];
+    let mut scores = Vec::new();
+    for t in 0..s.n_tokens as usize {
+        let keys = positions[t].min(s.max_len - 1) as usize + 1;
+        for h in 0..s.n_heads as usize {
+            let q = &qkv[t * row + h * hd..][..hd];
+            let kv_base = (h / group) * s.max_len as usize * hd;
+            scores.clear();
+            for j in 0..keys {
+                let k = &k_cache[kv_base + j * hd..][..hd];
+                let dot: f64 = q.iter().zip(k).map(|(a, b)| *a as f64 * *b as f64).sum();
+                scores.push(dot * scale);
+            }
+            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+            let total: f64 = weights.iter().sum();
+            let o = &mut out[(t * s.n_heads as usize + h) * hd..][..hd];
+            for (d, slot) in o.iter_mut().enumerate() {
+                let sum: f64 = weights.iter().enumerate().map(|(j, w)| w * v_cache[kv_base + j * hd + d] as f64).sum();
+                *slot = (sum / total) as f32;
+            }
+        }
+    }
+    Ok(out)
+}

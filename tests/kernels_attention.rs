@@ -1,0 +1,275 @@
+//! Attention over the contiguous cache against the f64 CPU reference, natively and in the browser.
+//! The whole cache is filled with random data, so a key read past a token's causal limit shows up.
+mod common;
+
+#[cfg(target_arch = "wasm32")]
+wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
+
+use common::{assert_close, gpu};
+use pagedlm::gpu::ops::attention::{attention_cpu, Attention, AttentionPath, AttentionPlan, AttentionShape};
+use pagedlm::gpu::{Context, Recorder};
+use pagedlm::rng::Rng;
+
+/// Relative tolerance (of the largest |v| in the cache) against the f64 reference. Measured worst
+/// cases are about 2e-7 for unit-scale data and about 1e-6 with scores up to ±30 (f32 dot products
+/// of large q and k); the bound leaves room for other adapters' exp.
+const TOL: f32 = 1e-5;
+
+/// Values spanning four orders of magnitude, so that small contributions must survive the sum.
+fn varied(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.uniform(-1.0, 1.0) * scale * 10f32.powf(rng.uniform(-2.0, 2.0))).collect()
+}
+
+/// Random inputs of one shape. `q_k_scale` scales q and k: scores have a standard deviation of
+/// about q_k_scale² / 3 (×√(head_dim) / √(head_dim)).
+struct Inputs {
+    shape: AttentionShape,
+    qkv: Vec<f32>,
+    k_cache: Vec<f32>,
+    v_cache: Vec<f32>,
+    qkv_buf: wgpu::Buffer,
+    k_buf: wgpu::Buffer,
+    v_buf: wgpu::Buffer,
+    pos_buf: wgpu::Buffer,
+    out_buf: wgpu::Buffer,
+}
+
+impl Inputs {
+    fn new(ctx: &Context, shape: AttentionShape, seed: u64, q_k_scale: f32) -> Inputs {
+        let mut rng = Rng::new(seed);
+        let qkv = rng.vec_uniform(shape.n_tokens as usize * shape.qkv_row() as usize, -q_k_scale, q_k_scale);
+        let cache = (shape.n_kv_heads * shape.max_len * shape.head_dim) as usize;
+        let k_cache = rng.vec_uniform(cache, -q_k_scale, q_k_scale);
+        let v_cache = varied(&mut rng, cache, 1.0);
+        let out_len = (shape.n_tokens * shape.n_heads * shape.head_dim) as u64;
+        Inputs {
+            qkv_buf: ctx.storage_init("qkv", bytemuck::cast_slice(&qkv)),
+            k_buf: ctx.storage_init("k_cache", bytemuck::cast_slice(&k_cache)),
+            v_buf: ctx.storage_init("v_cache", bytemuck::cast_slice(&v_cache)),
+            pos_buf: ctx.storage_zeroed("positions", shape.n_tokens as u64 * 4),
+            // Poisoned so that an output row the kernels forget to write cannot pass.
+            out_buf: ctx.storage_init("out", bytemuck::cast_slice(&vec![f32::NAN; out_len as usize])),
+            shape,
+            qkv,
+            k_cache,
+            v_cache,
+        }
+    }
+
+    fn attention(&self, ctx: &Context, plan: Option<AttentionPlan>) -> Attention {
+        let s = self.shape;
+        let (q, k, v, p, o) = (&self.qkv_buf, &self.k_buf, &self.v_buf, &self.pos_buf, &self.out_buf);
+        match plan {
+            None => {
+                Attention::contiguous(ctx, q, k, v, p, o, s.n_tokens, s.n_heads, s.n_kv_heads, s.head_dim, s.max_len)
+            }
+            Some(plan) => Attention::contiguous_with_plan(ctx, q, k, v, p, o, s, plan),
+        }
+        .unwrap_or_else(|e| panic!("{s:?} {plan:?}: {e}"))
+    }
+
+    /// Runs one step at `positions` and compares with the reference.
+    async fn check(&self, ctx: &Context, attention: &mut Attention, positions: &[u32], what: &str) {
+        let kv_len = positions.iter().max().copied().unwrap_or(0) + 1;
+        attention.set_kv_len(kv_len).unwrap();
+        ctx.queue.write_buffer(&self.pos_buf, 0, bytemuck::cast_slice(positions));
+        let mut rec = Recorder::new(ctx, "attention test");
+        for kernel in attention.kernels() {
+            rec.dispatch(kernel);
+        }
+        rec.submit();
+        let s = self.shape;
+        let got = ctx.read_f32(&self.out_buf, 0, (s.n_tokens * s.n_heads * s.head_dim) as u64).await.unwrap();
+        let want = attention_cpu(&s, &self.qkv, &self.k_cache, &self.v_cache, positions).unwrap();
+        let v_max = self.v_cache.iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert_close(&format!("{what} {s:?} {:?} kv_len {kv_len}", attention.plan()), &got, &want, TOL * v_max, TOL);
+    }
+}
+
+fn plan(path: AttentionPath, chunk: u32, heads_per_item: u32, tokens_per_item: u32) -> Option<AttentionPlan> {
+    Some(AttentionPlan { path, chunk, heads_per_item, tokens_per_item, workgroup_size: 8 })
+}
+
+/// (n_heads, n_kv_heads, head_dim): MHA, MQA, SmolLM2's GQA, and a wide-head GQA.
+const HEAD_SHAPES: [(u32, u32, u32); 4] = [(4, 4, 16), (8, 1, 32), (9, 3, 64), (6, 2, 128)];
+
+gpu_test! {
+    async fn decode_matches_cpu_across_context_lengths() {
+        let ctx = gpu().await;
+        // 4096 keys only natively: the browser run stays short.
+        let (max_len, lengths): (u32, &[u32]) = if cfg!(target_arch = "wasm32") {
+            (1000, &[1000, 1, 2, 63, 64, 65, 300])
+        } else {
+            (4096, &[1000, 1, 2, 63, 64, 65, 300, 4096])
+        };
+        for (i, &(n_heads, n_kv_heads, head_dim)) in HEAD_SHAPES.iter().enumerate() {
+            let shape = AttentionShape { n_tokens: 1, n_heads, n_kv_heads, head_dim, max_len };
+            let inputs = Inputs::new(&ctx, shape, 10 + i as u64, 1.0);
+            // Auto (split-K), split-K with small chunks and one head per invocation, and
+            // one head per invocation in 512-key passes (the baseline).
+            for plan in [None, plan(AttentionPath::SplitK, 64, 1, 1), plan(AttentionPath::Passes, 512, 1, 1)] {
+                let mut attention = inputs.attention(&ctx, plan);
+                // The same object across steps, longest first: stale split states must not leak.
+                for &kv_len in lengths {
+                    inputs.check(&ctx, &mut attention, &[kv_len - 1], "decode").await;
+                }
+            }
+        }
+    }
+}
+
+gpu_test! {
+    async fn prefill_matches_cpu_from_zero_and_after_history() {
+        let ctx = gpu().await;
+        for (i, &(n_heads, n_kv_heads, head_dim)) in HEAD_SHAPES.iter().enumerate() {
+            let group = n_heads / n_kv_heads;
+            for n_tokens in [1u32, 7, 64, 100] {
+                // max_len past the last position: random keys there must stay masked.
+                let shape = AttentionShape { n_tokens, n_heads, n_kv_heads, head_dim, max_len: 160 };
+                let inputs = Inputs::new(&ctx, shape, 100 + i as u64 * 7 + n_tokens as u64, 1.0);
+                let ragged_heads = group.div_ceil(2).max(1);
+                let plans = [
+                    None,
+                    plan(AttentionPath::Passes, 512, 1, 1),
+                    plan(AttentionPath::Passes, 32, ragged_heads, 3),
+                    plan(AttentionPath::SplitK, 32, ragged_heads, 2),
+                ];
+                for plan in plans {
+                    if plan.is_some_and(|p| p.heads_per_item * p.tokens_per_item * head_dim / 4 > 256) {
+                        continue;
+                    }
+                    let mut attention = inputs.attention(&ctx, plan);
+                    for start in [0u32, 37] {
+                        let positions: Vec<u32> = (start..start + n_tokens).collect();
+                        inputs.check(&ctx, &mut attention, &positions, "prefill").await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+gpu_test! {
+    async fn large_scores_stay_stable() {
+        let ctx = gpu().await;
+        // q and k in ±5.5: scores with a standard deviation near 10, extremes near ±30 and beyond.
+        let shape = AttentionShape { n_tokens: 7, n_heads: 9, n_kv_heads: 3, head_dim: 64, max_len: 1100 };
+        let inputs = Inputs::new(&ctx, shape, 7, 5.5);
+        let scores_max = {
+            let (q, k) = (&inputs.qkv[..64], &inputs.k_cache[..64 * 1000]);
+            k.chunks(64).map(|row| row.iter().zip(q).map(|(a, b)| a * b).sum::<f32>().abs() / 8.0).fold(0f32, f32::max)
+        };
+        assert!(scores_max > 25.0, "the data must reach large scores, max |score| is {scores_max}");
+        for plan in [None, plan(AttentionPath::Passes, 512, 3, 4), plan(AttentionPath::SplitK, 64, 1, 1)] {
+            let mut attention = inputs.attention(&ctx, plan);
+            for start in [0u32, 37, 993] {
+                let positions: Vec<u32> = (start..start + 7).collect();
+                inputs.check(&ctx, &mut attention, &positions, "large scores").await;
+            }
+        }
+    }
+}
+
+gpu_test! {
+    async fn shape_contract_errors() {
+        let ctx = gpu().await;
+        let shape = AttentionShape { n_tokens: 2, n_heads: 9, n_kv_heads: 3, head_dim: 64, max_len: 100 };
+        let inputs = Inputs::new(&ctx, shape, 1, 1.0);
+        let (q, k, v, p, o) = (&inputs.qkv_buf, &inputs.k_buf, &inputs.v_buf, &inputs.pos_buf, &inputs.out_buf);
+        let expect = |r: Result<Attention, pagedlm::gpu::GpuError>, needle: &str| {
+            let err = r.err().unwrap_or_else(|| panic!("expected an error mentioning {needle:?}"));
+            assert!(err.to_string().contains(needle), "{err}");
+        };
+
+        let mut attention = Attention::contiguous(&ctx, q, k, v, p, o, 2, 9, 3, 64, 100).unwrap();
+        let err = attention.set_kv_len(101).err().expect("kv_len past max_len must be refused");
+        assert!(err.to_string().contains("kv_len 101"), "{err}");
+        assert!(attention.set_kv_len(0).is_err(), "kv_len 0 must be refused");
+        attention.set_kv_len(100).unwrap();
+
+        expect(Attention::contiguous(&ctx, q, k, v, p, o, 2, 9, 2, 64, 100), "does not divide");
+        expect(Attention::contiguous(&ctx, q, k, v, p, o, 2, 9, 0, 64, 100), "empty shape");
+        expect(Attention::contiguous(&ctx, q, k, v, p, o, 2, 9, 3, 62, 100), "multiple of 4");
+        expect(Attention::contiguous(&ctx, q, k, v, p, o, 2, 9, 3, 132, 100), "multiple of 4");
+        expect(Attention::contiguous(&ctx, q, k, v, p, o, 3, 9, 3, 64, 100), "qkv needs");
+        expect(Attention::contiguous(&ctx, q, k, v, p, o, 2, 9, 3, 64, 101), "k_cache needs");
+        expect(Attention::contiguous(&ctx, q, k, v, p, o, 2, 12, 3, 64, 100), "qkv needs");
+        expect(Attention::contiguous(&ctx, q, k, v, p, p, 2, 9, 3, 64, 100), "out needs");
+        let too_big = plan(AttentionPath::Passes, 512, 3, 6).unwrap();
+        expect(Attention::contiguous_with_plan(&ctx, q, k, v, p, o, shape, too_big), "query rows");
+        let no_chunk = plan(AttentionPath::SplitK, 0, 3, 1).unwrap();
+        expect(Attention::contiguous_with_plan(&ctx, q, k, v, p, o, shape, no_chunk), "chunk 0");
+        // One invocation may not take more keys than lavapipe's loop budget allows.
+        let long_chunk = plan(AttentionPath::Passes, 4096, 3, 4).unwrap();
+        expect(Attention::contiguous_with_plan(&ctx, q, k, v, p, o, shape, long_chunk), "chunk 4096");
+    }
+}
+
+/// Decode attention time per layer for SmolLM2's shapes on the native adapter:
+/// `XDG_RUNTIME_DIR=/tmp cargo test --release --test kernels_attention -- --ignored --nocapture`.
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+#[ignore = "benchmark"]
+fn bench_attention() {
+    pollster::block_on(async {
+        let ctx = gpu().await;
+        println!("adapter: {}", ctx.adapter_name());
+        let max_len = 8192;
+        let decode = AttentionShape { n_tokens: 1, n_heads: 9, n_kv_heads: 3, head_dim: 64, max_len };
+        let inputs = Inputs::new(&ctx, decode, 3, 1.0);
+        let plans: Vec<(String, Option<AttentionPlan>)> = vec![
+            ("auto".into(), None),
+            ("split chunk 64".into(), plan(AttentionPath::SplitK, 64, 3, 1)),
+            ("split chunk 256".into(), plan(AttentionPath::SplitK, 256, 3, 1)),
+            ("split chunk 128, 1 head/inv".into(), plan(AttentionPath::SplitK, 128, 1, 1)),
+            ("passes, group/inv".into(), plan(AttentionPath::Passes, 512, 3, 1)),
+            ("passes, 1 head/inv (baseline)".into(), plan(AttentionPath::Passes, 512, 1, 1)),
+        ];
+        for (name, plan) in &plans {
+            let mut attention = inputs.attention(&ctx, *plan);
+            for kv_len in [128u32, 512, 2048, 8000] {
+                ctx.queue.write_buffer(&inputs.pos_buf, 0, bytemuck::bytes_of(&(kv_len - 1)));
+                attention.set_kv_len(kv_len).unwrap();
+                let us = time_us(&ctx, &attention, &inputs.out_buf, 30).await;
+                println!("decode 9q/3kv hd64 kv_len {kv_len:5} {name:32} {us:9.1} µs");
+            }
+        }
+
+        let prefill = AttentionShape { n_tokens: 512, n_heads: 9, n_kv_heads: 3, head_dim: 64, max_len: 512 };
+        let inputs = Inputs::new(&ctx, prefill, 4, 1.0);
+        let positions: Vec<u32> = (0..512).collect();
+        ctx.queue.write_buffer(&inputs.pos_buf, 0, bytemuck::cast_slice(&positions));
+        for (name, plan) in [
+            ("auto", None),
+            ("passes 3 heads x 1 token", plan(AttentionPath::Passes, 512, 3, 1)),
+            ("passes 3 heads x 2 tokens", plan(AttentionPath::Passes, 512, 3, 2)),
+            ("passes 3 heads x 5 tokens", plan(AttentionPath::Passes, 512, 3, 5)),
+            ("passes 1 head x 1 token", plan(AttentionPath::Passes, 512, 1, 1)),
+            ("split chunk 128, 3 heads x 4 tokens", plan(AttentionPath::SplitK, 128, 3, 4)),
+        ] {
+            let attention = inputs.attention(&ctx, plan);
+            let us = time_us(&ctx, &attention, &inputs.out_buf, 5).await;
+            println!("prefill 512 tokens 9q/3kv hd64 {name:36} {us:9.1} µs");
+        }
+    });
+}
+
+/// Mean wall time of one call over `reps` calls recorded into one submission (after a warm-up).
+#[cfg(not(target_arch = "wasm32"))]
+async fn time_us(ctx: &Context, attention: &Attention, out: &wgpu::Buffer, reps: u32) -> f64 {
+    let run = |n: u32| {
+        let mut rec = Recorder::new(ctx, "bench");
+        for _ in 0..n {
+            for kernel in attention.kernels() {
+                rec.dispatch(kernel);
+            }
+        }
+        rec.submit();
+    };
+    run(1);
+    ctx.read_f32(out, 0, 1).await.unwrap();
+    let start = std::time::Instant::now();
+    run(reps);
+    ctx.read_f32(out, 0, 1).await.unwrap();
+    start.elapsed().as_secs_f64() * 1e6 / reps as f64
+}
