@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod forward;
+pub mod reference;
 pub mod weights;
 
 pub use config::ModelConfig;
