@@ -65,9 +65,6 @@ mod cli {
                 Some(v) => v.parse().map_err(|_| anyhow!("--{key} expects a number, got '{v}'")),
             }
         }
-        fn flag(&self, key: &str) -> bool {
-            self.values.contains_key(key)
-        }
     }
 
     pub fn run(argv: Vec<String>) -> Result<()> {

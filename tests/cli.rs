@@ -1,0 +1,111 @@
+//! The CLI's contract (see README "Command line"): JSON lines in the shapes outside checks rely on.
+#![cfg(not(target_arch = "wasm32"))]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use pagedlm::synth::{tiny_llama_gguf, SynthConfig};
+use serde_json::Value;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_pagedlm"))
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pagedlm-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn real_model() -> String {
+    let path = std::env::var("PAGEDLM_MODEL")
+        .unwrap_or_else(|_| format!("{}/models/SmolLM2-135M-Instruct.Q4_1.gguf", env!("CARGO_MANIFEST_DIR")));
+    assert!(std::path::Path::new(&path).exists(), "the real model is needed at {path}: run `npm run fetch-model`");
+    path
+}
+
+fn lines(out: &std::process::Output) -> Vec<Value> {
+    assert!(out.status.success(), "pagedlm failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout.clone()).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[test]
+fn tokenize_matches_llamacpp_on_the_reference_strings() {
+    let reference: Value = serde_json::from_str(include_str!("data/llamacpp_tokens_public.json")).unwrap();
+    let items = reference["items"].as_array().unwrap();
+    let texts: Vec<&str> = items.iter().map(|i| i["text"].as_str().unwrap()).collect();
+    let dir = temp_dir("tokenize");
+    let file = dir.join("texts.json");
+    std::fs::write(&file, serde_json::to_string(&texts).unwrap()).unwrap();
+    let out = bin().args(["tokenize", "--model", &real_model(), "--texts", file.to_str().unwrap()]).output().unwrap();
+    let got = lines(&out);
+    assert_eq!(got.len(), items.len());
+    for (g, want) in got.iter().zip(items) {
+        assert_eq!(g["ids"], want["ids"], "text {:?}", want["text"]);
+    }
+}
+
+#[test]
+fn score_and_generate_print_the_contract_shapes() {
+    let dir = temp_dir("gen");
+    let model = dir.join("tiny.gguf");
+    std::fs::write(&model, tiny_llama_gguf(&SynthConfig::tiny())).unwrap();
+    let model = model.to_str().unwrap();
+
+    let items = dir.join("score.json");
+    std::fs::write(&items, r#"[{"id": "a", "ids": [10, 20, 30, 40, 50], "from": 3}]"#).unwrap();
+    for mode in ["decode", "prefill"] {
+        let out = bin().args(["score", "--model", model, "--input", items.to_str().unwrap(), "--mode", mode]).output().unwrap();
+        let got = lines(&out);
+        assert_eq!(got[0]["id"], "a");
+        assert_eq!(got[0]["argmax"].as_array().unwrap().len(), 3, "len(ids) - from + 1 positions");
+        let top5 = got[0]["top5"].as_array().unwrap();
+        assert_eq!(top5.len(), 3);
+        assert_eq!(top5[0].as_array().unwrap().len(), 5);
+        assert_eq!(top5[0][0][0], got[0]["argmax"][0]);
+    }
+
+    let prompts = dir.join("prompts.json");
+    std::fs::write(
+        &prompts,
+        r#"[{"id": "raw", "prompt": "hello"}, {"id": "chat", "messages": [{"role": "user", "content": "hi"}]}]"#,
+    )
+    .unwrap();
+    let out = bin().args(["generate", "--model", model, "--input", prompts.to_str().unwrap(), "--max-tokens", "5"]).output().unwrap();
+    let got = lines(&out);
+    assert_eq!(got.len(), 2);
+    for g in &got {
+        for key in ["id", "prompt_tokens", "tokens", "text", "finish_reason", "prefill_ms", "decode_ms"] {
+            assert!(g.get(key).is_some(), "generate output lacks {key}: {g}");
+        }
+        assert!(g["tokens"].as_array().unwrap().len() <= 5);
+        let reason = g["finish_reason"].as_str().unwrap();
+        assert!(reason == "stop" || reason == "length", "{reason}");
+    }
+    // "hello" is 5 byte tokens in the synthetic vocabulary (3 + byte).
+    assert_eq!(got[0]["prompt_tokens"], serde_json::json!([107, 104, 111, 111, 114]));
+    // The chat prompt starts with <|im_start|>system (the template's default system prompt).
+    assert_eq!(got[1]["prompt_tokens"][0], 1);
+}
+
+#[test]
+fn errors_go_to_stderr_with_a_nonzero_exit() {
+    let out = bin().args(["generate", "--model", "/nonexistent.gguf", "--prompt", "x"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("fetch-model"));
+    let dir = temp_dir("err");
+    let model = dir.join("tiny.gguf");
+    std::fs::write(&model, tiny_llama_gguf(&SynthConfig::tiny())).unwrap();
+    for (layout, dtype, what) in [("paged", "f32", "paged"), ("contiguous", "int8", "int8")] {
+        let out = bin()
+            .args(["generate", "--model", model.to_str().unwrap(), "--prompt", "x", "--kv-layout", layout, "--kv-dtype", dtype])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(what) && err.contains("not available"), "{err}");
+    }
+    let out = bin().args(["generate", "--model", model.to_str().unwrap(), "--prompt", "x", "--temperature", "-2"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("temperature"));
+}
