@@ -1,7 +1,41 @@
-//! KV-cache layouts. [`contiguous`] is the baseline: per layer one K and one V buffer reserved
-//! for a sequence's maximum length, written in place at each token's position.
+//! The KV cache: a pool of fixed-size blocks in GPU buffers ([`pool`]), the CPU allocator behind
+//! it ([`alloc`]) and sequences with block tables over it ([`cache`]), which is the interface the
+//! model and the scheduler use. The contiguous layout is the same interface with one block of
+//! the maximum length per sequence.
 
 pub mod alloc;
+pub mod cache;
 pub mod contiguous;
+pub mod pool;
 
+pub use cache::{CacheConfig, KvCache, KvLayout, SeqId};
 pub use contiguous::ContiguousKv;
+pub use pool::{KvPool, PoolStats};
+
+use alloc::AllocError;
+
+/// Errors of the KV cache.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum KvError {
+    #[error("the KV pool is full: {needed} more blocks needed, {free} free of {total}")]
+    PoolExhausted { needed: u32, free: u32, total: u32 },
+    #[error("the sequence would hold {needed} tokens but the cache allows {limit}")]
+    SequenceTooLong { needed: u64, limit: u32 },
+    #[error("no sequence {0} in the KV cache")]
+    UnknownSequence(u32),
+    #[error("the KV cache holds at most {0} sequences at once")]
+    TooManySequences(u32),
+    #[error("KV cache configuration: {0}")]
+    Config(String),
+    #[error("KV cache bookkeeping: {0}")]
+    Internal(String),
+}
+
+impl From<AllocError> for KvError {
+    fn from(e: AllocError) -> KvError {
+        match e {
+            AllocError::OutOfBlocks { needed, free, total } => KvError::PoolExhausted { needed, free, total },
+            other => KvError::Internal(other.to_string()),
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! The KV cache as the model and the scheduler see it: sequences with block tables over a
+//! [`KvPool`], and the operations allocate, append, fork, free, `stats` and `check_integrity`.
+//!
+//! Two layouts sit behind this one interface:
+//! - **paged**: blocks of `block_size` tokens (default 16), taken one at a time as a sequence grows;
+//! - **contiguous** (the baseline): one block of the maximum sequence length per sequence,
+//!   reserved whole when the sequence is allocated.
+//!
+//! The GPU reads a sequence through its row of the block-table buffer
+//! (`[max_seqs][max_blocks_per_seq] u32`), written whenever a block is added.
+
+use crate::gpu::Context;
+use crate::model::ModelConfig;
+
+use super::pool::{KvPool, PoolStats};
+use super::KvError;
+
+/// Where a sequence's KV cache lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvLayout {
+    /// One reservation of the maximum length per sequence (the baseline).
+    Contiguous,
+    /// Fixed-size blocks from a shared pool, found through a per-sequence block table.
+    Paged,
+}
+
+/// A sequence's handle (its slot in the block-table buffer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u32);
+
+#[derive(Clone, Debug, Default)]
+struct Sequence {
+    /// Logical block i → physical block.
+    blocks: Vec<u32>,
+    /// Tokens whose K/V are (or are being) written: positions 0..len.
+    len: u32,
+}
+
+pub struct KvCache {
+    pub layout: KvLayout,
+    pub pool: KvPool,
+    /// `[max_seqs][max_blocks_per_seq] u32`: each sequence's block table as the kernels read it.
+    pub table_buffer: wgpu::Buffer,
+    pub max_blocks_per_seq: u32,
+    /// The longest sequence this cache holds.
+    pub max_seq_len: u32,
+    seqs: Vec<Option<Sequence>>,
+}
+
+/// How to size a cache.
+#[derive(Clone, Copy, Debug)]
+pub struct CacheConfig {
+    pub layout: KvLayout,
+    /// Tokens per block (paged only; the contiguous layout uses `max_seq_len`).
+    pub block_size: u32,
+    /// Token slots in the pool (paged); the contiguous layout reserves `max_seqs × max_seq_len`.
+    pub pool_tokens: u32,
+    pub max_seqs: u32,
+    pub max_seq_len: u32,
+}
+
+impl KvCache {
+    pub fn new(ctx: &Context, model: &ModelConfig, config: CacheConfig) -> Result<KvCache, KvError> {
+        let CacheConfig { layout, block_size, pool_tokens, max_seqs, max_seq_len } = config;
+        if max_seqs == 0 || max_seq_len == 0 {
+            return Err(KvError::Config("max_seqs and max_seq_len must be at least 1".into()));
+        }
+        let (block_size, n_blocks) = match layout {
+            KvLayout::Contiguous => (max_seq_len, max_seqs),
+            KvLayout::Paged => {
+                if block_size == 0 {
+                    return Err(KvError::Config("block size must be at least 1".into()));
+                }
+                (block_size, pool_tokens.div_ceil(block_size).max(1))
+            }
+        };
+        let pool = KvPool::new(ctx, model, block_size, n_blocks)?;
+        let max_blocks_per_seq = max_seq_len.div_ceil(block_size);
+        let table_buffer = ctx.storage_zeroed("kv.block_table", max_seqs as u64 * max_blocks_per_seq as u64 * 4);
+        Ok(KvCache {
+            layout,
+            pool,
+            table_buffer,
+            max_blocks_per_seq,
+            max_seq_len,
+            seqs: vec![None; max_seqs as usize],
+        })
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.pool.block_size
+    }
+
+    fn seq(&self, id: SeqId) -> Result<&Sequence, KvError> {
+        self.seqs.get(id.0 as usize).and_then(|s| s.as_ref()).ok_or(KvError::UnknownSequence(id.0))
+    }
+
+    fn upload_table(&self, ctx: &Context, id: SeqId, from_block: usize) {
+        if let Ok(seq) = self.seq(id) {
+            if from_block < seq.blocks.len() {
+                let offset = (id.0 as u64 * self.max_blocks_per_seq as u64 + from_block as u64) * 4;
+                ctx.queue.write_buffer(&self.table_buffer, offset, bytemuck::cast_slice(&seq.blocks[from_block..]));
+            }
+        }
+    }
+
+    /// A new, empty sequence. The contiguous layout reserves its whole maximum length now.
+    pub fn allocate(&mut self, ctx: &Context) -> Result<SeqId, KvError> {
+        let slot = self.seqs.iter().position(|s| s.is_none()).ok_or(KvError::TooManySequences(self.seqs.len() as u32))?;
+        let mut seq = Sequence::default();
+        if self.layout == KvLayout::Contiguous {
+            seq.blocks = self.pool.alloc.alloc(1).map_err(KvError::from)?;
+        }
+        self.seqs[slot] = Some(seq);
+        let id = SeqId(slot as u32);
+        self.upload_table(ctx, id, 0);
+        Ok(id)
+    }
+
+    /// Makes room for `n` more tokens and returns the position of the first. Blocks are taken
+    /// one at a time as needed; on exhaustion nothing changes and the error says so (no other
+    /// sequence's blocks are touched).
+    pub fn append(&mut self, ctx: &Context, id: SeqId, n: u32) -> Result<u32, KvError> {
+        let bs = self.pool.block_size;
+        let max_len = self.max_seq_len;
+        let seq = self.seq(id)?;
+        let start = seq.len;
+        let new_len = start.checked_add(n).filter(|&l| l <= max_len).ok_or(KvError::SequenceTooLong {
+            needed: start as u64 + n as u64,
+            limit: max_len,
+        })?;
+        let have = seq.blocks.len();
+        let need = new_len.div_ceil(bs) as usize;
+        if need > have {
+            let fresh = self.pool.alloc.alloc((need - have) as u32)?;
+            let seq = self.seqs[id.0 as usize].as_mut().expect("checked above");
+            seq.blocks.extend(fresh);
+        }
+        self.seqs[id.0 as usize].as_mut().expect("checked above").len = new_len;
+        self.upload_table(ctx, id, have);
+        Ok(start)
+    }
+
+    /// Forgets the last tokens (positions `len..`) of a sequence, returning blocks it no longer needs.
+    pub fn truncate(&mut self, ctx: &Context, id: SeqId, len: u32) -> Result<(), KvError> {
+        let bs = self.pool.block_size;
+        let contiguous = self.layout == KvLayout::Contiguous;
+        let seq = self.seqs.get_mut(id.0 as usize).and_then(|s| s.as_mut()).ok_or(KvError::UnknownSequence(id.0))?;
+        if len >= seq.len {
+            return Ok(());
+        }
+        seq.len = len;
+        let keep = if contiguous { 1 } else { len.div_ceil(bs) as usize };
+        let dropped: Vec<u32> = seq.blocks.drain(keep.min(seq.blocks.len())..).collect();
+        for b in dropped {
+            self.pool.alloc.release(b)?;
+        }
+        self.upload_table(ctx, id, 0);
+        Ok(())
+    }
+
+    /// A new sequence with the same first `len` tokens. Paged: full blocks are shared (one more
+    /// reference each); a partly filled last block is copied (copy-on-write happens here, at fork
+    /// time, since the new sequence will write into it). Contiguous: the whole reservation is copied.
+    pub fn fork(&mut self, ctx: &Context, src: SeqId) -> Result<SeqId, KvError> {
+        let source = self.seq(src)?.clone();
+        let bs = self.pool.block_size;
+        let slot = self.seqs.iter().position(|s| s.is_none()).ok_or(KvError::TooManySequences(self.seqs.len() as u32))?;
+        let full = (source.len / bs) as usize;
+        let partial = source.len % bs != 0 || self.layout == KvLayout::Contiguous;
+        let copy_from = if partial { source.blocks.get(full).copied() } else { None };
+        let mut blocks = Vec::with_capacity(source.blocks.len());
+        if let Some(_) = copy_from {
+            // Allocate first so that failure leaves everything unchanged.
+            let fresh = self.pool.alloc.alloc(1)?;
+            for &b in &source.blocks[..full] {
+                self.pool.alloc.retain(b)?;
+            }
+            blocks.extend_from_slice(&source.blocks[..full]);
+            blocks.extend(fresh);
+        } else {
+            for &b in &source.blocks[..full] {
+                self.pool.alloc.retain(b)?;
+            }
+            blocks.extend_from_slice(&source.blocks[..full]);
+        }
+        if let (Some(from), Some(&to)) = (copy_from, blocks.last()) {
+            let mut encoder = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kv.fork") });
+            self.pool.copy_block(&mut encoder, from, to);
+            ctx.queue.submit(Some(encoder.finish()));
+        }
+        self.seqs[slot] = Some(Sequence { blocks, len: source.len });
+        let id = SeqId(slot as u32);
+        self.upload_table(ctx, id, 0);
+        Ok(id)
+    }
+
+    /// Ends a sequence: every block it holds loses one reference.
+    pub fn free(&mut self, id: SeqId) -> Result<(), KvError> {
+        let seq = self.seqs.get_mut(id.0 as usize).and_then(|s| s.take()).ok_or(KvError::UnknownSequence(id.0))?;
+        for b in seq.blocks {
+            self.pool.alloc.release(b)?;
+        }
+        Ok(())
+    }
+
+    pub fn len(&self, id: SeqId) -> Result<u32, KvError> {
+        Ok(self.seq(id)?.len)
+    }
+
+    /// The sequence's physical blocks in logical order.
+    pub fn blocks(&self, id: SeqId) -> Result<&[u32], KvError> {
+        Ok(&self.seq(id)?.blocks)
+    }
+
+    /// Offset (in u32 entries) of a sequence's row in `table_buffer`.
+    pub fn table_base(&self, id: SeqId) -> u32 {
+        id.0 * self.max_blocks_per_seq
+    }
+
+    /// Live sequences.
+    pub fn sequences(&self) -> Vec<SeqId> {
+        self.seqs.iter().enumerate().filter(|(_, s)| s.is_some()).map(|(i, _)| SeqId(i as u32)).collect()
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        let live_tokens: u64 = self.seqs.iter().flatten().map(|s| s.len as u64).sum();
+        let used = self.pool.alloc.used_count();
+        let slots = used as u64 * self.pool.block_size as u64;
+        PoolStats {
+            kv_dtype: "f32",
+            block_size: self.pool.block_size,
+            blocks_total: self.pool.n_blocks,
+            blocks_used: used,
+            blocks_free: self.pool.alloc.free_count(),
+            blocks_cached: 0,
+            bytes_total: self.pool.bytes_total(),
+            bytes_per_token: self.pool.bytes_per_token() as f64,
+            live_tokens,
+            internal_fragmentation: slots.saturating_sub(live_tokens),
+        }
+    }
+
+    /// Verifies the cache's invariants: the allocator's own (free list and refcounts agree),
+    /// every block's refcount equals the number of tables holding it plus `external[b]` (holders
+    /// outside the sequences, e.g. the prefix cache), no table holds a block twice, and each
+    /// table has exactly the blocks its length needs.
+    pub fn check_integrity_with(&self, external: &dyn Fn(u32) -> u32) -> Result<(), String> {
+        self.pool.alloc.check()?;
+        let mut holders = vec![0u32; self.pool.n_blocks as usize];
+        for (i, seq) in self.seqs.iter().enumerate() {
+            let Some(seq) = seq else { continue };
+            let expected = match self.layout {
+                KvLayout::Contiguous => 1,
+                KvLayout::Paged => seq.len.div_ceil(self.pool.block_size) as usize,
+            };
+            if seq.blocks.len() != expected {
+                return Err(format!("sequence {i} of {} tokens holds {} blocks, {expected} expected", seq.len, seq.blocks.len()));
+            }
+            if seq.len > self.max_seq_len {
+                return Err(format!("sequence {i} has {} tokens, over the maximum {}", seq.len, self.max_seq_len));
+            }
+            let mut seen = seq.blocks.clone();
+            seen.sort_unstable();
+            if seen.windows(2).any(|w| w[0] == w[1]) {
+                return Err(format!("sequence {i} holds a block twice"));
+            }
+            for &b in &seq.blocks {
+                let h = holders.get_mut(b as usize).ok_or_else(|| format!("sequence {i} holds block {b}, past the pool"))?;
+                *h += 1;
+            }
+        }
+        for (b, &h) in holders.iter().enumerate() {
+            let want = h + external(b as u32);
+            let rc = self.pool.alloc.refcount(b as u32);
+            if rc != want {
+                return Err(format!("block {b} has refcount {rc} but {want} holders"));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn check_integrity(&self) -> Result<(), String> {
+        self.check_integrity_with(&|_| 0)
+    }
+}

@@ -1,0 +1,133 @@
+//! The KV cache's bookkeeping: random allocate / append / fork / truncate / free sequences with
+//! `check_integrity()` after every operation, pool exhaustion as a typed error that touches no
+//! other sequence, and the contiguous layout's reservations.
+mod common;
+
+#[cfg(target_arch = "wasm32")]
+wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
+
+use common::gpu;
+use pagedlm::gguf::Gguf;
+use pagedlm::kv::{CacheConfig, KvCache, KvError, KvLayout, SeqId};
+use pagedlm::model::ModelConfig;
+use pagedlm::rng::Rng;
+use pagedlm::synth::{tiny_llama_gguf, SynthConfig};
+
+fn tiny_config() -> ModelConfig {
+    let bytes = tiny_llama_gguf(&SynthConfig::tiny());
+    ModelConfig::from_gguf(&Gguf::parse(&bytes).unwrap()).unwrap()
+}
+
+gpu_test! {
+    async fn random_operations_keep_the_cache_consistent() {
+        let ctx = gpu().await;
+        let cfg = tiny_config();
+        for (layout, block_size, seed) in [(KvLayout::Paged, 16, 1u64), (KvLayout::Paged, 1, 2), (KvLayout::Paged, 7, 3), (KvLayout::Contiguous, 0, 4)] {
+            let config = CacheConfig { layout, block_size, pool_tokens: 400, max_seqs: 8, max_seq_len: 120 };
+            let mut cache = KvCache::new(&ctx, &cfg, config).unwrap();
+            let mut rng = Rng::new(seed);
+            let mut live: Vec<(SeqId, u32)> = Vec::new();
+            let (mut exhausted, mut forks) = (0, 0);
+            for step in 0..3000 {
+                match rng.below(10) {
+                    0..=1 => match cache.allocate(&ctx) {
+                        Ok(id) => live.push((id, 0)),
+                        Err(KvError::TooManySequences(_)) => assert_eq!(live.len(), 8),
+                        Err(KvError::PoolExhausted { .. }) => exhausted += 1,
+                        Err(e) => panic!("allocate: {e}"),
+                    },
+                    2..=5 if !live.is_empty() => {
+                        let i = rng.below(live.len() as u64) as usize;
+                        let n = 1 + rng.below(20) as u32;
+                        let before = cache.blocks(live[i].0).unwrap().to_vec();
+                        let others: Vec<Vec<u32>> = live.iter().map(|(s, _)| cache.blocks(*s).unwrap().to_vec()).collect();
+                        match cache.append(&ctx, live[i].0, n) {
+                            Ok(start) => {
+                                assert_eq!(start, live[i].1);
+                                live[i].1 += n;
+                            }
+                            Err(KvError::PoolExhausted { .. }) | Err(KvError::SequenceTooLong { .. }) => {
+                                exhausted += 1;
+                                assert_eq!(cache.blocks(live[i].0).unwrap(), &before[..], "a failed append changed the table");
+                                let after: Vec<Vec<u32>> = live.iter().map(|(s, _)| cache.blocks(*s).unwrap().to_vec()).collect();
+                                assert_eq!(after, others, "a failed append touched another sequence");
+                            }
+                            Err(e) => panic!("append: {e}"),
+                        }
+                    }
+                    6 if !live.is_empty() => {
+                        let i = rng.below(live.len() as u64) as usize;
+                        match cache.fork(&ctx, live[i].0) {
+                            Ok(id) => {
+                                forks += 1;
+                                live.push((id, live[i].1));
+                            }
+                            Err(KvError::PoolExhausted { .. }) | Err(KvError::TooManySequences(_)) => {}
+                            Err(e) => panic!("fork: {e}"),
+                        }
+                    }
+                    7 if !live.is_empty() => {
+                        let i = rng.below(live.len() as u64) as usize;
+                        let len = rng.below(live[i].1 as u64 + 1) as u32;
+                        cache.truncate(&ctx, live[i].0, len).unwrap();
+                        live[i].1 = len;
+                    }
+                    8..=9 if !live.is_empty() => {
+                        let i = rng.below(live.len() as u64) as usize;
+                        cache.free(live.swap_remove(i).0).unwrap();
+                    }
+                    _ => {}
+                }
+                if let Err(e) = cache.check_integrity() {
+                    panic!("{layout:?} block size {block_size}, step {step}: {e}");
+                }
+                for (id, len) in &live {
+                    assert_eq!(cache.len(*id).unwrap(), *len);
+                }
+            }
+            assert!(exhausted > 0 && forks > 0, "{layout:?}: the workload must reach exhaustion ({exhausted}) and forks ({forks})");
+            for (id, _) in live.drain(..) {
+                cache.free(id).unwrap();
+            }
+            let stats = cache.stats();
+            assert_eq!(stats.blocks_used, 0, "{layout:?}: blocks leaked");
+            assert_eq!(stats.blocks_free, stats.blocks_total);
+            cache.check_integrity().unwrap();
+        }
+    }
+}
+
+gpu_test! {
+    async fn stats_report_fragmentation_and_exhaustion_is_typed() {
+        let ctx = gpu().await;
+        let cfg = tiny_config();
+        let mut cache = KvCache::new(&ctx, &cfg, CacheConfig { layout: KvLayout::Paged, block_size: 16, pool_tokens: 64, max_seqs: 4, max_seq_len: 64 }).unwrap();
+        let a = cache.allocate(&ctx).unwrap();
+        cache.append(&ctx, a, 17).unwrap();
+        let s = cache.stats();
+        assert_eq!((s.blocks_total, s.blocks_used, s.blocks_free), (4, 2, 2));
+        assert_eq!(s.live_tokens, 17);
+        assert_eq!(s.internal_fragmentation, 2 * 16 - 17);
+        assert_eq!(s.bytes_per_token, (cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 2 * 4) as f64);
+        assert_eq!(s.bytes_total, 4 * 16 * s.bytes_per_token as u64);
+        let b = cache.allocate(&ctx).unwrap();
+        cache.append(&ctx, b, 32).unwrap();
+        let err = cache.append(&ctx, a, 16).unwrap_err();
+        assert_eq!(err, KvError::PoolExhausted { needed: 1, free: 0, total: 4 });
+        assert!(err.to_string().contains("KV pool is full"));
+        assert_eq!(cache.len(a).unwrap(), 17, "a failed append leaves the length");
+        // Fork shares the full block and copies the partial one.
+        cache.free(b).unwrap();
+        let c = cache.fork(&ctx, a).unwrap();
+        assert_eq!(cache.blocks(c).unwrap()[0], cache.blocks(a).unwrap()[0]);
+        assert_ne!(cache.blocks(c).unwrap()[1], cache.blocks(a).unwrap()[1]);
+        cache.check_integrity().unwrap();
+        // Contiguous reserves the maximum length up front.
+        let mut contiguous = KvCache::new(&ctx, &cfg, CacheConfig { layout: KvLayout::Contiguous, block_size: 16, pool_tokens: 0, max_seqs: 2, max_seq_len: 64 }).unwrap();
+        let d = contiguous.allocate(&ctx).unwrap();
+        assert_eq!(contiguous.stats().internal_fragmentation, 64);
+        contiguous.append(&ctx, d, 10).unwrap();
+        assert_eq!(contiguous.stats().internal_fragmentation, 54);
+        assert!(matches!(contiguous.append(&ctx, d, 60), Err(KvError::SequenceTooLong { .. })));
+    }
+}
