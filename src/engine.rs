@@ -323,6 +323,17 @@ impl Engine {
         })
     }
 
+    /// Per-kernel GPU time (ms) of one prefill step of `n` tokens and one decode step at context
+    /// `n` (see [`StepGraph::profile`]).
+    pub async fn profile(&mut self, n: u32) -> Result<(Vec<(String, f64)>, Vec<(String, f64)>), EngineError> {
+        let tokens: Vec<u32> = (0..n).map(|i| 100 + i % (self.cfg.vocab - 100)).collect();
+        let mut prefill = StepGraph::build(&self.ctx, &self.cfg, &self.weights, &self.kv, n, 1)?;
+        let p = prefill.profile(&self.ctx, &tokens, 0).await?;
+        let mut decode = StepGraph::build(&self.ctx, &self.cfg, &self.weights, &self.kv, 1, 1)?;
+        let d = decode.profile(&self.ctx, &tokens[..1], n).await?;
+        Ok((p, d))
+    }
+
     /// For benchmarks: prefills `prompt`, then decodes exactly `n` greedy tokens whatever they are
     /// (end-of-generation tokens included). Returns (tokens decoded, decode milliseconds).
     pub async fn generate_ignoring_eos(&mut self, prompt: &[u32], n: u32) -> Result<(u32, f64), EngineError> {

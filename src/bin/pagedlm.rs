@@ -75,6 +75,7 @@ mod cli {
             "score" => pollster::block_on(score(&args)),
             "generate" => pollster::block_on(generate(&args)),
             "bench" => pollster::block_on(bench(&args)),
+            "profile" => pollster::block_on(profile(&args)),
             "help" | "--help" | "-h" => {
                 println!("{USAGE}");
                 Ok(())
@@ -220,6 +221,18 @@ mod cli {
             }))?;
         }
         Ok(())
+    }
+
+    /// Per-kernel GPU time of one prefill step and one decode step (each dispatch timed alone).
+    async fn profile(args: &Args) -> Result<()> {
+        let n: u32 = args.num("prompt-tokens", 512)?;
+        let mut opts = engine_options(args)?;
+        opts.max_context = n + 2;
+        let bytes = model_bytes(args)?;
+        let mut engine = Engine::load(&bytes, opts).await?;
+        engine.profile(n.min(16)).await?;
+        let (prefill, decode) = engine.profile(n).await?;
+        print_line(&json!({ "adapter": engine.context().adapter_name(), "prompt_tokens": n, "prefill_ms": prefill, "decode_ms": decode }))
     }
 
     async fn bench(args: &Args) -> Result<()> {

@@ -209,6 +209,40 @@ impl StepGraph {
         Ok((ids, logits))
     }
 
+    /// Runs one step submitting every node on its own and waiting for it, and returns the GPU
+    /// time spent per kernel name (milliseconds, summed over layers). For finding where a step's
+    /// time goes; the results of the step are discarded.
+    pub async fn profile(&mut self, ctx: &Context, tokens: &[u32], start: u32) -> Result<Vec<(String, f64)>, ModelError> {
+        let positions: Vec<u32> = (start..start + self.n_tokens).collect();
+        ctx.queue.write_buffer(&self.ids, 0, bytemuck::cast_slice(tokens));
+        ctx.queue.write_buffer(&self.positions, 0, bytemuck::cast_slice(&positions));
+        for a in &mut self.attention {
+            a.set_kv_len(start + self.n_tokens)?;
+        }
+        let mut totals: Vec<(String, f64)> = Vec::new();
+        let mut add = |name: &str, ms: f64| match totals.iter_mut().find(|(n, _)| n == name) {
+            Some(entry) => entry.1 += ms,
+            None => totals.push((name.to_string(), ms)),
+        };
+        for node in &self.nodes {
+            let kernels: Vec<&Kernel> = match node {
+                Node::Kernel(k) => vec![k],
+                Node::Kernels(ks) => ks.iter().collect(),
+                Node::Attention(i) => self.attention[*i].kernels().iter().collect(),
+                Node::Copy { .. } => continue,
+            };
+            for k in kernels {
+                let t0 = crate::time::now_ms();
+                let mut rec = Recorder::new(ctx, "profile");
+                rec.dispatch(k);
+                rec.submit();
+                ctx.read_bytes(&self.copy_buffers[ARGMAX], 0, 4).await?;
+                add(k.name, crate::time::now_ms() - t0);
+            }
+        }
+        Ok(totals)
+    }
+
     /// Number of dispatches one step records (with the current kv length).
     pub fn dispatch_count(&self) -> usize {
         self.nodes
