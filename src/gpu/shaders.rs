@@ -7,6 +7,7 @@ pub fn source(name: &str) -> Option<&'static str> {
         "embed_q8_0" => include_str!("../../shaders/embed_q8_0.wgsl"),
         "matmul_q4_1" => include_str!("../../shaders/matmul_q4_1.wgsl"),
         "matmul_q8_0" => include_str!("../../shaders/matmul_q8_0.wgsl"),
+        "quantize_act" => include_str!("../../shaders/quantize_act.wgsl"),
         _ => return None,
     })
 }
