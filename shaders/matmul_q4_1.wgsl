@@ -74,6 +74,10 @@ fn main(@builtin(local_invocation_index) lid: u32,
         xrow[t] = min(a0 + t, params.n_rows - 1u) * cols4;
     }
     var acc: array<vec4<f32>, MAX_TM>;
+    // Per-block sums of the SCALE_AFTER path, zeroed explicitly per block: Chromium 156 (Tint,
+    // SwiftShader) does not re-zero a loop-local `var` declared without an initializer.
+    var qx: array<vec4<f32>, MAX_TM>;
+    var xs: array<vec4<f32>, MAX_TM>;
     for (var b = lane; b < params.nb; b += KSPLIT) {
         let base = (gc * params.nb + b) * 5u;
         let sc = w[base];
@@ -100,8 +104,10 @@ fn main(@builtin(local_invocation_index) lid: u32,
         } else if (SCALE_AFTER) {
             // Σ_k x_k (d q_k + m) = d · Σ_k x_k q_k + m · Σ_k x_k: no per-value dequantization,
             // two multiply-adds per block and activation row instead.
-            var qx: array<vec4<f32>, MAX_TM>;
-            var xs: array<vec4<f32>, MAX_TM>;
+            for (var t = 0u; t < TM; t++) {
+                qx[t] = vec4<f32>(0.0);
+                xs[t] = vec4<f32>(0.0);
+            }
             for (var i = 0u; i < 4u; i++) {
                 let lo0 = quants(q0[i]);
                 let hi0 = quants(q0[i] >> 4u);

@@ -68,6 +68,10 @@ fn main(@builtin(local_invocation_index) lid: u32,
     // Rows 0..3 and 4..7 of the group.
     var acc_lo: array<vec4<f32>, MAX_TM>;
     var acc_hi: array<vec4<f32>, MAX_TM>;
+    // Per-block sums, zeroed explicitly per block: Chromium 156 (Tint, SwiftShader) does not
+    // re-zero a loop-local `var` declared without an initializer.
+    var qx_lo: array<vec4<f32>, MAX_TM>;
+    var qx_hi: array<vec4<f32>, MAX_TM>;
     for (var b = lane; b < params.nb; b += KSPLIT) {
         let base = (gc * params.nb + b) * 17u;
         let sc = w[base];
@@ -113,8 +117,10 @@ fn main(@builtin(local_invocation_index) lid: u32,
         // value reused for all TM activation rows.
         let s_lo = select(d_lo, vec4<f32>(1.0), SCALE_AFTER);
         let s_hi = select(d_hi, vec4<f32>(1.0), SCALE_AFTER);
-        var qx_lo: array<vec4<f32>, MAX_TM>;
-        var qx_hi: array<vec4<f32>, MAX_TM>;
+        for (var t = 0u; t < TM; t++) {
+            qx_lo[t] = vec4<f32>(0.0);
+            qx_hi[t] = vec4<f32>(0.0);
+        }
         // Two halves of 16 values: vec4 h of row r is w[base + 1 + 2r + h].
         for (var h = 0u; h < 2u; h++) {
             let q0 = w[base + 1u + h];
