@@ -80,7 +80,7 @@ fn assert_matmul_close(what: &str, got: &[f32], want: &[f32], scale: &[f64], ext
         let err = (*g as f64 - *w as f64).abs();
         let tol = REL_TOL * s + extra.get(i).copied().unwrap_or(0.0);
         let excess = err / tol.max(1e-30);
-        if !g.is_finite() || excess > 1.0 && worst.map_or(true, |(_, e)| excess > e) {
+        if !g.is_finite() || (excess > 1.0 && worst.is_none_or(|(_, e)| excess > e)) {
             worst = Some((i, if g.is_finite() { excess } else { f64::INFINITY }));
         }
     }
@@ -101,9 +101,7 @@ async fn run_matmul(ctx: &Context, w: &QuantMatrix, x: &[f32], n_rows: u32, conf
         None => matmul(ctx, w, &xb, &yb, n_rows).unwrap(),
     };
     let mut rec = Recorder::new(ctx, "test");
-    for k in &kernels {
-        rec.dispatch(k);
-    }
+    rec.dispatch_all(&kernels);
     rec.submit();
     ctx.read_f32(&yb, 0, n_rows as u64 * w.rows as u64).await.unwrap()
 }
@@ -190,9 +188,7 @@ gpu_test! {
             let yb = ctx.storage_init("y", bytemuck::cast_slice(&sentinel));
             let kernels = matmul(&ctx, &w, &xb, &yb, n_rows).unwrap();
             let mut rec = Recorder::new(&ctx, "test");
-            for k in &kernels {
-                rec.dispatch(k);
-            }
+            rec.dispatch_all(&kernels);
             rec.submit();
             let got = ctx.read_f32(&yb, 0, sentinel.len() as u64).await.unwrap();
             let n_out = (n_rows * rows) as usize;
@@ -356,13 +352,15 @@ fn bench_matmul() {
             tile_rows,
             k_split: 1,
             workgroup: 16,
-            scale_after: tile_rows <= 2,
+            scale_after: true,
             int8_activations: false,
         };
         let split = |tile_rows| MatmulConfig { k_split: 8, workgroup: 64, ..cpu(tile_rows) };
         let flip = |c: MatmulConfig| MatmulConfig { scale_after: !c.scale_after, ..c };
         let int8 = |c: MatmulConfig| MatmulConfig { int8_activations: true, ..c };
-        let cases: Vec<(&str, GgmlKind, u32, u32, u32, Vec<MatmulConfig>)> = vec![
+        // (name, kind, rows, cols, n_rows, variants)
+        type Case = (&'static str, GgmlKind, u32, u32, u32, Vec<MatmulConfig>);
+        let cases: Vec<Case> = vec![
             ("decode Q4_1 576→1536", GgmlKind::Q4_1, 1536, 576, 1, vec![cpu(1), flip(cpu(1)), split(1), int8(cpu(1)), MatmulConfig { workgroup: 8, ..cpu(1) }]),
             ("decode Q4_1 1536→576", GgmlKind::Q4_1, 576, 1536, 1, vec![cpu(1), flip(cpu(1)), split(1), int8(cpu(1))]),
             ("decode Q8_0 576→49152", GgmlKind::Q8_0, 49152, 576, 1, vec![cpu(1), flip(cpu(1)), split(1), int8(cpu(1))]),
@@ -394,9 +392,7 @@ fn bench_matmul() {
                     let cpu_start = cpu_seconds();
                     let mut rec = Recorder::new(&ctx, "bench");
                     for i in 0..REPS {
-                        for k in &kernels[i % copies] {
-                            rec.dispatch(k);
-                        }
+                        rec.dispatch_all(&kernels[i % copies]);
                     }
                     rec.submit();
                     ctx.read_f32(&yb, 0, 1).await.unwrap();
