@@ -5,7 +5,9 @@
 //   [1 + 2r, 2 + 2r]  row r's 32 signed quant bytes in order.
 // Rows past `rows` are zero blocks. Value = d · q, dequantized in registers, f32 throughout.
 //
-// w: [groups · nb · 17] vec4<u32>; x: [n_rows, nb · 32] f32 (read as vec4); y: [n_rows, y_stride] f32.
+// w: [groups · nb · 17] vec4<u32>; y: [n_rows, y_stride] f32;
+// x: [n_rows, nb · 32] f32 (8 vec4 per block, as u32 bits), or with INT8 the activations quantized by
+//    quantize_act.wgsl: [n_rows · nb · 3] vec4<u32> (32 int8 quants, then the scale and the exact sum).
 //
 // One invocation computes a tile of TM activation rows × 8 output rows (register tiling, no shared
 // memory); KSPLIT > 1 (real GPUs) splits a group's blocks over adjacent invocations, as in matmul_q4_1.
@@ -21,20 +23,29 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> x: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
 
 override WG: u32 = 16u;     // invocations per workgroup (a multiple of KSPLIT)
 override KSPLIT: u32 = 1u;  // invocations sharing one group
 override TM: u32 = 1u;      // activation rows per invocation, ≤ MAX_TM
+override SCALE_AFTER: bool = true;  // apply the scale per block (small TM) or per value (large TM)
+override INT8: bool = false;        // x holds int8-quantized activations
 const MAX_TM: u32 = 16u;
 
 var<workgroup> partial: array<vec4<f32>, WG>;
 var<workgroup> partial_hi: array<vec4<f32>, WG>;
 
-fn bytes(word: u32, d: f32) -> vec4<f32> {
-    return vec4<f32>(unpack4xI8(word)) * d;
+// The 4 signed bytes of `word` times `scale`.
+fn quants(word: u32, scale: f32) -> vec4<f32> {
+    return vec4<f32>(unpack4xI8(word)) * scale;
+}
+
+// Σ_j q_j · xq_j over a block of 32 int8 pairs: values 0..15 in (qlo, xlo), 16..31 in (qhi, xhi).
+fn dot_block(qlo: vec4<u32>, qhi: vec4<u32>, xlo: vec4<u32>, xhi: vec4<u32>) -> i32 {
+    return dot4I8Packed(qlo.x, xlo.x) + dot4I8Packed(qlo.y, xlo.y) + dot4I8Packed(qlo.z, xlo.z) + dot4I8Packed(qlo.w, xlo.w)
+         + dot4I8Packed(qhi.x, xhi.x) + dot4I8Packed(qhi.y, xhi.y) + dot4I8Packed(qhi.z, xhi.z) + dot4I8Packed(qhi.w, xhi.w);
 }
 
 @compute @workgroup_size(WG)
@@ -47,7 +58,8 @@ fn main(@builtin(local_invocation_index) lid: u32,
     let g = (linear % params.wgs_per_tile) * (WG / KSPLIT) + lid / KSPLIT;
     let gc = min(g, params.groups - 1u);
     let a0 = min(tile, params.tiles - 1u) * TM;
-    let cols4 = params.nb * 8u;
+    let x_block = select(8u, 3u, INT8);  // vec4s per activation block
+    let cols4 = params.nb * x_block;
 
     var xrow: array<u32, MAX_TM>;
     for (var t = 0u; t < TM; t++) {
@@ -56,6 +68,10 @@ fn main(@builtin(local_invocation_index) lid: u32,
     // Rows 0..3 and 4..7 of the group.
     var acc_lo: array<vec4<f32>, MAX_TM>;
     var acc_hi: array<vec4<f32>, MAX_TM>;
+    // Per-block sums, zeroed explicitly per block: Chromium 156 (Tint, SwiftShader) does not
+    // re-zero a loop-local `var` declared without an initializer.
+    var qx_lo: array<vec4<f32>, MAX_TM>;
+    var qx_hi: array<vec4<f32>, MAX_TM>;
     for (var b = lane; b < params.nb; b += KSPLIT) {
         let base = (gc * params.nb + b) * 17u;
         let sc = w[base];
@@ -63,7 +79,48 @@ fn main(@builtin(local_invocation_index) lid: u32,
         let d23 = unpack2x16float(sc.y);
         let d45 = unpack2x16float(sc.z);
         let d67 = unpack2x16float(sc.w);
-        let xb = b * 8u;
+        let xb = b * x_block;
+        let d_lo = vec4<f32>(d01, d23);
+        let d_hi = vec4<f32>(d45, d67);
+        if (INT8) {
+            // Row r's 32 quants: w[base + 1 + 2r] (values 0..15) and w[base + 2 + 2r] (16..31).
+            let q0 = w[base + 1u];
+            let q1 = w[base + 3u];
+            let q2 = w[base + 5u];
+            let q3 = w[base + 7u];
+            let q4 = w[base + 9u];
+            let q5 = w[base + 11u];
+            let q6 = w[base + 13u];
+            let q7 = w[base + 15u];
+            let r0 = w[base + 2u];
+            let r1 = w[base + 4u];
+            let r2 = w[base + 6u];
+            let r3 = w[base + 8u];
+            let r4 = w[base + 10u];
+            let r5 = w[base + 12u];
+            let r6 = w[base + 14u];
+            let r7 = w[base + 16u];
+            for (var t = 0u; t < TM; t++) {
+                let xlo = x[xrow[t] + xb];
+                let xhi = x[xrow[t] + xb + 1u];
+                let xd = bitcast<f32>(x[xrow[t] + xb + 2u].x);
+                let lo = vec4<f32>(f32(dot_block(q0, r0, xlo, xhi)), f32(dot_block(q1, r1, xlo, xhi)),
+                                   f32(dot_block(q2, r2, xlo, xhi)), f32(dot_block(q3, r3, xlo, xhi)));
+                let hi = vec4<f32>(f32(dot_block(q4, r4, xlo, xhi)), f32(dot_block(q5, r5, xlo, xhi)),
+                                   f32(dot_block(q6, r6, xlo, xhi)), f32(dot_block(q7, r7, xlo, xhi)));
+                acc_lo[t] = fma(d_lo * xd, lo, acc_lo[t]);
+                acc_hi[t] = fma(d_hi * xd, hi, acc_hi[t]);
+            }
+            continue;
+        }
+        // Σ_k x_k d q_k = d · Σ_k x_k q_k: one scale per block and row (SCALE_AFTER), or one per
+        // value reused for all TM activation rows.
+        let s_lo = select(d_lo, vec4<f32>(1.0), SCALE_AFTER);
+        let s_hi = select(d_hi, vec4<f32>(1.0), SCALE_AFTER);
+        for (var t = 0u; t < TM; t++) {
+            qx_lo[t] = vec4<f32>(0.0);
+            qx_hi[t] = vec4<f32>(0.0);
+        }
         // Two halves of 16 values: vec4 h of row r is w[base + 1 + 2r + h].
         for (var h = 0u; h < 2u; h++) {
             let q0 = w[base + 1u + h];
@@ -75,19 +132,28 @@ fn main(@builtin(local_invocation_index) lid: u32,
             let q6 = w[base + 13u + h];
             let q7 = w[base + 15u + h];
             for (var i = 0u; i < 4u; i++) {
-                let v0 = bytes(q0[i], d01.x);
-                let v1 = bytes(q1[i], d01.y);
-                let v2 = bytes(q2[i], d23.x);
-                let v3 = bytes(q3[i], d23.y);
-                let v4 = bytes(q4[i], d45.x);
-                let v5 = bytes(q5[i], d45.y);
-                let v6 = bytes(q6[i], d67.x);
-                let v7 = bytes(q7[i], d67.y);
+                let v0 = quants(q0[i], s_lo.x);
+                let v1 = quants(q1[i], s_lo.y);
+                let v2 = quants(q2[i], s_lo.z);
+                let v3 = quants(q3[i], s_lo.w);
+                let v4 = quants(q4[i], s_hi.x);
+                let v5 = quants(q5[i], s_hi.y);
+                let v6 = quants(q6[i], s_hi.z);
+                let v7 = quants(q7[i], s_hi.w);
                 for (var t = 0u; t < TM; t++) {
-                    let xv = x[xrow[t] + xb + 4u * h + i];
-                    acc_lo[t] += vec4<f32>(dot(v0, xv), dot(v1, xv), dot(v2, xv), dot(v3, xv));
-                    acc_hi[t] += vec4<f32>(dot(v4, xv), dot(v5, xv), dot(v6, xv), dot(v7, xv));
+                    let xv = bitcast<vec4<f32>>(x[xrow[t] + xb + 4u * h + i]);
+                    qx_lo[t] += vec4<f32>(dot(v0, xv), dot(v1, xv), dot(v2, xv), dot(v3, xv));
+                    qx_hi[t] += vec4<f32>(dot(v4, xv), dot(v5, xv), dot(v6, xv), dot(v7, xv));
                 }
+            }
+        }
+        for (var t = 0u; t < TM; t++) {
+            if (SCALE_AFTER) {
+                acc_lo[t] = fma(d_lo, qx_lo[t], acc_lo[t]);
+                acc_hi[t] = fma(d_hi, qx_hi[t], acc_hi[t]);
+            } else {
+                acc_lo[t] += qx_lo[t];
+                acc_hi[t] += qx_hi[t];
             }
         }
     }

@@ -5,6 +5,12 @@
 //! f32) and accumulate in f32, so only summation rounding remains: about √K · 2⁻²⁴ ≈ 2e-6 of that
 //! sum for K = 1536. One wrong quant, scale or row already moves an output by ~1/K of the sum
 //! (≥ 6e-4), far above the bound. The embedding is exact (a product of an f16 and an int8).
+//!
+//! The int8-activation variant (opt-in) is checked twice: against the exact reference within the
+//! worst case its activation rounding allows, Σ_k |d·q[n,k]| · step_k / 2 (`int8_error_bound`,
+//! step_k = max|x| / 127 of k's block), and against a CPU emulation of the same int8 arithmetic
+//! (`matmul_int8_cpu`) within the f32 tolerance above plus two quantization steps of one weight
+//! (the GPU's 1/d may round one activation to the neighbouring int8 value).
 mod common;
 
 #[cfg(target_arch = "wasm32")]
@@ -12,7 +18,7 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 use common::gpu;
 use pagedlm::gpu::ops::embed::{embedding, embedding_cpu};
-use pagedlm::gpu::ops::matmul::{matmul, matmul_cpu, matmul_with, GgmlKind, MatmulConfig, QuantMatrix, MAX_TILE_ROWS};
+use pagedlm::gpu::ops::matmul::{int8_error_bound, matmul, matmul_cpu, matmul_int8_cpu, matmul_with, GgmlKind, MatmulConfig, QuantMatrix, MAX_TILE_ROWS};
 use pagedlm::gpu::{Context, Recorder};
 use pagedlm::quant::{dequantize_q4_1, dequantize_q8_0, quantize_q4_1, quantize_q8_0};
 use pagedlm::rng::Rng;
@@ -57,20 +63,31 @@ fn magnitudes(kind: GgmlKind, raw: &[u8], rows: u32, cols: u32, x: &[f32], n_row
     out
 }
 
-fn assert_matmul_close(what: &str, got: &[f32], want: &[f32], scale: &[f64]) {
+/// max over k of |d·q[n,k]| · step_k: what one activation rounded the other way moves an output by.
+fn max_weight_step(kind: GgmlKind, raw: &[u8], rows: u32, cols: u32, x: &[f32]) -> f64 {
+    let w = dequantized(kind, raw, rows, cols);
+    let max_w = w.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+    // |d·q| ≤ |d·q + m| + |m| ≤ 2·max|W| for Q4_1.
+    let max_step = x.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
+    2.0 * max_w * max_step
+}
+
+/// Asserts |got − want| ≤ REL_TOL · scale + extra, element-wise (extra: the int8 bound, or empty).
+fn assert_matmul_close(what: &str, got: &[f32], want: &[f32], scale: &[f64], extra: &[f64]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let mut worst: Option<(usize, f64)> = None;
     for (i, ((g, w), s)) in got.iter().zip(want).zip(scale).enumerate() {
         let err = (*g as f64 - *w as f64).abs();
-        let excess = err / (REL_TOL * s.max(1e-30));
-        if !g.is_finite() || excess > 1.0 && worst.map_or(true, |(_, e)| excess > e) {
+        let tol = REL_TOL * s + extra.get(i).copied().unwrap_or(0.0);
+        let excess = err / tol.max(1e-30);
+        if !g.is_finite() || (excess > 1.0 && worst.is_none_or(|(_, e)| excess > e)) {
             worst = Some((i, if g.is_finite() { excess } else { f64::INFINITY }));
         }
     }
     if let Some((i, excess)) = worst {
         panic!(
-            "{what}: element {i} is {} but the reference is {} (error {:.2}× the tolerance {REL_TOL}·{:.4})",
-            got[i], want[i], excess, scale[i]
+            "{what}: element {i} is {} but the reference is {} (error {:.2}× the tolerance {REL_TOL}·{:.4} + {:.3e})",
+            got[i], want[i], excess, scale[i], extra.get(i).copied().unwrap_or(0.0)
         );
     }
 }
@@ -84,9 +101,7 @@ async fn run_matmul(ctx: &Context, w: &QuantMatrix, x: &[f32], n_rows: u32, conf
         None => matmul(ctx, w, &xb, &yb, n_rows).unwrap(),
     };
     let mut rec = Recorder::new(ctx, "test");
-    for k in &kernels {
-        rec.dispatch(k);
-    }
+    rec.dispatch_all(&kernels);
     rec.submit();
     ctx.read_f32(&yb, 0, n_rows as u64 * w.rows as u64).await.unwrap()
 }
@@ -99,7 +114,16 @@ async fn check(ctx: &Context, rng: &mut Rng, kind: GgmlKind, rows: u32, cols: u3
     let got = run_matmul(ctx, &w, &x, n_rows, config).await;
     let want = matmul_cpu(kind, &raw, rows, cols, &x, n_rows).unwrap();
     let scale = magnitudes(kind, &raw, rows, cols, &x, n_rows);
-    assert_matmul_close(&format!("{kind:?} {cols}→{rows}, {n_rows} rows, {config:?}"), &got, &want, &scale);
+    let what = format!("{kind:?} {cols}→{rows}, {n_rows} rows, {config:?}");
+    if !config.is_some_and(|c| c.int8_activations) {
+        assert_matmul_close(&what, &got, &want, &scale, &[]);
+        return;
+    }
+    let bound = int8_error_bound(kind, &raw, rows, cols, &x, n_rows).unwrap();
+    assert_matmul_close(&format!("{what} vs exact"), &got, &want, &scale, &bound);
+    let emulated = matmul_int8_cpu(kind, &raw, rows, cols, &x, n_rows).unwrap();
+    let flips = vec![2.0 * max_weight_step(kind, &raw, rows, cols, &x); got.len()];
+    assert_matmul_close(&format!("{what} vs int8 emulation"), &got, &emulated, &scale, &flips);
 }
 
 gpu_test! {
@@ -111,6 +135,17 @@ gpu_test! {
                 check(&ctx, &mut rng, GgmlKind::Q4_1, rows, cols, n_rows, None).await;
             }
         }
+    }
+}
+
+gpu_test! {
+    async fn int8_activations_on_model_shapes() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(20);
+        let int8 = |n_rows| Some(MatmulConfig { int8_activations: true, ..MatmulConfig::for_device(&ctx, n_rows) });
+        check(&ctx, &mut rng, GgmlKind::Q4_1, 1536, 576, 1, int8(1)).await;
+        check(&ctx, &mut rng, GgmlKind::Q4_1, 576, 1536, 8, int8(8)).await;
+        check(&ctx, &mut rng, GgmlKind::Q8_0, 1000, 576, 3, int8(3)).await;
     }
 }
 
@@ -153,16 +188,14 @@ gpu_test! {
             let yb = ctx.storage_init("y", bytemuck::cast_slice(&sentinel));
             let kernels = matmul(&ctx, &w, &xb, &yb, n_rows).unwrap();
             let mut rec = Recorder::new(&ctx, "test");
-            for k in &kernels {
-                rec.dispatch(k);
-            }
+            rec.dispatch_all(&kernels);
             rec.submit();
             let got = ctx.read_f32(&yb, 0, sentinel.len() as u64).await.unwrap();
             let n_out = (n_rows * rows) as usize;
             assert!(got[n_out..].iter().all(|&v| v == 7.5), "{kind:?}: wrote past the output: {:?}", &got[n_out..]);
             let want = matmul_cpu(kind, &raw, rows, cols, &x, n_rows).unwrap();
             let scale = magnitudes(kind, &raw, rows, cols, &x, n_rows);
-            assert_matmul_close(&format!("{kind:?} 13 rows into a larger y"), &got[..n_out], &want, &scale);
+            assert_matmul_close(&format!("{kind:?} 13 rows into a larger y"), &got[..n_out], &want, &scale, &[]);
         }
     }
 }
@@ -172,12 +205,12 @@ gpu_test! {
         let ctx = gpu().await;
         let mut rng = Rng::new(15);
         // The split-row variant (real GPUs) runs here too, so it is tested on CPU adapters.
-        let mut configs = vec![
-            MatmulConfig { tile_rows: 1, k_split: 8, workgroup: 64 },
-            MatmulConfig { tile_rows: 4, k_split: 8, workgroup: 64 },
-            MatmulConfig { tile_rows: 3, k_split: 4, workgroup: 16 },
-        ];
-        configs.extend([1, 2, 5, 8, MAX_TILE_ROWS].map(|tile_rows| MatmulConfig { tile_rows, k_split: 1, workgroup: 16 }));
+        let mut configs = Vec::new();
+        for (scale_after, int8_activations) in [(false, false), (true, false), (true, true)] {
+            let c = |tile_rows, k_split, workgroup| MatmulConfig { tile_rows, k_split, workgroup, scale_after, int8_activations };
+            configs.extend([c(1, 8, 64), c(4, 8, 64), c(3, 4, 16)]);
+            configs.extend([1, 2, 5, 8, MAX_TILE_ROWS].map(|tile_rows| c(tile_rows, 1, 16)));
+        }
         for config in configs {
             check(&ctx, &mut rng, GgmlKind::Q4_1, 96, 320, 19, Some(config)).await;
             check(&ctx, &mut rng, GgmlKind::Q8_0, 96, 320, 19, Some(config)).await;
@@ -208,7 +241,7 @@ gpu_test! {
                 let got_part: Vec<f32> = (0..n_rows as usize)
                     .flat_map(|a| got[a * total as usize + offset..][..rows as usize].to_vec())
                     .collect();
-                assert_matmul_close(&format!("{kind:?} stacked part at row {offset}"), &got_part, &want, &scale);
+                assert_matmul_close(&format!("{kind:?} stacked part at row {offset}"), &got_part, &want, &scale, &[]);
                 offset += rows as usize;
             }
         }
@@ -285,7 +318,7 @@ gpu_test! {
         assert!(e.contains("y needs"), "{e}");
         let e = merr(matmul(&ctx, &w, &x_ok, &y_ok, 0));
         assert!(e.contains("n_rows"), "{e}");
-        let e = merr(matmul_with(&ctx, &w, &x_ok, &y_ok, n_rows, MatmulConfig { tile_rows: MAX_TILE_ROWS + 1, k_split: 1, workgroup: 16 }));
+        let e = merr(matmul_with(&ctx, &w, &x_ok, &y_ok, n_rows, MatmulConfig { tile_rows: MAX_TILE_ROWS + 1, ..MatmulConfig::for_device(&ctx, 1) }));
         assert!(e.contains("configuration"), "{e}");
         assert!(matmul(&ctx, &w, &x_ok, &y_ok, n_rows).is_ok());
 
@@ -300,4 +333,99 @@ gpu_test! {
         let e = embedding(&ctx, &table, &ids, &out_short, 2).err().expect("a short out must be refused").to_string();
         assert!(e.contains("out needs"), "{e}");
     }
+}
+
+/// Timing of the matmul variants on the native adapter (not a test: run with
+/// `cargo test --release --test kernels_matmul -- --ignored --nocapture bench`). Each case records
+/// `REPS` dispatches in one submission and times submit + a 4-byte readback; weights rotate over
+/// enough copies (> 96 MB) that decode streams them from memory, as a model's layers would.
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+#[ignore]
+fn bench_matmul() {
+    pollster::block_on(async {
+        const REPS: usize = 100;
+        let ctx = gpu().await;
+        println!("adapter: {}", ctx.adapter_name());
+        let mut rng = Rng::new(99);
+        let cpu = |tile_rows| MatmulConfig {
+            tile_rows,
+            k_split: 1,
+            workgroup: 16,
+            scale_after: true,
+            int8_activations: false,
+        };
+        let split = |tile_rows| MatmulConfig { k_split: 8, workgroup: 64, ..cpu(tile_rows) };
+        let flip = |c: MatmulConfig| MatmulConfig { scale_after: !c.scale_after, ..c };
+        let int8 = |c: MatmulConfig| MatmulConfig { int8_activations: true, ..c };
+        // (name, kind, rows, cols, n_rows, variants)
+        type Case = (&'static str, GgmlKind, u32, u32, u32, Vec<MatmulConfig>);
+        let cases: Vec<Case> = vec![
+            ("decode Q4_1 576→1536", GgmlKind::Q4_1, 1536, 576, 1, vec![cpu(1), flip(cpu(1)), split(1), int8(cpu(1)), MatmulConfig { workgroup: 8, ..cpu(1) }]),
+            ("decode Q4_1 1536→576", GgmlKind::Q4_1, 576, 1536, 1, vec![cpu(1), flip(cpu(1)), split(1), int8(cpu(1))]),
+            ("decode Q8_0 576→49152", GgmlKind::Q8_0, 49152, 576, 1, vec![cpu(1), flip(cpu(1)), split(1), int8(cpu(1))]),
+            ("batch 4 Q4_1 576→1536", GgmlKind::Q4_1, 1536, 576, 4, vec![cpu(1), cpu(4), flip(cpu(4)), int8(cpu(4))]),
+            ("batch 8 Q4_1 576→1536", GgmlKind::Q4_1, 1536, 576, 8, vec![cpu(1), cpu(8), flip(cpu(8)), int8(cpu(8))]),
+            ("batch 16 Q4_1 576→1536", GgmlKind::Q4_1, 1536, 576, 16, vec![cpu(1), cpu(8), cpu(16), int8(cpu(8))]),
+            ("batch 8 Q8_0 576→49152", GgmlKind::Q8_0, 49152, 576, 8, vec![cpu(1), cpu(8), flip(cpu(8)), int8(cpu(8))]),
+            ("prefill 512 Q4_1 576→1536", GgmlKind::Q4_1, 1536, 576, 512, vec![cpu(1), split(4), cpu(2), cpu(4), flip(cpu(4)), cpu(8), int8(cpu(4)), int8(cpu(8))]),
+        ];
+        let filter = std::env::var("BENCH_CASE").unwrap_or_default();
+        for (name, kind, rows, cols, n_rows, configs) in cases {
+            if !name.contains(&filter) {
+                continue;
+            }
+            let raw = random_matrix(&mut rng, kind, rows, cols);
+            let copies = ((96u64 << 20) / raw.len() as u64 + 1).min(256) as usize;
+            let copies = if n_rows > 16 { 4 } else { copies };
+            let mats: Vec<QuantMatrix> =
+                (0..copies).map(|_| QuantMatrix::upload(&ctx, "w", kind, &raw, rows, cols).unwrap()).collect();
+            let x = rng.vec_uniform((n_rows * cols) as usize, -1.0, 1.0);
+            let xb = ctx.storage_init("x", bytemuck::cast_slice(&x));
+            let yb = ctx.storage_zeroed("y", n_rows as u64 * rows as u64 * 4);
+            let flops = 2.0 * n_rows as f64 * rows as f64 * cols as f64;
+            for config in configs {
+                let kernels: Vec<_> = mats.iter().map(|m| matmul_with(&ctx, m, &xb, &yb, n_rows, config).unwrap()).collect();
+                let (mut best, mut best_cpu) = (f64::INFINITY, f64::INFINITY);
+                for _ in 0..3 {
+                    let start = std::time::Instant::now();
+                    let cpu_start = cpu_seconds();
+                    let mut rec = Recorder::new(&ctx, "bench");
+                    for i in 0..REPS {
+                        rec.dispatch_all(&kernels[i % copies]);
+                    }
+                    rec.submit();
+                    ctx.read_f32(&yb, 0, 1).await.unwrap();
+                    best = best.min(start.elapsed().as_secs_f64() / REPS as f64);
+                    best_cpu = best_cpu.min((cpu_seconds() - cpu_start) / REPS as f64);
+                }
+                println!(
+                    "{name:26} tile {:2} split {} wg {:2} scale_after {:5} int8 {:5}: {:9.1} µs wall {:9.1} µs CPU  {:6.2} GFLOP/s  {:5.2} GB/s (wall)",
+                    config.tile_rows,
+                    config.k_split,
+                    config.workgroup,
+                    config.scale_after,
+                    config.int8_activations,
+                    best * 1e6,
+                    best_cpu * 1e6,
+                    flops / best / 1e9,
+                    raw.len() as f64 / best / 1e9
+                );
+            }
+        }
+    });
+}
+
+/// CPU time of every thread of this process (lavapipe's workers included), from Linux's
+/// schedstat: on a shared machine it measures the work, where wall time also measures the neighbours.
+#[cfg(not(target_arch = "wasm32"))]
+fn cpu_seconds() -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return f64::NAN };
+    let mut ns = 0u64;
+    for task in tasks.flatten() {
+        if let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) {
+            ns += stat.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        }
+    }
+    ns as f64 * 1e-9
 }

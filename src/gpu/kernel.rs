@@ -95,6 +95,13 @@ impl<'a> Recorder<'a> {
         self.dispatches += 1;
     }
 
+    /// Records kernels in order, e.g. the `Vec<Kernel>` of a launcher that needs several dispatches.
+    pub fn dispatch_all(&mut self, kernels: &[Kernel]) {
+        for kernel in kernels {
+            self.dispatch(kernel);
+        }
+    }
+
     /// Records a buffer-to-buffer copy (closes the open compute pass first).
     pub fn copy(&mut self, src: &wgpu::Buffer, src_offset: u64, dst: &wgpu::Buffer, dst_offset: u64, size: u64) {
         self.pass = None;
