@@ -111,6 +111,21 @@ async fn check(engine: &mut Engine, item: &Item, mode: ScoreMode, stats: &mut St
     }
 }
 
+/// Prints prefill and decode speed (a figure for the README, not a timed assertion).
+#[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+async fn speed(engine: &mut Engine) -> String {
+    let prompt: Vec<u32> = (0..64).map(|i| 100 + (i * 7919) % 48_000).collect();
+    let request = pagedlm::engine::GenerateRequest { max_tokens: 1, ..Default::default() };
+    let g = engine.generate(&prompt, &request, &mut |_| true).await.unwrap();
+    let (n, decode_ms) = engine.generate_ignoring_eos(&prompt, 32).await.unwrap();
+    format!(
+        "speed on {}: prefill {:.1} tok/s (64 tokens), decode {:.2} tok/s ({n} tokens after 64)",
+        engine.context().adapter_name(),
+        64.0 / (g.prefill_ms / 1000.0),
+        n as f64 / (decode_ms / 1000.0)
+    )
+}
+
 async fn golden(mode: ScoreMode, only: Option<&[&str]>) {
     let bytes = real_model_bytes().await;
     let mut engine = Engine::load(&bytes, EngineOptions { max_context: 1024, ..Default::default() }).await.unwrap();
@@ -135,7 +150,7 @@ async fn golden(mode: ScoreMode, only: Option<&[&str]>) {
     #[cfg(not(target_arch = "wasm32"))]
     eprintln!("{line}");
     #[cfg(target_arch = "wasm32")]
-    wasm_bindgen_test::console_log!("{line}");
+    wasm_bindgen_test::console_log!("{line}\n{}", speed(&mut engine).await);
     assert!(rate >= 0.95, "top-1 agreement {rate} is under 95%");
 }
 
