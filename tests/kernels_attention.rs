@@ -6,13 +6,14 @@ mod common;
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 use common::{assert_close, gpu};
-use pagedlm::gpu::ops::attention::{attention_cpu, Attention, AttentionPath, AttentionPlan, AttentionShape};
+use pagedlm::gpu::ops::attention::{attention_cpu, Attention, AttentionPath, AttentionPlan, AttentionShape, MAX_CHUNK};
 use pagedlm::gpu::{Context, Recorder};
 use pagedlm::rng::Rng;
 
-/// Relative tolerance (of the largest |v| in the cache) against the f64 reference. Measured worst
-/// cases are about 2e-7 for unit-scale data and about 1e-6 with scores up to ±30 (f32 dot products
-/// of large q and k); the bound leaves room for other adapters' exp.
+/// Tolerance against the f64 reference: |got - want| <= TOL * max|v| + TOL * |want|. An output is
+/// a weighted mean of v rows whose values span four orders of magnitude and both signs, so it can
+/// cancel to near 0: its error scales with max|v|, not with itself. Measured worst errors on
+/// lavapipe: 8e-8 * max|v| with unit-scale q and k, 1.2e-6 * max|v| with scores up to ±30.
 const TOL: f32 = 1e-5;
 
 /// Values spanning four orders of magnitude, so that small contributions must survive the sum.
@@ -86,8 +87,8 @@ impl Inputs {
     }
 }
 
-fn plan(path: AttentionPath, chunk: u32, heads_per_item: u32, tokens_per_item: u32) -> Option<AttentionPlan> {
-    Some(AttentionPlan { path, chunk, heads_per_item, tokens_per_item, workgroup_size: 8 })
+fn plan(path: AttentionPath, chunk: u32) -> Option<AttentionPlan> {
+    Some(AttentionPlan { path, chunk, workgroup_size: 8 })
 }
 
 /// (n_heads, n_kv_heads, head_dim): MHA, MQA, SmolLM2's GQA, and a wide-head GQA.
@@ -105,9 +106,15 @@ gpu_test! {
         for (i, &(n_heads, n_kv_heads, head_dim)) in HEAD_SHAPES.iter().enumerate() {
             let shape = AttentionShape { n_tokens: 1, n_heads, n_kv_heads, head_dim, max_len };
             let inputs = Inputs::new(&ctx, shape, 10 + i as u64, 1.0);
-            // Auto (split-K), split-K with small chunks and one head per invocation, and
-            // one head per invocation in 512-key passes (the baseline).
-            for plan in [None, plan(AttentionPath::SplitK, 64, 1, 1), plan(AttentionPath::Passes, 512, 1, 1)] {
+            // Auto (split-K, 128-key splits), small splits in GPU-sized workgroups, 512-key passes,
+            // and one pass over everything (the baseline).
+            let plans = [
+                None,
+                Some(AttentionPlan { path: AttentionPath::SplitK, chunk: 32, workgroup_size: 64 }),
+                plan(AttentionPath::Passes, 512),
+                plan(AttentionPath::Passes, 8192),
+            ];
+            for plan in plans {
                 let mut attention = inputs.attention(&ctx, plan);
                 // The same object across steps, longest first: stale split states must not leak.
                 for &kv_len in lengths {
@@ -122,22 +129,13 @@ gpu_test! {
     async fn prefill_matches_cpu_from_zero_and_after_history() {
         let ctx = gpu().await;
         for (i, &(n_heads, n_kv_heads, head_dim)) in HEAD_SHAPES.iter().enumerate() {
-            let group = n_heads / n_kv_heads;
             for n_tokens in [1u32, 7, 64, 100] {
                 // max_len past the last position: random keys there must stay masked.
                 let shape = AttentionShape { n_tokens, n_heads, n_kv_heads, head_dim, max_len: 160 };
                 let inputs = Inputs::new(&ctx, shape, 100 + i as u64 * 7 + n_tokens as u64, 1.0);
-                let ragged_heads = group.div_ceil(2).max(1);
-                let plans = [
-                    None,
-                    plan(AttentionPath::Passes, 512, 1, 1),
-                    plan(AttentionPath::Passes, 32, ragged_heads, 3),
-                    plan(AttentionPath::SplitK, 32, ragged_heads, 2),
-                ];
+                // Auto (split-K up to 16 tokens, else one pass), many passes, many splits.
+                let plans = [None, plan(AttentionPath::Passes, 32), plan(AttentionPath::SplitK, 32)];
                 for plan in plans {
-                    if plan.is_some_and(|p| p.heads_per_item * p.tokens_per_item * head_dim / 4 > 256) {
-                        continue;
-                    }
                     let mut attention = inputs.attention(&ctx, plan);
                     for start in [0u32, 37] {
                         let positions: Vec<u32> = (start..start + n_tokens).collect();
@@ -160,7 +158,7 @@ gpu_test! {
             k.chunks(64).map(|row| row.iter().zip(q).map(|(a, b)| a * b).sum::<f32>().abs() / 8.0).fold(0f32, f32::max)
         };
         assert!(scores_max > 25.0, "the data must reach large scores, max |score| is {scores_max}");
-        for plan in [None, plan(AttentionPath::Passes, 512, 3, 4), plan(AttentionPath::SplitK, 64, 1, 1)] {
+        for plan in [None, plan(AttentionPath::Passes, 32), plan(AttentionPath::SplitK, 32)] {
             let mut attention = inputs.attention(&ctx, plan);
             for start in [0u32, 37, 993] {
                 let positions: Vec<u32> = (start..start + 7).collect();
@@ -195,13 +193,13 @@ gpu_test! {
         expect(Attention::contiguous(&ctx, q, k, v, p, o, 2, 9, 3, 64, 101), "k_cache needs");
         expect(Attention::contiguous(&ctx, q, k, v, p, o, 2, 12, 3, 64, 100), "qkv needs");
         expect(Attention::contiguous(&ctx, q, k, v, p, p, 2, 9, 3, 64, 100), "out needs");
-        let too_big = plan(AttentionPath::Passes, 512, 3, 6).unwrap();
-        expect(Attention::contiguous_with_plan(&ctx, q, k, v, p, o, shape, too_big), "query rows");
-        let no_chunk = plan(AttentionPath::SplitK, 0, 3, 1).unwrap();
-        expect(Attention::contiguous_with_plan(&ctx, q, k, v, p, o, shape, no_chunk), "chunk 0");
-        // One invocation may not take more keys than lavapipe's loop budget allows.
-        let long_chunk = plan(AttentionPath::Passes, 4096, 3, 4).unwrap();
-        expect(Attention::contiguous_with_plan(&ctx, q, k, v, p, o, shape, long_chunk), "chunk 4096");
+        for (bad, needle) in [
+            (plan(AttentionPath::SplitK, 0), "chunk 0"),
+            (plan(AttentionPath::Passes, MAX_CHUNK + 1), "lavapipe's loop budget"),
+            (Some(AttentionPlan { path: AttentionPath::SplitK, chunk: 64, workgroup_size: 0 }), "workgroup size 0"),
+        ] {
+            expect(Attention::contiguous_with_plan(&ctx, q, k, v, p, o, shape, bad.unwrap()), needle);
+        }
     }
 }
 
@@ -218,14 +216,15 @@ fn bench_attention() {
         let decode = AttentionShape { n_tokens: 1, n_heads: 9, n_kv_heads: 3, head_dim: 64, max_len };
         let inputs = Inputs::new(&ctx, decode, 3, 1.0);
         let plans: Vec<(String, Option<AttentionPlan>)> = vec![
-            ("auto".into(), None),
-            ("split chunk 64".into(), plan(AttentionPath::SplitK, 64, 3, 1)),
-            ("split chunk 256".into(), plan(AttentionPath::SplitK, 256, 3, 1)),
-            ("split chunk 128, 1 head/inv".into(), plan(AttentionPath::SplitK, 128, 1, 1)),
-            ("passes, group/inv".into(), plan(AttentionPath::Passes, 512, 3, 1)),
-            ("passes, 1 head/inv (baseline)".into(), plan(AttentionPath::Passes, 512, 1, 1)),
+            ("split-K, 128-key splits (auto)".into(), None),
+            ("split-K, 64-key splits".into(), plan(AttentionPath::SplitK, 64)),
+            ("split-K, 256-key splits".into(), plan(AttentionPath::SplitK, 256)),
+            ("one invocation per KV head (baseline)".into(), plan(AttentionPath::Passes, 8192)),
         ];
         for (name, plan) in &plans {
+            if std::env::var("ATT_BENCH_SKIP").is_ok_and(|v| name.contains(&v)) {
+                continue;
+            }
             let mut attention = inputs.attention(&ctx, *plan);
             for kv_len in [128u32, 512, 2048, 8000] {
                 ctx.queue.write_buffer(&inputs.pos_buf, 0, bytemuck::bytes_of(&(kv_len - 1)));
@@ -240,13 +239,13 @@ fn bench_attention() {
         let positions: Vec<u32> = (0..512).collect();
         ctx.queue.write_buffer(&inputs.pos_buf, 0, bytemuck::cast_slice(&positions));
         for (name, plan) in [
-            ("auto", None),
-            ("passes 3 heads x 1 token", plan(AttentionPath::Passes, 512, 3, 1)),
-            ("passes 3 heads x 2 tokens", plan(AttentionPath::Passes, 512, 3, 2)),
-            ("passes 3 heads x 5 tokens", plan(AttentionPath::Passes, 512, 3, 5)),
-            ("passes 1 head x 1 token", plan(AttentionPath::Passes, 512, 1, 1)),
-            ("split chunk 128, 3 heads x 4 tokens", plan(AttentionPath::SplitK, 128, 3, 4)),
+            ("one pass (auto)", None),
+            ("passes of 128 keys", plan(AttentionPath::Passes, 128)),
+            ("split-K, 128-key splits", plan(AttentionPath::SplitK, 128)),
         ] {
+            if std::env::var("ATT_BENCH_SKIP").is_ok_and(|v| name.contains(&v)) {
+                continue;
+            }
             let attention = inputs.attention(&ctx, plan);
             let us = time_us(&ctx, &attention, &inputs.out_buf, 5).await;
             println!("prefill 512 tokens 9q/3kv hd64 {name:36} {us:9.1} µs");
