@@ -27,6 +27,8 @@ const ROWS_PER_ITEM: u32 = 4;
 /// Keys one invocation may take: lavapipe's 65,535 loop back-edges, less a margin for the
 /// few other loop iterations of the shader.
 pub const MAX_CHUNK: u32 = 65_000;
+/// Most passes one attention may prebuild.
+const MAX_PASSES: u32 = 1024;
 /// Keys per dispatch of the default passes plan.
 const PASS_KEYS: u32 = 8192;
 /// Batches up to this many query rows take the split-K plan by default; above, the passes plan
@@ -230,7 +232,11 @@ impl Attention {
             return Err(shape_err(OP, format!("{max_splits} splits of {} keys are too many", plan.chunk)));
         }
         if items_per_split * max_splits as u64 > u32::MAX as u64 / 2 {
-            return Err(shape_err(OP, format!("{items_per_split} tiles x {max_splits} splits is too many")));
+            return Err(shape_err(OP, format!("{items_per_split} row quads x {max_splits} splits is too many")));
+        }
+        // Each pass is a prebuilt dispatch with its own uniform and bind group.
+        if !split && n_chunks > MAX_PASSES {
+            return Err(shape_err(OP, format!("{n_chunks} passes of {} keys are too many", plan.chunk)));
         }
         let items_per_split = items_per_split as u32;
         let params = AttentionParams {
