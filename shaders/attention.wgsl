@@ -87,34 +87,22 @@ fn accumulate(a: mat4x4<f32>, row: u32, d: u32, corr: vec4<f32>, p: vec4<f32>) -
     return mat4x4<f32>(a[0] * corr.x + v * p.x, a[1] * corr.y + v * p.y, a[2] * corr.z + v * p.z, a[3] * corr.w + v * p.w);
 }
 
-// dst[i] = acc * w_acc, plus the value there * w_old when merging with earlier passes.
-fn store(i: u32, acc: vec4<f32>, w_old: f32, w_acc: f32, merge: bool) {
-    var value = acc * w_acc;
-    if (merge) {
-        value += dst[i] * w_old;
-    }
-    dst[i] = value;
+// Column r of a, selected without a runtime matrix index: indexing a0..a31 at run time would
+// keep them in memory for the whole shader on some compilers.
+fn column(a: mat4x4<f32>, r: u32) -> vec4<f32> {
+    return select(select(select(a[0], a[1], r == 1u), a[2], r == 2u), a[3], r == 3u);
 }
 
-// Stores head dims [4d, 4d+4) of the 4 rows (columns of a) at vec4 index base[r] + d.
-// Matrix columns and vector components are only ever indexed by constants: a runtime index
-// would keep a0..a31 in memory for the whole shader on some compilers.
-fn emit(base: vec4<u32>, d: u32, a: mat4x4<f32>, write: vec4<bool>, w_old: vec4<f32>, w_acc: vec4<f32>, merge: bool) {
+// dst[base + d] = acc * w_acc, plus the value there * w_old when merging with earlier passes.
+fn emit(base: u32, d: u32, acc: vec4<f32>, w_old: f32, w_acc: f32, merge: bool) {
     if (d >= D4) {
         return;
     }
-    if (write.x) {
-        store(base.x + d, a[0], w_old.x, w_acc.x, merge);
+    var value = acc * w_acc;
+    if (merge) {
+        value += dst[base + d] * w_old;
     }
-    if (write.y) {
-        store(base.y + d, a[1], w_old.y, w_acc.y, merge);
-    }
-    if (write.z) {
-        store(base.z + d, a[2], w_old.z, w_acc.z, merge);
-    }
-    if (write.w) {
-        store(base.w + d, a[3], w_old.w, w_acc.w, merge);
-    }
+    dst[base + d] = value;
 }
 
 @compute @workgroup_size(WG)
@@ -291,89 +279,77 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 
     // Rows that saw a key of this split or pass write; the others keep what they have.
     let write = lim > vec4<u32>(key_begin);
-    let out_row = select(vec4<u32>(0u), t * params.n_heads + h, write);
+    let out_row = t * params.n_heads + h;
     var base: vec4<u32>;
     var w_old = vec4<f32>(0.0);
     var w_acc = vec4<f32>(1.0);
     var merge = false;
+    var m_all = m;
+    var l_all = l;
     if (SPLIT) {
-        let rec = (out_row * params.max_splits + split) * (D4 + 1u);
-        if (write.x) {
-            dst[rec.x] = vec4<f32>(m.x, l.x, 0.0, 0.0);
-        }
-        if (write.y) {
-            dst[rec.y] = vec4<f32>(m.y, l.y, 0.0, 0.0);
-        }
-        if (write.z) {
-            dst[rec.z] = vec4<f32>(m.z, l.z, 0.0, 0.0);
-        }
-        if (write.w) {
-            dst[rec.w] = vec4<f32>(m.w, l.w, 0.0, 0.0);
-        }
-        base = rec + 1u;
+        // Record: (m, l, 0, 0), then the accumulator.
+        base = (out_row * params.max_splits + split) * (D4 + 1u) + 1u;
     } else {
         // Merge with the earlier passes' normalized output, of sum l_old at max m_old.
         merge = key_begin > 0u;
-        var m_all = m;
         if (merge) {
-            let s0 = state[out_row.x];
-            let s1 = state[out_row.y];
-            let s2 = state[out_row.z];
-            let s3 = state[out_row.w];
+            let idx = select(vec4<u32>(0u), out_row, write);
+            let s0 = state[idx.x];
+            let s1 = state[idx.y];
+            let s2 = state[idx.z];
+            let s3 = state[idx.w];
             let m_old = vec4<f32>(s0.x, s1.x, s2.x, s3.x);
             m_all = max(m_old, m);
             w_old = vec4<f32>(s0.y, s1.y, s2.y, s3.y) * exp(m_old - m_all);
             w_acc = exp(m - m_all);
         }
-        let l_all = w_old + l * w_acc;
+        l_all = w_old + l * w_acc;
         // Rows that do not write have l_all = 0; their infinite weights are never used.
         let inv = 1.0 / l_all;
         w_old *= inv;
         w_acc *= inv;
-        if (write.x) {
-            state[out_row.x] = vec2<f32>(m_all.x, l_all.x);
-        }
-        if (write.y) {
-            state[out_row.y] = vec2<f32>(m_all.y, l_all.y);
-        }
-        if (write.z) {
-            state[out_row.z] = vec2<f32>(m_all.z, l_all.z);
-        }
-        if (write.w) {
-            state[out_row.w] = vec2<f32>(m_all.w, l_all.w);
-        }
         base = out_row * D4;
     }
-    emit(base, 0u, a0, write, w_old, w_acc, merge);
-    emit(base, 1u, a1, write, w_old, w_acc, merge);
-    emit(base, 2u, a2, write, w_old, w_acc, merge);
-    emit(base, 3u, a3, write, w_old, w_acc, merge);
-    emit(base, 4u, a4, write, w_old, w_acc, merge);
-    emit(base, 5u, a5, write, w_old, w_acc, merge);
-    emit(base, 6u, a6, write, w_old, w_acc, merge);
-    emit(base, 7u, a7, write, w_old, w_acc, merge);
-    emit(base, 8u, a8, write, w_old, w_acc, merge);
-    emit(base, 9u, a9, write, w_old, w_acc, merge);
-    emit(base, 10u, a10, write, w_old, w_acc, merge);
-    emit(base, 11u, a11, write, w_old, w_acc, merge);
-    emit(base, 12u, a12, write, w_old, w_acc, merge);
-    emit(base, 13u, a13, write, w_old, w_acc, merge);
-    emit(base, 14u, a14, write, w_old, w_acc, merge);
-    emit(base, 15u, a15, write, w_old, w_acc, merge);
-    emit(base, 16u, a16, write, w_old, w_acc, merge);
-    emit(base, 17u, a17, write, w_old, w_acc, merge);
-    emit(base, 18u, a18, write, w_old, w_acc, merge);
-    emit(base, 19u, a19, write, w_old, w_acc, merge);
-    emit(base, 20u, a20, write, w_old, w_acc, merge);
-    emit(base, 21u, a21, write, w_old, w_acc, merge);
-    emit(base, 22u, a22, write, w_old, w_acc, merge);
-    emit(base, 23u, a23, write, w_old, w_acc, merge);
-    emit(base, 24u, a24, write, w_old, w_acc, merge);
-    emit(base, 25u, a25, write, w_old, w_acc, merge);
-    emit(base, 26u, a26, write, w_old, w_acc, merge);
-    emit(base, 27u, a27, write, w_old, w_acc, merge);
-    emit(base, 28u, a28, write, w_old, w_acc, merge);
-    emit(base, 29u, a29, write, w_old, w_acc, merge);
-    emit(base, 30u, a30, write, w_old, w_acc, merge);
-    emit(base, 31u, a31, write, w_old, w_acc, merge);
+    for (var r = 0u; r < 4u; r++) {
+        if (!write[r]) {
+            continue;
+        }
+        if (SPLIT) {
+            dst[base[r] - 1u] = vec4<f32>(m[r], l[r], 0.0, 0.0);
+        } else {
+            state[out_row[r]] = vec2<f32>(m_all[r], l_all[r]);
+        }
+        emit(base[r], 0u, column(a0, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 1u, column(a1, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 2u, column(a2, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 3u, column(a3, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 4u, column(a4, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 5u, column(a5, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 6u, column(a6, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 7u, column(a7, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 8u, column(a8, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 9u, column(a9, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 10u, column(a10, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 11u, column(a11, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 12u, column(a12, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 13u, column(a13, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 14u, column(a14, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 15u, column(a15, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 16u, column(a16, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 17u, column(a17, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 18u, column(a18, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 19u, column(a19, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 20u, column(a20, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 21u, column(a21, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 22u, column(a22, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 23u, column(a23, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 24u, column(a24, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 25u, column(a25, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 26u, column(a26, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 27u, column(a27, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 28u, column(a28, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 29u, column(a29, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 30u, column(a30, r), w_old[r], w_acc[r], merge);
+        emit(base[r], 31u, column(a31, r), w_old[r], w_acc[r], merge);
+    }
 }
