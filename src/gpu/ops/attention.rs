@@ -1,34 +1,37 @@
 //! Causal llama attention (GQA, scale 1/sqrt(head_dim), softmax in f32) over the contiguous
 //! KV cache, with two plans:
 //! - split-K (flash-decoding) for decode: the key range is cut into `chunk`-key splits spread over
-//!   invocations, each keeping an online softmax for all query heads of one KV group, then a reduce
-//!   kernel combines the splits. The number of splits follows the step's context (`set_kv_len`).
-//! - passes for prefill: an invocation owns a tile of query rows (tokens x heads of a group); one
-//!   dispatch per `chunk` keys, in order, each merging its keys into the normalized output.
+//!   invocations, each keeping an online softmax, then a reduce kernel combines the splits. The
+//!   number of splits follows the step's context (`set_kv_len`).
+//! - passes for prefill: one dispatch per `chunk` keys, in order, each merging its keys into the
+//!   normalized output (one dispatch up to `chunk` keys of context).
 //!
 //! Both are `shaders/attention.wgsl` specialized by override constants; the reduce is
-//! `shaders/attention_reduce.wgsl`. On CPU adapters (lavapipe, SwiftShader) neither uses shared
-//! memory or barriers: the reuse of each loaded K/V row comes from the private tile of query rows.
+//! `shaders/attention_reduce.wgsl`. An invocation owns 4 query rows of one KV head (for SmolLM2's
+//! decode: the 3 query heads of a group) and reads each K/V row once for all of them; no shared
+//! memory, no barriers, which are costly on CPU adapters (lavapipe, SwiftShader).
 //!
-//! Why no invocation streams a whole context: lavapipe ends all loops of an invocation after
+//! Why no invocation streams an unbounded context: lavapipe ends all loops of an invocation after
 //! 65,535 back-edges in total (gallivm's LP_MAX_TGSI_LOOP_ITERATIONS, shared by every loop of a
-//! shader), silently, leaving a wrong result. `chunk` is checked against that budget assuming no
-//! loop is unrolled.
+//! shader), silently, leaving a wrong result. The key loop of attention.wgsl has no inner loop,
+//! so `chunk` keys cost `chunk` back-edges; the plan check keeps them under that budget.
 
 use super::{check_binding, check_size, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
 
 const OP: &str = "attention";
-/// Rows of a tile (tokens x heads) and vec4s of a tile, as sized in attention.wgsl.
-const MAX_TILE_ROWS: u32 = 16;
-const MAX_TILE_VEC4: u32 = 256;
-/// head_dim above this would overflow the private tile even with one row.
+/// attention.wgsl writes the key loop out for up to 32 vec4 of head_dim.
 const MAX_HEAD_DIM: u32 = 128;
-/// Loop back-edges one invocation may take on lavapipe (65,535, with a margin).
-const LOOP_BUDGET: u64 = 60_000;
-/// Keys per dispatch of the passes plan, when the loop budget allows.
-const PASS_KEYS: u32 = 512;
-/// Batches up to this many query rows take the split-K plan by default; above, the direct plan
+/// Query rows per invocation (the components of a vec4 in attention.wgsl).
+const ROWS_PER_ITEM: u32 = 4;
+/// Keys one invocation may take: lavapipe's 65,535 loop back-edges, less a margin for the
+/// few other loop iterations of the shader.
+pub const MAX_CHUNK: u32 = 65_000;
+/// Most passes one attention may prebuild.
+const MAX_PASSES: u32 = 1024;
+/// Keys per dispatch of the default passes plan.
+const PASS_KEYS: u32 = 8192;
+/// Batches up to this many query rows take the split-K plan by default; above, the passes plan
 /// has enough parallelism of its own and the split scratch would grow with the batch.
 pub const SPLIT_MAX_TOKENS: u32 = 16;
 
@@ -81,56 +84,34 @@ pub enum AttentionPath {
     Passes,
 }
 
-/// Kernel plan: path and tiling. [`AttentionPlan::auto`] picks one from the shape and adapter;
-/// the other fields exist for tests and benchmarks.
+/// Kernel plan. [`AttentionPlan::auto`] picks one from the shape and adapter; the fields are
+/// public for tests and benchmarks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttentionPlan {
     pub path: AttentionPath,
-    /// Keys per invocation: per split (split-K) or per dispatch (passes).
+    /// Keys per invocation: per split (split-K) or per dispatch (passes); at most [`MAX_CHUNK`].
     pub chunk: u32,
-    /// Query heads of one KV group per invocation; each loaded K/V row serves all of them.
-    pub heads_per_item: u32,
-    /// Query tokens per invocation.
-    pub tokens_per_item: u32,
     pub workgroup_size: u32,
 }
 
 impl AttentionPlan {
-    /// The default plan: split-K for up to [`SPLIT_MAX_TOKENS`] query tokens, passes above;
-    /// all heads of a GQA group in one invocation (K/V rows read once per group).
+    /// The default plan: split-K in 128-key splits for up to [`SPLIT_MAX_TOKENS`] query tokens,
+    /// passes of 8192 keys above.
     pub fn auto(ctx: &Context, shape: &AttentionShape) -> AttentionPlan {
-        let d4 = (shape.head_dim / 4).max(1);
-        let max_rows = MAX_TILE_ROWS.min(MAX_TILE_VEC4 / d4);
-        let heads_per_item = shape.group().clamp(1, max_rows);
         let split = shape.n_tokens <= SPLIT_MAX_TOKENS;
-        let tokens_per_item = if split { 1 } else { (max_rows / heads_per_item).clamp(1, 4) };
-        let rows = heads_per_item * tokens_per_item;
         AttentionPlan {
             path: if split { AttentionPath::SplitK } else { AttentionPath::Passes },
-            chunk: if split { 128 } else { PASS_KEYS.min(max_chunk(rows, d4)) },
-            heads_per_item,
-            tokens_per_item,
+            chunk: if split { 128 } else { PASS_KEYS },
             // Software adapters want small workgroups (many to spread over cores, no barriers).
             workgroup_size: if ctx.is_cpu() { 8 } else { 64 },
         }
     }
 
-    fn check(&self, ctx: &Context, shape: &AttentionShape) -> Result<(), GpuError> {
-        let rows = self.heads_per_item as u64 * self.tokens_per_item as u64;
-        if self.heads_per_item == 0 || self.tokens_per_item == 0 || rows > MAX_TILE_ROWS as u64 {
-            return Err(shape_err(OP, format!("a tile of {rows} query rows is outside 1..={MAX_TILE_ROWS}")));
-        }
-        if rows * (shape.head_dim / 4) as u64 > MAX_TILE_VEC4 as u64 {
+    fn check(&self, ctx: &Context) -> Result<(), GpuError> {
+        if self.chunk == 0 || self.chunk > MAX_CHUNK {
             return Err(shape_err(
                 OP,
-                format!("a tile of {rows} rows of head_dim {} exceeds {MAX_TILE_VEC4} vec4", shape.head_dim),
-            ));
-        }
-        let limit = max_chunk(rows as u32, shape.head_dim / 4);
-        if self.chunk == 0 || self.chunk > limit {
-            return Err(shape_err(
-                OP,
-                format!("chunk {} is outside 1..={limit} keys (lavapipe's loop budget for this tile)", self.chunk),
+                format!("chunk {} is outside 1..={MAX_CHUNK} keys (lavapipe's loop budget)", self.chunk),
             ));
         }
         if self.workgroup_size == 0 || self.workgroup_size > ctx.limits.max_compute_invocations_per_workgroup {
@@ -138,15 +119,6 @@ impl AttentionPlan {
         }
         Ok(())
     }
-}
-
-/// The most keys one invocation may handle within [`LOOP_BUDGET`], assuming no loop of
-/// attention.wgsl is unrolled: per key the key loop, 4 loops over the tile rows and 2 over head_dim.
-fn max_chunk(rows: u32, d4: u32) -> u32 {
-    let (rows, d4) = (rows as u64, d4 as u64);
-    let setup = 4 * rows * (d4 + 1);
-    let per_key = 1 + 4 * rows + 2 * d4;
-    (LOOP_BUDGET.saturating_sub(setup) / per_key).min(u32::MAX as u64) as u32
 }
 
 #[repr(C)]
@@ -157,8 +129,7 @@ struct AttentionParams {
     group: u32,
     max_len: u32,
     qkv_stride4: u32,
-    head_blocks: u32,
-    token_blocks: u32,
+    quads: u32,
     items_per_split: u32,
     max_splits: u32,
     scale: f32,
@@ -183,7 +154,7 @@ pub struct Attention {
     pub kernels: Vec<Kernel>,
     plan: AttentionPlan,
     shape: AttentionShape,
-    /// Invocations per split or pass: token blocks x head blocks x KV heads.
+    /// Invocations per split or pass: row quads x KV heads.
     items_per_split: u32,
     max_workgroups_per_dim: u32,
     kv_len: u32,
@@ -234,7 +205,7 @@ impl Attention {
         plan: AttentionPlan,
     ) -> Result<Attention, GpuError> {
         shape.check()?;
-        plan.check(ctx, &shape)?;
+        plan.check(ctx)?;
         let s = shape;
         let qkv_bytes = s.n_tokens as u64 * s.qkv_row() * 4;
         let cache_bytes = s.n_kv_heads as u64 * s.max_len as u64 * s.head_dim as u64 * 4;
@@ -251,14 +222,21 @@ impl Attention {
 
         let d4 = s.head_dim / 4;
         let rows = s.n_tokens as u64 * s.n_heads as u64;
-        let head_blocks = s.group().div_ceil(plan.heads_per_item);
-        let token_blocks = s.n_tokens.div_ceil(plan.tokens_per_item);
-        let items_per_split = token_blocks as u64 * head_blocks as u64 * s.n_kv_heads as u64;
+        let quads = (s.n_tokens as u64 * s.group() as u64).div_ceil(ROWS_PER_ITEM as u64);
+        let items_per_split = quads * s.n_kv_heads as u64;
         let split = plan.path == AttentionPath::SplitK;
         let n_chunks = s.max_len.div_ceil(plan.chunk);
         let max_splits = if split { n_chunks } else { 1 };
+        // attention_reduce.wgsl loops twice over a row's splits, under the same loop budget.
+        if 2 * max_splits > MAX_CHUNK {
+            return Err(shape_err(OP, format!("{max_splits} splits of {} keys are too many", plan.chunk)));
+        }
         if items_per_split * max_splits as u64 > u32::MAX as u64 / 2 {
-            return Err(shape_err(OP, format!("{items_per_split} tiles x {max_splits} splits is too many")));
+            return Err(shape_err(OP, format!("{items_per_split} row quads x {max_splits} splits is too many")));
+        }
+        // Each pass is a prebuilt dispatch with its own uniform and bind group.
+        if !split && n_chunks > MAX_PASSES {
+            return Err(shape_err(OP, format!("{n_chunks} passes of {} keys are too many", plan.chunk)));
         }
         let items_per_split = items_per_split as u32;
         let params = AttentionParams {
@@ -267,8 +245,7 @@ impl Attention {
             group: s.group(),
             max_len: s.max_len,
             qkv_stride4: (s.qkv_row() / 4) as u32,
-            head_blocks,
-            token_blocks,
+            quads: quads as u32,
             items_per_split,
             max_splits,
             scale: 1.0 / (s.head_dim as f32).sqrt(),
@@ -276,8 +253,6 @@ impl Attention {
         };
         let constants = [
             ("D4", d4 as f64),
-            ("HT", plan.heads_per_item as f64),
-            ("TT", plan.tokens_per_item as f64),
             ("SPLIT", if split { 1.0 } else { 0.0 }),
             ("CHUNK", plan.chunk as f64),
             ("WG", plan.workgroup_size as f64),
