@@ -17,4 +17,4 @@ server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 export PAGEDLM_MODEL_URL="http://127.0.0.1:$port/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 CHROMEDRIVER=/usr/bin/chromedriver WASM_BINDGEN_TEST_TIMEOUT=${WASM_BINDGEN_TEST_TIMEOUT:-600} \
-  wasm-pack --quiet test --headless --chrome 2>&1 | grep -v "failed to get wasm-pack version"
+  wasm-pack test --headless --chrome 2>&1 | grep -v "failed to get wasm-pack version"
