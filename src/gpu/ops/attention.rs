@@ -16,6 +16,8 @@
 //! shader), silently, leaving a wrong result. The key loop of attention.wgsl has no inner loop,
 //! so `chunk` keys cost `chunk` back-edges; the plan check keeps them under that budget.
 
+use std::sync::Arc;
+
 use super::{check_binding, check_size, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
 
@@ -27,6 +29,8 @@ const ROWS_PER_ITEM: u32 = 4;
 /// Keys one invocation may take: lavapipe's 65,535 loop back-edges, less a margin for the
 /// few other loop iterations of the shader.
 pub const MAX_CHUNK: u32 = 65_000;
+/// Split-K kernels are [single pass, splits, reduce].
+const SPLITS_KERNEL: usize = 1;
 /// Most passes one attention may prebuild.
 const MAX_PASSES: u32 = 1024;
 /// Keys per dispatch of the default passes plan.
@@ -92,6 +96,10 @@ pub struct AttentionPlan {
     /// Keys per invocation: per split (split-K) or per dispatch (passes); at most [`MAX_CHUNK`].
     pub chunk: u32,
     pub workgroup_size: u32,
+    /// Split-K only: up to this kv_len one single-pass dispatch replaces splits + reduce, which
+    /// at short context cost more than they save (measured crossover about 256-512 keys on both
+    /// software adapters). 0 always splits.
+    pub single_pass_max_keys: u32,
 }
 
 impl AttentionPlan {
@@ -104,6 +112,7 @@ impl AttentionPlan {
             chunk: if split { 128 } else { PASS_KEYS },
             // Software adapters want small workgroups (many to spread over cores, no barriers).
             workgroup_size: if ctx.is_cpu() { 8 } else { 64 },
+            single_pass_max_keys: if split { 256 } else { 0 },
         }
     }
 
@@ -112,6 +121,12 @@ impl AttentionPlan {
             return Err(shape_err(
                 OP,
                 format!("chunk {} is outside 1..={MAX_CHUNK} keys (lavapipe's loop budget)", self.chunk),
+            ));
+        }
+        if self.single_pass_max_keys > MAX_CHUNK {
+            return Err(shape_err(
+                OP,
+                format!("single_pass_max_keys {} is over {MAX_CHUNK}", self.single_pass_max_keys),
             ));
         }
         if self.workgroup_size == 0 || self.workgroup_size > ctx.limits.max_compute_invocations_per_workgroup {
@@ -148,9 +163,9 @@ struct ReduceParams {
 /// Decode & prefill attention over the contiguous cache, built once per (layer, batch shape) and
 /// recorded every step; only the dispatches change with the context, never the bind groups.
 pub struct Attention {
-    /// Every prebuilt dispatch. Split-K: [splits, reduce]; passes: one per `chunk` keys of
-    /// max_len. Record [`Attention::kernels`], the ones the current kv_len needs (recording
-    /// all is still correct: passes past the context return at once).
+    /// Every prebuilt dispatch. Split-K: [single pass, splits, reduce]; passes: one per `chunk`
+    /// keys of max_len. Record [`Attention::kernels`], the ones the current kv_len needs
+    /// (recording all is still correct, only slower: later kernels overwrite or return at once).
     pub kernels: Vec<Kernel>,
     plan: AttentionPlan,
     shape: AttentionShape,
@@ -158,7 +173,8 @@ pub struct Attention {
     items_per_split: u32,
     max_workgroups_per_dim: u32,
     kv_len: u32,
-    active: usize,
+    /// The range of `kernels` one step at the current kv_len records.
+    active: std::ops::Range<usize>,
     /// Split-K partial states or the passes' running (max, sum); the bind groups use them.
     _scratch: wgpu::Buffer,
     _state: wgpu::Buffer,
@@ -265,7 +281,10 @@ impl Attention {
         let max_workgroups_per_dim = ctx.limits.max_compute_workgroups_per_dimension.max(1);
         let groups = workgroups(max_workgroups_per_dim, plan.workgroup_size, items_per_split as u64);
 
-        let main_kernel = |name: &'static str, params: &AttentionParams, dst: &wgpu::Buffer| {
+        let main_kernel = |name: &'static str,
+                           params: &AttentionParams,
+                           dst: &wgpu::Buffer,
+                           pipeline: &Arc<wgpu::ComputePipeline>| {
             let params_buf = ctx.uniform_init(name, bytemuck::bytes_of(params));
             let resources = [
                 whole(qkv),
@@ -279,7 +298,20 @@ impl Attention {
             Kernel::new(ctx, name, pipeline.clone(), &resources, groups, None).owning(params_buf)
         };
         let kernels = if split {
-            let main = main_kernel("attention.splits", &params, &scratch);
+            // The single pass for short contexts: the prefill pipeline, one pass over all keys.
+            let single_chunk = plan.single_pass_max_keys.max(1);
+            let single_pipeline = ctx.pipeline(
+                "attention",
+                "main",
+                &[
+                    ("D4", d4 as f64),
+                    ("SPLIT", 0.0),
+                    ("CHUNK", PASS_KEYS.max(single_chunk) as f64),
+                    ("WG", plan.workgroup_size as f64),
+                ],
+            )?;
+            let single = main_kernel("attention.single", &params, out, &single_pipeline);
+            let main = main_kernel("attention.splits", &params, &scratch, &pipeline);
             let reduce_params =
                 ReduceParams { n_rows: rows as u32, n_heads: s.n_heads, max_len: s.max_len, max_splits };
             let reduce_buf = ctx.uniform_init("attention.reduce.params", bytemuck::bytes_of(&reduce_params));
@@ -297,10 +329,17 @@ impl Attention {
                 None,
             )
             .owning(reduce_buf);
-            vec![main, reduce]
+            vec![single, main, reduce]
         } else {
             (0..n_chunks)
-                .map(|p| main_kernel("attention.pass", &AttentionParams { pass_begin: p * plan.chunk, ..params }, out))
+                .map(|p| {
+                    main_kernel(
+                        "attention.pass",
+                        &AttentionParams { pass_begin: p * plan.chunk, ..params },
+                        out,
+                        &pipeline,
+                    )
+                })
                 .collect()
         };
         let mut attention = Attention {
@@ -310,7 +349,7 @@ impl Attention {
             items_per_split,
             max_workgroups_per_dim,
             kv_len: s.max_len,
-            active: 0,
+            active: 0..0,
             _scratch: scratch,
             _state: state,
         };
@@ -330,10 +369,11 @@ impl Attention {
         match self.plan.path {
             AttentionPath::SplitK => {
                 let items = self.items_per_split as u64 * chunks as u64;
-                self.kernels[0].workgroups = workgroups(self.max_workgroups_per_dim, self.plan.workgroup_size, items);
-                self.active = self.kernels.len();
+                self.kernels[SPLITS_KERNEL].workgroups =
+                    workgroups(self.max_workgroups_per_dim, self.plan.workgroup_size, items);
+                self.active = if kv_len <= self.plan.single_pass_max_keys { 0..1 } else { SPLITS_KERNEL..3 };
             }
-            AttentionPath::Passes => self.active = chunks as usize,
+            AttentionPath::Passes => self.active = 0..chunks as usize,
         }
         Ok(())
     }
@@ -349,7 +389,7 @@ impl Attention {
 
     /// The dispatches of one step at the current kv_len, in order.
     pub fn kernels(&self) -> &[Kernel] {
-        &self.kernels[..self.active]
+        &self.kernels[self.active.clone()]
     }
 }
 
