@@ -2,7 +2,8 @@
 //! KV cache, with two plans:
 //! - split-K (flash-decoding) for decode: the key range is cut into `chunk`-key splits spread over
 //!   invocations, each keeping an online softmax, then a reduce kernel combines the splits. The
-//!   number of splits follows the step's context (`set_kv_len`).
+//!   number of splits follows the step's context (`set_kv_len`); up to 256 keys one single-pass
+//!   dispatch runs instead.
 //! - passes for prefill: one dispatch per `chunk` keys, in order, each merging its keys into the
 //!   normalized output (one dispatch up to `chunk` keys of context).
 //!
@@ -10,6 +11,10 @@
 //! `shaders/attention_reduce.wgsl`. An invocation owns 4 query rows of one KV head (for SmolLM2's
 //! decode: the 3 query heads of a group) and reads each K/V row once for all of them; no shared
 //! memory, no barriers, which are costly on CPU adapters (lavapipe, SwiftShader).
+//!
+//! The kernel is large (its key loop is written out, see the shader): a new pipeline compiles at
+//! its first dispatch in about 0.8 s on lavapipe and 2-4 s on SwiftShader (head_dim 64). Build
+//! attentions at load time and run them once there, never first in the decode loop.
 //!
 //! Why no invocation streams an unbounded context: lavapipe ends all loops of an invocation after
 //! 65,535 back-edges in total (gallivm's LP_MAX_TGSI_LOOP_ITERATIONS, shared by every loop of a
@@ -103,8 +108,8 @@ pub struct AttentionPlan {
 }
 
 impl AttentionPlan {
-    /// The default plan: split-K in 128-key splits for up to [`SPLIT_MAX_TOKENS`] query tokens,
-    /// passes of 8192 keys above.
+    /// The default plan: for up to [`SPLIT_MAX_TOKENS`] query tokens split-K in 128-key splits
+    /// (one single pass up to 256 keys); above, passes of 8192 keys (one pass for SmolLM2).
     pub fn auto(ctx: &Context, shape: &AttentionShape) -> AttentionPlan {
         let split = shape.n_tokens <= SPLIT_MAX_TOKENS;
         AttentionPlan {
