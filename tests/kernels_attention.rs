@@ -88,7 +88,7 @@ impl Inputs {
 }
 
 fn plan(path: AttentionPath, chunk: u32) -> Option<AttentionPlan> {
-    Some(AttentionPlan { path, chunk, workgroup_size: 8 })
+    Some(AttentionPlan { path, chunk, workgroup_size: 8, single_pass_max_keys: 0 })
 }
 
 /// (n_heads, n_kv_heads, head_dim): MHA, MQA, SmolLM2's GQA, and a wide-head GQA.
@@ -106,11 +106,13 @@ gpu_test! {
         for (i, &(n_heads, n_kv_heads, head_dim)) in HEAD_SHAPES.iter().enumerate() {
             let shape = AttentionShape { n_tokens: 1, n_heads, n_kv_heads, head_dim, max_len };
             let inputs = Inputs::new(&ctx, shape, 10 + i as u64, 1.0);
-            // Auto (split-K, 128-key splits), small splits in GPU-sized workgroups, 512-key passes,
-            // and one pass over everything (the baseline).
+            // Auto (one pass up to 256 keys, then 128-key splits), small splits in GPU-sized
+            // workgroups, a switch from one pass to splits at 64 keys, 512-key passes, and one
+            // pass over everything (the baseline).
             let plans = [
                 None,
-                Some(AttentionPlan { path: AttentionPath::SplitK, chunk: 32, workgroup_size: 64 }),
+                Some(AttentionPlan { path: AttentionPath::SplitK, chunk: 32, workgroup_size: 64, single_pass_max_keys: 0 }),
+                Some(AttentionPlan { path: AttentionPath::SplitK, chunk: 128, workgroup_size: 8, single_pass_max_keys: 64 }),
                 plan(AttentionPath::Passes, 512),
                 plan(AttentionPath::Passes, 8192),
             ];
@@ -196,7 +198,10 @@ gpu_test! {
         for (bad, needle) in [
             (plan(AttentionPath::SplitK, 0), "chunk 0"),
             (plan(AttentionPath::Passes, MAX_CHUNK + 1), "lavapipe's loop budget"),
-            (Some(AttentionPlan { path: AttentionPath::SplitK, chunk: 64, workgroup_size: 0 }), "workgroup size 0"),
+            (
+                Some(AttentionPlan { path: AttentionPath::SplitK, chunk: 64, workgroup_size: 0, single_pass_max_keys: 0 }),
+                "workgroup size 0",
+            ),
         ] {
             expect(Attention::contiguous_with_plan(&ctx, q, k, v, p, o, shape, bad.unwrap()), needle);
         }
@@ -213,7 +218,8 @@ async fn bench_attention_body() {
     let decode = AttentionShape { n_tokens: 1, n_heads: 9, n_kv_heads: 3, head_dim: 64, max_len: 8192 };
     let inputs = Inputs::new(&ctx, decode, 3, 1.0);
     let plans = [
-        ("split-K, 128-key splits (auto)", None),
+        ("auto: one pass to 256 keys, then split-K 128", None),
+        ("split-K, 128-key splits", plan(AttentionPath::SplitK, 128)),
         ("split-K, 64-key splits", plan(AttentionPath::SplitK, 64)),
         ("split-K, 256-key splits", plan(AttentionPath::SplitK, 256)),
         ("one invocation per KV head (baseline)", plan(AttentionPath::Passes, 8192)),
@@ -225,7 +231,7 @@ async fn bench_attention_body() {
             attention.set_kv_len(kv_len).unwrap();
             let (first_ms, us) = time_us(&ctx, attention, &inputs.out_buf, 50).await;
             let first = if kv_len == 128 { format!("  (first call {first_ms:.0} ms)") } else { String::new() };
-            report(&format!("decode 9q/3kv hd64 kv_len {kv_len:5} {name:40} {us:9.1} µs{first}"));
+            report(&format!("decode 9q/3kv hd64 kv_len {kv_len:5} {name:44} {us:9.1} µs{first}"));
         }
     }
 

@@ -2,7 +2,8 @@
 //! KV cache, with two plans:
 //! - split-K (flash-decoding) for decode: the key range is cut into `chunk`-key splits spread over
 //!   invocations, each keeping an online softmax, then a reduce kernel combines the splits. The
-//!   number of splits follows the step's context (`set_kv_len`).
+//!   number of splits follows the step's context (`set_kv_len`); up to 256 keys one single-pass
+//!   dispatch runs instead.
 //! - passes for prefill: one dispatch per `chunk` keys, in order, each merging its keys into the
 //!   normalized output (one dispatch up to `chunk` keys of context).
 //!
@@ -11,10 +12,16 @@
 //! decode: the 3 query heads of a group) and reads each K/V row once for all of them; no shared
 //! memory, no barriers, which are costly on CPU adapters (lavapipe, SwiftShader).
 //!
+//! The kernel is large (its key loop is written out, see the shader): a new pipeline compiles at
+//! its first dispatch in about 0.8 s on lavapipe and 2-4 s on SwiftShader (head_dim 64). Build
+//! attentions at load time and run them once there, never first in the decode loop.
+//!
 //! Why no invocation streams an unbounded context: lavapipe ends all loops of an invocation after
 //! 65,535 back-edges in total (gallivm's LP_MAX_TGSI_LOOP_ITERATIONS, shared by every loop of a
 //! shader), silently, leaving a wrong result. The key loop of attention.wgsl has no inner loop,
 //! so `chunk` keys cost `chunk` back-edges; the plan check keeps them under that budget.
+
+use std::sync::Arc;
 
 use super::{check_binding, check_size, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
@@ -27,6 +34,8 @@ const ROWS_PER_ITEM: u32 = 4;
 /// Keys one invocation may take: lavapipe's 65,535 loop back-edges, less a margin for the
 /// few other loop iterations of the shader.
 pub const MAX_CHUNK: u32 = 65_000;
+/// Split-K kernels are [single pass, splits, reduce].
+const SPLITS_KERNEL: usize = 1;
 /// Most passes one attention may prebuild.
 const MAX_PASSES: u32 = 1024;
 /// Keys per dispatch of the default passes plan.
@@ -92,11 +101,15 @@ pub struct AttentionPlan {
     /// Keys per invocation: per split (split-K) or per dispatch (passes); at most [`MAX_CHUNK`].
     pub chunk: u32,
     pub workgroup_size: u32,
+    /// Split-K only: up to this kv_len one single-pass dispatch replaces splits + reduce, which
+    /// at short context cost more than they save (measured crossover about 256-512 keys on both
+    /// software adapters). 0 always splits.
+    pub single_pass_max_keys: u32,
 }
 
 impl AttentionPlan {
-    /// The default plan: split-K in 128-key splits for up to [`SPLIT_MAX_TOKENS`] query tokens,
-    /// passes of 8192 keys above.
+    /// The default plan: for up to [`SPLIT_MAX_TOKENS`] query tokens split-K in 128-key splits
+    /// (one single pass up to 256 keys); above, passes of 8192 keys (one pass for SmolLM2).
     pub fn auto(ctx: &Context, shape: &AttentionShape) -> AttentionPlan {
         let split = shape.n_tokens <= SPLIT_MAX_TOKENS;
         AttentionPlan {
@@ -104,6 +117,7 @@ impl AttentionPlan {
             chunk: if split { 128 } else { PASS_KEYS },
             // Software adapters want small workgroups (many to spread over cores, no barriers).
             workgroup_size: if ctx.is_cpu() { 8 } else { 64 },
+            single_pass_max_keys: if split { 256 } else { 0 },
         }
     }
 
@@ -112,6 +126,12 @@ impl AttentionPlan {
             return Err(shape_err(
                 OP,
                 format!("chunk {} is outside 1..={MAX_CHUNK} keys (lavapipe's loop budget)", self.chunk),
+            ));
+        }
+        if self.single_pass_max_keys > MAX_CHUNK {
+            return Err(shape_err(
+                OP,
+                format!("single_pass_max_keys {} is over {MAX_CHUNK}", self.single_pass_max_keys),
             ));
         }
         if self.workgroup_size == 0 || self.workgroup_size > ctx.limits.max_compute_invocations_per_workgroup {
@@ -148,9 +168,9 @@ struct ReduceParams {
 /// Decode & prefill attention over the contiguous cache, built once per (layer, batch shape) and
 /// recorded every step; only the dispatches change with the context, never the bind groups.
 pub struct Attention {
-    /// Every prebuilt dispatch. Split-K: [splits, reduce]; passes: one per `chunk` keys of
-    /// max_len. Record [`Attention::kernels`], the ones the current kv_len needs (recording
-    /// all is still correct: passes past the context return at once).
+    /// Every prebuilt dispatch. Split-K: [single pass, splits, reduce]; passes: one per `chunk`
+    /// keys of max_len. Record [`Attention::kernels`], the ones the current kv_len needs
+    /// (recording all is still correct, only slower: later kernels overwrite or return at once).
     pub kernels: Vec<Kernel>,
     plan: AttentionPlan,
     shape: AttentionShape,
@@ -158,7 +178,8 @@ pub struct Attention {
     items_per_split: u32,
     max_workgroups_per_dim: u32,
     kv_len: u32,
-    active: usize,
+    /// The range of `kernels` one step at the current kv_len records.
+    active: std::ops::Range<usize>,
     /// Split-K partial states or the passes' running (max, sum); the bind groups use them.
     _scratch: wgpu::Buffer,
     _state: wgpu::Buffer,
@@ -265,7 +286,10 @@ impl Attention {
         let max_workgroups_per_dim = ctx.limits.max_compute_workgroups_per_dimension.max(1);
         let groups = workgroups(max_workgroups_per_dim, plan.workgroup_size, items_per_split as u64);
 
-        let main_kernel = |name: &'static str, params: &AttentionParams, dst: &wgpu::Buffer| {
+        let main_kernel = |name: &'static str,
+                           params: &AttentionParams,
+                           dst: &wgpu::Buffer,
+                           pipeline: &Arc<wgpu::ComputePipeline>| {
             let params_buf = ctx.uniform_init(name, bytemuck::bytes_of(params));
             let resources = [
                 whole(qkv),
@@ -279,7 +303,20 @@ impl Attention {
             Kernel::new(ctx, name, pipeline.clone(), &resources, groups, None).owning(params_buf)
         };
         let kernels = if split {
-            let main = main_kernel("attention.splits", &params, &scratch);
+            // The single pass for short contexts: the prefill pipeline, one pass over all keys.
+            let single_chunk = plan.single_pass_max_keys.max(1);
+            let single_pipeline = ctx.pipeline(
+                "attention",
+                "main",
+                &[
+                    ("D4", d4 as f64),
+                    ("SPLIT", 0.0),
+                    ("CHUNK", PASS_KEYS.max(single_chunk) as f64),
+                    ("WG", plan.workgroup_size as f64),
+                ],
+            )?;
+            let single = main_kernel("attention.single", &params, out, &single_pipeline);
+            let main = main_kernel("attention.splits", &params, &scratch, &pipeline);
             let reduce_params =
                 ReduceParams { n_rows: rows as u32, n_heads: s.n_heads, max_len: s.max_len, max_splits };
             let reduce_buf = ctx.uniform_init("attention.reduce.params", bytemuck::bytes_of(&reduce_params));
@@ -297,10 +334,17 @@ impl Attention {
                 None,
             )
             .owning(reduce_buf);
-            vec![main, reduce]
+            vec![single, main, reduce]
         } else {
             (0..n_chunks)
-                .map(|p| main_kernel("attention.pass", &AttentionParams { pass_begin: p * plan.chunk, ..params }, out))
+                .map(|p| {
+                    main_kernel(
+                        "attention.pass",
+                        &AttentionParams { pass_begin: p * plan.chunk, ..params },
+                        out,
+                        &pipeline,
+                    )
+                })
                 .collect()
         };
         let mut attention = Attention {
@@ -310,7 +354,7 @@ impl Attention {
             items_per_split,
             max_workgroups_per_dim,
             kv_len: s.max_len,
-            active: 0,
+            active: 0..0,
             _scratch: scratch,
             _state: state,
         };
@@ -330,10 +374,11 @@ impl Attention {
         match self.plan.path {
             AttentionPath::SplitK => {
                 let items = self.items_per_split as u64 * chunks as u64;
-                self.kernels[0].workgroups = workgroups(self.max_workgroups_per_dim, self.plan.workgroup_size, items);
-                self.active = self.kernels.len();
+                self.kernels[SPLITS_KERNEL].workgroups =
+                    workgroups(self.max_workgroups_per_dim, self.plan.workgroup_size, items);
+                self.active = if kv_len <= self.plan.single_pass_max_keys { 0..1 } else { SPLITS_KERNEL..3 };
             }
-            AttentionPath::Passes => self.active = chunks as usize,
+            AttentionPath::Passes => self.active = 0..chunks as usize,
         }
         Ok(())
     }
@@ -349,7 +394,7 @@ impl Attention {
 
     /// The dispatches of one step at the current kv_len, in order.
     pub fn kernels(&self) -> &[Kernel] {
-        &self.kernels[..self.active]
+        &self.kernels[self.active.clone()]
     }
 }
 
