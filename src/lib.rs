@@ -12,3 +12,5 @@ pub mod sampler;
 pub mod synth;
 pub mod time;
 pub mod tokenizer;
+#[cfg(target_arch = "wasm32")]
+pub mod web;
