@@ -433,7 +433,7 @@ pub fn attention_cpu(
     }
     // Element offset of key j's head-0 row in its physical block, or None when unmapped.
     let key_base = |j: usize| -> Option<usize> {
-        let block = *block_table.get(table_base as usize + j / bs)? as usize;
+        let block = *block_table.get((table_base as usize).checked_add(j / bs)?)? as usize;
         (block < s.n_blocks as usize).then(|| block * s.n_kv_heads as usize * bs * hd + (j % bs) * hd)
     };
     let group = s.group() as usize;

@@ -124,8 +124,10 @@ pub fn write_paged_cpu(
     let row = (n_heads + 2 * n_kv_heads) * head_dim;
     for (t, &pos) in positions.iter().enumerate().take(n_tokens) {
         let pos = pos as usize;
-        let entry = table_base as usize + pos / block_size;
-        let Some(&block) = block_table.get(entry) else { continue };
+        // Checked: on wasm32 usize is 32 bits, and the kernel skips a wrapped index too.
+        let Some(&block) = (table_base as usize).checked_add(pos / block_size).and_then(|e| block_table.get(e)) else {
+            continue;
+        };
         let block = block as usize;
         if block >= n_blocks {
             continue;
