@@ -18,8 +18,12 @@
 // in order; each merges its keys into the normalized output and the per-row state.
 //
 // qkv:       [n_tokens, (n_heads + 2*n_kv_heads) * head_dim] f32, q heads first in each row (roped)
-// k_cache:   [n_kv_heads, max_len, head_dim] f32
-// v_cache:   [n_kv_heads, max_len, head_dim] f32
+// k_pool:    [n_blocks, n_kv_heads, block_size, head_dim] f32: key (b, h, s) at vec4
+//            ((b * n_kv_heads + h) * block_size + s) * D4
+// v_pool:    same layout as k_pool
+// block_table: u32; key j of the sequence is in physical block block_table[step.table_base +
+//            j / block_size], slot j % block_size. Every row of a dispatch belongs to that one
+//            sequence. A table index past the table's end or a block >= n_blocks masks the keys.
 // positions: [n_tokens] u32; token t attends keys 0..=positions[t] (clamped to max_len - 1)
 // dst:       SPLIT: [n_tokens * n_heads * max_splits, 1 + head_dim/4] vec4, record (row, split) =
 //                   ((m, l, 0, 0), acc[head_dim/4]) with row = t * n_heads + h
@@ -30,22 +34,29 @@ struct Params {
     n_tokens: u32,
     n_heads: u32,
     group: u32,           // n_heads / n_kv_heads: query heads per KV head
-    max_len: u32,
+    max_len: u32,         // the longest sequence (max_seq_len)
     qkv_stride4: u32,     // qkv row length in vec4
     quads: u32,           // ceil(n_tokens * group / 4): invocations per KV head and split
     items_per_split: u32, // quads * n_kv_heads
     max_splits: u32,
     scale: f32,           // 1 / sqrt(head_dim)
     pass_begin: u32,      // first key of this dispatch (passes), a multiple of CHUNK
+    n_kv_heads: u32,
+    block_size: u32,      // keys per block of the pool
+    n_blocks: u32,        // blocks in the pool
 }
 
+struct Step { table_base: u32 } // the sequence's first entry in block_table, set per step
+
 @group(0) @binding(0) var<storage, read> qkv: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> k_cache: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> v_cache: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> k_pool: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> v_pool: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> positions: array<u32>;
 @group(0) @binding(4) var<uniform> params: Params;
 @group(0) @binding(5) var<storage, read_write> dst: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read_write> state: array<vec2<f32>>;
+@group(0) @binding(7) var<storage, read> block_table: array<u32>;
+@group(0) @binding(8) var<uniform> step: Step;
 
 override D4: u32 = 16u;      // head_dim / 4, at most 32
 override SPLIT: bool = false;
@@ -75,7 +86,7 @@ fn k_times_q(row: u32, d: u32, q: mat4x4<f32>) -> vec4<f32> {
     if (d >= D4) {
         return vec4<f32>(0.0);
     }
-    return k_cache[row + d] * q;
+    return k_pool[row + d] * q;
 }
 
 // acc = acc * corr + p * v for head dims [4d, 4d+4), per row (column).
@@ -83,7 +94,7 @@ fn accumulate(a: mat4x4<f32>, row: u32, d: u32, corr: vec4<f32>, p: vec4<f32>) -
     if (d >= D4) {
         return a;
     }
-    let v = v_cache[row + d];
+    let v = v_pool[row + d];
     return mat4x4<f32>(a[0] * corr.x + v * p.x, a[1] * corr.y + v * p.y, a[2] * corr.z + v * p.z, a[3] * corr.w + v * p.w);
 }
 
@@ -201,9 +212,29 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     var a31 = mat4x4<f32>();
     var m = vec4<f32>(NEG_BIG);
     var l = vec4<f32>(0.0);
-    let kv_base = kv_head * params.max_len * D4;
+    // The block table is read once per block of keys, when j enters it, not per key (no inner
+    // loop: every back-edge counts against lavapipe's budget). row_base wraps around u32 so that
+    // key j of the current block is at vec4 row_base + j * D4.
+    let table_len = arrayLength(&block_table);
+    var block_end = key_begin;
+    var row_base = 0u;
+    var block_ok = false;
     for (var j = key_begin; j < key_end; j++) {
-        let row = kv_base + j * D4;
+        if (j == block_end) {
+            let logical = j / params.block_size;
+            let entry = step.table_base + logical;
+            var block = params.n_blocks;
+            if (entry < table_len) {
+                block = block_table[entry];
+            }
+            // A missing block reads block 0 (in bounds) and masks its keys.
+            block_ok = block < params.n_blocks;
+            let first = logical * params.block_size;
+            let start = select(0u, (block * params.n_kv_heads + kv_head) * params.block_size * D4, block_ok);
+            row_base = start - first * D4;
+            block_end = first + params.block_size;
+        }
+        let row = row_base + j * D4;
         let s = k_times_q(row, 0u, q0)
             + k_times_q(row, 1u, q1)
             + k_times_q(row, 2u, q2)
@@ -237,7 +268,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             + k_times_q(row, 30u, q30)
             + k_times_q(row, 31u, q31);
         // Online softmax per row; a masked key gets weight 0 and leaves the max alone.
-        let visible = vec4<u32>(j) < lim;
+        let visible = select(vec4<bool>(false), vec4<u32>(j) < lim, block_ok);
         let m_new = max(m, select(vec4<f32>(NEG_BIG), s, visible));
         let corr = exp(m - m_new);
         let p = select(vec4<f32>(0.0), exp(s - m_new), visible);

@@ -1,17 +1,25 @@
-// Appends the new tokens' keys and values to one layer's contiguous KV cache.
+// Appends the new tokens' keys and values to one layer's paged KV pool.
 // qkv: [n_tokens, (n_heads + 2 * n_kv_heads) * head_dim] f32, each row q heads, k heads, v heads
-//      (after RoPE); positions: [n_tokens] u32, the cache slot of each token;
-// k_cache, v_cache: [n_kv_heads, max_len, head_dim] f32, head-major so that attention streams one
-//      head's keys contiguously. A position >= max_len is skipped (never written out of bounds).
+//      (after RoPE); positions: [n_tokens] u32, the absolute position of each token in its sequence;
+// k_pool, v_pool: [n_blocks, n_kv_heads, block_size, head_dim] f32: element (b, h, s, d) at
+//      ((b * n_kv_heads + h) * block_size + s) * head_dim + d, head-major inside a block so that
+//      attention streams one head's keys of a block contiguously;
+// block_table: u32, the sequence's row starts at step.table_base: logical block i of the sequence
+//      is physical block block_table[table_base + i].
+// Position p goes to logical block p / block_size, slot p % block_size. A table index past the
+// table's end or a physical block >= n_blocks writes nothing (never out of bounds).
 // Each invocation copies PER consecutive dims of one (token, kv head), keys and values.
 
-struct Params { n_tokens: u32, n_heads: u32, n_kv_heads: u32, head_dim: u32, max_len: u32 }
+struct Params { n_tokens: u32, n_heads: u32, n_kv_heads: u32, head_dim: u32, block_size: u32, n_blocks: u32 }
+struct Step { table_base: u32 }
 
 @group(0) @binding(0) var<storage, read> qkv: array<f32>;
-@group(0) @binding(1) var<storage, read_write> k_cache: array<f32>;
-@group(0) @binding(2) var<storage, read_write> v_cache: array<f32>;
+@group(0) @binding(1) var<storage, read_write> k_pool: array<f32>;
+@group(0) @binding(2) var<storage, read_write> v_pool: array<f32>;
 @group(0) @binding(3) var<storage, read> positions: array<u32>;
 @group(0) @binding(4) var<uniform> params: Params;
+@group(0) @binding(5) var<storage, read> block_table: array<u32>;
+@group(0) @binding(6) var<uniform> step: Step;
 
 override WG: u32 = 64u;
 override PER: u32 = 4u;
@@ -30,18 +38,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let head = rest / chunks;
     let dim0 = (rest % chunks) * PER;
     let pos = positions[token];
-    if (pos >= params.max_len) {
+    let logical = pos / params.block_size;
+    let entry = step.table_base + logical;
+    // The sum wraps only for absurd bases; entry < table_base catches it.
+    if (entry >= arrayLength(&block_table) || entry < step.table_base) {
+        return;
+    }
+    let block = block_table[entry];
+    if (block >= params.n_blocks) {
         return;
     }
     let row_stride = (params.n_heads + 2u * n_kv) * head_dim;
     let k_src = token * row_stride + (params.n_heads + head) * head_dim;
     let v_src = k_src + n_kv * head_dim;
-    let dst = (head * params.max_len + pos) * head_dim;
+    let dst = ((block * n_kv + head) * params.block_size + pos % params.block_size) * head_dim;
     for (var k = 0u; k < PER; k += 1u) {
         let d = dim0 + k;
         if (d < head_dim) {
-            k_cache[dst + d] = qkv[k_src + d];
-            v_cache[dst + d] = qkv[v_src + d];
+            k_pool[dst + d] = qkv[k_src + d];
+            v_pool[dst + d] = qkv[v_src + d];
         }
     }
 }

@@ -1,5 +1,7 @@
-//! Attention over the contiguous cache against the f64 CPU reference, natively and in the browser.
-//! The whole cache is filled with random data, so a key read past a token's causal limit shows up.
+//! Attention over the paged KV pool against the f64 CPU reference, natively and in the browser.
+//! The whole pool is filled with random data and the block tables are shuffled (non-identity,
+//! at a table_base > 0), so a key read past a token's causal limit or from a wrong block shows up.
+//! block_size = max_len with one mapped block is the contiguous cache.
 mod common;
 
 #[cfg(target_arch = "wasm32")]
@@ -21,50 +23,111 @@ fn varied(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| rng.uniform(-1.0, 1.0) * scale * 10f32.powf(rng.uniform(-2.0, 2.0))).collect()
 }
 
+/// A shape with `block_size`-key blocks and two spare blocks in the pool.
+fn paged(n_tokens: u32, (n_heads, n_kv_heads, head_dim): (u32, u32, u32), max_len: u32, block_size: u32) -> AttentionShape {
+    let n_blocks = max_len.div_ceil(block_size) + 2;
+    AttentionShape { n_tokens, n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks }
+}
+
+/// A block table whose row at `table_base` maps the sequence's ceil(max_len / block_size)
+/// logical blocks to shuffled, distinct physical blocks (never the identity), with entries of
+/// other sequences before and after it.
+fn shuffled_table(rng: &mut Rng, shape: &AttentionShape, table_base: u32) -> Vec<u32> {
+    let mut perm: Vec<u32> = (0..shape.n_blocks).collect();
+    for i in (1..perm.len()).rev() {
+        perm.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let row_len = shape.max_len.div_ceil(shape.block_size) as usize;
+    if perm[..row_len].iter().enumerate().all(|(i, &b)| b == i as u32) {
+        perm.rotate_left(1);
+    }
+    let mut table: Vec<u32> = (0..table_base).map(|_| rng.below(shape.n_blocks as u64) as u32).collect();
+    table.extend_from_slice(&perm[..row_len]);
+    table.extend((0..3).map(|_| rng.below(shape.n_blocks as u64) as u32));
+    table
+}
+
 /// Random inputs of one shape. `q_k_scale` scales q and k: scores have a standard deviation of
 /// about q_k_scale² / 3 (×√(head_dim) / √(head_dim)).
 struct Inputs {
     shape: AttentionShape,
     qkv: Vec<f32>,
-    k_cache: Vec<f32>,
-    v_cache: Vec<f32>,
+    k_pool: Vec<f32>,
+    v_pool: Vec<f32>,
+    table: Vec<u32>,
+    table_base: u32,
     qkv_buf: wgpu::Buffer,
     k_buf: wgpu::Buffer,
     v_buf: wgpu::Buffer,
     pos_buf: wgpu::Buffer,
+    table_buf: wgpu::Buffer,
+    step_buf: wgpu::Buffer,
     out_buf: wgpu::Buffer,
 }
 
 impl Inputs {
     fn new(ctx: &Context, shape: AttentionShape, seed: u64, q_k_scale: f32) -> Inputs {
         let mut rng = Rng::new(seed);
+        let table_base = 1 + rng.below(7) as u32;
+        let table = shuffled_table(&mut rng, &shape, table_base);
+        Inputs::with_table(ctx, shape, seed, q_k_scale, table, table_base)
+    }
+
+    fn with_table(
+        ctx: &Context,
+        shape: AttentionShape,
+        seed: u64,
+        q_k_scale: f32,
+        table: Vec<u32>,
+        table_base: u32,
+    ) -> Inputs {
+        let mut rng = Rng::new(seed ^ 0x9e37);
         let qkv = rng.vec_uniform(shape.n_tokens as usize * shape.qkv_row() as usize, -q_k_scale, q_k_scale);
-        let cache = (shape.n_kv_heads * shape.max_len * shape.head_dim) as usize;
-        let k_cache = rng.vec_uniform(cache, -q_k_scale, q_k_scale);
-        let v_cache = varied(&mut rng, cache, 1.0);
+        let pool = shape.pool_len() as usize;
+        let k_pool = rng.vec_uniform(pool, -q_k_scale, q_k_scale);
+        let v_pool = varied(&mut rng, pool, 1.0);
         let out_len = (shape.n_tokens * shape.n_heads * shape.head_dim) as u64;
         Inputs {
             qkv_buf: ctx.storage_init("qkv", bytemuck::cast_slice(&qkv)),
-            k_buf: ctx.storage_init("k_cache", bytemuck::cast_slice(&k_cache)),
-            v_buf: ctx.storage_init("v_cache", bytemuck::cast_slice(&v_cache)),
+            k_buf: ctx.storage_init("k_pool", bytemuck::cast_slice(&k_pool)),
+            v_buf: ctx.storage_init("v_pool", bytemuck::cast_slice(&v_pool)),
             pos_buf: ctx.storage_zeroed("positions", shape.n_tokens as u64 * 4),
+            table_buf: ctx.storage_init("block_table", bytemuck::cast_slice(&table)),
+            step_buf: ctx.uniform_init("step", bytemuck::bytes_of(&table_base)),
             // Poisoned so that an output row the kernels forget to write cannot pass.
             out_buf: ctx.storage_init("out", bytemuck::cast_slice(&vec![f32::NAN; out_len as usize])),
             shape,
             qkv,
-            k_cache,
-            v_cache,
+            k_pool,
+            v_pool,
+            table,
+            table_base,
         }
     }
 
     fn attention(&self, ctx: &Context, plan: Option<AttentionPlan>) -> Attention {
         let s = self.shape;
         let (q, k, v, p, o) = (&self.qkv_buf, &self.k_buf, &self.v_buf, &self.pos_buf, &self.out_buf);
+        let (t, st) = (&self.table_buf, &self.step_buf);
         match plan {
-            None => {
-                Attention::contiguous(ctx, q, k, v, p, o, s.n_tokens, s.n_heads, s.n_kv_heads, s.head_dim, s.max_len)
-            }
-            Some(plan) => Attention::contiguous_with_plan(ctx, q, k, v, p, o, s, plan),
+            None => Attention::paged(
+                ctx,
+                q,
+                k,
+                v,
+                p,
+                t,
+                st,
+                o,
+                s.n_tokens,
+                s.n_heads,
+                s.n_kv_heads,
+                s.head_dim,
+                s.block_size,
+                s.n_blocks,
+                s.max_len,
+            ),
+            Some(plan) => Attention::paged_with_plan(ctx, q, k, v, p, t, st, o, s, plan),
         }
         .unwrap_or_else(|e| panic!("{s:?} {plan:?}: {e}"))
     }
@@ -81,8 +144,9 @@ impl Inputs {
         rec.submit();
         let s = self.shape;
         let got = ctx.read_f32(&self.out_buf, 0, (s.n_tokens * s.n_heads * s.head_dim) as u64).await.unwrap();
-        let want = attention_cpu(&s, &self.qkv, &self.k_cache, &self.v_cache, positions).unwrap();
-        let v_max = self.v_cache.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let want =
+            attention_cpu(&s, &self.qkv, &self.k_pool, &self.v_pool, positions, &self.table, self.table_base).unwrap();
+        let v_max = self.v_pool.iter().fold(0f32, |m, v| m.max(v.abs()));
         assert_close(&format!("{what} {s:?} {:?} kv_len {kv_len}", attention.plan()), &got, &want, TOL * v_max, TOL);
     }
 }
@@ -99,16 +163,19 @@ gpu_test! {
         let ctx = gpu().await;
         // 4096 keys only natively: the browser run stays short.
         let (max_len, lengths): (u32, &[u32]) = if cfg!(target_arch = "wasm32") {
-            (1000, &[1000, 1, 2, 63, 64, 65, 300])
+            (1000, &[1000, 1, 15, 16, 17, 33, 100, 65, 300])
         } else {
-            (4096, &[1000, 1, 2, 63, 64, 65, 300, 4096])
+            (4096, &[1000, 1, 2, 15, 16, 17, 33, 63, 64, 65, 100, 300, 4096])
         };
-        for (i, &(n_heads, n_kv_heads, head_dim)) in HEAD_SHAPES.iter().enumerate() {
-            let shape = AttentionShape { n_tokens: 1, n_heads, n_kv_heads, head_dim, max_len };
-            let inputs = Inputs::new(&ctx, shape, 10 + i as u64, 1.0);
-            // Auto (one pass up to 256 keys, then 128-key splits), small splits in GPU-sized
-            // workgroups, a switch from one pass to splits at 64 keys, 512-key passes, and one
-            // pass over everything (the baseline).
+        // Each head shape at every block size: 1, 16, 32, 64 and max_len (the contiguous cache).
+        let cases = HEAD_SHAPES.iter().enumerate().flat_map(|(i, heads)| {
+            [1u32, 16, 32, 64, max_len].into_iter().map(move |bs| (i, *heads, bs))
+        });
+        for (i, heads, block_size) in cases {
+            let shape = paged(1, heads, max_len, block_size);
+            let inputs = Inputs::new(&ctx, shape, 10 + i as u64 * 13 + block_size as u64, 1.0);
+            // Auto (split-K, 128-key splits), small splits in GPU-sized workgroups, 512-key passes,
+            // and one pass over everything (the baseline).
             let plans = [
                 None,
                 Some(AttentionPlan { path: AttentionPath::SplitK, chunk: 32, workgroup_size: 64, single_pass_max_keys: 0 }),
@@ -131,15 +198,15 @@ gpu_test! {
     async fn prefill_matches_cpu_from_zero_and_after_history() {
         let ctx = gpu().await;
         for (i, &(n_heads, n_kv_heads, head_dim)) in HEAD_SHAPES.iter().enumerate() {
-            for n_tokens in [1u32, 7, 64, 100] {
+            for (n_tokens, block_size) in [(1u32, 16u32), (7, 1), (7, 160), (64, 32), (100, 16), (100, 64), (33, 160)] {
                 // max_len past the last position: random keys there must stay masked.
-                let shape = AttentionShape { n_tokens, n_heads, n_kv_heads, head_dim, max_len: 160 };
-                let inputs = Inputs::new(&ctx, shape, 100 + i as u64 * 7 + n_tokens as u64, 1.0);
+                let shape = paged(n_tokens, (n_heads, n_kv_heads, head_dim), 160, block_size);
+                let inputs = Inputs::new(&ctx, shape, 100 + i as u64 * 7 + n_tokens as u64 + block_size as u64, 1.0);
                 // Auto (split-K up to 16 tokens, else one pass), many passes, many splits.
                 let plans = [None, plan(AttentionPath::Passes, 32), plan(AttentionPath::SplitK, 32)];
                 for plan in plans {
                     let mut attention = inputs.attention(&ctx, plan);
-                    for start in [0u32, 37] {
+                    for start in [0u32, 15, 16, 17, 37] {
                         let positions: Vec<u32> = (start..start + n_tokens).collect();
                         inputs.check(&ctx, &mut attention, &positions, "prefill").await;
                     }
@@ -153,10 +220,10 @@ gpu_test! {
     async fn large_scores_stay_stable() {
         let ctx = gpu().await;
         // q and k in ±5.5: scores with a standard deviation near 10, extremes near ±30 and beyond.
-        let shape = AttentionShape { n_tokens: 7, n_heads: 9, n_kv_heads: 3, head_dim: 64, max_len: 1100 };
+        let shape = paged(7, (9, 3, 64), 1100, 16);
         let inputs = Inputs::new(&ctx, shape, 7, 5.5);
         let scores_max = {
-            let (q, k) = (&inputs.qkv[..64], &inputs.k_cache[..64 * 1000]);
+            let (q, k) = (&inputs.qkv[..64], &inputs.k_pool[..64 * 1000]);
             k.chunks(64).map(|row| row.iter().zip(q).map(|(a, b)| a * b).sum::<f32>().abs() / 8.0).fold(0f32, f32::max)
         };
         assert!(scores_max > 25.0, "the data must reach large scores, max |score| is {scores_max}");
@@ -173,28 +240,37 @@ gpu_test! {
 gpu_test! {
     async fn shape_contract_errors() {
         let ctx = gpu().await;
-        let shape = AttentionShape { n_tokens: 2, n_heads: 9, n_kv_heads: 3, head_dim: 64, max_len: 100 };
+        let shape = paged(2, (9, 3, 64), 100, 100);
+        assert_eq!(shape.n_blocks, 3);
         let inputs = Inputs::new(&ctx, shape, 1, 1.0);
         let (q, k, v, p, o) = (&inputs.qkv_buf, &inputs.k_buf, &inputs.v_buf, &inputs.pos_buf, &inputs.out_buf);
+        let (t, st) = (&inputs.table_buf, &inputs.step_buf);
+        #[allow(clippy::too_many_arguments)]
+        let make = |n_tokens, n_heads, n_kv, hd, bs, n_blocks, out: &wgpu::Buffer| {
+            Attention::paged(&ctx, q, k, v, p, t, st, out, n_tokens, n_heads, n_kv, hd, bs, n_blocks, 100)
+        };
         let expect = |r: Result<Attention, pagedlm::gpu::GpuError>, needle: &str| {
             let err = r.err().unwrap_or_else(|| panic!("expected an error mentioning {needle:?}"));
             assert!(err.to_string().contains(needle), "{err}");
         };
 
-        let mut attention = Attention::contiguous(&ctx, q, k, v, p, o, 2, 9, 3, 64, 100).unwrap();
+        let mut attention = make(2, 9, 3, 64, 100, 3, o).unwrap();
         let err = attention.set_kv_len(101).expect_err("kv_len past max_len must be refused");
         assert!(err.to_string().contains("kv_len 101"), "{err}");
         assert!(attention.set_kv_len(0).is_err(), "kv_len 0 must be refused");
         attention.set_kv_len(100).unwrap();
 
-        expect(Attention::contiguous(&ctx, q, k, v, p, o, 2, 9, 2, 64, 100), "does not divide");
-        expect(Attention::contiguous(&ctx, q, k, v, p, o, 2, 9, 0, 64, 100), "empty shape");
-        expect(Attention::contiguous(&ctx, q, k, v, p, o, 2, 9, 3, 62, 100), "multiple of 4");
-        expect(Attention::contiguous(&ctx, q, k, v, p, o, 2, 9, 3, 132, 100), "multiple of 4");
-        expect(Attention::contiguous(&ctx, q, k, v, p, o, 3, 9, 3, 64, 100), "qkv needs");
-        expect(Attention::contiguous(&ctx, q, k, v, p, o, 2, 9, 3, 64, 101), "k_cache needs");
-        expect(Attention::contiguous(&ctx, q, k, v, p, o, 2, 12, 3, 64, 100), "qkv needs");
-        expect(Attention::contiguous(&ctx, q, k, v, p, p, 2, 9, 3, 64, 100), "out needs");
+        expect(make(2, 9, 2, 64, 100, 3, o), "does not divide");
+        expect(make(2, 9, 0, 64, 100, 3, o), "empty shape");
+        expect(make(2, 9, 3, 64, 0, 3, o), "empty shape");
+        expect(make(2, 9, 3, 64, 100, 0, o), "empty shape");
+        expect(make(2, 9, 3, 62, 100, 3, o), "multiple of 4");
+        expect(make(2, 9, 3, 132, 100, 3, o), "multiple of 4");
+        expect(make(3, 9, 3, 64, 100, 3, o), "qkv needs");
+        expect(make(2, 9, 3, 64, 101, 3, o), "k_pool needs");
+        expect(make(2, 9, 3, 64, 100, 4, o), "k_pool needs");
+        expect(make(2, 12, 3, 64, 100, 3, o), "qkv needs");
+        expect(make(2, 9, 3, 64, 100, 3, p), "out needs");
         for (bad, needle) in [
             (plan(AttentionPath::SplitK, 0), "chunk 0"),
             (plan(AttentionPath::Passes, MAX_CHUNK + 1), "lavapipe's loop budget"),
@@ -203,7 +279,25 @@ gpu_test! {
                 "workgroup size 0",
             ),
         ] {
-            expect(Attention::contiguous_with_plan(&ctx, q, k, v, p, o, shape, bad.unwrap()), needle);
+            expect(Attention::paged_with_plan(&ctx, q, k, v, p, t, st, o, shape, bad.unwrap()), needle);
+        }
+    }
+}
+
+gpu_test! {
+    async fn unmapped_blocks_are_masked_not_read() {
+        let ctx = gpu().await;
+        // 100 keys in blocks of 16: logical block 2 maps past the pool, and the table ends after
+        // logical block 4, so keys 32..48 and 80.. are skipped by kernels and reference alike.
+        let shape = paged(3, (9, 3, 64), 100, 16);
+        let table_base = 2;
+        let mut table = vec![0u32; table_base as usize];
+        table.extend([6, 3, shape.n_blocks + 5, 0, 7]);
+        let inputs = Inputs::with_table(&ctx, shape, 77, 1.0, table, table_base);
+        for plan in [None, plan(AttentionPath::Passes, 16), plan(AttentionPath::SplitK, 32)] {
+            let mut attention = inputs.attention(&ctx, plan);
+            inputs.check(&ctx, &mut attention, &[97, 98, 99], "unmapped").await;
+            inputs.check(&ctx, &mut attention, &[20, 50, 70], "unmapped").await;
         }
     }
 }
@@ -215,27 +309,30 @@ gpu_test! {
 async fn bench_attention_body() {
     let ctx = gpu().await;
     report(&format!("adapter: {}", ctx.adapter_name()));
-    let decode = AttentionShape { n_tokens: 1, n_heads: 9, n_kv_heads: 3, head_dim: 64, max_len: 8192 };
-    let inputs = Inputs::new(&ctx, decode, 3, 1.0);
-    let plans = [
-        ("auto: one pass to 256 keys, then split-K 128", None),
-        ("split-K, 128-key splits", plan(AttentionPath::SplitK, 128)),
-        ("split-K, 64-key splits", plan(AttentionPath::SplitK, 64)),
-        ("split-K, 256-key splits", plan(AttentionPath::SplitK, 256)),
-        ("one invocation per KV head (baseline)", plan(AttentionPath::Passes, 8192)),
-    ];
-    let mut attentions: Vec<Attention> = plans.iter().map(|(_, plan)| inputs.attention(&ctx, *plan)).collect();
-    for kv_len in [128u32, 512, 2048, 8000] {
-        ctx.queue.write_buffer(&inputs.pos_buf, 0, bytemuck::bytes_of(&(kv_len - 1)));
-        for ((name, _), attention) in plans.iter().zip(attentions.iter_mut()) {
-            attention.set_kv_len(kv_len).unwrap();
-            let (first_ms, us) = time_us(&ctx, attention, &inputs.out_buf, 50).await;
-            let first = if kv_len == 128 { format!("  (first call {first_ms:.0} ms)") } else { String::new() };
-            report(&format!("decode 9q/3kv hd64 kv_len {kv_len:5} {name:44} {us:9.1} µs{first}"));
+    for block_size in [8192u32, 16] {
+        let decode = paged(1, (9, 3, 64), 8192, block_size);
+        let inputs = Inputs::new(&ctx, decode, 3, 1.0);
+        let plans = [
+            ("auto: one pass to 256 keys, then split-K 128", None),
+            ("split-K, 64-key splits", plan(AttentionPath::SplitK, 64)),
+            ("split-K, 256-key splits", plan(AttentionPath::SplitK, 256)),
+            ("one invocation per KV head (baseline)", plan(AttentionPath::Passes, 8192)),
+        ];
+        let mut attentions: Vec<Attention> = plans.iter().map(|(_, plan)| inputs.attention(&ctx, *plan)).collect();
+        for kv_len in [128u32, 512, 2048, 8000] {
+            ctx.queue.write_buffer(&inputs.pos_buf, 0, bytemuck::bytes_of(&(kv_len - 1)));
+            for ((name, _), attention) in plans.iter().zip(attentions.iter_mut()) {
+                attention.set_kv_len(kv_len).unwrap();
+                let (first_ms, us) = time_us(&ctx, attention, &inputs.out_buf, 50).await;
+                let first = if kv_len == 128 { format!("  (first call {first_ms:.0} ms)") } else { String::new() };
+                report(&format!(
+                    "decode 9q/3kv hd64 block {block_size:4} kv_len {kv_len:5} {name:40} {us:9.1} µs{first}"
+                ));
+            }
         }
     }
 
-    let prefill = AttentionShape { n_tokens: 512, n_heads: 9, n_kv_heads: 3, head_dim: 64, max_len: 512 };
+    let prefill = paged(512, (9, 3, 64), 512, 16);
     let inputs = Inputs::new(&ctx, prefill, 4, 1.0);
     let positions: Vec<u32> = (0..512).collect();
     ctx.queue.write_buffer(&inputs.pos_buf, 0, bytemuck::cast_slice(&positions));

@@ -356,64 +356,99 @@ struct KvCase {
     n_heads: u32,
     n_kv: u32,
     head_dim: u32,
+    /// The sequence's capacity: the table row maps ceil(max_len / block_size) blocks.
     max_len: u32,
+    block_size: u32,
 }
 
-/// Writes random qkv rows into caches pre-filled with random values (slack past the cache's
-/// end included) and checks every cache element against the CPU reference, exactly.
-async fn check_kv_write(ctx: &Context, rng: &mut Rng, case: &KvCase, positions: &[u32]) {
+/// Writes random qkv rows into pools pre-filled with random values (slack past the pool's end
+/// included), through a shuffled block table whose row starts at a table_base > 0, and checks
+/// every pool element against the CPU reference, exactly. `table_tail` entries follow the row
+/// (0: the table ends with the row, so positions past the capacity find no entry).
+async fn check_kv_write(ctx: &Context, rng: &mut Rng, case: &KvCase, positions: &[u32], table_tail: usize) {
     let n_tokens = positions.len();
-    let (nh, nkv, hd, max_len) =
-        (case.n_heads as usize, case.n_kv as usize, case.head_dim as usize, case.max_len as usize);
+    let (nh, nkv, hd, bs) = (case.n_heads as usize, case.n_kv as usize, case.head_dim as usize, case.block_size as usize);
+    let row_blocks = case.max_len.div_ceil(case.block_size) as usize;
+    let n_blocks = row_blocks + 2;
+    let mut perm: Vec<u32> = (0..n_blocks as u32).collect();
+    for i in (1..n_blocks).rev() {
+        perm.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    if perm[..row_blocks].iter().enumerate().all(|(i, &b)| b == i as u32) {
+        perm.rotate_left(1);
+    }
+    let table_base = 1 + rng.below(5) as u32;
+    // Entries of other sequences around the row, and one that maps past the pool.
+    let mut table: Vec<u32> = (0..table_base).map(|_| rng.below(n_blocks as u64) as u32).collect();
+    table.extend_from_slice(&perm[..row_blocks]);
+    table.extend((0..table_tail).map(|i| if i == 0 { n_blocks as u32 + 3 } else { rng.below(n_blocks as u64) as u32 }));
+
     let row = (nh + 2 * nkv) * hd;
     let slack = 37;
-    let cache_len = nkv * max_len * hd + slack;
+    let pool_len = n_blocks * nkv * bs * hd + slack;
     let qkv = rng.vec_uniform(n_tokens * row, -1.0, 1.0);
-    let k0 = rng.vec_uniform(cache_len, 5.0, 6.0);
-    let v0 = rng.vec_uniform(cache_len, 7.0, 8.0);
+    let k0 = rng.vec_uniform(pool_len, 5.0, 6.0);
+    let v0 = rng.vec_uniform(pool_len, 7.0, 8.0);
     let (qb, kb, vb, pb) =
         (f32_buffer(ctx, &qkv), f32_buffer(ctx, &k0), f32_buffer(ctx, &v0), u32_buffer(ctx, positions));
-    let kernel = kv_write::write_contiguous(
+    let tb = u32_buffer(ctx, &table);
+    let step = ctx.uniform_init("step", bytemuck::bytes_of(&table_base));
+    let kernel = kv_write::write_paged(
         ctx,
         &qb,
         &kb,
         &vb,
         &pb,
+        &tb,
+        &step,
         n_tokens as u32,
         case.n_heads,
         case.n_kv,
         case.head_dim,
-        case.max_len,
+        case.block_size,
+        n_blocks as u32,
     )
     .unwrap();
     run(ctx, &[&kernel]);
-    let got_k = ctx.read_f32(&kb, 0, cache_len as u64).await.unwrap();
-    let got_v = ctx.read_f32(&vb, 0, cache_len as u64).await.unwrap();
-    let (mut want_k, mut want_v) = (k0, v0);
-    kv_write::write_contiguous_cpu(&qkv, &mut want_k, &mut want_v, positions, n_tokens, nh, nkv, hd, max_len);
-    let what = format!("kv_write h{nh} kv{nkv} hd{hd} max_len {max_len} at {positions:?}");
-    assert_eq!(got_k, want_k, "{what}: k cache");
-    assert_eq!(got_v, want_v, "{what}: v cache");
+    let got_k = ctx.read_f32(&kb, 0, pool_len as u64).await.unwrap();
+    let got_v = ctx.read_f32(&vb, 0, pool_len as u64).await.unwrap();
+    let (mut want_k, mut want_v) = (k0.clone(), v0);
+    kv_write::write_paged_cpu(
+        &qkv, &mut want_k, &mut want_v, positions, &table, table_base, n_tokens, nh, nkv, hd, bs, n_blocks,
+    );
+    let what = format!("kv_write h{nh} kv{nkv} hd{hd} block {bs} table {table:?} at {positions:?}");
+    assert!(want_k != k0, "{what}: the case writes nothing");
+    assert_eq!(got_k, want_k, "{what}: k pool");
+    assert_eq!(got_v, want_v, "{what}: v pool");
 }
 
 gpu_test! {
     async fn kv_write_matches_cpu() {
         let ctx = gpu().await;
         let mut rng = Rng::new(51);
-        let smollm2 = KvCase { n_heads: 9, n_kv: 3, head_dim: 64, max_len: 256 };
-        check_kv_write(&ctx, &mut rng, &smollm2, &[0]).await;
-        check_kv_write(&ctx, &mut rng, &smollm2, &[255]).await;
-        check_kv_write(&ctx, &mut rng, &smollm2, &(17..29).collect::<Vec<_>>()).await;
-        // Positions at and past max_len are skipped, the rest still written.
-        check_kv_write(&ctx, &mut rng, &smollm2, &[254, 255, 256, 257, u32::MAX, 3]).await;
+        // Block sizes 1, 16, 32, 64 and max_len (the contiguous cache: one block).
+        for block_size in [1u32, 16, 32, 64, 256] {
+            let smollm2 = KvCase { n_heads: 9, n_kv: 3, head_dim: 64, max_len: 256, block_size };
+            check_kv_write(&ctx, &mut rng, &smollm2, &[0], 2).await;
+            check_kv_write(&ctx, &mut rng, &smollm2, &[255], 2).await;
+            for len in [1u32, 15, 16, 17, 33, 100] {
+                // A decode token at the end of a `len`-token sequence, and a prefill after history.
+                check_kv_write(&ctx, &mut rng, &smollm2, &[len - 1], 2).await;
+                check_kv_write(&ctx, &mut rng, &smollm2, &(len..len + 20).collect::<Vec<_>>(), 2).await;
+            }
+            // Past the row: the first entry after it maps past the pool, then the table ends.
+            let past = [254, 255, 255 + block_size, 255 + 2 * block_size, 256 + 3 * block_size, u32::MAX, 3];
+            check_kv_write(&ctx, &mut rng, &smollm2, &past, 1).await;
+            check_kv_write(&ctx, &mut rng, &smollm2, &past, 0).await;
+        }
         let cases = [
-            KvCase { n_heads: 4, n_kv: 4, head_dim: 16, max_len: 10 }, // MHA
-            KvCase { n_heads: 8, n_kv: 1, head_dim: 32, max_len: 9 },  // MQA
-            KvCase { n_heads: 2, n_kv: 1, head_dim: 6, max_len: 5 },   // head_dim not a multiple of 4
-            KvCase { n_heads: 1, n_kv: 1, head_dim: 2, max_len: 1 },
+            KvCase { n_heads: 4, n_kv: 4, head_dim: 16, max_len: 10, block_size: 4 }, // MHA
+            KvCase { n_heads: 8, n_kv: 1, head_dim: 32, max_len: 9, block_size: 2 },  // MQA
+            KvCase { n_heads: 2, n_kv: 1, head_dim: 6, max_len: 5, block_size: 3 },   // head_dim not a multiple of 4
+            KvCase { n_heads: 1, n_kv: 1, head_dim: 2, max_len: 1, block_size: 1 },
         ];
         for case in &cases {
-            check_kv_write(&ctx, &mut rng, case, &[case.max_len - 1, 0, case.max_len]).await;
+            check_kv_write(&ctx, &mut rng, case, &[case.max_len - 1, 0, case.max_len], 0).await;
         }
     }
 }
@@ -422,12 +457,22 @@ gpu_test! {
     async fn kv_write_rejects_bad_shapes() {
         let ctx = gpu().await;
         let qkv = ctx.storage_zeroed("qkv", 2 * 15 * 64 * 4);
+        // 4 blocks of 25 keys.
         let k = ctx.storage_zeroed("k", 3 * 100 * 64 * 4);
         let v = ctx.storage_zeroed("v", 3 * 100 * 64 * 4);
         let p = ctx.storage_zeroed("p", 8);
-        expect_shape_err(kv_write::write_contiguous(&ctx, &qkv, &k, &v, &p, 2, 9, 3, 64, 101), "k_cache needs");
-        expect_shape_err(kv_write::write_contiguous(&ctx, &qkv, &k, &v, &p, 3, 9, 3, 64, 100), "qkv needs");
-        expect_shape_err(kv_write::write_contiguous(&ctx, &qkv, &k, &k, &p, 2, 9, 3, 64, 100), "different buffers");
-        expect_shape_err(kv_write::write_contiguous(&ctx, &qkv, &k, &v, &p, 2, 9, 0, 64, 100), "at least 1");
+        let t = ctx.storage_zeroed("t", 16);
+        let st = ctx.uniform_init("step", bytemuck::bytes_of(&0u32));
+        let w = |k: &wgpu::Buffer, v: &wgpu::Buffer, n_tokens, n_kv, block_size, n_blocks| {
+            kv_write::write_paged(&ctx, &qkv, k, v, &p, &t, &st, n_tokens, 9, n_kv, 64, block_size, n_blocks)
+        };
+        assert!(w(&k, &v, 2, 3, 25, 4).is_ok());
+        expect_shape_err(w(&k, &v, 2, 3, 25, 5), "k_pool needs");
+        expect_shape_err(w(&k, &v, 2, 3, 26, 4), "k_pool needs");
+        expect_shape_err(w(&k, &v, 3, 3, 25, 4), "qkv needs");
+        expect_shape_err(w(&k, &k, 2, 3, 25, 4), "different buffers");
+        expect_shape_err(w(&k, &v, 2, 0, 25, 4), "at least 1");
+        expect_shape_err(w(&k, &v, 2, 3, 0, 4), "at least 1");
+        expect_shape_err(w(&k, &v, 2, 3, 25, 0), "at least 1");
     }
 }

@@ -54,6 +54,11 @@ pub struct StepGraph {
     staging: wgpu::Buffer,
     nodes: Vec<Node>,
     attention: Vec<Attention>,
+    /// The contiguous cache seen as a paged pool: a one-entry block table [0] and table_base 0
+    /// (each layer's [n_kv, max_len, hd] buffer is one block of max_len keys). Constant, so
+    /// `run` never rewrites them; kept here with the bind groups that use them.
+    _block_table: wgpu::Buffer,
+    _step: wgpu::Buffer,
 }
 
 const X: usize = 0;
@@ -91,6 +96,8 @@ impl StepGraph {
         let logits = ctx.storage_zeroed("logits", rows * cfg.vocab as u64 * f);
         let argmax_out = ctx.storage_zeroed("argmax", rows * 4);
 
+        let block_table = ctx.storage_init("block_table", bytemuck::bytes_of(&0u32));
+        let step = ctx.uniform_init("step", bytemuck::bytes_of(&0u32));
         let mut nodes = Vec::new();
         let mut attention = Vec::new();
         nodes.push(Node::Kernel(embed::embedding(ctx, &weights.token_embd, &ids, &x, n_tokens)?));
@@ -107,29 +114,36 @@ impl StepGraph {
                 cfg.head_dim,
                 cfg.rope_base,
             )?));
-            nodes.push(Node::Kernel(kv_write::write_contiguous(
+            nodes.push(Node::Kernel(kv_write::write_paged(
                 ctx,
                 &qkv,
                 &kv.k[l],
                 &kv.v[l],
                 &positions,
+                &block_table,
+                &step,
                 n_tokens,
                 cfg.n_heads,
                 cfg.n_kv_heads,
                 cfg.head_dim,
                 kv.max_len,
+                1,
             )?));
-            attention.push(Attention::contiguous(
+            attention.push(Attention::paged(
                 ctx,
                 &qkv,
                 &kv.k[l],
                 &kv.v[l],
                 &positions,
+                &block_table,
+                &step,
                 &attn,
                 n_tokens,
                 cfg.n_heads,
                 cfg.n_kv_heads,
                 cfg.head_dim,
+                kv.max_len,
+                1,
                 kv.max_len,
             )?);
             nodes.push(Node::Attention(attention.len() - 1));
@@ -163,6 +177,8 @@ impl StepGraph {
             staging,
             nodes,
             attention,
+            _block_table: block_table,
+            _step: step,
         })
     }
 

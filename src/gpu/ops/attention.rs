@@ -1,5 +1,5 @@
-//! Causal llama attention (GQA, scale 1/sqrt(head_dim), softmax in f32) over the contiguous
-//! KV cache, with two plans:
+//! Causal llama attention (GQA, scale 1/sqrt(head_dim), softmax in f32) over the paged KV pool
+//! (keys read through a block table; the contiguous cache is the one-block case), with two plans:
 //! - split-K (flash-decoding) for decode: the key range is cut into `chunk`-key splits spread over
 //!   invocations, each keeping an online softmax, then a reduce kernel combines the splits. The
 //!   number of splits follows the step's context (`set_kv_len`); up to 256 keys one single-pass
@@ -51,14 +51,20 @@ pub struct AttentionShape {
     pub n_heads: u32,
     pub n_kv_heads: u32,
     pub head_dim: u32,
-    /// Capacity of the cache in tokens (the `max_len` axis of k_cache / v_cache).
+    /// The longest sequence in tokens (max_seq_len): positions are clamped below it and the
+    /// plans size their splits / passes for it.
     pub max_len: u32,
+    /// Keys per block of the pool.
+    pub block_size: u32,
+    /// Blocks in the pool.
+    pub n_blocks: u32,
 }
 
 impl AttentionShape {
     fn check(&self) -> Result<(), GpuError> {
         let s = self;
-        if s.n_tokens == 0 || s.n_heads == 0 || s.n_kv_heads == 0 || s.max_len == 0 {
+        if s.n_tokens == 0 || s.n_heads == 0 || s.n_kv_heads == 0 || s.max_len == 0 || s.block_size == 0 || s.n_blocks == 0
+        {
             return Err(shape_err(OP, format!("empty shape {s:?}")));
         }
         if s.n_heads % s.n_kv_heads != 0 {
@@ -71,6 +77,11 @@ impl AttentionShape {
             ));
         }
         Ok(())
+    }
+
+    /// f32 elements in one of the K / V pools.
+    pub fn pool_len(&self) -> u64 {
+        self.n_blocks as u64 * self.n_kv_heads as u64 * self.block_size as u64 * self.head_dim as u64
     }
 
     /// Query heads per KV head.
@@ -154,6 +165,9 @@ struct AttentionParams {
     max_splits: u32,
     scale: f32,
     pass_begin: u32,
+    n_kv_heads: u32,
+    block_size: u32,
+    n_blocks: u32,
 }
 
 #[repr(C)]
@@ -165,7 +179,7 @@ struct ReduceParams {
     max_splits: u32,
 }
 
-/// Decode & prefill attention over the contiguous cache, built once per (layer, batch shape) and
+/// Decode & prefill attention over the paged pool, built once per (layer, batch shape) and
 /// recorded every step; only the dispatches change with the context, never the bind groups.
 pub struct Attention {
     /// Every prebuilt dispatch. Split-K: [single pass, splits, reduce]; passes: one per `chunk`
@@ -188,39 +202,55 @@ pub struct Attention {
 impl Attention {
     /// Attention with the default plan ([`AttentionPlan::auto`]).
     /// qkv: [n_tokens, (n_heads+2*n_kv_heads)*head_dim] f32, q heads first in each row (roped);
-    /// k_cache/v_cache: [n_kv_heads, max_len, head_dim] f32 holding keys 0..=max(positions),
-    /// the new tokens' included; positions: [n_tokens] u32, token t attends keys 0..=positions[t];
+    /// k_pool/v_pool: [n_blocks, n_kv_heads, block_size, head_dim] f32, element (b, h, s, d) at
+    /// `((b * n_kv_heads + h) * block_size + s) * head_dim + d`, holding the sequence's keys
+    /// 0..=max(positions), the new tokens' included;
+    /// block_table: u32, key j is in physical block `block_table[table_base + j / block_size]`,
+    /// slot j % block_size; a table index past its end or a block >= n_blocks masks those keys;
+    /// step: uniform buffer (>= 4 bytes) holding `table_base` as u32 at offset 0, written by the
+    /// engine per step and read when the kernels run;
+    /// positions: [n_tokens] u32, token t attends keys 0..=positions[t];
     /// out: [n_tokens, n_heads*head_dim] f32.
+    /// Contract: all rows of one dispatch belong to ONE sequence (one table_base).
+    /// The contiguous cache [n_kv_heads, max_len, head_dim] is block_size = max_len, n_blocks = 1,
+    /// table [0].
     /// Positions must stay below the `kv_len` of the last [`Attention::set_kv_len`] (initially
-    /// max_len); positions >= max_len are clamped to max_len - 1.
+    /// max_seq_len); positions >= max_seq_len are clamped to max_seq_len - 1.
     #[allow(clippy::too_many_arguments)]
-    pub fn contiguous(
+    pub fn paged(
         ctx: &Context,
         qkv: &wgpu::Buffer,
-        k_cache: &wgpu::Buffer,
-        v_cache: &wgpu::Buffer,
+        k_pool: &wgpu::Buffer,
+        v_pool: &wgpu::Buffer,
         positions: &wgpu::Buffer,
+        block_table: &wgpu::Buffer,
+        step: &wgpu::Buffer,
         out: &wgpu::Buffer,
         n_tokens: u32,
         n_heads: u32,
         n_kv_heads: u32,
         head_dim: u32,
-        max_len: u32,
+        block_size: u32,
+        n_blocks: u32,
+        max_seq_len: u32,
     ) -> Result<Attention, GpuError> {
-        let shape = AttentionShape { n_tokens, n_heads, n_kv_heads, head_dim, max_len };
+        let shape =
+            AttentionShape { n_tokens, n_heads, n_kv_heads, head_dim, max_len: max_seq_len, block_size, n_blocks };
         shape.check()?;
         let plan = AttentionPlan::auto(ctx, &shape);
-        Attention::contiguous_with_plan(ctx, qkv, k_cache, v_cache, positions, out, shape, plan)
+        Attention::paged_with_plan(ctx, qkv, k_pool, v_pool, positions, block_table, step, out, shape, plan)
     }
 
-    /// [`Attention::contiguous`] with an explicit plan (tests, benchmarks).
+    /// [`Attention::paged`] with an explicit plan (tests, benchmarks).
     #[allow(clippy::too_many_arguments)]
-    pub fn contiguous_with_plan(
+    pub fn paged_with_plan(
         ctx: &Context,
         qkv: &wgpu::Buffer,
-        k_cache: &wgpu::Buffer,
-        v_cache: &wgpu::Buffer,
+        k_pool: &wgpu::Buffer,
+        v_pool: &wgpu::Buffer,
         positions: &wgpu::Buffer,
+        block_table: &wgpu::Buffer,
+        step: &wgpu::Buffer,
         out: &wgpu::Buffer,
         shape: AttentionShape,
         plan: AttentionPlan,
@@ -229,15 +259,23 @@ impl Attention {
         plan.check(ctx)?;
         let s = shape;
         let qkv_bytes = s.n_tokens as u64 * s.qkv_row() * 4;
-        let cache_bytes = s.n_kv_heads as u64 * s.max_len as u64 * s.head_dim as u64 * 4;
+        let pool_bytes = s.pool_len() * 4;
+        // The shader's vec4 indices are u32.
+        if s.pool_len() / 4 > u32::MAX as u64 {
+            return Err(shape_err(OP, format!("a pool of {} elements overflows u32 indices", s.pool_len())));
+        }
         let out_bytes = s.n_tokens as u64 * s.n_heads as u64 * s.head_dim as u64 * 4;
         check_size(OP, "qkv", qkv, qkv_bytes)?;
-        check_size(OP, "k_cache", k_cache, cache_bytes)?;
-        check_size(OP, "v_cache", v_cache, cache_bytes)?;
+        check_size(OP, "k_pool", k_pool, pool_bytes)?;
+        check_size(OP, "v_pool", v_pool, pool_bytes)?;
         check_size(OP, "positions", positions, s.n_tokens as u64 * 4)?;
+        check_size(OP, "block_table", block_table, 4)?;
+        check_size(OP, "step", step, 4)?;
         check_size(OP, "out", out, out_bytes)?;
         // The whole buffers are bound; check what is bound, not just what is needed.
-        for (what, buf) in [("qkv", qkv), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out)] {
+        for (what, buf) in
+            [("qkv", qkv), ("k_pool", k_pool), ("v_pool", v_pool), ("out", out), ("block_table", block_table)]
+        {
             check_binding(ctx, OP, what, buf.size())?;
         }
 
@@ -271,6 +309,9 @@ impl Attention {
             max_splits,
             scale: 1.0 / (s.head_dim as f32).sqrt(),
             pass_begin: 0,
+            n_kv_heads: s.n_kv_heads,
+            block_size: s.block_size,
+            n_blocks: s.n_blocks,
         };
         let constants = [
             ("D4", d4 as f64),
@@ -293,12 +334,14 @@ impl Attention {
             let params_buf = ctx.uniform_init(name, bytemuck::bytes_of(params));
             let resources = [
                 whole(qkv),
-                whole(k_cache),
-                whole(v_cache),
+                whole(k_pool),
+                whole(v_pool),
                 whole(positions),
                 whole(&params_buf),
                 whole(dst),
                 whole(&state),
+                whole(block_table),
+                whole(step),
             ];
             Kernel::new(ctx, name, pipeline.clone(), &resources, groups, None).owning(params_buf)
         };
@@ -410,38 +453,47 @@ fn workgroups(max_per_dim: u32, workgroup_size: u32, items: u64) -> [u32; 3] {
     }
 }
 
-/// Naive f64 reference over the same layouts as [`Attention::contiguous`] (positions clamped
-/// to max_len - 1 like the kernels). Returns out: [n_tokens, n_heads*head_dim].
+/// Naive f64 reference over the same layouts as [`Attention::paged`] (positions clamped
+/// to max_len - 1 like the kernels; keys whose table entry is missing or >= n_blocks skipped).
+/// Returns out: [n_tokens, n_heads*head_dim].
 pub fn attention_cpu(
     shape: &AttentionShape,
     qkv: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_pool: &[f32],
+    v_pool: &[f32],
     positions: &[u32],
+    block_table: &[u32],
+    table_base: u32,
 ) -> Result<Vec<f32>, GpuError> {
     shape.check()?;
     let s = shape;
-    let (hd, row) = (s.head_dim as usize, s.qkv_row() as usize);
-    let cache_len = s.n_kv_heads as usize * s.max_len as usize * hd;
+    let (hd, row, bs) = (s.head_dim as usize, s.qkv_row() as usize, s.block_size as usize);
+    let pool_len = s.pool_len() as usize;
     if qkv.len() < s.n_tokens as usize * row
-        || k_cache.len() < cache_len
-        || v_cache.len() < cache_len
+        || k_pool.len() < pool_len
+        || v_pool.len() < pool_len
         || positions.len() < s.n_tokens as usize
     {
         return Err(shape_err(OP, "a CPU input slice is shorter than the shape needs"));
     }
+    // Element offset of key j's head-0 row in its physical block, or None when unmapped.
+    let key_base = |j: usize| -> Option<usize> {
+        let block = *block_table.get((table_base as usize).checked_add(j / bs)?)? as usize;
+        (block < s.n_blocks as usize).then(|| block * s.n_kv_heads as usize * bs * hd + (j % bs) * hd)
+    };
     let group = s.group() as usize;
     let scale = 1.0 / (hd as f64).sqrt();
     let mut out = vec![0f32; s.n_tokens as usize * s.n_heads as usize * hd];
     let mut scores = Vec::new();
     for t in 0..s.n_tokens as usize {
         let keys = positions[t].min(s.max_len - 1) as usize + 1;
+        let bases: Vec<usize> = (0..keys).filter_map(key_base).collect();
         for h in 0..s.n_heads as usize {
             let q = &qkv[t * row + h * hd..][..hd];
-            let kv_base = (h / group) * s.max_len as usize * hd;
+            let head_off = (h / group) * bs * hd;
             scores.clear();
-            for j in 0..keys {
-                let k = &k_cache[kv_base + j * hd..][..hd];
+            for &b in &bases {
+                let k = &k_pool[b + head_off..][..hd];
                 let dot: f64 = q.iter().zip(k).map(|(a, b)| *a as f64 * *b as f64).sum();
                 scores.push(dot * scale);
             }
@@ -450,7 +502,8 @@ pub fn attention_cpu(
             let total: f64 = weights.iter().sum();
             let o = &mut out[(t * s.n_heads as usize + h) * hd..][..hd];
             for (d, slot) in o.iter_mut().enumerate() {
-                let sum: f64 = weights.iter().enumerate().map(|(j, w)| w * v_cache[kv_base + j * hd + d] as f64).sum();
+                let sum: f64 =
+                    weights.iter().zip(&bases).map(|(w, &b)| w * v_pool[b + head_off + d] as f64).sum();
                 *slot = (sum / total) as f32;
             }
         }
