@@ -6,21 +6,12 @@ use std::sync::Arc;
 
 use crate::gguf::Gguf;
 use crate::gpu::{Context, ContextOptions, GpuError};
-use crate::kv::ContiguousKv;
+use crate::kv::{CacheConfig, KvCache, KvError, SeqId};
+pub use crate::kv::KvLayout;
 use crate::model::{Logits, ModelConfig, ModelError, StepGraph, Weights};
 use crate::sampler::{top_k, Sampler, SamplingError, SamplingParams};
 use crate::time::now_ms;
 use crate::tokenizer::{ChatMessage, Tokenizer, TokenizerError, TokenizerSpec};
-
-/// Where a sequence's KV cache lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KvLayout {
-    /// One reservation of the maximum length per sequence (the baseline).
-    Contiguous,
-    /// Fixed-size blocks from a shared pool (not available yet).
-    Paged,
-}
 
 /// The stored precision of K and V.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -39,11 +30,22 @@ pub struct EngineOptions {
     pub prefill_chunk: u32,
     pub kv_layout: KvLayout,
     pub kv_dtype: KvDtype,
+    /// Tokens per KV block (paged layout).
+    pub block_size: u32,
+    /// Token slots in the KV pool (paged layout); 0 = the maximum context.
+    pub pool_tokens: u32,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { max_context: 0, prefill_chunk: 512, kv_layout: KvLayout::Contiguous, kv_dtype: KvDtype::F32 }
+        EngineOptions {
+            max_context: 0,
+            prefill_chunk: 512,
+            kv_layout: KvLayout::Paged,
+            kv_dtype: KvDtype::F32,
+            block_size: 16,
+            pool_tokens: 0,
+        }
     }
 }
 
@@ -54,6 +56,8 @@ pub enum EngineError {
     Model(#[from] ModelError),
     #[error(transparent)]
     Gpu(#[from] GpuError),
+    #[error(transparent)]
+    Kv(#[from] KvError),
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] TokenizerError),
     #[error("invalid sampling parameters: {0}")]
@@ -125,7 +129,9 @@ pub struct Engine {
     cfg: ModelConfig,
     weights: Weights,
     tokenizer: Tokenizer,
-    kv: ContiguousKv,
+    kv: KvCache,
+    /// The engine's one sequence (several come with the scheduler).
+    seq: SeqId,
     options: EngineOptions,
     decode_graph: Option<StepGraph>,
     prefill_graphs: HashMap<(u32, u32), StepGraph>,
@@ -140,9 +146,6 @@ impl Engine {
 
     /// Loads a GGUF model on an existing context.
     pub fn load_with_context(ctx: Arc<Context>, bytes: &[u8], options: EngineOptions) -> Result<Engine, EngineError> {
-        if options.kv_layout != KvLayout::Contiguous {
-            return Err(EngineError::NotAvailable("--kv-layout paged (the paged KV pool)".into()));
-        }
         if options.kv_dtype != KvDtype::F32 {
             return Err(EngineError::NotAvailable("--kv-dtype int8 (the INT8 KV cache)".into()));
         }
@@ -157,8 +160,16 @@ impl Engine {
             0 => cfg.context_length.min(4096),
             n => n.min(cfg.context_length.max(1)),
         };
-        let kv = ContiguousKv::new(&ctx, &cfg, max_context)?;
-        Ok(Engine { ctx, cfg, weights, tokenizer, kv, options, decode_graph: None, prefill_graphs: HashMap::new() })
+        let cache_config = CacheConfig {
+            layout: options.kv_layout,
+            block_size: options.block_size,
+            pool_tokens: if options.pool_tokens == 0 { max_context } else { options.pool_tokens },
+            max_seqs: 1,
+            max_seq_len: max_context,
+        };
+        let mut kv = KvCache::new(&ctx, &cfg, cache_config)?;
+        let seq = kv.allocate(&ctx)?;
+        Ok(Engine { ctx, cfg, weights, tokenizer, kv, seq, options, decode_graph: None, prefill_graphs: HashMap::new() })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -174,12 +185,17 @@ impl Engine {
     }
 
     pub fn max_context(&self) -> u32 {
-        self.kv.max_len
+        self.kv.max_seq_len
     }
 
     /// GPU bytes held by the weights and by the KV cache.
     pub fn memory(&self) -> (u64, u64) {
-        (self.weights.bytes(), self.kv.bytes_reserved())
+        (self.weights.bytes(), self.kv.pool.bytes_total())
+    }
+
+    /// The KV cache (pool statistics, integrity checks).
+    pub fn kv_cache(&self) -> &KvCache {
+        &self.kv
     }
 
     /// Renders chat messages with the model's template and tokenizes them.
@@ -195,8 +211,8 @@ impl Engine {
         if let Some(&id) = ids.iter().find(|&&id| id >= self.cfg.vocab) {
             return Err(EngineError::BadToken { id, vocab: self.cfg.vocab });
         }
-        if ids.len() > self.kv.max_len as usize {
-            return Err(EngineError::ContextOverflow { prompt: ids.len(), limit: self.kv.max_len as usize });
+        if ids.len() > self.kv.max_seq_len as usize {
+            return Err(EngineError::ContextOverflow { prompt: ids.len(), limit: self.kv.max_seq_len as usize });
         }
         Ok(())
     }
@@ -227,8 +243,11 @@ impl Engine {
                 let g = StepGraph::build(&self.ctx, &self.cfg, &self.weights, &self.kv, n, want)?;
                 self.prefill_graphs.insert(key, g);
             }
+            let at = self.kv.append(&self.ctx, self.seq, n)?;
+            debug_assert_eq!(at, pos);
+            let table_base = self.kv.table_base(self.seq);
             let graph = self.prefill_graphs.get_mut(&key).expect("inserted above");
-            let (ids, l) = graph.run(&self.ctx, piece, pos, read).await?;
+            let (ids, l) = graph.run(&self.ctx, piece, pos, table_base, read).await?;
             if end > first_logit {
                 argmaxes.extend(ids);
                 if let Some(l) = l {
@@ -237,21 +256,31 @@ impl Engine {
             }
             pos = end;
         }
-        self.kv.len = pos;
         Ok((argmaxes, logits))
     }
 
-    /// One decode step: `token` at position `kv.len`.
+    /// Tokens in the engine's sequence.
+    fn seq_len(&self) -> u32 {
+        self.kv.len(self.seq).unwrap_or(0)
+    }
+
+    /// Empties the engine's sequence (its blocks return to the pool).
+    fn reset_sequence(&mut self) -> Result<(), EngineError> {
+        Ok(self.kv.truncate(&self.ctx, self.seq, 0)?)
+    }
+
+    /// One decode step: `token` at the next position of the sequence.
     async fn decode(&mut self, token: u32, read: Logits) -> Result<(u32, Option<Vec<f32>>), EngineError> {
-        if self.kv.len >= self.kv.max_len {
-            return Err(EngineError::ContextOverflow { prompt: self.kv.len as usize + 1, limit: self.kv.max_len as usize });
+        if self.seq_len() >= self.kv.max_seq_len {
+            return Err(EngineError::ContextOverflow { prompt: self.seq_len() as usize + 1, limit: self.kv.max_seq_len as usize });
         }
         if self.decode_graph.is_none() {
             self.decode_graph = Some(StepGraph::build(&self.ctx, &self.cfg, &self.weights, &self.kv, 1, 1)?);
         }
+        let pos = self.kv.append(&self.ctx, self.seq, 1)?;
+        let table_base = self.kv.table_base(self.seq);
         let graph = self.decode_graph.as_mut().expect("built above");
-        let (ids, logits) = graph.run(&self.ctx, &[token], self.kv.len, read).await?;
-        self.kv.len += 1;
+        let (ids, logits) = graph.run(&self.ctx, &[token], pos, table_base, read).await?;
         Ok((ids[0], logits))
     }
 
@@ -273,7 +302,7 @@ impl Engine {
         let mut tokens = Vec::new();
         let mut text = String::new();
 
-        self.kv.len = 0;
+        self.reset_sequence()?;
         let t0 = now_ms();
         let last = prompt.len() as u32 - 1;
         let (ids, logits) = self.prefill(prompt, 0, last, read).await?;
@@ -301,7 +330,7 @@ impl Engine {
                 finish = FinishReason::Abort;
                 break;
             }
-            if tokens.len() >= limit || self.kv.len >= self.kv.max_len {
+            if tokens.len() >= limit || self.seq_len() >= self.kv.max_seq_len {
                 break;
             }
             let (id, logits) = self.decode(next, read).await?;
@@ -328,9 +357,13 @@ impl Engine {
     pub async fn profile(&mut self, n: u32) -> Result<(Vec<(String, f64)>, Vec<(String, f64)>), EngineError> {
         let tokens: Vec<u32> = (0..n).map(|i| 100 + i % (self.cfg.vocab - 100)).collect();
         let mut prefill = StepGraph::build(&self.ctx, &self.cfg, &self.weights, &self.kv, n, 1)?;
-        let p = prefill.profile(&self.ctx, &tokens, 0).await?;
+        self.reset_sequence()?;
+        self.kv.append(&self.ctx, self.seq, n + 1)?;
+        let table_base = self.kv.table_base(self.seq);
+        let p = prefill.profile(&self.ctx, &tokens, 0, table_base).await?;
         let mut decode = StepGraph::build(&self.ctx, &self.cfg, &self.weights, &self.kv, 1, 1)?;
-        let d = decode.profile(&self.ctx, &tokens[..1], n).await?;
+        let d = decode.profile(&self.ctx, &tokens[..1], n, table_base).await?;
+        self.reset_sequence()?;
         Ok((p, d))
     }
 
@@ -338,12 +371,12 @@ impl Engine {
     /// (end-of-generation tokens included). Returns (tokens decoded, decode milliseconds).
     pub async fn generate_ignoring_eos(&mut self, prompt: &[u32], n: u32) -> Result<(u32, f64), EngineError> {
         self.check_tokens(prompt)?;
-        self.kv.len = 0;
+        self.reset_sequence()?;
         let (ids, _) = self.prefill(prompt, 0, prompt.len() as u32 - 1, Logits::Argmax).await?;
         let mut next = ids[ids.len() - 1];
         let t0 = now_ms();
         let mut done = 0;
-        while done < n && self.kv.len < self.kv.max_len {
+        while done < n && self.seq_len() < self.kv.max_seq_len {
             next = self.decode(next, Logits::Argmax).await?.0;
             done += 1;
         }
@@ -365,7 +398,7 @@ impl Engine {
             return Err(EngineError::InvalidArgument(format!("from must be in 1..={}, got {from}", ids.len())));
         }
         let vocab = self.cfg.vocab as usize;
-        self.kv.len = 0;
+        self.reset_sequence()?;
         let mut out = Vec::with_capacity(ids.len() - from + 1);
         match mode {
             ScoreMode::Prefill => {

@@ -73,6 +73,14 @@ fn score_and_generate_print_the_contract_shapes() {
     .unwrap();
     let out = bin().args(["generate", "--model", model, "--input", prompts.to_str().unwrap(), "--max-tokens", "5"]).output().unwrap();
     let got = lines(&out);
+    let contiguous = bin()
+        .args(["generate", "--model", model, "--input", prompts.to_str().unwrap(), "--max-tokens", "5", "--kv-layout", "contiguous"])
+        .output()
+        .unwrap();
+    let contiguous = lines(&contiguous);
+    for (p, c) in got.iter().zip(&contiguous) {
+        assert_eq!(p["tokens"], c["tokens"], "paged (default) and contiguous give the same greedy tokens");
+    }
     assert_eq!(got.len(), 2);
     for g in &got {
         for key in ["id", "prompt_tokens", "tokens", "text", "finish_reason", "prefill_ms", "decode_ms"] {
@@ -96,7 +104,7 @@ fn errors_go_to_stderr_with_a_nonzero_exit() {
     let dir = temp_dir("err");
     let model = dir.join("tiny.gguf");
     std::fs::write(&model, tiny_llama_gguf(&SynthConfig::tiny())).unwrap();
-    for (layout, dtype, what) in [("paged", "f32", "paged"), ("contiguous", "int8", "int8")] {
+    for (layout, dtype, what) in [("paged", "int8", "int8"), ("contiguous", "int8", "int8")] {
         let out = bin()
             .args(["generate", "--model", model.to_str().unwrap(), "--prompt", "x", "--kv-layout", layout, "--kv-dtype", dtype])
             .output()
@@ -105,6 +113,9 @@ fn errors_go_to_stderr_with_a_nonzero_exit() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(what) && err.contains("not available"), "{err}");
     }
+    let out = bin().args(["generate", "--model", model.to_str().unwrap(), "--prompt", "x", "--kv-layout", "ring"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("contiguous or paged"));
     let out = bin().args(["generate", "--model", model.to_str().unwrap(), "--prompt", "x", "--temperature", "-2"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("temperature"));

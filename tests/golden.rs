@@ -12,7 +12,7 @@ mod common;
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 use common::real_model_bytes;
-use pagedlm::engine::{Engine, EngineOptions, ScoreMode};
+use pagedlm::engine::{Engine, EngineOptions, KvLayout, ScoreMode};
 use pagedlm::sampler::argmax;
 use serde_json::Value;
 
@@ -126,9 +126,11 @@ async fn speed(engine: &mut Engine) -> String {
     )
 }
 
-async fn golden(mode: ScoreMode, only: Option<&[&str]>) {
+/// The golden check through one path and one KV layout.
+async fn golden(mode: ScoreMode, layout: KvLayout, only: Option<&[&str]>) {
     let bytes = real_model_bytes().await;
-    let mut engine = Engine::load(&bytes, EngineOptions { max_context: 1024, ..Default::default() }).await.unwrap();
+    let opts = EngineOptions { max_context: 1024, kv_layout: layout, ..Default::default() };
+    let mut engine = Engine::load(&bytes, opts).await.unwrap();
     let mut stats = Stats::default();
     let mut checked = 0;
     for item in items() {
@@ -141,7 +143,7 @@ async fn golden(mode: ScoreMode, only: Option<&[&str]>) {
     assert!(checked > 0, "no prompt was checked");
     let rate = stats.agree as f64 / stats.steps as f64;
     let line = format!(
-        "golden {mode:?}: {checked} prompts, {} steps, top-1 agreement with llama.cpp {:.1}%, max |Δlogit| vs llama.cpp {:.3}, vs numpy f64 {:.4}",
+        "golden {mode:?} {layout:?}: {checked} prompts, {} steps, top-1 agreement with llama.cpp {:.1}%, max |Δlogit| vs llama.cpp {:.3}, vs numpy f64 {:.4}",
         stats.steps,
         rate * 100.0,
         stats.max_llamacpp_diff,
@@ -156,19 +158,19 @@ async fn golden(mode: ScoreMode, only: Option<&[&str]>) {
 
 #[cfg(not(target_arch = "wasm32"))]
 #[test]
-fn golden_decode_path_matches_llamacpp_and_numpy() {
-    pollster::block_on(golden(ScoreMode::Decode, None));
+fn golden_decode_path_paged_matches_llamacpp_and_numpy() {
+    pollster::block_on(golden(ScoreMode::Decode, KvLayout::Paged, None));
 }
 
 #[cfg(not(target_arch = "wasm32"))]
 #[test]
-fn golden_prefill_path_matches_llamacpp_and_numpy() {
-    pollster::block_on(golden(ScoreMode::Prefill, None));
+fn golden_prefill_path_contiguous_matches_llamacpp_and_numpy() {
+    pollster::block_on(golden(ScoreMode::Prefill, KvLayout::Contiguous, None));
 }
 
 /// In the browser: two short prompts through the decode path (SwiftShader is slow).
 #[cfg(target_arch = "wasm32")]
 #[wasm_bindgen_test::wasm_bindgen_test]
 async fn golden_in_browser_on_two_prompts() {
-    golden(ScoreMode::Decode, Some(&["pub_raw_capital", "pub_raw_numbers"])).await;
+    golden(ScoreMode::Decode, KvLayout::Paged, Some(&["pub_raw_capital", "pub_raw_numbers"])).await;
 }

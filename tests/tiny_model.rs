@@ -6,7 +6,8 @@ mod common;
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-use pagedlm::engine::{Engine, EngineError, EngineOptions, GenerateRequest, KvLayout, ScoreMode};
+use pagedlm::engine::{Engine, EngineError, EngineOptions, GenerateRequest, KvDtype, KvLayout, ScoreMode};
+use pagedlm::kv::KvError;
 use pagedlm::gguf::Gguf;
 use pagedlm::model::reference::forward_cpu;
 use pagedlm::model::ModelConfig;
@@ -65,7 +66,8 @@ gpu_test! {
     async fn kv_bytes_per_token_follow_the_formula_for_each_layout() {
         for (name, synth) in layouts() {
             let bytes = tiny_llama_gguf(&synth);
-            let engine = Engine::load(&bytes, EngineOptions { max_context: 100, ..Default::default() }).await.unwrap();
+            let opts = EngineOptions { max_context: 100, kv_layout: KvLayout::Contiguous, ..Default::default() };
+            let engine = Engine::load(&bytes, opts).await.unwrap();
             let cfg = engine.config();
             // layers × tokens × KV heads × head dim × 2 (K and V) × 4 bytes (f32)
             let formula = cfg.n_layers as u64 * cfg.n_kv_heads as u64 * cfg.head_dim as u64 * 2 * 4;
@@ -109,9 +111,16 @@ gpu_test! {
         assert!(err.to_string().contains("GGUF"), "{err}");
         let err = Engine::load(&bytes[..bytes.len() / 2], EngineOptions::default()).await.err().unwrap();
         assert!(matches!(err, EngineError::Model(_)), "{err}");
-        // Layouts that do not exist yet.
-        let err = Engine::load(&bytes, EngineOptions { kv_layout: KvLayout::Paged, ..Default::default() }).await.err().unwrap();
+        // A KV dtype that does not exist yet, and a pool too small for the context.
+        let err = Engine::load(&bytes, EngineOptions { kv_dtype: KvDtype::Int8, ..Default::default() }).await.err().unwrap();
         assert!(matches!(err, EngineError::NotAvailable(_)), "{err}");
+        let small = EngineOptions { max_context: 64, pool_tokens: 16, block_size: 16, ..Default::default() };
+        let mut tight = Engine::load(&bytes, small).await.unwrap();
+        let err = tight.generate(&[5u32; 20], &GenerateRequest::default(), &mut |_| true).await.err().unwrap();
+        assert!(matches!(err, EngineError::Kv(KvError::PoolExhausted { .. })), "{err}");
+        tight.kv_cache().check_integrity().unwrap();
+        let g = tight.generate(&[5u32; 8], &GenerateRequest { max_tokens: 4, ..Default::default() }, &mut |_| true).await.unwrap();
+        assert!(!g.tokens.is_empty(), "the engine stays usable after pool exhaustion");
 
         let mut engine = Engine::load(&bytes, EngineOptions { max_context: 32, ..Default::default() }).await.unwrap();
         let ok = GenerateRequest { max_tokens: 4, ..Default::default() };
@@ -131,5 +140,34 @@ gpu_test! {
         let near_full = vec![7u32; 30];
         let g = engine.generate(&near_full, &GenerateRequest { max_tokens: 10, ..Default::default() }, &mut |_| true).await.unwrap();
         assert!(g.tokens.len() <= 3, "the context of 32 leaves room for at most 3 tokens, got {}", g.tokens.len());
+    }
+}
+
+gpu_test! {
+    async fn recompute_contiguous_and_paged_agree_at_block_boundaries() {
+        let synth = SynthConfig { seed: 31, ..SynthConfig::tiny() };
+        let bytes = tiny_llama_gguf(&synth);
+        let gguf = Gguf::parse(&bytes).unwrap();
+        let cfg = ModelConfig::from_gguf(&gguf).unwrap();
+        let ids = random_ids(&mut Rng::new(77), 100, cfg.vocab);
+        let reference = forward_cpu(&gguf, &cfg, &ids).unwrap();
+        let mut layouts = vec![(KvLayout::Contiguous, 16)];
+        layouts.extend([1u32, 16, 32, 64].map(|bs| (KvLayout::Paged, bs)));
+        for (layout, block_size) in layouts {
+            // A prefill chunk of 7 puts chunk starts on and off block boundaries.
+            let opts = EngineOptions { max_context: 128, prefill_chunk: 7, kv_layout: layout, block_size, ..Default::default() };
+            let mut engine = Engine::load(&bytes, opts).await.unwrap();
+            for len in [1usize, 15, 16, 17, 33, 100] {
+                for mode in [ScoreMode::Prefill, ScoreMode::Decode] {
+                    let from = if mode == ScoreMode::Decode { len.div_ceil(2) } else { len };
+                    let rows = engine.score_logits(&ids[..len], from, mode).await.unwrap();
+                    for (i, row) in rows.iter().enumerate() {
+                        let d = max_diff(row, &reference[from - 1 + i]);
+                        assert!(d <= LOGIT_TOL, "{layout:?} block {block_size} len {len} {mode:?}: position {} differs by {d}", from - 1 + i);
+                    }
+                    engine.kv_cache().check_integrity().unwrap();
+                }
+            }
+        }
     }
 }

@@ -98,7 +98,7 @@ mod cli {
     }
 
     fn engine_options(args: &Args) -> Result<EngineOptions> {
-        let kv_layout = match args.str("kv-layout").unwrap_or("contiguous") {
+        let kv_layout = match args.str("kv-layout").unwrap_or("paged") {
             "contiguous" => KvLayout::Contiguous,
             "paged" => KvLayout::Paged,
             other => bail!("--kv-layout must be contiguous or paged, got '{other}'"),
@@ -113,6 +113,8 @@ mod cli {
             prefill_chunk: args.num("prefill-chunk", 512)?,
             kv_layout,
             kv_dtype,
+            block_size: args.num("block-size", 16)?,
+            pool_tokens: args.num("pool-tokens", 0)?,
         })
     }
 
@@ -272,7 +274,8 @@ mod cli {
             "batch": batch,
             "prefill_ms": prefill.prefill_ms,
             "decode_ms": decode.1,
-            "kv_layout": "contiguous",
+            "kv_layout": engine.kv_cache().layout,
+            "block_size": engine.kv_cache().block_size(),
             "kv_dtype": "f32",
             "weights_bytes": weights,
             "kv_bytes": kv,

@@ -5,11 +5,9 @@
 
 pub mod alloc;
 pub mod cache;
-pub mod contiguous;
 pub mod pool;
 
 pub use cache::{CacheConfig, KvCache, KvLayout, SeqId};
-pub use contiguous::ContiguousKv;
 pub use pool::{KvPool, PoolStats};
 
 use alloc::AllocError;

@@ -18,7 +18,7 @@
 use crate::gpu::ops::attention::Attention;
 use crate::gpu::ops::{act, argmax, elementwise, embed, kv_write, matmul, norm, rope};
 use crate::gpu::{Context, Kernel, Recorder};
-use crate::kv::ContiguousKv;
+use crate::kv::KvCache;
 
 use super::{ModelConfig, ModelError, Weights};
 
@@ -54,11 +54,9 @@ pub struct StepGraph {
     staging: wgpu::Buffer,
     nodes: Vec<Node>,
     attention: Vec<Attention>,
-    /// The contiguous cache seen as a paged pool: a one-entry block table [0] and table_base 0
-    /// (each layer's [n_kv, max_len, hd] buffer is one block of max_len keys). Constant, so
-    /// `run` never rewrites them; kept here with the bind groups that use them.
-    _block_table: wgpu::Buffer,
-    _step: wgpu::Buffer,
+    /// Uniform holding the sequence's `table_base` (its row in the cache's block-table buffer),
+    /// written before each step.
+    step: wgpu::Buffer,
 }
 
 const X: usize = 0;
@@ -72,7 +70,7 @@ impl StepGraph {
         ctx: &Context,
         cfg: &ModelConfig,
         weights: &Weights,
-        kv: &ContiguousKv,
+        kv: &KvCache,
         n_tokens: u32,
         logit_rows: u32,
     ) -> Result<StepGraph, ModelError> {
@@ -96,7 +94,8 @@ impl StepGraph {
         let logits = ctx.storage_zeroed("logits", rows * cfg.vocab as u64 * f);
         let argmax_out = ctx.storage_zeroed("argmax", rows * 4);
 
-        let block_table = ctx.storage_init("block_table", bytemuck::bytes_of(&0u32));
+        let block_table = &kv.table_buffer;
+        let (block_size, n_blocks) = (kv.pool.block_size, kv.pool.n_blocks);
         let step = ctx.uniform_init("step", bytemuck::bytes_of(&0u32));
         let mut nodes = Vec::new();
         let mut attention = Vec::new();
@@ -117,34 +116,34 @@ impl StepGraph {
             nodes.push(Node::Kernel(kv_write::write_paged(
                 ctx,
                 &qkv,
-                &kv.k[l],
-                &kv.v[l],
+                &kv.pool.k[l],
+                &kv.pool.v[l],
                 &positions,
-                &block_table,
+                block_table,
                 &step,
                 n_tokens,
                 cfg.n_heads,
                 cfg.n_kv_heads,
                 cfg.head_dim,
-                kv.max_len,
-                1,
+                block_size,
+                n_blocks,
             )?));
             attention.push(Attention::paged(
                 ctx,
                 &qkv,
-                &kv.k[l],
-                &kv.v[l],
+                &kv.pool.k[l],
+                &kv.pool.v[l],
                 &positions,
-                &block_table,
+                block_table,
                 &step,
                 &attn,
                 n_tokens,
                 cfg.n_heads,
                 cfg.n_kv_heads,
                 cfg.head_dim,
-                kv.max_len,
-                1,
-                kv.max_len,
+                block_size,
+                n_blocks,
+                kv.max_seq_len,
             )?);
             nodes.push(Node::Attention(attention.len() - 1));
             nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.wo, &attn, &h, n_tokens)?));
@@ -177,8 +176,7 @@ impl StepGraph {
             staging,
             nodes,
             attention,
-            _block_table: block_table,
-            _step: step,
+            step,
         })
     }
 
@@ -189,6 +187,7 @@ impl StepGraph {
         ctx: &Context,
         tokens: &[u32],
         start: u32,
+        table_base: u32,
         read: Logits,
     ) -> Result<(Vec<u32>, Option<Vec<f32>>), ModelError> {
         if tokens.len() != self.n_tokens as usize {
@@ -197,6 +196,7 @@ impl StepGraph {
         let positions: Vec<u32> = (start..start + self.n_tokens).collect();
         ctx.queue.write_buffer(&self.ids, 0, bytemuck::cast_slice(tokens));
         ctx.queue.write_buffer(&self.positions, 0, bytemuck::cast_slice(&positions));
+        ctx.queue.write_buffer(&self.step, 0, bytemuck::bytes_of(&table_base));
         let kv_len = start + self.n_tokens;
         for a in &mut self.attention {
             a.set_kv_len(kv_len)?;
@@ -228,8 +228,9 @@ impl StepGraph {
     /// Runs one step submitting every node on its own and waiting for it, and returns the GPU
     /// time spent per kernel name (milliseconds, summed over layers). For finding where a step's
     /// time goes; the results of the step are discarded.
-    pub async fn profile(&mut self, ctx: &Context, tokens: &[u32], start: u32) -> Result<Vec<(String, f64)>, ModelError> {
+    pub async fn profile(&mut self, ctx: &Context, tokens: &[u32], start: u32, table_base: u32) -> Result<Vec<(String, f64)>, ModelError> {
         let positions: Vec<u32> = (start..start + self.n_tokens).collect();
+        ctx.queue.write_buffer(&self.step, 0, bytemuck::bytes_of(&table_base));
         ctx.queue.write_buffer(&self.ids, 0, bytemuck::cast_slice(tokens));
         ctx.queue.write_buffer(&self.positions, 0, bytemuck::cast_slice(&positions));
         for a in &mut self.attention {
