@@ -11,7 +11,7 @@ use std::rc::Rc;
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 
-use crate::engine::{Engine, EngineOptions, GenerateRequest, TokenEvent};
+use crate::engine::{Engine, EngineOptions, GenerateRequest, KvLayout, TokenEvent};
 use crate::model::ModelConfig;
 use crate::sampler::SamplingParams;
 use crate::tokenizer::ChatMessage;
@@ -147,7 +147,8 @@ impl WebEngine {
     /// `bytes`: the whole GGUF file. `options`: `{maxContext?, prefillChunk?}` or undefined.
     pub async fn load(bytes: Vec<u8>, options: JsValue) -> Result<WebEngine, JsError> {
         let opts: LoadOptions = self::options(options, "load options")?;
-        let mut engine_options = EngineOptions::default();
+        // The page's KV panel draws one contiguous reservation until it learns the paged pool.
+        let mut engine_options = EngineOptions { kv_layout: KvLayout::Contiguous, ..EngineOptions::default() };
         if let Some(n) = opts.max_context {
             engine_options.max_context = n;
         }
