@@ -120,3 +120,39 @@ fn errors_go_to_stderr_with_a_nonzero_exit() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("temperature"));
 }
+
+#[test]
+fn trace_continues_conversations_and_prints_the_summary() {
+    let dir = temp_dir("trace");
+    let model = dir.join("tiny.gguf");
+    std::fs::write(&model, tiny_llama_gguf(&SynthConfig::tiny())).unwrap();
+    let input = dir.join("trace.jsonl");
+    std::fs::write(
+        &input,
+        concat!(
+            r#"{"id": "a1", "conversation": "a", "system": "Be brief.", "user": "hi", "max_tokens": 4}"#, "\n",
+            r#"{"id": "b1", "conversation": "b", "user": "yo", "max_tokens": 3}"#, "\n",
+            r#"{"id": "a2", "conversation": "a", "user": "and then?", "max_tokens": 4}"#, "\n",
+        ),
+    )
+    .unwrap();
+    let out = bin()
+        .args(["trace", "--model", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--block-size", "8"])
+        .output()
+        .unwrap();
+    let got = lines(&out);
+    assert_eq!(got.len(), 4, "three requests and the summary");
+    for key in ["id", "conversation", "prompt_tokens", "prefix_hit_tokens", "prefill_tokens", "tokens", "text", "finish_reason", "ttft_ms", "decode_ms"] {
+        assert!(got[0].get(key).is_some(), "trace output lacks {key}");
+    }
+    // The second turn of "a" carries the first turn and its reply: a longer prompt.
+    assert!(got[2]["prompt_tokens"].as_u64().unwrap() > got[0]["prompt_tokens"].as_u64().unwrap() + 9);
+    let summary = &got[3]["summary"];
+    assert_eq!(summary["requests"], 3);
+    assert_eq!(summary["integrity_ok"], true);
+    assert_eq!(summary["pool"]["block_size"], 8);
+    assert_eq!(summary["pool"]["kv_dtype"], "f32");
+    assert!(summary["pool"]["blocks_total"].as_u64().unwrap() > 0);
+    let sum: u64 = got[..3].iter().map(|g| g["prompt_tokens"].as_u64().unwrap()).sum();
+    assert_eq!(summary["prompt_tokens"], sum);
+}

@@ -25,14 +25,16 @@ mod cli {
 
     const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
-    const USAGE: &str = "usage: pagedlm <tokenize|score|generate|bench> [options]
+    const USAGE: &str = "usage: pagedlm <tokenize|score|generate|bench|trace|profile> [options]
   common:   --model PATH  --kv-layout contiguous|paged  --kv-dtype f32|int8  --block-size N  --pool-tokens N
             --max-context N  --prefill-chunk N
   tokenize  --texts FILE.json
   score     --input FILE.json [--mode decode|prefill]
   generate  --input FILE.json | --prompt TEXT  [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
             [--repetition-penalty R]
-  bench     [--prompt-tokens 512] [--gen-tokens 128] [--context N] [--batch N]";
+  bench     [--prompt-tokens 512] [--gen-tokens 128] [--context N] [--batch N]
+  trace     --input FILE.jsonl [--max-batch N] [--no-prefix-cache]
+  profile   [--prompt-tokens 512]";
 
     /// `--key value` options and bare flags.
     struct Args {
@@ -76,6 +78,7 @@ mod cli {
             "generate" => pollster::block_on(generate(&args)),
             "bench" => pollster::block_on(bench(&args)),
             "profile" => pollster::block_on(profile(&args)),
+            "trace" => pollster::block_on(trace(&args)),
             "help" | "--help" | "-h" => {
                 println!("{USAGE}");
                 Ok(())
@@ -223,6 +226,65 @@ mod cli {
             }))?;
         }
         Ok(())
+    }
+
+    /// Replays conversations: each line `{id, conversation, system?, user, max_tokens}` continues its
+    /// conversation (system prompt, earlier turns with the engine's own replies, then this turn),
+    /// greedy. Requests run one at a time in file order (batching comes with the scheduler; the
+    /// contract allows running them one by one).
+    async fn trace(args: &Args) -> Result<()> {
+        let path = args.str("input").ok_or_else(|| anyhow!("--input FILE.jsonl is required"))?;
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?;
+        let max_batch: u32 = args.num("max-batch", 1)?;
+        if max_batch == 0 {
+            bail!("--max-batch must be at least 1");
+        }
+        let mut requests = Vec::new();
+        for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            let v: Value = serde_json::from_str(line).with_context(|| format!("{path}:{}: not valid JSON", n + 1))?;
+            for key in ["id", "conversation", "user"] {
+                if !v.get(key).is_some_and(Value::is_string) {
+                    bail!("{path}:{}: \"{key}\" (a string) is required", n + 1);
+                }
+            }
+            requests.push(v);
+        }
+        let mut engine = load(args).await?;
+        let mut history: HashMap<String, Vec<ChatMessage>> = HashMap::new();
+        let (mut total_prompt, mut integrity_ok) = (0u64, true);
+        for v in &requests {
+            let id = v["id"].as_str().unwrap_or_default();
+            let conversation = v["conversation"].as_str().unwrap_or_default().to_string();
+            let max_tokens = v.get("max_tokens").and_then(Value::as_u64).unwrap_or(128) as u32;
+            let messages = history.entry(conversation.clone()).or_default();
+            if messages.is_empty() {
+                if let Some(system) = v.get("system").and_then(Value::as_str) {
+                    messages.push(ChatMessage { role: "system".into(), content: system.into() });
+                }
+            }
+            messages.push(ChatMessage { role: "user".into(), content: v["user"].as_str().unwrap_or_default().into() });
+            let prompt = engine.chat_prompt(messages)?;
+            let request = GenerateRequest { max_tokens, sampling: SamplingParams::greedy(), stop: Vec::new() };
+            let g = engine.generate(&prompt, &request, &mut |_| true).await?;
+            integrity_ok &= engine.kv_cache().check_integrity().is_ok();
+            total_prompt += prompt.len() as u64;
+            history.get_mut(&conversation).expect("inserted above").push(ChatMessage { role: "assistant".into(), content: g.text.clone() });
+            print_line(&json!({
+                "id": id, "conversation": conversation, "prompt_tokens": prompt.len(),
+                "prefix_hit_tokens": 0, "prefill_tokens": prompt.len(), "tokens": g.tokens, "text": g.text,
+                "finish_reason": g.finish_reason, "ttft_ms": g.prefill_ms, "decode_ms": g.decode_ms,
+            }))?;
+        }
+        let stats = engine.kv_cache().stats();
+        print_line(&json!({ "summary": {
+            "requests": requests.len(), "prompt_tokens": total_prompt, "prefix_hit_tokens": 0,
+            "evictions": 0, "preemptions": 0, "integrity_ok": integrity_ok,
+            "pool": {
+                "kv_dtype": stats.kv_dtype, "block_size": stats.block_size, "blocks_total": stats.blocks_total,
+                "blocks_free": stats.blocks_free, "blocks_cached": stats.blocks_cached,
+                "bytes_total": stats.bytes_total, "bytes_per_token": stats.bytes_per_token,
+            },
+        }}))
     }
 
     /// Per-kernel GPU time of one prefill step and one decode step (each dispatch timed alone).
