@@ -32,7 +32,8 @@ pub struct EngineOptions {
     pub kv_dtype: KvDtype,
     /// Tokens per KV block (paged layout).
     pub block_size: u32,
-    /// Token slots in the KV pool (paged layout); 0 = the maximum context.
+    /// Token slots in the KV pool (paged layout); 0 = the maximum context, capped by the device's
+    /// storage-binding limit for one layer's buffer.
     pub pool_tokens: u32,
 }
 
@@ -163,7 +164,14 @@ impl Engine {
         let cache_config = CacheConfig {
             layout: options.kv_layout,
             block_size: options.block_size,
-            pool_tokens: if options.pool_tokens == 0 { max_context } else { options.pool_tokens },
+            // Default: room for the longest sequence, capped by what one layer's buffer may bind
+            // on this device.
+            pool_tokens: if options.pool_tokens == 0 {
+                let device_max = crate::kv::KvPool::max_blocks(&ctx, &cfg, options.block_size.max(1)) * options.block_size.max(1) as u64;
+                (max_context as u64).min(device_max) as u32
+            } else {
+                options.pool_tokens
+            },
             max_seqs: 1,
             max_seq_len: max_context,
         };

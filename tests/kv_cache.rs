@@ -131,3 +131,43 @@ gpu_test! {
         assert!(matches!(contiguous.append(&ctx, d, 60), Err(KvError::SequenceTooLong { .. })));
     }
 }
+
+/// The memory figure of the README: 16 sequences with lengths drawn from 50 to 2,000 tokens,
+/// held by the paged pool vs reserved by the contiguous layout at the maximum length. SmolLM2's
+/// KV shape (3 KV heads × 64) with one layer allocated on the GPU; bytes scale by its 30 layers.
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+fn memory_for_sixteen_sequences_paged_vs_contiguous() {
+    pollster::block_on(async {
+        let ctx = gpu().await;
+        let one_layer = ModelConfig { n_layers: 1, n_kv_heads: 3, head_dim: 64, ..tiny_config() };
+        let smollm2_layers = 30u64;
+        let mut rng = Rng::new(2024);
+        let lengths: Vec<u32> = (0..16).map(|_| 50 + rng.below(1951) as u32).collect();
+        let live: u64 = lengths.iter().map(|&l| l as u64).sum();
+        let mut held = Vec::new();
+        for layout in [KvLayout::Contiguous, KvLayout::Paged] {
+            let config = CacheConfig { layout, block_size: 16, pool_tokens: 16 * 2000, max_seqs: 16, max_seq_len: 2000 };
+            let mut cache = KvCache::new(&ctx, &one_layer, config).unwrap();
+            for &len in &lengths {
+                let id = cache.allocate(&ctx).unwrap();
+                cache.append(&ctx, id, len).unwrap();
+            }
+            cache.check_integrity().unwrap();
+            let s = cache.stats();
+            let bytes = s.blocks_used as u64 * s.block_size as u64 * s.bytes_per_token as u64 * smollm2_layers;
+            held.push(bytes);
+            eprintln!(
+                "16 sequences, {live} live tokens: {layout:?} holds {:.1} MB ({} blocks of {}, fragmentation {} slots)",
+                bytes as f64 / 1e6,
+                s.blocks_used,
+                s.block_size,
+                s.internal_fragmentation
+            );
+        }
+        let per_token = (smollm2_layers * 3 * 64 * 2 * 4) as u64;
+        assert_eq!(held[0], 16 * 2000 * per_token, "contiguous reserves the maximum length for each sequence");
+        assert!(held[1] < held[0], "paged holds less than contiguous reserves");
+        assert!(held[1] <= (live + 16 * 15) * per_token, "paged wastes at most one partial block per sequence");
+    });
+}
