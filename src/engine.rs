@@ -7,20 +7,11 @@ use std::sync::Arc;
 use crate::gguf::Gguf;
 use crate::gpu::{Context, ContextOptions, GpuError};
 use crate::kv::{CacheConfig, KvCache, KvError, SeqId};
-pub use crate::kv::KvLayout;
+pub use crate::kv::{KvDtype, KvLayout};
 use crate::model::{Logits, ModelConfig, ModelError, StepGraph, Weights};
 use crate::sampler::{top_k, Sampler, SamplingError, SamplingParams};
 use crate::time::now_ms;
 use crate::tokenizer::{ChatMessage, Tokenizer, TokenizerError, TokenizerSpec};
-
-/// The stored precision of K and V.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KvDtype {
-    F32,
-    /// Not available yet.
-    Int8,
-}
 
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
@@ -147,9 +138,6 @@ impl Engine {
 
     /// Loads a GGUF model on an existing context.
     pub fn load_with_context(ctx: Arc<Context>, bytes: &[u8], options: EngineOptions) -> Result<Engine, EngineError> {
-        if options.kv_dtype != KvDtype::F32 {
-            return Err(EngineError::NotAvailable("--kv-dtype int8 (the INT8 KV cache)".into()));
-        }
         if options.prefill_chunk == 0 {
             return Err(EngineError::InvalidArgument("prefill_chunk must be at least 1".into()));
         }
@@ -163,6 +151,7 @@ impl Engine {
         };
         let cache_config = CacheConfig {
             layout: options.kv_layout,
+            dtype: options.kv_dtype,
             block_size: options.block_size,
             // Default: room for the longest sequence, capped by what one layer's buffer may bind
             // on this device.

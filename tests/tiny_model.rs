@@ -113,7 +113,7 @@ gpu_test! {
         assert!(matches!(err, EngineError::Model(_)), "{err}");
         // A KV dtype that does not exist yet, and a pool too small for the context.
         let err = Engine::load(&bytes, EngineOptions { kv_dtype: KvDtype::Int8, ..Default::default() }).await.err().unwrap();
-        assert!(matches!(err, EngineError::NotAvailable(_)), "{err}");
+        assert!(matches!(err, EngineError::Kv(KvError::NotAvailable(_))), "{err}");
         let small = EngineOptions { max_context: 64, pool_tokens: 16, block_size: 16, ..Default::default() };
         let mut tight = Engine::load(&bytes, small).await.unwrap();
         let err = tight.generate(&[5u32; 20], &GenerateRequest::default(), &mut |_| true).await.err().unwrap();

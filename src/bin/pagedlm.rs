@@ -338,7 +338,7 @@ mod cli {
             "decode_ms": decode.1,
             "kv_layout": engine.kv_cache().layout,
             "block_size": engine.kv_cache().block_size(),
-            "kv_dtype": "f32",
+            "kv_dtype": engine.kv_cache().pool.dtype.name(),
             "weights_bytes": weights,
             "kv_bytes": kv,
         }))

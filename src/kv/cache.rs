@@ -13,7 +13,7 @@ use crate::gpu::Context;
 use crate::model::ModelConfig;
 
 use super::pool::{KvPool, PoolStats};
-use super::KvError;
+use super::{KvDtype, KvError};
 
 /// Where a sequence's KV cache lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -52,6 +52,7 @@ pub struct KvCache {
 #[derive(Clone, Copy, Debug)]
 pub struct CacheConfig {
     pub layout: KvLayout,
+    pub dtype: KvDtype,
     /// Tokens per block (paged only; the contiguous layout uses `max_seq_len`).
     pub block_size: u32,
     /// Token slots in the pool (paged); the contiguous layout reserves `max_seqs × max_seq_len`.
@@ -62,7 +63,7 @@ pub struct CacheConfig {
 
 impl KvCache {
     pub fn new(ctx: &Context, model: &ModelConfig, config: CacheConfig) -> Result<KvCache, KvError> {
-        let CacheConfig { layout, block_size, pool_tokens, max_seqs, max_seq_len } = config;
+        let CacheConfig { layout, dtype, block_size, pool_tokens, max_seqs, max_seq_len } = config;
         if max_seqs == 0 || max_seq_len == 0 {
             return Err(KvError::Config("max_seqs and max_seq_len must be at least 1".into()));
         }
@@ -75,7 +76,7 @@ impl KvCache {
                 (block_size, pool_tokens.div_ceil(block_size).max(1))
             }
         };
-        let pool = KvPool::new(ctx, model, block_size, n_blocks)?;
+        let pool = KvPool::new(ctx, model, dtype, block_size, n_blocks)?;
         let max_blocks_per_seq = max_seq_len.div_ceil(block_size);
         let table_buffer = ctx.storage_zeroed("kv.block_table", max_seqs as u64 * max_blocks_per_seq as u64 * 4);
         Ok(KvCache {
@@ -229,7 +230,7 @@ impl KvCache {
         let used = self.pool.alloc.used_count();
         let slots = used as u64 * self.pool.block_size as u64;
         PoolStats {
-            kv_dtype: "f32",
+            kv_dtype: self.pool.dtype.name(),
             block_size: self.pool.block_size,
             blocks_total: self.pool.n_blocks,
             blocks_used: used,

@@ -12,6 +12,24 @@ pub use pool::{KvPool, PoolStats};
 
 use alloc::AllocError;
 
+/// The stored precision of K and V in the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvDtype {
+    F32,
+    /// 8-bit integers with per-group scales, dequantized inside attention.
+    Int8,
+}
+
+impl KvDtype {
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::Int8 => "int8",
+        }
+    }
+}
+
 /// Errors of the KV cache.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum KvError {
@@ -25,6 +43,8 @@ pub enum KvError {
     TooManySequences(u32),
     #[error("KV cache configuration: {0}")]
     Config(String),
+    #[error("{0} is not available yet")]
+    NotAvailable(String),
     #[error("KV cache bookkeeping: {0}")]
     Internal(String),
 }

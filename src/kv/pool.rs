@@ -20,7 +20,7 @@ use crate::gpu::Context;
 use crate::model::ModelConfig;
 
 use super::alloc::BlockAllocator;
-use super::KvError;
+use super::{KvDtype, KvError};
 
 /// Snapshot of the pool's occupancy.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -42,6 +42,7 @@ pub struct PoolStats {
 }
 
 pub struct KvPool {
+    pub dtype: KvDtype,
     pub block_size: u32,
     pub n_blocks: u32,
     pub n_kv_heads: u32,
@@ -69,7 +70,10 @@ impl KvPool {
         limit / Self::block_bytes_per_layer(cfg, block_size).max(1)
     }
 
-    pub fn new(ctx: &Context, cfg: &ModelConfig, block_size: u32, n_blocks: u32) -> Result<KvPool, KvError> {
+    pub fn new(ctx: &Context, cfg: &ModelConfig, dtype: KvDtype, block_size: u32, n_blocks: u32) -> Result<KvPool, KvError> {
+        if dtype != KvDtype::F32 {
+            return Err(KvError::NotAvailable("the INT8 KV cache (--kv-dtype int8)".into()));
+        }
         if block_size == 0 || n_blocks == 0 {
             return Err(KvError::Config(format!("block size ({block_size}) and block count ({n_blocks}) must be at least 1")));
         }
@@ -88,6 +92,7 @@ impl KvPool {
         let k = (0..cfg.n_layers).map(|l| ctx.storage_zeroed(&format!("kv.k.{l}"), size)).collect();
         let v = (0..cfg.n_layers).map(|l| ctx.storage_zeroed(&format!("kv.v.{l}"), size)).collect();
         Ok(KvPool {
+            dtype,
             block_size,
             n_blocks,
             n_kv_heads: cfg.n_kv_heads,
