@@ -155,4 +155,25 @@ fn trace_continues_conversations_and_prints_the_summary() {
     assert!(summary["pool"]["blocks_total"].as_u64().unwrap() > 0);
     let sum: u64 = got[..3].iter().map(|g| g["prompt_tokens"].as_u64().unwrap()).sum();
     assert_eq!(summary["prompt_tokens"], sum);
+    // The prefix cache: the second turn of "a" starts from its history, and nothing else changes.
+    for g in &got[..3] {
+        assert_eq!(g["prefix_hit_tokens"].as_u64().unwrap() + g["prefill_tokens"].as_u64().unwrap(), g["prompt_tokens"].as_u64().unwrap());
+    }
+    let a1_prompt = got[0]["prompt_tokens"].as_u64().unwrap();
+    assert!(got[2]["prefix_hit_tokens"].as_u64().unwrap() >= a1_prompt, "turn 2 of a hit {} tokens", got[2]["prefix_hit_tokens"]);
+    let hits: u64 = got[..3].iter().map(|g| g["prefix_hit_tokens"].as_u64().unwrap()).sum();
+    assert_eq!(summary["prefix_hit_tokens"], hits);
+    let out = bin()
+        .args(["trace", "--model", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--block-size", "8", "--no-prefix-cache"])
+        .output()
+        .unwrap();
+    let plain = lines(&out);
+    assert_eq!(plain.len(), 4);
+    for (a, b) in got[..3].iter().zip(&plain[..3]) {
+        assert_eq!(a["tokens"], b["tokens"], "request {}: tokens differ without the prefix cache", a["id"]);
+        assert_eq!(b["prefix_hit_tokens"], 0);
+        assert_eq!(b["prefill_tokens"], b["prompt_tokens"]);
+    }
+    assert_eq!(plain[3]["summary"]["prefix_hit_tokens"], 0);
+    assert_eq!(plain[3]["summary"]["pool"]["blocks_cached"], 0);
 }
