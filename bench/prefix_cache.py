@@ -13,7 +13,7 @@ BIN = os.path.join(ROOT, "target", "release", "pagedlm")
 extra = sys.argv[1:]
 
 readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-SYSTEM = "You are a helpful assistant. Answer questions about this document.\n\n" + readme[:2600]
+SYSTEM = "You are a helpful assistant. Answer questions about this document.\n\n" + readme[:3000]
 QUESTIONS = [
     "What does pagedlm do, in one sentence?",
     "Which two commands set everything up?",

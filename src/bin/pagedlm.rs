@@ -17,6 +17,7 @@ mod cli {
     use std::io::Write;
 
     use anyhow::{anyhow, bail, Context as _, Result};
+    use pagedlm::sched::SchedConfig;
     use pagedlm::engine::{Engine, EngineOptions, GenerateRequest, KvDtype, KvLayout, ScoreMode};
     use pagedlm::gguf::Gguf;
     use pagedlm::sampler::SamplingParams;
@@ -71,7 +72,7 @@ mod cli {
 
     pub fn run(argv: Vec<String>) -> Result<()> {
         let Some(cmd) = argv.first() else { bail!("{USAGE}") };
-        let args = Args::parse(&argv[1..], &["no-prefix-cache", "disaggregate"])?;
+        let args = Args::parse(&argv[1..], &["no-prefix-cache", "no-cache-aware", "disaggregate"])?;
         match cmd.as_str() {
             "tokenize" => tokenize(&args),
             "score" => pollster::block_on(score(&args)),
@@ -120,6 +121,12 @@ mod cli {
             pool_tokens: args.num("pool-tokens", 0)?,
             prefix_cache: args.str("no-prefix-cache").is_none(),
             check_integrity: false,
+            sched: SchedConfig {
+                max_batch: args.num("max-batch", SchedConfig::default().max_batch)?,
+                step_tokens: args.num("step-tokens", SchedConfig::default().step_tokens)?,
+                cache_aware: args.str("no-cache-aware").is_none(),
+                ..SchedConfig::default()
+            },
         })
     }
 
