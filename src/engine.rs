@@ -92,11 +92,13 @@ pub struct GenerateRequest {
     pub sampling: SamplingParams,
     /// Text that ends the generation (the stop string itself is not part of the output).
     pub stop: Vec<String>,
+    /// Keep generating through end-of-generation tokens (for benchmarks).
+    pub ignore_eos: bool,
 }
 
 impl Default for GenerateRequest {
     fn default() -> Self {
-        GenerateRequest { max_tokens: 128, sampling: SamplingParams::greedy(), stop: Vec::new() }
+        GenerateRequest { max_tokens: 128, sampling: SamplingParams::greedy(), stop: Vec::new(), ignore_eos: false }
     }
 }
 
@@ -412,7 +414,7 @@ impl Engine {
         let mut finish = FinishReason::Length;
         let limit = request.max_tokens as usize;
         while tokens.len() < limit {
-            if eos.contains(&next) {
+            if eos.contains(&next) && !request.ignore_eos {
                 finish = FinishReason::Stop;
                 break;
             }
@@ -763,7 +765,7 @@ impl Engine {
                 _ => *argmax,
             };
             r.first_token_ms.get_or_insert(now);
-            if eos.contains(&next) {
+            if eos.contains(&next) && !r.params.ignore_eos {
                 done.push((req, FinishReason::Stop));
                 continue;
             }

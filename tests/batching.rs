@@ -59,7 +59,7 @@ gpu_test! {
             let n = 1 + rng.below(40) as usize;
             p.extend(ids(&mut rng, n));
             let sampling = if i == 5 { SamplingParams { temperature: 0.8, top_p: 0.9, seed: 7, ..SamplingParams::greedy() } } else { SamplingParams::greedy() };
-            prompts.push((p, GenerateRequest { max_tokens: 6 + i as u32 * 3, sampling, stop: Vec::new() }));
+            prompts.push((p, GenerateRequest { max_tokens: 6 + i as u32 * 3, sampling, stop: Vec::new(), ignore_eos: false }));
         }
         // Alone: one request at a time through `generate`, no prefix cache.
         let mut alone = Engine::load(&bytes, EngineOptions { max_context: 128, prefix_cache: false, ..Default::default() }).await.unwrap();
@@ -138,14 +138,14 @@ gpu_test! {
         let (mut steps, mut aborts) = (0u64, 0u32);
         while steps < RANDOM_STEPS {
             // Arrivals: bursts, shared system prompts, lengths up to the context limit.
-            if rng.below(10) == 0 {
+            if rng.below(16) == 0 {
                 for _ in 0..1 + rng.below(2) {
                     let mut p = if rng.below(2) == 0 { systems[rng.below(3) as usize].clone() } else { Vec::new() };
                     let n = 1 + rng.below(40) as usize;
                     p.extend(ids(&mut rng, n));
                     let max_tokens = 1 + rng.below(30) as u32;
                     let sampling = if rng.below(4) == 0 { SamplingParams { temperature: 1.0, seed: rng.below(1000), ..SamplingParams::greedy() } } else { SamplingParams::greedy() };
-                    submitted.push(engine.submit(p, GenerateRequest { max_tokens, sampling, stop: Vec::new() }).unwrap());
+                    submitted.push(engine.submit(p, GenerateRequest { max_tokens, sampling, stop: Vec::new(), ignore_eos: false }).unwrap());
                 }
             }
             // Aborts of random requests, waiting or running.
