@@ -837,4 +837,37 @@ impl Engine {
         }
         Ok(())
     }
+
+    // ---- KV transfer ---------------------------------------------------------------------
+
+    /// Computes and caches the K/V of `tokens` that the prefix cache lacks (no logits are read).
+    pub async fn cache_prefix(&mut self, tokens: &[u32]) -> Result<(), EngineError> {
+        self.check_tokens(tokens)?;
+        if self.kv.peek_prefix(tokens) as usize >= tokens.len() {
+            return Ok(());
+        }
+        let (seq, hit) = self.kv.allocate_for_prompt(&self.ctx, tokens)?;
+        let last = tokens.len() as u32 - 1;
+        match self.prefill(seq, &tokens[hit as usize..], hit, last, Logits::Argmax).await {
+            Ok(_) => Ok(self.kv.finish(seq, tokens)?),
+            Err(e) => {
+                self.kv.free(seq)?;
+                Err(e)
+            }
+        }
+    }
+
+    /// A snapshot of the K/V of `tokens` (a conversation's history: prompt and reply ids),
+    /// computing whatever part is not cached. See [`crate::kv::snapshot`] for the format.
+    pub async fn export_snapshot(&mut self, tokens: &[u32]) -> Result<Vec<u8>, EngineError> {
+        self.cache_prefix(tokens).await?;
+        Ok(self.kv.export_prefix(&self.ctx, tokens).await?)
+    }
+
+    /// Loads a snapshot into the prefix cache; the next request whose prompt starts with its
+    /// tokens reuses them. Returns the tokens. Refused with a typed error, changing nothing, if
+    /// it comes from another model, KV dtype, layout, block size or format version, or is damaged.
+    pub fn import_snapshot(&mut self, bytes: &[u8]) -> Result<Vec<u32>, EngineError> {
+        Ok(self.kv.import(&self.ctx, bytes, self.cfg.vocab)?)
+    }
 }
