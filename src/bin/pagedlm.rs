@@ -35,6 +35,7 @@ mod cli {
             [--repetition-penalty R]
   bench     [--prompt-tokens 512] [--gen-tokens 128] [--context N] [--batch N]
   bench     --transfer [--lengths 256,1024,4096]   (KV snapshot export/import vs recomputing the prefill)
+  bench     --interference [--prompt-tokens 2048] [--step-tokens N]   (4 decoding sequences while a long prompt arrives)
   trace     --input FILE.jsonl [--max-batch N] [--no-prefix-cache] [--disaggregate] [--step-tokens N]
   profile   [--prompt-tokens 512]";
 
@@ -73,7 +74,7 @@ mod cli {
 
     pub fn run(argv: Vec<String>) -> Result<()> {
         let Some(cmd) = argv.first() else { bail!("{USAGE}") };
-        let args = Args::parse(&argv[1..], &["no-prefix-cache", "no-cache-aware", "disaggregate", "transfer"])?;
+        let args = Args::parse(&argv[1..], &["no-prefix-cache", "no-cache-aware", "disaggregate", "transfer", "interference"])?;
         match cmd.as_str() {
             "tokenize" => tokenize(&args),
             "score" => pollster::block_on(score(&args)),
@@ -483,6 +484,68 @@ mod cli {
         Ok(())
     }
 
+    /// Four sequences decode; after a few tokens a `prompt-tokens` prompt arrives. Prints the
+    /// decoding sequences' inter-token latency (median and worst) while the long prompt is being
+    /// read, for the configured `--step-tokens` (chunked prefill) — run it with a small and a
+    /// large value to compare.
+    async fn bench_interference(args: &Args) -> Result<()> {
+        let long: u32 = args.num("prompt-tokens", 2048)?;
+        let mut opts = engine_options(args)?;
+        opts.prefix_cache = false;
+        opts.sched.max_batch = 5;
+        if opts.max_context == 0 {
+            opts.max_context = long + 256;
+        }
+        let bytes = model_bytes(args)?;
+        let mut engine = Engine::load(&bytes, opts.clone()).await?;
+        let vocab = engine.config().vocab;
+        let make = |n: u32, salt: u32| -> Vec<u32> { (0..n).map(|i| 100 + (i * 7919 + salt * 104_729) % (vocab - 200).max(1)).collect() };
+        let request = GenerateRequest { max_tokens: 10_000, ignore_eos: true, ..Default::default() };
+        // Warm-up (pipelines for decode and prefill chunks).
+        engine.submit(make(64, 99), GenerateRequest { max_tokens: 2, ..request.clone() })?;
+        engine.run_to_completion(&mut |_| {}).await?;
+        let decoders: Vec<_> = (0..4).map(|k| engine.submit(make(32, k), request.clone())).collect::<Result<_, _>>()?;
+        // Let them reach steady decoding.
+        for _ in 0..8 {
+            engine.step().await?;
+        }
+        let long_id = engine.submit(make(long, 7), GenerateRequest { max_tokens: 1, ..request.clone() })?;
+        let mut last: HashMap<pagedlm::sched::RequestId, f64> = HashMap::new();
+        let mut gaps = Vec::new();
+        let t0 = pagedlm::time::now_ms();
+        let mut long_done = false;
+        while !long_done {
+            for e in engine.step().await? {
+                let now = pagedlm::time::now_ms();
+                match e {
+                    pagedlm::sched::Event::Token { id, .. } if decoders.contains(&id) => {
+                        if let Some(prev) = last.insert(id, now) {
+                            gaps.push(now - prev);
+                        }
+                    }
+                    pagedlm::sched::Event::Finished { id, .. } if id == long_id => long_done = true,
+                    _ => {}
+                }
+            }
+        }
+        let prefill_ms = pagedlm::time::now_ms() - t0;
+        for id in decoders {
+            engine.abort(id)?;
+        }
+        gaps.sort_by(|a, b| a.total_cmp(b));
+        let pct = |q: f64| gaps.get(((gaps.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
+        print_line(&json!({
+            "adapter": engine.context().adapter_name(),
+            "step_tokens": opts.sched.step_tokens,
+            "long_prompt_tokens": long,
+            "long_prompt_ms": prefill_ms,
+            "inter_token_ms_p50": pct(0.5),
+            "inter_token_ms_p90": pct(0.9),
+            "inter_token_ms_max": pct(1.0),
+            "decode_tokens_meanwhile": gaps.len(),
+        }))
+    }
+
     async fn bench(args: &Args) -> Result<()> {
         let prompt_tokens: u32 = args.num("prompt-tokens", 512)?;
         let gen_tokens: u32 = args.num("gen-tokens", 128)?;
@@ -493,6 +556,9 @@ mod cli {
         }
         if args.str("transfer").is_some() {
             return bench_transfer(args).await;
+        }
+        if args.str("interference").is_some() {
+            return bench_interference(args).await;
         }
         let mut opts = engine_options(args)?;
         let needed = prompt_tokens.max(context) + gen_tokens + 1;
