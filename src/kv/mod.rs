@@ -6,6 +6,7 @@
 pub mod alloc;
 pub mod cache;
 pub mod pool;
+pub mod quant;
 
 pub use cache::{CacheConfig, KvCache, KvLayout, SeqId};
 pub use pool::{KvPool, PoolStats};
