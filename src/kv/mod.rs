@@ -6,6 +6,7 @@
 pub mod alloc;
 pub mod cache;
 pub mod pool;
+pub mod quant;
 pub mod radix;
 pub mod snapshot;
 

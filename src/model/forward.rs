@@ -15,7 +15,7 @@
 //! (memory-bound matvecs). Nothing is read back between layers: a step ends with the argmax (and,
 //! when asked, the logits) copied into one staging buffer.
 
-use crate::gpu::ops::attention::Attention;
+use crate::gpu::ops::attention::{Attention, AttentionShape};
 use crate::gpu::ops::{act, argmax, elementwise, embed, kv_write, matmul, norm, rope};
 use crate::gpu::{Context, Kernel, Recorder};
 use crate::kv::KvCache;
@@ -113,7 +113,9 @@ impl StepGraph {
                 cfg.head_dim,
                 cfg.rope_base,
             )?));
-            nodes.push(Node::Kernel(kv_write::write_paged(
+            // The pool's dtype picks the kernels' variant: INT8 quantizes here and is
+            // dequantized inside attention.
+            nodes.push(Node::Kernel(kv_write::write_paged_dtype(
                 ctx,
                 &qkv,
                 &kv.pool.k[l],
@@ -127,8 +129,18 @@ impl StepGraph {
                 cfg.head_dim,
                 block_size,
                 n_blocks,
+                kv.pool.dtype,
             )?));
-            attention.push(Attention::paged(
+            let shape = AttentionShape {
+                n_tokens,
+                n_heads: cfg.n_heads,
+                n_kv_heads: cfg.n_kv_heads,
+                head_dim: cfg.head_dim,
+                max_len: kv.max_seq_len,
+                block_size,
+                n_blocks,
+            };
+            attention.push(Attention::paged_dtype(
                 ctx,
                 &qkv,
                 &kv.pool.k[l],
@@ -137,13 +149,9 @@ impl StepGraph {
                 block_table,
                 &step,
                 &attn,
-                n_tokens,
-                cfg.n_heads,
-                cfg.n_kv_heads,
-                cfg.head_dim,
-                block_size,
-                n_blocks,
-                kv.max_seq_len,
+                shape,
+                kv.pool.dtype,
+                None,
             )?);
             nodes.push(Node::Attention(attention.len() - 1));
             nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.wo, &attn, &h, n_tokens)?));
