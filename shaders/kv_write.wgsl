@@ -8,8 +8,9 @@
 //      INT8: the same order in codes, 4 per word (code d in byte d % 4 of word d / 4 of the
 //            group), group g = (b * n_kv_heads + h) * block_size + s at word g * head_dim / 4,
 //            then its f32 scale at word scale_base + g (src/kv/quant.rs);
-// block_table: u32, the sequence's row starts at step.table_base: logical block i of the sequence
-//      is physical block block_table[table_base + i].
+// block_table: u32; token t's sequence's row starts at row_tables[t] (its table_base): logical
+//      block i of that sequence is physical block block_table[table_base + i]. Tokens of one
+//      dispatch may belong to different sequences (continuous batching).
 // Position p goes to logical block p / block_size, slot p % block_size. A table index past the
 // table's end or a physical block >= n_blocks writes nothing (never out of bounds).
 // f32: each invocation copies PER consecutive dims of one (token, kv head), keys and values.
@@ -25,7 +26,6 @@ struct Params {
     n_blocks: u32,
     scale_base: u32, // INT8: first word of the scales; unused for f32
 }
-struct Step { table_base: u32 }
 
 @group(0) @binding(0) var<storage, read> qkv: array<f32>;
 @group(0) @binding(1) var<storage, read_write> k_pool: array<u32>;
@@ -33,7 +33,7 @@ struct Step { table_base: u32 }
 @group(0) @binding(3) var<storage, read> positions: array<u32>;
 @group(0) @binding(4) var<uniform> params: Params;
 @group(0) @binding(5) var<storage, read> block_table: array<u32>;
-@group(0) @binding(6) var<uniform> step: Step;
+@group(0) @binding(6) var<storage, read> row_tables: array<u32>;
 
 override WG: u32 = 64u;
 override PER: u32 = 4u;
@@ -76,9 +76,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let dim0 = (rest % chunks) * PER;
     let pos = positions[token];
     let logical = pos / params.block_size;
-    let entry = step.table_base + logical;
+    let table_base = row_tables[token];
+    let entry = table_base + logical;
     // The sum wraps only for absurd bases; entry < table_base catches it.
-    if (entry >= arrayLength(&block_table) || entry < step.table_base) {
+    if (entry >= arrayLength(&block_table) || entry < table_base) {
         return;
     }
     let block = block_table[entry];

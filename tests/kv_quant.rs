@@ -157,7 +157,7 @@ gpu_test! {
                 &v_buf,
                 &ctx.storage_init("positions", bytemuck::cast_slice(&positions)),
                 &ctx.storage_init("table", bytemuck::cast_slice(&table)),
-                &ctx.uniform_init("step", bytemuck::bytes_of(&table_base)),
+                &ctx.storage_init("row_tables", bytemuck::cast_slice(&vec![table_base; n_tokens as usize])),
                 n_tokens,
                 n_heads,
                 n_kv,

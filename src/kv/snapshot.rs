@@ -71,12 +71,13 @@ pub struct Snapshot<'a> {
 
 /// The byte ranges of one block in one layer's K (or V) buffer, in order.
 pub fn block_regions(pool: &KvPool, block: u32) -> Vec<(u64, u64)> {
-    match pool.dtype {
-        KvDtype::F32 => {
+    match pool.int8_layout() {
+        None => {
             let bytes = pool.n_kv_heads as u64 * pool.block_size as u64 * pool.head_dim as u64 * 4;
             vec![(block as u64 * bytes, bytes)]
         }
-        KvDtype::Int8 => Vec::new(),
+        // The codes, then the scales.
+        Some(layout) => layout.block_ranges(block).to_vec(),
     }
 }
 

@@ -31,7 +31,7 @@ pub fn write_paged(
     v_pool: &wgpu::Buffer,
     positions: &wgpu::Buffer,
     block_table: &wgpu::Buffer,
-    step: &wgpu::Buffer,
+    row_tables: &wgpu::Buffer,
     n_tokens: u32,
     n_heads: u32,
     n_kv_heads: u32,
@@ -46,7 +46,7 @@ pub fn write_paged(
         v_pool,
         positions,
         block_table,
-        step,
+        row_tables,
         n_tokens,
         n_heads,
         n_kv_heads,
@@ -58,7 +58,7 @@ pub fn write_paged(
 }
 
 /// Copies each token's k and v heads from the fused qkv rows (after RoPE) into the layer's paged
-/// pools, at position `positions[t]` of the sequence whose block-table row starts at `table_base`.
+/// pools, at position `positions[t]` of the sequence whose block-table row starts at `row_tables[t]`.
 /// qkv: [n_tokens, (n_heads + 2 * n_kv_heads) * head_dim] f32, each row the n_heads q heads, then
 /// the n_kv_heads k heads, then the n_kv_heads v heads.
 /// k_pool, v_pool, f32: [n_blocks, n_kv_heads, block_size, head_dim] f32 each: element (b, h, s, d)
@@ -70,9 +70,9 @@ pub fn write_paged(
 /// in logical block p / block_size, slot p % block_size.
 /// block_table: [rows * max_blocks_per_seq] u32; logical block i is physical block
 /// `block_table[table_base + i]`.
-/// step: a uniform buffer (at least 4 bytes; `ctx.uniform_init` pads to 16) holding `table_base`
-/// as a u32 at offset 0, written by the engine before each step; read when the kernel runs.
-/// All tokens of one dispatch belong to that one sequence.
+/// row_tables: [n_tokens] u32, token t's sequence's `table_base` (its row in `block_table`),
+/// written by the engine before each step; tokens of one dispatch may belong to different
+/// sequences.
 /// A table index past the end of `block_table` or a physical block >= n_blocks writes nothing for
 /// that token (the engine allocates blocks first).
 #[allow(clippy::too_many_arguments)]
@@ -83,7 +83,7 @@ pub fn write_paged_dtype(
     v_pool: &wgpu::Buffer,
     positions: &wgpu::Buffer,
     block_table: &wgpu::Buffer,
-    step: &wgpu::Buffer,
+    row_tables: &wgpu::Buffer,
     n_tokens: u32,
     n_heads: u32,
     n_kv_heads: u32,
@@ -123,7 +123,7 @@ pub fn write_paged_dtype(
     check_size(OP, "v_pool", v_pool, pool_bytes)?;
     check_size(OP, "positions", positions, n_tokens as u64 * 4)?;
     check_size(OP, "block_table", block_table, 4)?;
-    check_size(OP, "step", step, 4)?;
+    check_size(OP, "row_tables", row_tables, n_tokens as u64 * 4)?;
     for (what, buffer) in
         [("qkv", qkv), ("k_pool", k_pool), ("v_pool", v_pool), ("positions", positions), ("block_table", block_table)]
     {
@@ -146,7 +146,7 @@ pub fn write_paged_dtype(
             whole(positions),
             whole(&params),
             whole(block_table),
-            whole(step),
+            whole(row_tables),
         ],
         grid(ctx, items, KV_WRITE_WG),
         None,
