@@ -104,15 +104,16 @@ fn errors_go_to_stderr_with_a_nonzero_exit() {
     let dir = temp_dir("err");
     let model = dir.join("tiny.gguf");
     std::fs::write(&model, tiny_llama_gguf(&SynthConfig::tiny())).unwrap();
-    for (layout, dtype, what) in [("paged", "int8", "int8"), ("contiguous", "int8", "int8")] {
-        let out = bin()
-            .args(["generate", "--model", model.to_str().unwrap(), "--prompt", "x", "--kv-layout", layout, "--kv-dtype", dtype])
-            .output()
-            .unwrap();
-        assert!(!out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(what) && err.contains("not available"), "{err}");
-    }
+    let out = bin().args(["generate", "--model", model.to_str().unwrap(), "--prompt", "x", "--kv-dtype", "int4"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("f32 or int8"));
+    // A pool too small for the prompt says so.
+    let out = bin()
+        .args(["generate", "--model", model.to_str().unwrap(), "--prompt", "a prompt longer than the pool", "--pool-tokens", "8", "--block-size", "4"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("pool"), "{}", String::from_utf8_lossy(&out.stderr));
     let out = bin().args(["generate", "--model", model.to_str().unwrap(), "--prompt", "x", "--kv-layout", "ring"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("contiguous or paged"));

@@ -6,7 +6,7 @@ mod common;
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-use pagedlm::engine::{Engine, EngineError, EngineOptions, GenerateRequest, KvLayout};
+use pagedlm::engine::{Engine, EngineError, EngineOptions, GenerateRequest, KvDtype, KvLayout};
 use pagedlm::kv::snapshot::SnapshotError;
 use pagedlm::kv::KvError;
 use pagedlm::rng::Rng;
@@ -35,8 +35,9 @@ gpu_test! {
     async fn export_import_continue_gives_the_tokens_of_continuing_in_place() {
         let bytes = tiny(41);
         let mut rng = Rng::new(8);
-        for block_size in [16u32, 5] {
-            let mut source = Engine::load(&bytes, opts(block_size)).await.unwrap();
+        for (block_size, kv_dtype) in [(16u32, KvDtype::F32), (5, KvDtype::F32), (16, KvDtype::Int8)] {
+            let o = EngineOptions { kv_dtype, ..opts(block_size) };
+            let mut source = Engine::load(&bytes, o.clone()).await.unwrap();
             let prompt = ids(&mut rng, 45);
             let request = GenerateRequest { max_tokens: 10, ignore_eos: true, ..Default::default() };
             let first = source.generate(&prompt, &request, &mut |_| true).await.unwrap();
@@ -49,15 +50,15 @@ gpu_test! {
             let in_place = source.generate(&next, &request, &mut |_| true).await.unwrap();
             assert!(in_place.prefix_hit_tokens as usize >= history.len());
 
-            let mut target = Engine::load(&bytes, opts(block_size)).await.unwrap();
+            let mut target = Engine::load(&bytes, o).await.unwrap();
             let before = target.stats().pool;
             let tokens = target.import_snapshot(&snapshot).unwrap();
             assert_eq!(tokens, history);
             target.kv_cache().check_integrity().unwrap();
             assert!(target.stats().pool.blocks_cached > before.blocks_cached);
             let moved = target.generate(&next, &request, &mut |_| true).await.unwrap();
-            assert_eq!(moved.prefix_hit_tokens as usize, history.len(), "block {block_size}: the imported history was not reused");
-            assert_eq!(moved.tokens, in_place.tokens, "block {block_size}: tokens differ after the transfer");
+            assert_eq!(moved.prefix_hit_tokens as usize, history.len(), "block {block_size} {kv_dtype:?}: the imported history was not reused");
+            assert_eq!(moved.tokens, in_place.tokens, "block {block_size} {kv_dtype:?}: tokens differ after the transfer");
             // Importing the same snapshot again changes nothing but the LRU order.
             let blocks_used = target.stats().pool.blocks_cached;
             target.import_snapshot(&snapshot).unwrap();
@@ -106,6 +107,8 @@ gpu_test! {
         // Another model, another block size, the contiguous layout.
         let mut other_model = Engine::load(&tiny(43), opts(8)).await.unwrap();
         check(&mut other_model, &snapshot, &|e| matches!(e, SnapshotError::Mismatch { what: "model", .. }), "model");
+        let mut other_dtype = Engine::load(&bytes, EngineOptions { kv_dtype: KvDtype::Int8, ..opts(8) }).await.unwrap();
+        check(&mut other_dtype, &snapshot, &|e| matches!(e, SnapshotError::Mismatch { what: "KV dtype", .. }), "dtype");
         let mut other_block = Engine::load(&bytes, opts(16)).await.unwrap();
         check(&mut other_block, &snapshot, &|e| matches!(e, SnapshotError::Mismatch { what: "block size", .. }), "block size");
         let mut contiguous = Engine::load(&bytes, EngineOptions { kv_layout: KvLayout::Contiguous, ..opts(8) }).await.unwrap();

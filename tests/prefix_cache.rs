@@ -42,8 +42,8 @@ gpu_test! {
     async fn hits_give_the_logits_of_a_fresh_prefill() {
         let bytes = tiny(21);
         let mut rng = Rng::new(5);
-        for block_size in [4u32, 16] {
-            let opts = EngineOptions { max_context: 128, block_size, prefill_chunk: 32, check_integrity: true, ..Default::default() };
+        for (block_size, kv_dtype) in [(4u32, KvDtype::F32), (16, KvDtype::F32), (16, KvDtype::Int8)] {
+            let opts = EngineOptions { max_context: 128, block_size, kv_dtype, prefill_chunk: 32, check_integrity: true, ..Default::default() };
             let mut engine = Engine::load(&bytes, opts).await.unwrap();
             let base = ids(&mut rng, 37); // 37 tokens: a partly filled last block for both sizes
             let (first, hit) = engine.next_token_logits(&base).await.unwrap();
@@ -69,7 +69,7 @@ gpu_test! {
                 assert!(hit >= want_hit && hit < prompt.len() as u32, "{name} (block {block_size}): hit {hit}, expected {want_hit}");
                 let fresh = engine.score_logits(&prompt, prompt.len(), ScoreMode::Prefill).await.unwrap();
                 let d = max_diff(&logits, &fresh[0]);
-                assert!(d <= HIT_TOL, "{name} (block {block_size}): logits differ by {d} from a fresh prefill");
+                assert!(d <= HIT_TOL, "{name} (block {block_size}, {kv_dtype:?}): logits differ by {d} from a fresh prefill");
                 engine.kv_cache().check_integrity().unwrap();
             }
             let stats = engine.stats();
