@@ -1,9 +1,11 @@
 //! The JavaScript surface of the engine (wasm-bindgen): load a model from bytes, chat with a
-//! token stream, report what the engine holds. Thin on purpose: every decision lives in
-//! [`Engine`]; this module only converts values and errors at the boundary.
+//! token stream, report the KV pool. Thin on purpose: every decision lives in [`Engine`]; this
+//! module only converts values and errors at the boundary. The Web Worker, the request queue,
+//! abort signals and model download live in JS (`js/worker.js`).
 //!
 //! Nothing here panics: bad options, a busy engine, or a throwing callback all come back to JS
-//! as a rejected promise with an `Error` whose message says what to fix.
+//! as a rejected promise with an `Error` whose `code` names the kind of failure
+//! (`WEBGPU_UNAVAILABLE`, `MODEL_FORMAT`, ...) and whose message says what to fix.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -11,19 +13,149 @@ use std::rc::Rc;
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 
-use crate::engine::{Engine, EngineOptions, GenerateRequest, KvLayout, TokenEvent};
-use crate::model::ModelConfig;
+use crate::engine::{Engine, EngineError, EngineOptions, GenerateRequest, KvDtype, KvLayout, TokenEvent};
+use crate::gpu::GpuError;
+use crate::kv::KvError;
+use crate::model::{ModelConfig, ModelError};
 use crate::sampler::SamplingParams;
 use crate::tokenizer::ChatMessage;
 
+/// What kind of failure an error is; JS sees it as `error.code`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// No WebGPU adapter or device, or one without the limits the model needs.
+    WebGpuUnavailable,
+    /// The file is not a GGUF model pagedlm can run (truncated, corrupt, unsupported type).
+    ModelFormat,
+    /// The prompt (plus the reply) does not fit the context.
+    ContextOverflow,
+    /// The KV pool has no free block left for this request.
+    KvPoolFull,
+    /// A feature the engine does not offer yet (e.g. `kvDtype: "int8"` before it lands).
+    Unsupported,
+    /// Bad options or messages.
+    InvalidArgument,
+    /// A generation is running on this engine.
+    Busy,
+    /// A GPU failure after loading (validation, out of memory, lost readback).
+    GpuError,
+    /// The token callback threw.
+    Callback,
+    /// A bookkeeping bug in pagedlm itself.
+    Internal,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::WebGpuUnavailable => "WEBGPU_UNAVAILABLE",
+            ErrorCode::ModelFormat => "MODEL_FORMAT",
+            ErrorCode::ContextOverflow => "CONTEXT_OVERFLOW",
+            ErrorCode::KvPoolFull => "KV_POOL_FULL",
+            ErrorCode::Unsupported => "UNSUPPORTED",
+            ErrorCode::InvalidArgument => "INVALID_ARGUMENT",
+            ErrorCode::Busy => "BUSY",
+            ErrorCode::GpuError => "GPU_ERROR",
+            ErrorCode::Callback => "CALLBACK_ERROR",
+            ErrorCode::Internal => "INTERNAL",
+        }
+    }
+}
+
+/// An error on its way to JS: a JS `Error` with `name = "PagedlmError"` and `code`.
+#[derive(Debug)]
+pub struct WebError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl WebError {
+    fn new(code: ErrorCode, message: impl Into<String>) -> WebError {
+        WebError { code, message: message.into() }
+    }
+}
+
+fn gpu_code(e: &GpuError) -> ErrorCode {
+    match e {
+        GpuError::NoAdapter(_) | GpuError::Device(_) | GpuError::Limits(_) => ErrorCode::WebGpuUnavailable,
+        GpuError::Readback(_) | GpuError::Validation(_) => ErrorCode::GpuError,
+        GpuError::Shape { .. } | GpuError::UnknownShader(_) => ErrorCode::Internal,
+    }
+}
+
+fn kv_code(e: &KvError) -> ErrorCode {
+    match e {
+        KvError::PoolExhausted { .. } => ErrorCode::KvPoolFull,
+        KvError::SequenceTooLong { .. } => ErrorCode::ContextOverflow,
+        KvError::NotAvailable(_) => ErrorCode::Unsupported,
+        KvError::Config(_) => ErrorCode::InvalidArgument,
+        KvError::UnknownSequence(_) | KvError::TooManySequences(_) | KvError::Internal(_) => ErrorCode::Internal,
+    }
+}
+
+impl From<EngineError> for WebError {
+    fn from(e: EngineError) -> WebError {
+        let code = match &e {
+            EngineError::Model(ModelError::Gpu(g)) | EngineError::Gpu(g) => gpu_code(g),
+            EngineError::Model(ModelError::Gguf(_) | ModelError::Format(_) | ModelError::Unsupported(_))
+            | EngineError::Tokenizer(_) => ErrorCode::ModelFormat,
+            EngineError::Model(ModelError::ContextOverflow { .. }) | EngineError::ContextOverflow { .. } => {
+                ErrorCode::ContextOverflow
+            }
+            EngineError::Kv(k) => kv_code(k),
+            EngineError::Sampling(_)
+            | EngineError::EmptyPrompt
+            | EngineError::BadToken { .. }
+            | EngineError::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            EngineError::NotAvailable(_) => ErrorCode::Unsupported,
+        };
+        WebError::new(code, e.to_string())
+    }
+}
+
+impl From<WebError> for JsValue {
+    fn from(e: WebError) -> JsValue {
+        let error = js_sys::Error::new(&e.message);
+        error.set_name("PagedlmError");
+        // Setting a property on a fresh, unfrozen Error cannot fail.
+        let _ = js_sys::Reflect::set(&error, &JsValue::from_str("code"), &JsValue::from_str(e.code.as_str()));
+        error.into()
+    }
+}
+
 /// Options of `WebEngine.load`; every field is optional.
 #[derive(Deserialize, Default)]
-#[serde(default, rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 struct LoadOptions {
-    /// Longest sequence (prompt + reply) the engine holds; 0 or absent = the engine's default.
+    /// Longest sequence (prompt + reply) the engine holds; absent = the engine's default.
     max_context: Option<u32>,
     /// Prompt rows per prefill pass.
     prefill_chunk: Option<u32>,
+    /// `"f32"` (default) or `"int8"`.
+    kv_dtype: Option<KvDtype>,
+    /// `"paged"` (default) or `"contiguous"`.
+    kv_layout: Option<KvLayout>,
+    /// Tokens per KV block (paged).
+    block_size: Option<u32>,
+    /// Token slots in the KV pool (paged); absent = room for the longest sequence.
+    pool_tokens: Option<u32>,
+    /// Reuse the KV of earlier turns and shared prompt prefixes (default true).
+    prefix_cache: Option<bool>,
+}
+
+impl LoadOptions {
+    fn engine_options(self) -> EngineOptions {
+        let mut o = EngineOptions::default();
+        o.max_context = self.max_context.unwrap_or(o.max_context);
+        o.prefill_chunk = self.prefill_chunk.unwrap_or(o.prefill_chunk);
+        o.kv_dtype = self.kv_dtype.unwrap_or(o.kv_dtype);
+        o.kv_layout = self.kv_layout.unwrap_or(o.kv_layout);
+        o.block_size = self.block_size.unwrap_or(o.block_size);
+        o.pool_tokens = self.pool_tokens.unwrap_or(o.pool_tokens);
+        // Accepted now so callers can pass it; the engine learns it with the prefix cache.
+        let _ = self.prefix_cache;
+        o
+    }
 }
 
 /// `stop` as OpenAI accepts it: one string or a list.
@@ -76,14 +208,15 @@ struct Memory {
     kv_bytes: u64,
 }
 
-/// What `info()` reports. Taken once at load: with the contiguous KV cache nothing in it changes
-/// afterwards, and a snapshot lets the page ask while a generation holds the engine.
+/// What `info()` reports; fixed at load, so the page may ask while a generation holds the engine.
 #[derive(Serialize)]
 struct Info {
     adapter: String,
     /// True on a software GPU (SwiftShader, lavapipe).
     is_cpu: bool,
-    kv_layout: &'static str,
+    kv_layout: KvLayout,
+    kv_dtype: &'static str,
+    block_size: u32,
     max_context: u32,
     model: ModelConfig,
     memory: Memory,
@@ -92,10 +225,13 @@ struct Info {
 impl Info {
     fn of(engine: &Engine) -> Info {
         let (weights_bytes, kv_bytes) = engine.memory();
+        let kv = engine.kv_cache();
         Info {
             adapter: engine.context().adapter_name(),
             is_cpu: engine.context().is_cpu(),
-            kv_layout: "contiguous",
+            kv_layout: kv.layout,
+            kv_dtype: kv.pool.dtype.name(),
+            block_size: kv.block_size(),
             max_context: engine.max_context(),
             model: engine.config().clone(),
             memory: Memory { weights_bytes, kv_bytes },
@@ -103,8 +239,44 @@ impl Info {
     }
 }
 
+/// One sequence in the pool: its id, tokens and block table.
+#[derive(Serialize)]
+struct SequenceStats {
+    id: u32,
+    len: u32,
+    blocks: Vec<u32>,
+}
+
+/// The pool as `stats()` reports it, in the shape of the engine's `EngineStats`:
+/// `block_states[b]`: 0 free, 1 held by a sequence, 2 cached only (evictable).
+#[derive(Serialize)]
+struct Stats {
+    pool: crate::kv::PoolStats,
+    block_states: Vec<u8>,
+    refcounts: Vec<u32>,
+    sequences: Vec<SequenceStats>,
+}
+
+impl Stats {
+    fn of(engine: &Engine) -> Stats {
+        let kv = engine.kv_cache();
+        let refcounts: Vec<u32> = (0..kv.pool.n_blocks).map(|b| kv.pool.alloc.refcount(b)).collect();
+        let block_states = refcounts.iter().map(|&rc| u8::from(rc > 0)).collect();
+        let sequences = kv
+            .sequences()
+            .into_iter()
+            .map(|id| SequenceStats {
+                id: id.0,
+                len: kv.len(id).unwrap_or(0),
+                blocks: kv.blocks(id).map(<[u32]>::to_vec).unwrap_or_default(),
+            })
+            .collect();
+        Stats { pool: kv.stats(), block_states, refcounts, sequences }
+    }
+}
+
 /// Parses an optional JS options object: `undefined` and `null` mean "all defaults".
-fn options<T: for<'de> Deserialize<'de> + Default>(value: JsValue, what: &str) -> Result<T, JsError> {
+fn options<T: for<'de> Deserialize<'de> + Default>(value: JsValue, what: &str) -> Result<T, WebError> {
     if value.is_undefined() || value.is_null() {
         return Ok(T::default());
     }
@@ -112,15 +284,16 @@ fn options<T: for<'de> Deserialize<'de> + Default>(value: JsValue, what: &str) -
 }
 
 /// serde-wasm-bindgen's errors print as a JS `Error` ("Error: invalid type ..."); keep the message.
-fn conversion_error(context: &str, e: serde_wasm_bindgen::Error) -> JsError {
+fn conversion_error(context: &str, e: serde_wasm_bindgen::Error) -> WebError {
     let text = e.to_string();
-    JsError::new(&format!("{context}: {}", text.strip_prefix("Error: ").unwrap_or(&text)))
+    WebError::new(ErrorCode::InvalidArgument, format!("{context}: {}", text.strip_prefix("Error: ").unwrap_or(&text)))
 }
 
-fn to_js<T: Serialize>(value: &T) -> Result<JsValue, JsError> {
-    value
-        .serialize(&serde_wasm_bindgen::Serializer::json_compatible())
-        .map_err(|e| conversion_error("cannot convert the result to JS", e))
+fn to_js<T: Serialize>(value: &T) -> Result<JsValue, WebError> {
+    value.serialize(&serde_wasm_bindgen::Serializer::json_compatible()).map_err(|e| {
+        let text = e.to_string();
+        WebError::new(ErrorCode::Internal, format!("cannot convert the result to JS: {text}"))
+    })
 }
 
 /// A JS exception as text for an error message.
@@ -131,10 +304,15 @@ fn describe(value: &JsValue) -> String {
     value.as_string().unwrap_or_else(|| format!("{value:?}"))
 }
 
-/// A loaded model on the page's WebGPU device.
+fn busy() -> WebError {
+    WebError::new(ErrorCode::Busy, "a generation is running on this engine: wait for it or stop it first")
+}
+
+/// A loaded model on a WebGPU device (the page's or a Worker's).
 ///
-/// The engine sits behind a `RefCell` so that a second `chat` while one is running gets a clear
-/// error instead of wasm-bindgen's aliasing trap.
+/// The engine sits behind a `RefCell` so that a second call while a generation runs gets a
+/// `BUSY` error instead of wasm-bindgen's aliasing trap. Queueing concurrent requests is the
+/// caller's job (the Worker's queue, later the engine's scheduler).
 #[wasm_bindgen]
 pub struct WebEngine {
     inner: Rc<RefCell<Engine>>,
@@ -144,63 +322,76 @@ pub struct WebEngine {
 #[wasm_bindgen]
 impl WebEngine {
     /// Creates a WebGPU context and loads a GGUF model.
-    /// `bytes`: the whole GGUF file. `options`: `{maxContext?, prefillChunk?}` or undefined.
-    pub async fn load(bytes: Vec<u8>, options: JsValue) -> Result<WebEngine, JsError> {
+    /// `bytes`: the whole GGUF file. `options`: `{maxContext?, prefillChunk?, kvDtype?, kvLayout?,
+    /// blockSize?, poolTokens?, prefixCache?}` or undefined.
+    pub async fn load(bytes: Vec<u8>, options: JsValue) -> Result<WebEngine, WebError> {
         let opts: LoadOptions = self::options(options, "load options")?;
-        // The page's KV panel draws one contiguous reservation until it learns the paged pool.
-        let mut engine_options = EngineOptions { kv_layout: KvLayout::Contiguous, ..EngineOptions::default() };
-        if let Some(n) = opts.max_context {
-            engine_options.max_context = n;
-        }
-        if let Some(n) = opts.prefill_chunk {
-            engine_options.prefill_chunk = n;
-        }
-        let engine = Engine::load(&bytes, engine_options).await.map_err(|e| JsError::new(&e.to_string()))?;
+        let engine = Engine::load(&bytes, opts.engine_options()).await?;
         let info = Info::of(&engine);
         Ok(WebEngine { inner: Rc::new(RefCell::new(engine)), info })
     }
 
     /// Runs the chat template over `messages` (`[{role, content}]`) and generates the reply.
     /// `options`: `{max_tokens?, temperature?, top_k?, top_p?, repetition_penalty?, seed?, stop?}`.
-    /// `on_token(text)` is called per token with the text it completed (may be ""); returning
-    /// `false` stops the reply (finish_reason "abort"); a throw stops it and rejects with that error.
-    /// Resolves to `{text, tokens, prompt_tokens, finish_reason, prefill_ms, decode_ms}`.
+    /// `on_token(text, prompt_tokens)` is called per token with the text it completed (may be "")
+    /// and the prompt's length in tokens; returning `false` stops the reply (finish_reason
+    /// "abort"); a throw stops it and rejects with `CALLBACK_ERROR`.
+    /// Resolves to the engine's `Generation`: `{prompt_tokens, tokens, text, finish_reason,
+    /// prefill_ms, decode_ms, ...}`.
     // The borrow is held across the awaits on purpose: it is what makes a second `chat` fail
-    // cleanly (`try_borrow_mut`) while this one runs. Nothing else borrows the engine.
+    // cleanly (`try_borrow_mut`) while this one runs.
     #[allow(clippy::await_holding_refcell_ref)]
-    pub async fn chat(
-        &self,
-        messages: JsValue,
-        options: JsValue,
-        on_token: js_sys::Function,
-    ) -> Result<JsValue, JsError> {
+    pub async fn chat(&self, messages: JsValue, options: JsValue, on_token: js_sys::Function) -> Result<JsValue, WebError> {
         let messages: Vec<ChatMessage> = serde_wasm_bindgen::from_value(messages)
             .map_err(|e| conversion_error("invalid messages (want [{role, content}])", e))?;
         let request = self::options::<ChatOptions>(options, "chat options")?.request();
         let inner = Rc::clone(&self.inner);
-        let mut engine = inner
-            .try_borrow_mut()
-            .map_err(|_| JsError::new("a generation is already running: wait for it or stop it first"))?;
-        let prompt = engine.chat_prompt(&messages).map_err(|e| JsError::new(&e.to_string()))?;
+        let mut engine = inner.try_borrow_mut().map_err(|_| busy())?;
+        let prompt = engine.chat_prompt(&messages)?;
+        let prompt_len = JsValue::from(prompt.len() as u32);
         let mut thrown: Option<String> = None;
-        let mut callback = |event: &TokenEvent<'_>| match on_token.call1(&JsValue::NULL, &JsValue::from_str(event.text)) {
+        let mut callback = |event: &TokenEvent<'_>| match on_token.call2(&JsValue::NULL, &JsValue::from_str(event.text), &prompt_len) {
             Ok(verdict) => verdict.as_bool() != Some(false),
             Err(e) => {
                 thrown = Some(describe(&e));
                 false
             }
         };
-        let generation =
-            engine.generate(&prompt, &request, &mut callback).await.map_err(|e| JsError::new(&e.to_string()))?;
+        let generation = engine.generate(&prompt, &request, &mut callback).await?;
         if let Some(msg) = thrown {
-            return Err(JsError::new(&format!("the on_token callback threw: {msg}")));
+            return Err(WebError::new(ErrorCode::Callback, format!("the on_token callback threw: {msg}")));
         }
         to_js(&generation)
     }
 
-    /// What the engine holds: `{adapter, is_cpu, kv_layout, max_context, model, memory: {weights_bytes, kv_bytes}}`.
-    /// Works while a generation runs.
-    pub fn info(&self) -> Result<JsValue, JsError> {
+    /// Token ids of `messages` rendered with the chat template (what `chat` would prefill).
+    #[wasm_bindgen(js_name = chatPromptLength)]
+    pub fn chat_prompt_length(&self, messages: JsValue) -> Result<u32, WebError> {
+        let messages: Vec<ChatMessage> = serde_wasm_bindgen::from_value(messages)
+            .map_err(|e| conversion_error("invalid messages (want [{role, content}])", e))?;
+        let engine = self.inner.try_borrow().map_err(|_| busy())?;
+        Ok(engine.chat_prompt(&messages)?.len() as u32)
+    }
+
+    /// The KV pool now: `{pool: {kv_dtype, block_size, blocks_total, blocks_used, blocks_free,
+    /// blocks_cached, bytes_total, bytes_per_token, live_tokens, internal_fragmentation},
+    /// block_states: [u8], refcounts: [u32], sequences: [{id, len, blocks}]}`.
+    /// `BUSY` while a generation runs (the Worker answers from its last snapshot then).
+    pub fn stats(&self) -> Result<JsValue, WebError> {
+        let engine = self.inner.try_borrow().map_err(|_| busy())?;
+        to_js(&Stats::of(&engine))
+    }
+
+    /// Drops cached prefixes (nothing to drop until the engine has a prefix cache).
+    #[wasm_bindgen(js_name = resetCache)]
+    pub fn reset_cache(&self) -> Result<(), WebError> {
+        let _engine = self.inner.try_borrow_mut().map_err(|_| busy())?;
+        Ok(())
+    }
+
+    /// What the engine holds: `{adapter, is_cpu, kv_layout, kv_dtype, block_size, max_context,
+    /// model, memory: {weights_bytes, kv_bytes}}`. Works while a generation runs.
+    pub fn info(&self) -> Result<JsValue, WebError> {
         to_js(&self.info)
     }
 }
