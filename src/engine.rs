@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::gguf::Gguf;
 use crate::gpu::{Context, ContextOptions, GpuError};
-use crate::kv::{CacheConfig, KvCache, KvError, SeqId};
+use crate::kv::{CacheConfig, KvCache, KvError, PoolStats, PrefixStats, SeqId};
 pub use crate::kv::{KvDtype, KvLayout};
 use crate::model::{Logits, ModelConfig, ModelError, StepGraph, Weights};
 use crate::sampler::{top_k, Sampler, SamplingError, SamplingParams};
@@ -26,6 +26,10 @@ pub struct EngineOptions {
     /// Token slots in the KV pool (paged layout); 0 = the maximum context, capped by the device's
     /// storage-binding limit for one layer's buffer.
     pub pool_tokens: u32,
+    /// Reuse the K/V of earlier requests' common prefixes (paged layout only).
+    pub prefix_cache: bool,
+    /// Verify the KV cache's invariants after every step (for tests; costs CPU time per step).
+    pub check_integrity: bool,
 }
 
 impl Default for EngineOptions {
@@ -37,6 +41,8 @@ impl Default for EngineOptions {
             kv_dtype: KvDtype::F32,
             block_size: 16,
             pool_tokens: 0,
+            prefix_cache: true,
+            check_integrity: false,
         }
     }
 }
@@ -103,8 +109,37 @@ pub struct Generation {
     pub tokens: Vec<u32>,
     pub text: String,
     pub finish_reason: FinishReason,
+    /// Prompt tokens whose K/V came from the prefix cache.
+    pub prefix_hit_tokens: u32,
+    /// Prompt tokens computed (`prompt_tokens.len() - prefix_hit_tokens`).
+    pub prefill_tokens: u32,
+    /// From the call to the first generated token.
+    pub ttft_ms: f64,
     pub prefill_ms: f64,
     pub decode_ms: f64,
+    /// The physical KV blocks the request's sequence held at its end, in order (the prefix
+    /// cache keeps them for the next turn until evicted).
+    pub blocks: Vec<u32>,
+}
+
+/// A live sequence as [`Engine::stats`] shows it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SequenceInfo {
+    pub id: u32,
+    pub len: u32,
+    pub blocks: Vec<u32>,
+}
+
+/// The engine's KV pool and prefix cache at one moment.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct EngineStats {
+    pub pool: PoolStats,
+    pub prefix: PrefixStats,
+    /// Per physical block: 0 free, 1 held by a running sequence, 2 held only by the prefix
+    /// cache (evictable).
+    pub block_states: Vec<u8>,
+    pub refcounts: Vec<u32>,
+    pub sequences: Vec<SequenceInfo>,
 }
 
 /// How `score` runs the continuation.
@@ -122,8 +157,6 @@ pub struct Engine {
     weights: Weights,
     tokenizer: Tokenizer,
     kv: KvCache,
-    /// The engine's one sequence (several come with the scheduler).
-    seq: SeqId,
     options: EngineOptions,
     decode_graph: Option<StepGraph>,
     prefill_graphs: HashMap<(u32, u32), StepGraph>,
@@ -161,12 +194,12 @@ impl Engine {
             } else {
                 options.pool_tokens
             },
-            max_seqs: 1,
+            max_seqs: 4,
             max_seq_len: max_context,
+            prefix_cache: options.prefix_cache && options.kv_layout == KvLayout::Paged,
         };
-        let mut kv = KvCache::new(&ctx, &cfg, cache_config)?;
-        let seq = kv.allocate(&ctx)?;
-        Ok(Engine { ctx, cfg, weights, tokenizer, kv, seq, options, decode_graph: None, prefill_graphs: HashMap::new() })
+        let kv = KvCache::new(&ctx, &cfg, cache_config)?;
+        Ok(Engine { ctx, cfg, weights, tokenizer, kv, options, decode_graph: None, prefill_graphs: HashMap::new() })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -195,6 +228,31 @@ impl Engine {
         &self.kv
     }
 
+    /// Drops every cached prefix (their blocks return to the pool) and restarts the hit counters.
+    pub fn reset_cache(&mut self) -> Result<(), EngineError> {
+        Ok(self.kv.reset_prefix_cache()?)
+    }
+
+    /// The pool's occupancy, the prefix cache's counters and every block's state.
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            pool: self.kv.stats(),
+            prefix: self.kv.prefix_stats(),
+            block_states: self.kv.block_states(),
+            refcounts: self.kv.refcounts(),
+            sequences: self
+                .kv
+                .sequences()
+                .into_iter()
+                .map(|id| SequenceInfo {
+                    id: id.0,
+                    len: self.kv.len(id).unwrap_or(0),
+                    blocks: self.kv.blocks(id).map(|b| b.to_vec()).unwrap_or_default(),
+                })
+                .collect(),
+        }
+    }
+
     /// Renders chat messages with the model's template and tokenizes them.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, EngineError> {
         let text = self.tokenizer.apply_chat_template(messages, true)?;
@@ -219,6 +277,7 @@ impl Engine {
     /// (with `Logits::Full`) the logits predicting position p + 1.
     async fn prefill(
         &mut self,
+        seq: SeqId,
         tokens: &[u32],
         start: u32,
         first_logit: u32,
@@ -240,11 +299,12 @@ impl Engine {
                 let g = StepGraph::build(&self.ctx, &self.cfg, &self.weights, &self.kv, n, want)?;
                 self.prefill_graphs.insert(key, g);
             }
-            let at = self.kv.append(&self.ctx, self.seq, n)?;
+            let at = self.kv.append(&self.ctx, seq, n)?;
             debug_assert_eq!(at, pos);
-            let table_base = self.kv.table_base(self.seq);
+            let table_base = self.kv.table_base(seq);
             let graph = self.prefill_graphs.get_mut(&key).expect("inserted above");
             let (ids, l) = graph.run(&self.ctx, piece, pos, table_base, read).await?;
+            self.verify()?;
             if end > first_logit {
                 argmaxes.extend(ids);
                 if let Some(l) = l {
@@ -256,33 +316,39 @@ impl Engine {
         Ok((argmaxes, logits))
     }
 
-    /// Tokens in the engine's sequence.
-    fn seq_len(&self) -> u32 {
-        self.kv.len(self.seq).unwrap_or(0)
+    fn verify(&self) -> Result<(), EngineError> {
+        if self.options.check_integrity {
+            self.kv.check_integrity().map_err(|e| EngineError::Kv(KvError::Internal(e)))?;
+        }
+        Ok(())
     }
 
-    /// Empties the engine's sequence (its blocks return to the pool).
-    fn reset_sequence(&mut self) -> Result<(), EngineError> {
-        Ok(self.kv.truncate(&self.ctx, self.seq, 0)?)
+    fn seq_len(&self, seq: SeqId) -> u32 {
+        self.kv.len(seq).unwrap_or(0)
     }
 
     /// One decode step: `token` at the next position of the sequence.
-    async fn decode(&mut self, token: u32, read: Logits) -> Result<(u32, Option<Vec<f32>>), EngineError> {
-        if self.seq_len() >= self.kv.max_seq_len {
-            return Err(EngineError::ContextOverflow { prompt: self.seq_len() as usize + 1, limit: self.kv.max_seq_len as usize });
+    async fn decode(&mut self, seq: SeqId, token: u32, read: Logits) -> Result<(u32, Option<Vec<f32>>), EngineError> {
+        if self.seq_len(seq) >= self.kv.max_seq_len {
+            return Err(EngineError::ContextOverflow { prompt: self.seq_len(seq) as usize + 1, limit: self.kv.max_seq_len as usize });
         }
         if self.decode_graph.is_none() {
             self.decode_graph = Some(StepGraph::build(&self.ctx, &self.cfg, &self.weights, &self.kv, 1, 1)?);
         }
-        let pos = self.kv.append(&self.ctx, self.seq, 1)?;
-        let table_base = self.kv.table_base(self.seq);
+        let pos = self.kv.append(&self.ctx, seq, 1)?;
+        let table_base = self.kv.table_base(seq);
         let graph = self.decode_graph.as_mut().expect("built above");
         let (ids, logits) = graph.run(&self.ctx, &[token], pos, table_base, read).await?;
+        self.verify()?;
         Ok((ids[0], logits))
     }
 
     /// Generates from prompt token ids, calling `on_token` for every token; `on_token` returning
     /// false aborts the generation (finish reason `abort`).
+    ///
+    /// The request starts from the longest prefix of `prompt` whose K/V the prefix cache holds
+    /// (earlier turns of a conversation, a shared system prompt) and computes only the rest; when
+    /// it ends (finished, stopped or aborted) its K/V go to the cache for later requests.
     pub async fn generate(
         &mut self,
         prompt: &[u32],
@@ -290,21 +356,47 @@ impl Engine {
         on_token: &mut dyn FnMut(&TokenEvent<'_>) -> bool,
     ) -> Result<Generation, EngineError> {
         self.check_tokens(prompt)?;
+        let t0 = now_ms();
+        let (seq, hit) = self.kv.allocate_for_prompt(&self.ctx, prompt)?;
+        let mut history = prompt.to_vec();
+        match self.generate_in(seq, hit, t0, prompt, &mut history, request, on_token).await {
+            Ok(mut g) => {
+                g.blocks = self.kv.blocks(seq)?.to_vec();
+                self.kv.finish(seq, &history)?;
+                Ok(g)
+            }
+            Err(e) => {
+                // K/V written by a failed step are not trusted: nothing goes to the cache.
+                self.kv.free(seq)?;
+                Err(e)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn generate_in(
+        &mut self,
+        seq: SeqId,
+        hit: u32,
+        t0: f64,
+        prompt: &[u32],
+        history: &mut Vec<u32>,
+        request: &GenerateRequest,
+        on_token: &mut dyn FnMut(&TokenEvent<'_>) -> bool,
+    ) -> Result<Generation, EngineError> {
         let mut sampler = Sampler::new(request.sampling.clone())?;
         let greedy = request.sampling.is_greedy();
         let read = if greedy { Logits::Argmax } else { Logits::Full };
         let eos = self.tokenizer.eos_ids();
         let mut decoder = self.tokenizer.stream_decoder();
-        let mut history: Vec<u32> = prompt.to_vec();
         let mut tokens = Vec::new();
         let mut text = String::new();
 
-        self.reset_sequence()?;
-        let t0 = now_ms();
         let last = prompt.len() as u32 - 1;
-        let (ids, logits) = self.prefill(prompt, 0, last, read).await?;
-        let mut next = if greedy { ids[ids.len() - 1] } else { sampler.sample(&mut logits.clone(), &history) };
+        let (ids, logits) = self.prefill(seq, &prompt[hit as usize..], hit, last, read).await?;
+        let mut next = if greedy { ids[ids.len() - 1] } else { sampler.sample(&mut logits.clone(), history) };
         let prefill_ms = now_ms() - t0;
+        let ttft_ms = prefill_ms;
 
         let t1 = now_ms();
         let mut finish = FinishReason::Length;
@@ -327,12 +419,12 @@ impl Engine {
                 finish = FinishReason::Abort;
                 break;
             }
-            if tokens.len() >= limit || self.seq_len() >= self.kv.max_seq_len {
+            if tokens.len() >= limit || self.seq_len(seq) >= self.kv.max_seq_len {
                 break;
             }
-            let (id, logits) = self.decode(next, read).await?;
+            let (id, logits) = self.decode(seq, next, read).await?;
             next = match logits {
-                Some(mut l) if !greedy => sampler.sample(&mut l, &history),
+                Some(mut l) if !greedy => sampler.sample(&mut l, history),
                 _ => id,
             };
         }
@@ -344,23 +436,51 @@ impl Engine {
             tokens,
             text,
             finish_reason: finish,
+            prefix_hit_tokens: hit,
+            prefill_tokens: prompt.len() as u32 - hit,
+            ttft_ms,
             prefill_ms,
             decode_ms: now_ms() - t1,
+            blocks: Vec::new(),
         })
+    }
+
+    /// The logits predicting the token after `prompt`, computed through the prefix cache like a
+    /// generation's first step (and caching `prompt` afterwards). Returns the logits and the
+    /// number of prompt tokens that came from the cache.
+    pub async fn next_token_logits(&mut self, prompt: &[u32]) -> Result<(Vec<f32>, u32), EngineError> {
+        self.check_tokens(prompt)?;
+        let (seq, hit) = self.kv.allocate_for_prompt(&self.ctx, prompt)?;
+        let last = prompt.len() as u32 - 1;
+        match self.prefill(seq, &prompt[hit as usize..], hit, last, Logits::Full).await {
+            Ok((_, logits)) => {
+                self.kv.finish(seq, prompt)?;
+                Ok((logits, hit))
+            }
+            Err(e) => {
+                self.kv.free(seq)?;
+                Err(e)
+            }
+        }
     }
 
     /// Per-kernel GPU time (ms) of one prefill step of `n` tokens and one decode step at context
     /// `n` (see [`StepGraph::profile`]).
     pub async fn profile(&mut self, n: u32) -> Result<(Vec<(String, f64)>, Vec<(String, f64)>), EngineError> {
         let tokens: Vec<u32> = (0..n).map(|i| 100 + i % (self.cfg.vocab - 100)).collect();
+        let seq = self.kv.allocate(&self.ctx)?;
+        let out = self.profile_in(seq, n, &tokens).await;
+        self.kv.free(seq)?;
+        out
+    }
+
+    async fn profile_in(&mut self, seq: SeqId, n: u32, tokens: &[u32]) -> Result<(Vec<(String, f64)>, Vec<(String, f64)>), EngineError> {
         let mut prefill = StepGraph::build(&self.ctx, &self.cfg, &self.weights, &self.kv, n, 1)?;
-        self.reset_sequence()?;
-        self.kv.append(&self.ctx, self.seq, n + 1)?;
-        let table_base = self.kv.table_base(self.seq);
-        let p = prefill.profile(&self.ctx, &tokens, 0, table_base).await?;
+        self.kv.append(&self.ctx, seq, n + 1)?;
+        let table_base = self.kv.table_base(seq);
+        let p = prefill.profile(&self.ctx, tokens, 0, table_base).await?;
         let mut decode = StepGraph::build(&self.ctx, &self.cfg, &self.weights, &self.kv, 1, 1)?;
         let d = decode.profile(&self.ctx, &tokens[..1], n, table_base).await?;
-        self.reset_sequence()?;
         Ok((p, d))
     }
 
@@ -368,13 +488,19 @@ impl Engine {
     /// (end-of-generation tokens included). Returns (tokens decoded, decode milliseconds).
     pub async fn generate_ignoring_eos(&mut self, prompt: &[u32], n: u32) -> Result<(u32, f64), EngineError> {
         self.check_tokens(prompt)?;
-        self.reset_sequence()?;
-        let (ids, _) = self.prefill(prompt, 0, prompt.len() as u32 - 1, Logits::Argmax).await?;
+        let seq = self.kv.allocate(&self.ctx)?;
+        let out = self.bench_in(seq, prompt, n).await;
+        self.kv.free(seq)?;
+        out
+    }
+
+    async fn bench_in(&mut self, seq: SeqId, prompt: &[u32], n: u32) -> Result<(u32, f64), EngineError> {
+        let (ids, _) = self.prefill(seq, prompt, 0, prompt.len() as u32 - 1, Logits::Argmax).await?;
         let mut next = ids[ids.len() - 1];
         let t0 = now_ms();
         let mut done = 0;
-        while done < n && self.seq_len() < self.kv.max_seq_len {
-            next = self.decode(next, Logits::Argmax).await?.0;
+        while done < n && self.seq_len(seq) < self.kv.max_seq_len {
+            next = self.decode(seq, next, Logits::Argmax).await?.0;
             done += 1;
         }
         Ok((done, now_ms() - t0))
@@ -394,19 +520,25 @@ impl Engine {
         if from == 0 || from > ids.len() {
             return Err(EngineError::InvalidArgument(format!("from must be in 1..={}, got {from}", ids.len())));
         }
+        let seq = self.kv.allocate(&self.ctx)?;
+        let out = self.score_in(seq, ids, from, mode).await;
+        self.kv.free(seq)?;
+        out
+    }
+
+    async fn score_in(&mut self, seq: SeqId, ids: &[u32], from: usize, mode: ScoreMode) -> Result<Vec<Vec<f32>>, EngineError> {
         let vocab = self.cfg.vocab as usize;
-        self.reset_sequence()?;
         let mut out = Vec::with_capacity(ids.len() - from + 1);
         match mode {
             ScoreMode::Prefill => {
-                let (_, logits) = self.prefill(ids, 0, from as u32 - 1, Logits::Full).await?;
+                let (_, logits) = self.prefill(seq, ids, 0, from as u32 - 1, Logits::Full).await?;
                 out.extend(logits.chunks(vocab).map(|row| row.to_vec()));
             }
             ScoreMode::Decode => {
-                let (_, logits) = self.prefill(&ids[..from], 0, from as u32 - 1, Logits::Full).await?;
+                let (_, logits) = self.prefill(seq, &ids[..from], 0, from as u32 - 1, Logits::Full).await?;
                 out.push(logits);
                 for &t in &ids[from..] {
-                    let (_, logits) = self.decode(t, Logits::Full).await?;
+                    let (_, logits) = self.decode(seq, t, Logits::Full).await?;
                     out.push(logits.unwrap_or_default());
                 }
             }

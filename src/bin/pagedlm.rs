@@ -118,6 +118,8 @@ mod cli {
             kv_dtype,
             block_size: args.num("block-size", 16)?,
             pool_tokens: args.num("pool-tokens", 0)?,
+            prefix_cache: args.str("no-prefix-cache").is_none(),
+            check_integrity: false,
         })
     }
 
@@ -251,7 +253,7 @@ mod cli {
         }
         let mut engine = load(args).await?;
         let mut history: HashMap<String, Vec<ChatMessage>> = HashMap::new();
-        let (mut total_prompt, mut integrity_ok) = (0u64, true);
+        let (mut total_prompt, mut total_hit, mut integrity_ok) = (0u64, 0u64, true);
         for v in &requests {
             let id = v["id"].as_str().unwrap_or_default();
             let conversation = v["conversation"].as_str().unwrap_or_default().to_string();
@@ -266,22 +268,29 @@ mod cli {
             let prompt = engine.chat_prompt(messages)?;
             let request = GenerateRequest { max_tokens, sampling: SamplingParams::greedy(), stop: Vec::new() };
             let g = engine.generate(&prompt, &request, &mut |_| true).await?;
-            integrity_ok &= engine.kv_cache().check_integrity().is_ok();
+            if let Err(e) = engine.kv_cache().check_integrity() {
+                eprintln!("KV cache integrity check failed after request {id}: {e}");
+                integrity_ok = false;
+            }
             total_prompt += prompt.len() as u64;
+            total_hit += g.prefix_hit_tokens as u64;
             history.get_mut(&conversation).expect("inserted above").push(ChatMessage { role: "assistant".into(), content: g.text.clone() });
             print_line(&json!({
                 "id": id, "conversation": conversation, "prompt_tokens": prompt.len(),
-                "prefix_hit_tokens": 0, "prefill_tokens": prompt.len(), "tokens": g.tokens, "text": g.text,
-                "finish_reason": g.finish_reason, "ttft_ms": g.prefill_ms, "decode_ms": g.decode_ms,
+                "prefix_hit_tokens": g.prefix_hit_tokens, "prefill_tokens": g.prefill_tokens, "tokens": g.tokens, "text": g.text,
+                "finish_reason": g.finish_reason, "ttft_ms": g.ttft_ms, "decode_ms": g.decode_ms,
             }))?;
         }
         let stats = engine.kv_cache().stats();
+        let prefix = engine.kv_cache().prefix_stats();
         print_line(&json!({ "summary": {
-            "requests": requests.len(), "prompt_tokens": total_prompt, "prefix_hit_tokens": 0,
-            "evictions": 0, "preemptions": 0, "integrity_ok": integrity_ok,
+            "requests": requests.len(), "prompt_tokens": total_prompt, "prefix_hit_tokens": total_hit,
+            "hit_rate": if total_prompt == 0 { 0.0 } else { total_hit as f64 / total_prompt as f64 },
+            "prefix_cache": prefix.enabled,
+            "evictions": prefix.evictions, "preemptions": 0, "integrity_ok": integrity_ok,
             "pool": {
                 "kv_dtype": stats.kv_dtype, "block_size": stats.block_size, "blocks_total": stats.blocks_total,
-                "blocks_free": stats.blocks_free, "blocks_cached": stats.blocks_cached,
+                "blocks_used": stats.blocks_used, "blocks_free": stats.blocks_free, "blocks_cached": stats.blocks_cached,
                 "bytes_total": stats.bytes_total, "bytes_per_token": stats.bytes_per_token,
             },
         }}))

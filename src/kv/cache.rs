@@ -8,15 +8,21 @@
 //!
 //! The GPU reads a sequence through its row of the block-table buffer
 //! (`[max_seqs][max_blocks_per_seq] u32`), written whenever a block is added.
+//!
+//! With the paged layout the cache also keeps a prefix cache ([`RadixTree`]): a sequence started
+//! with [`KvCache::allocate_for_prompt`] begins with the longest cached prefix of its prompt, and
+//! [`KvCache::finish`] hands a finished sequence's blocks to the tree. When the pool runs short,
+//! the tree's least recently used blocks that no sequence holds are evicted before anything fails.
 
 use crate::gpu::Context;
 use crate::model::ModelConfig;
 
 use super::pool::{KvPool, PoolStats};
+use super::radix::{CacheKey, PrefixStats, RadixTree};
 use super::{KvDtype, KvError};
 
 /// Where a sequence's KV cache lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum KvLayout {
     /// One reservation of the maximum length per sequence (the baseline).
@@ -46,6 +52,8 @@ pub struct KvCache {
     /// The longest sequence this cache holds.
     pub max_seq_len: u32,
     seqs: Vec<Option<Sequence>>,
+    key: CacheKey,
+    radix: RadixTree,
 }
 
 /// How to size a cache.
@@ -59,11 +67,13 @@ pub struct CacheConfig {
     pub pool_tokens: u32,
     pub max_seqs: u32,
     pub max_seq_len: u32,
+    /// Keep finished sequences' blocks for reuse by later prompts (paged layout only).
+    pub prefix_cache: bool,
 }
 
 impl KvCache {
     pub fn new(ctx: &Context, model: &ModelConfig, config: CacheConfig) -> Result<KvCache, KvError> {
-        let CacheConfig { layout, dtype, block_size, pool_tokens, max_seqs, max_seq_len } = config;
+        let CacheConfig { layout, dtype, block_size, pool_tokens, max_seqs, max_seq_len, prefix_cache } = config;
         if max_seqs == 0 || max_seq_len == 0 {
             return Err(KvError::Config("max_seqs and max_seq_len must be at least 1".into()));
         }
@@ -79,6 +89,9 @@ impl KvCache {
         let pool = KvPool::new(ctx, model, dtype, block_size, n_blocks)?;
         let max_blocks_per_seq = max_seq_len.div_ceil(block_size);
         let table_buffer = ctx.storage_zeroed("kv.block_table", max_seqs as u64 * max_blocks_per_seq as u64 * 4);
+        let key = CacheKey { model: model.fingerprint, dtype, layout, block_size };
+        let mut radix = RadixTree::new(key);
+        radix.set_enabled(prefix_cache && layout == KvLayout::Paged);
         Ok(KvCache {
             layout,
             pool,
@@ -86,6 +99,8 @@ impl KvCache {
             max_blocks_per_seq,
             max_seq_len,
             seqs: vec![None; max_seqs as usize],
+            key,
+            radix,
         })
     }
 
@@ -106,12 +121,21 @@ impl KvCache {
         }
     }
 
+    /// `n` free blocks, evicting cached prefixes (least recently used first) if the free list is
+    /// short. On failure nothing is taken.
+    fn take_blocks(&mut self, n: u32) -> Result<Vec<u32>, KvError> {
+        if self.pool.alloc.free_count() < n {
+            self.radix.evict(&mut self.pool.alloc, n)?;
+        }
+        Ok(self.pool.alloc.alloc(n)?)
+    }
+
     /// A new, empty sequence. The contiguous layout reserves its whole maximum length now.
     pub fn allocate(&mut self, ctx: &Context) -> Result<SeqId, KvError> {
         let slot = self.seqs.iter().position(|s| s.is_none()).ok_or(KvError::TooManySequences(self.seqs.len() as u32))?;
         let mut seq = Sequence::default();
         if self.layout == KvLayout::Contiguous {
-            seq.blocks = self.pool.alloc.alloc(1).map_err(KvError::from)?;
+            seq.blocks = self.take_blocks(1)?;
         }
         self.seqs[slot] = Some(seq);
         let id = SeqId(slot as u32);
@@ -134,7 +158,7 @@ impl KvCache {
         let have = seq.blocks.len();
         let need = new_len.div_ceil(bs) as usize;
         if need > have {
-            let fresh = self.pool.alloc.alloc((need - have) as u32)?;
+            let fresh = self.take_blocks((need - have) as u32)?;
             let seq = self.seqs[id.0 as usize].as_mut().expect("checked above");
             seq.blocks.extend(fresh);
         }
@@ -174,7 +198,7 @@ impl KvCache {
         let mut blocks = Vec::with_capacity(source.blocks.len());
         if let Some(_) = copy_from {
             // Allocate first so that failure leaves everything unchanged.
-            let fresh = self.pool.alloc.alloc(1)?;
+            let fresh = self.take_blocks(1)?;
             for &b in &source.blocks[..full] {
                 self.pool.alloc.retain(b)?;
             }
@@ -227,7 +251,9 @@ impl KvCache {
 
     pub fn stats(&self) -> PoolStats {
         let live_tokens: u64 = self.seqs.iter().flatten().map(|s| s.len as u64).sum();
-        let used = self.pool.alloc.used_count();
+        let held = self.pool.alloc.used_count();
+        let cached = self.radix.blocks().iter().filter(|&&b| self.pool.alloc.refcount(b) == 1).count() as u32;
+        let used = held - cached;
         let slots = used as u64 * self.pool.block_size as u64;
         PoolStats {
             kv_dtype: self.pool.dtype.name(),
@@ -235,7 +261,7 @@ impl KvCache {
             blocks_total: self.pool.n_blocks,
             blocks_used: used,
             blocks_free: self.pool.alloc.free_count(),
-            blocks_cached: 0,
+            blocks_cached: cached,
             bytes_total: self.pool.bytes_total(),
             bytes_per_token: self.pool.bytes_per_token() as f64,
             live_tokens,
@@ -243,12 +269,17 @@ impl KvCache {
         }
     }
 
-    /// Verifies the cache's invariants: the allocator's own (free list and refcounts agree),
-    /// every block's refcount equals the number of tables holding it plus `external[b]` (holders
-    /// outside the sequences, e.g. the prefix cache), no table holds a block twice, and each
-    /// table has exactly the blocks its length needs.
+    /// Verifies the cache's invariants: the allocator's own (free list and refcounts agree), the
+    /// prefix tree's own, every block's refcount equals the number of tables holding it plus the
+    /// tree's reference plus `external[b]` (holders outside the cache), no table holds a block
+    /// twice, and each table has exactly the blocks its length needs.
     pub fn check_integrity_with(&self, external: &dyn Fn(u32) -> u32) -> Result<(), String> {
         self.pool.alloc.check()?;
+        self.radix.check()?;
+        let mut in_tree = vec![0u32; self.pool.n_blocks as usize];
+        for b in self.radix.blocks() {
+            *in_tree.get_mut(b as usize).ok_or_else(|| format!("the prefix cache holds block {b}, past the pool"))? += 1;
+        }
         let mut holders = vec![0u32; self.pool.n_blocks as usize];
         for (i, seq) in self.seqs.iter().enumerate() {
             let Some(seq) = seq else { continue };
@@ -273,7 +304,7 @@ impl KvCache {
             }
         }
         for (b, &h) in holders.iter().enumerate() {
-            let want = h + external(b as u32);
+            let want = h + in_tree[b] + external(b as u32);
             let rc = self.pool.alloc.refcount(b as u32);
             if rc != want {
                 return Err(format!("block {b} has refcount {rc} but {want} holders"));
@@ -284,5 +315,125 @@ impl KvCache {
 
     pub fn check_integrity(&self) -> Result<(), String> {
         self.check_integrity_with(&|_| 0)
+    }
+
+    /// The identity of the KV data this cache stores.
+    pub fn key(&self) -> CacheKey {
+        self.key
+    }
+
+    /// Whether finished sequences are kept for reuse.
+    pub fn prefix_cache_enabled(&self) -> bool {
+        self.radix.enabled()
+    }
+
+    /// Turns prefix reuse on or off (off also drops what is cached). Only the paged layout can
+    /// share blocks; asking the contiguous layout for it is an error.
+    pub fn set_prefix_cache(&mut self, enabled: bool) -> Result<(), KvError> {
+        if enabled && self.layout != KvLayout::Paged {
+            return Err(KvError::Config("the prefix cache needs the paged layout".into()));
+        }
+        if !enabled {
+            self.radix.clear(&mut self.pool.alloc)?;
+        }
+        self.radix.set_enabled(enabled);
+        Ok(())
+    }
+
+    /// A new sequence for `prompt` that already holds the longest cached prefix of
+    /// `prompt[..len - 1]` (the last prompt token is always computed, so that its logits exist).
+    /// Full cached blocks are shared; a block matched only in part is copied (copy-on-write)
+    /// into a fresh block, which the sequence then writes its next tokens into. Returns the
+    /// sequence and the number of prompt tokens whose K/V it already has (prefill starts there).
+    pub fn allocate_for_prompt(&mut self, ctx: &Context, prompt: &[u32]) -> Result<(SeqId, u32), KvError> {
+        if !self.radix.enabled() || prompt.len() < 2 {
+            let id = self.allocate(ctx)?;
+            if self.radix.enabled() {
+                self.radix.record_request(prompt.len() as u32, 0);
+            }
+            return Ok((id, 0));
+        }
+        let slot = self.seqs.iter().position(|s| s.is_none()).ok_or(KvError::TooManySequences(self.seqs.len() as u32))?;
+        let limit = (prompt.len() - 1).min(self.max_seq_len as usize);
+        let m = self.radix.match_prefix(&self.key, &prompt[..limit])?;
+        // Hold what was matched before taking a fresh block, which may evict.
+        for &b in &m.blocks {
+            self.pool.alloc.retain(b)?;
+        }
+        let mut blocks = m.blocks.clone();
+        if let Some((src, _)) = m.partial {
+            self.pool.alloc.retain(src)?;
+            let fresh = self.take_blocks(1);
+            let release = self.pool.alloc.release(src);
+            let fresh = match fresh {
+                Ok(f) => f,
+                Err(e) => {
+                    for &b in &m.blocks {
+                        self.pool.alloc.release(b)?;
+                    }
+                    return Err(e);
+                }
+            };
+            release?;
+            let mut encoder = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kv.prefix_cow") });
+            self.pool.copy_block(&mut encoder, src, fresh[0]);
+            ctx.queue.submit(Some(encoder.finish()));
+            blocks.extend(fresh);
+        }
+        self.radix.record_request(prompt.len() as u32, m.tokens);
+        self.seqs[slot] = Some(Sequence { blocks, len: m.tokens });
+        let id = SeqId(slot as u32);
+        self.upload_table(ctx, id, 0);
+        Ok((id, m.tokens))
+    }
+
+    /// Ends a sequence whose K/V hold `tokens` (at least its length; extra trailing ids, such as
+    /// a sampled token never fed back, are ignored): with the prefix cache on, its blocks go to
+    /// the tree for later prompts; then the sequence is freed.
+    pub fn finish(&mut self, id: SeqId, tokens: &[u32]) -> Result<(), KvError> {
+        let seq = self.seq(id)?;
+        if self.radix.enabled() && seq.len > 0 {
+            let len = seq.len as usize;
+            if tokens.len() < len {
+                return Err(KvError::Internal(format!("sequence {} holds {len} tokens, {} ids given", id.0, tokens.len())));
+            }
+            let blocks = seq.blocks.clone();
+            self.radix.insert(&self.key, &tokens[..len], &blocks, &mut self.pool.alloc)?;
+        }
+        self.free(id)
+    }
+
+    /// Drops every cached prefix; blocks that no sequence holds return to the free list.
+    pub fn reset_prefix_cache(&mut self) -> Result<(), KvError> {
+        self.radix.clear(&mut self.pool.alloc)
+    }
+
+    /// Evicts cached prefixes until `free` blocks are free (or nothing more can go); returns the
+    /// blocks evicted.
+    pub fn evict(&mut self, free: u32) -> Result<u32, KvError> {
+        self.radix.evict(&mut self.pool.alloc, free)
+    }
+
+    pub fn prefix_stats(&self) -> PrefixStats {
+        self.radix.stats()
+    }
+
+    /// Per physical block: 0 free, 1 held by a live sequence, 2 held only by the prefix cache.
+    pub fn block_states(&self) -> Vec<u8> {
+        let mut states = vec![0u8; self.pool.n_blocks as usize];
+        for b in self.radix.blocks() {
+            states[b as usize] = 2;
+        }
+        for seq in self.seqs.iter().flatten() {
+            for &b in &seq.blocks {
+                states[b as usize] = 1;
+            }
+        }
+        states
+    }
+
+    /// Per physical block, its reference count.
+    pub fn refcounts(&self) -> Vec<u32> {
+        (0..self.pool.n_blocks).map(|b| self.pool.alloc.refcount(b)).collect()
     }
 }

@@ -6,9 +6,11 @@
 pub mod alloc;
 pub mod cache;
 pub mod pool;
+pub mod radix;
 
 pub use cache::{CacheConfig, KvCache, KvLayout, SeqId};
 pub use pool::{KvPool, PoolStats};
+pub use radix::{CacheKey, PrefixMatch, PrefixStats, RadixTree};
 
 use alloc::AllocError;
 
@@ -43,6 +45,8 @@ pub enum KvError {
     TooManySequences(u32),
     #[error("KV cache configuration: {0}")]
     Config(String),
+    #[error("the prefix cache was made for other KV data: {0}")]
+    CacheKeyMismatch(String),
     #[error("{0} is not available yet")]
     NotAvailable(String),
     #[error("KV cache bookkeeping: {0}")]

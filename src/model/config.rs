@@ -1,7 +1,7 @@
 //! The model's hyper-parameters, read from GGUF metadata. Nothing here is specific to SmolLM2:
 //! every width, head count and constant comes from the file.
 
-use crate::gguf::Gguf;
+use crate::gguf::{Gguf, MetaValue};
 
 use super::ModelError;
 
@@ -23,6 +23,9 @@ pub struct ModelConfig {
     pub context_length: u32,
     pub rope_base: f32,
     pub rms_eps: f32,
+    /// A 64-bit hash of the file's metadata, tensor table and samples of every tensor's data:
+    /// the identity of the model for anything derived from it (the prefix cache, KV snapshots).
+    pub fingerprint: u64,
 }
 
 impl ModelConfig {
@@ -96,6 +99,7 @@ impl ModelConfig {
             context_length,
             rope_base,
             rms_eps,
+            fingerprint: fingerprint(gguf),
         })
     }
 
@@ -113,4 +117,67 @@ impl ModelConfig {
     pub fn kv_bytes_per_token(&self, bytes_per_value: u32) -> u64 {
         self.n_layers as u64 * self.n_kv_heads as u64 * self.head_dim as u64 * 2 * bytes_per_value as u64
     }
+}
+
+/// FNV-1a, 64 bits.
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+    fn bytes(&mut self, b: &[u8]) {
+        for &x in b {
+            self.0 = (self.0 ^ x as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    fn u64(&mut self, v: u64) {
+        self.bytes(&v.to_le_bytes());
+    }
+    fn meta(&mut self, v: &MetaValue) {
+        self.u64(v.type_id() as u64);
+        match v {
+            MetaValue::String(s) => {
+                self.u64(s.len() as u64);
+                self.bytes(s.as_bytes());
+            }
+            MetaValue::Array(items) => {
+                self.u64(items.len() as u64);
+                items.iter().for_each(|i| self.meta(i));
+            }
+            MetaValue::F32(f) => self.bytes(&f.to_le_bytes()),
+            MetaValue::F64(f) => self.bytes(&f.to_le_bytes()),
+            MetaValue::Bool(b) => self.u64(*b as u64),
+            other => self.u64(other.as_u64().unwrap_or_else(|| other.as_i64().unwrap_or(0) as u64)),
+        }
+    }
+}
+
+/// Hashes everything that defines the model's outputs except the bulk of the weights, of which
+/// it takes 1 KiB at the start, middle and end of every tensor: enough to tell apart two
+/// fine-tunes or quantizations of one architecture, at a cost of milliseconds, not a pass over
+/// the whole file.
+fn fingerprint(gguf: &Gguf<'_>) -> u64 {
+    let mut h = Fnv::new();
+    h.u64(gguf.version as u64);
+    for (key, value) in &gguf.metadata {
+        h.bytes(key.as_bytes());
+        h.meta(value);
+    }
+    for t in &gguf.tensors {
+        h.bytes(t.name.as_bytes());
+        t.dims.iter().for_each(|&d| h.u64(d));
+        h.u64(t.ggml_type.to_u32() as u64);
+        let data = gguf.tensor_data(t);
+        const SAMPLE: usize = 1024;
+        if data.len() <= 3 * SAMPLE {
+            h.bytes(data);
+        } else {
+            let mid = data.len() / 2 - SAMPLE / 2;
+            h.bytes(&data[..SAMPLE]);
+            h.bytes(&data[mid..mid + SAMPLE]);
+            h.bytes(&data[data.len() - SAMPLE..]);
+        }
+    }
+    h.0
 }

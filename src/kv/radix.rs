@@ -1,0 +1,364 @@
+//! The prefix cache: a radix tree over token ids at block granularity (RadixAttention).
+//!
+//! Every node below the root stands for one physical KV block and the token ids whose K/V it
+//! holds: a **full** node holds `block_size` tokens and may have children (the blocks that
+//! followed it in some sequence); a **partial** node holds fewer and is always a leaf (the last,
+//! partly filled block of a finished sequence). A path from the root spells a token prefix, and
+//! its blocks hold that prefix's K/V at positions `0..len`, so any sequence starting with the same
+//! tokens can read them instead of recomputing.
+//!
+//! ## Ownership
+//! The tree holds one reference (in the pool's [`BlockAllocator`]) to each block it stores; live
+//! sequences hold their own. A block in the tree is never written again: full blocks have no free
+//! slot, and a partial block is only ever *copied* into a new sequence (copy-on-write), whose
+//! writes then go to the copy. A block is evictable when the tree's is its only reference.
+//!
+//! ## Eviction
+//! Least recently used first, leaves only (a block is useless without the blocks before it), and
+//! only blocks no live sequence holds. Evicting a leaf can make its parent a leaf in turn.
+//!
+//! ## Keying
+//! Stored K/V depend on the model, the KV dtype, the layout and the block size; a tree is made for
+//! one [`CacheKey`] and refuses lookups and inserts under another, so nothing cached under one can
+//! be read as the other.
+
+use super::alloc::BlockAllocator;
+use super::{KvDtype, KvError, KvLayout};
+
+/// Everything that changes what a cached block holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct CacheKey {
+    /// [`crate::model::ModelConfig::fingerprint`].
+    pub model: u64,
+    pub dtype: KvDtype,
+    pub layout: KvLayout,
+    pub block_size: u32,
+}
+
+/// The longest cached prefix of a token sequence.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PrefixMatch {
+    /// Full blocks holding the first `blocks.len() × block_size` tokens, shareable as they are.
+    pub blocks: Vec<u32>,
+    /// A block whose first `n` tokens continue the prefix (a partial node, or a full node that
+    /// matches only part of the way): to be copied, not shared, since the new sequence writes
+    /// its next tokens into it.
+    pub partial: Option<(u32, u32)>,
+    /// Tokens covered: `blocks.len() × block_size + partial n`.
+    pub tokens: u32,
+}
+
+/// Counters of the prefix cache since it was made (or reset).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct PrefixStats {
+    pub enabled: bool,
+    /// Requests that looked up a prefix.
+    pub requests: u64,
+    /// Prompt tokens of those requests.
+    pub prompt_tokens: u64,
+    /// Of those, tokens whose K/V came from the cache.
+    pub hit_tokens: u64,
+    /// `hit_tokens / prompt_tokens`.
+    pub hit_rate: f64,
+    /// Blocks evicted to make room.
+    pub evictions: u64,
+    /// Blocks the tree holds now.
+    pub nodes: u32,
+}
+
+#[derive(Clone, Debug)]
+struct Node {
+    tokens: Vec<u32>,
+    block: u32,
+    parent: usize,
+    children: Vec<usize>,
+    last_used: u64,
+}
+
+const ROOT: usize = 0;
+
+pub struct RadixTree {
+    key: CacheKey,
+    block_size: u32,
+    /// Arena; `None` marks a free slot. Slot 0 is the root (no block).
+    nodes: Vec<Option<Node>>,
+    free_slots: Vec<usize>,
+    clock: u64,
+    stats: PrefixStats,
+}
+
+impl RadixTree {
+    pub fn new(key: CacheKey) -> RadixTree {
+        let root = Node { tokens: Vec::new(), block: u32::MAX, parent: ROOT, children: Vec::new(), last_used: 0 };
+        RadixTree {
+            key,
+            block_size: key.block_size,
+            nodes: vec![Some(root)],
+            free_slots: Vec::new(),
+            clock: 0,
+            stats: PrefixStats { enabled: true, ..Default::default() },
+        }
+    }
+
+    pub fn key(&self) -> CacheKey {
+        self.key
+    }
+
+    fn check_key(&self, key: &CacheKey) -> Result<(), KvError> {
+        if *key != self.key {
+            return Err(KvError::CacheKeyMismatch(format!("the cache holds {:?}, asked for {:?}", self.key, key)));
+        }
+        Ok(())
+    }
+
+    fn node(&self, i: usize) -> &Node {
+        self.nodes[i].as_ref().expect("live node index")
+    }
+
+    fn node_mut(&mut self, i: usize) -> &mut Node {
+        self.nodes[i].as_mut().expect("live node index")
+    }
+
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    fn touch_path(&mut self, mut i: usize, now: u64) {
+        while i != ROOT {
+            let n = self.node_mut(i);
+            n.last_used = now;
+            i = n.parent;
+        }
+    }
+
+    /// The longest cached prefix of `tokens` (callers pass the prompt without its last token, so
+    /// that the last one is always computed and yields the next token's logits). Marks the
+    /// matched path as recently used. Does not take references: the caller retains what it uses
+    /// before anything else can evict it.
+    pub fn match_prefix(&mut self, key: &CacheKey, tokens: &[u32]) -> Result<PrefixMatch, KvError> {
+        self.check_key(key)?;
+        let bs = self.block_size as usize;
+        let mut m = PrefixMatch::default();
+        let mut cur = ROOT;
+        let mut pos = 0usize;
+        let now = self.tick();
+        let mut last = ROOT;
+        while pos < tokens.len() {
+            let chunk = &tokens[pos..(pos + bs).min(tokens.len())];
+            let mut best: Option<(usize, usize)> = None;
+            let mut full: Option<usize> = None;
+            for &c in &self.node(cur).children {
+                let ct = &self.node(c).tokens;
+                let lcp = ct.iter().zip(chunk).take_while(|(a, b)| a == b).count();
+                if lcp == bs {
+                    full = Some(c);
+                    break;
+                }
+                if lcp > 0 && best.map_or(true, |(_, l)| lcp > l) {
+                    best = Some((c, lcp));
+                }
+            }
+            if let Some(c) = full {
+                m.blocks.push(self.node(c).block);
+                cur = c;
+                last = c;
+                pos += bs;
+                continue;
+            }
+            if let Some((c, lcp)) = best {
+                m.partial = Some((self.node(c).block, lcp as u32));
+                last = c;
+                pos += lcp;
+            }
+            break;
+        }
+        self.touch_path(last, now);
+        m.tokens = pos as u32;
+        Ok(m)
+    }
+
+    /// Stores a finished sequence: `tokens` are the ids whose K/V its `blocks` hold (positions
+    /// `0..tokens.len()`, `blocks.len() = ceil(len / block_size)`). Blocks new to the tree gain
+    /// one reference; prefixes already cached keep their blocks (the sequence's duplicate copies
+    /// go back to the pool when it is freed). A partial node that the new tokens extend is
+    /// replaced, its reference released.
+    pub fn insert(&mut self, key: &CacheKey, tokens: &[u32], blocks: &[u32], alloc: &mut BlockAllocator) -> Result<(), KvError> {
+        self.check_key(key)?;
+        let bs = self.block_size as usize;
+        if blocks.len() != tokens.len().div_ceil(bs) {
+            return Err(KvError::Internal(format!("{} tokens need {} blocks, {} given", tokens.len(), tokens.len().div_ceil(bs), blocks.len())));
+        }
+        let now = self.tick();
+        let mut cur = ROOT;
+        for (i, chunk) in tokens.chunks(bs).enumerate() {
+            let is_full = chunk.len() == bs;
+            // An existing node that already covers this chunk: the same full block, or (for a
+            // partial chunk) any node whose tokens start with it.
+            let covering = self.node(cur).children.iter().copied().find(|&c| {
+                let ct = &self.node(c).tokens;
+                if is_full {
+                    ct.as_slice() == chunk
+                } else {
+                    ct.len() >= chunk.len() && &ct[..chunk.len()] == chunk
+                }
+            });
+            if let Some(c) = covering {
+                self.node_mut(c).last_used = now;
+                cur = c;
+                continue;
+            }
+            // Partial leaves that this chunk extends are superseded.
+            let stale: Vec<usize> = self
+                .node(cur)
+                .children
+                .iter()
+                .copied()
+                .filter(|&c| {
+                    let n = self.node(c);
+                    n.tokens.len() < bs && n.children.is_empty() && chunk.len() > n.tokens.len() && chunk[..n.tokens.len()] == n.tokens[..]
+                })
+                .collect();
+            for c in stale {
+                self.remove_leaf(c, alloc)?;
+            }
+            let block = blocks[i];
+            alloc.retain(block)?;
+            let node = Node { tokens: chunk.to_vec(), block, parent: cur, children: Vec::new(), last_used: now };
+            let idx = match self.free_slots.pop() {
+                Some(s) => {
+                    self.nodes[s] = Some(node);
+                    s
+                }
+                None => {
+                    self.nodes.push(Some(node));
+                    self.nodes.len() - 1
+                }
+            };
+            self.node_mut(cur).children.push(idx);
+            cur = idx;
+            if !is_full {
+                break;
+            }
+        }
+        self.touch_path(cur, now);
+        Ok(())
+    }
+
+    fn remove_leaf(&mut self, i: usize, alloc: &mut BlockAllocator) -> Result<(), KvError> {
+        let node = self.nodes[i].take().expect("live node index");
+        debug_assert!(node.children.is_empty());
+        self.node_mut(node.parent).children.retain(|&c| c != i);
+        self.free_slots.push(i);
+        alloc.release(node.block)?;
+        Ok(())
+    }
+
+    /// Evicts least recently used leaves that only the tree holds until `free` blocks are free or
+    /// nothing more can go. Returns the number of blocks evicted.
+    pub fn evict(&mut self, alloc: &mut BlockAllocator, free: u32) -> Result<u32, KvError> {
+        let mut evicted = 0;
+        while alloc.free_count() < free {
+            let victim = self
+                .nodes
+                .iter()
+                .enumerate()
+                .skip(1)
+                .filter_map(|(i, n)| n.as_ref().map(|n| (i, n)))
+                .filter(|(_, n)| n.children.is_empty() && alloc.refcount(n.block) == 1)
+                .min_by_key(|(_, n)| n.last_used)
+                .map(|(i, _)| i);
+            let Some(v) = victim else { break };
+            self.remove_leaf(v, alloc)?;
+            evicted += 1;
+        }
+        self.stats.evictions += evicted as u64;
+        Ok(evicted)
+    }
+
+    /// Drops every node (each block loses the tree's reference); counters restart.
+    pub fn clear(&mut self, alloc: &mut BlockAllocator) -> Result<(), KvError> {
+        for n in self.nodes.iter_mut().skip(1) {
+            if let Some(n) = n.take() {
+                alloc.release(n.block)?;
+            }
+        }
+        self.nodes.truncate(1);
+        self.node_mut(ROOT).children.clear();
+        self.free_slots.clear();
+        let enabled = self.stats.enabled;
+        self.stats = PrefixStats { enabled, ..Default::default() };
+        Ok(())
+    }
+
+    /// Counts one request's lookup for the hit rate.
+    pub fn record_request(&mut self, prompt_tokens: u32, hit_tokens: u32) {
+        self.stats.requests += 1;
+        self.stats.prompt_tokens += prompt_tokens as u64;
+        self.stats.hit_tokens += hit_tokens as u64;
+    }
+
+    pub fn set_enabled(&mut self, enabled: bool) {
+        self.stats.enabled = enabled;
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.stats.enabled
+    }
+
+    pub fn stats(&self) -> PrefixStats {
+        let mut s = self.stats.clone();
+        s.hit_rate = if s.prompt_tokens == 0 { 0.0 } else { s.hit_tokens as f64 / s.prompt_tokens as f64 };
+        s.nodes = self.nodes.iter().skip(1).filter(|n| n.is_some()).count() as u32;
+        s
+    }
+
+    /// The blocks the tree holds.
+    pub fn blocks(&self) -> Vec<u32> {
+        self.nodes.iter().skip(1).flatten().map(|n| n.block).collect()
+    }
+
+    /// The tree's own invariants: parent and child links agree, full nodes hold `block_size`
+    /// tokens, partial nodes are leaves, no block appears twice, siblings differ.
+    pub fn check(&self) -> Result<(), String> {
+        let bs = self.block_size as usize;
+        let mut seen = std::collections::HashSet::new();
+        for (i, n) in self.nodes.iter().enumerate().skip(1) {
+            let Some(n) = n else { continue };
+            if n.tokens.is_empty() || n.tokens.len() > bs {
+                return Err(format!("node {i} holds {} tokens (block size {bs})", n.tokens.len()));
+            }
+            if n.tokens.len() < bs && !n.children.is_empty() {
+                return Err(format!("partial node {i} has children"));
+            }
+            if !seen.insert(n.block) {
+                return Err(format!("block {} is in the tree twice", n.block));
+            }
+            let parent = self.nodes.get(n.parent).and_then(|p| p.as_ref()).ok_or(format!("node {i} has a dead parent"))?;
+            if !parent.children.contains(&i) {
+                return Err(format!("node {i} is not among its parent's children"));
+            }
+            if n.parent != ROOT && parent.tokens.len() != bs {
+                return Err(format!("node {i} hangs below a partial node"));
+            }
+        }
+        for (i, n) in self.nodes.iter().enumerate() {
+            let Some(n) = n else { continue };
+            for &c in &n.children {
+                let child = self.nodes.get(c).and_then(|x| x.as_ref()).ok_or(format!("node {i} has a dead child {c}"))?;
+                if child.parent != i {
+                    return Err(format!("child {c} of node {i} names another parent"));
+                }
+            }
+            let full: Vec<&Vec<u32>> =
+                n.children.iter().filter_map(|&c| self.nodes[c].as_ref()).filter(|c| c.tokens.len() == bs).map(|c| &c.tokens).collect();
+            let mut uniq = full.clone();
+            uniq.sort();
+            uniq.dedup();
+            if uniq.len() != full.len() {
+                return Err(format!("node {i} has two children with the same full block of tokens"));
+            }
+        }
+        Ok(())
+    }
+}
