@@ -89,7 +89,10 @@ fn kv_code(e: &KvError) -> ErrorCode {
         KvError::SequenceTooLong { .. } => ErrorCode::ContextOverflow,
         KvError::NotAvailable(_) => ErrorCode::Unsupported,
         KvError::Config(_) => ErrorCode::InvalidArgument,
-        KvError::UnknownSequence(_) | KvError::TooManySequences(_) | KvError::Internal(_) => ErrorCode::Internal,
+        KvError::UnknownSequence(_)
+        | KvError::TooManySequences(_)
+        | KvError::CacheKeyMismatch(_)
+        | KvError::Internal(_) => ErrorCode::Internal,
     }
 }
 
@@ -152,8 +155,7 @@ impl LoadOptions {
         o.kv_layout = self.kv_layout.unwrap_or(o.kv_layout);
         o.block_size = self.block_size.unwrap_or(o.block_size);
         o.pool_tokens = self.pool_tokens.unwrap_or(o.pool_tokens);
-        // Accepted now so callers can pass it; the engine learns it with the prefix cache.
-        let _ = self.prefix_cache;
+        o.prefix_cache = self.prefix_cache.unwrap_or(o.prefix_cache);
         o
     }
 }
@@ -236,42 +238,6 @@ impl Info {
             model: engine.config().clone(),
             memory: Memory { weights_bytes, kv_bytes },
         }
-    }
-}
-
-/// One sequence in the pool: its id, tokens and block table.
-#[derive(Serialize)]
-struct SequenceStats {
-    id: u32,
-    len: u32,
-    blocks: Vec<u32>,
-}
-
-/// The pool as `stats()` reports it, in the shape of the engine's `EngineStats`:
-/// `block_states[b]`: 0 free, 1 held by a sequence, 2 cached only (evictable).
-#[derive(Serialize)]
-struct Stats {
-    pool: crate::kv::PoolStats,
-    block_states: Vec<u8>,
-    refcounts: Vec<u32>,
-    sequences: Vec<SequenceStats>,
-}
-
-impl Stats {
-    fn of(engine: &Engine) -> Stats {
-        let kv = engine.kv_cache();
-        let refcounts: Vec<u32> = (0..kv.pool.n_blocks).map(|b| kv.pool.alloc.refcount(b)).collect();
-        let block_states = refcounts.iter().map(|&rc| u8::from(rc > 0)).collect();
-        let sequences = kv
-            .sequences()
-            .into_iter()
-            .map(|id| SequenceStats {
-                id: id.0,
-                len: kv.len(id).unwrap_or(0),
-                blocks: kv.blocks(id).map(<[u32]>::to_vec).unwrap_or_default(),
-            })
-            .collect();
-        Stats { pool: kv.stats(), block_states, refcounts, sequences }
     }
 }
 
@@ -373,20 +339,22 @@ impl WebEngine {
         Ok(engine.chat_prompt(&messages)?.len() as u32)
     }
 
-    /// The KV pool now: `{pool: {kv_dtype, block_size, blocks_total, blocks_used, blocks_free,
-    /// blocks_cached, bytes_total, bytes_per_token, live_tokens, internal_fragmentation},
-    /// block_states: [u8], refcounts: [u32], sequences: [{id, len, blocks}]}`.
+    /// The KV pool and prefix cache now (the engine's `EngineStats`): `{pool: {kv_dtype,
+    /// block_size, blocks_total, blocks_used, blocks_free, blocks_cached, bytes_total,
+    /// bytes_per_token, live_tokens, internal_fragmentation}, prefix: {enabled, requests,
+    /// prompt_tokens, hit_tokens, hit_rate, evictions, ...}, block_states: [u8: 0 free, 1 held
+    /// by a running sequence, 2 cached only], refcounts: [u32], sequences: [{id, len, blocks}]}`.
     /// `BUSY` while a generation runs (the Worker answers from its last snapshot then).
     pub fn stats(&self) -> Result<JsValue, WebError> {
         let engine = self.inner.try_borrow().map_err(|_| busy())?;
-        to_js(&Stats::of(&engine))
+        to_js(&engine.stats())
     }
 
-    /// Drops cached prefixes (nothing to drop until the engine has a prefix cache).
+    /// Drops every cached prefix (their blocks return to the free list) and restarts the hit counters.
     #[wasm_bindgen(js_name = resetCache)]
     pub fn reset_cache(&self) -> Result<(), WebError> {
-        let _engine = self.inner.try_borrow_mut().map_err(|_| busy())?;
-        Ok(())
+        let mut engine = self.inner.try_borrow_mut().map_err(|_| busy())?;
+        Ok(engine.reset_cache()?)
     }
 
     /// What the engine holds: `{adapter, is_cpu, kv_layout, kv_dtype, block_size, max_context,
