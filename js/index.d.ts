@@ -126,6 +126,8 @@ export interface ChatCompletionChunk {
 export interface ChatCompletionStream extends AsyncIterable<ChatCompletionChunk> {
   abort(): void;
   finalCompletion(): Promise<ChatCompletion>;
+  /** Where the request stands (queued behind others, running, done) and its token counts so far. */
+  progress(): { state: "queued" | "running" | "done"; prompt_tokens: number; completion_tokens: number };
 }
 
 export interface PoolStats {

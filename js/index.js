@@ -129,6 +129,8 @@ class Request {
     this.completion = null;
     this.promptTokens = 0;
     this.completionTokens = 0;
+    /** "queued" until the engine takes it, "running", then "done". */
+    this.state = "queued";
   }
 
   chunk(delta, finishReason = null, extra = {}) {
@@ -149,7 +151,10 @@ class Request {
   }
 
   onMessage(data) {
-    if (data.type === "start") {
+    if (data.type === "begin") {
+      this.state = "running";
+      this.promptTokens = data.prompt_tokens;
+    } else if (data.type === "start") {
       this.promptTokens = data.prompt_tokens;
       this.push(this.chunk({ role: "assistant", content: "" }));
     } else if (data.type === "token") {
@@ -201,6 +206,7 @@ class Request {
 
   fail(error) {
     if (this.finished) return;
+    this.state = "done";
     this.error = error;
     this.finished = true;
     for (const w of this.waiters.splice(0)) w.reject(error);
@@ -208,6 +214,7 @@ class Request {
 
   end() {
     this.finished = true;
+    this.state = "done";
     for (const w of this.waiters.splice(0)) w.resolve({ value: undefined, done: true });
   }
 
@@ -238,6 +245,12 @@ class ChatCompletionStream {
   /** The whole completion (with usage) once the stream has ended. */
   finalCompletion() {
     return this.#done;
+  }
+
+  /** Where the request stands: {state: "queued"|"running"|"done", prompt_tokens, completion_tokens}. */
+  progress() {
+    const r = this.#request;
+    return { state: r.state, prompt_tokens: r.promptTokens, completion_tokens: r.completionTokens };
   }
 
   [Symbol.asyncIterator]() {

@@ -6,7 +6,7 @@
 //               {type: "create", id, messages, options}
 //               {type: "abort", id}  {type: "stats", id}  {type: "resetCache", id}  {type: "dispose", id}
 // Messages out: {type: "progress", id, progress}  {type: "result", id, value}  {type: "error", id, error: {code, message}}
-//               {type: "start", id, prompt_tokens}  {type: "token", id, text}  {type: "done", id, result, stats}
+//               {type: "begin", id, prompt_tokens} (left the queue)  {type: "start", id, prompt_tokens} (first token)  {type: "token", id, text}  {type: "done", id, result, stats}
 import init, { WebEngine } from "../pkg/pagedlm.js";
 
 /** @type {WebEngine | null} */
@@ -206,6 +206,9 @@ async function generate(request) {
   let generated = 0;
   try {
     if (!engine) throw fail("DISPOSED", "the engine was disposed");
+    const promptTokens = engine.chatPromptLength(request.messages);
+    request.progress = { prompt_tokens: promptTokens, tokens: 0 };
+    post({ type: "begin", id, prompt_tokens: promptTokens });
     const result = await engine.chat(request.messages, request.options, (text, promptTokens) => {
       if (request.aborted) return false;
       if (first === null) {

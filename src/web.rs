@@ -210,6 +210,53 @@ struct Memory {
     kv_bytes: u64,
 }
 
+/// The model's shape as JS sees it: [`ModelConfig`] with its 64-bit fingerprint as hex, since a
+/// JS number holds integers only up to 2^53.
+#[derive(Serialize)]
+struct ModelInfo {
+    #[serde(flatten)]
+    config: ModelConfigView,
+    fingerprint: String,
+}
+
+#[derive(Serialize)]
+struct ModelConfigView {
+    arch: String,
+    name: String,
+    n_layers: u32,
+    hidden: u32,
+    ffn: u32,
+    n_heads: u32,
+    n_kv_heads: u32,
+    head_dim: u32,
+    vocab: u32,
+    context_length: u32,
+    rope_base: f32,
+    rms_eps: f32,
+}
+
+impl ModelInfo {
+    fn of(c: &ModelConfig) -> ModelInfo {
+        ModelInfo {
+            config: ModelConfigView {
+                arch: c.arch.clone(),
+                name: c.name.clone(),
+                n_layers: c.n_layers,
+                hidden: c.hidden,
+                ffn: c.ffn,
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: c.head_dim,
+                vocab: c.vocab,
+                context_length: c.context_length,
+                rope_base: c.rope_base,
+                rms_eps: c.rms_eps,
+            },
+            fingerprint: format!("{:016x}", c.fingerprint),
+        }
+    }
+}
+
 /// What `info()` reports; fixed at load, so the page may ask while a generation holds the engine.
 #[derive(Serialize)]
 struct Info {
@@ -220,7 +267,7 @@ struct Info {
     kv_dtype: &'static str,
     block_size: u32,
     max_context: u32,
-    model: ModelConfig,
+    model: ModelInfo,
     memory: Memory,
 }
 
@@ -235,7 +282,7 @@ impl Info {
             kv_dtype: kv.pool.dtype.name(),
             block_size: kv.block_size(),
             max_context: engine.max_context(),
-            model: engine.config().clone(),
+            model: ModelInfo::of(engine.config()),
             memory: Memory { weights_bytes, kv_bytes },
         }
     }
