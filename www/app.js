@@ -335,15 +335,16 @@ async function send() {
     }
   } finally {
     bubble.classList.remove("streaming", "queued");
-    bubble.dataset.done = "true";
     bubble.dataset.outcome = outcome;
     conv.busy = false;
     conv.stream = null;
     conv.controller = null;
+    // The pool as the engine left it, drawn before the turn counts as done.
+    await refreshStats();
+    bubble.dataset.done = "true";
     renderConversationItem(conv);
     updateButtons();
     if (conv === state.active) scrollToEnd();
-    await refreshStats();
     if (!ui.input.disabled && conv === state.active) ui.input.focus();
   }
 }
