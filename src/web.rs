@@ -128,7 +128,7 @@ impl From<WebError> for JsValue {
 
 /// Options of `WebEngine.load`; every field is optional.
 #[derive(Deserialize, Default)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase")]
 struct LoadOptions {
     /// Longest sequence (prompt + reply) the engine holds; absent = the engine's default.
     max_context: Option<u32>,
@@ -288,10 +288,36 @@ impl Info {
     }
 }
 
+/// Options objects whose field names are checked: serde-wasm-bindgen reads only the fields a
+/// struct declares, so a misspelled option would otherwise be dropped without a word.
+trait Fields {
+    const FIELDS: &'static [&'static str];
+}
+
+impl Fields for LoadOptions {
+    const FIELDS: &'static [&'static str] =
+        &["maxContext", "prefillChunk", "kvDtype", "kvLayout", "blockSize", "poolTokens", "prefixCache"];
+}
+
+impl Fields for ChatOptions {
+    const FIELDS: &'static [&'static str] =
+        &["max_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop"];
+}
+
 /// Parses an optional JS options object: `undefined` and `null` mean "all defaults".
-fn options<T: for<'de> Deserialize<'de> + Default>(value: JsValue, what: &str) -> Result<T, WebError> {
+fn options<T: for<'de> Deserialize<'de> + Default + Fields>(value: JsValue, what: &str) -> Result<T, WebError> {
     if value.is_undefined() || value.is_null() {
         return Ok(T::default());
+    }
+    if let Some(object) = value.dyn_ref::<js_sys::Object>() {
+        for key in js_sys::Object::keys(object).iter().filter_map(|k| k.as_string()) {
+            if !T::FIELDS.contains(&key.as_str()) {
+                return Err(WebError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("invalid {what}: unknown option `{key}` (known: {})", T::FIELDS.join(", ")),
+                ));
+            }
+        }
     }
     serde_wasm_bindgen::from_value(value).map_err(|e| conversion_error(&format!("invalid {what}"), e))
 }
