@@ -117,6 +117,7 @@ async function loadModel(model, label) {
   ui.input.disabled = true;
   ui.newConversation.disabled = true;
   ui.resetCache.disabled = true;
+  clearKv();
   updateButtons();
   const t0 = performance.now();
   try {
@@ -411,6 +412,20 @@ function claimBlocks(conv, blocks, hitTokens) {
 }
 
 // ---- The KV panel --------------------------------------------------------------------------------
+
+/** Empties the panel while no engine is loaded (before the first model, or while another loads). */
+function clearKv() {
+  state.stats = null;
+  state.lastTurn = null;
+  state.claims.clear();
+  ui.kvMap.replaceChildren();
+  Object.assign(ui.kvStats.dataset, { blocksTotal: "0", blocksUsed: "0", blocksCached: "0", blocksFree: "0", lastPrefixHit: "0" });
+  for (const el of [ui.kvSummary, ui.kvBlocks, ui.kvLive, ui.kvRate, ui.kvEvictions, ui.gaugeF32Value, ui.gaugeInt8Value,
+    ui.turnHit, ui.turnTtft, ui.turnSpeed]) el.textContent = "–";
+  ui.gaugeNote.textContent = "";
+  ui.gaugeF32.style.width = "0";
+  ui.gaugeInt8.style.width = "0";
+}
 
 function buildKvMap() {
   const total = state.stats.pool.blocks_total;

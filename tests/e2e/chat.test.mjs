@@ -2,7 +2,7 @@
 // Needs pkg/ (bash scripts/build-web.sh) and models/ (npm run fetch-model). Run: node --test tests/e2e/
 import { after, before, describe, it } from "node:test";
 import assert from "node:assert/strict";
-import { existsSync, mkdirSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { byId, launch, MODEL, openPage, results, root, startServer } from "./helpers.mjs";
 
@@ -188,7 +188,27 @@ describe("chat page", () => {
     assert.equal(await page.isEnabled(byId("chat-input")), true);
     await page.fill("#max-tokens", String(MAX_TOKENS));
     await page.screenshot({ path: join(results, "chat-stopped.png") });
-    assert.deepEqual(problems.filter((p) => !/favicon|404/.test(p)), [], "no page errors");
+  });
+
+  it("loads a .gguf chosen with the file picker, and says so when the file is broken", { timeout: LOAD_TIMEOUT }, async () => {
+    const truncated = readFileSync(MODEL).subarray(0, 1 << 20);
+    await page.setInputFiles(byId("model-file"), { name: "broken.gguf", mimeType: "application/octet-stream", buffer: truncated });
+    const panel = await page.waitForSelector(`${byId("error-panel")}:not([hidden])`, { timeout: 60_000 });
+    assert.equal(await page.getAttribute(byId("error-panel"), "data-code"), "MODEL_FORMAT");
+    assert.match(await panel.innerText(), /GGUF|model/i);
+    await page.screenshot({ path: join(results, "broken-model.png") });
+
+    await page.setInputFiles(byId("model-file"), MODEL);
+    await waitForModel(page, problems);
+    assert.equal(await page.getAttribute(byId("model-progress"), "data-source"), "file");
+    assert.equal(await page.isHidden(byId("error-panel")), true);
+    await page.click(byId("new-conversation"));
+    await ask(page, "Hi!");
+    const reply = await waitDone(page, 0);
+    assert.equal(reply.error, null, `the reply failed: ${reply.error}`);
+    assert.ok(reply.tokens >= 1);
+    const expected = /Failed to load resource|favicon|MODEL_FORMAT|not a usable GGUF/;
+    assert.deepEqual(problems.filter((p) => !expected.test(p)), [], "no page errors");
   });
 });
 
