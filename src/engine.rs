@@ -10,6 +10,7 @@ use crate::kv::{CacheConfig, KvCache, KvError, PoolStats, PrefixStats, SeqId};
 pub use crate::kv::{KvDtype, KvLayout};
 use crate::model::{Logits, ModelConfig, ModelError, StepGraph, Weights};
 use crate::sampler::{top_k, Sampler, SamplingError, SamplingParams};
+use crate::sched::{generation_of, Event, Request, RequestId, SchedConfig, SchedStats, Scheduler};
 use crate::time::now_ms;
 use crate::tokenizer::{ChatMessage, Tokenizer, TokenizerError, TokenizerSpec};
 
@@ -30,6 +31,8 @@ pub struct EngineOptions {
     pub prefix_cache: bool,
     /// Verify the KV cache's invariants after every step (for tests; costs CPU time per step).
     pub check_integrity: bool,
+    /// Continuous batching: most sequences per step, most rows per step, cache-aware admission.
+    pub sched: SchedConfig,
 }
 
 impl Default for EngineOptions {
@@ -43,6 +46,7 @@ impl Default for EngineOptions {
             pool_tokens: 0,
             prefix_cache: true,
             check_integrity: false,
+            sched: SchedConfig::default(),
         }
     }
 }
@@ -88,11 +92,13 @@ pub struct GenerateRequest {
     pub sampling: SamplingParams,
     /// Text that ends the generation (the stop string itself is not part of the output).
     pub stop: Vec<String>,
+    /// Keep generating through end-of-generation tokens (for benchmarks).
+    pub ignore_eos: bool,
 }
 
 impl Default for GenerateRequest {
     fn default() -> Self {
-        GenerateRequest { max_tokens: 128, sampling: SamplingParams::greedy(), stop: Vec::new() }
+        GenerateRequest { max_tokens: 128, sampling: SamplingParams::greedy(), stop: Vec::new(), ignore_eos: false }
     }
 }
 
@@ -160,6 +166,7 @@ pub struct Engine {
     options: EngineOptions,
     decode_graph: Option<StepGraph>,
     prefill_graphs: HashMap<(u32, u32), StepGraph>,
+    sched: Scheduler,
 }
 
 impl Engine {
@@ -194,12 +201,17 @@ impl Engine {
             } else {
                 options.pool_tokens
             },
-            max_seqs: 4,
+            // The scheduler's running set, plus one for `generate`/`score` outside it.
+            max_seqs: options.sched.max_batch.max(1) + 1,
             max_seq_len: max_context,
             prefix_cache: options.prefix_cache && options.kv_layout == KvLayout::Paged,
         };
         let kv = KvCache::new(&ctx, &cfg, cache_config)?;
-        Ok(Engine { ctx, cfg, weights, tokenizer, kv, options, decode_graph: None, prefill_graphs: HashMap::new() })
+        if options.sched.max_batch == 0 || options.sched.step_tokens == 0 {
+            return Err(EngineError::InvalidArgument("max_batch and step_tokens must be at least 1".into()));
+        }
+        let sched = Scheduler::new(options.sched.clone());
+        Ok(Engine { ctx, cfg, weights, tokenizer, kv, options, decode_graph: None, prefill_graphs: HashMap::new(), sched })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -402,7 +414,7 @@ impl Engine {
         let mut finish = FinishReason::Length;
         let limit = request.max_tokens as usize;
         while tokens.len() < limit {
-            if eos.contains(&next) {
+            if eos.contains(&next) && !request.ignore_eos {
                 finish = FinishReason::Stop;
                 break;
             }
@@ -544,5 +556,285 @@ impl Engine {
             }
         }
         Ok(out)
+    }
+
+    // ---- Continuous batching -------------------------------------------------------------
+
+    /// Queues a request for [`Engine::step`]; returns its id. The prompt and the sampling
+    /// parameters are checked now.
+    pub fn submit(&mut self, prompt: Vec<u32>, request: GenerateRequest) -> Result<RequestId, EngineError> {
+        self.check_tokens(&prompt)?;
+        let sampler = Sampler::new(request.sampling.clone())?;
+        let id = self.sched.next_id();
+        let step = self.sched.stats.steps;
+        self.sched.waiting.push_back(Request {
+            id,
+            prompt,
+            params: request,
+            sampler,
+            decoder: self.tokenizer.stream_decoder(),
+            generated: Vec::new(),
+            text: String::new(),
+            seq: None,
+            computed: 0,
+            first_hit: None,
+            prefill_tokens: 0,
+            submitted_ms: now_ms(),
+            first_token_ms: None,
+            prefill_done_ms: None,
+            enqueued_step: step,
+            admitted_step: 0,
+            preemptions: 0,
+            pending: None,
+        });
+        Ok(id)
+    }
+
+    /// Whether any submitted request has not finished.
+    pub fn has_work(&self) -> bool {
+        !self.sched.is_idle()
+    }
+
+    /// Ends a request now, wherever it is: its computed K/V go to the prefix cache and its
+    /// sequence's blocks are released before this returns. Returns its generation so far
+    /// (finish reason `abort`), or `None` for an unknown or already finished id.
+    pub fn abort(&mut self, id: RequestId) -> Result<Option<Generation>, EngineError> {
+        if let Some(i) = self.sched.waiting.iter().position(|r| r.id == id) {
+            let mut r = self.sched.waiting.remove(i).expect("found above");
+            self.sched.stats.aborted += 1;
+            return Ok(Some(generation_of(&mut r, FinishReason::Abort, now_ms(), Vec::new())));
+        }
+        if let Some(i) = self.sched.running.iter().position(|r| r.id == id) {
+            let mut r = self.sched.running.remove(i);
+            let blocks = self.release(&mut r)?;
+            self.sched.stats.aborted += 1;
+            return Ok(Some(generation_of(&mut r, FinishReason::Abort, now_ms(), blocks)));
+        }
+        Ok(None)
+    }
+
+    /// Running and waiting requests, preemptions and each running sequence's block table.
+    pub fn sched_stats(&self) -> SchedStats {
+        self.sched.snapshot(&self.kv)
+    }
+
+    /// Hands a running request's computed K/V to the prefix cache and frees its sequence;
+    /// returns the blocks it held.
+    fn release(&mut self, r: &mut Request) -> Result<Vec<u32>, EngineError> {
+        let Some(seq) = r.seq.take() else { return Ok(Vec::new()) };
+        let blocks = self.kv.blocks(seq)?.to_vec();
+        let tokens = r.tokens();
+        self.kv.finish(seq, &tokens)?;
+        Ok(blocks)
+    }
+
+    fn finish_running(&mut self, i: usize, result: Result<FinishReason, EngineError>, events: &mut Vec<Event>) -> Result<(), EngineError> {
+        let mut r = self.sched.running.remove(i);
+        let id = r.id;
+        match result {
+            Ok(reason) => {
+                let blocks = self.release(&mut r)?;
+                self.sched.stats.finished += 1;
+                events.push(Event::Finished { id, result: Ok(generation_of(&mut r, reason, now_ms(), blocks)) });
+            }
+            Err(e) => {
+                // A failed step's K/V are not trusted: nothing goes to the cache.
+                if let Some(seq) = r.seq.take() {
+                    self.kv.free(seq)?;
+                }
+                self.sched.stats.failed += 1;
+                events.push(Event::Finished { id, result: Err(e) });
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes sure every row of the next plan has a KV slot: when the pool cannot hold them,
+    /// preempts the most recently admitted sequences; a lone sequence that still cannot grow
+    /// ends with the error.
+    fn reserve(&mut self, events: &mut Vec<Event>) -> Result<crate::sched::Plan, EngineError> {
+        loop {
+            let plan = self.sched.plan();
+            let bs = self.kv.block_size();
+            let mut need = 0u32;
+            let mut last: HashMap<SeqId, u32> = HashMap::new();
+            for row in &plan.rows {
+                let e = last.entry(row.seq).or_insert(0);
+                *e = (*e).max(row.position + 1);
+            }
+            let mut too_long = None;
+            for (&seq, &len) in &last {
+                if len > self.kv.max_seq_len {
+                    too_long = Some(seq);
+                }
+                let held = self.kv.blocks(seq)?.len() as u32;
+                need += len.div_ceil(bs).saturating_sub(held);
+            }
+            if let Some(seq) = too_long {
+                let i = self.sched.running.iter().position(|r| r.seq == Some(seq)).expect("planned rows are running");
+                // The sequence reached the context limit: it ends with what it has.
+                self.finish_running(i, Ok(FinishReason::Length), events)?;
+                continue;
+            }
+            let stats = self.kv.stats();
+            if need <= stats.blocks_free + stats.blocks_cached || self.kv.layout == KvLayout::Contiguous {
+                for (&seq, &len) in &last {
+                    let have = self.kv.len(seq)?;
+                    if len > have {
+                        if let Err(e) = self.kv.append(&self.ctx, seq, len - have) {
+                            let i = self.sched.running.iter().position(|r| r.seq == Some(seq)).expect("planned rows are running");
+                            self.finish_running(i, Err(e.into()), events)?;
+                            return Ok(crate::sched::Plan::default());
+                        }
+                    }
+                }
+                return Ok(plan);
+            }
+            // Keep the oldest admitted sequence; preempt the newest.
+            let keep = self.sched.running.iter().min_by_key(|r| (r.admitted_step, r.id)).map(|r| r.id).expect("rows imply running");
+            if !self.sched.preempt_one(&mut self.kv, keep)? {
+                let i = self.sched.running.iter().position(|r| r.id == keep).expect("kept");
+                let stats = self.kv.stats();
+                let err = KvError::PoolExhausted { needed: need, free: stats.blocks_free + stats.blocks_cached, total: stats.blocks_total };
+                self.finish_running(i, Err(err.into()), events)?;
+            }
+        }
+    }
+
+    /// Runs one scheduling step: admits waiting requests, runs one forward over the batch (each
+    /// running sequence's next token plus at most one prefill chunk) and returns what happened:
+    /// tokens and finished requests. Does nothing when there is no work.
+    pub async fn step(&mut self) -> Result<Vec<Event>, EngineError> {
+        let mut events = Vec::new();
+        for (r, err) in self.sched.admit(&self.ctx, &mut self.kv) {
+            self.sched.stats.failed += 1;
+            events.push(Event::Finished { id: r.id, result: Err(err) });
+        }
+        let plan = self.reserve(&mut events)?;
+        if plan.rows.is_empty() {
+            return Ok(events);
+        }
+        self.sched.stats.steps += 1;
+        // Which rows need logits: every decode row, and the last row of a prefill chunk that
+        // completes its context.
+        let mut wants: Vec<(usize, usize)> = plan.decode.iter().enumerate().map(|(row, &req)| (row, req)).collect();
+        if let Some((req, first, n, true)) = plan.prefill {
+            wants.push((first + n as usize - 1, req));
+        }
+        let full = wants.iter().any(|&(_, req)| !self.sched.running[req].params.sampling.is_greedy());
+        let read = if full { Logits::Full } else { Logits::Argmax };
+        let outputs = match self.run_rows(&plan, read).await {
+            Ok(o) => o,
+            Err(e) => {
+                // The step failed as a whole: every request in it ends with the error.
+                let mut reqs: Vec<usize> = plan.decode.clone();
+                reqs.extend(plan.prefill.map(|p| p.0));
+                reqs.sort_unstable();
+                reqs.dedup();
+                for &i in reqs.iter().rev() {
+                    let err = EngineError::InvalidArgument(format!("the step failed: {e}"));
+                    self.finish_running(i, Err(err), &mut events)?;
+                }
+                return Ok(events);
+            }
+        };
+        self.verify()?;
+        let now = now_ms();
+        for &i in &plan.decode {
+            let r = &mut self.sched.running[i];
+            r.computed += 1;
+            r.pending = None;
+        }
+        if let Some((i, _, n, completes)) = plan.prefill {
+            let r = &mut self.sched.running[i];
+            r.computed += n;
+            r.prefill_tokens += n;
+            if completes {
+                r.prefill_done_ms.get_or_insert(now);
+            }
+        }
+        let eos = self.tokenizer.eos_ids();
+        let mut done: Vec<(usize, FinishReason)> = Vec::new();
+        for (k, &(_, req)) in wants.iter().enumerate() {
+            let (argmax, logits) = &outputs[k];
+            let max_len = self.kv.max_seq_len;
+            let r = &mut self.sched.running[req];
+            let history = r.tokens();
+            let next = match logits {
+                Some(l) if !r.params.sampling.is_greedy() => r.sampler.sample(&mut l.clone(), &history),
+                _ => *argmax,
+            };
+            r.first_token_ms.get_or_insert(now);
+            if eos.contains(&next) && !r.params.ignore_eos {
+                done.push((req, FinishReason::Stop));
+                continue;
+            }
+            r.generated.push(next);
+            // The model's own ids always decode; an error here would be a broken vocabulary.
+            let piece = r.decoder.push(next).unwrap_or_default();
+            r.text.push_str(&piece);
+            let stop_at = r.params.stop.iter().filter_map(|s| (!s.is_empty()).then(|| r.text.find(s.as_str())).flatten()).min();
+            if let Some(cut) = stop_at {
+                r.text.truncate(cut);
+                done.push((req, FinishReason::Stop));
+                continue;
+            }
+            events.push(Event::Token { id: r.id, token: next, text: piece });
+            if r.generated.len() >= r.params.max_tokens as usize || r.computed >= max_len {
+                done.push((req, FinishReason::Length));
+            } else {
+                r.pending = Some(next);
+            }
+        }
+        done.sort_by_key(|&(i, _)| std::cmp::Reverse(i));
+        for (i, reason) in done {
+            self.finish_running(i, Ok(reason), &mut events)?;
+        }
+        Ok(events)
+    }
+
+    /// Runs the planned rows and returns, per row that wants logits (decode rows in order, then
+    /// the completing prefill row), its argmax and (with `Logits::Full`) its logits.
+    async fn run_rows(&mut self, plan: &crate::sched::Plan, read: Logits) -> Result<Vec<(u32, Option<Vec<f32>>)>, EngineError> {
+        let mut out = Vec::new();
+        for (k, row) in plan.rows.iter().enumerate().take(plan.decode.len()) {
+            debug_assert!(k < plan.decode.len());
+            if self.decode_graph.is_none() {
+                self.decode_graph = Some(StepGraph::build(&self.ctx, &self.cfg, &self.weights, &self.kv, 1, 1)?);
+            }
+            let table_base = self.kv.table_base(row.seq);
+            let graph = self.decode_graph.as_mut().expect("built above");
+            let (ids, logits) = graph.run(&self.ctx, &[row.token], row.position, table_base, read).await?;
+            out.push((ids[0], logits));
+        }
+        if let Some((_, first, n, completes)) = plan.prefill {
+            let rows = &plan.rows[first..first + n as usize];
+            let tokens: Vec<u32> = rows.iter().map(|r| r.token).collect();
+            let key = (n, 1);
+            if !self.prefill_graphs.contains_key(&key) {
+                if self.prefill_graphs.len() >= 4 {
+                    self.prefill_graphs.clear();
+                }
+                let g = StepGraph::build(&self.ctx, &self.cfg, &self.weights, &self.kv, n, 1)?;
+                self.prefill_graphs.insert(key, g);
+            }
+            let table_base = self.kv.table_base(rows[0].seq);
+            let graph = self.prefill_graphs.get_mut(&key).expect("inserted above");
+            let (ids, logits) = graph.run(&self.ctx, &tokens, rows[0].position, table_base, if completes { read } else { Logits::Argmax }).await?;
+            if completes {
+                out.push((ids[0], logits));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Runs steps until every submitted request has finished, calling `on_event` for each event.
+    pub async fn run_to_completion(&mut self, on_event: &mut dyn FnMut(&Event)) -> Result<(), EngineError> {
+        while self.has_work() {
+            for e in self.step().await? {
+                on_event(&e);
+            }
+        }
+        Ok(())
     }
 }

@@ -9,6 +9,7 @@ pub mod model;
 pub mod quant;
 pub mod rng;
 pub mod sampler;
+pub mod sched;
 pub mod synth;
 pub mod time;
 pub mod tokenizer;

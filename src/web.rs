@@ -186,6 +186,7 @@ impl ChatOptions {
         let base = GenerateRequest::default();
         let d = SamplingParams::default();
         GenerateRequest {
+            ignore_eos: false,
             max_tokens: self.max_tokens.unwrap_or(base.max_tokens),
             sampling: SamplingParams {
                 temperature: self.temperature.unwrap_or(d.temperature),

@@ -140,8 +140,13 @@ fn trace_continues_conversations_and_prints_the_summary() {
         .args(["trace", "--model", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--block-size", "8"])
         .output()
         .unwrap();
-    let got = lines(&out);
+    let mut got = lines(&out);
     assert_eq!(got.len(), 4, "three requests and the summary");
+    // Lines come in finishing order; the checks below read them in file order.
+    let by_id = |v: &Vec<serde_json::Value>, id: &str| v.iter().position(|g| g["id"] == id).unwrap_or_else(|| panic!("{id} missing"));
+    let (a1, b1, a2) = (by_id(&got, "a1"), by_id(&got, "b1"), by_id(&got, "a2"));
+    let summary_line = got.pop().unwrap();
+    got = vec![got[a1].clone(), got[b1].clone(), got[a2].clone(), summary_line];
     for key in ["id", "conversation", "prompt_tokens", "prefix_hit_tokens", "prefill_tokens", "tokens", "text", "finish_reason", "ttft_ms", "decode_ms"] {
         assert!(got[0].get(key).is_some(), "trace output lacks {key}");
     }
@@ -155,4 +160,39 @@ fn trace_continues_conversations_and_prints_the_summary() {
     assert!(summary["pool"]["blocks_total"].as_u64().unwrap() > 0);
     let sum: u64 = got[..3].iter().map(|g| g["prompt_tokens"].as_u64().unwrap()).sum();
     assert_eq!(summary["prompt_tokens"], sum);
+    // The prefix cache: the second turn of "a" starts from its history, and nothing else changes.
+    for g in &got[..3] {
+        assert_eq!(g["prefix_hit_tokens"].as_u64().unwrap() + g["prefill_tokens"].as_u64().unwrap(), g["prompt_tokens"].as_u64().unwrap());
+    }
+    let a1_prompt = got[0]["prompt_tokens"].as_u64().unwrap();
+    assert!(got[2]["prefix_hit_tokens"].as_u64().unwrap() >= a1_prompt, "turn 2 of a hit {} tokens", got[2]["prefix_hit_tokens"]);
+    let hits: u64 = got[..3].iter().map(|g| g["prefix_hit_tokens"].as_u64().unwrap()).sum();
+    assert_eq!(summary["prefix_hit_tokens"], hits);
+    let out = bin()
+        .args(["trace", "--model", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--block-size", "8", "--no-prefix-cache"])
+        .output()
+        .unwrap();
+    let plain = lines(&out);
+    assert_eq!(plain.len(), 4);
+    for a in &got[..3] {
+        let b = &plain[by_id(&plain, a["id"].as_str().unwrap())];
+        assert_eq!(a["tokens"], b["tokens"], "request {}: tokens differ without the prefix cache", a["id"]);
+        assert_eq!(b["prefix_hit_tokens"], 0);
+        assert_eq!(b["prefill_tokens"], b["prompt_tokens"]);
+    }
+    assert_eq!(plain[3]["summary"]["prefix_hit_tokens"], 0);
+    // Batched: conversations a and b run together; every request gives its sequential tokens.
+    let out = bin()
+        .args(["trace", "--model", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--block-size", "8", "--max-batch", "3"])
+        .output()
+        .unwrap();
+    let batched = lines(&out);
+    assert_eq!(batched.len(), 4, "{}", String::from_utf8_lossy(&out.stderr));
+    for g in &got[..3] {
+        let b = batched[..3].iter().find(|b| b["id"] == g["id"]).unwrap_or_else(|| panic!("{} missing from the batched trace", g["id"]));
+        assert_eq!(b["tokens"], g["tokens"], "request {}: batched tokens differ", g["id"]);
+    }
+    assert_eq!(batched[3]["summary"]["integrity_ok"], true);
+    assert_eq!(batched[3]["summary"]["max_batch"], 3);
+    assert_eq!(plain[3]["summary"]["pool"]["blocks_cached"], 0);
 }

@@ -17,6 +17,7 @@ mod cli {
     use std::io::Write;
 
     use anyhow::{anyhow, bail, Context as _, Result};
+    use pagedlm::sched::SchedConfig;
     use pagedlm::engine::{Engine, EngineOptions, GenerateRequest, KvDtype, KvLayout, ScoreMode};
     use pagedlm::gguf::Gguf;
     use pagedlm::sampler::SamplingParams;
@@ -71,7 +72,7 @@ mod cli {
 
     pub fn run(argv: Vec<String>) -> Result<()> {
         let Some(cmd) = argv.first() else { bail!("{USAGE}") };
-        let args = Args::parse(&argv[1..], &["no-prefix-cache", "disaggregate"])?;
+        let args = Args::parse(&argv[1..], &["no-prefix-cache", "no-cache-aware", "disaggregate"])?;
         match cmd.as_str() {
             "tokenize" => tokenize(&args),
             "score" => pollster::block_on(score(&args)),
@@ -120,6 +121,12 @@ mod cli {
             pool_tokens: args.num("pool-tokens", 0)?,
             prefix_cache: args.str("no-prefix-cache").is_none(),
             check_integrity: false,
+            sched: SchedConfig {
+                max_batch: args.num("max-batch", SchedConfig::default().max_batch)?,
+                step_tokens: args.num("step-tokens", SchedConfig::default().step_tokens)?,
+                cache_aware: args.str("no-cache-aware").is_none(),
+                ..SchedConfig::default()
+            },
         })
     }
 
@@ -182,7 +189,7 @@ mod cli {
     }
 
     async fn generate(args: &Args) -> Result<()> {
-        let request = GenerateRequest { max_tokens: args.num("max-tokens", 128)?, sampling: sampling(args)?, stop: Vec::new() };
+        let request = GenerateRequest { max_tokens: args.num("max-tokens", 128)?, sampling: sampling(args)?, ..Default::default() };
         request.sampling.validate()?;
         if let Some(prompt) = args.str("prompt") {
             let mut engine = load(args).await?;
@@ -251,35 +258,65 @@ mod cli {
             }
             requests.push(v);
         }
-        let mut engine = load(args).await?;
-        let mut history: HashMap<String, Vec<ChatMessage>> = HashMap::new();
-        let (mut total_prompt, mut total_hit, mut integrity_ok) = (0u64, 0u64, true);
+        let mut opts = engine_options(args)?;
+        opts.sched.max_batch = max_batch;
+        let bytes = model_bytes(args)?;
+        let mut engine = Engine::load(&bytes, opts).await?;
+        // Per conversation: its messages so far, its requests still to run (in file order) and
+        // the one in flight.
+        let mut order: Vec<String> = Vec::new();
+        let mut queues: HashMap<String, std::collections::VecDeque<&Value>> = HashMap::new();
         for v in &requests {
-            let id = v["id"].as_str().unwrap_or_default();
-            let conversation = v["conversation"].as_str().unwrap_or_default().to_string();
-            let max_tokens = v.get("max_tokens").and_then(Value::as_u64).unwrap_or(128) as u32;
-            let messages = history.entry(conversation.clone()).or_default();
-            if messages.is_empty() {
-                if let Some(system) = v.get("system").and_then(Value::as_str) {
-                    messages.push(ChatMessage { role: "system".into(), content: system.into() });
-                }
+            let c = v["conversation"].as_str().unwrap_or_default().to_string();
+            if !queues.contains_key(&c) {
+                order.push(c.clone());
             }
-            messages.push(ChatMessage { role: "user".into(), content: v["user"].as_str().unwrap_or_default().into() });
-            let prompt = engine.chat_prompt(messages)?;
-            let request = GenerateRequest { max_tokens, sampling: SamplingParams::greedy(), stop: Vec::new() };
-            let g = engine.generate(&prompt, &request, &mut |_| true).await?;
+            queues.entry(c).or_default().push_back(v);
+        }
+        let mut history: HashMap<String, Vec<ChatMessage>> = HashMap::new();
+        let mut in_flight: HashMap<pagedlm::sched::RequestId, (String, &Value, usize)> = HashMap::new();
+        let (mut total_prompt, mut total_hit, mut integrity_ok) = (0u64, 0u64, true);
+        loop {
+            // Submit the next request of every conversation that has none running.
+            for c in &order {
+                if in_flight.values().any(|(conv, _, _)| conv == c) {
+                    continue;
+                }
+                let Some(v) = queues.get_mut(c).and_then(|q| q.pop_front()) else { continue };
+                let max_tokens = v.get("max_tokens").and_then(Value::as_u64).unwrap_or(128) as u32;
+                let messages = history.entry(c.clone()).or_default();
+                if messages.is_empty() {
+                    if let Some(system) = v.get("system").and_then(Value::as_str) {
+                        messages.push(ChatMessage { role: "system".into(), content: system.into() });
+                    }
+                }
+                messages.push(ChatMessage { role: "user".into(), content: v["user"].as_str().unwrap_or_default().into() });
+                let prompt = engine.chat_prompt(messages)?;
+                let request = GenerateRequest { max_tokens, sampling: SamplingParams::greedy(), ..Default::default() };
+                let id = engine.submit(prompt.clone(), request)?;
+                in_flight.insert(id, (c.clone(), v, prompt.len()));
+            }
+            if !engine.has_work() {
+                break;
+            }
+            for event in engine.step().await? {
+                let pagedlm::sched::Event::Finished { id, result } = event else { continue };
+                let (conversation, v, prompt_len) = in_flight.remove(&id).ok_or_else(|| anyhow!("an unknown request finished"))?;
+                let rid = v["id"].as_str().unwrap_or_default();
+                let g = result.with_context(|| format!("request {rid}"))?;
+                total_prompt += prompt_len as u64;
+                total_hit += g.prefix_hit_tokens as u64;
+                history.get_mut(&conversation).expect("submitted above").push(ChatMessage { role: "assistant".into(), content: g.text.clone() });
+                print_line(&json!({
+                    "id": rid, "conversation": conversation, "prompt_tokens": prompt_len,
+                    "prefix_hit_tokens": g.prefix_hit_tokens, "prefill_tokens": g.prefill_tokens, "tokens": g.tokens, "text": g.text,
+                    "finish_reason": g.finish_reason, "ttft_ms": g.ttft_ms, "decode_ms": g.decode_ms,
+                }))?;
+            }
             if let Err(e) = engine.kv_cache().check_integrity() {
-                eprintln!("KV cache integrity check failed after request {id}: {e}");
+                eprintln!("KV cache integrity check failed: {e}");
                 integrity_ok = false;
             }
-            total_prompt += prompt.len() as u64;
-            total_hit += g.prefix_hit_tokens as u64;
-            history.get_mut(&conversation).expect("inserted above").push(ChatMessage { role: "assistant".into(), content: g.text.clone() });
-            print_line(&json!({
-                "id": id, "conversation": conversation, "prompt_tokens": prompt.len(),
-                "prefix_hit_tokens": g.prefix_hit_tokens, "prefill_tokens": g.prefill_tokens, "tokens": g.tokens, "text": g.text,
-                "finish_reason": g.finish_reason, "ttft_ms": g.ttft_ms, "decode_ms": g.decode_ms,
-            }))?;
         }
         let stats = engine.kv_cache().stats();
         let prefix = engine.kv_cache().prefix_stats();
@@ -287,7 +324,8 @@ mod cli {
             "requests": requests.len(), "prompt_tokens": total_prompt, "prefix_hit_tokens": total_hit,
             "hit_rate": if total_prompt == 0 { 0.0 } else { total_hit as f64 / total_prompt as f64 },
             "prefix_cache": prefix.enabled,
-            "evictions": prefix.evictions, "preemptions": 0, "integrity_ok": integrity_ok,
+            "evictions": prefix.evictions, "preemptions": engine.sched_stats().preemptions, "integrity_ok": integrity_ok,
+            "max_batch": max_batch, "steps": engine.sched_stats().steps,
             "pool": {
                 "kv_dtype": stats.kv_dtype, "block_size": stats.block_size, "blocks_total": stats.blocks_total,
                 "blocks_used": stats.blocks_used, "blocks_free": stats.blocks_free, "blocks_cached": stats.blocks_cached,
@@ -308,25 +346,85 @@ mod cli {
         print_line(&json!({ "adapter": engine.context().adapter_name(), "prompt_tokens": n, "prefill_ms": prefill, "decode_ms": decode }))
     }
 
+    /// Aggregate decode throughput of `batch` sequences decoding together: every request gets its
+    /// own `context`-token prompt and decodes `gen_tokens` tokens (end-of-generation ignored);
+    /// the clock runs from the step after the last prompt finished prefilling to the first
+    /// request's end, over the tokens all of them produced meanwhile.
+    async fn bench_batch(args: &Args, mut opts: EngineOptions, batch: u32, context: u32, gen_tokens: u32) -> Result<()> {
+        opts.sched.max_batch = batch;
+        opts.pool_tokens = opts.pool_tokens.max(batch * (context + gen_tokens + 16));
+        let bytes = model_bytes(args)?;
+        let mut engine = Engine::load(&bytes, opts).await?;
+        let vocab = engine.config().vocab;
+        let make = |n: u32, salt: u32| -> Vec<u32> { (0..n).map(|i| 100 + (i * 7919 + salt * 104_729) % (vocab - 200).max(1)).collect() };
+        let request = GenerateRequest { max_tokens: gen_tokens.max(2), sampling: SamplingParams::greedy(), stop: Vec::new(), ignore_eos: true };
+        // Warm-up: compiles pipelines and builds graphs for this batch size.
+        for salt in 0..batch {
+            engine.submit(make(8, 1000 + salt), GenerateRequest { max_tokens: 3, ..request.clone() })?;
+        }
+        engine.run_to_completion(&mut |_| {}).await?;
+        let mut started = std::collections::HashSet::new();
+        for salt in 0..batch {
+            engine.submit(make(context, salt), request.clone())?;
+        }
+        let (mut t0, mut tokens, mut t1) = (None, 0u64, None);
+        while engine.has_work() && t1.is_none() {
+            for e in engine.step().await? {
+                match e {
+                    pagedlm::sched::Event::Token { id, .. } => {
+                        if t0.is_some() {
+                            tokens += 1;
+                        }
+                        started.insert(id);
+                    }
+                    pagedlm::sched::Event::Finished { result, .. } => {
+                        result?;
+                        t1.get_or_insert(pagedlm::time::now_ms());
+                    }
+                }
+            }
+            if t0.is_none() && started.len() as u32 == batch {
+                t0 = Some(pagedlm::time::now_ms());
+            }
+        }
+        let ms = t1.unwrap_or_else(pagedlm::time::now_ms) - t0.unwrap_or(0.0);
+        print_line(&json!({
+            "adapter": engine.context().adapter_name(),
+            "batch": batch,
+            "context": context,
+            "decode_tok_s": tokens as f64 / (ms / 1000.0),
+            "decode_tok_s_per_sequence": tokens as f64 / (ms / 1000.0) / batch as f64,
+            "tokens": tokens,
+            "decode_ms": ms,
+            "steps": engine.sched_stats().steps,
+            "kv_dtype": engine.kv_cache().pool.dtype.name(),
+        }))
+    }
+
     async fn bench(args: &Args) -> Result<()> {
         let prompt_tokens: u32 = args.num("prompt-tokens", 512)?;
         let gen_tokens: u32 = args.num("gen-tokens", 128)?;
         let context: u32 = args.num("context", 0)?;
         let batch: u32 = args.num("batch", 1)?;
-        if batch != 1 {
-            bail!("--batch {batch}: batched decoding is not available yet (continuous batching); use --batch 1");
+        if batch == 0 {
+            bail!("--batch must be at least 1");
         }
         let mut opts = engine_options(args)?;
         let needed = prompt_tokens.max(context) + gen_tokens + 1;
         if opts.max_context == 0 {
             opts.max_context = needed;
         }
+        // Raw speed: no request may reuse another's K/V.
+        opts.prefix_cache = false;
+        if batch > 1 {
+            return bench_batch(args, opts, batch, context.max(prompt_tokens).max(1), gen_tokens).await;
+        }
         let bytes = model_bytes(args)?;
         let mut engine = Engine::load(&bytes, opts).await?;
         // A deterministic prompt of ordinary tokens (ids cycle through a mid-vocabulary range).
         let vocab = engine.config().vocab;
         let make = |n: u32| -> Vec<u32> { (0..n).map(|i| 100 + (i * 7919) % (vocab - 200).max(1)).collect() };
-        let request = GenerateRequest { max_tokens: gen_tokens, sampling: SamplingParams::greedy(), stop: Vec::new() };
+        let request = GenerateRequest { max_tokens: gen_tokens, sampling: SamplingParams::greedy(), ..Default::default() };
         let never_stop = |_: &pagedlm::engine::TokenEvent<'_>| true;
         // Warm-up: compiles pipelines and builds graphs.
         engine.generate(&make(prompt_tokens.min(16).max(1)), &GenerateRequest { max_tokens: 4, ..request.clone() }, &mut |e| never_stop(e)).await?;

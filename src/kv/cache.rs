@@ -387,6 +387,16 @@ impl KvCache {
         Ok((id, m.tokens))
     }
 
+    /// How many leading tokens of `tokens` the prefix cache holds (0 when it is off), without
+    /// marking anything as recently used.
+    pub fn peek_prefix(&self, tokens: &[u32]) -> u32 {
+        if self.radix.enabled() {
+            self.radix.peek(&self.key, tokens)
+        } else {
+            0
+        }
+    }
+
     /// Ends a sequence whose K/V hold `tokens` (at least its length; extra trailing ids, such as
     /// a sampled token never fed back, are ignored): with the prefix cache on, its blocks go to
     /// the tree for later prompts; then the sequence is freed.

@@ -178,6 +178,37 @@ impl RadixTree {
         Ok(m)
     }
 
+    /// How many leading tokens of `tokens` are cached, without marking anything as used (for
+    /// scheduling decisions). 0 under another key.
+    pub fn peek(&self, key: &CacheKey, tokens: &[u32]) -> u32 {
+        if *key != self.key {
+            return 0;
+        }
+        let bs = self.block_size as usize;
+        let (mut cur, mut pos) = (ROOT, 0usize);
+        while pos < tokens.len() {
+            let chunk = &tokens[pos..(pos + bs).min(tokens.len())];
+            let mut best = 0;
+            let mut next = None;
+            for &c in &self.node(cur).children {
+                let lcp = self.node(c).tokens.iter().zip(chunk).take_while(|(a, b)| a == b).count();
+                if lcp == bs {
+                    next = Some(c);
+                    break;
+                }
+                best = best.max(lcp);
+            }
+            match next {
+                Some(c) => {
+                    cur = c;
+                    pos += bs;
+                }
+                None => return (pos + best) as u32,
+            }
+        }
+        pos as u32
+    }
+
     /// Stores a finished sequence: `tokens` are the ids whose K/V its `blocks` hold (positions
     /// `0..tokens.len()`, `blocks.len() = ceil(len / block_size)`). Blocks new to the tree gain
     /// one reference; prefixes already cached keep their blocks (the sequence's duplicate copies

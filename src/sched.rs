@@ -1,0 +1,342 @@
+//! Continuous batching: a waiting queue and a running set, scheduled one forward step at a time.
+//!
+//! Every step the scheduler
+//! 1. **admits** waiting requests while the running set has room and the pool can hold the
+//!    prompt's uncached part, preferring the request with the longest cached prefix (the prefix
+//!    cache and the scheduler cooperate, as in SGLang) unless a request has waited longer than
+//!    `age_limit` steps, which then goes first, so nothing starves;
+//! 2. **plans** one batch: the next token of every running sequence that is decoding, plus one
+//!    prefill chunk of the oldest sequence still reading its prompt, within `step_tokens` rows
+//!    (chunked prefill: a long prompt delays the others' next tokens by one chunk, not by the
+//!    whole prompt);
+//! 3. **reserves** KV slots for every row; when the pool is short, the prefix cache's least
+//!    recently used blocks go first (inside [`KvCache`]), then the most recently admitted
+//!    sequence is **preempted**: its computed K/V go to the prefix cache, its blocks are released,
+//!    and it returns to the front of the queue, later resuming from whatever of its prefix is
+//!    still cached. A step fails for lack of memory only when a single sequence alone cannot grow,
+//!    and then only that request ends, with a typed error.
+//!
+//! Requests leave after any step (stop, length, abort or an error) and waiting ones take their
+//! place in the next. Nothing here touches the GPU: the engine runs the planned rows
+//! ([`crate::engine::Engine::step`]).
+
+use std::collections::VecDeque;
+
+use crate::engine::{EngineError, FinishReason, GenerateRequest, Generation};
+use crate::kv::{KvCache, KvError, SeqId};
+use crate::sampler::Sampler;
+use crate::tokenizer::StreamDecoder;
+
+/// A request's handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct RequestId(pub u64);
+
+/// How the scheduler batches.
+#[derive(Clone, Debug)]
+pub struct SchedConfig {
+    /// Most sequences running at once (decode rows per step).
+    pub max_batch: u32,
+    /// Most rows (decode tokens + prefill tokens) per step.
+    pub step_tokens: u32,
+    /// Prefer waiting requests with a longer cached prefix.
+    pub cache_aware: bool,
+    /// A request that has waited this many steps is admitted next whatever its prefix.
+    pub age_limit: u64,
+}
+
+impl Default for SchedConfig {
+    fn default() -> Self {
+        SchedConfig { max_batch: 8, step_tokens: 256, cache_aware: true, age_limit: 64 }
+    }
+}
+
+/// Something that happened to a request during a step.
+#[derive(Debug)]
+pub enum Event {
+    /// A generated token and the text it completes.
+    Token { id: RequestId, token: u32, text: String },
+    /// The request ended: its generation, or the error that ended it.
+    Finished { id: RequestId, result: Result<Generation, EngineError> },
+}
+
+/// A request in the scheduler.
+pub(crate) struct Request {
+    pub id: RequestId,
+    pub prompt: Vec<u32>,
+    pub params: GenerateRequest,
+    pub sampler: Sampler,
+    pub decoder: StreamDecoder,
+    /// Tokens generated so far (streamed to the caller).
+    pub generated: Vec<u32>,
+    pub text: String,
+    /// The sequence while running.
+    pub seq: Option<SeqId>,
+    /// Tokens of `prompt ++ generated` whose K/V the sequence holds.
+    pub computed: u32,
+    /// The prefix-cache hit at first admission (what the caller sees as `prefix_hit_tokens`).
+    pub first_hit: Option<u32>,
+    /// Prompt tokens this request computed itself, over all its admissions.
+    pub prefill_tokens: u32,
+    pub submitted_ms: f64,
+    pub first_token_ms: Option<f64>,
+    pub prefill_done_ms: Option<f64>,
+    /// Step at which it joined the queue (again) and at which it was last admitted.
+    pub enqueued_step: u64,
+    pub admitted_step: u64,
+    pub preemptions: u32,
+    /// The next token, sampled and streamed but not yet fed to the model.
+    pub pending: Option<u32>,
+}
+
+impl Request {
+    /// Every token of the sequence: the prompt, then what was generated.
+    pub fn tokens(&self) -> Vec<u32> {
+        let mut t = self.prompt.clone();
+        t.extend(&self.generated);
+        t
+    }
+
+    /// Tokens the sequence must hold before it can produce its next token: the prompt and every
+    /// generated token except the pending one, which the next decode row feeds.
+    fn context_len(&self) -> u32 {
+        (self.prompt.len() + self.generated.len()) as u32 - self.pending.is_some() as u32
+    }
+
+    /// Still reading its prompt (or, after a preemption, its prompt and earlier output).
+    pub fn in_prefill(&self) -> bool {
+        self.computed < self.context_len()
+    }
+}
+
+/// One row of a step: a token at a position of a sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Row {
+    pub seq: SeqId,
+    pub token: u32,
+    pub position: u32,
+}
+
+/// The rows of one step: decode rows first (one per decoding request), then at most one prefill
+/// chunk.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Plan {
+    pub rows: Vec<Row>,
+    /// For each decode row, the request's index in `running`.
+    pub decode: Vec<usize>,
+    /// The prefill chunk: (index in `running`, first row, rows, whether it ends the context so
+    /// that its last row's logits give the next token).
+    pub prefill: Option<(usize, usize, u32, bool)>,
+}
+
+/// Scheduler counters and the running set's block tables.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct SchedStats {
+    pub running: u32,
+    pub waiting: u32,
+    pub steps: u64,
+    pub preemptions: u64,
+    pub finished: u64,
+    pub aborted: u64,
+    pub failed: u64,
+    pub sequences: Vec<RunningInfo>,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RunningInfo {
+    pub request: RequestId,
+    pub seq: u32,
+    pub len: u32,
+    pub prefilling: bool,
+    pub blocks: Vec<u32>,
+}
+
+pub(crate) struct Scheduler {
+    pub config: SchedConfig,
+    pub waiting: VecDeque<Request>,
+    pub running: Vec<Request>,
+    pub stats: SchedStats,
+    next_id: u64,
+}
+
+impl Scheduler {
+    pub fn new(config: SchedConfig) -> Scheduler {
+        Scheduler { config, waiting: VecDeque::new(), running: Vec::new(), stats: SchedStats::default(), next_id: 0 }
+    }
+
+    pub fn next_id(&mut self) -> RequestId {
+        self.next_id += 1;
+        RequestId(self.next_id)
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    /// Picks the waiting request to admit next: an over-age one if any (oldest first), else the
+    /// longest cached prefix (ties: the oldest), or plain FIFO when cache-awareness is off.
+    fn pick(&self, kv: &KvCache) -> Option<usize> {
+        if self.waiting.is_empty() {
+            return None;
+        }
+        let step = self.stats.steps;
+        if !self.config.cache_aware {
+            return Some(0);
+        }
+        if let Some((i, _)) = self
+            .waiting
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| step.saturating_sub(r.enqueued_step) >= self.config.age_limit)
+            .min_by_key(|(_, r)| r.enqueued_step)
+        {
+            return Some(i);
+        }
+        self.waiting
+            .iter()
+            .enumerate()
+            .max_by_key(|(i, r)| {
+                let t = r.tokens();
+                let ctx = r.context_len() as usize;
+                (kv.peek_prefix(&t[..ctx.saturating_sub(1).max(1).min(t.len())]), std::cmp::Reverse(*i))
+            })
+            .map(|(i, _)| i)
+    }
+
+    /// Admits waiting requests into free running slots while the pool can hold their uncached
+    /// context. Returns requests that can never run (their context exceeds the whole pool or
+    /// the sequence limit), to be finished with an error.
+    pub fn admit(&mut self, ctx: &crate::gpu::Context, kv: &mut KvCache) -> Vec<(Request, EngineError)> {
+        let mut rejected = Vec::new();
+        while (self.running.len() as u32) < self.config.max_batch {
+            let Some(i) = self.pick(kv) else { break };
+            let tokens = self.waiting[i].tokens();
+            let ctx_len = self.waiting[i].context_len() as usize;
+            let need_blocks = (ctx_len as u32 + 1).div_ceil(kv.block_size());
+            if ctx_len as u32 + 1 > kv.max_seq_len || need_blocks > kv.pool.n_blocks {
+                let r = self.waiting.remove(i).expect("picked index");
+                let err = EngineError::ContextOverflow { prompt: ctx_len + 1, limit: kv.max_seq_len.min(kv.pool.n_blocks * kv.block_size()) as usize };
+                rejected.push((r, err));
+                continue;
+            }
+            // Room for the uncached part now (free blocks plus what the prefix cache could give
+            // up); otherwise wait for running sequences to finish.
+            let hit = kv.peek_prefix(&tokens[..ctx_len.saturating_sub(1).max(1).min(tokens.len())]);
+            let fresh = need_blocks.saturating_sub(hit / kv.block_size());
+            let stats = kv.stats();
+            if fresh > stats.blocks_free + stats.blocks_cached && !self.running.is_empty() {
+                break;
+            }
+            let (seq, hit) = match kv.allocate_for_prompt(ctx, &tokens[..ctx_len]) {
+                Ok(x) => x,
+                Err(KvError::TooManySequences(_)) | Err(KvError::PoolExhausted { .. }) if !self.running.is_empty() => break,
+                Err(e) => {
+                    let r = self.waiting.remove(i).expect("picked index");
+                    rejected.push((r, EngineError::Kv(e)));
+                    continue;
+                }
+            };
+            let mut r = self.waiting.remove(i).expect("picked index");
+            r.seq = Some(seq);
+            r.computed = hit;
+            r.first_hit.get_or_insert(hit);
+            r.admitted_step = self.stats.steps;
+            self.running.push(r);
+        }
+        rejected
+    }
+
+    /// Plans the rows of the next step (nothing is reserved yet).
+    pub fn plan(&self) -> Plan {
+        let mut plan = Plan::default();
+        for (i, r) in self.running.iter().enumerate() {
+            if !r.in_prefill() {
+                if let (Some(token), Some(seq)) = (r.pending, r.seq) {
+                    plan.rows.push(Row { seq, token, position: r.computed });
+                    plan.decode.push(i);
+                }
+            }
+        }
+        let budget = self.config.step_tokens.saturating_sub(plan.rows.len() as u32).max(1);
+        // The oldest admitted sequence still reading its context gets the chunk.
+        if let Some((i, r)) = self.running.iter().enumerate().filter(|(_, r)| r.in_prefill()).min_by_key(|(_, r)| (r.admitted_step, r.id)) {
+            let tokens = r.tokens();
+            let end = r.context_len();
+            let n = (end - r.computed).min(budget);
+            let seq = r.seq.expect("running requests have a sequence");
+            let first = plan.rows.len();
+            for p in r.computed..r.computed + n {
+                plan.rows.push(Row { seq, token: tokens[p as usize], position: p });
+            }
+            plan.prefill = Some((i, first, n, r.computed + n == end));
+        }
+        plan
+    }
+
+    /// Preempts the most recently admitted running request other than `keep`: its computed K/V
+    /// go to the prefix cache, its sequence is freed, and it returns to the front of the queue.
+    /// Returns false when there is nothing else to preempt.
+    pub fn preempt_one(&mut self, kv: &mut KvCache, keep: RequestId) -> Result<bool, EngineError> {
+        let Some(i) = self
+            .running
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.id != keep)
+            .max_by_key(|(_, r)| (r.admitted_step, r.id))
+            .map(|(i, _)| i)
+        else {
+            return Ok(false);
+        };
+        let mut r = self.running.remove(i);
+        let seq = r.seq.take().expect("running requests have a sequence");
+        let tokens = r.tokens();
+        kv.finish(seq, &tokens)?;
+        r.computed = 0;
+        r.preemptions += 1;
+        r.enqueued_step = self.stats.steps;
+        self.stats.preemptions += 1;
+        self.waiting.push_front(r);
+        Ok(true)
+    }
+
+    pub fn snapshot(&self, kv: &KvCache) -> SchedStats {
+        let mut s = self.stats.clone();
+        s.running = self.running.len() as u32;
+        s.waiting = self.waiting.len() as u32;
+        s.sequences = self
+            .running
+            .iter()
+            .filter_map(|r| {
+                let seq = r.seq?;
+                Some(RunningInfo {
+                    request: r.id,
+                    seq: seq.0,
+                    len: kv.len(seq).unwrap_or(0),
+                    prefilling: r.in_prefill(),
+                    blocks: kv.blocks(seq).map(|b| b.to_vec()).unwrap_or_default(),
+                })
+            })
+            .collect();
+        s
+    }
+}
+
+/// The generation record of a finished request.
+pub(crate) fn generation_of(r: &mut Request, finish: FinishReason, now: f64, blocks: Vec<u32>) -> Generation {
+    if finish != FinishReason::Stop {
+        let rest = r.decoder.finish();
+        r.text.push_str(&rest);
+    }
+    let prefill_done = r.prefill_done_ms.unwrap_or(now);
+    Generation {
+        prompt_tokens: r.prompt.clone(),
+        tokens: r.generated.clone(),
+        text: r.text.clone(),
+        finish_reason: finish,
+        prefix_hit_tokens: r.first_hit.unwrap_or(0),
+        prefill_tokens: r.prompt.len() as u32 - r.first_hit.unwrap_or(0),
+        ttft_ms: r.first_token_ms.map_or(0.0, |t| t - r.submitted_ms),
+        prefill_ms: prefill_done - r.submitted_ms,
+        decode_ms: now - prefill_done,
+        blocks,
+    }
+}

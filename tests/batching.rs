@@ -1,0 +1,198 @@
+//! Continuous batching on tiny synthetic models: requests batched together give the tokens they
+//! give alone; a long randomized run with arrivals, aborts and a pool small enough to force
+//! eviction and preemption keeps the cache consistent after every step and accounts for every
+//! request.
+mod common;
+
+#[cfg(target_arch = "wasm32")]
+wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
+
+use std::collections::HashMap;
+
+use pagedlm::engine::{Engine, EngineOptions, FinishReason, GenerateRequest};
+use pagedlm::rng::Rng;
+use pagedlm::sampler::SamplingParams;
+use pagedlm::sched::{Event, RequestId, SchedConfig};
+use pagedlm::synth::{tiny_llama_gguf, SynthConfig};
+
+fn ids(rng: &mut Rng, n: usize) -> Vec<u32> {
+    (0..n).map(|_| 3 + rng.below(256) as u32).collect()
+}
+
+fn tiny(seed: u64) -> Vec<u8> {
+    tiny_llama_gguf(&SynthConfig { seed, ..SynthConfig::tiny() })
+}
+
+/// Tokens per request from a batched run.
+async fn run_batched(engine: &mut Engine, prompts: &[(Vec<u32>, GenerateRequest)]) -> HashMap<RequestId, (Vec<u32>, FinishReason)> {
+    let mut order = Vec::new();
+    for (p, r) in prompts {
+        order.push(engine.submit(p.clone(), r.clone()).unwrap());
+    }
+    let mut streamed: HashMap<RequestId, Vec<u32>> = HashMap::new();
+    let mut done = HashMap::new();
+    while engine.has_work() {
+        for e in engine.step().await.unwrap() {
+            match e {
+                Event::Token { id, token, .. } => streamed.entry(id).or_default().push(token),
+                Event::Finished { id, result } => {
+                    let g = result.unwrap_or_else(|e| panic!("request {id:?} failed: {e}"));
+                    assert_eq!(streamed.get(&id).cloned().unwrap_or_default(), g.tokens, "streamed tokens differ from the result");
+                    done.insert(id, (g.tokens, g.finish_reason));
+                }
+            }
+        }
+        engine.kv_cache().check_integrity().unwrap();
+    }
+    assert_eq!(done.len(), prompts.len());
+    done
+}
+
+gpu_test! {
+    async fn batched_requests_give_the_tokens_they_give_alone() {
+        let bytes = tiny(31);
+        let mut rng = Rng::new(3);
+        let system = ids(&mut rng, 12);
+        let mut prompts = Vec::new();
+        for i in 0..7 {
+            let mut p = if i % 2 == 0 { system.clone() } else { Vec::new() };
+            let n = 1 + rng.below(40) as usize;
+            p.extend(ids(&mut rng, n));
+            let sampling = if i == 5 { SamplingParams { temperature: 0.8, top_p: 0.9, seed: 7, ..SamplingParams::greedy() } } else { SamplingParams::greedy() };
+            prompts.push((p, GenerateRequest { max_tokens: 6 + i as u32 * 3, sampling, stop: Vec::new(), ignore_eos: false }));
+        }
+        // Alone: one request at a time through `generate`, no prefix cache.
+        let mut alone = Engine::load(&bytes, EngineOptions { max_context: 128, prefix_cache: false, ..Default::default() }).await.unwrap();
+        let mut want = Vec::new();
+        for (p, r) in &prompts {
+            let g = alone.generate(p, r, &mut |_| true).await.unwrap();
+            want.push((g.tokens, g.finish_reason));
+        }
+        // Batched: up to 4 sequences per step, prefill in chunks of at most 16 rows.
+        for (max_batch, step_tokens, prefix_cache) in [(4u32, 16u32, true), (8, 64, false), (2, 5, true)] {
+            let sched = SchedConfig { max_batch, step_tokens, ..Default::default() };
+            let opts = EngineOptions { max_context: 128, block_size: 8, prefix_cache, sched, check_integrity: true, ..Default::default() };
+            let mut engine = Engine::load(&bytes, opts).await.unwrap();
+            let got = run_batched(&mut engine, &prompts).await;
+            let mut ids_sorted: Vec<&RequestId> = got.keys().collect();
+            ids_sorted.sort();
+            for (k, id) in ids_sorted.iter().enumerate() {
+                assert_eq!(got[id], want[k], "request {k} (batch {max_batch}, step {step_tokens}): tokens differ from its solo run");
+            }
+            let stats = engine.sched_stats();
+            assert_eq!(stats.finished, prompts.len() as u64);
+            assert!(stats.steps > 0 && stats.running == 0 && stats.waiting == 0);
+            engine.reset_cache().unwrap();
+            let pool = engine.stats().pool;
+            assert_eq!(pool.blocks_free, pool.blocks_total, "blocks leaked");
+        }
+    }
+}
+
+gpu_test! {
+    async fn a_small_pool_preempts_and_every_request_still_matches_its_solo_run() {
+        let bytes = tiny(32);
+        let mut rng = Rng::new(4);
+        let prompts: Vec<(Vec<u32>, GenerateRequest)> = (0..6)
+            .map(|_| {
+                let n = 10 + rng.below(20) as usize;
+                (ids(&mut rng, n), GenerateRequest { max_tokens: 16, ..Default::default() })
+            })
+            .collect();
+        let mut alone = Engine::load(&bytes, EngineOptions { max_context: 64, prefix_cache: false, ..Default::default() }).await.unwrap();
+        let mut want = Vec::new();
+        for (p, r) in &prompts {
+            want.push(alone.generate(p, r, &mut |_| true).await.unwrap().tokens);
+        }
+        // 12 blocks of 4 tokens: 48 slots for 6 sequences of up to 45 tokens.
+        let sched = SchedConfig { max_batch: 6, step_tokens: 32, ..Default::default() };
+        let opts = EngineOptions { max_context: 64, block_size: 4, pool_tokens: 48, sched, check_integrity: true, ..Default::default() };
+        let mut engine = Engine::load(&bytes, opts).await.unwrap();
+        let got = run_batched(&mut engine, &prompts).await;
+        let mut ids_sorted: Vec<&RequestId> = got.keys().collect();
+        ids_sorted.sort();
+        for (k, id) in ids_sorted.iter().enumerate() {
+            assert_eq!(got[id].0, want[k], "request {k}: tokens differ after preemption");
+        }
+        assert!(engine.sched_stats().preemptions > 0, "the pool was meant to force preemption");
+    }
+}
+
+/// Steps of the randomized run: 10,000 natively; fewer in the browser, where every step costs a
+/// submit-and-read of a few milliseconds more.
+#[cfg(not(target_arch = "wasm32"))]
+const RANDOM_STEPS: u64 = 10_000;
+#[cfg(target_arch = "wasm32")]
+const RANDOM_STEPS: u64 = 800;
+
+gpu_test! {
+    async fn a_long_random_run_keeps_the_cache_consistent_and_loses_no_request() {
+        let bytes = tiny(33);
+        let sched = SchedConfig { max_batch: 5, step_tokens: 24, age_limit: 20, ..Default::default() };
+        let opts = EngineOptions { max_context: 64, block_size: 4, pool_tokens: 64, sched, check_integrity: true, ..Default::default() };
+        let mut engine = Engine::load(&bytes, opts).await.unwrap();
+        let mut rng = Rng::new(99);
+        let systems: Vec<Vec<u32>> = (0..3).map(|k| ids(&mut Rng::new(k), 9)).collect();
+        let mut submitted: Vec<RequestId> = Vec::new();
+        let mut outcome: HashMap<RequestId, String> = HashMap::new();
+        let (mut steps, mut aborts) = (0u64, 0u32);
+        while steps < RANDOM_STEPS {
+            // Arrivals: bursts, shared system prompts, lengths up to the context limit.
+            if rng.below(16) == 0 {
+                for _ in 0..1 + rng.below(2) {
+                    let mut p = if rng.below(2) == 0 { systems[rng.below(3) as usize].clone() } else { Vec::new() };
+                    let n = 1 + rng.below(40) as usize;
+                    p.extend(ids(&mut rng, n));
+                    let max_tokens = 1 + rng.below(30) as u32;
+                    let sampling = if rng.below(4) == 0 { SamplingParams { temperature: 1.0, seed: rng.below(1000), ..SamplingParams::greedy() } } else { SamplingParams::greedy() };
+                    submitted.push(engine.submit(p, GenerateRequest { max_tokens, sampling, stop: Vec::new(), ignore_eos: false }).unwrap());
+                }
+            }
+            // Aborts of random requests, waiting or running.
+            if rng.below(25) == 0 && !submitted.is_empty() {
+                let id = submitted[rng.below(submitted.len() as u64) as usize];
+                if let Some(g) = engine.abort(id).unwrap() {
+                    assert_eq!(g.finish_reason, FinishReason::Abort);
+                    assert!(outcome.insert(id, "abort".into()).is_none(), "{id:?} ended twice");
+                    aborts += 1;
+                }
+                engine.kv_cache().check_integrity().unwrap();
+            }
+            for e in engine.step().await.unwrap() {
+                if let Event::Finished { id, result } = e {
+                    let what = match result {
+                        Ok(g) => format!("{:?}", g.finish_reason),
+                        Err(e) => format!("error: {e}"),
+                    };
+                    assert!(outcome.insert(id, what).is_none(), "{id:?} ended twice");
+                }
+            }
+            engine.kv_cache().check_integrity().unwrap_or_else(|e| panic!("step {steps}: {e}"));
+            let s = engine.sched_stats();
+            assert!(s.running <= 5);
+            steps += 1;
+        }
+        while engine.has_work() {
+            for e in engine.step().await.unwrap() {
+                if let Event::Finished { id, result } = e {
+                    outcome.insert(id, result.map(|g| format!("{:?}", g.finish_reason)).unwrap_or_else(|e| format!("error: {e}")));
+                }
+            }
+        }
+        for id in &submitted {
+            assert!(outcome.contains_key(id), "request {id:?} was lost");
+        }
+        let stats = engine.sched_stats();
+        let errors: Vec<&String> = outcome.values().filter(|v| v.starts_with("error")).collect();
+        println!(
+            "{} requests over {} steps: {} aborted, {} preemptions, {} errors, prefix {:?}",
+            submitted.len(), stats.steps, aborts, stats.preemptions, errors.len(), engine.stats().prefix
+        );
+        assert!(stats.preemptions > 0, "the pool was meant to force preemption");
+        assert!(engine.stats().prefix.evictions > 0, "the pool was meant to force eviction");
+        assert!(errors.is_empty(), "requests ended with errors although each fits the pool alone: {errors:?}");
+        engine.reset_cache().unwrap();
+        let pool = engine.stats().pool;
+        assert_eq!(pool.blocks_free, pool.blocks_total, "blocks leaked");
+    }
+}
