@@ -50,6 +50,10 @@ export interface EngineOptions {
   prefillChunk?: number;
   /** Reuse KV of shared prefixes across turns and conversations (default true). */
   prefixCache?: boolean;
+  /** Continuous batching: most requests decoding together in one step (default 8). */
+  maxBatch?: number;
+  /** Most token rows (decode + prefill) per engine step (default 256). */
+  stepTokens?: number;
   onProgress?: (progress: LoadProgress) => void;
   /** Keep a downloaded model in the Cache API so a reload does not download it again (default true). */
   cache?: boolean;
@@ -127,7 +131,7 @@ export interface ChatCompletionStream extends AsyncIterable<ChatCompletionChunk>
   abort(): void;
   finalCompletion(): Promise<ChatCompletion>;
   /** Where the request stands (queued behind others, running, done) and its token counts so far. */
-  progress(): { state: "queued" | "running" | "done"; prompt_tokens: number; completion_tokens: number };
+  progress(): { request: number; state: "queued" | "running" | "done"; prompt_tokens: number; completion_tokens: number };
 }
 
 export interface PoolStats {
@@ -152,9 +156,23 @@ export interface PoolSnapshot {
   prefix?: { enabled: boolean; requests: number; prompt_tokens: number; hit_tokens: number; hit_rate: number; evictions: number };
 }
 
+export interface SchedStats {
+  running: number;
+  waiting: number;
+  steps: number;
+  preemptions: number;
+  finished: number;
+  aborted: number;
+  failed: number;
+  /** The running set: engine request id, KV sequence, its length and block table. */
+  sequences: { request: number; seq: number; len: number; prefilling: boolean; blocks: number[] }[];
+}
+
 export interface EngineStats extends PoolSnapshot {
-  /** Requests generating now, with their progress. */
-  running: { request: number; prompt_tokens: number; tokens: number }[];
+  /** The continuous-batching scheduler. */
+  sched: SchedStats;
+  /** Requests generating now (request = the stream's progress().request), with their block tables. */
+  running: { request: number; prompt_tokens: number; tokens: number; blocks: number[] }[];
   /** Requests waiting for their turn. */
   queued: number[];
 }

@@ -21,7 +21,7 @@ export class PagedlmError extends Error {
   }
 }
 
-const ENGINE_OPTIONS = ["kvDtype", "kvLayout", "blockSize", "poolTokens", "maxContext", "prefillChunk", "prefixCache"];
+const ENGINE_OPTIONS = ["kvDtype", "kvLayout", "blockSize", "poolTokens", "maxContext", "prefillChunk", "prefixCache", "maxBatch", "stepTokens"];
 const REQUEST_OPTIONS = ["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "repetition_penalty"];
 
 function invalid(message) {
@@ -151,7 +151,9 @@ class Request {
   }
 
   onMessage(data) {
-    if (data.type === "begin") {
+    if (data.type === "queued") {
+      this.promptTokens = data.prompt_tokens;
+    } else if (data.type === "begin") {
       this.state = "running";
       this.promptTokens = data.prompt_tokens;
     } else if (data.type === "start") {
@@ -247,10 +249,13 @@ class ChatCompletionStream {
     return this.#done;
   }
 
-  /** Where the request stands: {state: "queued"|"running"|"done", prompt_tokens, completion_tokens}. */
+  /**
+   * Where the request stands: {request, state: "queued"|"running"|"done", prompt_tokens,
+   * completion_tokens}; `request` matches `engine.stats().running[].request`.
+   */
   progress() {
     const r = this.#request;
-    return { state: r.state, prompt_tokens: r.promptTokens, completion_tokens: r.completionTokens };
+    return { request: r.channelId, state: r.state, prompt_tokens: r.promptTokens, completion_tokens: r.completionTokens };
   }
 
   [Symbol.asyncIterator]() {
@@ -298,6 +303,7 @@ export class Engine {
 
       const request = new Request(this, params);
       const sent = this.#channel.send({ type: "create", messages, options }, (data) => request.onMessage(data));
+      request.channelId = sent.id;
       let onAbort = null;
       const cancel = () => this.#worker.postMessage({ type: "abort", id: sent.id });
       if (signal) {
@@ -323,8 +329,8 @@ export class Engine {
   }
 
   /**
-   * The KV pool now: {pool, block_states, refcounts, sequences, running, queued}. While a
-   * generation runs, the pool part is the snapshot from when the engine was last idle.
+   * The KV pool now: {pool, prefix, block_states, refcounts, sequences, sched, running, queued}.
+   * While requests run, it is the snapshot after the engine's last step.
    */
   async stats() {
     this.#alive();
@@ -353,7 +359,7 @@ export class Engine {
 /**
  * Loads a model in a new Web Worker.
  * @param model a URL (string or URL), an ArrayBuffer/typed array, or a File/Blob (e.g. a dropped .gguf)
- * @param options {kvDtype, blockSize, poolTokens, maxContext, prefillChunk, kvLayout, prefixCache,
+ * @param options {kvDtype, blockSize, poolTokens, maxContext, prefillChunk, kvLayout, prefixCache, maxBatch, stepTokens,
  *   onProgress({phase, loaded, total, fraction}), cache (default true), cacheName, workerUrl}
  */
 export async function createEngine(model, options = {}) {

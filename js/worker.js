@@ -1,12 +1,14 @@
 // The engine's home: a dedicated Web Worker that owns the WebGPU device and the wasm engine, so
 // the page never blocks. It downloads the model (with progress, through the Cache API), loads
-// it, runs chat requests one after another from its queue, and streams tokens back.
+// it, runs every chat request through the engine's continuous-batching scheduler, and streams
+// tokens back.
 //
 // Messages in:  {type: "load", id, model, options, cache}    model: URL string | ArrayBuffer | Blob
-//               {type: "create", id, messages, options}
-//               {type: "abort", id}  {type: "stats", id}  {type: "resetCache", id}  {type: "dispose", id}
+//               {type: "create", id, messages, options}  {type: "abort", id}
+//               {type: "stats", id}  {type: "resetCache", id}  {type: "dispose", id}
 // Messages out: {type: "progress", id, progress}  {type: "result", id, value}  {type: "error", id, error: {code, message}}
-//               {type: "begin", id, prompt_tokens} (left the queue)  {type: "start", id, prompt_tokens} (first token)  {type: "token", id, text}  {type: "done", id, result, stats}
+//               for a request: {type: "queued", id, prompt_tokens}  {type: "begin", id, prompt_tokens} (admitted)
+//               {type: "start", id, prompt_tokens} (first token)  {type: "token", id, text}  {type: "done", id, result, stats}
 import init, { WebEngine } from "../pkg/pagedlm.js";
 
 /** @type {WebEngine | null} */
@@ -165,88 +167,138 @@ async function load({ model, options, cache: cacheOptions }, progress) {
   };
 }
 
-// ==== The request queue ============================================================================
-// The engine runs one generation at a time today, so concurrent `create` calls wait here in
-// arrival order and each streams when its turn comes. This is the one place the engine's
-// continuous-batching scheduler (issue 7) replaces: it will take every request at once.
-const queue = [];
-let running = null;
+// ==== Requests: the engine's continuous-batching scheduler ===========================================
+// `create` and `abort` messages land in the inbox; the loop applies them between engine steps
+// (the engine is busy during a step) and runs steps while any request is unfinished. Every
+// submitted request advances in the same steps, so concurrent requests stream together.
+const inbox = [];
+/** engine request id -> {id (the page's), queuedAt, started, tokens, prompt_tokens} */
+const requests = new Map();
+let looping = false;
 
 function enqueue(request) {
   request.queuedAt = performance.now();
-  queue.push(request);
-  pump();
-}
-
-function pump() {
-  if (running || queue.length === 0) return;
-  running = queue.shift();
-  generate(running).finally(() => {
-    running = null;
-    freeRetired();
-    pump();
-  });
+  inbox.push({ op: "submit", request });
+  kick();
 }
 
 function abort(id) {
-  const at = queue.findIndex((r) => r.id === id);
-  if (at >= 0) {
-    queue.splice(at, 1);
-    post({ type: "error", id, error: { code: "ABORTED", message: "the request was aborted before it started" } });
-  } else if (running && running.id === id) {
-    running.aborted = true;
+  inbox.push({ op: "abort", id });
+  kick();
+}
+
+function kick() {
+  if (looping) return;
+  looping = true;
+  loop().finally(() => {
+    looping = false;
+    freeRetired();
+    if (inbox.length > 0) kick();
+  });
+}
+
+function applyInbox() {
+  for (const item of inbox.splice(0)) {
+    if (item.op === "submit") {
+      const { request } = item;
+      try {
+        if (!engine) throw fail("DISPOSED", "the engine was disposed");
+        const { id, prompt_tokens } = engine.submit(request.messages, request.options);
+        Object.assign(request, { engineId: id, prompt_tokens, tokens: 0, state: "queued" });
+        requests.set(id, request);
+        post({ type: "queued", id: request.id, prompt_tokens });
+      } catch (e) {
+        post({ type: "error", id: request.id, error: errorOf(e) });
+      }
+    } else {
+      const entry = [...requests.values()].find((r) => r.id === item.id);
+      if (!entry) {
+        // Not submitted yet: it may still sit in this very inbox.
+        const at = inbox.findIndex((i) => i.op === "submit" && i.request.id === item.id);
+        if (at >= 0) inbox.splice(at, 1);
+        continue;
+      }
+      try {
+        const result = engine.abort(entry.engineId);
+        lastStats = engine.stats();
+        if (result) finish(entry, result);
+      } catch (e) {
+        requests.delete(entry.engineId);
+        post({ type: "error", id: entry.id, error: errorOf(e) });
+      }
+    }
+  }
+}
+
+function finish(entry, result) {
+  requests.delete(entry.engineId);
+  post({
+    type: "done",
+    id: entry.id,
+    result: { ...result, queue_ms: entry.startedAt != null ? entry.startedAt - entry.queuedAt : null },
+    stats: lastStats,
+  });
+}
+
+/** Marks requests the scheduler admitted since the last step as running. */
+function noteRunning() {
+  for (const s of lastStats.sched.sequences) {
+    const entry = requests.get(s.request);
+    if (entry && entry.state === "queued") {
+      entry.state = "running";
+      entry.startedAt = performance.now();
+      post({ type: "begin", id: entry.id, prompt_tokens: entry.prompt_tokens });
+    }
+  }
+}
+
+async function loop() {
+  for (;;) {
+    applyInbox();
+    if (!engine || !engine.hasWork()) return;
+    let events;
+    try {
+      events = await engine.step();
+    } catch (e) {
+      // A failed step leaves no request worth continuing: end them all with its error.
+      const error = errorOf(e);
+      for (const entry of requests.values()) {
+        try { engine?.abort(entry.engineId); } catch { /* already gone */ }
+        post({ type: "error", id: entry.id, error });
+      }
+      requests.clear();
+      return;
+    }
+    if (!engine) return;
+    lastStats = engine.stats();
+    noteRunning();
+    for (const event of events) {
+      const entry = requests.get(event.id);
+      if (!entry) continue;
+      if (event.type === "token") {
+        if (entry.tokens === 0) post({ type: "start", id: entry.id, prompt_tokens: entry.prompt_tokens });
+        entry.tokens += 1;
+        post({ type: "token", id: entry.id, text: event.text });
+      } else if (event.type === "finished") {
+        finish(entry, event.result);
+      } else {
+        requests.delete(event.id);
+        post({ type: "error", id: entry.id, error: { code: event.code, message: event.message } });
+      }
+    }
   }
 }
 // ====================================================================================================
 
-async function generate(request) {
-  const { id } = request;
-  const started = performance.now();
-  let first = null;
-  let generated = 0;
-  try {
-    if (!engine) throw fail("DISPOSED", "the engine was disposed");
-    const promptTokens = engine.chatPromptLength(request.messages);
-    request.progress = { prompt_tokens: promptTokens, tokens: 0 };
-    post({ type: "begin", id, prompt_tokens: promptTokens });
-    const result = await engine.chat(request.messages, request.options, (text, promptTokens) => {
-      if (request.aborted) return false;
-      if (first === null) {
-        first = performance.now();
-        post({ type: "start", id, prompt_tokens: promptTokens });
-      }
-      generated += 1;
-      request.progress = { prompt_tokens: promptTokens, tokens: generated };
-      post({ type: "token", id, text });
-      return true;
-    });
-    if (engine) lastStats = engine.stats();
-    post({
-      type: "done",
-      id,
-      result: {
-        ...result,
-        // The engine's own TTFT once it reports one; until then, measured around its first callback.
-        ttft_ms: result.ttft_ms ?? (first === null ? null : first - started),
-        queue_ms: started - request.queuedAt,
-      },
-      stats: lastStats,
-    });
-  } catch (e) {
-    if (engine) {
-      try { lastStats = engine.stats(); } catch { /* the engine stays busy only while a chat runs */ }
-    }
-    post({ type: "error", id, error: errorOf(e) });
-  }
-}
-
 function stats() {
   if (!engine) throw fail("DISPOSED", "the engine was disposed");
-  const snapshot = running ? lastStats : (lastStats = engine.stats());
+  // During a step the engine is busy: the snapshot after the last step is at most one step old.
+  if (!looping) lastStats = engine.stats();
+  const entries = [...requests.values()];
   return {
-    ...snapshot,
-    running: running ? [{ request: running.id, ...(running.progress || { prompt_tokens: 0, tokens: 0 }) }] : [],
-    queued: queue.map((r) => r.id),
+    ...lastStats,
+    running: entries.filter((r) => r.state === "running").map((r) => ({ request: r.id, prompt_tokens: r.prompt_tokens, tokens: r.tokens, blocks: lastStats.sched.sequences.find((s) => s.request === r.engineId)?.blocks ?? [] })),
+    queued: entries.filter((r) => r.state === "queued").map((r) => r.id).concat(inbox.filter((i) => i.op === "submit").map((i) => i.request.id)),
   };
 }
 
@@ -260,11 +312,14 @@ function freeRetired() {
 }
 
 function dispose() {
-  for (const r of queue.splice(0)) post({ type: "error", id: r.id, error: { code: "DISPOSED", message: "the engine was disposed" } });
-  if (running) running.aborted = true;
+  for (const item of inbox.splice(0)) {
+    if (item.op === "submit") post({ type: "error", id: item.request.id, error: { code: "DISPOSED", message: "the engine was disposed" } });
+  }
+  for (const entry of requests.values()) post({ type: "error", id: entry.id, error: { code: "DISPOSED", message: "the engine was disposed" } });
+  requests.clear();
   retired = engine;
   engine = null;
-  if (!running) freeRetired();
+  if (!looping) freeRetired();
 }
 
 self.onmessage = async ({ data }) => {
@@ -288,7 +343,7 @@ self.onmessage = async ({ data }) => {
     case "resetCache":
       return reply(async () => {
         if (!engine) throw fail("DISPOSED", "the engine was disposed");
-        if (running) throw fail("BUSY", "a generation is running: reset the cache when it has finished");
+        if (looping) throw fail("BUSY", "requests are running: reset the cache when they have finished");
         engine.resetCache();
         lastStats = engine.stats();
         return lastStats;

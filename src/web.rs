@@ -13,11 +13,12 @@ use std::rc::Rc;
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 
-use crate::engine::{Engine, EngineError, EngineOptions, GenerateRequest, KvDtype, KvLayout, TokenEvent};
+use crate::engine::{Engine, EngineError, EngineOptions, EngineStats, GenerateRequest, Generation, KvDtype, KvLayout, TokenEvent};
 use crate::gpu::GpuError;
 use crate::kv::KvError;
 use crate::model::{ModelConfig, ModelError};
 use crate::sampler::SamplingParams;
+use crate::sched::{Event, RequestId, SchedStats};
 use crate::tokenizer::ChatMessage;
 
 /// What kind of failure an error is; JS sees it as `error.code`.
@@ -144,6 +145,10 @@ struct LoadOptions {
     pool_tokens: Option<u32>,
     /// Reuse the KV of earlier turns and shared prompt prefixes (default true).
     prefix_cache: Option<bool>,
+    /// Most requests decoding together in one step (continuous batching).
+    max_batch: Option<u32>,
+    /// Most token rows (decode + prefill) per step.
+    step_tokens: Option<u32>,
 }
 
 impl LoadOptions {
@@ -156,6 +161,8 @@ impl LoadOptions {
         o.block_size = self.block_size.unwrap_or(o.block_size);
         o.pool_tokens = self.pool_tokens.unwrap_or(o.pool_tokens);
         o.prefix_cache = self.prefix_cache.unwrap_or(o.prefix_cache);
+        o.sched.max_batch = self.max_batch.unwrap_or(o.sched.max_batch);
+        o.sched.step_tokens = self.step_tokens.unwrap_or(o.sched.step_tokens);
         o
     }
 }
@@ -289,6 +296,57 @@ impl Info {
     }
 }
 
+/// What `submit` returns.
+#[derive(Serialize)]
+struct Submitted {
+    id: RequestId,
+    prompt_tokens: u32,
+}
+
+/// One scheduler event as JS sees it: `{type: "token", id, text}`, `{type: "finished", id,
+/// result}` or `{type: "failed", id, code, message}`.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+enum StepEvent {
+    Token { id: RequestId, text: String },
+    Finished { id: RequestId, result: Generation },
+    Failed { id: RequestId, code: &'static str, message: String },
+}
+
+impl From<Event> for StepEvent {
+    fn from(event: Event) -> StepEvent {
+        match event {
+            Event::Token { id, text, .. } => StepEvent::Token { id, text },
+            Event::Finished { id, result: Ok(result) } => StepEvent::Finished { id, result },
+            Event::Finished { id, result: Err(e) } => {
+                let e = WebError::from(e);
+                StepEvent::Failed { id, code: e.code.as_str(), message: e.message }
+            }
+        }
+    }
+}
+
+/// `stats()`: the engine's pool and prefix cache, plus the scheduler's running set.
+#[derive(Serialize)]
+struct Stats {
+    #[serde(flatten)]
+    engine: EngineStats,
+    sched: SchedStats,
+}
+
+/// A request id from JS: a non-negative integer below 2^53.
+fn request_id(id: f64) -> Result<RequestId, WebError> {
+    if id.is_finite() && id >= 0.0 && id.fract() == 0.0 && id < 9_007_199_254_740_992.0 {
+        Ok(RequestId(id as u64))
+    } else {
+        Err(WebError::new(ErrorCode::InvalidArgument, format!("{id} is not a request id")))
+    }
+}
+
+fn parse_messages(messages: JsValue) -> Result<Vec<ChatMessage>, WebError> {
+    serde_wasm_bindgen::from_value(messages).map_err(|e| conversion_error("invalid messages (want [{role, content}])", e))
+}
+
 /// Options objects whose field names are checked: serde-wasm-bindgen reads only the fields a
 /// struct declares, so a misspelled option would otherwise be dropped without a word.
 trait Fields {
@@ -297,7 +355,7 @@ trait Fields {
 
 impl Fields for LoadOptions {
     const FIELDS: &'static [&'static str] =
-        &["maxContext", "prefillChunk", "kvDtype", "kvLayout", "blockSize", "poolTokens", "prefixCache"];
+        &["maxContext", "prefillChunk", "kvDtype", "kvLayout", "blockSize", "poolTokens", "prefixCache", "maxBatch", "stepTokens"];
 }
 
 impl Fields for ChatOptions {
@@ -382,8 +440,7 @@ impl WebEngine {
     // cleanly (`try_borrow_mut`) while this one runs.
     #[allow(clippy::await_holding_refcell_ref)]
     pub async fn chat(&self, messages: JsValue, options: JsValue, on_token: js_sys::Function) -> Result<JsValue, WebError> {
-        let messages: Vec<ChatMessage> = serde_wasm_bindgen::from_value(messages)
-            .map_err(|e| conversion_error("invalid messages (want [{role, content}])", e))?;
+        let messages = parse_messages(messages)?;
         let request = self::options::<ChatOptions>(options, "chat options")?.request();
         let inner = Rc::clone(&self.inner);
         let mut engine = inner.try_borrow_mut().map_err(|_| busy())?;
@@ -404,11 +461,52 @@ impl WebEngine {
         to_js(&generation)
     }
 
-    /// Token ids of `messages` rendered with the chat template (what `chat` would prefill).
+    /// Queues a chat request for [`WebEngine::step`] (continuous batching: every queued request
+    /// runs in the same steps). `options` as for `chat`. Returns `{id, prompt_tokens}`; a bad
+    /// option, a prompt over the context or bad sampling parameters fail here.
+    pub fn submit(&self, messages: JsValue, options: JsValue) -> Result<JsValue, WebError> {
+        let messages = parse_messages(messages)?;
+        let request = self::options::<ChatOptions>(options, "chat options")?.request();
+        let mut engine = self.inner.try_borrow_mut().map_err(|_| busy())?;
+        let prompt = engine.chat_prompt(&messages)?;
+        let prompt_tokens = prompt.len() as u32;
+        let id = engine.submit(prompt, request)?;
+        to_js(&Submitted { id, prompt_tokens })
+    }
+
+    /// Runs one scheduling step over every submitted request: admits waiting ones, computes one
+    /// token for each running one (plus a chunk of prefill). Resolves to the events of the step:
+    /// `[{type: "token", id, text} | {type: "finished", id, result} | {type: "failed", id, code,
+    /// message}]`; `result` is the request's `Generation`.
+    #[allow(clippy::await_holding_refcell_ref)]
+    pub async fn step(&self) -> Result<JsValue, WebError> {
+        let inner = Rc::clone(&self.inner);
+        let mut engine = inner.try_borrow_mut().map_err(|_| busy())?;
+        let events: Vec<StepEvent> = engine.step().await?.into_iter().map(StepEvent::from).collect();
+        to_js(&events)
+    }
+
+    /// Whether a submitted request has not finished yet.
+    #[wasm_bindgen(js_name = hasWork)]
+    pub fn has_work(&self) -> Result<bool, WebError> {
+        Ok(self.inner.try_borrow().map_err(|_| busy())?.has_work())
+    }
+
+    /// Ends a submitted request now (its K/V go to the prefix cache, its blocks are released).
+    /// Returns its `Generation` so far (finish_reason "abort"), or null when it had finished.
+    pub fn abort(&self, id: f64) -> Result<JsValue, WebError> {
+        let id = request_id(id)?;
+        let mut engine = self.inner.try_borrow_mut().map_err(|_| busy())?;
+        match engine.abort(id)? {
+            Some(generation) => to_js(&generation),
+            None => Ok(JsValue::NULL),
+        }
+    }
+
+    /// Tokens of `messages` rendered with the chat template (what a request would prefill).
     #[wasm_bindgen(js_name = chatPromptLength)]
     pub fn chat_prompt_length(&self, messages: JsValue) -> Result<u32, WebError> {
-        let messages: Vec<ChatMessage> = serde_wasm_bindgen::from_value(messages)
-            .map_err(|e| conversion_error("invalid messages (want [{role, content}])", e))?;
+        let messages = parse_messages(messages)?;
         let engine = self.inner.try_borrow().map_err(|_| busy())?;
         Ok(engine.chat_prompt(&messages)?.len() as u32)
     }
@@ -417,11 +515,13 @@ impl WebEngine {
     /// block_size, blocks_total, blocks_used, blocks_free, blocks_cached, bytes_total,
     /// bytes_per_token, live_tokens, internal_fragmentation}, prefix: {enabled, requests,
     /// prompt_tokens, hit_tokens, hit_rate, evictions, ...}, block_states: [u8: 0 free, 1 held
-    /// by a running sequence, 2 cached only], refcounts: [u32], sequences: [{id, len, blocks}]}`.
-    /// `BUSY` while a generation runs (the Worker answers from its last snapshot then).
+    /// by a running sequence, 2 cached only], refcounts: [u32], sequences: [{id, len, blocks}],
+    /// sched: {running, waiting, steps, preemptions, finished, aborted, failed, sequences:
+    /// [{request, seq, len, prefilling, blocks}]}}`.
+    /// `BUSY` during a `chat` or a `step` (the Worker answers from its last snapshot then).
     pub fn stats(&self) -> Result<JsValue, WebError> {
         let engine = self.inner.try_borrow().map_err(|_| busy())?;
-        to_js(&engine.stats())
+        to_js(&Stats { engine: engine.stats(), sched: engine.sched_stats() })
     }
 
     /// Drops every cached prefix (their blocks return to the free list) and restarts the hit counters.

@@ -245,3 +245,73 @@ fn errors_reach_js_as_errors_with_a_code() {
     assert_eq!(text(&value, "name"), "PagedlmError");
     assert_eq!(text(&value, "message"), "the file ends early");
 }
+
+/// Drives submitted requests to the end; returns each one's streamed text and final result.
+async fn run_steps(engine: &WebEngine) -> Vec<(f64, String, JsValue)> {
+    let mut streamed: Vec<(f64, String)> = Vec::new();
+    let mut done = Vec::new();
+    while engine.has_work().expect("hasWork") {
+        let events = engine.step().await.unwrap_or_else(|e| panic!("step failed: {e:?}"));
+        for event in js_sys::Array::from(&events).iter() {
+            let id = num(&event, "id");
+            match text(&event, "type").as_str() {
+                "token" => match streamed.iter_mut().find(|(i, _)| *i == id) {
+                    Some((_, t)) => t.push_str(&text(&event, "text")),
+                    None => streamed.push((id, text(&event, "text"))),
+                },
+                "finished" => {
+                    let t = streamed.iter().find(|(i, _)| *i == id).map(|(_, t)| t.clone()).unwrap_or_default();
+                    done.push((id, t, get(&event, "result")));
+                }
+                other => panic!("request {id} ended with {other}: {event:?}"),
+            }
+        }
+    }
+    done
+}
+
+#[wasm_bindgen_test]
+async fn submitted_requests_run_together_and_match_their_solo_runs() {
+    let engine = engine().await;
+    let asks = [r#"[{"role": "user", "content": "hello there"}]"#, r#"[{"role": "user", "content": "what a day"}]"#];
+    let options = json(r#"{"max_tokens": 5, "temperature": 0}"#);
+    let mut solo = Vec::new();
+    for messages in asks {
+        solo.push(engine.chat(json(messages), options.clone(), Counter::new(None).function()).await.expect("chat"));
+    }
+    engine.reset_cache().expect("reset");
+    let ids: Vec<f64> = asks.iter().map(|m| num(&engine.submit(json(m), options.clone()).expect("submit"), "id")).collect();
+    assert_ne!(ids[0], ids[1]);
+    let stats = engine.stats().expect("stats");
+    assert_eq!(num(&stats, "sched.waiting"), 2.0, "both wait for the first step");
+    let done = run_steps(&engine).await;
+    assert_eq!(done.len(), 2);
+    for (i, id) in ids.iter().enumerate() {
+        let (_, streamed, result) = done.iter().find(|(d, _, _)| d == id).expect("every request finishes");
+        assert_eq!(js_sys::JSON::stringify(&get(result, "tokens")).ok(), js_sys::JSON::stringify(&get(&solo[i], "tokens")).ok(),
+            "request {i} batched gives the tokens it gives alone");
+        if text(result, "finish_reason") == "length" {
+            assert_eq!(streamed, &text(result, "text"), "its token events spell its text");
+        }
+    }
+    let stats = engine.stats().expect("stats");
+    assert_eq!(num(&stats, "pool.blocks_used"), 0.0);
+    assert_eq!(num(&stats, "sched.finished"), 2.0);
+}
+
+#[wasm_bindgen_test]
+async fn abort_ends_a_submitted_request_and_releases_its_blocks() {
+    let engine = engine().await;
+    let id = num(&engine.submit(json(HELLO), json(r#"{"max_tokens": 40, "temperature": 0}"#)).expect("submit"), "id");
+    engine.step().await.expect("step");
+    engine.step().await.expect("step");
+    assert!(num(&engine.stats().expect("stats"), "pool.blocks_used") > 0.0, "the running request holds blocks");
+    let partial = engine.abort(id).expect("abort");
+    assert_eq!(text(&partial, "finish_reason"), "abort");
+    assert_eq!(num(&engine.stats().expect("stats"), "pool.blocks_used"), 0.0, "its blocks are released at once");
+    assert!(!engine.has_work().expect("hasWork"));
+    assert!(engine.abort(id).expect("abort again").is_null(), "a finished request aborts to null");
+    expect_code("a fractional id", engine.abort(1.5), ErrorCode::InvalidArgument);
+    let long = format!(r#"[{{"role": "user", "content": "{}"}}]"#, "a".repeat(600));
+    expect_code("an overlong prompt fails at submit", engine.submit(json(&long), JsValue::UNDEFINED), ErrorCode::ContextOverflow);
+}

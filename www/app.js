@@ -217,11 +217,17 @@ function activate(conv) {
 function renderConversationItem(conv) {
   conv.item.querySelector(".conv-title").textContent = conv.title;
   let meta;
-  if (conv.busy) meta = conv.stream?.progress().state === "queued" ? "waiting for its turn…" : "generating…";
+  if (conv.busy) meta = waiting(conv) ? "waiting for its turn…" : "generating…";
   else if (conv.turns === 0) meta = "empty";
   else meta = `${plural(conv.turns, "turn")} · ${plural(blocksOf(conv).length, "block")}`;
   conv.item.querySelector(".conv-meta").textContent = meta;
   conv.item.classList.toggle("busy", conv.busy);
+}
+
+/** Whether `conv`'s request waits while another conversation's runs (the scheduler is full). */
+function waiting(conv) {
+  if (conv.stream?.progress().state !== "queued") return false;
+  return state.conversations.some((c) => c !== conv && c.stream?.progress().state === "running");
 }
 
 /** The blocks the map attributes to `conv` now. */
@@ -301,6 +307,7 @@ async function send() {
         body.textContent = streamed;
         if (conv === state.active) scrollToEnd();
       }
+      requestRefresh();
       if (chunk.pagedlm) details = chunk.pagedlm;
     }
     const completion = await conv.stream.finalCompletion();
@@ -309,7 +316,7 @@ async function send() {
     conv.history.push({ role: "assistant", content: completion.choices[0].message.content });
     finishTurn(conv, bubble, completion.usage, details, performance.now() - t0);
   } catch (e) {
-    if (e.code === "ABORTED") {
+    if (e.code === "ABORTED" || e.code === "DISPOSED") {
       outcome = "stopped";
       bubble.classList.add("stopped");
       // The partial reply stays in the conversation: the next turn continues after it.
@@ -449,13 +456,21 @@ async function refreshStats() {
   renderKv();
 }
 
+/** A refresh now unless one is in flight: the map follows the tokens as they arrive. */
+let refreshing = false;
+function requestRefresh() {
+  if (refreshing) return;
+  refreshing = true;
+  refreshStats().finally(() => { refreshing = false; });
+}
+
 function startRefresh() {
   if (state.refreshTimer) return;
   state.refreshTimer = setInterval(() => {
     const busy = state.conversations.filter((c) => c.busy);
     for (const c of busy) {
       renderConversationItem(c);
-      c.bubble?.classList.toggle("queued", c.stream?.progress().state === "queued");
+      c.bubble?.classList.toggle("queued", waiting(c));
     }
     if (busy.length === 0) {
       clearInterval(state.refreshTimer);
@@ -482,16 +497,21 @@ function renderKv() {
     else for (const id of owners) if (!byId.has(id)) owners.delete(id);
   }
 
-  // Growth of running replies, drawn into free cells from the lowest index up.
+  // Running replies: their block tables from the engine's last step; a reply admitted since
+  // then grows into free cells from the lowest index up until the next snapshot has it.
   const growing = new Map();
   const free = [];
   stats.block_states.forEach((s, b) => { if (s === 0) free.push(b); });
   for (const conv of state.conversations) {
     const p = conv.busy && conv.stream ? conv.stream.progress() : null;
     if (!p || p.state !== "running") continue;
+    const run = stats.running?.find((r) => r.request === p.request);
+    if (run && run.blocks.length > 0) {
+      for (const b of run.blocks) growing.set(b, conv);
+      continue;
+    }
     const need = Math.ceil((p.prompt_tokens + p.completion_tokens) / blockSize);
-    const have = blocksOf(conv).length;
-    for (let k = have; k < need && free.length > 0; k++) growing.set(free.shift(), conv);
+    for (let k = blocksOf(conv).length; k < need && free.length > 0; k++) growing.set(free.shift(), conv);
   }
 
   let held = 0;
@@ -504,10 +524,14 @@ function renderKv() {
     let kind;
     let color = "";
     let title;
-    if (grow) {
+    const sharedWithOthers = grow && owners && [...owners].some((id) => id !== grow.id);
+    if (sharedWithOthers) {
+      kind = "shared";
+      title = `block ${b}: a shared prefix, read by “${grow.title}” now`;
+    } else if (grow) {
       kind = "growing";
       color = grow.color;
-      title = `block ${b}: being written by “${grow.title}”`;
+      title = `block ${b}: held by “${grow.title}”, generating`;
     } else if (st === 0) {
       kind = "free";
       title = `block ${b}: free`;

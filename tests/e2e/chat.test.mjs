@@ -103,8 +103,10 @@ describe("chat page", () => {
       const m = document.querySelector('[data-testid="message-assistant"]');
       return m && m.dataset.done !== "true" && m.querySelector(".body").textContent.length > 0;
     }, null, { timeout: REPLY_TIMEOUT });
-    const live = await kvCells(page);
-    assert.ok(live.held > 0, "the running reply holds blocks in the map while it streams");
+    // The map shows the running reply's blocks while it streams.
+    await page.waitForFunction(() => [...document.querySelectorAll('[data-testid="kv-map"] .kv-cell')].some((c) => c.dataset.state === "1")
+      && document.querySelector('[data-testid="message-assistant"]').dataset.done !== "true", null, { timeout: 10_000 });
+    assert.ok(Number(await page.getAttribute(byId("kv-stats"), "data-blocks-used")) > 0, "kv-stats counts the held blocks");
     await page.screenshot({ path: join(results, "chat-streaming.png") });
 
     const first = await waitDone(page, 0);
@@ -141,8 +143,14 @@ describe("chat page", () => {
     await ask(page, "Name a fruit.");
     await page.click(byId("new-conversation"));
     await ask(page, "Name an animal.");
-    // Both are in flight now: the second waits for or runs beside the first, and both finish.
-    assert.equal(await page.locator(`${byId("conversation")}.busy`).count(), 2, "both conversations are generating or queued");
+    // Both are in flight now, batched by the engine's scheduler: while the second streams, the
+    // map shows blocks held by both conversations.
+    assert.equal(await page.locator(`${byId("conversation")}.busy`).count(), 2, "both conversations are generating");
+    await page.waitForFunction(() => {
+      const colors = new Set([...document.querySelectorAll('[data-testid="kv-map"] .kv-cell.growing')].map((c) => c.style.getPropertyValue("--c")));
+      const body = document.querySelector('[data-testid="message-assistant"] .body');
+      return colors.size >= 2 && body.textContent.length > 0;
+    }, null, { timeout: REPLY_TIMEOUT });
     await page.screenshot({ path: join(results, "chat-two-conversations.png") });
     const animal = await waitDone(page, 0);
     assert.equal(animal.error, null, `the second conversation failed: ${animal.error}`);
@@ -172,7 +180,8 @@ describe("chat page", () => {
       const m = document.querySelector('[data-testid="message-assistant"]');
       return m && m.querySelector(".body").textContent.length > 0;
     }, null, { timeout: REPLY_TIMEOUT });
-    assert.ok((await kvCells(page)).held > 0, "the running reply holds blocks");
+    await page.waitForFunction(() => [...document.querySelectorAll('[data-testid="kv-map"] .kv-cell')].some((c) => c.dataset.state === "1"),
+      null, { timeout: 10_000 });
     await page.click(byId("stop-button"));
     const reply = await waitDone(page, 0);
     assert.equal(reply.error, null, `the reply failed: ${reply.error}`);
