@@ -1,7 +1,8 @@
-//! The JavaScript surface of the engine (wasm-bindgen): load a model from bytes, chat with a
-//! token stream, report the KV pool. Thin on purpose: every decision lives in [`Engine`]; this
-//! module only converts values and errors at the boundary. The Web Worker, the request queue,
-//! abort signals and model download live in JS (`js/worker.js`).
+//! The JavaScript surface of the engine (wasm-bindgen): load a model from bytes, submit chat
+//! requests and step the continuous-batching scheduler (or run one `chat` with a token
+//! callback), report the KV pool. Thin on purpose: every decision lives in [`Engine`]; this
+//! module only converts values and errors at the boundary. The Web Worker's step loop, abort
+//! signals and the model download live in JS (`js/worker.js`).
 //!
 //! Nothing here panics: bad options, a busy engine, or a throwing callback all come back to JS
 //! as a rejected promise with an `Error` whose `code` names the kind of failure
@@ -408,9 +409,9 @@ fn busy() -> WebError {
 
 /// A loaded model on a WebGPU device (the page's or a Worker's).
 ///
-/// The engine sits behind a `RefCell` so that a second call while a generation runs gets a
-/// `BUSY` error instead of wasm-bindgen's aliasing trap. Queueing concurrent requests is the
-/// caller's job (the Worker's queue, later the engine's scheduler).
+/// The engine sits behind a `RefCell` so that a call while a `chat` or a `step` runs gets a
+/// `BUSY` error instead of wasm-bindgen's aliasing trap. Concurrent requests go through
+/// `submit` + `step`, which batch them; the caller applies new requests and aborts between steps.
 #[wasm_bindgen]
 pub struct WebEngine {
     inner: Rc<RefCell<Engine>>,

@@ -577,7 +577,10 @@ function renderKv() {
   ui.kvEvictions.textContent = prefix ? String(prefix.evictions) : "–";
   renderTurn();
   renderGauge(held + cached);
-  for (const c of state.conversations) if (!c.busy) renderConversationItem(c);
+  for (const c of state.conversations) {
+    renderConversationItem(c);
+    if (c.busy) c.bubble?.classList.toggle("queued", waiting(c));
+  }
 }
 
 function renderTurn() {
