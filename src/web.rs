@@ -504,14 +504,6 @@ impl WebEngine {
         }
     }
 
-    /// Tokens of `messages` rendered with the chat template (what a request would prefill).
-    #[wasm_bindgen(js_name = chatPromptLength)]
-    pub fn chat_prompt_length(&self, messages: JsValue) -> Result<u32, WebError> {
-        let messages = parse_messages(messages)?;
-        let engine = self.inner.try_borrow().map_err(|_| busy())?;
-        Ok(engine.chat_prompt(&messages)?.len() as u32)
-    }
-
     /// The KV pool and prefix cache now (the engine's `EngineStats`): `{pool: {kv_dtype,
     /// block_size, blocks_total, blocks_used, blocks_free, blocks_cached, bytes_total,
     /// bytes_per_token, live_tokens, internal_fragmentation}, prefix: {enabled, requests,
