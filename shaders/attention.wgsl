@@ -1,4 +1,4 @@
-// Causal attention (llama, GQA) over a contiguous KV cache.
+// Causal attention (llama, GQA) over the paged KV cache, f32 or INT8.
 //
 // One invocation owns 4 query rows of one KV head (the components of a vec4: rows 4*quad..4*quad+3
 // of that head, row i = token i / group, head i % group) and a range of at most CHUNK keys. Each
@@ -17,9 +17,19 @@
 // Without SPLIT (passes, for prefill): one dispatch per CHUNK keys starting at params.pass_begin,
 // in order; each merges its keys into the normalized output and the per-row state.
 //
+// INT8 (src/kv/quant.rs): the pools hold 8-bit codes, 4 per u32, and one f32 scale per key (or
+// value) and KV head. They are dequantized in registers as they are loaded: the codes of a
+// vec4 of head dims become floats, the key's scale multiplies its 4 scores once, and the value's
+// scale folds into its softmax weight. No f32 copy of the cache exists.
+//
 // qkv:       [n_tokens, (n_heads + 2*n_kv_heads) * head_dim] f32, q heads first in each row (roped)
-// k_pool:    [n_blocks, n_kv_heads, block_size, head_dim] f32: key (b, h, s) at vec4
-//            ((b * n_kv_heads + h) * block_size + s) * D4
+// k_pool:    bound as vec4<u32> for both dtypes;
+//            f32:  [n_blocks, n_kv_heads, block_size, head_dim] f32: key (b, h, s) at vec4
+//                  ((b * n_kv_heads + h) * block_size + s) * D4 (bitcast);
+//            INT8: the same order in codes, key (b, h, s) at vec4<u32> ((b * n_kv_heads + h) *
+//                  block_size + s) * D4 / 4, code d in byte d % 4 of word d / 4 (head_dim a
+//                  multiple of 16), then the scales: key g = (b * n_kv_heads + h) * block_size + s
+//                  has its f32 scale at word params.scale_base + g
 // v_pool:    same layout as k_pool
 // block_table: u32; key j of the sequence is in physical block block_table[step.table_base +
 //            j / block_size], slot j % block_size. Every row of a dispatch belongs to that one
@@ -44,13 +54,14 @@ struct Params {
     n_kv_heads: u32,
     block_size: u32,      // keys per block of the pool
     n_blocks: u32,        // blocks in the pool
+    scale_base: u32,      // INT8: the word where the pools' scales start; unused for f32
 }
 
 struct Step { table_base: u32 } // the sequence's first entry in block_table, set per step
 
 @group(0) @binding(0) var<storage, read> qkv: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> k_pool: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> v_pool: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> k_pool: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> v_pool: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> positions: array<u32>;
 @group(0) @binding(4) var<uniform> params: Params;
 @group(0) @binding(5) var<storage, read_write> dst: array<vec4<f32>>;
@@ -62,6 +73,7 @@ override D4: u32 = 16u;      // head_dim / 4, at most 32
 override SPLIT: bool = false;
 override CHUNK: u32 = 128u;  // keys per invocation: per split, or per pass
 override WG: u32 = 8u;
+override INT8: bool = false;
 
 // Below any score; exp(NEG_BIG - s) is exactly 0 and NEG_BIG - s stays finite.
 const NEG_BIG: f32 = -3.0e38;
@@ -81,20 +93,44 @@ fn load_q(d: u32, base: vec4<u32>, valid: vec4<bool>) -> mat4x4<f32> {
     ) * params.scale;
 }
 
-// The 4 rows' partial scores against the key at vec4 index `row`, head dims [4d, 4d+4).
+// The 4 signed 8-bit codes of a word (byte i = code i) as floats, exactly.
+fn codes(w: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<i32>(bitcast<i32>(w)) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
+}
+
+// Word `i` of a pool read as vec4<u32> (an INT8 scale).
+fn k_word(i: u32) -> u32 {
+    return k_pool[i / 4u][i % 4u];
+}
+
+fn v_word(i: u32) -> u32 {
+    return v_pool[i / 4u][i % 4u];
+}
+
+// The 4 rows' partial scores against the key at vec4 index `row`, head dims [4d, 4d+4)
+// (INT8: in units of the key's scale, which the caller applies once per key).
 fn k_times_q(row: u32, d: u32, q: mat4x4<f32>) -> vec4<f32> {
     if (d >= D4) {
         return vec4<f32>(0.0);
     }
-    return k_pool[row + d] * q;
+    if (INT8) {
+        return codes(k_pool[row + d / 4u][d % 4u]) * q;
+    }
+    return bitcast<vec4<f32>>(k_pool[row + d]) * q;
 }
 
-// acc = acc * corr + p * v for head dims [4d, 4d+4), per row (column).
+// acc = acc * corr + p * v for head dims [4d, 4d+4), per row (column). INT8: p includes the
+// value's scale.
 fn accumulate(a: mat4x4<f32>, row: u32, d: u32, corr: vec4<f32>, p: vec4<f32>) -> mat4x4<f32> {
     if (d >= D4) {
         return a;
     }
-    let v = v_pool[row + d];
+    var v: vec4<f32>;
+    if (INT8) {
+        v = codes(v_pool[row + d / 4u][d % 4u]);
+    } else {
+        v = bitcast<vec4<f32>>(v_pool[row + d]);
+    }
     return mat4x4<f32>(a[0] * corr.x + v * p.x, a[1] * corr.y + v * p.y, a[2] * corr.z + v * p.z, a[3] * corr.w + v * p.w);
 }
 
@@ -214,10 +250,14 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     var l = vec4<f32>(0.0);
     // The block table is read once per block of keys, when j enters it, not per key (no inner
     // loop: every back-edge counts against lavapipe's budget). row_base wraps around u32 so that
-    // key j of the current block is at vec4 row_base + j * D4.
+    // key j of the current block is at vec4 row_base + j * key_vec4, its INT8 scale at word
+    // scale_row + j.
     let table_len = arrayLength(&block_table);
+    // vec4 loads per key: D4 of f32, D4 / 4 of codes.
+    let key_vec4 = select(D4, D4 / 4u, INT8);
     var block_end = key_begin;
     var row_base = 0u;
+    var scale_row = 0u;
     var block_ok = false;
     for (var j = key_begin; j < key_end; j++) {
         if (j == block_end) {
@@ -230,12 +270,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             // A missing block reads block 0 (in bounds) and masks its keys.
             block_ok = block < params.n_blocks;
             let first = logical * params.block_size;
-            let start = select(0u, (block * params.n_kv_heads + kv_head) * params.block_size * D4, block_ok);
-            row_base = start - first * D4;
+            let group = select(0u, (block * params.n_kv_heads + kv_head) * params.block_size, block_ok);
+            row_base = group * key_vec4 - first * key_vec4;
+            scale_row = params.scale_base + group - first;
             block_end = first + params.block_size;
         }
-        let row = row_base + j * D4;
-        let s = k_times_q(row, 0u, q0)
+        let row = row_base + j * key_vec4;
+        var s = k_times_q(row, 0u, q0)
             + k_times_q(row, 1u, q1)
             + k_times_q(row, 2u, q2)
             + k_times_q(row, 3u, q3)
@@ -267,13 +308,20 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             + k_times_q(row, 29u, q29)
             + k_times_q(row, 30u, q30)
             + k_times_q(row, 31u, q31);
-        // Online softmax per row; a masked key gets weight 0 and leaves the max alone.
         let visible = select(vec4<bool>(false), vec4<u32>(j) < lim, block_ok);
+        if (INT8) {
+            s *= bitcast<f32>(k_word(scale_row + j));
+        }
+        // Online softmax per row; a masked key gets weight 0 and leaves the max alone.
         let m_new = max(m, select(vec4<f32>(NEG_BIG), s, visible));
         let corr = exp(m - m_new);
-        let p = select(vec4<f32>(0.0), exp(s - m_new), visible);
+        var p = select(vec4<f32>(0.0), exp(s - m_new), visible);
         m = m_new;
         l = l * corr + p;
+        if (INT8) {
+            // A masked slot's scale may be any bits (a stale or unwritten slot); keep it out.
+            p = select(vec4<f32>(0.0), p * bitcast<f32>(v_word(scale_row + j)), visible);
+        }
         a0 = accumulate(a0, row, 0u, corr, p);
         a1 = accumulate(a1, row, 1u, corr, p);
         a2 = accumulate(a2, row, 2u, corr, p);

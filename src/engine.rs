@@ -8,7 +8,7 @@ use crate::gguf::Gguf;
 use crate::gpu::{Context, ContextOptions, GpuError};
 use crate::kv::{CacheConfig, KvCache, KvError, PoolStats, PrefixStats, SeqId};
 pub use crate::kv::{KvDtype, KvLayout};
-use crate::model::{Logits, ModelConfig, ModelError, StepGraph, Weights};
+use crate::model::{BatchGraph, Logits, ModelConfig, ModelError, StepGraph, StepRow, Weights};
 use crate::sampler::{top_k, Sampler, SamplingError, SamplingParams};
 use crate::sched::{generation_of, Event, Request, RequestId, SchedConfig, SchedStats, Scheduler};
 use crate::time::now_ms;
@@ -166,6 +166,7 @@ pub struct Engine {
     options: EngineOptions,
     decode_graph: Option<StepGraph>,
     prefill_graphs: HashMap<(u32, u32), StepGraph>,
+    batch_graphs: HashMap<(u32, u32), BatchGraph>,
     sched: Scheduler,
 }
 
@@ -211,7 +212,7 @@ impl Engine {
             return Err(EngineError::InvalidArgument("max_batch and step_tokens must be at least 1".into()));
         }
         let sched = Scheduler::new(options.sched.clone());
-        Ok(Engine { ctx, cfg, weights, tokenizer, kv, options, decode_graph: None, prefill_graphs: HashMap::new(), sched })
+        Ok(Engine { ctx, cfg, weights, tokenizer, kv, options, decode_graph: None, prefill_graphs: HashMap::new(), batch_graphs: HashMap::new(), sched })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -796,6 +797,46 @@ impl Engine {
     /// Runs the planned rows and returns, per row that wants logits (decode rows in order, then
     /// the completing prefill row), its argmax and (with `Logits::Full`) its logits.
     async fn run_rows(&mut self, plan: &crate::sched::Plan, read: Logits) -> Result<Vec<(u32, Option<Vec<f32>>)>, EngineError> {
+        if self.kv.pool.dtype == KvDtype::F32 {
+            return self.run_rows_batched(plan, read).await;
+        }
+        self.run_rows_per_sequence(plan, read).await
+    }
+
+    /// One forward over all rows of the step ([`BatchGraph`]): the weights are read once for
+    /// the whole batch. Graphs are built for power-of-two row and logit-row capacities.
+    async fn run_rows_batched(&mut self, plan: &crate::sched::Plan, read: Logits) -> Result<Vec<(u32, Option<Vec<f32>>)>, EngineError> {
+        let rows: Vec<StepRow> = plan
+            .rows
+            .iter()
+            .map(|r| StepRow { token: r.token, position: r.position, table_base: self.kv.table_base(r.seq) })
+            .collect();
+        let mut logit_rows: Vec<u32> = (0..plan.decode.len() as u32).collect();
+        if let Some((_, first, n, true)) = plan.prefill {
+            logit_rows.push((first + n as usize - 1) as u32);
+        }
+        if logit_rows.is_empty() {
+            // A prefill chunk that does not finish its prompt: its last row stands in.
+            logit_rows.push(rows.len() as u32 - 1);
+        }
+        let key = (rows.len().next_power_of_two() as u32, logit_rows.len().next_power_of_two() as u32);
+        if !self.batch_graphs.contains_key(&key) {
+            if self.batch_graphs.len() >= 6 {
+                self.batch_graphs.clear();
+            }
+            let g = BatchGraph::build(&self.ctx, &self.cfg, &self.weights, &self.kv, key.0, key.1.min(key.0))?;
+            self.batch_graphs.insert(key, g);
+        }
+        let graph = self.batch_graphs.get_mut(&key).expect("inserted above");
+        let wanted = plan.decode.len() + matches!(plan.prefill, Some((_, _, _, true))) as usize;
+        let (ids, logits) = graph.run(&self.ctx, &rows, &logit_rows, if wanted > 0 { read } else { Logits::Argmax }).await?;
+        let vocab = self.cfg.vocab as usize;
+        Ok((0..wanted).map(|k| (ids[k], logits.as_ref().map(|l| l[k * vocab..(k + 1) * vocab].to_vec()))).collect())
+    }
+
+    /// The rows sequence by sequence through the single-sequence graphs (one submission per
+    /// decode row): the path for INT8 pools until the batched attention reads INT8.
+    async fn run_rows_per_sequence(&mut self, plan: &crate::sched::Plan, read: Logits) -> Result<Vec<(u32, Option<Vec<f32>>)>, EngineError> {
         let mut out = Vec::new();
         for (k, row) in plan.rows.iter().enumerate().take(plan.decode.len()) {
             debug_assert!(k < plan.decode.len());
@@ -836,5 +877,38 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    // ---- KV transfer ---------------------------------------------------------------------
+
+    /// Computes and caches the K/V of `tokens` that the prefix cache lacks (no logits are read).
+    pub async fn cache_prefix(&mut self, tokens: &[u32]) -> Result<(), EngineError> {
+        self.check_tokens(tokens)?;
+        if self.kv.peek_prefix(tokens) as usize >= tokens.len() {
+            return Ok(());
+        }
+        let (seq, hit) = self.kv.allocate_for_prompt(&self.ctx, tokens)?;
+        let last = tokens.len() as u32 - 1;
+        match self.prefill(seq, &tokens[hit as usize..], hit, last, Logits::Argmax).await {
+            Ok(_) => Ok(self.kv.finish(seq, tokens)?),
+            Err(e) => {
+                self.kv.free(seq)?;
+                Err(e)
+            }
+        }
+    }
+
+    /// A snapshot of the K/V of `tokens` (a conversation's history: prompt and reply ids),
+    /// computing whatever part is not cached. See [`crate::kv::snapshot`] for the format.
+    pub async fn export_snapshot(&mut self, tokens: &[u32]) -> Result<Vec<u8>, EngineError> {
+        self.cache_prefix(tokens).await?;
+        Ok(self.kv.export_prefix(&self.ctx, tokens).await?)
+    }
+
+    /// Loads a snapshot into the prefix cache; the next request whose prompt starts with its
+    /// tokens reuses them. Returns the tokens. Refused with a typed error, changing nothing, if
+    /// it comes from another model, KV dtype, layout, block size or format version, or is damaged.
+    pub fn import_snapshot(&mut self, bytes: &[u8]) -> Result<Vec<u32>, EngineError> {
+        Ok(self.kv.import(&self.ctx, bytes, self.cfg.vocab)?)
     }
 }

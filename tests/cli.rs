@@ -194,5 +194,23 @@ fn trace_continues_conversations_and_prints_the_summary() {
     }
     assert_eq!(batched[3]["summary"]["integrity_ok"], true);
     assert_eq!(batched[3]["summary"]["max_batch"], 3);
+    // Disaggregated: a prefill engine hands each prompt's K/V to the decoding engine.
+    let out = bin()
+        .args(["trace", "--model", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--block-size", "8", "--disaggregate"])
+        .output()
+        .unwrap();
+    let split = lines(&out);
+    assert_eq!(split.len(), 4, "{}", String::from_utf8_lossy(&out.stderr));
+    for g in &got[..3] {
+        let d = &split[by_id(&split, g["id"].as_str().unwrap())];
+        assert_eq!(d["tokens"], g["tokens"], "request {}: tokens differ when disaggregated", g["id"]);
+        assert_eq!(d["prefix_hit_tokens"].as_u64().unwrap() + 1, d["prompt_tokens"].as_u64().unwrap(), "the snapshot covers all but the last prompt token");
+        assert!(d["snapshot_bytes"].as_u64().unwrap() > 0 && d["transfer_ms"].as_f64().is_some());
+    }
+    let out = bin().args(["bench", "--model", model.to_str().unwrap(), "--transfer", "--lengths", "20,50", "--block-size", "8"]).output().unwrap();
+    let rows = lines(&out);
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[1]["tokens"], 50);
+    assert!(rows[1]["snapshot_bytes"].as_u64().unwrap() > rows[0]["snapshot_bytes"].as_u64().unwrap());
     assert_eq!(plain[3]["summary"]["pool"]["blocks_cached"], 0);
 }

@@ -392,7 +392,7 @@ async fn check_kv_write(ctx: &Context, rng: &mut Rng, case: &KvCase, positions: 
     let (qb, kb, vb, pb) =
         (f32_buffer(ctx, &qkv), f32_buffer(ctx, &k0), f32_buffer(ctx, &v0), u32_buffer(ctx, positions));
     let tb = u32_buffer(ctx, &table);
-    let step = ctx.uniform_init("step", bytemuck::bytes_of(&table_base));
+    let step = u32_buffer(ctx, &vec![table_base; n_tokens]);
     let kernel = kv_write::write_paged(
         ctx,
         &qb,
@@ -462,7 +462,7 @@ gpu_test! {
         let v = ctx.storage_zeroed("v", 3 * 100 * 64 * 4);
         let p = ctx.storage_zeroed("p", 8);
         let t = ctx.storage_zeroed("t", 16);
-        let st = ctx.uniform_init("step", bytemuck::bytes_of(&0u32));
+        let st = ctx.storage_zeroed("row_tables", 8);
         let w = |k: &wgpu::Buffer, v: &wgpu::Buffer, n_tokens, n_kv, block_size, n_blocks| {
             kv_write::write_paged(&ctx, &qkv, k, v, &p, &t, &st, n_tokens, 9, n_kv, 64, block_size, n_blocks)
         };

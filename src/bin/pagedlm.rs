@@ -34,7 +34,9 @@ mod cli {
   generate  --input FILE.json | --prompt TEXT  [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
             [--repetition-penalty R]
   bench     [--prompt-tokens 512] [--gen-tokens 128] [--context N] [--batch N]
-  trace     --input FILE.jsonl [--max-batch N] [--no-prefix-cache]
+  bench     --transfer [--lengths 256,1024,4096]   (KV snapshot export/import vs recomputing the prefill)
+  bench     --interference [--prompt-tokens 2048] [--step-tokens N]   (4 decoding sequences while a long prompt arrives)
+  trace     --input FILE.jsonl [--max-batch N] [--no-prefix-cache] [--disaggregate] [--step-tokens N]
   profile   [--prompt-tokens 512]";
 
     /// `--key value` options and bare flags.
@@ -72,7 +74,7 @@ mod cli {
 
     pub fn run(argv: Vec<String>) -> Result<()> {
         let Some(cmd) = argv.first() else { bail!("{USAGE}") };
-        let args = Args::parse(&argv[1..], &["no-prefix-cache", "no-cache-aware", "disaggregate"])?;
+        let args = Args::parse(&argv[1..], &["no-prefix-cache", "no-cache-aware", "disaggregate", "transfer", "interference"])?;
         match cmd.as_str() {
             "tokenize" => tokenize(&args),
             "score" => pollster::block_on(score(&args)),
@@ -261,7 +263,19 @@ mod cli {
         let mut opts = engine_options(args)?;
         opts.sched.max_batch = max_batch;
         let bytes = model_bytes(args)?;
-        let mut engine = Engine::load(&bytes, opts).await?;
+        let mut engine = Engine::load(&bytes, opts.clone()).await?;
+        // --disaggregate: a second engine only prefills; each prompt's K/V travel to the decoding
+        // engine as a snapshot, which then recomputes only the prompt's last token.
+        let mut prefill_engine = match args.str("disaggregate") {
+            Some(_) => {
+                if !engine.kv_cache().prefix_cache_enabled() {
+                    bail!("--disaggregate moves K/V through the prefix cache: it needs the paged layout and no --no-prefix-cache");
+                }
+                Some(Engine::load(&bytes, opts).await?)
+            }
+            None => None,
+        };
+        let mut transfers: HashMap<pagedlm::sched::RequestId, (f64, f64, usize)> = HashMap::new();
         // Per conversation: its messages so far, its requests still to run (in file order) and
         // the one in flight.
         let mut order: Vec<String> = Vec::new();
@@ -293,7 +307,19 @@ mod cli {
                 messages.push(ChatMessage { role: "user".into(), content: v["user"].as_str().unwrap_or_default().into() });
                 let prompt = engine.chat_prompt(messages)?;
                 let request = GenerateRequest { max_tokens, sampling: SamplingParams::greedy(), ..Default::default() };
+                let mut transfer = None;
+                if let Some(p) = prefill_engine.as_mut() {
+                    let t0 = pagedlm::time::now_ms();
+                    p.cache_prefix(&prompt).await?;
+                    let t1 = pagedlm::time::now_ms();
+                    let snapshot = p.export_snapshot(&prompt).await?;
+                    engine.import_snapshot(&snapshot)?;
+                    transfer = Some((t1 - t0, pagedlm::time::now_ms() - t1, snapshot.len()));
+                }
                 let id = engine.submit(prompt.clone(), request)?;
+                if let Some(t) = transfer {
+                    transfers.insert(id, t);
+                }
                 in_flight.insert(id, (c.clone(), v, prompt.len()));
             }
             if !engine.has_work() {
@@ -307,11 +333,20 @@ mod cli {
                 total_prompt += prompt_len as u64;
                 total_hit += g.prefix_hit_tokens as u64;
                 history.get_mut(&conversation).expect("submitted above").push(ChatMessage { role: "assistant".into(), content: g.text.clone() });
-                print_line(&json!({
+                let mut line = json!({
                     "id": rid, "conversation": conversation, "prompt_tokens": prompt_len,
                     "prefix_hit_tokens": g.prefix_hit_tokens, "prefill_tokens": g.prefill_tokens, "tokens": g.tokens, "text": g.text,
                     "finish_reason": g.finish_reason, "ttft_ms": g.ttft_ms, "decode_ms": g.decode_ms,
-                }))?;
+                });
+                if let Some((prefill_ms, transfer_ms, bytes)) = transfers.remove(&id) {
+                    // On the decoding engine the prompt arrived as a snapshot: its own time to
+                    // first token follows the prefill engine's work and the transfer.
+                    line["prefill_engine_ms"] = json!(prefill_ms);
+                    line["transfer_ms"] = json!(transfer_ms);
+                    line["snapshot_bytes"] = json!(bytes);
+                    line["ttft_ms"] = json!(g.ttft_ms + prefill_ms + transfer_ms);
+                }
+                print_line(&line)?;
             }
             if let Err(e) = engine.kv_cache().check_integrity() {
                 eprintln!("KV cache integrity check failed: {e}");
@@ -401,6 +436,116 @@ mod cli {
         }))
     }
 
+    /// Per prompt length: snapshot size, and export + import time against recomputing the
+    /// prefill (`pagedlm bench --transfer --lengths 256,1024,4096`).
+    async fn bench_transfer(args: &Args) -> Result<()> {
+        let lengths: Vec<u32> = args
+            .str("lengths")
+            .unwrap_or("256,512,1024,2048,4096")
+            .split(',')
+            .map(|x| x.trim().parse().map_err(|_| anyhow!("--lengths expects numbers separated by commas, got '{x}'")))
+            .collect::<Result<_>>()?;
+        let longest = lengths.iter().copied().max().unwrap_or(256);
+        let mut opts = engine_options(args)?;
+        if opts.max_context == 0 {
+            opts.max_context = longest + 16;
+        }
+        let bytes = model_bytes(args)?;
+        let mut source = Engine::load(&bytes, opts.clone()).await?;
+        let mut target = Engine::load(&bytes, opts).await?;
+        let vocab = source.config().vocab;
+        // Warm-up: compile the prefill pipelines.
+        let warm: Vec<u32> = (0..32).map(|i| 100 + i).collect();
+        source.cache_prefix(&warm).await?;
+        for (k, &n) in lengths.iter().enumerate() {
+            let tokens: Vec<u32> = (0..n).map(|i| 100 + (i * 7919 + k as u32 * 31) % (vocab - 200).max(1)).collect();
+            source.reset_cache()?;
+            target.reset_cache()?;
+            let t0 = pagedlm::time::now_ms();
+            source.cache_prefix(&tokens).await?;
+            let t1 = pagedlm::time::now_ms();
+            let snapshot = source.export_snapshot(&tokens).await?;
+            let t2 = pagedlm::time::now_ms();
+            target.import_snapshot(&snapshot)?;
+            // Wait for the uploads to land.
+            target.context().read_u32(&target.kv_cache().table_buffer, 0, 1).await?;
+            let t3 = pagedlm::time::now_ms();
+            print_line(&json!({
+                "tokens": n,
+                "kv_dtype": source.kv_cache().pool.dtype.name(),
+                "snapshot_bytes": snapshot.len(),
+                "bytes_per_token": snapshot.len() as f64 / n as f64,
+                "recompute_ms": t1 - t0,
+                "export_ms": t2 - t1,
+                "import_ms": t3 - t2,
+                "transfer_vs_recompute": (t3 - t1) / (t1 - t0),
+            }))?;
+        }
+        Ok(())
+    }
+
+    /// Four sequences decode; after a few tokens a `prompt-tokens` prompt arrives. Prints the
+    /// decoding sequences' inter-token latency (median and worst) while the long prompt is being
+    /// read, for the configured `--step-tokens` (chunked prefill) — run it with a small and a
+    /// large value to compare.
+    async fn bench_interference(args: &Args) -> Result<()> {
+        let long: u32 = args.num("prompt-tokens", 2048)?;
+        let mut opts = engine_options(args)?;
+        opts.prefix_cache = false;
+        opts.sched.max_batch = 5;
+        if opts.max_context == 0 {
+            opts.max_context = long + 256;
+        }
+        let bytes = model_bytes(args)?;
+        let mut engine = Engine::load(&bytes, opts.clone()).await?;
+        let vocab = engine.config().vocab;
+        let make = |n: u32, salt: u32| -> Vec<u32> { (0..n).map(|i| 100 + (i * 7919 + salt * 104_729) % (vocab - 200).max(1)).collect() };
+        let request = GenerateRequest { max_tokens: 10_000, ignore_eos: true, ..Default::default() };
+        // Warm-up (pipelines for decode and prefill chunks).
+        engine.submit(make(64, 99), GenerateRequest { max_tokens: 2, ..request.clone() })?;
+        engine.run_to_completion(&mut |_| {}).await?;
+        let decoders: Vec<_> = (0..4).map(|k| engine.submit(make(32, k), request.clone())).collect::<Result<_, _>>()?;
+        // Let them reach steady decoding.
+        for _ in 0..8 {
+            engine.step().await?;
+        }
+        let long_id = engine.submit(make(long, 7), GenerateRequest { max_tokens: 1, ..request.clone() })?;
+        let mut last: HashMap<pagedlm::sched::RequestId, f64> = HashMap::new();
+        let mut gaps = Vec::new();
+        let t0 = pagedlm::time::now_ms();
+        let mut long_done = false;
+        while !long_done {
+            for e in engine.step().await? {
+                let now = pagedlm::time::now_ms();
+                match e {
+                    pagedlm::sched::Event::Token { id, .. } if decoders.contains(&id) => {
+                        if let Some(prev) = last.insert(id, now) {
+                            gaps.push(now - prev);
+                        }
+                    }
+                    pagedlm::sched::Event::Finished { id, .. } if id == long_id => long_done = true,
+                    _ => {}
+                }
+            }
+        }
+        let prefill_ms = pagedlm::time::now_ms() - t0;
+        for id in decoders {
+            engine.abort(id)?;
+        }
+        gaps.sort_by(|a, b| a.total_cmp(b));
+        let pct = |q: f64| gaps.get(((gaps.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
+        print_line(&json!({
+            "adapter": engine.context().adapter_name(),
+            "step_tokens": opts.sched.step_tokens,
+            "long_prompt_tokens": long,
+            "long_prompt_ms": prefill_ms,
+            "inter_token_ms_p50": pct(0.5),
+            "inter_token_ms_p90": pct(0.9),
+            "inter_token_ms_max": pct(1.0),
+            "decode_tokens_meanwhile": gaps.len(),
+        }))
+    }
+
     async fn bench(args: &Args) -> Result<()> {
         let prompt_tokens: u32 = args.num("prompt-tokens", 512)?;
         let gen_tokens: u32 = args.num("gen-tokens", 128)?;
@@ -408,6 +553,12 @@ mod cli {
         let batch: u32 = args.num("batch", 1)?;
         if batch == 0 {
             bail!("--batch must be at least 1");
+        }
+        if args.str("transfer").is_some() {
+            return bench_transfer(args).await;
+        }
+        if args.str("interference").is_some() {
+            return bench_interference(args).await;
         }
         let mut opts = engine_options(args)?;
         let needed = prompt_tokens.max(context) + gen_tokens + 1;

@@ -14,6 +14,8 @@ pub fn source(name: &str) -> Option<&'static str> {
         "matmul_q8_0" => include_str!("../../shaders/matmul_q8_0.wgsl"),
         "attention" => include_str!("../../shaders/attention.wgsl"),
         "attention_reduce" => include_str!("../../shaders/attention_reduce.wgsl"),
+        "attention_batch" => include_str!("../../shaders/attention_batch.wgsl"),
+        "attention_batch_reduce" => include_str!("../../shaders/attention_batch_reduce.wgsl"),
         "quantize_act" => include_str!("../../shaders/quantize_act.wgsl"),
         _ => return None,
     })

@@ -446,4 +446,47 @@ impl KvCache {
     pub fn refcounts(&self) -> Vec<u32> {
         (0..self.pool.n_blocks).map(|b| self.pool.alloc.refcount(b)).collect()
     }
+
+    /// Serializes the K/V of `tokens` (all of them must be cached: see
+    /// [`KvCache::peek_prefix`]) as a snapshot ([`super::snapshot`]).
+    pub async fn export_prefix(&mut self, ctx: &Context, tokens: &[u32]) -> Result<Vec<u8>, KvError> {
+        if tokens.is_empty() {
+            return Err(KvError::Config("nothing to export: no tokens".into()));
+        }
+        if !self.radix.enabled() {
+            return Err(KvError::Config("snapshots need the prefix cache (paged layout)".into()));
+        }
+        let m = self.radix.match_prefix(&self.key, tokens)?;
+        if (m.tokens as usize) < tokens.len() {
+            return Err(KvError::Config(format!("only {} of the {} tokens are cached", m.tokens, tokens.len())));
+        }
+        let mut blocks = m.blocks.clone();
+        blocks.extend(m.partial.map(|(b, _)| b));
+        super::snapshot::export(ctx, &self.pool, &self.key, tokens, &blocks).await
+    }
+
+    /// Loads a snapshot into the prefix cache: its blocks are allocated (evicting cached
+    /// prefixes if needed), uploaded and inserted under its tokens, so the next prompt that
+    /// starts with them hits. Returns the tokens. A snapshot of another model or cache format,
+    /// or a damaged one, is refused before anything changes.
+    pub fn import(&mut self, ctx: &Context, bytes: &[u8], vocab: u32) -> Result<Vec<u32>, KvError> {
+        if !self.radix.enabled() {
+            return Err(KvError::Config("snapshots need the prefix cache (paged layout)".into()));
+        }
+        let snap = super::snapshot::parse(bytes, &self.pool, &self.key, vocab)?;
+        if snap.tokens.len() as u32 > self.max_seq_len {
+            return Err(KvError::SequenceTooLong { needed: snap.tokens.len() as u64, limit: self.max_seq_len });
+        }
+        let id = self.allocate(ctx)?;
+        if let Err(e) = self.append(ctx, id, snap.tokens.len() as u32) {
+            self.free(id)?;
+            return Err(e);
+        }
+        let blocks = self.blocks(id)?.to_vec();
+        for (i, &b) in blocks.iter().enumerate() {
+            snap.upload_block(ctx, &self.pool, i as u32, b);
+        }
+        self.finish(id, &snap.tokens)?;
+        Ok(snap.tokens)
+    }
 }

@@ -6,7 +6,9 @@
 pub mod alloc;
 pub mod cache;
 pub mod pool;
+pub mod quant;
 pub mod radix;
+pub mod snapshot;
 
 pub use cache::{CacheConfig, KvCache, KvLayout, SeqId};
 pub use pool::{KvPool, PoolStats};
@@ -45,6 +47,8 @@ pub enum KvError {
     TooManySequences(u32),
     #[error("KV cache configuration: {0}")]
     Config(String),
+    #[error(transparent)]
+    Snapshot(#[from] snapshot::SnapshotError),
     #[error("the prefix cache was made for other KV data: {0}")]
     CacheKeyMismatch(String),
     #[error("{0} is not available yet")]

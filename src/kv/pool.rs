@@ -15,11 +15,16 @@
 //! The contiguous baseline is the same layout with one block of the sequence's maximum length
 //! per sequence (`block_size = max_len`), which is exactly `[kv_head][pos][head_dim]` per
 //! sequence: the kernels are shared, only the allocation policy differs.
+//!
+//! With [`KvDtype::Int8`] each buffer holds the same order in 8-bit codes, four per u32, then
+//! one f32 scale per (block, kv_head, slot) after the whole code region (see [`super::quant`]):
+//! `head_dim + 4` bytes per token and head instead of `4 · head_dim`.
 
 use crate::gpu::Context;
 use crate::model::ModelConfig;
 
 use super::alloc::BlockAllocator;
+use super::quant::Int8Layout;
 use super::{KvDtype, KvError};
 
 /// Snapshot of the pool's occupancy.
@@ -47,11 +52,12 @@ pub struct KvPool {
     pub n_blocks: u32,
     pub n_kv_heads: u32,
     pub head_dim: u32,
-    /// Per layer `[n_blocks][n_kv_heads][block_size][head_dim]` f32.
+    /// Per layer: f32, `[n_blocks][n_kv_heads][block_size][head_dim]`; INT8, the codes and
+    /// scales of [`Int8Layout`].
     pub k: Vec<wgpu::Buffer>,
     pub v: Vec<wgpu::Buffer>,
     pub alloc: BlockAllocator,
-    /// Bytes of one block in one layer's K (or V) buffer.
+    /// Bytes of one block in one layer's K (or V) buffer (codes and scales for INT8).
     block_bytes: u64,
     n_layers: u32,
     /// One block's worth of staging for copy-on-write: WebGPU forbids a copy within one buffer.
@@ -59,36 +65,68 @@ pub struct KvPool {
 }
 
 impl KvPool {
-    /// Bytes one block occupies in one layer's K buffer.
-    pub fn block_bytes_per_layer(cfg: &ModelConfig, block_size: u32) -> u64 {
-        cfg.n_kv_heads as u64 * block_size as u64 * cfg.head_dim as u64 * 4
+    /// Bytes one block occupies in one layer's K buffer: f32 `4 · head_dim` per token and KV
+    /// head, INT8 `head_dim` codes and a 4-byte scale.
+    pub fn block_bytes_per_layer(cfg: &ModelConfig, dtype: KvDtype, block_size: u32) -> u64 {
+        cfg.n_kv_heads as u64 * block_size as u64 * Self::bytes_per_head(dtype, cfg.head_dim)
     }
 
-    /// The most blocks one layer's buffer can hold on this device.
+    /// Bytes of one token's key (or value) of one KV head.
+    fn bytes_per_head(dtype: KvDtype, head_dim: u32) -> u64 {
+        match dtype {
+            KvDtype::F32 => head_dim as u64 * 4,
+            KvDtype::Int8 => head_dim as u64 + 4,
+        }
+    }
+
+    /// Bytes of one layer's K (or V) buffer, INT8 padding included.
+    pub fn layer_buffer_bytes(cfg: &ModelConfig, dtype: KvDtype, block_size: u32, n_blocks: u32) -> u64 {
+        match dtype {
+            KvDtype::F32 => n_blocks as u64 * Self::block_bytes_per_layer(cfg, dtype, block_size),
+            // The layout's own figure; a shape it refuses is refused by `new` with the reason.
+            KvDtype::Int8 => Int8Layout { n_blocks, n_kv_heads: cfg.n_kv_heads, block_size, head_dim: cfg.head_dim }
+                .buffer_bytes(),
+        }
+    }
+
+    /// The most f32 blocks one layer's buffer can hold on this device (see [`KvPool::max_blocks_for`]).
     pub fn max_blocks(ctx: &Context, cfg: &ModelConfig, block_size: u32) -> u64 {
+        Self::max_blocks_for(ctx, cfg, KvDtype::F32, block_size)
+    }
+
+    /// The most blocks of `dtype` one layer's buffer can hold on this device: about 3.8× more
+    /// INT8 blocks than f32 ones for head_dim 64.
+    pub fn max_blocks_for(ctx: &Context, cfg: &ModelConfig, dtype: KvDtype, block_size: u32) -> u64 {
         let limit = (ctx.limits.max_storage_buffer_binding_size as u64).min(ctx.limits.max_buffer_size);
-        limit / Self::block_bytes_per_layer(cfg, block_size).max(1)
+        let mut blocks = limit / Self::block_bytes_per_layer(cfg, dtype, block_size).max(1);
+        // INT8 pads its buffer to 16 bytes: at most one block fewer.
+        let fits = |b: u64| b <= u32::MAX as u64 && Self::layer_buffer_bytes(cfg, dtype, block_size, b as u32) <= limit;
+        while blocks > 0 && !fits(blocks) {
+            blocks -= 1;
+        }
+        blocks
     }
 
     pub fn new(ctx: &Context, cfg: &ModelConfig, dtype: KvDtype, block_size: u32, n_blocks: u32) -> Result<KvPool, KvError> {
-        if dtype != KvDtype::F32 {
-            return Err(KvError::NotAvailable("the INT8 KV cache (--kv-dtype int8)".into()));
-        }
         if block_size == 0 || n_blocks == 0 {
             return Err(KvError::Config(format!("block size ({block_size}) and block count ({n_blocks}) must be at least 1")));
         }
-        let max = Self::max_blocks(ctx, cfg, block_size);
+        if dtype == KvDtype::Int8 {
+            Int8Layout::new(n_blocks, cfg.n_kv_heads, block_size, cfg.head_dim)?;
+        }
+        let max = Self::max_blocks_for(ctx, cfg, dtype, block_size);
         if n_blocks as u64 > max {
             return Err(KvError::Config(format!(
-                "{n_blocks} blocks of {block_size} tokens need {} bytes per layer buffer, over the device's {}-byte \
-                 binding limit: at most {} tokens fit",
-                n_blocks as u64 * Self::block_bytes_per_layer(cfg, block_size),
+                "{n_blocks} blocks of {block_size} tokens need {} bytes per layer buffer ({}), over the device's \
+                 {}-byte binding limit: at most {} tokens fit",
+                Self::layer_buffer_bytes(cfg, dtype, block_size, n_blocks),
+                dtype.name(),
                 ctx.limits.max_storage_buffer_binding_size,
                 max * block_size as u64
             )));
         }
-        let block_bytes = Self::block_bytes_per_layer(cfg, block_size);
-        let size = block_bytes * n_blocks as u64;
+        let block_bytes = Self::block_bytes_per_layer(cfg, dtype, block_size);
+        let size = Self::layer_buffer_bytes(cfg, dtype, block_size, n_blocks);
         let k = (0..cfg.n_layers).map(|l| ctx.storage_zeroed(&format!("kv.k.{l}"), size)).collect();
         let v = (0..cfg.n_layers).map(|l| ctx.storage_zeroed(&format!("kv.v.{l}"), size)).collect();
         Ok(KvPool {
@@ -106,23 +144,42 @@ impl KvPool {
         })
     }
 
-    /// Bytes of K and V for one token over all layers.
-    pub fn bytes_per_token(&self) -> u64 {
-        self.n_layers as u64 * self.n_kv_heads as u64 * self.head_dim as u64 * 2 * 4
+    /// The INT8 layout of each layer's buffers; None for an f32 pool.
+    pub fn int8_layout(&self) -> Option<Int8Layout> {
+        (self.dtype == KvDtype::Int8).then_some(Int8Layout {
+            n_blocks: self.n_blocks,
+            n_kv_heads: self.n_kv_heads,
+            block_size: self.block_size,
+            head_dim: self.head_dim,
+        })
     }
 
+    /// Bytes of K and V for one token over all layers (f32: 46,080 for SmolLM2, INT8: 12,240).
+    pub fn bytes_per_token(&self) -> u64 {
+        self.n_layers as u64 * self.n_kv_heads as u64 * Self::bytes_per_head(self.dtype, self.head_dim) * 2
+    }
+
+    /// GPU bytes of the whole pool (K and V, all layers, INT8 padding included).
     pub fn bytes_total(&self) -> u64 {
-        self.block_bytes * self.n_blocks as u64 * 2 * self.n_layers as u64
+        self.k.iter().chain(&self.v).map(|b| b.size()).sum()
     }
 
     /// Records GPU copies of block `src` into block `dst` in every layer's K and V buffer
-    /// (copy-on-write of a partly filled block).
+    /// (copy-on-write of a partly filled block): the values, and for INT8 the codes and the
+    /// scales.
     pub fn copy_block(&self, encoder: &mut wgpu::CommandEncoder, src: u32, dst: u32) {
-        let (s, d) = (src as u64 * self.block_bytes, dst as u64 * self.block_bytes);
+        let ranges: Vec<(u64, u64, u64)> = match self.int8_layout() {
+            None => vec![(src as u64 * self.block_bytes, dst as u64 * self.block_bytes, self.block_bytes)],
+            Some(layout) => {
+                layout.block_ranges(src).iter().zip(layout.block_ranges(dst)).map(|(s, d)| (s.0, d.0, s.1)).collect()
+            }
+        };
         for buffers in [&self.k, &self.v] {
             for b in buffers {
-                encoder.copy_buffer_to_buffer(b, s, &self.scratch, 0, self.block_bytes);
-                encoder.copy_buffer_to_buffer(&self.scratch, 0, b, d, self.block_bytes);
+                for &(s, d, size) in &ranges {
+                    encoder.copy_buffer_to_buffer(b, s, &self.scratch, 0, size);
+                    encoder.copy_buffer_to_buffer(&self.scratch, 0, b, d, size);
+                }
             }
         }
     }

@@ -15,7 +15,7 @@
 //! (memory-bound matvecs). Nothing is read back between layers: a step ends with the argmax (and,
 //! when asked, the logits) copied into one staging buffer.
 
-use crate::gpu::ops::attention::Attention;
+use crate::gpu::ops::attention::{Attention, AttentionShape};
 use crate::gpu::ops::{act, argmax, elementwise, embed, kv_write, matmul, norm, rope};
 use crate::gpu::{Context, Kernel, Recorder};
 use crate::kv::KvCache;
@@ -57,6 +57,9 @@ pub struct StepGraph {
     /// Uniform holding the sequence's `table_base` (its row in the cache's block-table buffer),
     /// written before each step.
     step: wgpu::Buffer,
+    /// [n_tokens] u32: the same `table_base` per row, for the KV write (which also serves rows of
+    /// several sequences, see [`super::batch`]).
+    row_tables: wgpu::Buffer,
 }
 
 const X: usize = 0;
@@ -97,6 +100,7 @@ impl StepGraph {
         let block_table = &kv.table_buffer;
         let (block_size, n_blocks) = (kv.pool.block_size, kv.pool.n_blocks);
         let step = ctx.uniform_init("step", bytemuck::bytes_of(&0u32));
+        let row_tables = ctx.storage_zeroed("row_tables", n * 4);
         let mut nodes = Vec::new();
         let mut attention = Vec::new();
         nodes.push(Node::Kernel(embed::embedding(ctx, &weights.token_embd, &ids, &x, n_tokens)?));
@@ -113,22 +117,34 @@ impl StepGraph {
                 cfg.head_dim,
                 cfg.rope_base,
             )?));
-            nodes.push(Node::Kernel(kv_write::write_paged(
+            // The pool's dtype picks the kernels' variant: INT8 quantizes here and is
+            // dequantized inside attention.
+            nodes.push(Node::Kernel(kv_write::write_paged_dtype(
                 ctx,
                 &qkv,
                 &kv.pool.k[l],
                 &kv.pool.v[l],
                 &positions,
                 block_table,
-                &step,
+                &row_tables,
                 n_tokens,
                 cfg.n_heads,
                 cfg.n_kv_heads,
                 cfg.head_dim,
                 block_size,
                 n_blocks,
+                kv.pool.dtype,
             )?));
-            attention.push(Attention::paged(
+            let shape = AttentionShape {
+                n_tokens,
+                n_heads: cfg.n_heads,
+                n_kv_heads: cfg.n_kv_heads,
+                head_dim: cfg.head_dim,
+                max_len: kv.max_seq_len,
+                block_size,
+                n_blocks,
+            };
+            attention.push(Attention::paged_dtype(
                 ctx,
                 &qkv,
                 &kv.pool.k[l],
@@ -137,13 +153,9 @@ impl StepGraph {
                 block_table,
                 &step,
                 &attn,
-                n_tokens,
-                cfg.n_heads,
-                cfg.n_kv_heads,
-                cfg.head_dim,
-                block_size,
-                n_blocks,
-                kv.max_seq_len,
+                shape,
+                kv.pool.dtype,
+                None,
             )?);
             nodes.push(Node::Attention(attention.len() - 1));
             nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.wo, &attn, &h, n_tokens)?));
@@ -177,6 +189,7 @@ impl StepGraph {
             nodes,
             attention,
             step,
+            row_tables,
         })
     }
 
@@ -197,6 +210,7 @@ impl StepGraph {
         ctx.queue.write_buffer(&self.ids, 0, bytemuck::cast_slice(tokens));
         ctx.queue.write_buffer(&self.positions, 0, bytemuck::cast_slice(&positions));
         ctx.queue.write_buffer(&self.step, 0, bytemuck::bytes_of(&table_base));
+        ctx.queue.write_buffer(&self.row_tables, 0, bytemuck::cast_slice(&vec![table_base; self.n_tokens as usize]));
         let kv_len = start + self.n_tokens;
         for a in &mut self.attention {
             a.set_kv_len(kv_len)?;
@@ -231,6 +245,7 @@ impl StepGraph {
     pub async fn profile(&mut self, ctx: &Context, tokens: &[u32], start: u32, table_base: u32) -> Result<Vec<(String, f64)>, ModelError> {
         let positions: Vec<u32> = (start..start + self.n_tokens).collect();
         ctx.queue.write_buffer(&self.step, 0, bytemuck::bytes_of(&table_base));
+        ctx.queue.write_buffer(&self.row_tables, 0, bytemuck::cast_slice(&vec![table_base; self.n_tokens as usize]));
         ctx.queue.write_buffer(&self.ids, 0, bytemuck::cast_slice(tokens));
         ctx.queue.write_buffer(&self.positions, 0, bytemuck::cast_slice(&positions));
         for a in &mut self.attention {

@@ -1,12 +1,14 @@
 //! The llama model: configuration from GGUF metadata, weights uploaded once and kept quantized,
 //! and the forward pass (see [`forward`]).
 
+pub mod batch;
 pub mod config;
 pub mod forward;
 pub mod reference;
 pub mod weights;
 
 pub use config::ModelConfig;
+pub use batch::{BatchGraph, StepRow};
 pub use forward::{Logits, StepGraph};
 pub use weights::Weights;
 

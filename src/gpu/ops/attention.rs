@@ -8,7 +8,8 @@
 //!   normalized output (one dispatch up to `chunk` keys of context).
 //!
 //! Both are `shaders/attention.wgsl` specialized by override constants; the reduce is
-//! `shaders/attention_reduce.wgsl`. An invocation owns 4 query rows of one KV head (for SmolLM2's
+//! `shaders/attention_reduce.wgsl`. The pools are f32 or INT8 ([`crate::kv::quant`]); INT8 codes
+//! and scales are dequantized in registers as the key loop loads them. An invocation owns 4 query rows of one KV head (for SmolLM2's
 //! decode: the 3 query heads of a group) and reads each K/V row once for all of them; no shared
 //! memory, no barriers, which are costly on CPU adapters (lavapipe, SwiftShader).
 //!
@@ -25,6 +26,8 @@ use std::sync::Arc;
 
 use super::{check_binding, check_size, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
+use crate::kv::quant::{dequantize_pool, Int8Layout};
+use crate::kv::KvDtype;
 
 const OP: &str = "attention";
 /// attention.wgsl writes the key loop out for up to 32 vec4 of head_dim.
@@ -168,6 +171,7 @@ struct AttentionParams {
     n_kv_heads: u32,
     block_size: u32,
     n_blocks: u32,
+    scale_base: u32,
 }
 
 #[repr(C)]
@@ -255,15 +259,46 @@ impl Attention {
         shape: AttentionShape,
         plan: AttentionPlan,
     ) -> Result<Attention, GpuError> {
+        Attention::paged_dtype(ctx, qkv, k_pool, v_pool, positions, block_table, step, out, shape, KvDtype::F32, Some(plan))
+    }
+
+    /// [`Attention::paged`] over pools of either dtype, with the default plan for `None`.
+    /// k_pool/v_pool, f32: as in [`Attention::paged`]; INT8: [`Int8Layout`] buffers of
+    /// (n_blocks, n_kv_heads, block_size, head_dim), head_dim a multiple of 16. Every other
+    /// contract is [`Attention::paged`]'s.
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_dtype(
+        ctx: &Context,
+        qkv: &wgpu::Buffer,
+        k_pool: &wgpu::Buffer,
+        v_pool: &wgpu::Buffer,
+        positions: &wgpu::Buffer,
+        block_table: &wgpu::Buffer,
+        step: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+        shape: AttentionShape,
+        dtype: KvDtype,
+        plan: Option<AttentionPlan>,
+    ) -> Result<Attention, GpuError> {
         shape.check()?;
+        let plan = plan.unwrap_or_else(|| AttentionPlan::auto(ctx, &shape));
         plan.check(ctx)?;
         let s = shape;
         let qkv_bytes = s.n_tokens as u64 * s.qkv_row() * 4;
-        let pool_bytes = s.pool_len() * 4;
-        // The shader's vec4 indices are u32.
-        if s.pool_len() / 4 > u32::MAX as u64 {
-            return Err(shape_err(OP, format!("a pool of {} elements overflows u32 indices", s.pool_len())));
-        }
+        let (pool_bytes, scale_base) = match dtype {
+            KvDtype::F32 => {
+                // The shader's vec4 indices are u32.
+                if s.pool_len() / 4 > u32::MAX as u64 {
+                    return Err(shape_err(OP, format!("a pool of {} elements overflows u32 indices", s.pool_len())));
+                }
+                (s.pool_len() * 4, 0)
+            }
+            KvDtype::Int8 => {
+                let layout = Int8Layout::new(s.n_blocks, s.n_kv_heads, s.block_size, s.head_dim)
+                    .map_err(|e| shape_err(OP, e.to_string()))?;
+                (layout.buffer_bytes(), layout.data_words() as u32)
+            }
+        };
         let out_bytes = s.n_tokens as u64 * s.n_heads as u64 * s.head_dim as u64 * 4;
         check_size(OP, "qkv", qkv, qkv_bytes)?;
         check_size(OP, "k_pool", k_pool, pool_bytes)?;
@@ -312,12 +347,15 @@ impl Attention {
             n_kv_heads: s.n_kv_heads,
             block_size: s.block_size,
             n_blocks: s.n_blocks,
+            scale_base,
         };
+        let int8 = if dtype == KvDtype::Int8 { 1.0 } else { 0.0 };
         let constants = [
             ("D4", d4 as f64),
             ("SPLIT", if split { 1.0 } else { 0.0 }),
             ("CHUNK", plan.chunk as f64),
             ("WG", plan.workgroup_size as f64),
+            ("INT8", int8),
         ];
         let pipeline = ctx.pipeline("attention", "main", &constants)?;
         let scratch_bytes = if split { rows * max_splits as u64 * (d4 as u64 + 1) * 16 } else { 4 };
@@ -356,6 +394,7 @@ impl Attention {
                     ("SPLIT", 0.0),
                     ("CHUNK", PASS_KEYS.max(single_chunk) as f64),
                     ("WG", plan.workgroup_size as f64),
+                    ("INT8", int8),
                 ],
             )?;
             let single = main_kernel("attention.single", &params, out, &single_pipeline);
@@ -509,4 +548,22 @@ pub fn attention_cpu(
         }
     }
     Ok(out)
+}
+
+/// [`attention_cpu`] over INT8 pools: `k_words`, `v_words` are the words of two [`Int8Layout`]
+/// buffers of the shape's pool, dequantized exactly as the kernels do (`code · scale`).
+pub fn attention_int8_cpu(
+    shape: &AttentionShape,
+    qkv: &[f32],
+    k_words: &[u32],
+    v_words: &[u32],
+    positions: &[u32],
+    block_table: &[u32],
+    table_base: u32,
+) -> Result<Vec<f32>, GpuError> {
+    let layout = Int8Layout::new(shape.n_blocks, shape.n_kv_heads, shape.block_size, shape.head_dim)
+        .map_err(|e| shape_err(OP, e.to_string()))?;
+    let k_pool = dequantize_pool(&layout, k_words).map_err(|e| shape_err(OP, e.to_string()))?;
+    let v_pool = dequantize_pool(&layout, v_words).map_err(|e| shape_err(OP, e.to_string()))?;
+    attention_cpu(shape, qkv, &k_pool, &v_pool, positions, block_table, table_base)
 }

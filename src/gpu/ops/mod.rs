@@ -7,6 +7,7 @@ use super::{shape_err, Context, GpuError};
 pub mod act;
 pub mod argmax;
 pub mod attention;
+pub mod attention_batch;
 pub mod elementwise;
 pub mod embed;
 pub mod kv_write;

@@ -1,0 +1,235 @@
+//! KV snapshots: a sequence's token ids and the K/V of its blocks as bytes, to move a cached
+//! conversation between engines (prefill on one, decode on another) or keep it across a page
+//! reload.
+//!
+//! ## Format (version 1, little-endian)
+//! ```text
+//! magic    8 bytes  "PGLMKV\0\x01"
+//! version  u32      1
+//! hlen     u32      length of the header
+//! header   hlen     JSON: {model (fingerprint, 16 hex digits), dtype, layout, block_size,
+//!                          n_layers, n_kv_heads, head_dim, n_tokens, n_blocks, block_bytes}
+//! tokens   4 · n_tokens   u32 ids
+//! data     n_blocks · n_layers · 2 · block_bytes: per block, per layer, K then V, each the
+//!          block's regions of that layer's buffer in the pool's own encoding (f32 values, or
+//!          INT8 codes then scales)
+//! checksum u64      FNV-1a of every byte before it
+//! ```
+//! A block is the unit: the last one may be partly filled (its unused slots travel as they are
+//! and are never read, since attention stops at the sequence length). Reading a snapshot checks
+//! the magic, version, checksum, every length, and that the header matches the importing cache's
+//! [`CacheKey`] and shape; any mismatch is a typed error and changes nothing.
+
+use crate::gpu::Context;
+
+use super::pool::KvPool;
+use super::radix::CacheKey;
+use super::{KvDtype, KvError, KvLayout};
+
+const MAGIC: &[u8; 8] = b"PGLMKV\0\x01";
+pub const VERSION: u32 = 1;
+
+/// Why a snapshot was refused.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum SnapshotError {
+    #[error("not a pagedlm KV snapshot (bad magic)")]
+    NotASnapshot,
+    #[error("snapshot version {0} is not supported (this build reads version {VERSION})")]
+    Version(u32),
+    #[error("the snapshot is truncated or has trailing bytes: {0}")]
+    Length(String),
+    #[error("the snapshot is corrupted (checksum mismatch)")]
+    Checksum,
+    #[error("the snapshot's header is invalid: {0}")]
+    Header(String),
+    #[error("the snapshot was made for {what} {got}, this engine has {want}")]
+    Mismatch { what: &'static str, got: String, want: String },
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Header {
+    model: String,
+    dtype: KvDtype,
+    layout: KvLayout,
+    block_size: u32,
+    n_layers: u32,
+    n_kv_heads: u32,
+    head_dim: u32,
+    n_tokens: u32,
+    n_blocks: u32,
+    block_bytes: u64,
+}
+
+/// A parsed, verified snapshot.
+pub struct Snapshot<'a> {
+    pub tokens: Vec<u32>,
+    /// `[n_blocks][n_layers][K, V][block_bytes]`.
+    data: &'a [u8],
+    block_bytes: u64,
+    n_layers: u32,
+}
+
+/// The byte ranges of one block in one layer's K (or V) buffer, in order.
+pub fn block_regions(pool: &KvPool, block: u32) -> Vec<(u64, u64)> {
+    match pool.int8_layout() {
+        None => {
+            let bytes = pool.n_kv_heads as u64 * pool.block_size as u64 * pool.head_dim as u64 * 4;
+            vec![(block as u64 * bytes, bytes)]
+        }
+        // The codes, then the scales.
+        Some(layout) => layout.block_ranges(block).to_vec(),
+    }
+}
+
+fn block_bytes(pool: &KvPool) -> u64 {
+    block_regions(pool, 0).iter().map(|r| r.1).sum()
+}
+
+fn fnv(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+fn header_for(pool: &KvPool, key: &CacheKey, n_layers: u32, n_tokens: u32, n_blocks: u32) -> Header {
+    Header {
+        model: format!("{:016x}", key.model),
+        dtype: key.dtype,
+        layout: key.layout,
+        block_size: key.block_size,
+        n_layers,
+        n_kv_heads: pool.n_kv_heads,
+        head_dim: pool.head_dim,
+        n_tokens,
+        n_blocks,
+        block_bytes: block_bytes(pool),
+    }
+}
+
+/// Reads `blocks` (holding `tokens`, in order) back from the GPU and serializes them: one copy
+/// of every region into one staging buffer, one map.
+pub async fn export(ctx: &Context, pool: &KvPool, key: &CacheKey, tokens: &[u32], blocks: &[u32]) -> Result<Vec<u8>, KvError> {
+    let n_layers = pool.k.len() as u32;
+    if blocks.len() as u64 != (tokens.len() as u64).div_ceil(pool.block_size as u64) {
+        return Err(KvError::Internal(format!("{} tokens cannot live in {} blocks of {}", tokens.len(), blocks.len(), pool.block_size)));
+    }
+    let bb = block_bytes(pool);
+    if bb == 0 {
+        return Err(KvError::NotAvailable(format!("snapshots of a {} pool", pool.dtype.name())));
+    }
+    let total = blocks.len() as u64 * n_layers as u64 * 2 * bb;
+    let mut data = Vec::with_capacity(total as usize);
+    if total > 0 {
+        // Stage in pieces no larger than the device allows for one buffer.
+        let limit = (ctx.limits.max_buffer_size / 2).max(bb * 2 * n_layers as u64);
+        let per_piece = (limit / (bb * 2 * n_layers as u64)).max(1) as usize;
+        for piece in blocks.chunks(per_piece) {
+            let size = piece.len() as u64 * n_layers as u64 * 2 * bb;
+            let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("kv.snapshot.staging"),
+                size,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let mut encoder = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kv.export") });
+            let mut at = 0u64;
+            for &b in piece {
+                for l in 0..n_layers as usize {
+                    for buf in [&pool.k[l], &pool.v[l]] {
+                        for (offset, len) in block_regions(pool, b) {
+                            encoder.copy_buffer_to_buffer(buf, offset, &staging, at, len);
+                            at += len;
+                        }
+                    }
+                }
+            }
+            ctx.queue.submit(Some(encoder.finish()));
+            let bytes = ctx.map_staging_range(&staging, size).await.map_err(|e| KvError::Internal(e.to_string()))?;
+            data.extend_from_slice(&bytes);
+        }
+    }
+    let header = serde_json::to_vec(&header_for(pool, key, n_layers, tokens.len() as u32, blocks.len() as u32))
+        .map_err(|e| KvError::Internal(e.to_string()))?;
+    let mut out = Vec::with_capacity(24 + header.len() + tokens.len() * 4 + data.len() + 8);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    out.extend_from_slice(&header);
+    tokens.iter().for_each(|t| out.extend_from_slice(&t.to_le_bytes()));
+    out.extend_from_slice(&data);
+    let sum = fnv(&out);
+    out.extend_from_slice(&sum.to_le_bytes());
+    Ok(out)
+}
+
+/// Parses and verifies `bytes` against the importing pool and its cache key.
+pub fn parse<'a>(bytes: &'a [u8], pool: &KvPool, key: &CacheKey, vocab: u32) -> Result<Snapshot<'a>, SnapshotError> {
+    if bytes.len() < 8 || &bytes[..8] != MAGIC {
+        return Err(SnapshotError::NotASnapshot);
+    }
+    if bytes.len() < 16 + 8 {
+        return Err(SnapshotError::Length(format!("{} bytes is shorter than any snapshot", bytes.len())));
+    }
+    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+    let version = u32_at(8);
+    if version != VERSION {
+        return Err(SnapshotError::Version(version));
+    }
+    let (body, sum) = bytes.split_at(bytes.len() - 8);
+    if fnv(body) != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
+        return Err(SnapshotError::Checksum);
+    }
+    let hlen = u32_at(12) as usize;
+    let header_end = 16usize.checked_add(hlen).filter(|&e| e <= body.len()).ok_or_else(|| SnapshotError::Length("the header runs past the end".into()))?;
+    let h: Header = serde_json::from_slice(&body[16..header_end]).map_err(|e| SnapshotError::Header(e.to_string()))?;
+    let want = header_for(pool, key, pool.k.len() as u32, h.n_tokens, h.n_blocks);
+    let checks: [(&'static str, String, String); 8] = [
+        ("model", h.model.clone(), want.model.clone()),
+        ("KV dtype", h.dtype.name().into(), want.dtype.name().into()),
+        ("KV layout", format!("{:?}", h.layout).to_lowercase(), format!("{:?}", want.layout).to_lowercase()),
+        ("block size", h.block_size.to_string(), want.block_size.to_string()),
+        ("layer count", h.n_layers.to_string(), want.n_layers.to_string()),
+        ("KV head count", h.n_kv_heads.to_string(), want.n_kv_heads.to_string()),
+        ("head dimension", h.head_dim.to_string(), want.head_dim.to_string()),
+        ("block bytes", h.block_bytes.to_string(), want.block_bytes.to_string()),
+    ];
+    for (what, got, want) in checks {
+        if got != want {
+            return Err(SnapshotError::Mismatch { what, got, want });
+        }
+    }
+    if h.n_tokens == 0 || h.n_blocks as u64 != (h.n_tokens as u64).div_ceil(h.block_size.max(1) as u64) {
+        return Err(SnapshotError::Header(format!("{} tokens in {} blocks of {}", h.n_tokens, h.n_blocks, h.block_size)));
+    }
+    let tokens_end = (h.n_tokens as u64 * 4).checked_add(header_end as u64).filter(|&e| e <= body.len() as u64).ok_or_else(|| SnapshotError::Length("the token ids run past the end".into()))? as usize;
+    let tokens: Vec<u32> = body[header_end..tokens_end].chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
+    if let Some(t) = tokens.iter().find(|&&t| t >= vocab) {
+        return Err(SnapshotError::Header(format!("token id {t} is outside the vocabulary of {vocab}")));
+    }
+    let data_len = h.n_blocks as u64 * h.n_layers as u64 * 2 * h.block_bytes;
+    if (body.len() - tokens_end) as u64 != data_len {
+        return Err(SnapshotError::Length(format!("{} bytes of K/V where {data_len} were expected", body.len() - tokens_end)));
+    }
+    Ok(Snapshot { tokens, data: &body[tokens_end..], block_bytes: h.block_bytes, n_layers: h.n_layers })
+}
+
+impl Snapshot<'_> {
+    pub fn n_blocks(&self) -> u32 {
+        (self.data.len() as u64 / (self.n_layers as u64 * 2 * self.block_bytes.max(1))) as u32
+    }
+
+    /// Uploads snapshot block `i` into pool block `dst`.
+    pub fn upload_block(&self, ctx: &Context, pool: &KvPool, i: u32, dst: u32) {
+        let mut at = (i as u64 * self.n_layers as u64 * 2 * self.block_bytes) as usize;
+        for l in 0..self.n_layers as usize {
+            for buf in [&pool.k[l], &pool.v[l]] {
+                for (offset, len) in block_regions(pool, dst) {
+                    ctx.queue.write_buffer(buf, offset, &self.data[at..at + len as usize]);
+                    at += len as usize;
+                }
+            }
+        }
+    }
+}
