@@ -90,7 +90,7 @@ fn kv_code(e: &KvError) -> ErrorCode {
         KvError::PoolExhausted { .. } => ErrorCode::KvPoolFull,
         KvError::SequenceTooLong { .. } => ErrorCode::ContextOverflow,
         KvError::NotAvailable(_) => ErrorCode::Unsupported,
-        KvError::Config(_) => ErrorCode::InvalidArgument,
+        KvError::Config(_) | KvError::Snapshot(_) => ErrorCode::InvalidArgument,
         KvError::UnknownSequence(_)
         | KvError::TooManySequences(_)
         | KvError::CacheKeyMismatch(_)
