@@ -219,6 +219,28 @@ describe("chat page", () => {
     const expected = /Failed to load resource|favicon|MODEL_FORMAT|not a usable GGUF/;
     assert.deepEqual(problems.filter((p) => !expected.test(p)), [], "no page errors");
   });
+
+  it("switches the KV cache to int8 from the settings, and the gauge shows its smaller footprint", { timeout: LOAD_TIMEOUT }, async () => {
+    await page.selectOption("#kv-dtype", "int8");
+    await page.waitForURL(/kv_dtype=int8/);
+    const ready = page.waitForSelector(`${byId("model-progress")}[data-done="true"]`, { timeout: LOAD_TIMEOUT }).then(() => "ready");
+    const failed = page.waitForSelector(`${byId("error-panel")}:not([hidden])`, { timeout: LOAD_TIMEOUT }).then(() => "error");
+    const outcome = await Promise.race([ready, failed]);
+    if (outcome === "error") {
+      // Until the engine offers int8, the page must say so with the engine's code.
+      assert.equal(await page.getAttribute(byId("error-panel"), "data-code"), "UNSUPPORTED");
+      return;
+    }
+    await ask(page, "Hi!");
+    const reply = await waitDone(page, 0);
+    assert.equal(reply.error, null, `the int8 reply failed: ${reply.error}`);
+    assert.ok(reply.text.trim().length > 0);
+    const note = await page.locator("#gauge-note").textContent();
+    assert.match(note, /this pool: int8/);
+    const [f32, int8] = await Promise.all(["#gauge-f32-value", "#gauge-int8-value"].map((s) => page.locator(s).textContent().then(parseFloat)));
+    assert.ok(int8 > 0 && int8 < f32 / 3, `int8 KV takes under a third of f32 (${int8} vs ${f32} MB)`);
+    await page.screenshot({ path: join(results, "chat-int8.png") });
+  });
 });
 
 describe("chat page without WebGPU", () => {

@@ -156,7 +156,11 @@ describe("npm package", () => {
       await fromFile.dispose();
       try {
         const int8 = await createEngine("/model.gguf", { kvDtype: "int8" });
-        r.int8 = `ok:${int8.info.kv_dtype}`;
+        const reply = await int8.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], max_tokens: 2, temperature: 0 });
+        const pool = (await int8.stats()).pool;
+        r.int8 = `ok:${int8.info.kv_dtype}:${reply.usage.completion_tokens > 0}`;
+        r.int8BytesPerToken = pool.bytes_per_token;
+        r.f32BytesPerToken = fromFile.info.model.n_layers * fromFile.info.model.n_kv_heads * fromFile.info.model.head_dim * 2 * 4;
         await int8.dispose();
       } catch (e) {
         r.int8 = `${e.code}:${e.message}`;
@@ -177,7 +181,8 @@ describe("npm package", () => {
     assert.equal(out.missing, "PagedlmError:MODEL_DOWNLOAD:true");
     assert.equal(out.fileSource, "file");
     assert.ok(out.fileModel > 0);
-    assert.ok(out.int8 === "ok:int8" || out.int8.startsWith("UNSUPPORTED:"), `int8 loads or says it is not available (${out.int8})`);
+    assert.ok(out.int8 === "ok:int8:true" || out.int8.startsWith("UNSUPPORTED:"), `int8 runs or says it is not available (${out.int8})`);
+    if (out.int8BytesPerToken) assert.ok(out.int8BytesPerToken < out.f32BytesPerToken / 3, `int8 KV per token ${out.int8BytesPerToken} B vs f32 ${out.f32BytesPerToken} B`);
     assert.deepEqual(problems.filter((p) => !/404|Not Found/.test(p)), [], "no page errors");
   });
 
