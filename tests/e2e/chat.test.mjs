@@ -216,6 +216,19 @@ describe("chat page", () => {
     const reply = await waitDone(page, 0);
     assert.equal(reply.error, null, `the reply failed: ${reply.error}`);
     assert.ok(reply.tokens >= 1);
+
+    // A .gguf dropped on the page loads the same way.
+    await page.evaluate(async () => {
+      const bytes = await (await fetch("/models/SmolLM2-135M-Instruct.Q4_1.gguf")).arrayBuffer();
+      const data = new DataTransfer();
+      data.items.add(new File([bytes], "dropped.gguf"));
+      window.dispatchEvent(new DragEvent("dragenter", { dataTransfer: data }));
+      window.dispatchEvent(new DragEvent("drop", { dataTransfer: data, cancelable: true }));
+    });
+    await page.waitForSelector(`${byId("model-progress")}:not([data-done])`, { timeout: 10_000 });
+    await waitForModel(page, problems);
+    assert.equal(await page.getAttribute(byId("model-progress"), "data-source"), "file");
+    assert.match(await page.locator("#model-name").textContent(), /dropped/);
     const expected = /Failed to load resource|favicon|MODEL_FORMAT|not a usable GGUF/;
     assert.deepEqual(problems.filter((p) => !expected.test(p)), [], "no page errors");
   });
