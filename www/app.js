@@ -565,13 +565,7 @@ function renderKv() {
   });
   ui.kvSummary.textContent = `${pool.blocks_total} blocks × ${blockSize} tokens · ${pool.kv_dtype} · ${mb(pool.bytes_total)}`;
   ui.kvBlocks.textContent = `${held} · ${cached} · ${free_}`;
-  // The snapshot predates the running replies; add what they hold so far.
-  let liveTokens = pool.live_tokens;
-  for (const c of state.conversations) {
-    const p = c.busy && c.stream ? c.stream.progress() : null;
-    if (p?.state === "running") liveTokens += p.prompt_tokens + p.completion_tokens;
-  }
-  ui.kvLive.textContent = `${liveTokens} tokens`;
+  ui.kvLive.textContent = `${pool.live_tokens} tokens`;
   const prefix = stats.prefix;
   ui.kvRate.textContent = prefix ? (prefix.enabled ? `${(prefix.hit_rate * 100).toFixed(0)}% of ${prefix.prompt_tokens} tokens` : "off") : "–";
   ui.kvEvictions.textContent = prefix ? String(prefix.evictions) : "–";
