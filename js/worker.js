@@ -172,7 +172,7 @@ async function load({ model, options, cache: cacheOptions }, progress) {
 // (the engine is busy during a step) and runs steps while any request is unfinished. Every
 // submitted request advances in the same steps, so concurrent requests stream together.
 const inbox = [];
-/** engine request id -> {id (the page's), queuedAt, started, tokens, prompt_tokens} */
+/** engine request id -> {id (the page's), engineId, state: "queued"|"running", queuedAt, startedAt, tokens, prompt_tokens} */
 const requests = new Map();
 let looping = false;
 
@@ -335,7 +335,7 @@ self.onmessage = async ({ data }) => {
     case "load":
       return reply(() => load(data, (progress) => post({ type: "progress", id, progress })));
     case "create":
-      return enqueue({ id, messages: data.messages, options: data.options, aborted: false });
+      return enqueue({ id, messages: data.messages, options: data.options });
     case "abort":
       return abort(id);
     case "stats":
