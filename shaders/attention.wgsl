@@ -114,7 +114,8 @@ fn k_times_q(row: u32, d: u32, q: mat4x4<f32>) -> vec4<f32> {
         return vec4<f32>(0.0);
     }
     if (INT8) {
-        return codes(k_pool[row + d / 4u][d % 4u]) * q;
+        let w = k_pool[row + d / 4u];
+        return codes(w[d % 4u]) * q;
     }
     return bitcast<vec4<f32>>(k_pool[row + d]) * q;
 }
@@ -127,7 +128,8 @@ fn accumulate(a: mat4x4<f32>, row: u32, d: u32, corr: vec4<f32>, p: vec4<f32>) -
     }
     var v: vec4<f32>;
     if (INT8) {
-        v = codes(v_pool[row + d / 4u][d % 4u]);
+        let w = v_pool[row + d / 4u];
+        v = codes(w[d % 4u]);
     } else {
         v = bitcast<vec4<f32>>(v_pool[row + d]);
     }

@@ -196,3 +196,32 @@ gpu_test! {
         assert_eq!(pool.blocks_free, pool.blocks_total, "blocks leaked");
     }
 }
+
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+fn real_model_batched_requests_give_their_solo_tokens() {
+    use pagedlm::tokenizer::ChatMessage;
+    pollster::block_on(async {
+        let bytes = common::real_model_bytes().await;
+        let questions = ["What is the capital of France?", "Name a primary color.", "Write one word that rhymes with cat.", "How many legs does a spider have?"];
+        let opts = EngineOptions { max_context: 256, ..Default::default() };
+        let mut engine = Engine::load(&bytes, opts.clone()).await.unwrap();
+        let request = GenerateRequest { max_tokens: 16, ..Default::default() };
+        let prompts: Vec<(Vec<u32>, GenerateRequest)> = questions
+            .iter()
+            .map(|q| (engine.chat_prompt(&[ChatMessage { role: "user".into(), content: (*q).into() }]).unwrap(), request.clone()))
+            .collect();
+        let mut solo = Engine::load(&bytes, EngineOptions { prefix_cache: false, ..opts }).await.unwrap();
+        let mut want = Vec::new();
+        for (p, r) in &prompts {
+            want.push(solo.generate(p, r, &mut |_| true).await.unwrap().tokens);
+        }
+        let got = run_batched(&mut engine, &prompts).await;
+        let mut ids_sorted: Vec<&RequestId> = got.keys().collect();
+        ids_sorted.sort();
+        for (k, id) in ids_sorted.iter().enumerate() {
+            assert_eq!(got[id].0, want[k], "{}: batched tokens differ from the solo run", questions[k]);
+        }
+        engine.kv_cache().check_integrity().unwrap();
+    });
+}

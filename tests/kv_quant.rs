@@ -462,3 +462,92 @@ gpu_test! {
         }
     }
 }
+
+/// Decode attention time per layer for SmolLM2's shapes, f32 against INT8 pools, natively:
+/// `XDG_RUNTIME_DIR=/tmp cargo test --release --test kv_quant -- --ignored --nocapture`, and in
+/// the browser with `-- --include-ignored` (the environment of the other browser runs).
+async fn bench_int8_attention_body() {
+    let ctx = gpu().await;
+    report(&format!("adapter: {}", ctx.adapter_name()));
+    let max_len = 8192u32;
+    let shape = AttentionShape { n_tokens: 1, n_heads: 9, n_kv_heads: 3, head_dim: 64, max_len, block_size: 16, n_blocks: max_len / 16 + 2 };
+    let int8 = Int8Inputs::new(&ctx, shape, 3);
+    // An f32 pool of the same values, bound like the engine's.
+    let layout = Int8Layout::new(shape.n_blocks, shape.n_kv_heads, shape.block_size, shape.head_dim).unwrap();
+    let k_f32 = ctx.storage_init("k f32", bytemuck::cast_slice(&quant::dequantize_pool(&layout, &int8.k_words).unwrap()));
+    let v_f32 = ctx.storage_init("v f32", bytemuck::cast_slice(&quant::dequantize_pool(&layout, &int8.v_words).unwrap()));
+    let [q, _, _, p, t, st, o] = &int8.bufs;
+    let mut f32_attention = Attention::paged_dtype(&ctx, q, &k_f32, &v_f32, p, t, st, o, shape, KvDtype::F32, None).unwrap();
+    let mut int8_attention = int8.attention(&ctx, None);
+    for kv_len in [128u32, 512, 2048, 8000] {
+        ctx.queue.write_buffer(p, 0, bytemuck::bytes_of(&(kv_len - 1)));
+        let mut line = format!("decode 9q/3kv hd64 block 16 kv_len {kv_len:5}:");
+        for (name, attention) in [("f32", &mut f32_attention), ("int8", &mut int8_attention)] {
+            attention.set_kv_len(kv_len).unwrap();
+            let us = time_us(&ctx, attention, o, 50).await;
+            line += &format!("  {name} {us:8.1} µs");
+        }
+        report(&line);
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+#[ignore = "benchmark"]
+fn bench_int8_attention() {
+    pollster::block_on(bench_int8_attention_body());
+}
+
+#[cfg(target_arch = "wasm32")]
+#[wasm_bindgen_test::wasm_bindgen_test]
+#[ignore = "benchmark"]
+async fn bench_int8_attention() {
+    bench_int8_attention_body().await;
+}
+
+fn report(line: &str) {
+    #[cfg(not(target_arch = "wasm32"))]
+    println!("{line}");
+    #[cfg(target_arch = "wasm32")]
+    wasm_bindgen_test::console_log!("{line}");
+}
+
+fn now_ms() -> f64 {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        use std::sync::OnceLock;
+        static START: OnceLock<std::time::Instant> = OnceLock::new();
+        START.get_or_init(std::time::Instant::now).elapsed().as_secs_f64() * 1e3
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        js_sys::Date::now()
+    }
+}
+
+/// µs per call: `reps` calls in one submission, waited for by a 4-byte readback whose own cost
+/// is subtracted; the best of 3 runs after a warm-up (the machines are shared).
+async fn time_us(ctx: &Context, attention: &Attention, out: &wgpu::Buffer, reps: u32) -> f64 {
+    let run = |n: u32| {
+        let mut rec = Recorder::new(ctx, "bench");
+        for _ in 0..n {
+            for kernel in attention.kernels() {
+                rec.dispatch(kernel);
+            }
+        }
+        rec.submit();
+    };
+    run(1);
+    ctx.read_f32(out, 0, 1).await.unwrap();
+    let (mut readback, mut best) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..3 {
+        let start = now_ms();
+        ctx.read_f32(out, 0, 1).await.unwrap();
+        readback = readback.min(now_ms() - start);
+        let start = now_ms();
+        run(reps);
+        ctx.read_f32(out, 0, 1).await.unwrap();
+        best = best.min(now_ms() - start);
+    }
+    (best - readback).max(0.0) * 1e3 / reps as f64
+}

@@ -567,7 +567,7 @@ mod cli {
         }
         // Raw speed: no request may reuse another's K/V.
         opts.prefix_cache = false;
-        if batch > 1 {
+        if batch > 1 || args.str("batch").is_some() {
             return bench_batch(args, opts, batch, context.max(prompt_tokens).max(1), gen_tokens).await;
         }
         let bytes = model_bytes(args)?;
