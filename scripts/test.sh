@@ -19,6 +19,6 @@ export PAGEDLM_MODEL_URL="http://127.0.0.1:$port/models/SmolLM2-135M-Instruct.Q4
 CHROMEDRIVER=/usr/bin/chromedriver WASM_BINDGEN_TEST_TIMEOUT=${WASM_BINDGEN_TEST_TIMEOUT:-600} \
   wasm-pack test --headless --chrome 2>&1 | grep -v "failed to get wasm-pack version"
 
-echo "== end-to-end (the chat page in headless Chromium)"
+echo "== end-to-end (the chat page, the npm package from its tarball, its TypeScript types; headless Chromium)"
 bash scripts/build-web.sh
 npm run --silent test:e2e

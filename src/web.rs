@@ -1,9 +1,12 @@
-//! The JavaScript surface of the engine (wasm-bindgen): load a model from bytes, chat with a
-//! token stream, report what the engine holds. Thin on purpose: every decision lives in
-//! [`Engine`]; this module only converts values and errors at the boundary.
+//! The JavaScript surface of the engine (wasm-bindgen): load a model from bytes, submit chat
+//! requests and step the continuous-batching scheduler (or run one `chat` with a token
+//! callback), report the KV pool. Thin on purpose: every decision lives in [`Engine`]; this
+//! module only converts values and errors at the boundary. The Web Worker's step loop, abort
+//! signals and the model download live in JS (`js/worker.js`).
 //!
 //! Nothing here panics: bad options, a busy engine, or a throwing callback all come back to JS
-//! as a rejected promise with an `Error` whose message says what to fix.
+//! as a rejected promise with an `Error` whose `code` names the kind of failure
+//! (`WEBGPU_UNAVAILABLE`, `MODEL_FORMAT`, ...) and whose message says what to fix.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -11,19 +14,158 @@ use std::rc::Rc;
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 
-use crate::engine::{Engine, EngineOptions, GenerateRequest, KvLayout, TokenEvent};
-use crate::model::ModelConfig;
+use crate::engine::{Engine, EngineError, EngineOptions, EngineStats, GenerateRequest, Generation, KvDtype, KvLayout, TokenEvent};
+use crate::gpu::GpuError;
+use crate::kv::KvError;
+use crate::model::{ModelConfig, ModelError};
 use crate::sampler::SamplingParams;
+use crate::sched::{Event, RequestId, SchedStats};
 use crate::tokenizer::ChatMessage;
+
+/// What kind of failure an error is; JS sees it as `error.code`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// No WebGPU adapter or device, or one without the limits the model needs.
+    WebGpuUnavailable,
+    /// The file is not a GGUF model pagedlm can run (truncated, corrupt, unsupported type).
+    ModelFormat,
+    /// The prompt (plus the reply) does not fit the context.
+    ContextOverflow,
+    /// The KV pool has no free block left for this request.
+    KvPoolFull,
+    /// A feature the engine does not offer yet (e.g. `kvDtype: "int8"` before it lands).
+    Unsupported,
+    /// Bad options or messages.
+    InvalidArgument,
+    /// A generation is running on this engine.
+    Busy,
+    /// A GPU failure after loading (validation, out of memory, lost readback).
+    GpuError,
+    /// The token callback threw.
+    Callback,
+    /// A bookkeeping bug in pagedlm itself.
+    Internal,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::WebGpuUnavailable => "WEBGPU_UNAVAILABLE",
+            ErrorCode::ModelFormat => "MODEL_FORMAT",
+            ErrorCode::ContextOverflow => "CONTEXT_OVERFLOW",
+            ErrorCode::KvPoolFull => "KV_POOL_FULL",
+            ErrorCode::Unsupported => "UNSUPPORTED",
+            ErrorCode::InvalidArgument => "INVALID_ARGUMENT",
+            ErrorCode::Busy => "BUSY",
+            ErrorCode::GpuError => "GPU_ERROR",
+            ErrorCode::Callback => "CALLBACK_ERROR",
+            ErrorCode::Internal => "INTERNAL",
+        }
+    }
+}
+
+/// An error on its way to JS: a JS `Error` with `name = "PagedlmError"` and `code`.
+#[derive(Debug)]
+pub struct WebError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl WebError {
+    fn new(code: ErrorCode, message: impl Into<String>) -> WebError {
+        WebError { code, message: message.into() }
+    }
+}
+
+fn gpu_code(e: &GpuError) -> ErrorCode {
+    match e {
+        GpuError::NoAdapter(_) | GpuError::Device(_) | GpuError::Limits(_) => ErrorCode::WebGpuUnavailable,
+        GpuError::Readback(_) | GpuError::Validation(_) => ErrorCode::GpuError,
+        GpuError::Shape { .. } | GpuError::UnknownShader(_) => ErrorCode::Internal,
+    }
+}
+
+fn kv_code(e: &KvError) -> ErrorCode {
+    match e {
+        KvError::PoolExhausted { .. } => ErrorCode::KvPoolFull,
+        KvError::SequenceTooLong { .. } => ErrorCode::ContextOverflow,
+        KvError::NotAvailable(_) => ErrorCode::Unsupported,
+        KvError::Config(_) | KvError::Snapshot(_) => ErrorCode::InvalidArgument,
+        KvError::UnknownSequence(_)
+        | KvError::TooManySequences(_)
+        | KvError::CacheKeyMismatch(_)
+        | KvError::Internal(_) => ErrorCode::Internal,
+    }
+}
+
+impl From<EngineError> for WebError {
+    fn from(e: EngineError) -> WebError {
+        let code = match &e {
+            EngineError::Model(ModelError::Gpu(g)) | EngineError::Gpu(g) => gpu_code(g),
+            EngineError::Model(ModelError::Gguf(_) | ModelError::Format(_) | ModelError::Unsupported(_))
+            | EngineError::Tokenizer(_) => ErrorCode::ModelFormat,
+            EngineError::Model(ModelError::ContextOverflow { .. }) | EngineError::ContextOverflow { .. } => {
+                ErrorCode::ContextOverflow
+            }
+            EngineError::Kv(k) => kv_code(k),
+            EngineError::Sampling(_)
+            | EngineError::EmptyPrompt
+            | EngineError::BadToken { .. }
+            | EngineError::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            EngineError::NotAvailable(_) => ErrorCode::Unsupported,
+        };
+        WebError::new(code, e.to_string())
+    }
+}
+
+impl From<WebError> for JsValue {
+    fn from(e: WebError) -> JsValue {
+        let error = js_sys::Error::new(&e.message);
+        error.set_name("PagedlmError");
+        // Setting a property on a fresh, unfrozen Error cannot fail.
+        let _ = js_sys::Reflect::set(&error, &JsValue::from_str("code"), &JsValue::from_str(e.code.as_str()));
+        error.into()
+    }
+}
 
 /// Options of `WebEngine.load`; every field is optional.
 #[derive(Deserialize, Default)]
 #[serde(default, rename_all = "camelCase")]
 struct LoadOptions {
-    /// Longest sequence (prompt + reply) the engine holds; 0 or absent = the engine's default.
+    /// Longest sequence (prompt + reply) the engine holds; absent = the engine's default.
     max_context: Option<u32>,
     /// Prompt rows per prefill pass.
     prefill_chunk: Option<u32>,
+    /// `"f32"` (default) or `"int8"`.
+    kv_dtype: Option<KvDtype>,
+    /// `"paged"` (default) or `"contiguous"`.
+    kv_layout: Option<KvLayout>,
+    /// Tokens per KV block (paged).
+    block_size: Option<u32>,
+    /// Token slots in the KV pool (paged); absent = room for the longest sequence.
+    pool_tokens: Option<u32>,
+    /// Reuse the KV of earlier turns and shared prompt prefixes (default true).
+    prefix_cache: Option<bool>,
+    /// Most requests decoding together in one step (continuous batching).
+    max_batch: Option<u32>,
+    /// Most token rows (decode + prefill) per step.
+    step_tokens: Option<u32>,
+}
+
+impl LoadOptions {
+    fn engine_options(self) -> EngineOptions {
+        let mut o = EngineOptions::default();
+        o.max_context = self.max_context.unwrap_or(o.max_context);
+        o.prefill_chunk = self.prefill_chunk.unwrap_or(o.prefill_chunk);
+        o.kv_dtype = self.kv_dtype.unwrap_or(o.kv_dtype);
+        o.kv_layout = self.kv_layout.unwrap_or(o.kv_layout);
+        o.block_size = self.block_size.unwrap_or(o.block_size);
+        o.pool_tokens = self.pool_tokens.unwrap_or(o.pool_tokens);
+        o.prefix_cache = self.prefix_cache.unwrap_or(o.prefix_cache);
+        o.sched.max_batch = self.max_batch.unwrap_or(o.sched.max_batch);
+        o.sched.step_tokens = self.step_tokens.unwrap_or(o.sched.step_tokens);
+        o
+    }
 }
 
 /// `stop` as OpenAI accepts it: one string or a list.
@@ -77,51 +219,180 @@ struct Memory {
     kv_bytes: u64,
 }
 
-/// What `info()` reports. Taken once at load: with the contiguous KV cache nothing in it changes
-/// afterwards, and a snapshot lets the page ask while a generation holds the engine.
+/// The model's shape as JS sees it: [`ModelConfig`] with its 64-bit fingerprint as hex, since a
+/// JS number holds integers only up to 2^53.
+#[derive(Serialize)]
+struct ModelInfo {
+    #[serde(flatten)]
+    config: ModelConfigView,
+    fingerprint: String,
+}
+
+#[derive(Serialize)]
+struct ModelConfigView {
+    arch: String,
+    name: String,
+    n_layers: u32,
+    hidden: u32,
+    ffn: u32,
+    n_heads: u32,
+    n_kv_heads: u32,
+    head_dim: u32,
+    vocab: u32,
+    context_length: u32,
+    rope_base: f32,
+    rms_eps: f32,
+}
+
+impl ModelInfo {
+    fn of(c: &ModelConfig) -> ModelInfo {
+        ModelInfo {
+            config: ModelConfigView {
+                arch: c.arch.clone(),
+                name: c.name.clone(),
+                n_layers: c.n_layers,
+                hidden: c.hidden,
+                ffn: c.ffn,
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: c.head_dim,
+                vocab: c.vocab,
+                context_length: c.context_length,
+                rope_base: c.rope_base,
+                rms_eps: c.rms_eps,
+            },
+            fingerprint: format!("{:016x}", c.fingerprint),
+        }
+    }
+}
+
+/// What `info()` reports; fixed at load, so the page may ask while a generation holds the engine.
 #[derive(Serialize)]
 struct Info {
     adapter: String,
     /// True on a software GPU (SwiftShader, lavapipe).
     is_cpu: bool,
-    kv_layout: &'static str,
+    kv_layout: KvLayout,
+    kv_dtype: &'static str,
+    block_size: u32,
     max_context: u32,
-    model: ModelConfig,
+    model: ModelInfo,
     memory: Memory,
 }
 
 impl Info {
     fn of(engine: &Engine) -> Info {
         let (weights_bytes, kv_bytes) = engine.memory();
+        let kv = engine.kv_cache();
         Info {
             adapter: engine.context().adapter_name(),
             is_cpu: engine.context().is_cpu(),
-            kv_layout: "contiguous",
+            kv_layout: kv.layout,
+            kv_dtype: kv.pool.dtype.name(),
+            block_size: kv.block_size(),
             max_context: engine.max_context(),
-            model: engine.config().clone(),
+            model: ModelInfo::of(engine.config()),
             memory: Memory { weights_bytes, kv_bytes },
         }
     }
 }
 
+/// What `submit` returns.
+#[derive(Serialize)]
+struct Submitted {
+    id: RequestId,
+    prompt_tokens: u32,
+}
+
+/// One scheduler event as JS sees it: `{type: "token", id, text}`, `{type: "finished", id,
+/// result}` or `{type: "failed", id, code, message}`.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+enum StepEvent {
+    Token { id: RequestId, text: String },
+    Finished { id: RequestId, result: Generation },
+    Failed { id: RequestId, code: &'static str, message: String },
+}
+
+impl From<Event> for StepEvent {
+    fn from(event: Event) -> StepEvent {
+        match event {
+            Event::Token { id, text, .. } => StepEvent::Token { id, text },
+            Event::Finished { id, result: Ok(result) } => StepEvent::Finished { id, result },
+            Event::Finished { id, result: Err(e) } => {
+                let e = WebError::from(e);
+                StepEvent::Failed { id, code: e.code.as_str(), message: e.message }
+            }
+        }
+    }
+}
+
+/// `stats()`: the engine's pool and prefix cache, plus the scheduler's running set.
+#[derive(Serialize)]
+struct Stats {
+    #[serde(flatten)]
+    engine: EngineStats,
+    sched: SchedStats,
+}
+
+/// A request id from JS: a non-negative integer below 2^53.
+fn request_id(id: f64) -> Result<RequestId, WebError> {
+    if id.is_finite() && id >= 0.0 && id.fract() == 0.0 && id < 9_007_199_254_740_992.0 {
+        Ok(RequestId(id as u64))
+    } else {
+        Err(WebError::new(ErrorCode::InvalidArgument, format!("{id} is not a request id")))
+    }
+}
+
+fn parse_messages(messages: JsValue) -> Result<Vec<ChatMessage>, WebError> {
+    serde_wasm_bindgen::from_value(messages).map_err(|e| conversion_error("invalid messages (want [{role, content}])", e))
+}
+
+/// Options objects whose field names are checked: serde-wasm-bindgen reads only the fields a
+/// struct declares, so a misspelled option would otherwise be dropped without a word.
+trait Fields {
+    const FIELDS: &'static [&'static str];
+}
+
+impl Fields for LoadOptions {
+    const FIELDS: &'static [&'static str] =
+        &["maxContext", "prefillChunk", "kvDtype", "kvLayout", "blockSize", "poolTokens", "prefixCache", "maxBatch", "stepTokens"];
+}
+
+impl Fields for ChatOptions {
+    const FIELDS: &'static [&'static str] =
+        &["max_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop"];
+}
+
 /// Parses an optional JS options object: `undefined` and `null` mean "all defaults".
-fn options<T: for<'de> Deserialize<'de> + Default>(value: JsValue, what: &str) -> Result<T, JsError> {
+fn options<T: for<'de> Deserialize<'de> + Default + Fields>(value: JsValue, what: &str) -> Result<T, WebError> {
     if value.is_undefined() || value.is_null() {
         return Ok(T::default());
+    }
+    if let Some(object) = value.dyn_ref::<js_sys::Object>() {
+        for key in js_sys::Object::keys(object).iter().filter_map(|k| k.as_string()) {
+            if !T::FIELDS.contains(&key.as_str()) {
+                return Err(WebError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("invalid {what}: unknown option `{key}` (known: {})", T::FIELDS.join(", ")),
+                ));
+            }
+        }
     }
     serde_wasm_bindgen::from_value(value).map_err(|e| conversion_error(&format!("invalid {what}"), e))
 }
 
 /// serde-wasm-bindgen's errors print as a JS `Error` ("Error: invalid type ..."); keep the message.
-fn conversion_error(context: &str, e: serde_wasm_bindgen::Error) -> JsError {
+fn conversion_error(context: &str, e: serde_wasm_bindgen::Error) -> WebError {
     let text = e.to_string();
-    JsError::new(&format!("{context}: {}", text.strip_prefix("Error: ").unwrap_or(&text)))
+    WebError::new(ErrorCode::InvalidArgument, format!("{context}: {}", text.strip_prefix("Error: ").unwrap_or(&text)))
 }
 
-fn to_js<T: Serialize>(value: &T) -> Result<JsValue, JsError> {
-    value
-        .serialize(&serde_wasm_bindgen::Serializer::json_compatible())
-        .map_err(|e| conversion_error("cannot convert the result to JS", e))
+fn to_js<T: Serialize>(value: &T) -> Result<JsValue, WebError> {
+    value.serialize(&serde_wasm_bindgen::Serializer::json_compatible()).map_err(|e| {
+        let text = e.to_string();
+        WebError::new(ErrorCode::Internal, format!("cannot convert the result to JS: {text}"))
+    })
 }
 
 /// A JS exception as text for an error message.
@@ -132,10 +403,15 @@ fn describe(value: &JsValue) -> String {
     value.as_string().unwrap_or_else(|| format!("{value:?}"))
 }
 
-/// A loaded model on the page's WebGPU device.
+fn busy() -> WebError {
+    WebError::new(ErrorCode::Busy, "a generation is running on this engine: wait for it or stop it first")
+}
+
+/// A loaded model on a WebGPU device (the page's or a Worker's).
 ///
-/// The engine sits behind a `RefCell` so that a second `chat` while one is running gets a clear
-/// error instead of wasm-bindgen's aliasing trap.
+/// The engine sits behind a `RefCell` so that a call while a `chat` or a `step` runs gets a
+/// `BUSY` error instead of wasm-bindgen's aliasing trap. Concurrent requests go through
+/// `submit` + `step`, which batch them; the caller applies new requests and aborts between steps.
 #[wasm_bindgen]
 pub struct WebEngine {
     inner: Rc<RefCell<Engine>>,
@@ -145,63 +421,112 @@ pub struct WebEngine {
 #[wasm_bindgen]
 impl WebEngine {
     /// Creates a WebGPU context and loads a GGUF model.
-    /// `bytes`: the whole GGUF file. `options`: `{maxContext?, prefillChunk?}` or undefined.
-    pub async fn load(bytes: Vec<u8>, options: JsValue) -> Result<WebEngine, JsError> {
+    /// `bytes`: the whole GGUF file. `options`: `{maxContext?, prefillChunk?, kvDtype?, kvLayout?,
+    /// blockSize?, poolTokens?, prefixCache?}` or undefined.
+    pub async fn load(bytes: Vec<u8>, options: JsValue) -> Result<WebEngine, WebError> {
         let opts: LoadOptions = self::options(options, "load options")?;
-        // The page's KV panel draws one contiguous reservation until it learns the paged pool.
-        let mut engine_options = EngineOptions { kv_layout: KvLayout::Contiguous, ..EngineOptions::default() };
-        if let Some(n) = opts.max_context {
-            engine_options.max_context = n;
-        }
-        if let Some(n) = opts.prefill_chunk {
-            engine_options.prefill_chunk = n;
-        }
-        let engine = Engine::load(&bytes, engine_options).await.map_err(|e| JsError::new(&e.to_string()))?;
+        let engine = Engine::load(&bytes, opts.engine_options()).await?;
         let info = Info::of(&engine);
         Ok(WebEngine { inner: Rc::new(RefCell::new(engine)), info })
     }
 
     /// Runs the chat template over `messages` (`[{role, content}]`) and generates the reply.
     /// `options`: `{max_tokens?, temperature?, top_k?, top_p?, repetition_penalty?, seed?, stop?}`.
-    /// `on_token(text)` is called per token with the text it completed (may be ""); returning
-    /// `false` stops the reply (finish_reason "abort"); a throw stops it and rejects with that error.
-    /// Resolves to `{text, tokens, prompt_tokens, finish_reason, prefill_ms, decode_ms}`.
+    /// `on_token(text, prompt_tokens)` is called per token with the text it completed (may be "")
+    /// and the prompt's length in tokens; returning `false` stops the reply (finish_reason
+    /// "abort"); a throw stops it and rejects with `CALLBACK_ERROR`.
+    /// Resolves to the engine's `Generation`: `{prompt_tokens, tokens, text, finish_reason,
+    /// prefill_ms, decode_ms, ...}`.
     // The borrow is held across the awaits on purpose: it is what makes a second `chat` fail
-    // cleanly (`try_borrow_mut`) while this one runs. Nothing else borrows the engine.
+    // cleanly (`try_borrow_mut`) while this one runs.
     #[allow(clippy::await_holding_refcell_ref)]
-    pub async fn chat(
-        &self,
-        messages: JsValue,
-        options: JsValue,
-        on_token: js_sys::Function,
-    ) -> Result<JsValue, JsError> {
-        let messages: Vec<ChatMessage> = serde_wasm_bindgen::from_value(messages)
-            .map_err(|e| conversion_error("invalid messages (want [{role, content}])", e))?;
+    pub async fn chat(&self, messages: JsValue, options: JsValue, on_token: js_sys::Function) -> Result<JsValue, WebError> {
+        let messages = parse_messages(messages)?;
         let request = self::options::<ChatOptions>(options, "chat options")?.request();
         let inner = Rc::clone(&self.inner);
-        let mut engine = inner
-            .try_borrow_mut()
-            .map_err(|_| JsError::new("a generation is already running: wait for it or stop it first"))?;
-        let prompt = engine.chat_prompt(&messages).map_err(|e| JsError::new(&e.to_string()))?;
+        let mut engine = inner.try_borrow_mut().map_err(|_| busy())?;
+        let prompt = engine.chat_prompt(&messages)?;
+        let prompt_len = JsValue::from(prompt.len() as u32);
         let mut thrown: Option<String> = None;
-        let mut callback = |event: &TokenEvent<'_>| match on_token.call1(&JsValue::NULL, &JsValue::from_str(event.text)) {
+        let mut callback = |event: &TokenEvent<'_>| match on_token.call2(&JsValue::NULL, &JsValue::from_str(event.text), &prompt_len) {
             Ok(verdict) => verdict.as_bool() != Some(false),
             Err(e) => {
                 thrown = Some(describe(&e));
                 false
             }
         };
-        let generation =
-            engine.generate(&prompt, &request, &mut callback).await.map_err(|e| JsError::new(&e.to_string()))?;
+        let generation = engine.generate(&prompt, &request, &mut callback).await?;
         if let Some(msg) = thrown {
-            return Err(JsError::new(&format!("the on_token callback threw: {msg}")));
+            return Err(WebError::new(ErrorCode::Callback, format!("the on_token callback threw: {msg}")));
         }
         to_js(&generation)
     }
 
-    /// What the engine holds: `{adapter, is_cpu, kv_layout, max_context, model, memory: {weights_bytes, kv_bytes}}`.
-    /// Works while a generation runs.
-    pub fn info(&self) -> Result<JsValue, JsError> {
+    /// Queues a chat request for [`WebEngine::step`] (continuous batching: every queued request
+    /// runs in the same steps). `options` as for `chat`. Returns `{id, prompt_tokens}`; a bad
+    /// option, a prompt over the context or bad sampling parameters fail here.
+    pub fn submit(&self, messages: JsValue, options: JsValue) -> Result<JsValue, WebError> {
+        let messages = parse_messages(messages)?;
+        let request = self::options::<ChatOptions>(options, "chat options")?.request();
+        let mut engine = self.inner.try_borrow_mut().map_err(|_| busy())?;
+        let prompt = engine.chat_prompt(&messages)?;
+        let prompt_tokens = prompt.len() as u32;
+        let id = engine.submit(prompt, request)?;
+        to_js(&Submitted { id, prompt_tokens })
+    }
+
+    /// Runs one scheduling step over every submitted request: admits waiting ones, computes one
+    /// token for each running one (plus a chunk of prefill). Resolves to the events of the step:
+    /// `[{type: "token", id, text} | {type: "finished", id, result} | {type: "failed", id, code,
+    /// message}]`; `result` is the request's `Generation`.
+    #[allow(clippy::await_holding_refcell_ref)]
+    pub async fn step(&self) -> Result<JsValue, WebError> {
+        let inner = Rc::clone(&self.inner);
+        let mut engine = inner.try_borrow_mut().map_err(|_| busy())?;
+        let events: Vec<StepEvent> = engine.step().await?.into_iter().map(StepEvent::from).collect();
+        to_js(&events)
+    }
+
+    /// Whether a submitted request has not finished yet.
+    #[wasm_bindgen(js_name = hasWork)]
+    pub fn has_work(&self) -> Result<bool, WebError> {
+        Ok(self.inner.try_borrow().map_err(|_| busy())?.has_work())
+    }
+
+    /// Ends a submitted request now (its K/V go to the prefix cache, its blocks are released).
+    /// Returns its `Generation` so far (finish_reason "abort"), or null when it had finished.
+    pub fn abort(&self, id: f64) -> Result<JsValue, WebError> {
+        let id = request_id(id)?;
+        let mut engine = self.inner.try_borrow_mut().map_err(|_| busy())?;
+        match engine.abort(id)? {
+            Some(generation) => to_js(&generation),
+            None => Ok(JsValue::NULL),
+        }
+    }
+
+    /// The KV pool and prefix cache now (the engine's `EngineStats`): `{pool: {kv_dtype,
+    /// block_size, blocks_total, blocks_used, blocks_free, blocks_cached, bytes_total,
+    /// bytes_per_token, live_tokens, internal_fragmentation}, prefix: {enabled, requests,
+    /// prompt_tokens, hit_tokens, hit_rate, evictions, ...}, block_states: [u8: 0 free, 1 held
+    /// by a running sequence, 2 cached only], refcounts: [u32], sequences: [{id, len, blocks}],
+    /// sched: {running, waiting, steps, preemptions, finished, aborted, failed, sequences:
+    /// [{request, seq, len, prefilling, blocks}]}}`.
+    /// `BUSY` during a `chat` or a `step` (the Worker answers from its last snapshot then).
+    pub fn stats(&self) -> Result<JsValue, WebError> {
+        let engine = self.inner.try_borrow().map_err(|_| busy())?;
+        to_js(&Stats { engine: engine.stats(), sched: engine.sched_stats() })
+    }
+
+    /// Drops every cached prefix (their blocks return to the free list) and restarts the hit counters.
+    #[wasm_bindgen(js_name = resetCache)]
+    pub fn reset_cache(&self) -> Result<(), WebError> {
+        let mut engine = self.inner.try_borrow_mut().map_err(|_| busy())?;
+        Ok(engine.reset_cache()?)
+    }
+
+    /// What the engine holds: `{adapter, is_cpu, kv_layout, kv_dtype, block_size, max_context,
+    /// model, memory: {weights_bytes, kv_bytes}}`. Works while a generation runs.
+    pub fn info(&self) -> Result<JsValue, WebError> {
         to_js(&self.info)
     }
 }

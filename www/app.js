@@ -1,6 +1,7 @@
-// The chat page: loads the wasm engine, streams the model download, then chats on the page's
-// main thread. User and model text always go through textContent, never HTML.
-import init, { WebEngine } from "/pkg/pagedlm.js";
+// The chat page on the pagedlm package: the engine runs in its Web Worker, this page only draws.
+// Several conversations, streamed replies with a stop button, and a live map of the KV pool.
+// User and model text always go through textContent, never HTML.
+import { createEngine } from "/js/index.js";
 
 const MODEL_URL = "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 const params = new URLSearchParams(location.search);
@@ -12,32 +13,48 @@ const ui = {
   errorPanel: $("error-panel"), errorTitle: $("error-title"), errorMessage: $("error-message"), errorHint: $("error-hint"),
   messages: $("messages"), empty: $("empty"), composer: $("composer"), input: $("chat-input"),
   send: $("send-button"), stop: $("stop-button"), newConversation: $("new-conversation"), adapter: $("adapter"),
-  kvStats: $("kv-stats"), kvMap: $("kv-map"), kvCaption: $("kv-caption"), kvLayout: $("kv-layout"), kvReserved: $("kv-reserved"),
-  kvUsed: $("kv-used"), kvBlocks: $("kv-blocks"), kvHit: $("kv-hit"), weights: $("weights"),
-  maxTokens: $("max-tokens"), temperature: $("temperature"), topP: $("top-p"),
+  modelName: $("model-name"), modelFile: $("model-file"), dropOverlay: $("drop-overlay"),
+  conversations: $("conversations"), systemPrompt: $("system-prompt"),
+  maxTokens: $("max-tokens"), temperature: $("temperature"), topP: $("top-p"), kvDtype: $("kv-dtype"),
+  kvStats: $("kv-stats"), kvMap: $("kv-map"), kvSummary: $("kv-summary"), kvBlocks: $("kv-blocks"), kvLive: $("kv-live"),
+  kvRate: $("kv-rate"), kvEvictions: $("kv-evictions"), resetCache: $("reset-cache"),
+  turnHit: $("turn-hit"), turnTtft: $("turn-ttft"), turnSpeed: $("turn-speed"),
+  gaugeF32: $("gauge-f32"), gaugeInt8: $("gauge-int8"), gaugeF32Value: $("gauge-f32-value"), gaugeInt8Value: $("gauge-int8-value"),
+  gaugeNote: $("gauge-note"),
 };
 
 // Sampling defaults; URL parameters (?max_tokens=12&temperature=0) override them, which tests use.
 ui.maxTokens.value = params.get("max_tokens") ?? "256";
 ui.temperature.value = params.get("temperature") ?? "0.7";
 ui.topP.value = params.get("top_p") ?? "0.9";
+ui.kvDtype.value = params.get("kv_dtype") === "int8" ? "int8" : "f32";
+if (params.has("system")) ui.systemPrompt.value = params.get("system");
+
+/** Conversation colors, in order of creation; the map draws each conversation's blocks in its own. */
+const PALETTE = ["#6366f1", "#0ea5a4", "#f97316", "#db2777", "#0284c7", "#65a30d", "#9333ea", "#dc2626"];
 
 const state = {
   engine: null,
   info: null,
-  /** The conversation sent to the model each turn: [{role, content}]. */
-  history: [],
-  /** Tokens the conversation occupies in the KV cache after its last reply. */
-  kvTokens: 0,
-  busy: false,
-  stopRequested: false,
-  /** Resolves when the running reply ends. */
-  running: null,
+  /** The last pool snapshot (EngineStats). */
+  stats: null,
+  conversations: [],
+  active: null,
+  nextId: 1,
+  /** physical block -> Set of conversation ids whose last block table holds it. */
+  claims: new Map(),
+  lastTurn: null,
+  refreshTimer: 0,
 };
 
 const mb = (bytes) => `${(bytes / 1e6).toFixed(1)} MB`;
+const plural = (k, word) => `${k} ${word}${k === 1 ? "" : "s"}`;
+const errorText = (e) => (e && e.message) || String(e);
+
+// ---- Loading -------------------------------------------------------------------------------------
 
 function setProgress(label, fraction, detail = "") {
+  ui.progress.hidden = false;
   ui.progressLabel.textContent = label;
   ui.progressDetail.textContent = detail;
   if (fraction == null) {
@@ -51,141 +68,173 @@ function setProgress(label, fraction, detail = "") {
   }
 }
 
-function showError(title, message, hint = "") {
+const ERROR_TITLES = {
+  WEBGPU_UNAVAILABLE: ["WebGPU is not available", "Use a browser with WebGPU enabled: a recent Chrome, Edge or Safari. In Chromium without a GPU, start it with --enable-unsafe-webgpu."],
+  MODEL_FORMAT: ["This file is not a model pagedlm can run", "pagedlm runs llama-architecture GGUF files with Q4_1/Q8_0 weights, such as SmolLM2-135M-Instruct.Q4_1.gguf."],
+  MODEL_DOWNLOAD: ["The model could not be downloaded", "Run `npm run fetch-model` to place the model next to the page, then reload."],
+  UNSUPPORTED: ["Not available yet", "Choose f32 as the KV precision in the settings."],
+};
+
+function showError(e) {
+  const [title, hint] = ERROR_TITLES[e?.code] ?? ["The model failed to load", ""];
   ui.errorTitle.textContent = title;
-  ui.errorMessage.textContent = message;
+  ui.errorMessage.textContent = errorText(e);
   ui.errorHint.textContent = hint;
+  ui.errorPanel.dataset.code = e?.code ?? "";
   ui.errorPanel.hidden = false;
   // The error panel says it all; a stalled progress bar next to it would only repeat it.
   ui.progress.hidden = true;
   ui.input.placeholder = "The model is not available.";
 }
 
-const errorText = (e) => (e && e.message) || String(e);
-
-async function checkWebGpu() {
-  const hint = "Use a browser with WebGPU enabled (a recent Chrome, Edge or Safari; in Chromium without a GPU, start it with --enable-unsafe-webgpu).";
-  if (!("gpu" in navigator) || !navigator.gpu) {
-    throw Object.assign(new Error("This browser does not expose WebGPU (navigator.gpu is missing)."), { title: "WebGPU is not available", hint });
-  }
-  let adapter = null;
-  try {
-    adapter = await navigator.gpu.requestAdapter();
-  } catch (e) {
-    throw Object.assign(new Error(`Requesting a WebGPU adapter failed: ${errorText(e)}`), { title: "WebGPU is not available", hint });
-  }
-  if (!adapter) {
-    throw Object.assign(new Error("WebGPU found no adapter on this machine."), { title: "WebGPU is not available", hint });
+function onProgress(p) {
+  const total = p.total ? ` / ${mb(p.total)}` : "";
+  const pct = p.fraction != null ? ` · ${Math.floor(p.fraction * 100)}%` : "";
+  switch (p.phase) {
+    case "download": return setProgress("Downloading the model", p.fraction, `${mb(p.loaded)}${total}${pct}`);
+    case "cache": return setProgress("Reading the model from the browser cache", p.fraction, `${mb(p.loaded)}${total}${pct}`);
+    case "read": return setProgress("Reading the model file", p.fraction, `${mb(p.loaded)}${total}${pct}`);
+    case "stored": return setProgress("Stored in the browser cache for next time", 1, mb(p.loaded));
+    case "load": return setProgress("Uploading weights to the GPU", null, mb(p.total));
+    default: return undefined;
   }
 }
 
-/** Downloads the model with progress; returns its bytes. */
-async function download(url) {
-  const response = await fetch(url);
-  if (!response.ok) {
-    throw new Error(`Downloading ${url} failed: HTTP ${response.status} ${response.statusText}. Run \`npm run fetch-model\` to place the model.`);
+function engineOptions() {
+  const options = { onProgress, kvDtype: ui.kvDtype.value };
+  for (const [param, key] of [["max_context", "maxContext"], ["pool_tokens", "poolTokens"], ["block_size", "blockSize"]]) {
+    if (params.get(param)) options[key] = Number(params.get(param));
   }
-  const total = Number(response.headers.get("content-length")) || 0;
-  const reader = response.body.getReader();
-  let bytes = total ? new Uint8Array(total) : null;
-  const chunks = [];
-  let received = 0;
-  let lastPaint = 0;
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    if (bytes && received + value.length <= total) bytes.set(value, received);
-    else chunks.push(value);
-    received += value.length;
-    const now = performance.now();
-    if (now - lastPaint > 50) {
-      lastPaint = now;
-      setProgress("Downloading the model", total ? received / total : null,
-        total ? `${mb(received)} / ${mb(total)} · ${Math.floor((received / total) * 100)}%` : mb(received));
-    }
-  }
-  if (!bytes || chunks.length || received !== total) {
-    // No or wrong content-length: assemble what actually arrived.
-    const all = new Uint8Array(received);
-    let off = 0;
-    if (bytes) { all.set(bytes.subarray(0, Math.min(total, received)), 0); off = Math.min(total, received); }
-    for (const c of chunks) { all.set(c, off); off += c.length; }
-    bytes = all;
-  }
-  setProgress("Downloading the model", 1, `${mb(received)} / ${mb(received)} · 100%`);
-  return bytes;
+  if (params.get("prefix_cache") === "0") options.prefixCache = false;
+  return options;
 }
 
-async function boot() {
+async function loadModel(model, label) {
+  ui.errorPanel.hidden = true;
+  ui.progress.classList.remove("done");
+  delete ui.progress.dataset.done;
+  setProgress("Starting the engine", null);
+  ui.input.disabled = true;
+  ui.newConversation.disabled = true;
+  ui.resetCache.disabled = true;
+  clearKv();
+  updateButtons();
+  const t0 = performance.now();
   try {
-    setProgress("Checking WebGPU", null);
-    await checkWebGpu();
-    setProgress("Loading the runtime", null);
-    await init();
-    setProgress("Downloading the model", 0);
-    const bytes = await download(MODEL_URL);
-    setProgress("Uploading weights to the GPU", null, mb(bytes.length));
-    const t0 = performance.now();
-    const options = {};
-    if (params.get("max_context")) options.maxContext = Number(params.get("max_context"));
-    state.engine = await WebEngine.load(bytes, options);
-    state.info = state.engine.info();
+    const engine = await createEngine(model, engineOptions());
+    state.engine = engine;
+    state.info = engine.info;
+    state.stats = await engine.stats();
     const secs = ((performance.now() - t0) / 1000).toFixed(1);
-    setProgress("Model ready", 1, `${mb(bytes.length)} downloaded · on the GPU in ${secs} s`);
+    const from = { network: "downloaded", cache: "from the browser cache", file: "from the file", buffer: "from memory" }[engine.load.source];
+    setProgress("Model ready", 1, `${mb(engine.load.bytes)} ${from} · ready in ${secs} s`);
     ui.progress.classList.add("done");
     ui.progress.dataset.done = "true";
+    ui.progress.dataset.source = engine.load.source;
+    ui.modelName.textContent = `${label} · KV ${state.info.kv_dtype} · blocks of ${state.info.block_size}`;
     // Browsers often hide the adapter's name; say at least what kind of device runs the model.
     const name = state.info.adapter.split(" (")[0].trim();
     ui.adapter.textContent = `${name || "WebGPU"} · ${state.info.is_cpu ? "software GPU" : "GPU"}`;
     ui.adapter.title = `WebGPU adapter: ${state.info.adapter}`;
-    buildKvMap();
     ui.input.disabled = false;
     ui.input.placeholder = "Ask something…";
     ui.newConversation.disabled = false;
-    updateKv();
+    ui.resetCache.disabled = false;
+    state.claims.clear();
+    buildKvMap();
+    renderKv();
     updateButtons();
     ui.input.focus();
   } catch (e) {
     console.error(e);
-    showError(e.title || "The model failed to load", errorText(e), e.hint || "");
+    showError(e);
   }
 }
 
-function updateButtons() {
-  const ready = !!state.engine;
-  ui.send.disabled = !ready || state.busy || ui.input.value.trim() === "";
-  ui.stop.disabled = !state.busy;
-  ui.composer.classList.toggle("busy", state.busy);
-}
-
-const KV_CELLS = 64;
-
-/** The KV map: the one contiguous reservation drawn as cells of max_context / 64 token slots each. */
-function buildKvMap() {
-  ui.kvMap.replaceChildren();
-  for (let i = 0; i < KV_CELLS; i++) {
-    const cell = document.createElement("span");
-    cell.className = "kv-cell";
-    ui.kvMap.append(cell);
+async function openFile(file) {
+  if (!file) return;
+  if (state.engine) {
+    const old = state.engine;
+    state.engine = null;
+    for (const c of state.conversations) c.controller?.abort();
+    await old.dispose();
   }
-  ui.kvCaption.textContent = `1 block · ${state.info.max_context} slots · a cell = ${state.info.max_context / KV_CELLS}`;
+  await loadModel(file, file.name.replace(/\.gguf$/i, ""));
 }
 
-/** kv-stats for the contiguous cache: one reservation, held while a conversation has tokens in it
- * or a reply runs; every turn prefills the whole history again, so the prefix hit is always 0. */
-function updateKv() {
-  const info = state.info;
-  if (!info) return;
-  const used = state.kvTokens > 0 || state.busy ? 1 : 0;
-  Object.assign(ui.kvStats.dataset, { blocksTotal: "1", blocksUsed: String(used), blocksCached: "0", lastPrefixHit: "0" });
-  ui.kvLayout.textContent = info.kv_layout;
-  ui.kvReserved.textContent = `${info.max_context} tokens · ${mb(info.memory.kv_bytes)}`;
-  ui.kvUsed.textContent = state.busy ? "generating…" : `${state.kvTokens} tokens`;
-  ui.kvBlocks.textContent = `${used} / 1`;
-  ui.kvHit.textContent = "0 tokens";
-  ui.weights.textContent = mb(info.memory.weights_bytes);
-  const filled = Math.ceil((Math.min(state.kvTokens, info.max_context) / info.max_context) * KV_CELLS);
-  ui.kvMap.querySelectorAll(".kv-cell").forEach((c, i) => c.classList.toggle("used", i < filled));
+// ---- Conversations -------------------------------------------------------------------------------
+
+function newConversation() {
+  const id = state.nextId++;
+  const conv = {
+    id,
+    color: PALETTE[(id - 1) % PALETTE.length],
+    title: "New conversation",
+    system: null,
+    started: false,
+    history: [],
+    view: document.createElement("div"),
+    item: document.createElement("li"),
+    busy: false,
+    controller: null,
+    stream: null,
+    blocks: [],
+    turns: 0,
+  };
+  conv.view.className = "thread";
+  // The conversation's color marks its messages, its sidebar entry and its blocks in the map.
+  conv.view.style.setProperty("--user", conv.color);
+  conv.item.className = "conversation";
+  conv.item.dataset.testid = "conversation";
+  conv.item.dataset.conversation = String(id);
+  conv.item.style.setProperty("--c", conv.color);
+  conv.item.tabIndex = 0;
+  conv.item.innerHTML = `<i class="dot"></i><span class="conv-text"><span class="conv-title"></span><span class="conv-meta"></span></span>`;
+  conv.item.addEventListener("click", () => activate(conv));
+  conv.item.addEventListener("keydown", (e) => { if (e.key === "Enter") activate(conv); });
+  state.conversations.push(conv);
+  ui.conversations.prepend(conv.item);
+  renderConversationItem(conv);
+  activate(conv);
+  return conv;
+}
+
+function activate(conv) {
+  state.active = conv;
+  for (const c of state.conversations) c.item.classList.toggle("active", c === conv);
+  // Only the active thread is in the document, so message locators see one conversation.
+  for (const el of [...ui.messages.querySelectorAll(".thread")]) el.remove();
+  ui.messages.append(conv.view);
+  ui.empty.hidden = conv.history.length > 0 || conv.busy;
+  ui.systemPrompt.disabled = conv.started;
+  ui.systemPrompt.value = conv.started ? (conv.system ?? "") : ui.systemPrompt.dataset.draft ?? ui.systemPrompt.value;
+  updateButtons();
+  scrollToEnd(true);
+  renderKv();
+  if (!ui.input.disabled) ui.input.focus();
+}
+
+function renderConversationItem(conv) {
+  conv.item.querySelector(".conv-title").textContent = conv.title;
+  let meta;
+  if (conv.busy) meta = waiting(conv) ? "waiting for its turn…" : "generating…";
+  else if (conv.turns === 0) meta = "empty";
+  else meta = `${plural(conv.turns, "turn")} · ${plural(blocksOf(conv).length, "block")}`;
+  conv.item.querySelector(".conv-meta").textContent = meta;
+  conv.item.classList.toggle("busy", conv.busy);
+}
+
+/** Whether `conv`'s request waits while another conversation's runs (the scheduler is full). */
+function waiting(conv) {
+  if (conv.stream?.progress().state !== "queued") return false;
+  return state.conversations.some((c) => c !== conv && c.stream?.progress().state === "running");
+}
+
+/** The blocks the map attributes to `conv` now. */
+function blocksOf(conv) {
+  const out = [];
+  for (const [block, owners] of state.claims) if (owners.has(conv.id)) out.push(block);
+  return out;
 }
 
 function scrollToEnd(force = false) {
@@ -194,8 +243,8 @@ function scrollToEnd(force = false) {
   if (force || nearBottom) el.scrollTop = el.scrollHeight;
 }
 
-function addMessage(role, text) {
-  ui.empty.hidden = true;
+function addMessage(conv, role, text) {
+  if (conv === state.active) ui.empty.hidden = true;
   const wrap = document.createElement("article");
   wrap.className = `message ${role}`;
   wrap.dataset.testid = role === "user" ? "message-user" : "message-assistant";
@@ -203,12 +252,12 @@ function addMessage(role, text) {
   body.className = "body";
   body.textContent = text;
   wrap.append(body);
-  ui.messages.append(wrap);
-  scrollToEnd(true);
+  conv.view.append(wrap);
+  if (conv === state.active) scrollToEnd(true);
   return wrap;
 }
 
-function chatOptions() {
+function requestOptions() {
   const num = (el, fallback) => (Number.isFinite(parseFloat(el.value)) ? parseFloat(el.value) : fallback);
   return {
     max_tokens: Math.max(1, Math.round(num(ui.maxTokens, 256))),
@@ -220,100 +269,357 @@ function chatOptions() {
 }
 
 async function send() {
+  const conv = state.active;
   const text = ui.input.value.trim();
-  if (!text || state.busy || !state.engine) return;
+  if (!text || !conv || conv.busy || !state.engine) return;
   ui.input.value = "";
   autosize();
-  addMessage("user", text);
-  state.history.push({ role: "user", content: text });
-  const bubble = addMessage("assistant", "");
+  if (!conv.started) {
+    conv.started = true;
+    conv.system = ui.systemPrompt.value.trim() || null;
+    conv.title = text.length > 48 ? `${text.slice(0, 47)}…` : text;
+    ui.systemPrompt.disabled = true;
+  }
+  addMessage(conv, "user", text);
+  conv.history.push({ role: "user", content: text });
+  const bubble = addMessage(conv, "assistant", "");
   const body = bubble.querySelector(".body");
   bubble.classList.add("streaming");
-  state.busy = true;
-  state.stopRequested = false;
+  conv.bubble = bubble;
+  conv.busy = true;
+  conv.controller = new AbortController();
   updateButtons();
-  updateKv();
+  renderConversationItem(conv);
+  startRefresh();
 
-  let finish;
-  state.running = new Promise((r) => (finish = r));
+  const engine = state.engine;
+  const messages = conv.system ? [{ role: "system", content: conv.system }, ...conv.history] : [...conv.history];
   const t0 = performance.now();
   let streamed = "";
+  let details = null;
+  let outcome = "done";
   try {
-    const result = await state.engine.chat(state.history, chatOptions(), (piece) => {
-      if (state.stopRequested) return false;
-      streamed += piece;
-      body.textContent = streamed;
-      scrollToEnd();
-      return true;
-    });
-    body.textContent = result.text;
-    if (result.text) state.history.push({ role: "assistant", content: result.text });
-    state.kvTokens = result.prompt_tokens.length + result.tokens.length;
-    Object.assign(bubble.dataset, {
-      promptTokens: String(result.prompt_tokens.length),
-      tokens: String(result.tokens.length),
-      finishReason: result.finish_reason,
-    });
-    bubble.append(stats(result, performance.now() - t0));
-    if (result.finish_reason === "abort") bubble.classList.add("stopped");
+    conv.stream = await engine.chat.completions.create({ messages, stream: true, signal: conv.controller.signal, ...requestOptions() });
+    for await (const chunk of conv.stream) {
+      const piece = chunk.choices[0]?.delta?.content;
+      if (piece) {
+        streamed += piece;
+        body.textContent = streamed;
+        if (conv === state.active) scrollToEnd();
+      }
+      requestRefresh();
+      if (chunk.pagedlm) details = chunk.pagedlm;
+    }
+    const completion = await conv.stream.finalCompletion();
+    details = completion.pagedlm;
+    body.textContent = completion.choices[0].message.content;
+    conv.history.push({ role: "assistant", content: completion.choices[0].message.content });
+    finishTurn(conv, bubble, completion.usage, details, performance.now() - t0);
   } catch (e) {
-    console.error(e);
-    // The turn failed: drop it from the history so the next turn starts from a consistent state.
-    state.history.pop();
-    bubble.classList.add("failed");
-    body.textContent = streamed;
-    const err = document.createElement("div");
-    err.className = "message-error";
-    err.textContent = errorText(e);
-    bubble.append(err);
+    if (e.code === "ABORTED" || e.code === "DISPOSED") {
+      outcome = "stopped";
+      bubble.classList.add("stopped");
+      // The partial reply stays in the conversation: the next turn continues after it.
+      const partial = e.partial;
+      if (partial) {
+        body.textContent = partial.content;
+        if (partial.content) conv.history.push({ role: "assistant", content: partial.content });
+        finishTurn(conv, bubble, partial.usage, partial.pagedlm, performance.now() - t0);
+      } else {
+        bubble.dataset.finishReason = "abort";
+        bubble.dataset.tokens = "0";
+      }
+    } else {
+      outcome = "failed";
+      console.error(e);
+      // The turn failed: drop it so the next turn starts from a consistent history.
+      conv.history.pop();
+      bubble.classList.add("failed");
+      body.textContent = streamed;
+      const err = document.createElement("div");
+      err.className = "message-error";
+      err.textContent = `${errorText(e)}${e.code ? ` (${e.code})` : ""}`;
+      bubble.append(err);
+    }
   } finally {
-    bubble.classList.remove("streaming");
+    bubble.classList.remove("streaming", "queued");
+    bubble.dataset.outcome = outcome;
+    conv.busy = false;
+    conv.stream = null;
+    conv.controller = null;
+    // The pool as the engine left it, drawn before the turn counts as done.
+    await refreshStats();
     bubble.dataset.done = "true";
-    state.busy = false;
+    renderConversationItem(conv);
     updateButtons();
-    updateKv();
-    scrollToEnd();
-    finish();
-    if (!ui.input.disabled) ui.input.focus();
+    if (conv === state.active) scrollToEnd();
+    if (!ui.input.disabled && conv === state.active) ui.input.focus();
   }
 }
 
-function stats(result, wallMs) {
-  const n = result.tokens.length;
-  // The first token comes out of prefill; decode_ms covers the n - 1 after it.
-  const tokS = result.decode_ms > 0 && n > 1 ? `${((n - 1) / (result.decode_ms / 1000)).toFixed(1)} tok/s` : null;
-  const why = { stop: "finished", length: "token limit", abort: "stopped" }[result.finish_reason] || result.finish_reason;
+/** Records a finished (or stopped) turn: its figures under the reply, its blocks in the map. */
+function finishTurn(conv, bubble, usage, details, wallMs) {
+  conv.turns += 1;
+  const n = usage.completion_tokens;
+  const decodeTokS = details.decode_ms > 0 && n > 1 ? (n - 1) / (details.decode_ms / 1000) : null;
+  Object.assign(bubble.dataset, {
+    promptTokens: String(usage.prompt_tokens),
+    tokens: String(n),
+    finishReason: details.finish_reason,
+    prefixHit: String(usage.prefix_hit_tokens),
+    ttftMs: details.ttft_ms == null ? "" : details.ttft_ms.toFixed(0),
+  });
+  bubble.append(turnStats(usage, details, decodeTokS, wallMs));
+  state.lastTurn = { hit: usage.prefix_hit_tokens, prompt: usage.prompt_tokens, ttft: details.ttft_ms, speed: decodeTokS };
+  if (details.stats) state.stats = { ...details.stats, running: [], queued: [] };
+  claimBlocks(conv, details.blocks ?? [], usage.prefix_hit_tokens);
+}
+
+function turnStats(usage, details, tokS, wallMs) {
   const el = document.createElement("div");
   el.className = "stats";
-  const plural = (k, word) => `${k} ${word}${k === 1 ? "" : "s"}`;
+  const why = { stop: "finished", length: "token limit", abort: "stopped" }[details.finish_reason] || details.finish_reason;
   const parts = [
-    plural(result.prompt_tokens.length, "prompt token"),
-    `prefill ${result.prefill_ms.toFixed(0)} ms`,
-    plural(n, "token"),
-    tokS,
-    why,
+    [usage.prefix_hit_tokens > 0 ? "hit" : "", `prefix hit ${usage.prefix_hit_tokens}/${usage.prompt_tokens}`],
+    ["", details.ttft_ms != null ? `TTFT ${(details.ttft_ms / 1000).toFixed(2)} s` : null],
+    ["", tokS != null ? `${tokS.toFixed(1)} tok/s` : null],
+    ["", plural(usage.completion_tokens, "token")],
+    ["", why],
   ];
-  for (const p of parts.filter(Boolean)) {
+  for (const [cls, text] of parts) {
+    if (!text) continue;
     const span = document.createElement("span");
-    span.textContent = p;
+    if (cls) span.className = cls;
+    span.textContent = text;
     el.append(span);
   }
-  el.title = `total ${(wallMs / 1000).toFixed(2)} s; decode ${result.decode_ms.toFixed(0)} ms`;
+  el.title = `total ${(wallMs / 1000).toFixed(2)} s · prefill ${details.prefill_tokens} tokens in ${details.prefill_ms.toFixed(0)} ms · decode ${details.decode_ms.toFixed(0)} ms · queued ${(details.queue_ms ?? 0).toFixed(0)} ms`;
   return el;
 }
 
-async function newConversation() {
-  if (state.busy) {
-    state.stopRequested = true;
-    await state.running;
+/**
+ * Attributes a finished turn's block table to its conversation. Blocks inside the prefix hit
+ * were reused from the cache and keep their earlier owners too (a shared prefix); every other
+ * block is new to this turn, whoever held that physical block before.
+ */
+function claimBlocks(conv, blocks, hitTokens) {
+  const blockSize = state.info.block_size;
+  const reused = Math.floor(hitTokens / blockSize);
+  const mine = new Set(blocks);
+  for (const [block, owners] of state.claims) {
+    if (owners.has(conv.id) && !mine.has(block)) owners.delete(conv.id);
+    if (owners.size === 0) state.claims.delete(block);
   }
-  state.history = [];
-  state.kvTokens = 0;
-  for (const el of [...ui.messages.querySelectorAll(".message")]) el.remove();
-  ui.empty.hidden = false;
-  updateKv();
-  updateButtons();
-  ui.input.focus();
+  blocks.forEach((block, i) => {
+    const owners = i < reused ? (state.claims.get(block) ?? new Set()) : new Set();
+    owners.add(conv.id);
+    state.claims.set(block, owners);
+  });
+  conv.blocks = blocks;
+}
+
+// ---- The KV panel --------------------------------------------------------------------------------
+
+/** Empties the panel while no engine is loaded (before the first model, or while another loads). */
+function clearKv() {
+  state.stats = null;
+  state.lastTurn = null;
+  state.claims.clear();
+  ui.kvMap.replaceChildren();
+  Object.assign(ui.kvStats.dataset, { blocksTotal: "0", blocksUsed: "0", blocksCached: "0", blocksFree: "0", lastPrefixHit: "0" });
+  for (const el of [ui.kvSummary, ui.kvBlocks, ui.kvLive, ui.kvRate, ui.kvEvictions, ui.gaugeF32Value, ui.gaugeInt8Value,
+    ui.turnHit, ui.turnTtft, ui.turnSpeed]) el.textContent = "–";
+  ui.gaugeNote.textContent = "";
+  ui.gaugeF32.style.width = "0";
+  ui.gaugeInt8.style.width = "0";
+}
+
+function buildKvMap() {
+  const total = state.stats.pool.blocks_total;
+  ui.kvMap.replaceChildren();
+  ui.kvMap.style.setProperty("--cols", String(total <= 64 ? 8 : total <= 256 ? 16 : total <= 1024 ? 32 : 64));
+  for (let i = 0; i < total; i++) {
+    const cell = document.createElement("span");
+    cell.className = "kv-cell";
+    ui.kvMap.append(cell);
+  }
+}
+
+async function refreshStats() {
+  if (!state.engine) return;
+  try {
+    state.stats = await state.engine.stats();
+  } catch (e) {
+    if (e.code !== "DISPOSED") console.error(e);
+    return;
+  }
+  renderKv();
+}
+
+/** A refresh now unless one is in flight: the map follows the tokens as they arrive. */
+let refreshing = false;
+function requestRefresh() {
+  if (refreshing) return;
+  refreshing = true;
+  refreshStats().finally(() => { refreshing = false; });
+}
+
+function startRefresh() {
+  if (state.refreshTimer) return;
+  state.refreshTimer = setInterval(() => {
+    const busy = state.conversations.filter((c) => c.busy);
+    for (const c of busy) {
+      renderConversationItem(c);
+      c.bubble?.classList.toggle("queued", waiting(c));
+    }
+    if (busy.length === 0) {
+      clearInterval(state.refreshTimer);
+      state.refreshTimer = 0;
+    }
+    refreshStats();
+  }, 400);
+}
+
+/**
+ * Draws the pool. Finished turns come from the engine's snapshot; a reply being generated grows
+ * into free cells as its tokens arrive (the engine reports the exact blocks when the turn ends).
+ */
+function renderKv() {
+  const stats = state.stats;
+  if (!stats || !state.info) return;
+  const { pool } = stats;
+  const blockSize = pool.block_size;
+  const cells = ui.kvMap.children;
+  if (cells.length !== pool.blocks_total) buildKvMap();
+  const byId = new Map(state.conversations.map((c) => [c.id, c]));
+  for (const [block, owners] of state.claims) {
+    if (stats.block_states[block] === 0) state.claims.delete(block);
+    else for (const id of owners) if (!byId.has(id)) owners.delete(id);
+  }
+
+  // Running replies: their block tables from the engine's last step; a reply admitted since
+  // then grows into free cells from the lowest index up until the next snapshot has it.
+  const growing = new Map();
+  const free = [];
+  stats.block_states.forEach((s, b) => { if (s === 0) free.push(b); });
+  for (const conv of state.conversations) {
+    const p = conv.busy && conv.stream ? conv.stream.progress() : null;
+    if (!p || p.state !== "running") continue;
+    const run = stats.running?.find((r) => r.request === p.request);
+    if (run && run.blocks.length > 0) {
+      for (const b of run.blocks) growing.set(b, conv);
+      continue;
+    }
+    const need = Math.ceil((p.prompt_tokens + p.completion_tokens) / blockSize);
+    for (let k = blocksOf(conv).length; k < need && free.length > 0; k++) growing.set(free.shift(), conv);
+  }
+
+  let held = 0;
+  let cached = 0;
+  for (let b = 0; b < cells.length; b++) {
+    const cell = cells[b];
+    const st = stats.block_states[b];
+    const owners = state.claims.get(b);
+    const grow = growing.get(b);
+    let kind;
+    let color = "";
+    let title;
+    const sharedWithOthers = grow && owners && [...owners].some((id) => id !== grow.id);
+    if (sharedWithOthers) {
+      kind = "shared";
+      title = `block ${b}: a shared prefix, read by “${grow.title}” now`;
+    } else if (grow) {
+      kind = "growing";
+      color = grow.color;
+      title = `block ${b}: held by “${grow.title}”, generating`;
+    } else if (st === 0) {
+      kind = "free";
+      title = `block ${b}: free`;
+    } else if (owners && owners.size > 1) {
+      kind = "shared";
+      title = `block ${b}: a prefix shared by ${owners.size} conversations`;
+    } else if (owners && owners.size === 1) {
+      const conv = byId.get([...owners][0]);
+      kind = st === 2 ? "owned evictable" : "owned";
+      color = conv.color;
+      title = `block ${b}: “${conv.title}”${st === 2 ? " (cached, evictable)" : ""}`;
+    } else {
+      kind = st === 2 ? "cached" : "owned";
+      title = `block ${b}: ${st === 2 ? "cached, evictable" : "held"}`;
+    }
+    if (grow || st === 1) held += 1;
+    else if (st === 2) cached += 1;
+    const className = `kv-cell ${kind}`;
+    if (cell.className !== className) cell.className = className;
+    cell.style.setProperty("--c", color || "");
+    cell.dataset.state = grow ? "1" : String(st);
+    cell.title = `${title} · refcount ${stats.refcounts[b] ?? 0}`;
+  }
+  const free_ = pool.blocks_total - held - cached;
+  Object.assign(ui.kvStats.dataset, {
+    blocksTotal: String(pool.blocks_total),
+    blocksUsed: String(held),
+    blocksCached: String(cached),
+    blocksFree: String(free_),
+    lastPrefixHit: String(state.lastTurn?.hit ?? 0),
+  });
+  ui.kvSummary.textContent = `${pool.blocks_total} blocks × ${blockSize} tokens · ${pool.kv_dtype} · ${mb(pool.bytes_total)}`;
+  ui.kvBlocks.textContent = `${held} · ${cached} · ${free_}`;
+  ui.kvLive.textContent = `${pool.live_tokens} tokens`;
+  const prefix = stats.prefix;
+  ui.kvRate.textContent = prefix ? (prefix.enabled ? `${(prefix.hit_rate * 100).toFixed(0)}% of ${prefix.prompt_tokens} tokens` : "off") : "–";
+  ui.kvEvictions.textContent = prefix ? String(prefix.evictions) : "–";
+  renderTurn();
+  renderGauge(held + cached);
+  for (const c of state.conversations) {
+    renderConversationItem(c);
+    if (c.busy) c.bubble?.classList.toggle("queued", waiting(c));
+  }
+}
+
+function renderTurn() {
+  const t = state.lastTurn;
+  ui.turnHit.textContent = t ? `${t.hit}/${t.prompt}` : "–";
+  ui.turnHit.classList.toggle("good", !!t && t.hit > 0);
+  ui.turnTtft.textContent = t?.ttft != null ? `${(t.ttft / 1000).toFixed(2)} s` : "–";
+  ui.turnSpeed.textContent = t?.speed != null ? `${t.speed.toFixed(1)} tok/s` : "–";
+}
+
+/**
+ * KV bytes of the blocks in use under f32 and under int8. An f32 value takes 4 bytes; the int8
+ * format takes 1 byte per value plus one f32 scale per head and token (measured from the pool
+ * when it runs int8).
+ */
+function renderGauge(blocksInUse) {
+  const m = state.info.model;
+  const pool = state.stats.pool;
+  const values = m.n_layers * m.n_kv_heads * m.head_dim * 2;
+  const f32PerToken = values * 4;
+  const int8PerToken = pool.kv_dtype === "int8" ? pool.bytes_per_token : values + m.n_layers * m.n_kv_heads * 2 * 4;
+  const tokens = blocksInUse * pool.block_size;
+  // The bars compare the two formats for what is in use now; f32 fills its bar.
+  const scale = Math.max(1, tokens * f32PerToken);
+  const f32 = tokens * f32PerToken;
+  const int8 = tokens * int8PerToken;
+  ui.gaugeF32.style.width = `${Math.max(f32 > 0 ? 1 : 0, (f32 / scale) * 100)}%`;
+  ui.gaugeInt8.style.width = `${Math.max(int8 > 0 ? 1 : 0, (int8 / scale) * 100)}%`;
+  ui.gaugeF32Value.textContent = mb(f32);
+  ui.gaugeInt8Value.textContent = mb(int8);
+  const ratio = (f32PerToken / int8PerToken).toFixed(1);
+  ui.gaugeNote.textContent = `${plural(blocksInUse, "block")} · per token ${f32PerToken.toLocaleString("en")} B as f32, `
+    + `${Math.round(int8PerToken).toLocaleString("en")} B as int8 (${ratio}× less) · this pool: ${pool.kv_dtype}`;
+  ui.gaugeNote.title = `Weights take ${mb(state.info.memory.weights_bytes)}; the whole KV pool reserves ${mb(pool.bytes_total)}.`;
+}
+
+// ---- Controls ------------------------------------------------------------------------------------
+
+function updateButtons() {
+  const conv = state.active;
+  const ready = !!state.engine;
+  const busy = !!conv?.busy;
+  ui.send.disabled = !ready || busy || ui.input.value.trim() === "";
+  ui.stop.disabled = !busy;
+  ui.composer.classList.toggle("busy", busy);
 }
 
 function autosize() {
@@ -326,7 +632,52 @@ ui.input.addEventListener("keydown", (e) => {
   if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); send(); }
 });
 ui.input.addEventListener("input", () => { autosize(); updateButtons(); });
-ui.stop.addEventListener("click", () => { state.stopRequested = true; ui.stop.disabled = true; });
-ui.newConversation.addEventListener("click", newConversation);
+ui.stop.addEventListener("click", () => {
+  state.active?.controller?.abort();
+  ui.stop.disabled = true;
+});
+ui.newConversation.addEventListener("click", () => {
+  // An empty conversation is reused rather than piling up blank ones.
+  const blank = state.conversations.find((c) => !c.started && !c.busy);
+  if (blank) activate(blank); else newConversation();
+});
+ui.systemPrompt.addEventListener("input", () => { ui.systemPrompt.dataset.draft = ui.systemPrompt.value; });
+ui.resetCache.addEventListener("click", async () => {
+  if (!state.engine) return;
+  try {
+    await state.engine.resetCache();
+  } catch (e) {
+    if (e.code !== "BUSY") console.error(e);
+    return;
+  }
+  await refreshStats();
+});
+ui.kvDtype.addEventListener("change", () => {
+  const next = new URLSearchParams(location.search);
+  next.set("kv_dtype", ui.kvDtype.value);
+  location.search = next.toString();
+});
+ui.modelFile.addEventListener("change", () => openFile(ui.modelFile.files?.[0]));
 
-boot();
+// A .gguf dropped anywhere on the page replaces the model.
+let dragDepth = 0;
+window.addEventListener("dragenter", (e) => {
+  if (!e.dataTransfer?.types.includes("Files")) return;
+  dragDepth += 1;
+  ui.dropOverlay.hidden = false;
+});
+window.addEventListener("dragleave", () => {
+  dragDepth = Math.max(0, dragDepth - 1);
+  if (dragDepth === 0) ui.dropOverlay.hidden = true;
+});
+window.addEventListener("dragover", (e) => e.preventDefault());
+window.addEventListener("drop", (e) => {
+  e.preventDefault();
+  dragDepth = 0;
+  ui.dropOverlay.hidden = true;
+  const file = [...(e.dataTransfer?.files ?? [])].find((f) => /\.gguf$/i.test(f.name)) ?? e.dataTransfer?.files?.[0];
+  openFile(file);
+});
+
+newConversation();
+loadModel(params.get("model") || MODEL_URL, "SmolLM2-135M-Instruct · Q4_1");

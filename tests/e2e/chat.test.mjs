@@ -2,62 +2,14 @@
 // Needs pkg/ (bash scripts/build-web.sh) and models/ (npm run fetch-model). Run: node --test tests/e2e/
 import { after, before, describe, it } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
-import { existsSync, mkdirSync } from "node:fs";
-import { createServer } from "node:net";
-import { fileURLToPath } from "node:url";
+import { existsSync, mkdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { chromium } from "playwright-core";
+import { byId, launch, MODEL, openPage, results, root, startServer } from "./helpers.mjs";
 
-const root = fileURLToPath(new URL("../..", import.meta.url));
-const results = join(root, "test-results");
-const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
-const BASE_ARGS = ["--no-sandbox", "--disable-quic", "--no-first-run", "--disable-background-networking",
-  "--disable-component-update", "--disable-sync"];
 // Small replies keep the test quick: SwiftShader decodes a few tokens per second.
-const MAX_TOKENS = 12;
+const MAX_TOKENS = 8;
 const LOAD_TIMEOUT = 240_000;
-const REPLY_TIMEOUT = 90_000;
-
-const byId = (id) => `[data-testid="${id}"]`;
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.once("error", reject);
-    srv.listen(0, "127.0.0.1", () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-  });
-}
-
-/** Starts scripts/serve.mjs; resolves once it listens. */
-async function startServer() {
-  const port = await freePort();
-  const child = spawn(process.execPath, [join(root, "scripts/serve.mjs")], {
-    env: { ...process.env, PORT: String(port) },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  let log = "";
-  await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`serve.mjs did not start in 10 s:\n${log}`)), 10_000);
-    child.stdout.on("data", (d) => { log += d; if (log.includes("serving")) { clearTimeout(timer); resolve(); } });
-    child.stderr.on("data", (d) => { log += d; });
-    child.once("exit", (code) => { clearTimeout(timer); reject(new Error(`serve.mjs exited with ${code}:\n${log}`)); });
-  });
-  return { child, url: `http://127.0.0.1:${port}` };
-}
-
-/** A page that records its console errors and exceptions, to explain a failure. */
-async function openPage(browser, url) {
-  const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
-  const problems = [];
-  page.on("pageerror", (e) => problems.push(`pageerror: ${e.message}`));
-  page.on("console", (m) => { if (m.type() === "error") problems.push(`console: ${m.text()}`); });
-  await page.goto(url);
-  return { page, problems };
-}
+const REPLY_TIMEOUT = 120_000;
 
 /** Waits for the model to be ready; fails at once with the page's error panel if loading fails. */
 async function waitForModel(page, problems) {
@@ -68,20 +20,21 @@ async function waitForModel(page, problems) {
   failed.catch(() => {});
 }
 
-/** Types `text`, clicks send, and returns the new assistant message's locator (index `n`). */
-async function ask(page, text, n) {
+/** Types `text` and clicks send. */
+async function ask(page, text) {
   await page.fill(byId("chat-input"), text);
   await page.click(byId("send-button"));
-  return page.locator(byId("message-assistant")).nth(n);
 }
 
 async function waitDone(page, n) {
   await page.waitForSelector(`${byId("message-assistant")}[data-done="true"] >> nth=${n}`, { timeout: REPLY_TIMEOUT });
   const msg = page.locator(byId("message-assistant")).nth(n);
+  const num = async (name) => Number(await msg.getAttribute(name));
   return {
     text: (await msg.locator(".body").textContent()) ?? "",
-    promptTokens: Number(await msg.getAttribute("data-prompt-tokens")),
-    tokens: Number(await msg.getAttribute("data-tokens")),
+    promptTokens: await num("data-prompt-tokens"),
+    tokens: await num("data-tokens"),
+    prefixHit: await num("data-prefix-hit"),
     finish: await msg.getAttribute("data-finish-reason"),
     error: await msg.locator(".message-error").count() ? await msg.locator(".message-error").textContent() : null,
   };
@@ -89,8 +42,21 @@ async function waitDone(page, n) {
 
 async function kvStats(page) {
   return page.$eval(byId("kv-stats"), (el) => ({
-    total: el.dataset.blocksTotal, used: el.dataset.blocksUsed, cached: el.dataset.blocksCached, hit: el.dataset.lastPrefixHit,
+    total: Number(el.dataset.blocksTotal), used: Number(el.dataset.blocksUsed), cached: Number(el.dataset.blocksCached),
+    hit: Number(el.dataset.lastPrefixHit),
   }));
+}
+
+/** How many map cells are in each drawn kind. */
+async function kvCells(page) {
+  return page.$$eval(`${byId("kv-map")} .kv-cell`, (cells) => {
+    const count = { free: 0, owned: 0, evictable: 0, shared: 0, cached: 0, growing: 0, held: 0 };
+    for (const c of cells) {
+      for (const k of Object.keys(count)) if (c.classList.contains(k)) count[k] += 1;
+      if (c.dataset.state === "1") count.held += 1;
+    }
+    return count;
+  });
 }
 
 describe("chat page", () => {
@@ -101,92 +67,211 @@ describe("chat page", () => {
 
   before(async () => {
     assert.ok(existsSync(join(root, "pkg/pagedlm_bg.wasm")), "pkg/ is missing: run `bash scripts/build-web.sh` first");
-    assert.ok(existsSync(join(root, "models/SmolLM2-135M-Instruct.Q4_1.gguf")), "the model is missing: run `npm run fetch-model`");
+    assert.ok(existsSync(MODEL), "the model is missing: run `npm run fetch-model`");
     mkdirSync(results, { recursive: true });
     server = await startServer();
-    browser = await chromium.launch({ executablePath: CHROMIUM, args: [...BASE_ARGS, "--enable-unsafe-webgpu"] });
+    browser = await launch();
     ({ page, problems } = await openPage(browser, `${server.url}/?max_tokens=${MAX_TOKENS}&temperature=0`));
   });
 
   after(async () => {
     await browser?.close();
-    server?.child.kill();
+    server?.close();
   });
 
-  it("loads the model with progress", { timeout: LOAD_TIMEOUT + 10_000 }, async () => {
+  it("loads the model with progress, and from the browser cache after a reload", { timeout: 2 * LOAD_TIMEOUT }, async () => {
     const t0 = Date.now();
     await waitForModel(page, problems);
     console.log(`model ready in ${((Date.now() - t0) / 1000).toFixed(1)} s`);
     assert.match(await page.locator(byId("model-progress")).innerText(), /ready/i);
+    assert.equal(await page.getAttribute(byId("model-progress"), "data-source"), "network");
     assert.equal(await page.isEnabled(byId("chat-input")), true);
     const kv = await kvStats(page);
-    assert.deepEqual(kv, { total: "1", used: "0", cached: "0", hit: "0" }, "an empty conversation holds no KV block");
+    assert.ok(kv.total > 0, "the pool has blocks");
+    assert.equal(kv.used, 0, "nothing is held before the first message");
+    assert.equal(await page.locator(`${byId("kv-map")} .kv-cell`).count(), kv.total, "one map cell per block");
+
+    await page.reload();
+    await waitForModel(page, problems);
+    assert.equal(await page.getAttribute(byId("model-progress"), "data-source"), "cache", "a reload reads the model from the Cache API");
   });
 
-  it("answers, then answers a follow-up with the whole history", { timeout: 2 * REPLY_TIMEOUT }, async () => {
-    await ask(page, "What is the capital of France?", 0);
+  it("streams a reply, then a follow-up hits the prefix cache", { timeout: 3 * REPLY_TIMEOUT }, async () => {
+    await ask(page, "What is the capital of France?");
+    // Text shows up while the reply is still being generated.
+    await page.waitForFunction(() => {
+      const m = document.querySelector('[data-testid="message-assistant"]');
+      return m && m.dataset.done !== "true" && m.querySelector(".body").textContent.length > 0;
+    }, null, { timeout: REPLY_TIMEOUT });
+    // The map shows the running reply's blocks while it streams.
+    await page.waitForFunction(() => [...document.querySelectorAll('[data-testid="kv-map"] .kv-cell')].some((c) => c.dataset.state === "1")
+      && document.querySelector('[data-testid="message-assistant"]').dataset.done !== "true", null, { timeout: 10_000 });
+    assert.ok(Number(await page.getAttribute(byId("kv-stats"), "data-blocks-used")) > 0, "kv-stats counts the held blocks");
+    await page.screenshot({ path: join(results, "chat-streaming.png") });
+
     const first = await waitDone(page, 0);
     assert.equal(first.error, null, `the reply failed: ${first.error}`);
     assert.ok(first.text.trim().length > 0, "the first reply is empty");
     assert.ok(first.tokens >= 1 && first.tokens <= MAX_TOKENS, `max_tokens=${MAX_TOKENS} from the URL is honoured (got ${first.tokens})`);
-    assert.equal(await page.locator(byId("message-user")).count(), 1);
     assert.equal(await page.locator(byId("message-user")).first().textContent(), "What is the capital of France?");
-    assert.equal((await kvStats(page)).used, "1", "the conversation holds the KV block");
-    await page.screenshot({ path: join(results, "chat.png") });
-    console.log(`reply 1 (${first.tokens} tokens, ${first.finish}): ${JSON.stringify(first.text)}`);
+    const afterFirst = await kvStats(page);
+    assert.ok(afterFirst.cached > 0, "the finished turn's blocks stay cached for the next turn");
+    console.log(`reply 1 (${first.tokens} tokens, ${first.finish}, hit ${first.prefixHit}): ${JSON.stringify(first.text)}`);
 
-    await ask(page, "And what is the capital of Italy?", 1);
+    await ask(page, "And what is the capital of Italy?");
     const second = await waitDone(page, 1);
     assert.equal(second.error, null, `the follow-up failed: ${second.error}`);
     assert.ok(second.text.trim().length > 0, "the follow-up reply is empty");
     assert.ok(second.promptTokens > first.promptTokens + first.tokens,
       `the follow-up prompt (${second.promptTokens} tokens) carries the first turn (${first.promptTokens} + ${first.tokens})`);
-    assert.equal(await page.locator(byId("message-user")).count(), 2);
-    assert.equal(await page.locator(byId("message-assistant")).count(), 2);
+    assert.ok(second.prefixHit >= first.promptTokens - 1,
+      `the follow-up reuses at least the first prompt's KV (hit ${second.prefixHit}, first prompt ${first.promptTokens})`);
+    const kv = await kvStats(page);
+    assert.equal(kv.hit, second.prefixHit, "the KV panel shows the last prefix hit");
+    assert.match(await page.locator(byId("turn-stats")).innerText(), new RegExp(`${second.prefixHit}/${second.promptTokens}`));
+    const cells = await kvCells(page);
+    assert.ok(cells.owned + cells.shared >= Math.ceil(second.promptTokens / 16) - 1, `the map attributes the conversation's blocks to it (${JSON.stringify(cells)})`);
     await page.screenshot({ path: join(results, "chat-follow-up.png") });
-    console.log(`reply 2 (${second.tokens} tokens, ${second.finish}): ${JSON.stringify(second.text)}`);
+    console.log(`reply 2 (${second.tokens} tokens, ${second.finish}, hit ${second.prefixHit}/${second.promptTokens}): ${JSON.stringify(second.text)}`);
   });
 
-  it("starts a new conversation, renders text as text, and stops a reply", { timeout: 2 * REPLY_TIMEOUT }, async () => {
+  it("runs two conversations at once, each with its own reply", { timeout: 4 * REPLY_TIMEOUT }, async () => {
+    const firstConversation = page.locator(byId("conversation")).first();
     await page.click(byId("new-conversation"));
-    assert.equal(await page.locator(byId("message-user")).count(), 0);
-    assert.equal(await page.locator(byId("message-assistant")).count(), 0);
-    assert.equal((await kvStats(page)).used, "0");
+    assert.equal(await page.locator(byId("message-user")).count(), 0, "a new conversation starts empty");
+    assert.equal(await page.locator(byId("conversation")).count(), 2);
+    await ask(page, "Name a fruit.");
+    await page.click(byId("new-conversation"));
+    await ask(page, "Name an animal.");
+    // Both are in flight now, batched by the engine's scheduler: while the second streams, the
+    // map shows blocks held by both conversations.
+    assert.equal(await page.locator(`${byId("conversation")}.busy`).count(), 2, "both conversations are generating");
+    await page.waitForFunction(() => {
+      const colors = new Set([...document.querySelectorAll('[data-testid="kv-map"] .kv-cell.growing')].map((c) => c.style.getPropertyValue("--c")));
+      const body = document.querySelector('[data-testid="message-assistant"] .body');
+      return colors.size >= 2 && body.textContent.length > 0;
+    }, null, { timeout: REPLY_TIMEOUT });
+    await page.screenshot({ path: join(results, "chat-two-conversations.png") });
+    const animal = await waitDone(page, 0);
+    assert.equal(animal.error, null, `the second conversation failed: ${animal.error}`);
+    assert.ok(animal.text.trim().length > 0);
+    assert.equal(await page.locator(byId("message-user")).first().textContent(), "Name an animal.");
 
+    await page.locator(byId("conversation")).nth(1).click();
+    const fruit = await waitDone(page, 0);
+    assert.equal(fruit.error, null, `the first conversation failed: ${fruit.error}`);
+    assert.ok(fruit.text.trim().length > 0);
+    assert.equal(await page.locator(byId("message-user")).count(), 1);
+    assert.equal(await page.locator(byId("message-user")).first().textContent(), "Name a fruit.");
+    assert.ok(animal.prefixHit > 0 && fruit.prefixHit > 0, "conversations share the system prompt's blocks");
+    const cells = await kvCells(page);
+    assert.ok(cells.shared > 0, `the map shows a prefix shared by conversations (${JSON.stringify(cells)})`);
+    await page.screenshot({ path: join(results, "chat-shared-prefix.png") });
+    assert.ok(await firstConversation.count());
+  });
+
+  it("stops a reply mid-way and frees its blocks; renders text as text", { timeout: 2 * REPLY_TIMEOUT }, async () => {
+    await page.click(byId("new-conversation"));
     // A long limit, so only the stop button can end this reply early.
     await page.fill("#max-tokens", "200");
     const question = "Tell me a long story about <b>dragons</b> & knights.";
-    await ask(page, question, 0);
+    await ask(page, question);
+    await page.waitForFunction(() => {
+      const m = document.querySelector('[data-testid="message-assistant"]');
+      return m && m.querySelector(".body").textContent.length > 0;
+    }, null, { timeout: REPLY_TIMEOUT });
+    await page.waitForFunction(() => [...document.querySelectorAll('[data-testid="kv-map"] .kv-cell')].some((c) => c.dataset.state === "1"),
+      null, { timeout: 10_000 });
     await page.click(byId("stop-button"));
     const reply = await waitDone(page, 0);
     assert.equal(reply.error, null, `the reply failed: ${reply.error}`);
     assert.equal(reply.finish, "abort");
     assert.ok(reply.tokens >= 1 && reply.tokens < 200, `stopped early (${reply.tokens} tokens)`);
     assert.ok(reply.text.length > 0, "the stopped reply keeps its partial text");
+    const kv = await kvStats(page);
+    assert.equal(kv.used, 0, "no block stays held once the reply is stopped (they are cached or free)");
+    assert.equal((await kvCells(page)).held, 0, "the map shows no held block");
     const user = page.locator(byId("message-user")).first();
     assert.equal(await user.textContent(), question);
     assert.equal(await user.locator("b").count(), 0, "user text is not parsed as HTML");
     assert.equal(await page.isEnabled(byId("chat-input")), true);
+    await page.fill("#max-tokens", String(MAX_TOKENS));
     await page.screenshot({ path: join(results, "chat-stopped.png") });
-    assert.deepEqual(problems.filter((p) => !/favicon/.test(p)), [], "no page errors");
+  });
+
+  it("loads a .gguf chosen with the file picker, and says so when the file is broken", { timeout: LOAD_TIMEOUT }, async () => {
+    const truncated = readFileSync(MODEL).subarray(0, 1 << 20);
+    await page.setInputFiles(byId("model-file"), { name: "broken.gguf", mimeType: "application/octet-stream", buffer: truncated });
+    const panel = await page.waitForSelector(`${byId("error-panel")}:not([hidden])`, { timeout: 60_000 });
+    assert.equal(await page.getAttribute(byId("error-panel"), "data-code"), "MODEL_FORMAT");
+    assert.match(await panel.innerText(), /GGUF|model/i);
+    await page.screenshot({ path: join(results, "broken-model.png") });
+
+    await page.setInputFiles(byId("model-file"), MODEL);
+    await waitForModel(page, problems);
+    assert.equal(await page.getAttribute(byId("model-progress"), "data-source"), "file");
+    assert.equal(await page.isHidden(byId("error-panel")), true);
+    await page.click(byId("new-conversation"));
+    await ask(page, "Hi!");
+    const reply = await waitDone(page, 0);
+    assert.equal(reply.error, null, `the reply failed: ${reply.error}`);
+    assert.ok(reply.tokens >= 1);
+
+    // A .gguf dropped on the page loads the same way.
+    await page.evaluate(async () => {
+      const bytes = await (await fetch("/models/SmolLM2-135M-Instruct.Q4_1.gguf")).arrayBuffer();
+      const data = new DataTransfer();
+      data.items.add(new File([bytes], "dropped.gguf"));
+      window.dispatchEvent(new DragEvent("dragenter", { dataTransfer: data }));
+      window.dispatchEvent(new DragEvent("drop", { dataTransfer: data, cancelable: true }));
+    });
+    await page.waitForSelector(`${byId("model-progress")}:not([data-done])`, { timeout: 10_000 });
+    await waitForModel(page, problems);
+    assert.equal(await page.getAttribute(byId("model-progress"), "data-source"), "file");
+    assert.match(await page.locator("#model-name").textContent(), /dropped/);
+    const expected = /Failed to load resource|favicon|MODEL_FORMAT|not a usable GGUF/;
+    assert.deepEqual(problems.filter((p) => !expected.test(p)), [], "no page errors");
+  });
+
+  it("switches the KV cache to int8 from the settings, and the gauge shows its smaller footprint", { timeout: LOAD_TIMEOUT }, async () => {
+    await page.selectOption("#kv-dtype", "int8");
+    await page.waitForURL(/kv_dtype=int8/);
+    const ready = page.waitForSelector(`${byId("model-progress")}[data-done="true"]`, { timeout: LOAD_TIMEOUT }).then(() => "ready");
+    const failed = page.waitForSelector(`${byId("error-panel")}:not([hidden])`, { timeout: LOAD_TIMEOUT }).then(() => "error");
+    const outcome = await Promise.race([ready, failed]);
+    if (outcome === "error") {
+      // Until the engine offers int8, the page must say so with the engine's code.
+      assert.equal(await page.getAttribute(byId("error-panel"), "data-code"), "UNSUPPORTED");
+      return;
+    }
+    await ask(page, "Hi!");
+    const reply = await waitDone(page, 0);
+    assert.equal(reply.error, null, `the int8 reply failed: ${reply.error}`);
+    assert.ok(reply.text.trim().length > 0);
+    const note = await page.locator("#gauge-note").textContent();
+    assert.match(note, /this pool: int8/);
+    const [f32, int8] = await Promise.all(["#gauge-f32-value", "#gauge-int8-value"].map((s) => page.locator(s).textContent().then(parseFloat)));
+    assert.ok(int8 > 0 && int8 < f32 / 3, `int8 KV takes under a third of f32 (${int8} vs ${f32} MB)`);
+    await page.screenshot({ path: join(results, "chat-int8.png") });
   });
 });
 
 describe("chat page without WebGPU", () => {
   it("shows a clear error", { timeout: 60_000 }, async () => {
     const server = await startServer();
-    const browser = await chromium.launch({ executablePath: CHROMIUM, args: BASE_ARGS });
+    const browser = await launch({ webgpu: false });
     try {
       const { page } = await openPage(browser, `${server.url}/`);
       const panel = await page.waitForSelector(`${byId("error-panel")}:not([hidden])`, { timeout: 30_000 });
       assert.match(await panel.innerText(), /WebGPU/);
+      assert.equal(await page.getAttribute(byId("error-panel"), "data-code"), "WEBGPU_UNAVAILABLE");
       assert.equal(await page.getAttribute(byId("model-progress"), "data-done"), null);
       assert.equal(await page.isDisabled(byId("send-button")), true);
       mkdirSync(results, { recursive: true });
       await page.screenshot({ path: join(results, "no-webgpu.png") });
     } finally {
       await browser.close();
-      server.child.kill();
+      server.close();
     }
   });
 });

@@ -1,0 +1,86 @@
+// Browser figures for the README: `npm run bench:browser` prints one JSON line.
+// Drives the npm package's API in headless Chromium (WebGPU; SwiftShader without a GPU) on the
+// real model: load time (network and Cache API), prefill and decode tokens/s, and the time to
+// the first token of a follow-up turn with and without the prefix cache.
+// Options (env): BENCH_PREFILL_WORDS (default 60 words ≈ 90 prompt tokens), BENCH_DECODE_TOKENS (32).
+import { existsSync } from "node:fs";
+import { join } from "node:path";
+import { launch, MODEL, openPage, root, startServer } from "../tests/e2e/helpers.mjs";
+
+const prefillWords = Number(process.env.BENCH_PREFILL_WORDS || 60);
+const decodeTokens = Number(process.env.BENCH_DECODE_TOKENS || 32);
+
+if (!existsSync(join(root, "pkg/pagedlm_bg.wasm")) || !existsSync(MODEL)) {
+  console.error("bench:browser needs pkg/ (bash scripts/build-web.sh) and the model (npm run fetch-model)");
+  process.exit(1);
+}
+
+const server = await startServer();
+const browser = await launch();
+try {
+  const { page, problems } = await openPage(browser, `${server.url}/bench-blank`);
+  const figures = await page.evaluate(async ({ prefillWords, decodeTokens }) => {
+    const { createEngine } = await import("/js/index.js");
+    const MODEL_URL = "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    const user = (content) => ({ role: "user", content });
+    const greedy = { temperature: 0 };
+    const out = {};
+
+    let t0 = performance.now();
+    let engine = await createEngine(MODEL_URL, { cacheName: "pagedlm-bench" });
+    out.load_ms = performance.now() - t0;
+    out.load_download_ms = engine.load.download_ms;
+    out.load_engine_ms = engine.load.engine_ms;
+    out.adapter = engine.info.adapter;
+    await engine.dispose();
+    t0 = performance.now();
+    engine = await createEngine(MODEL_URL, { cacheName: "pagedlm-bench" });
+    out.load_from_cache_ms = performance.now() - t0;
+    out.load_source_second = engine.load.source;
+    await caches.delete("pagedlm-bench");
+
+    // The first request compiles the pipelines; time it apart from the steady state.
+    t0 = performance.now();
+    await engine.chat.completions.create({ messages: [user("Hi")], max_tokens: 2, ...greedy });
+    out.first_request_ms = performance.now() - t0;
+
+    const words = "the quick brown fox jumps over the lazy dog near a quiet river bank".split(" ");
+    const long = Array.from({ length: prefillWords }, (_, i) => words[i % words.length]).join(" ");
+    const prefill = await engine.chat.completions.create({ messages: [user(`Summarize: ${long}`)], max_tokens: 1, ...greedy });
+    out.prefill_tokens = prefill.pagedlm.prefill_tokens;
+    out.prefill_tok_s = prefill.pagedlm.prefill_tokens / (prefill.pagedlm.prefill_ms / 1000);
+
+    const decode = await engine.chat.completions.create({ messages: [user("Write a long story about a dragon who learns to paint.")], max_tokens: decodeTokens, ...greedy });
+    out.decode_tokens = decode.usage.completion_tokens;
+    out.decode_tok_s = (decode.usage.completion_tokens - 1) / (decode.pagedlm.decode_ms / 1000);
+
+    // A follow-up turn: the same conversation, one question more. Each engine runs it twice and
+    // the second run counts: the first compiles the pipelines these prompt lengths need.
+    const followUp = async (e) => {
+      const first = [user("What is the capital of France?")];
+      const reply = await e.chat.completions.create({ messages: first, max_tokens: 16, ...greedy });
+      const second = await e.chat.completions.create({
+        messages: [...first, reply.choices[0].message, user("And what is the capital of Italy?")], max_tokens: 2, ...greedy,
+      });
+      return { ttft_ms: second.pagedlm.ttft_ms, prompt_tokens: second.usage.prompt_tokens, prefix_hit_tokens: second.usage.prefix_hit_tokens };
+    };
+    await followUp(engine);
+    await engine.resetCache();
+    out.follow_up_cached = await followUp(engine);
+    await engine.dispose();
+    const uncached = await createEngine(MODEL_URL, { prefixCache: false, cache: false });
+    await followUp(uncached);
+    out.follow_up_uncached = await followUp(uncached);
+    await uncached.dispose();
+    return out;
+  }, { prefillWords, decodeTokens });
+  const round = (x) => (typeof x === "number" ? Math.round(x * 100) / 100 : x);
+  const result = Object.fromEntries(Object.entries(figures).map(([k, v]) => [k, typeof v === "object" ? Object.fromEntries(Object.entries(v).map(([a, b]) => [a, round(b)])) : round(v)]));
+  result.follow_up_ttft_speedup = round(figures.follow_up_uncached.ttft_ms / figures.follow_up_cached.ttft_ms);
+  const errors = problems.filter((p) => !/404|Not Found/.test(p));
+  if (errors.length) result.page_errors = errors;
+  console.log(JSON.stringify(result));
+} finally {
+  await browser.close();
+  server.close();
+}

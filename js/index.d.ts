@@ -1,0 +1,210 @@
+// Types of pagedlm's browser API (js/index.js).
+
+export type ErrorCode =
+  | "WEBGPU_UNAVAILABLE"
+  | "MODEL_DOWNLOAD"
+  | "MODEL_FORMAT"
+  | "CONTEXT_OVERFLOW"
+  | "KV_POOL_FULL"
+  | "UNSUPPORTED"
+  | "INVALID_ARGUMENT"
+  | "ABORTED"
+  | "BUSY"
+  | "DISPOSED"
+  | "WORKER_FAILED"
+  | "GPU_ERROR"
+  | "CALLBACK_ERROR"
+  | "INTERNAL";
+
+/** Every failure pagedlm reports: an `Error` whose `code` says what kind, whose message says what to do. */
+export declare class PagedlmError extends Error {
+  readonly name: "PagedlmError";
+  readonly code: ErrorCode;
+  /** On ABORTED after generation began: the text and usage up to the abort. */
+  readonly partial?: { content: string; usage: CompletionUsage; pagedlm: GenerationDetails };
+  constructor(code: ErrorCode, message: string, extra?: object);
+}
+
+export interface LoadProgress {
+  /** "download" (network), "cache" (Cache API), "read" (File), "stored", "store-failed", "load" (to the GPU), "ready". */
+  phase: "download" | "cache" | "read" | "stored" | "store-failed" | "load" | "ready";
+  loaded: number;
+  total: number;
+  /** loaded / total, or null when the size is unknown. */
+  fraction: number | null;
+  message?: string;
+}
+
+export interface EngineOptions {
+  /** KV precision: "f32" (default) or "int8". */
+  kvDtype?: "f32" | "int8";
+  /** "paged" (default) or "contiguous" (one reservation per sequence, the baseline). */
+  kvLayout?: "paged" | "contiguous";
+  /** Tokens per KV block (default 16). */
+  blockSize?: number;
+  /** Token slots in the KV pool (default: room for the longest sequence). */
+  poolTokens?: number;
+  /** Longest prompt + reply (default min(model context, 4096)). */
+  maxContext?: number;
+  /** Prompt tokens per prefill pass (default 512). */
+  prefillChunk?: number;
+  /** Reuse KV of shared prefixes across turns and conversations (default true). */
+  prefixCache?: boolean;
+  /** Continuous batching: most requests decoding together in one step (default 8). */
+  maxBatch?: number;
+  /** Most token rows (decode + prefill) per engine step (default 256). */
+  stepTokens?: number;
+  onProgress?: (progress: LoadProgress) => void;
+  /** Keep a downloaded model in the Cache API so a reload does not download it again (default true). */
+  cache?: boolean;
+  /** Cache API bucket (default "pagedlm-models-v1"). */
+  cacheName?: string;
+  /** Where js/worker.js is served, if not next to this module. */
+  workerUrl?: string | URL;
+}
+
+export interface ChatMessage {
+  role: "system" | "user" | "assistant" | string;
+  content: string;
+}
+
+export interface ChatCompletionCreateParams {
+  messages: ChatMessage[];
+  stream?: boolean;
+  stream_options?: { include_usage?: boolean };
+  max_tokens?: number;
+  /** 0 = greedy. */
+  temperature?: number;
+  top_p?: number;
+  top_k?: number;
+  repetition_penalty?: number;
+  seed?: number;
+  stop?: string | string[];
+  signal?: AbortSignal;
+}
+
+export interface CompletionUsage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+  /** Prompt tokens whose KV came from the prefix cache instead of prefill. */
+  prefix_hit_tokens: number;
+}
+
+export interface GenerationDetails {
+  finish_reason: "stop" | "length" | "abort";
+  prefix_hit_tokens: number;
+  prefill_tokens: number;
+  ttft_ms: number | null;
+  prefill_ms: number;
+  decode_ms: number;
+  queue_ms: number;
+  /** The request's block table at its end (physical KV blocks), once the engine reports it. */
+  blocks: number[] | null;
+  /** The pool right after the request. */
+  stats: PoolSnapshot;
+}
+
+export interface ChatCompletion {
+  id: string;
+  object: "chat.completion";
+  created: number;
+  model: string;
+  choices: { index: 0; message: { role: "assistant"; content: string }; logprobs: null; finish_reason: "stop" | "length" }[];
+  usage: CompletionUsage;
+  pagedlm: GenerationDetails;
+}
+
+export interface ChatCompletionChunk {
+  id: string;
+  object: "chat.completion.chunk";
+  created: number;
+  model: string;
+  choices: { index: 0; delta: { role?: "assistant"; content?: string }; logprobs: null; finish_reason: "stop" | "length" | null }[];
+  /** Only on the last chunk, with stream_options.include_usage. */
+  usage?: CompletionUsage;
+  /** Only on the chunk that carries finish_reason. */
+  pagedlm?: GenerationDetails;
+}
+
+export interface ChatCompletionStream extends AsyncIterable<ChatCompletionChunk> {
+  abort(): void;
+  finalCompletion(): Promise<ChatCompletion>;
+  /** Where the request stands (queued behind others, running, done) and its token counts so far. */
+  progress(): { request: number; state: "queued" | "running" | "done"; prompt_tokens: number; completion_tokens: number };
+}
+
+export interface PoolStats {
+  kv_dtype: "f32" | "int8";
+  block_size: number;
+  blocks_total: number;
+  blocks_used: number;
+  blocks_free: number;
+  blocks_cached: number;
+  bytes_total: number;
+  bytes_per_token: number;
+  live_tokens: number;
+  internal_fragmentation: number;
+}
+
+export interface PoolSnapshot {
+  pool: PoolStats;
+  /** Per block: 0 free, 1 held by a sequence, 2 cached only (evictable). */
+  block_states: number[];
+  refcounts: number[];
+  sequences: { id: number; len: number; blocks: number[] }[];
+  prefix?: { enabled: boolean; requests: number; prompt_tokens: number; hit_tokens: number; hit_rate: number; evictions: number };
+}
+
+export interface SchedStats {
+  running: number;
+  waiting: number;
+  steps: number;
+  preemptions: number;
+  finished: number;
+  aborted: number;
+  failed: number;
+  /** The running set: engine request id, KV sequence, its length and block table. */
+  sequences: { request: number; seq: number; len: number; prefilling: boolean; blocks: number[] }[];
+}
+
+export interface EngineStats extends PoolSnapshot {
+  /** The continuous-batching scheduler. */
+  sched: SchedStats;
+  /** Requests generating now (request = the stream's progress().request), with their block tables. */
+  running: { request: number; prompt_tokens: number; tokens: number; blocks: number[] }[];
+  /** Requests waiting for their turn. */
+  queued: number[];
+}
+
+export interface EngineInfo {
+  adapter: string;
+  is_cpu: boolean;
+  kv_layout: "paged" | "contiguous";
+  kv_dtype: "f32" | "int8";
+  block_size: number;
+  max_context: number;
+  model: { arch: string; name: string; n_layers: number; hidden: number; n_heads: number; n_kv_heads: number; head_dim: number; vocab: number; context_length: number };
+  memory: { weights_bytes: number; kv_bytes: number };
+}
+
+export declare class Engine {
+  readonly info: EngineInfo;
+  readonly load: { source: "network" | "cache" | "file" | "buffer"; bytes: number; download_ms: number; engine_ms: number };
+  readonly model: string;
+  readonly chat: {
+    completions: {
+      create(params: ChatCompletionCreateParams & { stream: true }): Promise<ChatCompletionStream>;
+      create(params: ChatCompletionCreateParams & { stream?: false }): Promise<ChatCompletion>;
+      create(params: ChatCompletionCreateParams): Promise<ChatCompletion | ChatCompletionStream>;
+    };
+  };
+  stats(): Promise<EngineStats>;
+  resetCache(): Promise<PoolSnapshot>;
+  dispose(): Promise<void>;
+}
+
+export declare function createEngine(
+  model: string | URL | ArrayBuffer | ArrayBufferView | Blob,
+  options?: EngineOptions,
+): Promise<Engine>;

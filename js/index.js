@@ -1,0 +1,393 @@
+// pagedlm: an LLM on WebGPU in a Web Worker, driven through an OpenAI-shaped API.
+//
+//   import { createEngine } from "pagedlm";
+//   const engine = await createEngine("/models/SmolLM2-135M-Instruct.Q4_1.gguf", { onProgress: console.log });
+//   for await (const chunk of await engine.chat.completions.create({ messages, stream: true })) {
+//     out.textContent += chunk.choices[0]?.delta?.content ?? "";
+//   }
+//
+// Everything heavy happens in js/worker.js; this module only turns calls into messages and
+// messages back into promises and async iterables.
+
+const DEFAULT_CACHE = "pagedlm-models-v1";
+
+/** Errors from pagedlm: an `Error` with a `code` (WEBGPU_UNAVAILABLE, MODEL_FORMAT, ...). */
+export class PagedlmError extends Error {
+  constructor(code, message, extra = {}) {
+    super(message);
+    this.name = "PagedlmError";
+    this.code = code;
+    Object.assign(this, extra);
+  }
+}
+
+const ENGINE_OPTIONS = ["kvDtype", "kvLayout", "blockSize", "poolTokens", "maxContext", "prefillChunk", "prefixCache", "maxBatch", "stepTokens"];
+const REQUEST_OPTIONS = ["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "repetition_penalty"];
+
+function invalid(message) {
+  return new PagedlmError("INVALID_ARGUMENT", message);
+}
+
+/** The model argument as something a Worker can receive. */
+function modelSource(model) {
+  if (typeof model === "string" || model instanceof URL) {
+    // Relative URLs mean the page's, not the worker script's.
+    return new URL(String(model), globalThis.location?.href).href;
+  }
+  if (model instanceof ArrayBuffer || ArrayBuffer.isView(model)) return model;
+  if (typeof Blob !== "undefined" && model instanceof Blob) return model;
+  throw invalid("createEngine(model): model must be a URL (string or URL), an ArrayBuffer or typed array, or a File/Blob");
+}
+
+/** Request/response over the worker's messages; streams go to per-request listeners. */
+class Channel {
+  constructor(worker) {
+    this.worker = worker;
+    this.next = 1;
+    /** id -> {resolve, reject, onMessage} */
+    this.pending = new Map();
+    this.broken = null;
+    worker.onmessage = ({ data }) => this.receive(data);
+    worker.onerror = (event) => {
+      event.preventDefault?.();
+      this.breakAll(new PagedlmError("WORKER_FAILED",
+        `the pagedlm worker failed: ${event.message || "it could not be started (is js/worker.js served next to index.js, with pkg/ beside js/?)"}`));
+    };
+    worker.onmessageerror = () => this.breakAll(new PagedlmError("WORKER_FAILED", "a message from the pagedlm worker could not be read"));
+  }
+
+  breakAll(error) {
+    this.broken = error;
+    for (const p of this.pending.values()) p.reject(error);
+    this.pending.clear();
+  }
+
+  receive(data) {
+    const p = this.pending.get(data.id);
+    if (!p) return;
+    if (data.type === "result") {
+      this.pending.delete(data.id);
+      p.resolve(data.value);
+    } else if (data.type === "error") {
+      this.pending.delete(data.id);
+      p.reject(new PagedlmError(data.error.code, data.error.message));
+    } else if (data.type === "done") {
+      this.pending.delete(data.id);
+      p.onMessage?.(data);
+      p.resolve(data);
+    } else {
+      p.onMessage?.(data);
+    }
+  }
+
+  /** Sends `message` with a fresh id; resolves with the result (or the `done` message). */
+  send(message, onMessage, transfer = []) {
+    if (this.broken) return { id: 0, promise: Promise.reject(this.broken) };
+    const id = this.next++;
+    const promise = new Promise((resolve, reject) => this.pending.set(id, { resolve, reject, onMessage }));
+    this.worker.postMessage({ ...message, id }, transfer);
+    return { id, promise };
+  }
+
+  call(type, payload = {}, onMessage) {
+    return this.send({ type, ...payload }, onMessage).promise;
+  }
+}
+
+function checkMessages(messages) {
+  if (!Array.isArray(messages) || messages.length === 0) {
+    throw invalid("messages must be a non-empty array of {role, content}");
+  }
+  return messages.map((m, i) => {
+    if (!m || typeof m.role !== "string" || typeof m.content !== "string") {
+      throw invalid(`messages[${i}] must be {role: string, content: string}`);
+    }
+    return { role: m.role, content: m.content };
+  });
+}
+
+function abortError(signal) {
+  const reason = signal?.reason;
+  const why = reason instanceof Error ? `: ${reason.message}` : typeof reason === "string" ? `: ${reason}` : "";
+  return new PagedlmError("ABORTED", `the request was aborted${why}`);
+}
+
+let completionCounter = 0;
+
+/** One `create` call in flight: gathers chunks for the stream and the final completion. */
+class Request {
+  constructor(engine, params) {
+    this.model = engine.model;
+    this.id = `chatcmpl-${Date.now().toString(36)}${(completionCounter++).toString(36)}`;
+    this.created = Math.floor(Date.now() / 1000);
+    this.includeUsage = !!params.stream_options?.include_usage;
+    this.content = "";
+    this.chunks = [];
+    this.waiters = [];
+    this.finished = false;
+    this.error = null;
+    this.completion = null;
+    this.promptTokens = 0;
+    this.completionTokens = 0;
+    /** "queued" until the engine takes it, "running", then "done". */
+    this.state = "queued";
+  }
+
+  chunk(delta, finishReason = null, extra = {}) {
+    return {
+      id: this.id,
+      object: "chat.completion.chunk",
+      created: this.created,
+      model: this.model,
+      choices: [{ index: 0, delta, logprobs: null, finish_reason: finishReason }],
+      ...extra,
+    };
+  }
+
+  push(chunk) {
+    const waiter = this.waiters.shift();
+    if (waiter) waiter.resolve({ value: chunk, done: false });
+    else this.chunks.push(chunk);
+  }
+
+  onMessage(data) {
+    if (data.type === "queued") {
+      this.promptTokens = data.prompt_tokens;
+    } else if (data.type === "begin") {
+      this.state = "running";
+      this.promptTokens = data.prompt_tokens;
+    } else if (data.type === "start") {
+      this.promptTokens = data.prompt_tokens;
+      this.push(this.chunk({ role: "assistant", content: "" }));
+    } else if (data.type === "token") {
+      this.completionTokens += 1;
+      if (data.text) {
+        this.content += data.text;
+        this.push(this.chunk({ content: data.text }));
+      }
+    }
+  }
+
+  finish(done) {
+    const r = done.result;
+    const usage = {
+      prompt_tokens: r.prompt_tokens.length,
+      completion_tokens: r.tokens.length,
+      total_tokens: r.prompt_tokens.length + r.tokens.length,
+      prefix_hit_tokens: r.prefix_hit_tokens ?? 0,
+    };
+    const details = {
+      finish_reason: r.finish_reason,
+      prefix_hit_tokens: r.prefix_hit_tokens ?? 0,
+      prefill_tokens: r.prefill_tokens ?? r.prompt_tokens.length,
+      ttft_ms: r.ttft_ms,
+      prefill_ms: r.prefill_ms,
+      decode_ms: r.decode_ms,
+      queue_ms: r.queue_ms,
+      blocks: r.blocks ?? null,
+      stats: done.stats,
+    };
+    if (r.finish_reason === "abort") {
+      this.fail(new PagedlmError("ABORTED", "the request was aborted", { partial: { content: r.text, usage, pagedlm: details } }));
+      return;
+    }
+    this.completion = {
+      id: this.id,
+      object: "chat.completion",
+      created: this.created,
+      model: this.model,
+      choices: [{ index: 0, message: { role: "assistant", content: r.text }, logprobs: null, finish_reason: r.finish_reason }],
+      usage,
+      pagedlm: details,
+    };
+    // Text that a stop string cut off was streamed already; the completion's text is the truth.
+    this.push(this.chunk({}, r.finish_reason, { pagedlm: details }));
+    if (this.includeUsage) this.push({ ...this.chunk({}), choices: [], usage });
+    this.end();
+  }
+
+  fail(error) {
+    if (this.finished) return;
+    this.state = "done";
+    this.error = error;
+    this.finished = true;
+    for (const w of this.waiters.splice(0)) w.reject(error);
+  }
+
+  end() {
+    this.finished = true;
+    this.state = "done";
+    for (const w of this.waiters.splice(0)) w.resolve({ value: undefined, done: true });
+  }
+
+  nextChunk() {
+    if (this.chunks.length > 0) return Promise.resolve({ value: this.chunks.shift(), done: false });
+    if (this.error) return Promise.reject(this.error);
+    if (this.finished) return Promise.resolve({ value: undefined, done: true });
+    return new Promise((resolve, reject) => this.waiters.push({ resolve, reject }));
+  }
+}
+
+/** What `create({stream: true})` returns: an async iterable of chunks, as OpenAI's SDK does. */
+class ChatCompletionStream {
+  #request;
+  #cancel;
+  #done;
+  constructor(request, cancel, done) {
+    this.#request = request;
+    this.#cancel = cancel;
+    this.#done = done;
+  }
+
+  /** Stops the request (the iterator then throws an ABORTED error). */
+  abort() {
+    this.#cancel();
+  }
+
+  /** The whole completion (with usage) once the stream has ended. */
+  finalCompletion() {
+    return this.#done;
+  }
+
+  /**
+   * Where the request stands: {request, state: "queued"|"running"|"done", prompt_tokens,
+   * completion_tokens}; `request` matches `engine.stats().running[].request`.
+   */
+  progress() {
+    const r = this.#request;
+    return { request: r.channelId, state: r.state, prompt_tokens: r.promptTokens, completion_tokens: r.completionTokens };
+  }
+
+  [Symbol.asyncIterator]() {
+    return {
+      next: () => this.#request.nextChunk(),
+      // `break` out of `for await`: stop generating, the reader no longer wants the tokens.
+      return: async () => {
+        if (!this.#request.finished) this.#cancel();
+        return { value: undefined, done: true };
+      },
+    };
+  }
+}
+
+/** A model loaded in a Worker. Create it with {@link createEngine}. */
+export class Engine {
+  #channel;
+  #worker;
+  #disposed = false;
+
+  constructor(worker, channel, loaded) {
+    this.#worker = worker;
+    this.#channel = channel;
+    /** Adapter, model shape, KV layout and memory, fixed at load. */
+    this.info = loaded.info;
+    /** How the model was loaded: {source: "network"|"cache"|"file"|"buffer", bytes, download_ms, engine_ms}. */
+    this.load = loaded.load;
+    this.model = loaded.info?.model?.name || "pagedlm";
+    this.chat = { completions: { create: (params) => this.#create(params) } };
+  }
+
+  #alive() {
+    if (this.#disposed) throw new PagedlmError("DISPOSED", "this engine was disposed");
+  }
+
+  #create(params) {
+    try {
+      this.#alive();
+      if (!params || typeof params !== "object") throw invalid("create(params): params must be an object");
+      const messages = checkMessages(params.messages);
+      const options = {};
+      for (const k of REQUEST_OPTIONS) if (params[k] !== undefined && params[k] !== null) options[k] = params[k];
+      const { signal } = params;
+      if (signal?.aborted) throw abortError(signal);
+
+      const request = new Request(this, params);
+      const sent = this.#channel.send({ type: "create", messages, options }, (data) => request.onMessage(data));
+      request.channelId = sent.id;
+      let onAbort = null;
+      const cancel = () => this.#worker.postMessage({ type: "abort", id: sent.id });
+      if (signal) {
+        onAbort = cancel;
+        signal.addEventListener("abort", onAbort, { once: true });
+      }
+      const done = sent.promise
+        .then((message) => request.finish(message), (error) => request.fail(error.code === "ABORTED" && signal?.aborted ? abortError(signal) : error))
+        .then(() => {
+          if (request.error) throw request.error;
+          return request.completion;
+        })
+        .finally(() => signal?.removeEventListener("abort", onAbort));
+      if (params.stream) {
+        // The stream reports failures through its iterator; keep `done` from being an unhandled rejection.
+        done.catch(() => {});
+        return Promise.resolve(new ChatCompletionStream(request, cancel, done));
+      }
+      return done;
+    } catch (e) {
+      return Promise.reject(e);
+    }
+  }
+
+  /**
+   * The KV pool now: {pool, prefix, block_states, refcounts, sequences, sched, running, queued}.
+   * While requests run, it is the snapshot after the engine's last step.
+   */
+  async stats() {
+    this.#alive();
+    return this.#channel.call("stats");
+  }
+
+  /** Drops cached prefixes; their blocks return to the free list. */
+  async resetCache() {
+    this.#alive();
+    return this.#channel.call("resetCache");
+  }
+
+  /** Stops everything, frees the GPU memory and ends the worker. Later calls fail with DISPOSED. */
+  async dispose() {
+    if (this.#disposed) return;
+    this.#disposed = true;
+    try {
+      await this.#channel.call("dispose");
+    } finally {
+      this.#channel.breakAll(new PagedlmError("DISPOSED", "this engine was disposed"));
+      this.#worker.terminate();
+    }
+  }
+}
+
+/**
+ * Loads a model in a new Web Worker.
+ * @param model a URL (string or URL), an ArrayBuffer/typed array, or a File/Blob (e.g. a dropped .gguf)
+ * @param options {kvDtype, blockSize, poolTokens, maxContext, prefillChunk, kvLayout, prefixCache, maxBatch, stepTokens,
+ *   onProgress({phase, loaded, total, fraction}), cache (default true), cacheName, workerUrl}
+ */
+export async function createEngine(model, options = {}) {
+  const { onProgress, cache = true, cacheName = DEFAULT_CACHE, workerUrl, ...rest } = options ?? {};
+  const engineOptions = {};
+  for (const [k, v] of Object.entries(rest)) {
+    if (!ENGINE_OPTIONS.includes(k)) throw invalid(`createEngine: unknown option ${k} (known: ${[...ENGINE_OPTIONS, "onProgress", "cache", "cacheName", "workerUrl"].join(", ")})`);
+    if (v !== undefined && v !== null) engineOptions[k] = v;
+  }
+  if (onProgress !== undefined && typeof onProgress !== "function") throw invalid("createEngine: onProgress must be a function");
+  const source = modelSource(model);
+  if (typeof Worker === "undefined") throw new PagedlmError("UNSUPPORTED", "pagedlm needs Web Workers (a browser page)");
+  const worker = new Worker(workerUrl ?? new URL("./worker.js", import.meta.url), { type: "module", name: "pagedlm" });
+  const channel = new Channel(worker);
+  const report = (data) => {
+    if (data.type !== "progress" || !onProgress) return;
+    const p = data.progress;
+    try {
+      onProgress({ ...p, fraction: p.total ? p.loaded / p.total : null });
+    } catch (e) {
+      console.error("pagedlm: onProgress threw", e);
+    }
+  };
+  try {
+    const loaded = await channel.call("load", { model: source, options: engineOptions, cache: { enabled: !!cache, name: cacheName } }, report);
+    return new Engine(worker, channel, loaded);
+  } catch (e) {
+    worker.terminate();
+    throw e;
+  }
+}

@@ -1,0 +1,356 @@
+// The engine's home: a dedicated Web Worker that owns the WebGPU device and the wasm engine, so
+// the page never blocks. It downloads the model (with progress, through the Cache API), loads
+// it, runs every chat request through the engine's continuous-batching scheduler, and streams
+// tokens back.
+//
+// Messages in:  {type: "load", id, model, options, cache}    model: URL string | ArrayBuffer | Blob
+//               {type: "create", id, messages, options}  {type: "abort", id}
+//               {type: "stats", id}  {type: "resetCache", id}  {type: "dispose", id}
+// Messages out: {type: "progress", id, progress}  {type: "result", id, value}  {type: "error", id, error: {code, message}}
+//               for a request: {type: "queued", id, prompt_tokens}  {type: "begin", id, prompt_tokens} (admitted)
+//               {type: "start", id, prompt_tokens} (first token)  {type: "token", id, text}  {type: "done", id, result, stats}
+import init, { WebEngine } from "../pkg/pagedlm.js";
+
+/** @type {WebEngine | null} */
+let engine = null;
+/** Stats taken when the engine was last idle: `WebEngine.stats()` is BUSY during a generation. */
+let lastStats = null;
+
+const post = (message) => self.postMessage(message);
+
+function fail(code, message) {
+  return Object.assign(new Error(message), { code });
+}
+
+function errorOf(e) {
+  const code = typeof e?.code === "string" ? e.code : "INTERNAL";
+  const message = (e && e.message) || String(e);
+  return { code, message };
+}
+
+const WEBGPU_HINT = "Use a browser with WebGPU enabled (a recent Chrome, Edge or Safari; headless Chromium needs --enable-unsafe-webgpu).";
+
+async function checkWebGpu() {
+  if (!("gpu" in navigator) || !navigator.gpu) {
+    throw fail("WEBGPU_UNAVAILABLE", `This browser does not offer WebGPU to workers (navigator.gpu is missing). ${WEBGPU_HINT}`);
+  }
+  let adapter = null;
+  try {
+    adapter = await navigator.gpu.requestAdapter();
+  } catch (e) {
+    throw fail("WEBGPU_UNAVAILABLE", `Requesting a WebGPU adapter failed: ${e?.message || e}. ${WEBGPU_HINT}`);
+  }
+  if (!adapter) throw fail("WEBGPU_UNAVAILABLE", `WebGPU found no adapter on this machine. ${WEBGPU_HINT}`);
+}
+
+/** Reads a stream to its end into one buffer, reporting progress every ~50 ms. */
+async function readAll(stream, total, report) {
+  const reader = stream.getReader();
+  let bytes = total > 0 ? new Uint8Array(total) : null;
+  const chunks = [];
+  let loaded = 0;
+  let last = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    if (bytes && loaded + value.length <= total) bytes.set(value, loaded);
+    else chunks.push(value);
+    loaded += value.length;
+    const now = performance.now();
+    if (now - last > 50) {
+      last = now;
+      report(loaded, total);
+    }
+  }
+  if (!bytes || chunks.length > 0 || loaded !== total) {
+    const all = new Uint8Array(loaded);
+    let at = 0;
+    if (bytes) {
+      all.set(bytes.subarray(0, Math.min(total, loaded)));
+      at = Math.min(total, loaded);
+    }
+    for (const c of chunks) {
+      all.set(c, at);
+      at += c.length;
+    }
+    bytes = all;
+  }
+  report(loaded, total || loaded);
+  return bytes;
+}
+
+async function openCache(name) {
+  if (typeof caches === "undefined") return null;
+  try {
+    return await caches.open(name);
+  } catch {
+    // Opaque origins and some private modes refuse the Cache API: download every time.
+    return null;
+  }
+}
+
+/**
+ * The model's bytes from a URL (Cache API first, then the network, stored for next time), a
+ * Blob/File, or an ArrayBuffer. Returns {bytes, source, url, cache}.
+ */
+async function modelBytes(model, cacheOptions, progress) {
+  if (model instanceof ArrayBuffer) return { bytes: new Uint8Array(model), source: "buffer" };
+  if (ArrayBuffer.isView(model)) return { bytes: new Uint8Array(model.buffer, model.byteOffset, model.byteLength), source: "buffer" };
+  if (typeof Blob !== "undefined" && model instanceof Blob) {
+    const bytes = await readAll(model.stream(), model.size, (loaded, total) =>
+      progress({ phase: "read", loaded, total }));
+    return { bytes, source: "file" };
+  }
+  if (typeof model !== "string") {
+    throw fail("INVALID_ARGUMENT", "model must be a URL, an ArrayBuffer (or typed array) or a File/Blob");
+  }
+  const url = model;
+  const cache = cacheOptions.enabled ? await openCache(cacheOptions.name) : null;
+  let response = cache ? await cache.match(url).catch(() => undefined) : undefined;
+  const source = response ? "cache" : "network";
+  if (!response) {
+    try {
+      response = await fetch(url);
+    } catch (e) {
+      throw fail("MODEL_DOWNLOAD", `Downloading the model from ${url} failed: ${e?.message || e}. Check the URL and your connection.`);
+    }
+    if (!response.ok) {
+      throw fail("MODEL_DOWNLOAD", `Downloading the model from ${url} failed: HTTP ${response.status} ${response.statusText}.`);
+    }
+  }
+  const total = Number(response.headers.get("content-length")) || 0;
+  const phase = source === "cache" ? "cache" : "download";
+  let bytes;
+  try {
+    bytes = await readAll(response.body, total, (loaded, t) => progress({ phase, loaded, total: t }));
+  } catch (e) {
+    throw fail("MODEL_DOWNLOAD", `Reading the model from ${url} failed: ${e?.message || e}.`);
+  }
+  if (total && bytes.length !== total) {
+    throw fail("MODEL_DOWNLOAD", `The model download from ${url} ended after ${bytes.length} of ${total} bytes. Try again.`);
+  }
+  if (source === "network" && cache) {
+    try {
+      await cache.put(url, new Response(bytes, { headers: { "content-type": "application/octet-stream", "content-length": String(bytes.length) } }));
+      progress({ phase: "stored", loaded: bytes.length, total: bytes.length });
+    } catch (e) {
+      // A full quota only costs the next visit a download.
+      progress({ phase: "store-failed", loaded: bytes.length, total: bytes.length, message: String(e?.message || e) });
+    }
+  }
+  return { bytes, source, url, cache };
+}
+
+async function load({ model, options, cache: cacheOptions }, progress) {
+  if (engine) throw fail("INVALID_ARGUMENT", "this worker already holds an engine");
+  await checkWebGpu();
+  const t0 = performance.now();
+  const got = await modelBytes(model, cacheOptions, progress);
+  const downloadMs = performance.now() - t0;
+  progress({ phase: "load", loaded: got.bytes.length, total: got.bytes.length });
+  const t1 = performance.now();
+  try {
+    await init();
+    engine = await WebEngine.load(got.bytes, options);
+  } catch (e) {
+    // A cached file that does not load is not worth keeping: the next try downloads it again.
+    if (got.source === "cache" && e?.code === "MODEL_FORMAT") await got.cache.delete(got.url).catch(() => {});
+    throw e;
+  }
+  const info = engine.info();
+  lastStats = engine.stats();
+  progress({ phase: "ready", loaded: got.bytes.length, total: got.bytes.length });
+  return {
+    info,
+    stats: lastStats,
+    load: { source: got.source, bytes: got.bytes.length, download_ms: downloadMs, engine_ms: performance.now() - t1 },
+  };
+}
+
+// ==== Requests: the engine's continuous-batching scheduler ===========================================
+// `create` and `abort` messages land in the inbox; the loop applies them between engine steps
+// (the engine is busy during a step) and runs steps while any request is unfinished. Every
+// submitted request advances in the same steps, so concurrent requests stream together.
+const inbox = [];
+/** engine request id -> {id (the page's), engineId, state: "queued"|"running", queuedAt, startedAt, tokens, prompt_tokens} */
+const requests = new Map();
+let looping = false;
+
+function enqueue(request) {
+  request.queuedAt = performance.now();
+  inbox.push({ op: "submit", request });
+  kick();
+}
+
+function abort(id) {
+  inbox.push({ op: "abort", id });
+  kick();
+}
+
+function kick() {
+  if (looping) return;
+  looping = true;
+  loop().finally(() => {
+    looping = false;
+    freeRetired();
+    if (inbox.length > 0) kick();
+  });
+}
+
+function applyInbox() {
+  for (const item of inbox.splice(0)) {
+    if (item.op === "submit") {
+      const { request } = item;
+      try {
+        if (!engine) throw fail("DISPOSED", "the engine was disposed");
+        const { id, prompt_tokens } = engine.submit(request.messages, request.options);
+        Object.assign(request, { engineId: id, prompt_tokens, tokens: 0, state: "queued" });
+        requests.set(id, request);
+        post({ type: "queued", id: request.id, prompt_tokens });
+      } catch (e) {
+        post({ type: "error", id: request.id, error: errorOf(e) });
+      }
+    } else {
+      const entry = [...requests.values()].find((r) => r.id === item.id);
+      if (!entry) {
+        // Not submitted yet: it may still sit in this very inbox.
+        const at = inbox.findIndex((i) => i.op === "submit" && i.request.id === item.id);
+        if (at >= 0) inbox.splice(at, 1);
+        continue;
+      }
+      try {
+        const result = engine.abort(entry.engineId);
+        lastStats = engine.stats();
+        if (result) finish(entry, result);
+      } catch (e) {
+        requests.delete(entry.engineId);
+        post({ type: "error", id: entry.id, error: errorOf(e) });
+      }
+    }
+  }
+}
+
+function finish(entry, result) {
+  requests.delete(entry.engineId);
+  post({
+    type: "done",
+    id: entry.id,
+    result: { ...result, queue_ms: entry.startedAt != null ? entry.startedAt - entry.queuedAt : null },
+    stats: lastStats,
+  });
+}
+
+/** Marks requests the scheduler admitted since the last step as running. */
+function noteRunning() {
+  for (const s of lastStats.sched.sequences) {
+    const entry = requests.get(s.request);
+    if (entry && entry.state === "queued") {
+      entry.state = "running";
+      entry.startedAt = performance.now();
+      post({ type: "begin", id: entry.id, prompt_tokens: entry.prompt_tokens });
+    }
+  }
+}
+
+async function loop() {
+  for (;;) {
+    applyInbox();
+    if (!engine || !engine.hasWork()) return;
+    let events;
+    try {
+      events = await engine.step();
+    } catch (e) {
+      // A failed step leaves no request worth continuing: end them all with its error.
+      const error = errorOf(e);
+      for (const entry of requests.values()) {
+        try { engine?.abort(entry.engineId); } catch { /* already gone */ }
+        post({ type: "error", id: entry.id, error });
+      }
+      requests.clear();
+      return;
+    }
+    if (!engine) return;
+    lastStats = engine.stats();
+    noteRunning();
+    for (const event of events) {
+      const entry = requests.get(event.id);
+      if (!entry) continue;
+      if (event.type === "token") {
+        if (entry.tokens === 0) post({ type: "start", id: entry.id, prompt_tokens: entry.prompt_tokens });
+        entry.tokens += 1;
+        post({ type: "token", id: entry.id, text: event.text });
+      } else if (event.type === "finished") {
+        finish(entry, event.result);
+      } else {
+        requests.delete(event.id);
+        post({ type: "error", id: entry.id, error: { code: event.code, message: event.message } });
+      }
+    }
+  }
+}
+// ====================================================================================================
+
+function stats() {
+  if (!engine) throw fail("DISPOSED", "the engine was disposed");
+  // During a step the engine is busy: the snapshot after the last step is at most one step old.
+  if (!looping) lastStats = engine.stats();
+  const entries = [...requests.values()];
+  return {
+    ...lastStats,
+    running: entries.filter((r) => r.state === "running").map((r) => ({ request: r.id, prompt_tokens: r.prompt_tokens, tokens: r.tokens, blocks: lastStats.sched.sequences.find((s) => s.request === r.engineId)?.blocks ?? [] })),
+    queued: entries.filter((r) => r.state === "queued").map((r) => r.id).concat(inbox.filter((i) => i.op === "submit").map((i) => i.request.id)),
+  };
+}
+
+/** An engine disposed while a generation still ran: freed once that generation has ended. */
+let retired = null;
+
+function freeRetired() {
+  if (!retired) return;
+  try { retired.free(); } catch { /* already freed */ }
+  retired = null;
+}
+
+function dispose() {
+  for (const item of inbox.splice(0)) {
+    if (item.op === "submit") post({ type: "error", id: item.request.id, error: { code: "DISPOSED", message: "the engine was disposed" } });
+  }
+  for (const entry of requests.values()) post({ type: "error", id: entry.id, error: { code: "DISPOSED", message: "the engine was disposed" } });
+  requests.clear();
+  retired = engine;
+  engine = null;
+  if (!looping) freeRetired();
+}
+
+self.onmessage = async ({ data }) => {
+  const { type, id } = data;
+  const reply = async (work) => {
+    try {
+      post({ type: "result", id, value: await work() });
+    } catch (e) {
+      post({ type: "error", id, error: errorOf(e) });
+    }
+  };
+  switch (type) {
+    case "load":
+      return reply(() => load(data, (progress) => post({ type: "progress", id, progress })));
+    case "create":
+      return enqueue({ id, messages: data.messages, options: data.options });
+    case "abort":
+      return abort(id);
+    case "stats":
+      return reply(async () => stats());
+    case "resetCache":
+      return reply(async () => {
+        if (!engine) throw fail("DISPOSED", "the engine was disposed");
+        if (looping) throw fail("BUSY", "requests are running: reset the cache when they have finished");
+        engine.resetCache();
+        lastStats = engine.stats();
+        return lastStats;
+      });
+    case "dispose":
+      return reply(async () => dispose());
+    default:
+      post({ type: "error", id, error: { code: "INTERNAL", message: `unknown message ${type}` } });
+  }
+};

@@ -1,0 +1,96 @@
+// Shared by the end-to-end tests and the browser benchmark: static servers, Chromium with
+// WebGPU (SwiftShader when there is no GPU), and pages that report their errors.
+import { spawn } from "node:child_process";
+import { createReadStream, statSync } from "node:fs";
+import { createServer as createHttpServer } from "node:http";
+import { createServer } from "node:net";
+import { extname, join, normalize } from "node:path";
+import { fileURLToPath } from "node:url";
+import { chromium } from "playwright-core";
+
+export const root = fileURLToPath(new URL("../..", import.meta.url));
+export const results = join(root, "test-results");
+export const MODEL = join(root, "models/SmolLM2-135M-Instruct.Q4_1.gguf");
+const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
+export const BASE_ARGS = ["--no-sandbox", "--disable-quic", "--no-first-run", "--disable-background-networking",
+  "--disable-component-update", "--disable-sync"];
+
+export const byId = (id) => `[data-testid="${id}"]`;
+
+export function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.once("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+/** Starts scripts/serve.mjs (the chat page); resolves once it listens. */
+export async function startServer() {
+  const port = await freePort();
+  const child = spawn(process.execPath, [join(root, "scripts/serve.mjs")], {
+    env: { ...process.env, PORT: String(port) },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let log = "";
+  await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`serve.mjs did not start in 10 s:\n${log}`)), 10_000);
+    child.stdout.on("data", (d) => { log += d; if (log.includes("serving")) { clearTimeout(timer); resolve(); } });
+    child.stderr.on("data", (d) => { log += d; });
+    child.once("exit", (code) => { clearTimeout(timer); reject(new Error(`serve.mjs exited with ${code}:\n${log}`)); });
+  });
+  return { child, url: `http://127.0.0.1:${port}`, close: () => child.kill() };
+}
+
+const TYPES = { ".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".mjs": "text/javascript; charset=utf-8",
+  ".wasm": "application/wasm", ".json": "application/json", ".ts": "text/plain; charset=utf-8" };
+
+/**
+ * A static server over `dir`, plus `routes`: {"/path": {file, bytes?}} served from elsewhere
+ * (`bytes` = only the first n bytes, for a truncated file). Counts requests per path.
+ */
+export async function staticServer(dir, routes = {}) {
+  const hits = new Map();
+  const server = createHttpServer((req, res) => {
+    const path = decodeURIComponent(new URL(req.url, "http://x").pathname);
+    hits.set(path, (hits.get(path) ?? 0) + 1);
+    let file;
+    let limit = Infinity;
+    if (routes[path]) {
+      file = routes[path].file;
+      limit = routes[path].bytes ?? Infinity;
+    } else {
+      const rel = normalize(path).replace(/^(\.\.[/\\])+/, "");
+      file = join(dir, rel.endsWith("/") ? `${rel}index.html` : rel);
+      if (!file.startsWith(dir)) file = null;
+    }
+    let size = 0;
+    try { size = file ? statSync(file).size : -1; } catch { size = -1; }
+    if (size < 0) { res.writeHead(404); res.end("not found"); return; }
+    const length = Math.min(size, limit);
+    res.writeHead(200, { "content-type": TYPES[extname(file)] ?? "application/octet-stream", "content-length": length, "cache-control": "no-cache" });
+    if (req.method === "HEAD" || length === 0) { res.end(); return; }
+    createReadStream(file, { start: 0, end: length - 1 }).pipe(res);
+  });
+  const port = await freePort();
+  await new Promise((resolve) => server.listen(port, "127.0.0.1", resolve));
+  return { url: `http://127.0.0.1:${port}`, hits, close: () => new Promise((r) => server.close(r)) };
+}
+
+/** Chromium, headless; with WebGPU unless `webgpu: false`. */
+export function launch({ webgpu = true } = {}) {
+  return chromium.launch({ executablePath: CHROMIUM, args: webgpu ? [...BASE_ARGS, "--enable-unsafe-webgpu"] : BASE_ARGS });
+}
+
+/** A page that records its console errors and exceptions, to explain a failure. */
+export async function openPage(browserOrContext, url, viewport = { width: 1280, height: 800 }) {
+  const page = await browserOrContext.newPage({ viewport });
+  const problems = [];
+  page.on("pageerror", (e) => problems.push(`pageerror: ${e.message}`));
+  page.on("console", (m) => { if (m.type() === "error") problems.push(`console: ${m.text()}`); });
+  if (url) await page.goto(url);
+  return { page, problems };
+}

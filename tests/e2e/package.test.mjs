@@ -1,0 +1,201 @@
+// The npm package as a user gets it: `npm pack`, installed into a separate static site that
+// imports "pagedlm" through an import map, driven in headless Chromium against the real model.
+// Covers the OpenAI-shaped API, concurrent requests, aborts and the coded errors.
+import { after, before, describe, it } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { existsSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { launch, MODEL, openPage, root, staticServer } from "./helpers.mjs";
+
+const TIMEOUT = 240_000;
+const SITE_PAGE = `<!doctype html>
+<html><head><meta charset="utf-8"><title>pagedlm package test</title>
+<script type="importmap">{"imports": {"pagedlm": "./node_modules/pagedlm/js/index.js"}}</script>
+<script type="module">
+  import * as pagedlm from "pagedlm";
+  window.pagedlm = pagedlm;
+  document.title = "ready";
+</script></head><body>a page that uses pagedlm from its npm tarball</body></html>`;
+
+describe("npm package", () => {
+  let site;
+  let server;
+  let browser;
+  let page;
+  let problems;
+
+  before(async () => {
+    assert.ok(existsSync(MODEL), "the model is missing: run `npm run fetch-model`");
+    site = mkdtempSync(join(tmpdir(), "pagedlm-site-"));
+    // prepack builds pkg/ if a source changed.
+    execFileSync("npm", ["pack", "--silent", "--pack-destination", site], { cwd: root, stdio: ["ignore", "pipe", "inherit"] });
+    const tarball = readdirSync(site).find((f) => f.endsWith(".tgz"));
+    assert.ok(tarball, "npm pack wrote no tarball");
+    writeFileSync(join(site, "package.json"), JSON.stringify({ name: "site", private: true, type: "module" }));
+    execFileSync("npm", ["install", "--offline", "--no-audit", "--no-fund", "--silent", `./${tarball}`], { cwd: site, stdio: ["ignore", "pipe", "inherit"] });
+    writeFileSync(join(site, "index.html"), SITE_PAGE);
+    server = await staticServer(site, {
+      "/model.gguf": { file: MODEL },
+      "/truncated.gguf": { file: MODEL, bytes: 1 << 20 },
+    });
+    browser = await launch();
+    ({ page, problems } = await openPage(browser, `${server.url}/`));
+    await page.waitForFunction(() => document.title === "ready", null, { timeout: 30_000 });
+  });
+
+  after(async () => {
+    await browser?.close();
+    await server?.close();
+    if (site) rmSync(site, { recursive: true, force: true });
+  });
+
+  it("ships types and only what a page needs", () => {
+    const files = execFileSync("tar", ["-tzf", join(site, readdirSync(site).find((f) => f.endsWith(".tgz")))]).toString().trim().split("\n");
+    for (const f of ["package/js/index.js", "package/js/worker.js", "package/js/index.d.ts", "package/pkg/pagedlm.js", "package/pkg/pagedlm_bg.wasm"]) {
+      assert.ok(files.includes(f), `${f} is in the tarball (${files.join(", ")})`);
+    }
+    assert.ok(!files.some((f) => f.includes("/src/") || f.includes("/www/") || f.endsWith(".gguf")), "no sources, page or model in the tarball");
+  });
+
+  it("loads from a URL with progress, chats in both shapes, and keeps concurrent requests apart", { timeout: 2 * TIMEOUT }, async () => {
+    const out = await page.evaluate(async () => {
+      const { createEngine } = window.pagedlm;
+      const phases = [];
+      const engine = await createEngine("/model.gguf", { onProgress: (p) => { if (phases.at(-1) !== p.phase) phases.push(p.phase); } });
+      const ask = (content) => [{ role: "user", content }];
+      const opts = { max_tokens: 4, temperature: 0 };
+      const plain = await engine.chat.completions.create({ messages: ask("Name a fruit."), ...opts });
+
+      const stream = await engine.chat.completions.create({ messages: ask("Name a fruit."), ...opts, stream: true, stream_options: { include_usage: true } });
+      const chunks = [];
+      for await (const chunk of stream) chunks.push(chunk);
+      const streamed = chunks.map((c) => c.choices[0]?.delta?.content ?? "").join("");
+
+      // Solo answers first, then the same two questions at once: each must get its own answer.
+      const solo = (await engine.chat.completions.create({ messages: ask("Name an animal."), ...opts })).choices[0].message.content;
+      const collect = async (messages) => {
+        let text = "";
+        for await (const c of await engine.chat.completions.create({ messages, ...opts, stream: true })) text += c.choices[0]?.delta?.content ?? "";
+        return text;
+      };
+      const [a, b] = await Promise.all([collect(ask("Name a fruit.")), collect(ask("Name an animal."))]);
+      const stats = await engine.stats();
+      const second = await createEngine("/model.gguf", { cache: true });
+      const reloaded = second.load.source;
+      await second.dispose();
+      return { phases, load: engine.load, plain, chunks, streamed, solo, a, b, stats, reloaded, info: engine.info };
+    });
+    assert.deepEqual(out.phases.filter((p) => ["download", "load", "ready"].includes(p)), ["download", "load", "ready"], `progress phases: ${out.phases}`);
+    assert.equal(out.load.source, "network");
+    assert.equal(out.reloaded, "cache", "a second engine for the same URL reads the Cache API");
+    assert.equal(out.info.kv_layout, "paged");
+
+    const c = out.plain;
+    assert.equal(c.object, "chat.completion");
+    assert.equal(c.choices[0].message.role, "assistant");
+    assert.ok(c.choices[0].message.content.length > 0);
+    assert.ok(["stop", "length"].includes(c.choices[0].finish_reason));
+    assert.ok(c.usage.prompt_tokens > 0 && c.usage.completion_tokens >= 1 && c.usage.completion_tokens <= 4);
+    assert.equal(c.usage.total_tokens, c.usage.prompt_tokens + c.usage.completion_tokens);
+    assert.equal(typeof c.usage.prefix_hit_tokens, "number");
+
+    assert.equal(out.chunks[0].object, "chat.completion.chunk");
+    assert.equal(out.chunks[0].choices[0].delta.role, "assistant");
+    assert.equal(out.streamed, c.choices[0].message.content, "greedy: the stream spells the same reply");
+    const last = out.chunks.at(-1);
+    assert.deepEqual(last.choices, [], "include_usage: a last chunk with usage only");
+    assert.equal(last.usage.prompt_tokens, c.usage.prompt_tokens);
+    assert.ok(last.usage.prefix_hit_tokens >= c.usage.prompt_tokens - 16, `the repeated prompt hits the prefix cache (${last.usage.prefix_hit_tokens})`);
+    assert.ok(out.chunks.some((ch) => ch.choices[0]?.finish_reason), "one chunk carries finish_reason");
+
+    assert.equal(out.a, c.choices[0].message.content, "concurrent request A got its own reply");
+    assert.equal(out.b, out.solo, "concurrent request B got its own reply");
+    const pool = out.stats.pool;
+    assert.equal(pool.blocks_used + pool.blocks_cached + pool.blocks_free, pool.blocks_total, "held + cached + free = total");
+    assert.equal(out.stats.block_states.length, pool.blocks_total);
+    assert.ok(out.stats.prefix.hit_tokens > 0);
+  });
+
+  it("aborts, rejects bad input with codes, resets the cache and disposes", { timeout: TIMEOUT }, async () => {
+    const out = await page.evaluate(async () => {
+      const { createEngine } = window.pagedlm;
+      const codeOf = (p) => p.then(() => "resolved", (e) => `${e.name}:${e.code}:${e instanceof Error}`);
+      const engine = await createEngine("/model.gguf");
+      const r = {};
+      // Abort mid-stream: the iterator throws ABORTED, the partial reply comes with the error.
+      const controller = new AbortController();
+      const stream = await engine.chat.completions.create({ messages: [{ role: "user", content: "Tell me a long story." }], max_tokens: 200, temperature: 0, stream: true, signal: controller.signal });
+      let pieces = 0;
+      try {
+        for await (const chunk of stream) if (chunk.choices[0]?.delta?.content && ++pieces === 2) controller.abort();
+        r.midStream = "resolved";
+      } catch (e) {
+        r.midStream = e.code;
+        r.partialTokens = e.partial?.usage.completion_tokens;
+      }
+      r.afterAbort = (await engine.stats()).pool;
+      r.preAborted = await codeOf(engine.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], signal: AbortSignal.abort() }));
+      r.overflow = await codeOf(engine.chat.completions.create({ messages: [{ role: "user", content: "word ".repeat(6000) }], max_tokens: 1 }));
+      r.badMessages = await codeOf(engine.chat.completions.create({ messages: "hi" }));
+      r.badOption = await codeOf(createEngine("/model.gguf", { kvDtyp: "int8" }));
+      r.badSampling = await codeOf(engine.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], temperature: -1, max_tokens: 1 }));
+      r.reset = (await engine.resetCache()).pool;
+      await engine.dispose();
+      r.disposed = await codeOf(engine.chat.completions.create({ messages: [{ role: "user", content: "Hi" }] }));
+
+      const bytes = await (await fetch("/truncated.gguf")).arrayBuffer();
+      r.truncated = await codeOf(createEngine(bytes));
+      r.missing = await codeOf(createEngine("/nothing-here.gguf"));
+      // A File (what a drop or a file picker gives) loads like a URL.
+      const file = new File([await (await fetch("/model.gguf")).arrayBuffer()], "SmolLM2.gguf");
+      const fromFile = await createEngine(file);
+      r.fileSource = fromFile.load.source;
+      r.fileModel = fromFile.info.model.n_layers;
+      await fromFile.dispose();
+      try {
+        const int8 = await createEngine("/model.gguf", { kvDtype: "int8" });
+        const reply = await int8.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], max_tokens: 2, temperature: 0 });
+        const pool = (await int8.stats()).pool;
+        r.int8 = `ok:${int8.info.kv_dtype}:${reply.usage.completion_tokens > 0}`;
+        r.int8BytesPerToken = pool.bytes_per_token;
+        r.f32BytesPerToken = fromFile.info.model.n_layers * fromFile.info.model.n_kv_heads * fromFile.info.model.head_dim * 2 * 4;
+        await int8.dispose();
+      } catch (e) {
+        r.int8 = `${e.code}:${e.message}`;
+      }
+      return r;
+    });
+    assert.equal(out.midStream, "ABORTED");
+    assert.ok(out.partialTokens >= 2 && out.partialTokens < 200, `the abort came mid-way (${out.partialTokens} tokens)`);
+    assert.equal(out.afterAbort.blocks_used, 0, "the aborted request holds no block afterwards");
+    assert.equal(out.preAborted, "PagedlmError:ABORTED:true");
+    assert.equal(out.overflow, "PagedlmError:CONTEXT_OVERFLOW:true");
+    assert.equal(out.badMessages, "PagedlmError:INVALID_ARGUMENT:true");
+    assert.equal(out.badOption, "PagedlmError:INVALID_ARGUMENT:true");
+    assert.equal(out.badSampling, "PagedlmError:INVALID_ARGUMENT:true");
+    assert.equal(out.reset.blocks_cached, 0, "resetCache drops every cached block");
+    assert.equal(out.disposed, "PagedlmError:DISPOSED:true");
+    assert.equal(out.truncated, "PagedlmError:MODEL_FORMAT:true");
+    assert.equal(out.missing, "PagedlmError:MODEL_DOWNLOAD:true");
+    assert.equal(out.fileSource, "file");
+    assert.ok(out.fileModel > 0);
+    assert.ok(out.int8 === "ok:int8:true" || out.int8.startsWith("UNSUPPORTED:"), `int8 runs or says it is not available (${out.int8})`);
+    if (out.int8BytesPerToken) assert.ok(out.int8BytesPerToken < out.f32BytesPerToken / 3, `int8 KV per token ${out.int8BytesPerToken} B vs f32 ${out.f32BytesPerToken} B`);
+    assert.deepEqual(problems.filter((p) => !/404|Not Found/.test(p)), [], "no page errors");
+  });
+
+  it("says WEBGPU_UNAVAILABLE without WebGPU", { timeout: 60_000 }, async () => {
+    const plain = await launch({ webgpu: false });
+    try {
+      const { page: p } = await openPage(plain, `${server.url}/`);
+      await p.waitForFunction(() => document.title === "ready", null, { timeout: 30_000 });
+      const got = await p.evaluate(() => window.pagedlm.createEngine("/model.gguf").then(() => "resolved", (e) => ({ code: e.code, message: e.message })));
+      assert.equal(got.code, "WEBGPU_UNAVAILABLE");
+      assert.match(got.message, /--enable-unsafe-webgpu|WebGPU/);
+    } finally {
+      await plain.close();
+    }
+  });
+});

@@ -1,0 +1,317 @@
+//! The wasm API (`pagedlm::web::WebEngine`) in headless Chromium, on a tiny synthetic model the
+//! test writes itself: loading, streaming through the token callback, aborting from it, the pool
+//! stats and prefix hits, and every error kind with its code (no WebGPU adapter, truncated
+//! model, bad options, context overflow, a busy engine, a throwing callback).
+//! Browser only: `wasm-pack test --headless --chrome -- --test web_api`.
+#![cfg(target_arch = "wasm32")]
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use pagedlm::synth::{tiny_llama_gguf, SynthConfig};
+use pagedlm::web::{ErrorCode, WebEngine, WebError};
+use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
+use wasm_bindgen_futures::JsFuture;
+use wasm_bindgen_test::*;
+
+wasm_bindgen_test_configure!(run_in_browser);
+
+fn json(text: &str) -> JsValue {
+    js_sys::JSON::parse(text).unwrap_or_else(|e| panic!("bad JSON in the test {text}: {e:?}"))
+}
+
+fn get(value: &JsValue, path: &str) -> JsValue {
+    path.split('.').fold(value.clone(), |v, key| {
+        js_sys::Reflect::get(&v, &JsValue::from_str(key)).unwrap_or_else(|_| panic!("no {path} in {v:?}"))
+    })
+}
+
+fn num(value: &JsValue, path: &str) -> f64 {
+    get(value, path).as_f64().unwrap_or_else(|| panic!("{path} is not a number in {value:?}"))
+}
+
+fn len(value: &JsValue, path: &str) -> u32 {
+    js_sys::Array::from(&get(value, path)).length()
+}
+
+fn text(value: &JsValue, path: &str) -> String {
+    get(value, path).as_string().unwrap_or_else(|| panic!("{path} is not a string in {value:?}"))
+}
+
+fn tiny() -> Vec<u8> {
+    tiny_llama_gguf(&SynthConfig::tiny())
+}
+
+async fn load(bytes: Vec<u8>, options: &str) -> Result<WebEngine, WebError> {
+    WebEngine::load(bytes, json(options)).await
+}
+
+async fn engine() -> WebEngine {
+    load(tiny(), "{}").await.unwrap_or_else(|e| panic!("the tiny model failed to load: {e:?}"))
+}
+
+fn expect_code<T>(what: &str, result: Result<T, WebError>, code: ErrorCode) -> String {
+    match result {
+        Ok(_) => panic!("{what}: succeeded, {} expected", code.as_str()),
+        Err(e) => {
+            assert_eq!(e.code, code, "{what}: {} ({})", e.code.as_str(), e.message);
+            assert!(!e.message.is_empty(), "{what}: an empty message");
+            e.message
+        }
+    }
+}
+
+const HELLO: &str = r#"[{"role": "user", "content": "hello there"}]"#;
+
+/// A token callback that counts its calls, records the prompt length it is given, and asks to
+/// stop after `stop_after` tokens (never with None).
+struct Counter {
+    calls: Rc<Cell<u32>>,
+    prompt_len: Rc<Cell<u32>>,
+    text: Rc<RefCell<String>>,
+    closure: Closure<dyn FnMut(String, u32) -> bool>,
+}
+
+impl Counter {
+    fn new(stop_after: Option<u32>) -> Counter {
+        let calls = Rc::new(Cell::new(0));
+        let prompt_len = Rc::new(Cell::new(0));
+        let text = Rc::new(RefCell::new(String::new()));
+        let (c, p, t) = (Rc::clone(&calls), Rc::clone(&prompt_len), Rc::clone(&text));
+        let closure = Closure::<dyn FnMut(String, u32) -> bool>::new(move |piece: String, n: u32| {
+            c.set(c.get() + 1);
+            p.set(n);
+            t.borrow_mut().push_str(&piece);
+            stop_after.is_none_or(|k| c.get() < k)
+        });
+        Counter { calls, prompt_len, text, closure }
+    }
+
+    fn function(&self) -> js_sys::Function {
+        self.closure.as_ref().unchecked_ref::<js_sys::Function>().clone()
+    }
+}
+
+#[wasm_bindgen_test]
+async fn loads_on_the_paged_layout_and_reports_the_pool() {
+    let engine = engine().await;
+    let info = engine.info().expect("info");
+    assert_eq!(text(&info, "kv_layout"), "paged");
+    assert_eq!(text(&info, "kv_dtype"), "f32");
+    assert_eq!(num(&info, "model.n_layers"), SynthConfig::tiny().n_layers as f64);
+    assert_eq!(text(&info, "model.fingerprint").len(), 16, "the 64-bit fingerprint arrives as hex");
+    let stats = engine.stats().expect("stats");
+    let total = num(&stats, "pool.blocks_total");
+    assert!(total > 0.0);
+    assert_eq!(len(&stats, "block_states") as f64, total, "one state per block");
+    assert_eq!(num(&stats, "pool.blocks_used"), 0.0);
+    assert_eq!(num(&stats, "pool.blocks_free"), total);
+
+    let custom = load(tiny(), r#"{"blockSize": 8, "poolTokens": 256, "prefixCache": false}"#).await.expect("custom options");
+    let stats = custom.stats().expect("stats");
+    assert_eq!(num(&stats, "pool.block_size"), 8.0);
+    assert_eq!(num(&stats, "pool.blocks_total"), 32.0, "256 pool tokens in blocks of 8");
+    assert_eq!(get(&stats, "prefix.enabled").as_bool(), Some(false));
+}
+
+#[wasm_bindgen_test]
+async fn streams_every_token_and_reuses_the_prefix_on_a_repeat() {
+    let engine = engine().await;
+    let counter = Counter::new(None);
+    let out = engine
+        .chat(json(HELLO), json(r#"{"max_tokens": 6, "temperature": 0}"#), counter.function())
+        .await
+        .unwrap_or_else(|e| panic!("chat failed: {e:?}"));
+    let tokens = len(&out, "tokens");
+    assert!((1..=6).contains(&tokens), "{tokens} tokens for max_tokens 6");
+    assert_eq!(counter.calls.get(), tokens, "one callback per generated token");
+    assert_eq!(counter.prompt_len.get(), len(&out, "prompt_tokens"), "the callback learns the prompt's length");
+    if text(&out, "finish_reason") == "length" {
+        assert_eq!(*counter.text.borrow(), text(&out, "text"), "the streamed pieces spell the reply");
+    }
+    assert_eq!(num(&out, "prefix_hit_tokens"), 0.0, "nothing cached before the first request");
+    let stats = engine.stats().expect("stats");
+    assert_eq!(num(&stats, "pool.blocks_used"), 0.0, "a finished request holds no block");
+    assert!(num(&stats, "pool.blocks_cached") >= 1.0, "its full blocks stay cached");
+
+    let again = engine.chat(json(HELLO), json(r#"{"max_tokens": 6, "temperature": 0}"#), Counter::new(None).function()).await.expect("chat");
+    let prompt = len(&again, "prompt_tokens") as f64;
+    assert!(num(&again, "prefix_hit_tokens") >= prompt - 16.0, "the same prompt hits the cache ({} of {prompt})", num(&again, "prefix_hit_tokens"));
+    assert_eq!(text(&again, "text"), text(&out, "text"), "greedy: a prefix hit changes nothing in the reply");
+
+    engine.reset_cache().expect("reset");
+    let stats = engine.stats().expect("stats");
+    assert_eq!(num(&stats, "pool.blocks_cached"), 0.0, "resetCache drops the cached blocks");
+    assert_eq!(num(&stats, "pool.blocks_free"), num(&stats, "pool.blocks_total"));
+}
+
+#[wasm_bindgen_test]
+async fn a_callback_returning_false_aborts_and_frees_the_blocks() {
+    let engine = engine().await;
+    let counter = Counter::new(Some(2));
+    let out = engine.chat(json(HELLO), json(r#"{"max_tokens": 40, "temperature": 0}"#), counter.function()).await.expect("chat");
+    assert_eq!(text(&out, "finish_reason"), "abort");
+    assert_eq!(len(&out, "tokens"), 2, "generation ends at the token the callback refused");
+    assert_eq!(num(&engine.stats().expect("stats"), "pool.blocks_used"), 0.0);
+}
+
+#[wasm_bindgen_test]
+async fn a_throwing_callback_is_a_callback_error() {
+    let engine = engine().await;
+    let thrower = js_sys::Function::new_with_args("text, n", "throw new Error('boom from the page')");
+    let message = expect_code("throwing callback", engine.chat(json(HELLO), json(r#"{"max_tokens": 4}"#), thrower).await, ErrorCode::Callback);
+    assert!(message.contains("boom from the page"), "{message}");
+    assert_eq!(num(&engine.stats().expect("stats"), "pool.blocks_used"), 0.0);
+}
+
+#[wasm_bindgen_test]
+async fn a_second_call_while_generating_is_busy() {
+    let engine = Rc::new(engine().await);
+    let (tx, rx) = futures_channel::oneshot::channel();
+    let first = Rc::clone(&engine);
+    wasm_bindgen_futures::spawn_local(async move {
+        let result = first.chat(json(HELLO), json(r#"{"max_tokens": 4, "temperature": 0}"#), Counter::new(None).function()).await;
+        let _ = tx.send(result.map(|_| ()).map_err(|e| e.message));
+    });
+    // Let the first chat start and reach its first GPU wait.
+    let tick = js_sys::Promise::new(&mut |resolve, _| {
+        let window = web_sys::window().expect("a window");
+        window.set_timeout_with_callback(&resolve).expect("setTimeout");
+    });
+    JsFuture::from(tick).await.expect("timer");
+    expect_code("chat while chatting", engine.chat(json(HELLO), JsValue::UNDEFINED, Counter::new(None).function()).await, ErrorCode::Busy);
+    expect_code("stats while chatting", engine.stats(), ErrorCode::Busy);
+    assert!(engine.info().is_ok(), "info works during a generation");
+    rx.await.expect("the first chat ended").unwrap_or_else(|e| panic!("the first chat failed: {e}"));
+    assert!(engine.stats().is_ok(), "the engine is free again");
+}
+
+#[wasm_bindgen_test]
+async fn a_truncated_or_foreign_file_is_model_format() {
+    let bytes = tiny();
+    let half = bytes[..bytes.len() / 2].to_vec();
+    let message = expect_code("truncated model", load(half, "{}").await, ErrorCode::ModelFormat);
+    assert!(message.contains("GGUF") || message.contains("model"), "{message}");
+    expect_code("not a GGUF", load(b"<html>404 not found</html>".to_vec(), "{}").await, ErrorCode::ModelFormat);
+    expect_code("empty file", load(Vec::new(), "{}").await, ErrorCode::ModelFormat);
+}
+
+#[wasm_bindgen_test]
+async fn without_webgpu_loading_is_webgpu_unavailable() {
+    let hide = js_sys::Function::new_no_args("Object.defineProperty(navigator, 'gpu', { value: undefined, configurable: true })");
+    let restore = js_sys::Function::new_no_args("delete navigator.gpu");
+    hide.call0(&JsValue::NULL).expect("hide navigator.gpu");
+    let result = load(tiny(), "{}").await;
+    restore.call0(&JsValue::NULL).expect("restore navigator.gpu");
+    let message = expect_code("no navigator.gpu", result, ErrorCode::WebGpuUnavailable);
+    assert!(message.contains("WebGPU"), "the message names what is missing: {message}");
+}
+
+#[wasm_bindgen_test]
+async fn bad_options_and_messages_are_invalid_arguments() {
+    expect_code("unknown kv dtype", load(tiny(), r#"{"kvDtype": "f16"}"#).await, ErrorCode::InvalidArgument);
+    expect_code("misspelled option", load(tiny(), r#"{"maxContxt": 64}"#).await, ErrorCode::InvalidArgument);
+    expect_code("block size 0", load(tiny(), r#"{"blockSize": 0}"#).await, ErrorCode::InvalidArgument);
+    let engine = engine().await;
+    let counter = Counter::new(None);
+    expect_code("messages not a list", engine.chat(json(r#""hi""#), JsValue::UNDEFINED, counter.function()).await, ErrorCode::InvalidArgument);
+    expect_code("max_tokens negative", engine.chat(json(HELLO), json(r#"{"max_tokens": -1}"#), counter.function()).await, ErrorCode::InvalidArgument);
+    expect_code("temperature below 0", engine.chat(json(HELLO), json(r#"{"temperature": -1}"#), counter.function()).await, ErrorCode::InvalidArgument);
+    assert_eq!(counter.calls.get(), 0, "nothing was generated");
+}
+
+#[wasm_bindgen_test]
+async fn a_prompt_longer_than_the_context_is_context_overflow() {
+    let engine = load(tiny(), r#"{"maxContext": 32}"#).await.expect("load");
+    let long = format!(r#"[{{"role": "user", "content": "{}"}}]"#, "a".repeat(64));
+    expect_code("64-token prompt in 32", engine.chat(json(&long), JsValue::UNDEFINED, Counter::new(None).function()).await, ErrorCode::ContextOverflow);
+    assert_eq!(num(&engine.stats().expect("stats"), "pool.blocks_used"), 0.0);
+}
+
+#[wasm_bindgen_test]
+async fn int8_kv_loads_or_says_it_is_unsupported() {
+    match load(tiny(), r#"{"kvDtype": "int8"}"#).await {
+        Ok(engine) => assert_eq!(text(&engine.info().expect("info"), "kv_dtype"), "int8"),
+        Err(e) => assert_eq!(e.code, ErrorCode::Unsupported, "{}", e.message),
+    }
+}
+
+#[wasm_bindgen_test]
+fn errors_reach_js_as_errors_with_a_code() {
+    let value = JsValue::from(WebError { code: ErrorCode::ModelFormat, message: "the file ends early".into() });
+    assert!(value.is_instance_of::<js_sys::Error>());
+    assert_eq!(text(&value, "code"), "MODEL_FORMAT");
+    assert_eq!(text(&value, "name"), "PagedlmError");
+    assert_eq!(text(&value, "message"), "the file ends early");
+}
+
+/// Drives submitted requests to the end; returns each one's streamed text and final result.
+async fn run_steps(engine: &WebEngine) -> Vec<(f64, String, JsValue)> {
+    let mut streamed: Vec<(f64, String)> = Vec::new();
+    let mut done = Vec::new();
+    while engine.has_work().expect("hasWork") {
+        let events = engine.step().await.unwrap_or_else(|e| panic!("step failed: {e:?}"));
+        for event in js_sys::Array::from(&events).iter() {
+            let id = num(&event, "id");
+            match text(&event, "type").as_str() {
+                "token" => match streamed.iter_mut().find(|(i, _)| *i == id) {
+                    Some((_, t)) => t.push_str(&text(&event, "text")),
+                    None => streamed.push((id, text(&event, "text"))),
+                },
+                "finished" => {
+                    let t = streamed.iter().find(|(i, _)| *i == id).map(|(_, t)| t.clone()).unwrap_or_default();
+                    done.push((id, t, get(&event, "result")));
+                }
+                other => panic!("request {id} ended with {other}: {event:?}"),
+            }
+        }
+    }
+    done
+}
+
+#[wasm_bindgen_test]
+async fn submitted_requests_run_together_and_match_their_solo_runs() {
+    let engine = engine().await;
+    let asks = [r#"[{"role": "user", "content": "hello there"}]"#, r#"[{"role": "user", "content": "what a day"}]"#];
+    let options = json(r#"{"max_tokens": 5, "temperature": 0}"#);
+    let mut solo = Vec::new();
+    for messages in asks {
+        solo.push(engine.chat(json(messages), options.clone(), Counter::new(None).function()).await.expect("chat"));
+    }
+    engine.reset_cache().expect("reset");
+    let ids: Vec<f64> = asks.iter().map(|m| num(&engine.submit(json(m), options.clone()).expect("submit"), "id")).collect();
+    assert_ne!(ids[0], ids[1]);
+    let stats = engine.stats().expect("stats");
+    assert_eq!(num(&stats, "sched.waiting"), 2.0, "both wait for the first step");
+    let done = run_steps(&engine).await;
+    assert_eq!(done.len(), 2);
+    for (i, id) in ids.iter().enumerate() {
+        let (_, streamed, result) = done.iter().find(|(d, _, _)| d == id).expect("every request finishes");
+        assert_eq!(js_sys::JSON::stringify(&get(result, "tokens")).ok(), js_sys::JSON::stringify(&get(&solo[i], "tokens")).ok(),
+            "request {i} batched gives the tokens it gives alone");
+        if text(result, "finish_reason") == "length" {
+            assert_eq!(streamed, &text(result, "text"), "its token events spell its text");
+        }
+    }
+    let stats = engine.stats().expect("stats");
+    assert_eq!(num(&stats, "pool.blocks_used"), 0.0);
+    assert_eq!(num(&stats, "sched.finished"), 2.0);
+}
+
+#[wasm_bindgen_test]
+async fn abort_ends_a_submitted_request_and_releases_its_blocks() {
+    let engine = engine().await;
+    let id = num(&engine.submit(json(HELLO), json(r#"{"max_tokens": 40, "temperature": 0}"#)).expect("submit"), "id");
+    engine.step().await.expect("step");
+    engine.step().await.expect("step");
+    assert!(num(&engine.stats().expect("stats"), "pool.blocks_used") > 0.0, "the running request holds blocks");
+    let partial = engine.abort(id).expect("abort");
+    assert_eq!(text(&partial, "finish_reason"), "abort");
+    assert_eq!(num(&engine.stats().expect("stats"), "pool.blocks_used"), 0.0, "its blocks are released at once");
+    assert!(!engine.has_work().expect("hasWork"));
+    assert!(engine.abort(id).expect("abort again").is_null(), "a finished request aborts to null");
+    expect_code("a fractional id", engine.abort(1.5), ErrorCode::InvalidArgument);
+    let long = format!(r#"[{{"role": "user", "content": "{}"}}]"#, "a".repeat(600));
+    expect_code("an overlong prompt fails at submit", engine.submit(json(&long), JsValue::UNDEFINED), ErrorCode::ContextOverflow);
+}
