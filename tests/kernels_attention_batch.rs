@@ -415,7 +415,17 @@ async fn bench_body() {
     let pool = Pool::new(&ctx, (9, 3, 64), 16, max_len, 16, 16, 0, 3, 1.0);
     let batch = Batch::new(&ctx, &pool, 3, 1.0);
     let s = pool.shape;
-    let mut batched = batch.attention(&ctx, &pool, None);
+    let wg = BatchPlan::auto(&ctx).workgroup_size;
+    let plan = |chunk, single_pass_max_keys| Some(BatchPlan { chunk, workgroup_size: wg, single_pass_max_keys });
+    let mut batched: Vec<(&str, AttentionBatch)> = [
+        ("auto", None),
+        ("split 64", plan(64, 256)),
+        ("split 256", plan(256, 256)),
+        ("one pass", plan(128, max_len)),
+    ]
+    .into_iter()
+    .map(|(name, plan)| (name, batch.attention(&ctx, &pool, plan)))
+    .collect();
     // One single-sequence attention per row, as a step without batching would record them:
     // (attention, its positions buffer).
     let qkv_row = s.qkv_row() as usize;
@@ -444,10 +454,15 @@ async fn bench_body() {
         .collect();
     for (name, lens) in &cases {
         let rows: Vec<BatchRow> = lens.iter().enumerate().map(|(r, &kv)| row(pool.seqs[r], kv)).collect();
-        let step = batched.step(&rows).unwrap();
-        ctx.queue.write_buffer(&batch.batch_buf, 0, step.bytes());
-        batched.set_step(&step).unwrap();
-        let us = time_us(&ctx, &batch.out_buf, 50, &|rec| rec.dispatch_all(batched.kernels())).await;
+        let mut batched_us = Vec::new();
+        for (plan_name, attention) in batched.iter_mut() {
+            // Every plan here shares the batch buffer; the step is encoded for its chunk.
+            let step = attention.step(&rows).unwrap();
+            ctx.queue.write_buffer(&batch.batch_buf, 0, step.bytes());
+            attention.set_step(&step).unwrap();
+            let us = time_us(&ctx, &batch.out_buf, 50, &|rec| rec.dispatch_all(attention.kernels())).await;
+            batched_us.push(format!("{plan_name} {us:7.1}"));
+        }
         for ((attention, positions), &kv) in singles.iter_mut().zip(lens) {
             ctx.queue.write_buffer(positions, 0, bytemuck::bytes_of(&(kv - 1)));
             attention.set_kv_len(kv).unwrap();
@@ -460,8 +475,8 @@ async fn bench_body() {
         })
         .await;
         report(&format!(
-            "{name:26} batched {us:8.1} µs ({:6.1} µs/row)   {:2} x Attention::paged {us_single:8.1} µs",
-            us / lens.len() as f64,
+            "{name:26} batched (µs): {}   {:2} x Attention::paged {us_single:8.1} µs",
+            batched_us.join(", "),
             lens.len()
         ));
     }
