@@ -68,7 +68,12 @@ pub struct BatchShape {
 impl BatchShape {
     fn check(&self) -> Result<(), GpuError> {
         let s = self;
-        if s.max_rows == 0 || s.n_heads == 0 || s.n_kv_heads == 0 || s.max_len == 0 || s.block_size == 0 || s.n_blocks == 0
+        if s.max_rows == 0
+            || s.n_heads == 0
+            || s.n_kv_heads == 0
+            || s.max_len == 0
+            || s.block_size == 0
+            || s.n_blocks == 0
         {
             return Err(shape_err(OP, format!("empty shape {s:?}")));
         }
@@ -145,7 +150,10 @@ impl BatchPlan {
             ));
         }
         if self.single_pass_max_keys > MAX_CHUNK {
-            return Err(shape_err(OP, format!("single_pass_max_keys {} is over {MAX_CHUNK}", self.single_pass_max_keys)));
+            return Err(shape_err(
+                OP,
+                format!("single_pass_max_keys {} is over {MAX_CHUNK}", self.single_pass_max_keys),
+            ));
         }
         if self.workgroup_size == 0 || self.workgroup_size > ctx.limits.max_compute_invocations_per_workgroup {
             return Err(shape_err(OP, format!("workgroup size {} is unsupported", self.workgroup_size)));
