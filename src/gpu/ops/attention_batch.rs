@@ -19,7 +19,13 @@
 //!
 //! An invocation reads each K/V vec4 once for the up to 4 query heads of its KV head (SmolLM2: the
 //! 3 heads of a group); rows are never packed together because different sequences read
-//! different keys. No shared memory, no barriers (costly on lavapipe and SwiftShader).
+//! different keys. No shared memory, no barriers (costly on lavapipe and SwiftShader). Prefill
+//! rows are correct here but each reads its keys alone; a long prefill chunk is cheaper through
+//! [`super::attention::Attention`]'s passes, which share every K/V load among 4 rows.
+//!
+//! Bindings: 6 storage buffers (of WebGPU's default 8 per stage) and a uniform; K/V are bound
+//! as `vec4<u32>` and read only in `load_k` / `load_v`, so an INT8 pool (codes and scales in the
+//! same buffers) changes those functions, not the bindings.
 //!
 //! Loop budget: lavapipe ends all loops of an invocation after 65,535 back-edges in total,
 //! silently; an invocation here takes at most `chunk` keys (plus a row search of
