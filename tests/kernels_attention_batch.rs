@@ -207,7 +207,7 @@ gpu_test! {
                 let batch = Batch::new(&ctx, &pool, 7 + block_size as u64, 1.0);
                 let seq = &pool.seqs;
                 let past_end = pool.table.len() as u32 - 2;
-                let steps: [Vec<BatchRow>; 4] = [
+                let steps: [Vec<BatchRow>; 5] = [
                     // Very different lengths, a padding row, the same sequence twice (like
                     // prefill rows), the shared prefix, a split boundary, an unmapped block, a
                     // table row that runs past the table's end.
@@ -228,6 +228,8 @@ gpu_test! {
                     vec![row(seq[4], max_len)],
                     // The full batch.
                     (0..10).map(|r| row(seq[r % 5], 1 + (r as u32 * 211) % max_len)).collect(),
+                    // Padding only.
+                    vec![row(0, 0), row(seq[0], 0)],
                 ];
                 for plan in plans() {
                     let mut attention = batch.attention(&ctx, &pool, plan);
@@ -378,8 +380,8 @@ fn now_ms() -> f64 {
 }
 
 /// Wall time per call of `record` (all its dispatches): `reps` calls in one submission, waited
-/// for by a 4-byte readback whose own cost is measured and subtracted; the best of 3 runs after a
-/// warm-up (the machines are shared). Returns µs per call.
+/// for by a 4-byte readback whose own cost is measured and subtracted; the best of 7 short runs
+/// after a warm-up (the machines are shared: contention only ever adds time). Returns µs per call.
 async fn time_us(ctx: &Context, out: &wgpu::Buffer, reps: u32, record: &dyn Fn(&mut Recorder)) -> f64 {
     let run = |n: u32| {
         let mut rec = Recorder::new(ctx, "bench");
@@ -391,7 +393,7 @@ async fn time_us(ctx: &Context, out: &wgpu::Buffer, reps: u32, record: &dyn Fn(&
     run(1);
     ctx.read_f32(out, 0, 1).await.unwrap();
     let (mut readback, mut best) = (f64::INFINITY, f64::INFINITY);
-    for _ in 0..3 {
+    for _ in 0..7 {
         let start = now_ms();
         ctx.read_f32(out, 0, 1).await.unwrap();
         readback = readback.min(now_ms() - start);
@@ -415,7 +417,13 @@ async fn bench_body() {
     let pool = Pool::new(&ctx, (9, 3, 64), 16, max_len, 16, 16, 0, 3, 1.0);
     let batch = Batch::new(&ctx, &pool, 3, 1.0);
     let s = pool.shape;
-    let mut batched = batch.attention(&ctx, &pool, None);
+    let wg = BatchPlan::auto(&ctx).workgroup_size;
+    let plan = |chunk, single_pass_max_keys| Some(BatchPlan { chunk, workgroup_size: wg, single_pass_max_keys });
+    let mut batched: Vec<(&str, AttentionBatch)> =
+        [("auto", None), ("split 64", plan(64, 256)), ("split 256", plan(256, 256)), ("one pass", plan(128, max_len))]
+            .into_iter()
+            .map(|(name, plan)| (name, batch.attention(&ctx, &pool, plan)))
+            .collect();
     // One single-sequence attention per row, as a step without batching would record them:
     // (attention, its positions buffer).
     let qkv_row = s.qkv_row() as usize;
@@ -426,8 +434,21 @@ async fn bench_body() {
             let step = ctx.uniform_init("step1", bytemuck::bytes_of(&pool.seqs[r]));
             let out = ctx.storage_zeroed("out1", s.out_row() * 4);
             let attention = Attention::paged(
-                &ctx, &qkv, &pool.k_buf, &pool.v_buf, &positions, &pool.table_buf, &step, &out, 1, s.n_heads,
-                s.n_kv_heads, s.head_dim, s.block_size, s.n_blocks, max_len,
+                &ctx,
+                &qkv,
+                &pool.k_buf,
+                &pool.v_buf,
+                &positions,
+                &pool.table_buf,
+                &step,
+                &out,
+                1,
+                s.n_heads,
+                s.n_kv_heads,
+                s.head_dim,
+                s.block_size,
+                s.n_blocks,
+                max_len,
             )
             .unwrap();
             (attention, positions)
@@ -444,24 +465,29 @@ async fn bench_body() {
         .collect();
     for (name, lens) in &cases {
         let rows: Vec<BatchRow> = lens.iter().enumerate().map(|(r, &kv)| row(pool.seqs[r], kv)).collect();
-        let step = batched.step(&rows).unwrap();
-        ctx.queue.write_buffer(&batch.batch_buf, 0, step.bytes());
-        batched.set_step(&step).unwrap();
-        let us = time_us(&ctx, &batch.out_buf, 50, &|rec| rec.dispatch_all(batched.kernels())).await;
+        let mut batched_us = Vec::new();
+        for (plan_name, attention) in batched.iter_mut() {
+            // Every plan here shares the batch buffer; the step is encoded for its chunk.
+            let step = attention.step(&rows).unwrap();
+            ctx.queue.write_buffer(&batch.batch_buf, 0, step.bytes());
+            attention.set_step(&step).unwrap();
+            let us = time_us(&ctx, &batch.out_buf, 20, &|rec| rec.dispatch_all(attention.kernels())).await;
+            batched_us.push(format!("{plan_name} {us:7.1}"));
+        }
         for ((attention, positions), &kv) in singles.iter_mut().zip(lens) {
             ctx.queue.write_buffer(positions, 0, bytemuck::bytes_of(&(kv - 1)));
             attention.set_kv_len(kv).unwrap();
         }
         let used = &singles[..lens.len()];
-        let us_single = time_us(&ctx, &batch.out_buf, 50, &|rec| {
+        let us_single = time_us(&ctx, &batch.out_buf, 20, &|rec| {
             for (attention, _) in used {
                 rec.dispatch_all(attention.kernels());
             }
         })
         .await;
         report(&format!(
-            "{name:26} batched {us:8.1} µs ({:6.1} µs/row)   {:2} x Attention::paged {us_single:8.1} µs",
-            us / lens.len() as f64,
+            "{name:26} batched (µs): {}   {:2} x Attention::paged {us_single:8.1} µs",
+            batched_us.join(", "),
             lens.len()
         ));
     }

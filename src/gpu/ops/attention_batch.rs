@@ -19,7 +19,13 @@
 //!
 //! An invocation reads each K/V vec4 once for the up to 4 query heads of its KV head (SmolLM2: the
 //! 3 heads of a group); rows are never packed together because different sequences read
-//! different keys. No shared memory, no barriers (costly on lavapipe and SwiftShader).
+//! different keys. No shared memory, no barriers (costly on lavapipe and SwiftShader). Prefill
+//! rows are correct here but each reads its keys alone; a long prefill chunk is cheaper through
+//! [`super::attention::Attention`]'s passes, which share every K/V load among 4 rows.
+//!
+//! Bindings: 6 storage buffers (of WebGPU's default 8 per stage) and a uniform; K/V are bound
+//! as `vec4<u32>` and read only in `load_k` / `load_v`, so an INT8 pool (codes and scales in the
+//! same buffers) changes those functions, not the bindings.
 //!
 //! Loop budget: lavapipe ends all loops of an invocation after 65,535 back-edges in total,
 //! silently; an invocation here takes at most `chunk` keys (plus a row search of
@@ -68,7 +74,12 @@ pub struct BatchShape {
 impl BatchShape {
     fn check(&self) -> Result<(), GpuError> {
         let s = self;
-        if s.max_rows == 0 || s.n_heads == 0 || s.n_kv_heads == 0 || s.max_len == 0 || s.block_size == 0 || s.n_blocks == 0
+        if s.max_rows == 0
+            || s.n_heads == 0
+            || s.n_kv_heads == 0
+            || s.max_len == 0
+            || s.block_size == 0
+            || s.n_blocks == 0
         {
             return Err(shape_err(OP, format!("empty shape {s:?}")));
         }
@@ -145,7 +156,10 @@ impl BatchPlan {
             ));
         }
         if self.single_pass_max_keys > MAX_CHUNK {
-            return Err(shape_err(OP, format!("single_pass_max_keys {} is over {MAX_CHUNK}", self.single_pass_max_keys)));
+            return Err(shape_err(
+                OP,
+                format!("single_pass_max_keys {} is over {MAX_CHUNK}", self.single_pass_max_keys),
+            ));
         }
         if self.workgroup_size == 0 || self.workgroup_size > ctx.limits.max_compute_invocations_per_workgroup {
             return Err(shape_err(OP, format!("workgroup size {} is unsupported", self.workgroup_size)));
