@@ -202,8 +202,13 @@ impl Engine {
             } else {
                 options.pool_tokens
             },
-            // The scheduler's running set, plus one for `generate`/`score` outside it.
-            max_seqs: options.sched.max_batch.max(1) + 1,
+            // The scheduler's running set, plus one for `generate`/`score` outside it. The
+            // contiguous baseline reserves the whole maximum length per sequence up front, so it
+            // runs one scheduled sequence at a time.
+            max_seqs: match options.kv_layout {
+                KvLayout::Paged => options.sched.max_batch.max(1) + 1,
+                KvLayout::Contiguous => 2,
+            },
             max_seq_len: max_context,
             prefix_cache: options.prefix_cache && options.kv_layout == KvLayout::Paged,
         };

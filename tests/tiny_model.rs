@@ -72,7 +72,9 @@ gpu_test! {
             // layers × tokens × KV heads × head dim × 2 (K and V) × 4 bytes (f32)
             let formula = cfg.n_layers as u64 * cfg.n_kv_heads as u64 * cfg.head_dim as u64 * 2 * 4;
             let (_, kv_bytes) = engine.memory();
-            assert_eq!(kv_bytes, formula * 100, "{name}: the contiguous cache reserves its maximum length");
+            // One reservation of the maximum length per sequence slot.
+            let slots = engine.kv_cache().pool.n_blocks as u64;
+            assert_eq!(kv_bytes, formula * 100 * slots, "{name}: the contiguous cache reserves its maximum length per sequence");
             assert_eq!(formula, (synth.n_layers * synth.n_kv_heads * synth.head_dim() * 8) as u64);
         }
     }
