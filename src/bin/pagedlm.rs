@@ -493,14 +493,17 @@ mod cli {
         let mut opts = engine_options(args)?;
         opts.prefix_cache = false;
         opts.sched.max_batch = 5;
+        // Room for everything at once: the point is the schedule, not preemption.
+        const DECODE_TOKENS: u32 = 1024;
         if opts.max_context == 0 {
-            opts.max_context = long + 256;
+            opts.max_context = long.max(DECODE_TOKENS + 64) + 16;
         }
+        opts.pool_tokens = opts.pool_tokens.max(long + 4 * (DECODE_TOKENS + 64) + 256);
         let bytes = model_bytes(args)?;
         let mut engine = Engine::load(&bytes, opts.clone()).await?;
         let vocab = engine.config().vocab;
         let make = |n: u32, salt: u32| -> Vec<u32> { (0..n).map(|i| 100 + (i * 7919 + salt * 104_729) % (vocab - 200).max(1)).collect() };
-        let request = GenerateRequest { max_tokens: 10_000, ignore_eos: true, ..Default::default() };
+        let request = GenerateRequest { max_tokens: DECODE_TOKENS, ignore_eos: true, ..Default::default() };
         // Warm-up (pipelines for decode and prefill chunks).
         engine.submit(make(64, 99), GenerateRequest { max_tokens: 2, ..request.clone() })?;
         engine.run_to_completion(&mut |_| {}).await?;
