@@ -1,4 +1,5 @@
-// Batched causal decode attention (llama, GQA) over the paged KV pool, for continuous batching:
+// Batched causal decode attention (llama, GQA) over the paged KV pool (f32 or INT8), for
+// continuous batching:
 // query row r of a dispatch belongs to its own sequence, described per step by the host in
 // `batch`, so one pipeline serves any mix of sequences and lengths without being rebuilt.
 //
@@ -22,13 +23,23 @@
 // Without SPLIT (single pass, for steps whose every row has at most CHUNK keys): one invocation
 // per (row, KV head, quad) over keys 0..kv_len, writing the normalized output.
 //
+// INT8 (src/kv/quant.rs, as in attention.wgsl): the pools hold 8-bit codes, 4 per u32, and one
+// f32 scale per key (or value) and KV head, dequantized in registers as they are loaded: the
+// codes of a vec4 of head dims become floats, the key's scale multiplies its 4 scores once, and
+// the value's scale folds into its softmax weight. No f32 copy of the cache exists.
+//
 // Loop budget: lavapipe ends all loops of an invocation after 65,535 back-edges in total,
 // silently. Here: at most CHUNK (key loop) + log2(max_rows) + 1 (row search) + 4 (write-out).
 //
 // qkv:         [max_rows, (n_heads + 2*n_kv_heads) * head_dim] f32, q heads first in each row
 //              (roped); only the q heads are read
-// k_pool:      [n_blocks, n_kv_heads, block_size, head_dim] f32, bound as vec4<u32> (see load_k):
-//              key (b, h, s) at vec4 ((b * n_kv_heads + h) * block_size + s) * D4
+// k_pool:      bound as vec4<u32> for both dtypes (see load_k);
+//              f32:  [n_blocks, n_kv_heads, block_size, head_dim] f32: key (b, h, s) at vec4
+//                    ((b * n_kv_heads + h) * block_size + s) * D4 (bitcast);
+//              INT8: the same order in codes, key (b, h, s) at vec4<u32> ((b * n_kv_heads + h) *
+//                    block_size + s) * D4 / 4, code d in byte d % 4 of word d / 4 (head_dim a
+//                    multiple of 16), then the scales: key g = (b * n_kv_heads + h) *
+//                    block_size + s has its f32 scale at word params.scale_base + g
 // v_pool:      same layout as k_pool
 // block_table: u32; key j of row r's sequence is in physical block
 //              block_table[table_base(r) + j / block_size], slot j % block_size. A table index
@@ -55,6 +66,7 @@ struct Params {
     n_blocks: u32,        // blocks in the pool
     max_len: u32,         // the longest sequence (max_seq_len)
     scale: f32,           // 1 / sqrt(head_dim)
+    scale_base: u32,      // INT8: the word where the pools' scales start; unused for f32
 }
 
 @group(0) @binding(0) var<storage, read> qkv: array<vec4<f32>>;
@@ -69,24 +81,48 @@ override D4: u32 = 16u;      // head_dim / 4, at most 32
 override SPLIT: bool = true;
 override CHUNK: u32 = 128u;  // keys per invocation: per split, or the single pass's maximum
 override WG: u32 = 8u;
+override INT8: bool = false;
 
 // Below any score; exp(NEG_BIG - s) is exactly 0 and NEG_BIG - s stays finite.
 const NEG_BIG: f32 = -3.0e38;
 
-// K/V loads: the only code that knows the pool's element type (f32). An INT8 pool changes these
-// two functions, key_stride and a per-key scale; the rest of the kernel stays.
-// key: vec4 index of the key's (or value's) head dims in its pool; d: vec4 of head dims.
+// K/V loads: with key_stride and the per-key scales in the key loop, the only code that knows
+// the pool's element type. key: vec4 index of the key's (or value's) head dims in its pool;
+// d: vec4 of head dims. INT8: in units of the key's (value's) scale, applied by the caller once
+// per key.
 fn load_k(key: u32, d: u32) -> vec4<f32> {
+    if (INT8) {
+        let w = k_pool[key + d / 4u];
+        return codes(w[d % 4u]);
+    }
     return bitcast<vec4<f32>>(k_pool[key + d]);
 }
 
 fn load_v(key: u32, d: u32) -> vec4<f32> {
+    if (INT8) {
+        let w = v_pool[key + d / 4u];
+        return codes(w[d % 4u]);
+    }
     return bitcast<vec4<f32>>(v_pool[key + d]);
 }
 
-// vec4 of the pool per key.
+// vec4 of the pool per key: D4 of f32, D4 / 4 of codes.
 fn key_stride() -> u32 {
-    return D4;
+    return select(D4, D4 / 4u, INT8);
+}
+
+// The 4 signed 8-bit codes of a word (byte i = code i) as floats, exactly.
+fn codes(w: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<i32>(bitcast<i32>(w)) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
+}
+
+// Word `i` of a pool read as vec4<u32> (an INT8 scale).
+fn k_word(i: u32) -> u32 {
+    return k_pool[i / 4u][i % 4u];
+}
+
+fn v_word(i: u32) -> u32 {
+    return v_pool[i / 4u][i % 4u];
 }
 
 // q of the 4 heads for head dims [4d, 4d+4), a column per head, pre-scaled so that scores need
@@ -257,11 +293,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     var l = vec4<f32>(0.0);
     // The block table is read once per block of keys, when j enters it, not per key (no inner
     // loop: every back-edge counts against lavapipe's budget). row_base wraps around u32 so that
-    // key j of the current block is at vec4 row_base + j * key_stride().
+    // key j of the current block is at vec4 row_base + j * key_stride(), its INT8 scale at word
+    // scale_row + j.
     let table_len = arrayLength(&block_table);
     let stride = key_stride();
     var block_end = key_begin;
     var row_base = 0u;
+    var scale_row = 0u;
     var block_ok = false;
     for (var j = key_begin; j < key_end; j++) {
         if (j == block_end) {
@@ -274,12 +312,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             // A missing block reads block 0 (in bounds) and masks its keys.
             block_ok = block < params.n_blocks;
             let first = logical * params.block_size;
-            let start = select(0u, (block * params.n_kv_heads + kv_head) * params.block_size * stride, block_ok);
-            row_base = start - first * stride;
+            let group = select(0u, (block * params.n_kv_heads + kv_head) * params.block_size, block_ok);
+            row_base = group * stride - first * stride;
+            scale_row = params.scale_base + group - first;
             block_end = first + params.block_size;
         }
         let key = row_base + j * stride;
-        let s = key_scores(key, 0u, q0)
+        var s = key_scores(key, 0u, q0)
             + key_scores(key, 1u, q1)
             + key_scores(key, 2u, q2)
             + key_scores(key, 3u, q3)
@@ -311,12 +350,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             + key_scores(key, 29u, q29)
             + key_scores(key, 30u, q30)
             + key_scores(key, 31u, q31);
+        if (INT8) {
+            s *= bitcast<f32>(k_word(scale_row + j));
+        }
         // Online softmax per head; a masked key gets weight 0 and leaves the max alone.
         let m_new = max(m, select(vec4<f32>(NEG_BIG), s, block_ok));
         let corr = exp(m - m_new);
-        let p = select(vec4<f32>(0.0), exp(s - m_new), block_ok);
+        var p = select(vec4<f32>(0.0), exp(s - m_new), block_ok);
         m = m_new;
         l = l * corr + p;
+        if (INT8) {
+            // A masked slot's scale may be any bits (a stale or unwritten slot); keep it out.
+            p = select(vec4<f32>(0.0), p * bitcast<f32>(v_word(scale_row + j)), block_ok);
+        }
         a0 = accumulate(a0, key, 0u, corr, p);
         a1 = accumulate(a1, key, 1u, corr, p);
         a2 = accumulate(a2, key, 2u, corr, p);

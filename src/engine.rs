@@ -805,7 +805,7 @@ impl Engine {
         // Steps of one sequence take the single-sequence graphs (their prefill attention shares
         // each key between the rows of a chunk); steps of several take one batched forward.
         let sequences = plan.decode.len() + plan.prefill.is_some() as usize;
-        if self.kv.pool.dtype == KvDtype::F32 && sequences > 1 {
+        if sequences > 1 {
             return self.run_rows_batched(plan, read).await;
         }
         self.run_rows_per_sequence(plan, read).await
@@ -843,7 +843,7 @@ impl Engine {
     }
 
     /// The rows sequence by sequence through the single-sequence graphs (one submission per
-    /// sequence): steps of one sequence, and INT8 pools until the batched attention reads INT8.
+    /// sequence): steps of one sequence.
     async fn run_rows_per_sequence(&mut self, plan: &crate::sched::Plan, read: Logits) -> Result<Vec<(u32, Option<Vec<f32>>)>, EngineError> {
         let mut out = Vec::new();
         for (k, row) in plan.rows.iter().enumerate().take(plan.decode.len()) {

@@ -9,7 +9,7 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 use std::collections::HashMap;
 
-use pagedlm::engine::{Engine, EngineOptions, FinishReason, GenerateRequest};
+use pagedlm::engine::{Engine, EngineOptions, FinishReason, GenerateRequest, KvDtype};
 use pagedlm::rng::Rng;
 use pagedlm::sampler::SamplingParams;
 use pagedlm::sched::{Event, RequestId, SchedConfig};
@@ -61,23 +61,35 @@ gpu_test! {
             let sampling = if i == 5 { SamplingParams { temperature: 0.8, top_p: 0.9, seed: 7, ..SamplingParams::greedy() } } else { SamplingParams::greedy() };
             prompts.push((p, GenerateRequest { max_tokens: 6 + i as u32 * 3, sampling, stop: Vec::new(), ignore_eos: false }));
         }
-        // Alone: one request at a time through `generate`, no prefix cache.
-        let mut alone = Engine::load(&bytes, EngineOptions { max_context: 128, prefix_cache: false, ..Default::default() }).await.unwrap();
-        let mut want = Vec::new();
-        for (p, r) in &prompts {
-            let g = alone.generate(p, r, &mut |_| true).await.unwrap();
-            want.push((g.tokens, g.finish_reason));
+        // Alone: one request at a time through `generate`, no prefix cache, per KV dtype.
+        let mut want: HashMap<KvDtype, Vec<(Vec<u32>, FinishReason)>> = HashMap::new();
+        for kv_dtype in [KvDtype::F32, KvDtype::Int8] {
+            let opts = EngineOptions { max_context: 128, prefix_cache: false, kv_dtype, ..Default::default() };
+            let mut alone = Engine::load(&bytes, opts).await.unwrap();
+            let mut solo = Vec::new();
+            for (p, r) in &prompts {
+                let g = alone.generate(p, r, &mut |_| true).await.unwrap();
+                solo.push((g.tokens, g.finish_reason));
+            }
+            want.insert(kv_dtype, solo);
         }
-        // Batched: up to 4 sequences per step, prefill in chunks of at most 16 rows.
-        for (max_batch, step_tokens, prefix_cache) in [(4u32, 16u32, true), (8, 64, false), (2, 5, true)] {
+        // Batched: up to 4 sequences per step, prefill in chunks of at most 16 rows; INT8
+        // against the INT8 solo runs (the batched attention reads the same codes).
+        let configs = [(4u32, 16u32, true, KvDtype::F32), (8, 64, false, KvDtype::F32), (2, 5, true, KvDtype::F32), (4, 16, true, KvDtype::Int8)];
+        for (max_batch, step_tokens, prefix_cache, kv_dtype) in configs {
             let sched = SchedConfig { max_batch, step_tokens, ..Default::default() };
-            let opts = EngineOptions { max_context: 128, block_size: 8, prefix_cache, sched, check_integrity: true, ..Default::default() };
+            let opts = EngineOptions { max_context: 128, block_size: 8, prefix_cache, sched, check_integrity: true, kv_dtype, ..Default::default() };
             let mut engine = Engine::load(&bytes, opts).await.unwrap();
             let got = run_batched(&mut engine, &prompts).await;
             let mut ids_sorted: Vec<&RequestId> = got.keys().collect();
             ids_sorted.sort();
             for (k, id) in ids_sorted.iter().enumerate() {
-                assert_eq!(got[id], want[k], "request {k} (batch {max_batch}, step {step_tokens}): tokens differ from its solo run");
+                assert_eq!(
+                    got[id],
+                    want[&kv_dtype][k],
+                    "request {k} (batch {max_batch}, step {step_tokens}, {}): tokens differ from its solo run",
+                    kv_dtype.name()
+                );
             }
             let stats = engine.sched_stats();
             assert_eq!(stats.finished, prompts.len() as u64);

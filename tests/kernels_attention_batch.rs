@@ -3,7 +3,9 @@
 //! The whole pool is random and every sequence's blocks are shuffled, so a key read from a wrong
 //! block, past a row's kv_len or from another row's sequence shows up. Two sequences share their
 //! first blocks (a common prefix), one has an unmapped block, one row's table runs off the end of
-//! the table buffer, and padding rows (kv_len 0) sit between real ones.
+//! the table buffer, and padding rows (kv_len 0) sit between real ones. INT8 pools are checked
+//! against the same reference over their dequantized values and against the single-sequence
+//! `Attention::paged_dtype` over the same INT8 buffers.
 mod common;
 
 #[cfg(target_arch = "wasm32")]
@@ -15,6 +17,8 @@ use pagedlm::gpu::ops::attention_batch::{
     attention_batch_cpu, AttentionBatch, BatchBuffers, BatchPlan, BatchRow, BatchShape,
 };
 use pagedlm::gpu::{Context, GpuError, Recorder};
+use pagedlm::kv::quant::{dequantize_pool, quantize_pool, Int8Layout};
+use pagedlm::kv::KvDtype;
 use pagedlm::rng::Rng;
 
 /// Tolerance against the f64 reference: |got - want| <= TOL * max|v| + TOL * |want|. An output is
@@ -39,6 +43,7 @@ fn shuffle(rng: &mut Rng, v: &mut [u32]) {
 /// pool). The table starts and ends with 3 entries of no sequence (valid blocks).
 struct Pool {
     shape: BatchShape,
+    /// The pools' values as f32 (for INT8: the dequantized codes, which the kernel must read).
     k: Vec<f32>,
     v: Vec<f32>,
     table: Vec<u32>,
@@ -65,7 +70,8 @@ impl Pool {
         let mut rng = Rng::new(seed);
         let row_len = max_len.div_ceil(block_size);
         let n_blocks = n_seqs * row_len + 2;
-        let shape = BatchShape { max_rows, n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks };
+        let shape =
+            BatchShape { max_rows, n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::F32 };
         let mut perm: Vec<u32> = (0..n_blocks).collect();
         shuffle(&mut rng, &mut perm);
         let junk = |rng: &mut Rng| (0..3).map(|_| rng.below(n_blocks as u64) as u32).collect::<Vec<u32>>();
@@ -95,6 +101,23 @@ impl Pool {
             v,
             table,
             seqs,
+        }
+    }
+
+    /// The same pool quantized to INT8 (src/kv/quant.rs's CPU quantizer): the buffers hold codes
+    /// and scales, `k` / `v` their dequantized values.
+    fn int8(self, ctx: &Context) -> Pool {
+        let s = self.shape;
+        let layout = Int8Layout::new(s.n_blocks, s.n_kv_heads, s.block_size, s.head_dim).unwrap();
+        let k_words = quantize_pool(&layout, &self.k).unwrap();
+        let v_words = quantize_pool(&layout, &self.v).unwrap();
+        Pool {
+            shape: BatchShape { dtype: KvDtype::Int8, ..s },
+            k: dequantize_pool(&layout, &k_words).unwrap(),
+            v: dequantize_pool(&layout, &v_words).unwrap(),
+            k_buf: ctx.storage_init("k_pool.int8", bytemuck::cast_slice(&k_words)),
+            v_buf: ctx.storage_init("v_pool.int8", bytemuck::cast_slice(&v_words)),
+            ..self
         }
     }
 
@@ -195,48 +218,58 @@ fn plans() -> Vec<Option<BatchPlan>> {
     plans
 }
 
-gpu_test! {
-    async fn mixed_rows_match_cpu() {
-        let ctx = gpu().await;
-        let max_len = 2048;
-        for (i, &heads) in HEAD_SHAPES.iter().enumerate() {
-            for block_size in [1u32, 16, 7] {
-                // Sequences 0 and 1 share their first 100-odd keys.
-                let shared = 112u32.div_ceil(block_size);
-                let pool = Pool::new(&ctx, heads, block_size, max_len, 10, 5, shared, 10 + i as u64 * 31 + block_size as u64, 1.0);
-                let batch = Batch::new(&ctx, &pool, 7 + block_size as u64, 1.0);
-                let seq = &pool.seqs;
-                let past_end = pool.table.len() as u32 - 2;
-                let steps: [Vec<BatchRow>; 5] = [
-                    // Very different lengths, a padding row, the same sequence twice (like
-                    // prefill rows), the shared prefix, a split boundary, an unmapped block, a
-                    // table row that runs past the table's end.
-                    vec![
-                        row(seq[0], 2000),
-                        row(seq[1], 300),
-                        row(seq[2], 1),
-                        row(seq[3], 17),
-                        row(0, 0),
-                        row(seq[0], 1500),
-                        row(seq[4], 300),
-                        row(seq[1], 129),
-                        row(past_end, 3 * block_size),
-                    ],
-                    // Short rows only (the single pass under the auto plan).
-                    vec![row(seq[2], 256), row(0, 0), row(seq[3], 5), row(seq[1], 112)],
-                    // One long row, max_len keys.
-                    vec![row(seq[4], max_len)],
-                    // The full batch.
-                    (0..10).map(|r| row(seq[r % 5], 1 + (r as u32 * 211) % max_len)).collect(),
-                    // Padding only.
-                    vec![row(0, 0), row(seq[0], 0)],
-                ];
-                for plan in plans() {
-                    let mut attention = batch.attention(&ctx, &pool, plan);
-                    // The same object across steps: stale split states must not leak.
-                    for rows in &steps {
-                        batch.check(&ctx, &pool, &mut attention, rows, "mixed").await;
-                    }
+/// The mixed steps over a pool built by [`Pool::new`] with 10 rows and 5 sequences.
+fn mixed_steps(pool: &Pool) -> [Vec<BatchRow>; 5] {
+    let max_len = pool.shape.max_len;
+    let block_size = pool.shape.block_size;
+    let seq = &pool.seqs;
+    let past_end = pool.table.len() as u32 - 2;
+    [
+        // Very different lengths, a padding row, the same sequence twice (like prefill rows),
+        // the shared prefix, a split boundary, an unmapped block, a table row that runs past the
+        // table's end.
+        vec![
+            row(seq[0], 2000),
+            row(seq[1], 300),
+            row(seq[2], 1),
+            row(seq[3], 17),
+            row(0, 0),
+            row(seq[0], 1500),
+            row(seq[4], 300),
+            row(seq[1], 129),
+            row(past_end, 3 * block_size),
+        ],
+        // Short rows only (the single pass under the auto plan).
+        vec![row(seq[2], 256), row(0, 0), row(seq[3], 5), row(seq[1], 112)],
+        // One long row, max_len keys.
+        vec![row(seq[4], max_len)],
+        // The full batch.
+        (0..10).map(|r| row(seq[r % 5], 1 + (r as u32 * 211) % max_len)).collect(),
+        // Padding only.
+        vec![row(0, 0), row(seq[0], 0)],
+    ]
+}
+
+/// Every head shape, block size and plan over the mixed steps, against the CPU reference.
+async fn mixed_rows(dtype: KvDtype, block_sizes: &[u32]) {
+    let ctx = gpu().await;
+    let max_len = 2048;
+    for (i, &heads) in HEAD_SHAPES.iter().enumerate() {
+        for &block_size in block_sizes {
+            // Sequences 0 and 1 share their first 100-odd keys.
+            let shared = 112u32.div_ceil(block_size);
+            let mut pool =
+                Pool::new(&ctx, heads, block_size, max_len, 10, 5, shared, 10 + i as u64 * 31 + block_size as u64, 1.0);
+            if dtype == KvDtype::Int8 {
+                pool = pool.int8(&ctx);
+            }
+            let batch = Batch::new(&ctx, &pool, 7 + block_size as u64, 1.0);
+            let steps = mixed_steps(&pool);
+            for plan in plans() {
+                let mut attention = batch.attention(&ctx, &pool, plan);
+                // The same object across steps: stale split states must not leak.
+                for rows in &steps {
+                    batch.check(&ctx, &pool, &mut attention, rows, "mixed").await;
                 }
             }
         }
@@ -244,56 +277,84 @@ gpu_test! {
 }
 
 gpu_test! {
-    async fn equals_single_sequence_attention() {
-        let ctx = gpu().await;
-        for (i, &heads) in HEAD_SHAPES.iter().enumerate() {
-            for block_size in [16u32, 7] {
-                let pool = Pool::new(&ctx, heads, block_size, 2048, 6, 4, 3, 50 + i as u64 + block_size as u64, 1.0);
-                let batch = Batch::new(&ctx, &pool, 60 + block_size as u64, 1.0);
-                let seq = &pool.seqs;
-                let rows =
-                    [row(seq[0], 2000), row(seq[1], 300), row(seq[2], 1), row(seq[3], 17), row(seq[1], 129), row(seq[0], 200)];
-                let mut attention = batch.attention(&ctx, &pool, None);
-                let got = batch.run(&ctx, &mut attention, &rows).await;
-                let s = pool.shape;
-                let (qkv_row, out_row) = (s.qkv_row() as usize, s.out_row() as usize);
-                let mut worst = 0f32;
-                for (r, br) in rows.iter().enumerate() {
-                    // The same row as a one-token decode step of its sequence alone.
-                    let single = AttentionShape {
-                        n_tokens: 1,
-                        n_heads: s.n_heads,
-                        n_kv_heads: s.n_kv_heads,
-                        head_dim: s.head_dim,
-                        max_len: s.max_len,
-                        block_size: s.block_size,
-                        n_blocks: s.n_blocks,
-                    };
-                    let qkv = ctx.storage_init("qkv1", bytemuck::cast_slice(&batch.qkv[r * qkv_row..][..qkv_row]));
-                    let positions = ctx.storage_init("pos1", bytemuck::bytes_of(&(br.kv_len - 1)));
-                    let step = ctx.uniform_init("step1", bytemuck::bytes_of(&br.table_base));
-                    let out = ctx.storage_zeroed("out1", out_row as u64 * 4);
-                    let mut one = Attention::paged(
-                        &ctx, &qkv, &pool.k_buf, &pool.v_buf, &positions, &pool.table_buf, &step, &out, 1,
-                        single.n_heads, single.n_kv_heads, single.head_dim, single.block_size, single.n_blocks,
-                        single.max_len,
-                    )
-                    .unwrap();
-                    one.set_kv_len(br.kv_len).unwrap();
-                    let mut rec = Recorder::new(&ctx, "single");
-                    rec.dispatch_all(one.kernels());
-                    rec.submit();
-                    let want = ctx.read_f32(&out, 0, out_row as u64).await.unwrap();
-                    let got_row = &got[r * out_row..][..out_row];
-                    let label = format!("row {r} {br:?} {s:?} vs Attention::paged");
-                    // Same f32 arithmetic in the same key order, up to the compiler's fusing:
-                    // measured 1e-6 to 2e-6 at max|v| near 100 on lavapipe.
-                    assert_close(&label, got_row, &want, 1e-5, 1e-5);
-                    worst = got_row.iter().zip(&want).fold(worst, |m, (a, b)| m.max((a - b).abs()));
-                }
-                report(&format!("{heads:?} block {block_size}: max |batched - Attention::paged| = {worst:e}"));
+    async fn mixed_rows_match_cpu() {
+        mixed_rows(KvDtype::F32, &[1, 16, 7]).await;
+    }
+}
+
+gpu_test! {
+    async fn int8_mixed_rows_match_cpu() {
+        mixed_rows(KvDtype::Int8, &[16, 7]).await;
+    }
+}
+
+/// Each row of a batch against the same row run alone through `Attention::paged_dtype` (a
+/// one-token decode step of its sequence) over the same pool buffers.
+async fn equals_single_sequence(dtype: KvDtype) {
+    let ctx = gpu().await;
+    for (i, &heads) in HEAD_SHAPES.iter().enumerate() {
+        for block_size in [16u32, 7] {
+            let mut pool = Pool::new(&ctx, heads, block_size, 2048, 6, 4, 3, 50 + i as u64 + block_size as u64, 1.0);
+            if dtype == KvDtype::Int8 {
+                pool = pool.int8(&ctx);
             }
+            let batch = Batch::new(&ctx, &pool, 60 + block_size as u64, 1.0);
+            let seq = &pool.seqs;
+            let rows =
+                [row(seq[0], 2000), row(seq[1], 300), row(seq[2], 1), row(seq[3], 17), row(seq[1], 129), row(seq[0], 200)];
+            let mut attention = batch.attention(&ctx, &pool, None);
+            let got = batch.run(&ctx, &mut attention, &rows).await;
+            let s = pool.shape;
+            let (qkv_row, out_row) = (s.qkv_row() as usize, s.out_row() as usize);
+            let mut worst = 0f32;
+            for (r, br) in rows.iter().enumerate() {
+                let single = AttentionShape {
+                    n_tokens: 1,
+                    n_heads: s.n_heads,
+                    n_kv_heads: s.n_kv_heads,
+                    head_dim: s.head_dim,
+                    max_len: s.max_len,
+                    block_size: s.block_size,
+                    n_blocks: s.n_blocks,
+                };
+                let qkv = ctx.storage_init("qkv1", bytemuck::cast_slice(&batch.qkv[r * qkv_row..][..qkv_row]));
+                let positions = ctx.storage_init("pos1", bytemuck::bytes_of(&(br.kv_len - 1)));
+                let step = ctx.uniform_init("step1", bytemuck::bytes_of(&br.table_base));
+                let out = ctx.storage_zeroed("out1", out_row as u64 * 4);
+                let mut one = Attention::paged_dtype(
+                    &ctx, &qkv, &pool.k_buf, &pool.v_buf, &positions, &pool.table_buf, &step, &out, single, s.dtype,
+                    None,
+                )
+                .unwrap();
+                one.set_kv_len(br.kv_len).unwrap();
+                let mut rec = Recorder::new(&ctx, "single");
+                rec.dispatch_all(one.kernels());
+                rec.submit();
+                let want = ctx.read_f32(&out, 0, out_row as u64).await.unwrap();
+                let got_row = &got[r * out_row..][..out_row];
+                let label = format!("row {r} {br:?} {s:?} vs Attention::paged_dtype");
+                // Same f32 arithmetic in the same key order, up to the compiler's fusing:
+                // measured 1e-6 to 2e-6 at max|v| near 100 on lavapipe.
+                assert_close(&label, got_row, &want, 1e-5, 1e-5);
+                worst = got_row.iter().zip(&want).fold(worst, |m, (a, b)| m.max((a - b).abs()));
+            }
+            report(&format!(
+                "{} {heads:?} block {block_size}: max |batched - Attention::paged_dtype| = {worst:e}",
+                dtype.name()
+            ));
         }
+    }
+}
+
+gpu_test! {
+    async fn equals_single_sequence_attention() {
+        equals_single_sequence(KvDtype::F32).await;
+    }
+}
+
+gpu_test! {
+    async fn int8_equals_single_sequence_attention() {
+        equals_single_sequence(KvDtype::Int8).await;
     }
 }
 
@@ -305,9 +366,16 @@ gpu_test! {
         let batch = Batch::new(&ctx, &pool, 9, 5.5);
         let seq = &pool.seqs;
         let rows = [row(seq[0], 1100), row(seq[1], 37), row(seq[2], 600), row(seq[0], 993)];
-        for plan in [None, Some(BatchPlan { chunk: 32, workgroup_size: 8, single_pass_max_keys: 0 })] {
+        let plans = [None, Some(BatchPlan { chunk: 32, workgroup_size: 8, single_pass_max_keys: 0 })];
+        for plan in plans {
             let mut attention = batch.attention(&ctx, &pool, plan);
             batch.check(&ctx, &pool, &mut attention, &rows, "large scores").await;
+        }
+        // The same values as INT8: the key scale multiplies scores after the dot product.
+        let pool = pool.int8(&ctx);
+        for plan in plans {
+            let mut attention = batch.attention(&ctx, &pool, plan);
+            batch.check(&ctx, &pool, &mut attention, &rows, "large scores, INT8").await;
         }
     }
 }
@@ -329,6 +397,7 @@ gpu_test! {
         expect(make(BatchShape { head_dim: 62, ..s }, None), "multiple of 4");
         expect(make(BatchShape { max_rows: 0, ..s }, None), "empty shape");
         expect(make(BatchShape { n_blocks: s.n_blocks + 1, ..s }, None), "k_pool needs");
+        expect(make(BatchShape { head_dim: 60, dtype: KvDtype::Int8, ..s }, None), "multiple of 16");
         expect(make(s, Some(BatchPlan { chunk: 0, workgroup_size: 8, single_pass_max_keys: 0 })), "chunk 0");
         expect(make(s, Some(BatchPlan { chunk: 70_000, workgroup_size: 8, single_pass_max_keys: 0 })), "loop budget");
         let small_batch = ctx.storage_zeroed("batch", 16);
@@ -356,6 +425,12 @@ gpu_test! {
         assert_eq!((step.n_rows(), step.total_splits(), step.max_kv_len()), (3, 5, 70));
         attention.set_step(&attention.step(&[]).unwrap()).unwrap();
         assert!(attention.kernels().is_empty(), "an empty step records nothing");
+
+        // An INT8 pool's buffers are about a quarter of an f32 pool's: an f32 shape refuses them.
+        let int8 = Pool::new(&ctx, (9, 3, 64), 16, 100, 3, 2, 1, 1, 1.0).int8(&ctx);
+        let int8_buffers = batch.buffers(&int8);
+        AttentionBatch::new(&ctx, &int8_buffers, int8.shape, None).unwrap();
+        expect(AttentionBatch::new(&ctx, &int8_buffers, BatchShape { dtype: KvDtype::F32, ..int8.shape }, None), "k_pool needs");
     }
 }
 

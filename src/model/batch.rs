@@ -82,6 +82,7 @@ impl BatchGraph {
             max_len: kv.max_seq_len,
             block_size: kv.pool.block_size,
             n_blocks: kv.pool.n_blocks,
+            dtype: kv.pool.dtype,
         };
         let batch = ctx.storage_zeroed("batch.rows", shape.batch_bytes());
         let (block_size, n_blocks) = (kv.pool.block_size, kv.pool.n_blocks);

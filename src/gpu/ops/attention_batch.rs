@@ -23,9 +23,14 @@
 //! rows are correct here but each reads its keys alone; a long prefill chunk is cheaper through
 //! [`super::attention::Attention`]'s passes, which share every K/V load among 4 rows.
 //!
+//! The pools are f32 or INT8 ([`crate::kv::quant`], [`BatchShape::dtype`]), as in
+//! [`super::attention::Attention::paged_dtype`]: INT8 codes are dequantized in registers as they
+//! are loaded (the key's scale multiplies its scores once, the value's scale folds into its
+//! softmax weight), never into an f32 copy of the cache. The dtype is an override constant, so
+//! the f32 pipeline is the same code as without INT8 support.
+//!
 //! Bindings: 6 storage buffers (of WebGPU's default 8 per stage) and a uniform; K/V are bound
-//! as `vec4<u32>` and read only in `load_k` / `load_v`, so an INT8 pool (codes and scales in the
-//! same buffers) changes those functions, not the bindings.
+//! as `vec4<u32>` for both dtypes (INT8 codes and scales in the same buffers).
 //!
 //! Loop budget: lavapipe ends all loops of an invocation after 65,535 back-edges in total,
 //! silently; an invocation here takes at most `chunk` keys (plus a row search of
@@ -40,6 +45,8 @@ use std::ops::Range;
 use super::attention::{attention_cpu, AttentionShape};
 use super::{check_binding, check_size, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
+use crate::kv::quant::Int8Layout;
+use crate::kv::KvDtype;
 
 const OP: &str = "attention_batch";
 /// attention_batch.wgsl writes the key loop out for up to 32 vec4 of head_dim.
@@ -69,6 +76,8 @@ pub struct BatchShape {
     pub block_size: u32,
     /// Blocks in the pool.
     pub n_blocks: u32,
+    /// The pools' element type: f32, or INT8 ([`Int8Layout`] buffers; head_dim a multiple of 16).
+    pub dtype: KvDtype,
 }
 
 impl BatchShape {
@@ -95,10 +104,35 @@ impl BatchShape {
                 format!("head_dim {} must be a positive multiple of 4 up to {MAX_HEAD_DIM}", s.head_dim),
             ));
         }
+        if s.dtype == KvDtype::Int8 {
+            s.int8_layout()?;
+        }
         Ok(())
     }
 
-    /// f32 elements in one of the K / V pools.
+    fn int8_layout(&self) -> Result<Int8Layout, GpuError> {
+        Int8Layout::new(self.n_blocks, self.n_kv_heads, self.block_size, self.head_dim)
+            .map_err(|e| shape_err(OP, e.to_string()))
+    }
+
+    /// Bytes of one of the K / V pool buffers for the shape's dtype, and the word where an INT8
+    /// pool's scales start (0 for f32). Errors: a pool whose vec4 indices overflow u32.
+    fn pool_bytes(&self) -> Result<(u64, u32), GpuError> {
+        match self.dtype {
+            KvDtype::F32 => {
+                if self.pool_len() / 4 > u32::MAX as u64 {
+                    return Err(shape_err(OP, format!("a pool of {} elements overflows u32 indices", self.pool_len())));
+                }
+                Ok((self.pool_len() * 4, 0))
+            }
+            KvDtype::Int8 => {
+                let layout = self.int8_layout()?;
+                Ok((layout.buffer_bytes(), layout.data_words() as u32))
+            }
+        }
+    }
+
+    /// Elements (keys x head dims) in one of the K / V pools, whatever the dtype.
     pub fn pool_len(&self) -> u64 {
         self.n_blocks as u64 * self.n_kv_heads as u64 * self.block_size as u64 * self.head_dim as u64
     }
@@ -216,8 +250,9 @@ impl BatchStep {
 pub struct BatchBuffers<'a> {
     /// [max_rows, (n_heads + 2*n_kv_heads) * head_dim] f32, q heads first in each row (roped).
     pub qkv: &'a wgpu::Buffer,
-    /// [n_blocks, n_kv_heads, block_size, head_dim] f32: element (b, h, s, d) at
-    /// `((b * n_kv_heads + h) * block_size + s) * head_dim + d`.
+    /// f32: [n_blocks, n_kv_heads, block_size, head_dim] f32: element (b, h, s, d) at
+    /// `((b * n_kv_heads + h) * block_size + s) * head_dim + d`. INT8: an [`Int8Layout`] buffer of
+    /// (n_blocks, n_kv_heads, block_size, head_dim), codes in the same order, then the scales.
     pub k_pool: &'a wgpu::Buffer,
     /// Same layout as `k_pool`.
     pub v_pool: &'a wgpu::Buffer,
@@ -249,6 +284,7 @@ struct MainParams {
     n_blocks: u32,
     max_len: u32,
     scale: f32,
+    scale_base: u32,
 }
 
 #[repr(C)]
@@ -290,12 +326,10 @@ impl AttentionBatch {
         plan.check(ctx)?;
         let s = shape;
         let b = buffers;
-        if s.pool_len() / 4 > u32::MAX as u64 {
-            return Err(shape_err(OP, format!("a pool of {} elements overflows u32 indices", s.pool_len())));
-        }
+        let (pool_bytes, scale_base) = s.pool_bytes()?;
         check_size(OP, "qkv", b.qkv, s.max_rows as u64 * s.qkv_row() * 4)?;
-        check_size(OP, "k_pool", b.k_pool, s.pool_len() * 4)?;
-        check_size(OP, "v_pool", b.v_pool, s.pool_len() * 4)?;
+        check_size(OP, "k_pool", b.k_pool, pool_bytes)?;
+        check_size(OP, "v_pool", b.v_pool, pool_bytes)?;
         check_size(OP, "block_table", b.block_table, 4)?;
         check_size(OP, "batch", b.batch, s.batch_bytes())?;
         check_size(OP, "out", b.out, s.max_rows as u64 * s.out_row() * 4)?;
@@ -346,10 +380,17 @@ impl AttentionBatch {
             n_blocks: s.n_blocks,
             max_len: s.max_len,
             scale: 1.0 / (s.head_dim as f32).sqrt(),
+            scale_base,
         };
+        let int8 = if s.dtype == KvDtype::Int8 { 1.0 } else { 0.0 };
         let main_kernel = |name: &'static str, split: bool, chunk: u32, dst: &wgpu::Buffer| {
-            let constants =
-                [("D4", d4 as f64), ("SPLIT", if split { 1.0 } else { 0.0 }), ("CHUNK", chunk as f64), ("WG", wg)];
+            let constants = [
+                ("D4", d4 as f64),
+                ("SPLIT", if split { 1.0 } else { 0.0 }),
+                ("CHUNK", chunk as f64),
+                ("WG", wg),
+                ("INT8", int8),
+            ];
             let pipeline = ctx.pipeline("attention_batch", "main", &constants)?;
             let params_buf = ctx.uniform_init(name, bytemuck::bytes_of(&params));
             let resources = [
@@ -497,7 +538,8 @@ fn workgroups(max_per_dim: u32, workgroup_size: u32, items: u64) -> [u32; 3] {
 /// Naive f64 reference over the same layouts as [`AttentionBatch`]: row r is the single-token
 /// attention of [`attention_cpu`] for its sequence (table row at `table_base`, keys
 /// 0..kv_len); a row of kv_len 0 is zeros. qkv: [rows.len(), qkv_row]; returns
-/// [rows.len(), n_heads*head_dim].
+/// [rows.len(), n_heads*head_dim]. k_pool/v_pool are f32 whatever `shape.dtype` says: for an
+/// INT8 pool, pass its dequantized values ([`crate::kv::quant::dequantize_pool`]).
 pub fn attention_batch_cpu(
     shape: &BatchShape,
     qkv: &[f32],
