@@ -513,9 +513,11 @@ mod cli {
             engine.step().await?;
         }
         let long_id = engine.submit(make(long, 7), GenerateRequest { max_tokens: 1, ..request.clone() })?;
-        let mut last: HashMap<pagedlm::sched::RequestId, f64> = HashMap::new();
         let mut gaps = Vec::new();
         let t0 = pagedlm::time::now_ms();
+        // Gaps count from the long prompt's arrival, so a decoder that gets no token until the
+        // prompt is read shows that whole wait.
+        let mut last: HashMap<pagedlm::sched::RequestId, f64> = decoders.iter().map(|&id| (id, t0)).collect();
         let mut long_done = false;
         while !long_done {
             for e in engine.step().await? {
@@ -531,7 +533,10 @@ mod cli {
                 }
             }
         }
-        let prefill_ms = pagedlm::time::now_ms() - t0;
+        let end = pagedlm::time::now_ms();
+        let prefill_ms = end - t0;
+        // A decoder still waiting when the prompt finished waited at least this long.
+        gaps.extend(last.values().filter(|&&t| t == t0).map(|_| prefill_ms));
         for id in decoders {
             engine.abort(id)?;
         }
