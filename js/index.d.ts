@@ -14,6 +14,10 @@ export type ErrorCode =
   | "WORKER_FAILED"
   | "GPU_ERROR"
   | "CALLBACK_ERROR"
+  /** A KV snapshot made for another model, KV dtype, layout, block size or format version. */
+  | "SNAPSHOT_MISMATCH"
+  /** Bytes that are not an intact KV snapshot (truncated, altered, not a snapshot). */
+  | "SNAPSHOT_CORRUPT"
   | "INTERNAL";
 
 /** Every failure pagedlm reports: an `Error` whose `code` says what kind, whose message says what to do. */
@@ -201,6 +205,22 @@ export declare class Engine {
   };
   stats(): Promise<EngineStats>;
   resetCache(): Promise<PoolSnapshot>;
+  /**
+   * A KV snapshot of a conversation, to keep it (IndexedDB, a file) or hand it to another engine.
+   * A conversation is identified by its messages: `messages` (the history so far, typically
+   * ending with the assistant's reply) are rendered with the chat template without the generation
+   * prompt, so the prompt of the next turn (these messages plus a user message) starts with
+   * exactly these tokens. The snapshot holds the token ids and their K/V blocks, the model's and
+   * KV format's fingerprint and a checksum; whatever part is not cached is computed first.
+   */
+  exportConversation(messages: ChatMessage[]): Promise<Uint8Array>;
+  /**
+   * Loads a snapshot from `exportConversation` into the prefix cache, so the next request that
+   * continues the conversation reuses its K/V (`usage.prefix_hit_tokens`). Resolves to how many
+   * tokens it holds. Rejects with `SNAPSHOT_MISMATCH` (made by another model or KV format, e.g.
+   * f32 vs int8) or `SNAPSHOT_CORRUPT` (damaged); a refused snapshot changes nothing.
+   */
+  importConversation(bytes: Uint8Array | ArrayBuffer): Promise<{ tokens: number }>;
   dispose(): Promise<void>;
 }
 

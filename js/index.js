@@ -337,6 +337,37 @@ export class Engine {
     return this.#channel.call("stats");
   }
 
+  /**
+   * A KV snapshot of a conversation, to keep it across a page reload or hand it to another
+   * engine: `messages` ([{role, content}], the history so far, typically ending with the
+   * assistant's reply) rendered with the chat template without the generation prompt, their
+   * token ids and K/V blocks, fingerprinted by model and KV format, with a checksum. Computes
+   * whatever part is not cached yet. Runs between engine steps, so it may wait for one.
+   * @returns {Promise<Uint8Array>}
+   */
+  async exportConversation(messages) {
+    this.#alive();
+    const { bytes } = await this.#channel.call("exportConversation", { messages: checkMessages(messages) });
+    return bytes;
+  }
+
+  /**
+   * Loads a snapshot from `exportConversation` into the prefix cache: the next request whose
+   * messages continue that conversation reuses its K/V (see `usage.prefix_hit_tokens`).
+   * Resolves to `{tokens}` (how many tokens it holds). Rejects with SNAPSHOT_MISMATCH (another
+   * model, KV dtype, layout, block size or format version) or SNAPSHOT_CORRUPT (damaged bytes);
+   * a refused snapshot changes nothing.
+   * @param {Uint8Array | ArrayBuffer} bytes
+   */
+  async importConversation(bytes) {
+    this.#alive();
+    let view;
+    if (bytes instanceof ArrayBuffer) view = new Uint8Array(bytes);
+    else if (ArrayBuffer.isView(bytes)) view = new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+    else throw invalid("importConversation(bytes): bytes must be a Uint8Array or an ArrayBuffer");
+    return this.#channel.call("importConversation", { bytes: view });
+  }
+
   /** Drops cached prefixes; their blocks return to the free list. */
   async resetCache() {
     this.#alive();

@@ -6,6 +6,7 @@
 // Messages in:  {type: "load", id, model, options, cache}    model: URL string | ArrayBuffer | Blob
 //               {type: "create", id, messages, options}  {type: "abort", id}
 //               {type: "stats", id}  {type: "resetCache", id}  {type: "dispose", id}
+//               {type: "exportConversation", id, messages}  {type: "importConversation", id, bytes}
 // Messages out: {type: "progress", id, progress}  {type: "result", id, value}  {type: "error", id, error: {code, message}}
 //               for a request: {type: "queued", id, prompt_tokens}  {type: "begin", id, prompt_tokens} (admitted)
 //               {type: "start", id, prompt_tokens} (first token)  {type: "token", id, text}  {type: "done", id, result, stats}
@@ -16,7 +17,7 @@ let engine = null;
 /** Stats taken when the engine was last idle: `WebEngine.stats()` is BUSY during a generation. */
 let lastStats = null;
 
-const post = (message) => self.postMessage(message);
+const post = (message, transfer = []) => self.postMessage(message, transfer);
 
 function fail(code, message) {
   return Object.assign(new Error(message), { code });
@@ -182,6 +183,30 @@ function enqueue(request) {
   kick();
 }
 
+/** A snapshot operation, run between engine steps (the engine is busy during one). */
+function snapshotOp(op, id, payload) {
+  inbox.push({ op, id, payload });
+  kick();
+}
+
+async function runSnapshotOp({ op, id, payload }) {
+  try {
+    if (!engine) throw fail("DISPOSED", "the engine was disposed");
+    if (op === "export") {
+      const tokens = engine.historyTokens(payload);
+      const bytes = await engine.exportSnapshot(tokens);
+      lastStats = engine.stats();
+      post({ type: "result", id, value: { bytes, tokens: tokens.length } }, [bytes.buffer]);
+    } else {
+      const tokens = engine.importSnapshot(payload);
+      lastStats = engine.stats();
+      post({ type: "result", id, value: { tokens: tokens.length } });
+    }
+  } catch (e) {
+    post({ type: "error", id, error: errorOf(e) });
+  }
+}
+
 function abort(id) {
   inbox.push({ op: "abort", id });
   kick();
@@ -197,9 +222,11 @@ function kick() {
   });
 }
 
-function applyInbox() {
+async function applyInbox() {
   for (const item of inbox.splice(0)) {
-    if (item.op === "submit") {
+    if (item.op === "export" || item.op === "import") {
+      await runSnapshotOp(item);
+    } else if (item.op === "submit") {
       const { request } = item;
       try {
         if (!engine) throw fail("DISPOSED", "the engine was disposed");
@@ -254,7 +281,7 @@ function noteRunning() {
 
 async function loop() {
   for (;;) {
-    applyInbox();
+    await applyInbox();
     if (!engine || !engine.hasWork()) return;
     let events;
     try {
@@ -314,6 +341,7 @@ function freeRetired() {
 function dispose() {
   for (const item of inbox.splice(0)) {
     if (item.op === "submit") post({ type: "error", id: item.request.id, error: { code: "DISPOSED", message: "the engine was disposed" } });
+    else if (item.op === "export" || item.op === "import") post({ type: "error", id: item.id, error: { code: "DISPOSED", message: "the engine was disposed" } });
   }
   for (const entry of requests.values()) post({ type: "error", id: entry.id, error: { code: "DISPOSED", message: "the engine was disposed" } });
   requests.clear();
@@ -350,6 +378,10 @@ self.onmessage = async ({ data }) => {
       });
     case "dispose":
       return reply(async () => dispose());
+    case "exportConversation":
+      return snapshotOp("export", id, data.messages);
+    case "importConversation":
+      return snapshotOp("import", id, data.bytes);
     default:
       post({ type: "error", id, error: { code: "INTERNAL", message: `unknown message ${type}` } });
   }

@@ -16,6 +16,7 @@ use wasm_bindgen::prelude::*;
 
 use crate::engine::{Engine, EngineError, EngineOptions, EngineStats, GenerateRequest, Generation, KvDtype, KvLayout, TokenEvent};
 use crate::gpu::GpuError;
+use crate::kv::snapshot::SnapshotError;
 use crate::kv::KvError;
 use crate::model::{ModelConfig, ModelError};
 use crate::sampler::SamplingParams;
@@ -43,6 +44,10 @@ pub enum ErrorCode {
     GpuError,
     /// The token callback threw.
     Callback,
+    /// A KV snapshot made for another model, KV dtype, layout, block size or format version.
+    SnapshotMismatch,
+    /// Bytes that are not an intact KV snapshot (truncated, flipped, not a snapshot at all).
+    SnapshotCorrupt,
     /// A bookkeeping bug in pagedlm itself.
     Internal,
 }
@@ -59,6 +64,8 @@ impl ErrorCode {
             ErrorCode::Busy => "BUSY",
             ErrorCode::GpuError => "GPU_ERROR",
             ErrorCode::Callback => "CALLBACK_ERROR",
+            ErrorCode::SnapshotMismatch => "SNAPSHOT_MISMATCH",
+            ErrorCode::SnapshotCorrupt => "SNAPSHOT_CORRUPT",
             ErrorCode::Internal => "INTERNAL",
         }
     }
@@ -90,11 +97,22 @@ fn kv_code(e: &KvError) -> ErrorCode {
         KvError::PoolExhausted { .. } => ErrorCode::KvPoolFull,
         KvError::SequenceTooLong { .. } => ErrorCode::ContextOverflow,
         KvError::NotAvailable(_) => ErrorCode::Unsupported,
-        KvError::Config(_) | KvError::Snapshot(_) => ErrorCode::InvalidArgument,
+        KvError::Snapshot(s) => snapshot_code(s),
+        KvError::Config(_) => ErrorCode::InvalidArgument,
         KvError::UnknownSequence(_)
         | KvError::TooManySequences(_)
         | KvError::CacheKeyMismatch(_)
         | KvError::Internal(_) => ErrorCode::Internal,
+    }
+}
+
+fn snapshot_code(e: &SnapshotError) -> ErrorCode {
+    match e {
+        // Intact bytes from another engine configuration: the page drops them and recomputes.
+        SnapshotError::Mismatch { .. } | SnapshotError::Version(_) => ErrorCode::SnapshotMismatch,
+        SnapshotError::NotASnapshot | SnapshotError::Length(_) | SnapshotError::Checksum | SnapshotError::Header(_) => {
+            ErrorCode::SnapshotCorrupt
+        }
     }
 }
 
@@ -522,6 +540,43 @@ impl WebEngine {
     pub fn reset_cache(&self) -> Result<(), WebError> {
         let mut engine = self.inner.try_borrow_mut().map_err(|_| busy())?;
         Ok(engine.reset_cache()?)
+    }
+
+    /// The token ids of a conversation's history as the next turn's prompt will start: the chat
+    /// template over `messages` (`[{role, content}]`, typically ending with the assistant's
+    /// reply) without the assistant generation prompt. What `exportSnapshot` wants to keep a
+    /// conversation: a later prompt of these messages plus a new user turn begins with exactly
+    /// these ids.
+    #[wasm_bindgen(js_name = historyTokens)]
+    pub fn history_tokens(&self, messages: JsValue) -> Result<Vec<u32>, WebError> {
+        let messages = parse_messages(messages)?;
+        let engine = self.inner.try_borrow().map_err(|_| busy())?;
+        let tokenizer = engine.tokenizer();
+        let text = tokenizer.apply_chat_template(&messages, false).map_err(EngineError::from)?;
+        Ok(tokenizer.encode(&text).map_err(EngineError::from)?)
+    }
+
+    /// A KV snapshot of `tokens` (`Uint32Array`, e.g. from `historyTokens`): their ids and K/V
+    /// blocks with the model's and cache format's fingerprint and a checksum, as a `Uint8Array`.
+    /// Computes whatever part of `tokens` the prefix cache lacks first (no logits are read).
+    /// `BUSY` while a `chat` or a `step` runs: call it between steps.
+    #[allow(clippy::await_holding_refcell_ref)]
+    #[wasm_bindgen(js_name = exportSnapshot)]
+    pub async fn export_snapshot(&self, tokens: Vec<u32>) -> Result<Vec<u8>, WebError> {
+        let inner = Rc::clone(&self.inner);
+        let mut engine = inner.try_borrow_mut().map_err(|_| busy())?;
+        Ok(engine.export_snapshot(&tokens).await?)
+    }
+
+    /// Loads a snapshot from `exportSnapshot` (this engine or another with the same model and KV
+    /// format) into the prefix cache: the next request whose prompt starts with its tokens reuses
+    /// their K/V. Returns the tokens (`Uint32Array`). A snapshot from another model, KV dtype,
+    /// layout, block size or format version is refused with `SNAPSHOT_MISMATCH`, damaged bytes
+    /// with `SNAPSHOT_CORRUPT`; a refusal changes nothing.
+    #[wasm_bindgen(js_name = importSnapshot)]
+    pub fn import_snapshot(&self, bytes: Vec<u8>) -> Result<Vec<u32>, WebError> {
+        let mut engine = self.inner.try_borrow_mut().map_err(|_| busy())?;
+        Ok(engine.import_snapshot(&bytes)?)
     }
 
     /// What the engine holds: `{adapter, is_cpu, kv_layout, kv_dtype, block_size, max_context,

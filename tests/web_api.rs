@@ -315,3 +315,41 @@ async fn abort_ends_a_submitted_request_and_releases_its_blocks() {
     let long = format!(r#"[{{"role": "user", "content": "{}"}}]"#, "a".repeat(600));
     expect_code("an overlong prompt fails at submit", engine.submit(json(&long), JsValue::UNDEFINED), ErrorCode::ContextOverflow);
 }
+
+#[wasm_bindgen_test]
+async fn a_snapshot_moves_a_conversation_to_another_engine_and_bad_bytes_are_refused() {
+    let options = r#"{"max_tokens": 5, "temperature": 0}"#;
+    let source = engine().await;
+    let first = source.chat(json(HELLO), json(options), Counter::new(None).function()).await.expect("chat");
+    let reply = text(&first, "text");
+    let history = js_sys::Array::from(&json(HELLO));
+    history.push(&json(&format!(r#"{{"role": "assistant", "content": {}}}"#, js_sys::JSON::stringify(&JsValue::from_str(&reply)).expect("quote").as_string().expect("a string"))));
+    let ids = source.history_tokens(history.clone().into()).expect("historyTokens");
+    assert!(ids.len() > len(&first, "prompt_tokens") as usize, "the history holds the prompt and the reply");
+    let snapshot = source.export_snapshot(ids.clone()).await.expect("exportSnapshot");
+
+    let follow_up = history.clone();
+    follow_up.push(&json(r#"{"role": "user", "content": "and then?"}"#));
+    let target = engine().await;
+    assert_eq!(target.import_snapshot(snapshot.clone()).expect("importSnapshot"), ids, "the import returns the snapshot's tokens");
+    let moved = target.chat(follow_up.clone().into(), json(options), Counter::new(None).function()).await.expect("chat after import");
+    let hit = num(&moved, "prefix_hit_tokens") as usize;
+    assert!(hit + 1 >= ids.len(), "the follow-up reuses the imported history ({hit} of {} tokens)", ids.len());
+    let local = source.chat(follow_up.into(), json(options), Counter::new(None).function()).await.expect("chat on the source");
+    assert_eq!(js_sys::JSON::stringify(&get(&moved, "tokens")).ok(), js_sys::JSON::stringify(&get(&local, "tokens")).ok(),
+        "greedy: the imported K/V give the reply the source engine gives");
+
+    let fresh = engine().await;
+    let mut flipped = snapshot.clone();
+    let middle = flipped.len() / 2;
+    flipped[middle] ^= 0x40;
+    expect_code("a flipped byte", fresh.import_snapshot(flipped), ErrorCode::SnapshotCorrupt);
+    expect_code("a truncated snapshot", fresh.import_snapshot(snapshot[..snapshot.len() - 9].to_vec()), ErrorCode::SnapshotCorrupt);
+    expect_code("not a snapshot", fresh.import_snapshot(b"hello".to_vec()), ErrorCode::SnapshotCorrupt);
+    let int8 = load(tiny(), r#"{"kvDtype": "int8"}"#).await.expect("an int8 engine");
+    expect_code("an f32 snapshot in an int8 pool", int8.import_snapshot(snapshot), ErrorCode::SnapshotMismatch);
+    for refused in [&fresh, &int8] {
+        let stats = refused.stats().expect("stats");
+        assert_eq!(num(&stats, "pool.blocks_free"), num(&stats, "pool.blocks_total"), "a refused snapshot changes nothing");
+    }
+}

@@ -2,6 +2,7 @@
 // Several conversations, streamed replies with a stop button, and a live map of the KV pool.
 // User and model text always go through textContent, never HTML.
 import { createEngine } from "/js/index.js";
+import { loadConversations, saveConversation } from "./store.js";
 
 const MODEL_URL = "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 const params = new URLSearchParams(location.search);
@@ -141,6 +142,8 @@ async function loadModel(model, label) {
     ui.newConversation.disabled = false;
     ui.resetCache.disabled = false;
     state.claims.clear();
+    // Saved snapshots go into this engine's prefix cache when their conversation continues.
+    for (const c of state.conversations) c.needsImport = !!c.snapshot;
     buildKvMap();
     renderKv();
     updateButtons();
@@ -164,8 +167,8 @@ async function openFile(file) {
 
 // ---- Conversations -------------------------------------------------------------------------------
 
-function newConversation() {
-  const id = state.nextId++;
+function newConversation(saved = null) {
+  const id = saved ? saved.id : state.nextId++;
   const conv = {
     id,
     color: PALETTE[(id - 1) % PALETTE.length],
@@ -180,7 +183,16 @@ function newConversation() {
     stream: null,
     blocks: [],
     turns: 0,
+    /** The KV snapshot of `history` (engine.exportConversation), saved with it; null if none. */
+    snapshot: null,
+    /** Whether `snapshot` still has to go into the current engine's prefix cache. */
+    needsImport: false,
   };
+  if (saved) {
+    Object.assign(conv, { title: saved.title, system: saved.system ?? null, started: true, history: saved.history,
+      turns: saved.turns ?? 0, snapshot: saved.snapshot ?? null, needsImport: !!saved.snapshot });
+    conv.item.dataset.restored = "true";
+  }
   conv.view.className = "thread";
   // The conversation's color marks its messages, its sidebar entry and its blocks in the map.
   conv.view.style.setProperty("--user", conv.color);
@@ -194,9 +206,66 @@ function newConversation() {
   conv.item.addEventListener("keydown", (e) => { if (e.key === "Enter") activate(conv); });
   state.conversations.push(conv);
   ui.conversations.prepend(conv.item);
+  if (saved) {
+    for (const m of conv.history) {
+      if (m.role !== "user" && m.role !== "assistant") continue;
+      addMessage(conv, m.role, m.content).dataset.done = "true";
+    }
+  }
   renderConversationItem(conv);
-  activate(conv);
+  if (!saved) activate(conv);
   return conv;
+}
+
+/** What the engine sees of `conv`: its system prompt, then its turns. */
+function messagesOf(conv) {
+  return conv.system ? [{ role: "system", content: conv.system }, ...conv.history] : [...conv.history];
+}
+
+/**
+ * Saves `conv` with a snapshot of its history's K/V, so that after a reload its next turn reuses
+ * them instead of recomputing the whole history. Without a snapshot the history is still saved.
+ */
+async function persist(conv, engine) {
+  conv.snapshot = null;
+  conv.needsImport = false;
+  if (conv.history.length > 0) {
+    try {
+      conv.snapshot = await engine.exportConversation(messagesOf(conv));
+    } catch (e) {
+      if (e.code !== "DISPOSED") console.warn("pagedlm: no KV snapshot for this conversation:", e);
+    }
+  }
+  await saveConversation({ id: conv.id, title: conv.title, system: conv.system, history: conv.history, turns: conv.turns, snapshot: conv.snapshot });
+}
+
+/** Puts a restored conversation's snapshot into the engine's prefix cache before its next turn. */
+async function importSnapshot(conv, engine) {
+  if (!conv.needsImport || !conv.snapshot) return;
+  conv.needsImport = false;
+  try {
+    await engine.importConversation(conv.snapshot);
+  } catch (e) {
+    // Another model or KV format (f32 vs int8), or damaged bytes: the turn recomputes the history.
+    if (e.code === "SNAPSHOT_MISMATCH" || e.code === "SNAPSHOT_CORRUPT") {
+      conv.snapshot = null;
+      await saveConversation({ id: conv.id, title: conv.title, system: conv.system, history: conv.history, turns: conv.turns, snapshot: null });
+    } else if (e.code !== "KV_POOL_FULL" && e.code !== "DISPOSED") {
+      console.warn("pagedlm: the saved KV snapshot was not loaded:", e);
+    }
+  }
+}
+
+/** Brings back the conversations saved before the last reload; a new, empty one stays active. */
+async function restoreConversations() {
+  const saved = await loadConversations();
+  for (const record of saved) {
+    if (!Array.isArray(record.history) || record.history.length === 0) continue;
+    newConversation(record);
+    state.nextId = Math.max(state.nextId, record.id + 1);
+  }
+  // The blank conversation is the newest: on top of the list.
+  ui.conversations.prepend(state.active.item);
 }
 
 function activate(conv) {
@@ -293,12 +362,13 @@ async function send() {
   startRefresh();
 
   const engine = state.engine;
-  const messages = conv.system ? [{ role: "system", content: conv.system }, ...conv.history] : [...conv.history];
+  const messages = messagesOf(conv);
   const t0 = performance.now();
   let streamed = "";
   let details = null;
   let outcome = "done";
   try {
+    await importSnapshot(conv, engine);
     conv.stream = await engine.chat.completions.create({ messages, stream: true, signal: conv.controller.signal, ...requestOptions() });
     for await (const chunk of conv.stream) {
       const piece = chunk.choices[0]?.delta?.content;
@@ -347,6 +417,7 @@ async function send() {
     conv.busy = false;
     conv.stream = null;
     conv.controller = null;
+    if (outcome !== "failed") await persist(conv, engine);
     // The pool as the engine left it, drawn before the turn counts as done.
     await refreshStats();
     bubble.dataset.done = "true";
@@ -680,4 +751,6 @@ window.addEventListener("drop", (e) => {
 });
 
 newConversation();
+// Saved conversations come back while the model loads; their snapshots are imported on use.
+await restoreConversations();
 loadModel(params.get("model") || MODEL_URL, "SmolLM2-135M-Instruct · Q4_1");

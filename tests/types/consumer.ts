@@ -29,6 +29,9 @@ async function main(file: File): Promise<string> {
   const stats: EngineStats = await engine.stats();
   const cells: number[] = stats.block_states;
   await engine.resetCache();
+  const snapshot: Uint8Array = await engine.exportConversation([{ role: "user", content: "Hi" }, { role: "assistant", content: completion.choices[0].message.content ?? "" }]);
+  const restored: number = (await engine.importConversation(snapshot)).tokens;
+  text += restored;
   await engine.dispose();
   const fromFile = await createEngine(file);
   await fromFile.dispose();
