@@ -2,13 +2,18 @@
 // Drives the npm package's API in headless Chromium (WebGPU; SwiftShader without a GPU) on the
 // real model: load time (network and Cache API), prefill and decode tokens/s, and the time to
 // the first token of a follow-up turn with and without the prefix cache.
-// Options (env): BENCH_PREFILL_WORDS (default 60 words ≈ 90 prompt tokens), BENCH_DECODE_TOKENS (32).
+// and aggregate decode tokens/s of 1, 2, 4 and 8 concurrent requests (continuous batching).
+// Options (env): BENCH_PREFILL_WORDS (default 60 words ≈ 90 prompt tokens), BENCH_DECODE_TOKENS (32),
+// BENCH_BATCHES ("1,2,4,8"), BENCH_BATCH_TOKENS (12), BENCH_ONLY_BATCH=1 (skip the other figures).
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { launch, MODEL, openPage, root, startServer } from "../tests/e2e/helpers.mjs";
 
 const prefillWords = Number(process.env.BENCH_PREFILL_WORDS || 60);
 const decodeTokens = Number(process.env.BENCH_DECODE_TOKENS || 32);
+const batches = (process.env.BENCH_BATCHES || "1,2,4,8").split(",").map(Number);
+const batchTokens = Number(process.env.BENCH_BATCH_TOKENS || 12);
+const onlyBatch = process.env.BENCH_ONLY_BATCH === "1";
 
 if (!existsSync(join(root, "pkg/pagedlm_bg.wasm")) || !existsSync(MODEL)) {
   console.error("bench:browser needs pkg/ (bash scripts/build-web.sh) and the model (npm run fetch-model)");
@@ -19,12 +24,43 @@ const server = await startServer();
 const browser = await launch();
 try {
   const { page, problems } = await openPage(browser, `${server.url}/bench-blank`);
-  const figures = await page.evaluate(async ({ prefillWords, decodeTokens }) => {
+  const figures = await page.evaluate(async ({ prefillWords, decodeTokens, batches, batchTokens, onlyBatch }) => {
     const { createEngine } = await import("/js/index.js");
     const MODEL_URL = "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
     const user = (content) => ({ role: "user", content });
     const greedy = { temperature: 0 };
     const out = {};
+
+    // Aggregate decode of n concurrent streams: tokens counted from the moment every stream has
+    // its first token to the moment the first one ends.
+    const aggregate = async (e, n) => {
+      const topics = ["dragons", "rivers", "castles", "robots", "gardens", "comets", "ships", "owls", "forests", "bridges", "clocks", "islands", "storms", "lanterns", "foxes", "mountains"];
+      const state = { started: 0, t0: 0, t1: 0, tokens: 0 };
+      await Promise.all(Array.from({ length: n }, async (_, i) => {
+        const stream = await e.chat.completions.create({ messages: [user(`Tell a story about ${topics[i % topics.length]}.`)], max_tokens: batchTokens, stream: true, ...greedy });
+        let first = true;
+        for await (const chunk of stream) {
+          if (!chunk.choices?.[0]?.delta?.content) continue;
+          if (first) {
+            first = false;
+            state.started += 1;
+            if (state.started === n) state.t0 = performance.now();
+          } else if (state.t0 && !state.t1) {
+            state.tokens += 1;
+          }
+        }
+        if (!state.t1 && state.t0) state.t1 = performance.now();
+      }));
+      return state.t1 > state.t0 ? state.tokens / ((state.t1 - state.t0) / 1000) : 0;
+    };
+    if (onlyBatch) {
+      const engine = await createEngine(MODEL_URL, { cacheName: "pagedlm-bench", prefixCache: false, maxBatch: Math.max(...batches) });
+      await aggregate(engine, 1);
+      out.aggregate_decode_tok_s = {};
+      for (const n of batches) out.aggregate_decode_tok_s[n] = await aggregate(engine, n);
+      await engine.dispose();
+      return out;
+    }
 
     let t0 = performance.now();
     let engine = await createEngine(MODEL_URL, { cacheName: "pagedlm-bench" });
@@ -73,10 +109,10 @@ try {
     out.follow_up_uncached = await followUp(uncached);
     await uncached.dispose();
     return out;
-  }, { prefillWords, decodeTokens });
+  }, { prefillWords, decodeTokens, batches, batchTokens, onlyBatch });
   const round = (x) => (typeof x === "number" ? Math.round(x * 100) / 100 : x);
   const result = Object.fromEntries(Object.entries(figures).map(([k, v]) => [k, typeof v === "object" ? Object.fromEntries(Object.entries(v).map(([a, b]) => [a, round(b)])) : round(v)]));
-  result.follow_up_ttft_speedup = round(figures.follow_up_uncached.ttft_ms / figures.follow_up_cached.ttft_ms);
+  if (figures.follow_up_cached) result.follow_up_ttft_speedup = round(figures.follow_up_uncached.ttft_ms / figures.follow_up_cached.ttft_ms);
   const errors = problems.filter((p) => !/404|Not Found/.test(p));
   if (errors.length) result.page_errors = errors;
   console.log(JSON.stringify(result));

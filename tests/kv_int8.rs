@@ -46,6 +46,7 @@ const MIN_F32_AGREEMENT: f64 = 0.97;
 #[cfg(not(target_arch = "wasm32"))]
 const PPL_TOKENS: usize = 2048;
 /// INT8 perplexity within 1% of f32's.
+#[cfg(not(target_arch = "wasm32"))]
 const MAX_PPL_RATIO: f64 = 1.01;
 
 struct Item {
