@@ -758,6 +758,9 @@ impl Engine {
             if completes {
                 r.prefill_done_ms.get_or_insert(now);
             }
+            // Requests arriving while this one runs can share its prompt's K/V from now on.
+            let (seq, tokens) = (r.seq.expect("running requests have a sequence"), r.tokens());
+            self.kv.publish(seq, &tokens)?;
         }
         let eos = self.tokenizer.eos_ids();
         let mut done: Vec<(usize, FinishReason)> = Vec::new();

@@ -174,7 +174,7 @@ impl Scheduler {
 
     /// Picks the waiting request to admit next: an over-age one if any (oldest first), else the
     /// longest cached prefix (ties: the oldest), or plain FIFO when cache-awareness is off.
-    fn pick(&self, kv: &KvCache) -> Option<usize> {
+    fn pick(&self, kv: &KvCache, deferred: &[RequestId]) -> Option<usize> {
         if self.waiting.is_empty() {
             return None;
         }
@@ -186,7 +186,7 @@ impl Scheduler {
             .waiting
             .iter()
             .enumerate()
-            .filter(|(_, r)| step.saturating_sub(r.enqueued_step) >= self.config.age_limit)
+            .filter(|(_, r)| self.over_age(r, step))
             .min_by_key(|(_, r)| r.enqueued_step)
         {
             return Some(i);
@@ -194,6 +194,7 @@ impl Scheduler {
         self.waiting
             .iter()
             .enumerate()
+            .filter(|(_, r)| !deferred.contains(&r.id))
             .max_by_key(|(i, r)| {
                 let t = r.tokens();
                 let ctx = r.context_len() as usize;
@@ -202,15 +203,52 @@ impl Scheduler {
             .map(|(i, _)| i)
     }
 
+    fn over_age(&self, r: &Request, step: u64) -> bool {
+        step.saturating_sub(r.enqueued_step) >= self.config.age_limit
+    }
+
+    /// Full blocks of `tokens` that a running request still reading its prompt will have
+    /// computed (and published to the prefix cache, see [`KvCache::publish`]) once its prefill
+    /// ends: the longest block-aligned common prefix with its context.
+    fn shared_with_prefilling(&self, tokens: &[u32], block_size: u32) -> u32 {
+        let bs = block_size as usize;
+        self.running
+            .iter()
+            .filter(|r| r.in_prefill())
+            .map(|r| {
+                let theirs = r.tokens();
+                let theirs = &theirs[..r.context_len() as usize];
+                let common = tokens.iter().zip(theirs).take_while(|(a, b)| a == b).count();
+                (common / bs * bs) as u32
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Admits waiting requests into free running slots while the pool can hold their uncached
     /// context. Returns requests that can never run (their context exceeds the whole pool or
     /// the sequence limit), to be finished with an error.
+    ///
+    /// With `cache_aware`, a request whose prompt shares at least one more full block with a
+    /// running request still in prefill than the prefix cache holds now waits until that
+    /// prefill has published its blocks: admitted now, it would compute the same K/V again, and
+    /// it could not start its own prefill earlier anyway (one prefill chunk per step, oldest
+    /// first). Over-age requests are never held back.
     pub fn admit(&mut self, ctx: &crate::gpu::Context, kv: &mut KvCache) -> Vec<(Request, EngineError)> {
         let mut rejected = Vec::new();
+        let mut deferred: Vec<RequestId> = Vec::new();
         while (self.running.len() as u32) < self.config.max_batch {
-            let Some(i) = self.pick(kv) else { break };
+            let Some(i) = self.pick(kv, &deferred) else { break };
             let tokens = self.waiting[i].tokens();
             let ctx_len = self.waiting[i].context_len() as usize;
+            if self.config.cache_aware && kv.prefix_cache_enabled() && !self.over_age(&self.waiting[i], self.stats.steps) {
+                let probe = &tokens[..ctx_len.saturating_sub(1).max(1).min(tokens.len())];
+                let cached = kv.peek_prefix(probe);
+                if self.shared_with_prefilling(probe, kv.block_size()) >= cached / kv.block_size() * kv.block_size() + kv.block_size() {
+                    deferred.push(self.waiting[i].id);
+                    continue;
+                }
+            }
             let need_blocks = (ctx_len as u32 + 1).div_ceil(kv.block_size());
             if ctx_len as u32 + 1 > kv.max_seq_len || need_blocks > kv.pool.n_blocks {
                 let r = self.waiting.remove(i).expect("picked index");

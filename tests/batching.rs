@@ -1,7 +1,7 @@
 //! Continuous batching on tiny synthetic models: requests batched together give the tokens they
 //! give alone; a long randomized run with arrivals, aborts and a pool small enough to force
 //! eviction and preemption keeps the cache consistent after every step and accounts for every
-//! request.
+//! request; requests running together share a system prompt's K/V, computed once.
 mod common;
 
 #[cfg(target_arch = "wasm32")]
@@ -127,6 +127,88 @@ gpu_test! {
             assert_eq!(got[id].0, want[k], "request {k}: tokens differ after preemption");
         }
         assert!(engine.sched_stats().preemptions > 0, "the pool was meant to force preemption");
+    }
+}
+
+/// Runs every submitted request to the end and returns its generation.
+async fn finish_all(engine: &mut Engine) -> HashMap<RequestId, pagedlm::engine::Generation> {
+    let mut done = HashMap::new();
+    while engine.has_work() {
+        for e in engine.step().await.unwrap() {
+            if let Event::Finished { id, result } = e {
+                done.insert(id, result.unwrap_or_else(|e| panic!("request {id:?} failed: {e}")));
+            }
+        }
+        engine.kv_cache().check_integrity().unwrap();
+    }
+    done
+}
+
+gpu_test! {
+    async fn requests_running_together_share_a_system_prompt_computed_once() {
+        let bytes = tiny(34);
+        let mut rng = Rng::new(5);
+        // 40 tokens: 5 full blocks of 8.
+        let system = ids(&mut rng, 40);
+        let mut prompts: Vec<Vec<u32>> = (0..5)
+            .map(|_| {
+                let mut p = system.clone();
+                let n = 3 + rng.below(10) as usize;
+                p.extend(ids(&mut rng, n));
+                p
+            })
+            .collect();
+        prompts.push(ids(&mut rng, 20));
+        let request = GenerateRequest { max_tokens: 8, ..Default::default() };
+        let mut alone = Engine::load(&bytes, EngineOptions { max_context: 96, prefix_cache: false, ..Default::default() }).await.unwrap();
+        let mut want = Vec::new();
+        for p in &prompts {
+            want.push(alone.generate(p, &request, &mut |_| true).await.unwrap().tokens);
+        }
+        // All submitted at once; prefill chunks of 16 rows, so the system prompt takes 3 steps.
+        let mut prefill_total = HashMap::new();
+        for cache_aware in [true, false] {
+            let sched = SchedConfig { max_batch: 8, step_tokens: 16, cache_aware, ..Default::default() };
+            let opts = EngineOptions { max_context: 96, block_size: 8, sched, check_integrity: true, ..Default::default() };
+            let mut engine = Engine::load(&bytes, opts).await.unwrap();
+            let order: Vec<RequestId> = prompts.iter().map(|p| engine.submit(p.clone(), request.clone()).unwrap()).collect();
+            let done = finish_all(&mut engine).await;
+            for (k, id) in order.iter().enumerate() {
+                assert_eq!(done[id].tokens, want[k], "request {k} (cache-aware {cache_aware}): tokens differ from its solo run");
+            }
+            let hits: Vec<u32> = order[..5].iter().map(|id| done[id].prefix_hit_tokens).collect();
+            if cache_aware {
+                // One request computes the system prompt; the others wait for its blocks.
+                assert_eq!(hits.iter().filter(|&&h| h == 0).count(), 1, "hits {hits:?}");
+                assert!(hits.iter().filter(|&&h| h >= 40).count() == 4, "hits {hits:?}");
+            } else {
+                // Admitted together, before anything was computed: nothing to share.
+                assert!(hits.iter().all(|&h| h == 0), "hits {hits:?}");
+            }
+            prefill_total.insert(cache_aware, done.values().map(|g| g.prefill_tokens).sum::<u32>());
+        }
+        assert!(prefill_total[&true] + 4 * 40 <= prefill_total[&false], "prompt tokens computed: {prefill_total:?}");
+
+        // A request arriving while another still decodes shares the blocks its prompt published.
+        let sched = SchedConfig { max_batch: 8, step_tokens: 16, ..Default::default() };
+        let opts = EngineOptions { max_context: 96, block_size: 8, sched, check_integrity: true, ..Default::default() };
+        let mut engine = Engine::load(&bytes, opts).await.unwrap();
+        let long = GenerateRequest { max_tokens: 30, ignore_eos: true, ..Default::default() };
+        let first = engine.submit(prompts[0].clone(), long).unwrap();
+        let mut first_done = false;
+        while engine.sched_stats().sequences.iter().any(|s| s.prefilling) || engine.sched_stats().steps == 0 {
+            for e in engine.step().await.unwrap() {
+                first_done |= matches!(e, Event::Finished { id, .. } if id == first);
+            }
+        }
+        assert!(!first_done && engine.sched_stats().running == 1, "the first request should still be decoding");
+        let second = engine.submit(prompts[1].clone(), request.clone()).unwrap();
+        let done = finish_all(&mut engine).await;
+        assert!(done[&second].prefix_hit_tokens >= 40, "hit {} while the first request was running", done[&second].prefix_hit_tokens);
+        assert_eq!(done[&second].tokens, want[1]);
+        engine.reset_cache().unwrap();
+        let pool = engine.stats().pool;
+        assert_eq!(pool.blocks_free, pool.blocks_total, "blocks leaked");
     }
 }
 

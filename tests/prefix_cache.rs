@@ -2,7 +2,8 @@
 //! prefills, eviction under a small pool keeps every request correct, the cache is keyed by what
 //! its K/V depend on, and a property test over random multi-conversation workloads checks, with
 //! markers written into the GPU pool itself, that every reused position holds the K/V of exactly
-//! the prefix the new request has.
+//! the prefix the new request has, including blocks published by sequences still running and
+//! sequences rewound into a shared block.
 mod common;
 
 #[cfg(target_arch = "wasm32")]
@@ -225,6 +226,7 @@ gpu_test! {
             // Live requests: (sequence, tokens it will hold when done, tokens written so far).
             let mut live: Vec<(SeqId, Vec<u32>, u32, usize)> = Vec::new();
             let (mut hits, mut requests, mut exhausted, mut ops) = (0u64, 0u64, 0u32, 0u32);
+            let (mut published, mut rewinds) = (0u32, 0u32);
             let mut hit_kinds: HashMap<&str, u32> = HashMap::new();
             while ops < 500 {
                 ops += 1;
@@ -268,6 +270,22 @@ gpu_test! {
                         // Abort: nothing is cached.
                         cache.free(seq).unwrap();
                         live.remove(i);
+                    } else if action == 1 && written > 0 {
+                        // Publish while running (what the scheduler does after each prefill
+                        // chunk): later prompts may share the full blocks now.
+                        cache.publish(seq, &tokens[..written as usize]).unwrap();
+                        published += 1;
+                    } else if action == 2 && written > 0 {
+                        // Rewind and continue with other tokens: a kept block that is shared
+                        // (published, or matched from the cache) must be copied, not overwritten.
+                        let len = rng.below(written as u64) as u32;
+                        cache.truncate(&ctx, seq, len).unwrap();
+                        check_markers(&ctx, &cache, seq, &tokens, len).await.unwrap_or_else(|e| panic!("op {ops}: after a rewind to {len}: {e}"));
+                        let mut rewritten = tokens[..len as usize].to_vec();
+                        rewritten.extend(ids(&mut rng, tokens.len() - len as usize));
+                        live[i].1 = rewritten;
+                        live[i].2 = len;
+                        rewinds += 1;
                     } else if written as usize == tokens.len() {
                         cache.finish(seq, &tokens).unwrap();
                         histories.push(tokens);
@@ -304,6 +322,7 @@ gpu_test! {
             assert_eq!(prefix.requests, requests);
             assert!(hit_kinds.get("mid-block").copied().unwrap_or(0) > 0, "no hit ended mid-block: {hit_kinds:?}");
             assert!(prefix.evictions > 0, "the pool never had to evict (block {block_size}): {prefix:?}");
+            assert!(published > 0 && rewinds > 0, "published {published}, rewinds {rewinds}");
             let _ = exhausted;
             cache.reset_prefix_cache().unwrap();
             cache.check_integrity().unwrap();

@@ -167,7 +167,9 @@ impl KvCache {
         Ok(start)
     }
 
-    /// Forgets the last tokens (positions `len..`) of a sequence, returning blocks it no longer needs.
+    /// Forgets the last tokens (positions `len..`) of a sequence, returning blocks it no longer
+    /// needs. A kept, now partly filled last block that is shared is copied first (copy-on-write),
+    /// so the sequence's next tokens never overwrite K/V that another holder reads.
     pub fn truncate(&mut self, ctx: &Context, id: SeqId, len: u32) -> Result<(), KvError> {
         let bs = self.pool.block_size;
         let contiguous = self.layout == KvLayout::Contiguous;
@@ -175,8 +177,20 @@ impl KvCache {
         if len >= seq.len {
             return Ok(());
         }
-        seq.len = len;
         let keep = if contiguous { 1 } else { len.div_ceil(bs) as usize };
+        // The sequence will write into its new last block from `len % bs` on: if another holder
+        // (a fork, the prefix cache) shares that block, it gets its own copy first.
+        let last = (!contiguous && len % bs != 0).then(|| seq.blocks[keep - 1]).filter(|&b| self.pool.alloc.refcount(b) > 1);
+        if let Some(shared) = last {
+            let fresh = self.take_blocks(1)?[0];
+            let mut encoder = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kv.truncate_cow") });
+            self.pool.copy_block(&mut encoder, shared, fresh);
+            ctx.queue.submit(Some(encoder.finish()));
+            self.pool.alloc.release(shared)?;
+            self.seqs[id.0 as usize].as_mut().expect("checked above").blocks[keep - 1] = fresh;
+        }
+        let seq = self.seqs[id.0 as usize].as_mut().expect("checked above");
+        seq.len = len;
         let dropped: Vec<u32> = seq.blocks.drain(keep.min(seq.blocks.len())..).collect();
         for b in dropped {
             self.pool.alloc.release(b)?;
@@ -310,6 +324,16 @@ impl KvCache {
                 return Err(format!("block {b} has refcount {rc} but {want} holders"));
             }
         }
+        // A cached block counts as reclaimable (`PoolStats::blocks_cached`) only if eviction,
+        // which takes leaves, can reach it: below a block that only the tree holds there must be
+        // no block that a sequence holds.
+        for (b, parent) in self.radix.parent_blocks() {
+            if let Some(p) = parent {
+                if holders[b as usize] > 0 && holders[p as usize] == 0 {
+                    return Err(format!("block {b}, held by a sequence, hangs below block {p}, which only the prefix cache holds"));
+                }
+            }
+        }
         Ok(())
     }
 
@@ -395,6 +419,29 @@ impl KvCache {
         } else {
             0
         }
+    }
+
+    /// Shares a live sequence's computed prefix: the full blocks of `tokens[..len]` (`len` = the
+    /// sequence's length) go to the prefix tree now, so that requests admitted while this one is
+    /// still running reuse them instead of computing them again. Only full blocks are published:
+    /// the sequence never writes into them again ([`KvCache::truncate`] copies a shared block
+    /// before the sequence could), whereas its partly filled last block is still being written.
+    /// A no-op with the prefix cache off.
+    pub fn publish(&mut self, id: SeqId, tokens: &[u32]) -> Result<(), KvError> {
+        let seq = self.seq(id)?;
+        if !self.radix.enabled() {
+            return Ok(());
+        }
+        let len = seq.len as usize;
+        if tokens.len() < len {
+            return Err(KvError::Internal(format!("sequence {} holds {len} tokens, {} ids given", id.0, tokens.len())));
+        }
+        let full = len / self.pool.block_size as usize;
+        if full == 0 {
+            return Ok(());
+        }
+        let blocks = seq.blocks[..full].to_vec();
+        self.radix.publish(&self.key, &tokens[..full * self.pool.block_size as usize], &blocks, &mut self.pool.alloc)
     }
 
     /// Ends a sequence whose K/V hold `tokens` (at least its length; extra trailing ids, such as

@@ -215,6 +215,22 @@ impl RadixTree {
     /// go back to the pool when it is freed). A partial node that the new tokens extend is
     /// replaced, its reference released.
     pub fn insert(&mut self, key: &CacheKey, tokens: &[u32], blocks: &[u32], alloc: &mut BlockAllocator) -> Result<(), KvError> {
+        self.insert_path(key, tokens, blocks, alloc, false)
+    }
+
+    /// Shares the full blocks of a sequence that is still running (`tokens.len()` a multiple of
+    /// the block size). Unlike [`RadixTree::insert`], this stops at a cached block that is not
+    /// the sequence's own: hanging the sequence's next blocks below it would pin a block that
+    /// only the tree holds (an inner node is never evicted) for as long as the sequence runs.
+    /// So every tree block a live sequence holds has ancestors that it holds too.
+    pub fn publish(&mut self, key: &CacheKey, tokens: &[u32], blocks: &[u32], alloc: &mut BlockAllocator) -> Result<(), KvError> {
+        if tokens.len() % self.block_size as usize != 0 {
+            return Err(KvError::Internal(format!("{} tokens are not whole blocks of {}", tokens.len(), self.block_size)));
+        }
+        self.insert_path(key, tokens, blocks, alloc, true)
+    }
+
+    fn insert_path(&mut self, key: &CacheKey, tokens: &[u32], blocks: &[u32], alloc: &mut BlockAllocator, own_path_only: bool) -> Result<(), KvError> {
         self.check_key(key)?;
         let bs = self.block_size as usize;
         if blocks.len() != tokens.len().div_ceil(bs) {
@@ -235,6 +251,9 @@ impl RadixTree {
                 }
             });
             if let Some(c) = covering {
+                if own_path_only && self.node(c).block != blocks[i] {
+                    break;
+                }
                 self.node_mut(c).last_used = now;
                 cur = c;
                 continue;
@@ -347,6 +366,16 @@ impl RadixTree {
     /// The blocks the tree holds.
     pub fn blocks(&self) -> Vec<u32> {
         self.nodes.iter().skip(1).flatten().map(|n| n.block).collect()
+    }
+
+    /// Each block the tree holds with its parent's block (`None` below the root).
+    pub fn parent_blocks(&self) -> Vec<(u32, Option<u32>)> {
+        self.nodes
+            .iter()
+            .skip(1)
+            .flatten()
+            .map(|n| (n.block, (n.parent != ROOT).then(|| self.node(n.parent).block)))
+            .collect()
     }
 
     /// The tree's own invariants: parent and child links agree, full nodes hold `block_size`
