@@ -3,10 +3,14 @@
 
 1. Time to first token of every turn of an 8-turn conversation whose history passes 1,500 tokens.
 2. Hit rate and pool memory for 8 conversations that share one system prompt (two turns each).
+3. The same 8 first turns arriving together and running as one batch (`--max-batch 8`): sharing
+   the system prompt while it is being computed (cache-aware admission, the default) against
+   admitting all 8 at once (`--no-cache-aware`) and against no prefix cache.
 
 Usage: python3 bench/prefix_cache.py [extra pagedlm options]   (needs `cargo build --release`)
+       ONLY_CONCURRENT=1 python3 bench/prefix_cache.py          (figure 3 alone)
 """
-import json, os, subprocess, sys, tempfile
+import json, os, subprocess, sys, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "target", "release", "pagedlm")
@@ -38,34 +42,56 @@ def trace(lines, *opts):
     return rows[:-1], rows[-1]["summary"]
 
 
-# 1. One long conversation.
-turns = [{"id": f"t{i + 1}", "conversation": "doc", "user": q, "max_tokens": 64} for i, q in enumerate(QUESTIONS)]
-turns[0]["system"] = SYSTEM
-cached, _ = trace(turns)
-plain, _ = trace(turns, "--no-prefix-cache")
-print("turn  prompt  hit   prefill  ttft_cached_ms  ttft_plain_ms  speedup  same_tokens")
-for c, p in zip(cached, plain):
-    print(f"{c['id']:>4}  {c['prompt_tokens']:>6}  {c['prefix_hit_tokens']:>4}  {c['prefill_tokens']:>7}  "
-          f"{c['ttft_ms']:>14.0f}  {p['ttft_ms']:>13.0f}  {p['ttft_ms'] / c['ttft_ms']:>6.1f}x  {c['tokens'] == p['tokens']}")
+ONLY_CONCURRENT = bool(os.environ.get("ONLY_CONCURRENT"))
 
-# 2. Eight conversations sharing one system prompt, two turns each (interleaved).
-shared = []
-for turn in range(2):
-    for c in range(8):
-        line = {"id": f"c{c}.{turn}", "conversation": f"c{c}", "user": QUESTIONS[(c + turn * 3) % 8], "max_tokens": 24}
-        if turn == 0:
-            line["system"] = SYSTEM
-        shared.append(line)
-for label, opts in [("with prefix cache", ()), ("without", ("--no-prefix-cache",))]:
-    rows, s = trace(shared, *opts)
-    pool = s["pool"]
-    held = pool["blocks_total"] - pool["blocks_free"]
+# 1. One long conversation.
+if not ONLY_CONCURRENT:
+    turns = [{"id": f"t{i + 1}", "conversation": "doc", "user": q, "max_tokens": 64} for i, q in enumerate(QUESTIONS)]
+    turns[0]["system"] = SYSTEM
+    cached, _ = trace(turns)
+    plain, _ = trace(turns, "--no-prefix-cache")
+    print("turn  prompt  hit   prefill  ttft_cached_ms  ttft_plain_ms  speedup  same_tokens")
+    for c, p in zip(cached, plain):
+        print(f"{c['id']:>4}  {c['prompt_tokens']:>6}  {c['prefix_hit_tokens']:>4}  {c['prefill_tokens']:>7}  "
+              f"{c['ttft_ms']:>14.0f}  {p['ttft_ms']:>13.0f}  {p['ttft_ms'] / c['ttft_ms']:>6.1f}x  {c['tokens'] == p['tokens']}")
+
+    # 2. Eight conversations sharing one system prompt, two turns each (interleaved).
+    shared = []
+    for turn in range(2):
+        for c in range(8):
+            line = {"id": f"c{c}.{turn}", "conversation": f"c{c}", "user": QUESTIONS[(c + turn * 3) % 8], "max_tokens": 24}
+            if turn == 0:
+                line["system"] = SYSTEM
+            shared.append(line)
+    for label, opts in [("with prefix cache", ()), ("without", ("--no-prefix-cache",))]:
+        rows, s = trace(shared, *opts)
+        pool = s["pool"]
+        held = pool["blocks_total"] - pool["blocks_free"]
+        print(json.dumps({
+            "run": f"8 conversations sharing a system prompt, {label}",
+            "requests": s["requests"], "prompt_tokens": s["prompt_tokens"], "prefix_hit_tokens": s["prefix_hit_tokens"],
+            "hit_rate": round(s["prefix_hit_tokens"] / s["prompt_tokens"], 3),
+            "blocks_held_at_end": held, "kv_mb_held_at_end": round(held * pool["block_size"] * pool["bytes_per_token"] / 1e6, 1),
+            "tokens_in_the_8_histories": sum(r["prompt_tokens"] + len(r["tokens"]) for r in rows if r["id"].endswith(".1")),
+            "evictions": s["evictions"], "integrity_ok": s["integrity_ok"],
+            "prefill_s_total": round(sum(r["ttft_ms"] for r in rows) / 1000, 1),
+        }))
+
+# 3. Eight first turns arriving together, one batch.
+together = [{"id": f"c{c}.0", "conversation": f"c{c}", "system": SYSTEM, "user": QUESTIONS[c % 8], "max_tokens": 16} for c in range(8)]
+reference = None
+for label, opts in [("shared while computed (cache-aware)", ()), ("all admitted at once (--no-cache-aware)", ("--no-cache-aware",)),
+                    ("no prefix cache", ("--no-prefix-cache",))]:
+    t0 = time.time()
+    rows, s = trace(together, "--max-batch", "8", *opts)
+    wall = time.time() - t0
+    tokens = {r["id"]: r["tokens"] for r in rows}
+    reference = reference or tokens
     print(json.dumps({
-        "run": f"8 conversations sharing a system prompt, {label}",
-        "requests": s["requests"], "prompt_tokens": s["prompt_tokens"], "prefix_hit_tokens": s["prefix_hit_tokens"],
-        "hit_rate": round(s["prefix_hit_tokens"] / s["prompt_tokens"], 3),
-        "blocks_held_at_end": held, "kv_mb_held_at_end": round(held * pool["block_size"] * pool["bytes_per_token"] / 1e6, 1),
-        "tokens_in_the_8_histories": sum(r["prompt_tokens"] + len(r["tokens"]) for r in rows if r["id"].endswith(".1")),
-        "evictions": s["evictions"], "integrity_ok": s["integrity_ok"],
-        "prefill_s_total": round(sum(r["ttft_ms"] for r in rows) / 1000, 1),
+        "run": f"8 requests together, {label}", "prompt_tokens": s["prompt_tokens"],
+        "prefilled": sum(r["prefill_tokens"] for r in rows), "prefix_hit_tokens": s["prefix_hit_tokens"],
+        "ttft_s_mean": round(sum(r["ttft_ms"] for r in rows) / len(rows) / 1000, 1),
+        "ttft_s_max": round(max(r["ttft_ms"] for r in rows) / 1000, 1),
+        "wall_s": round(wall, 1), "same_tokens": tokens == reference,
+        "integrity_ok": s["integrity_ok"],
     }))

@@ -4,7 +4,10 @@
 //! 1. **admits** waiting requests while the running set has room and the pool can hold the
 //!    prompt's uncached part, preferring the request with the longest cached prefix (the prefix
 //!    cache and the scheduler cooperate, as in SGLang) unless a request has waited longer than
-//!    `age_limit` steps, which then goes first, so nothing starves;
+//!    `age_limit` steps, which then goes first, so nothing starves; a request that shares more
+//!    full blocks with a prompt still being prefilled than the cache holds waits for that
+//!    prefill, whose blocks are published to the prefix cache after every chunk
+//!    ([`KvCache::publish`]), instead of computing the same K/V twice;
 //! 2. **plans** one batch: the next token of every running sequence that is decoding, plus one
 //!    prefill chunk of the oldest sequence still reading its prompt, within `step_tokens` rows
 //!    (chunked prefill: a long prompt delays the others' next tokens by one chunk, not by the

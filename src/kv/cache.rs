@@ -286,7 +286,8 @@ impl KvCache {
     /// Verifies the cache's invariants: the allocator's own (free list and refcounts agree), the
     /// prefix tree's own, every block's refcount equals the number of tables holding it plus the
     /// tree's reference plus `external[b]` (holders outside the cache), no table holds a block
-    /// twice, and each table has exactly the blocks its length needs.
+    /// twice, each table has exactly the blocks its length needs, and no block a sequence holds
+    /// hangs in the tree below one that only the tree holds (which eviction could not reach).
     pub fn check_integrity_with(&self, external: &dyn Fn(u32) -> u32) -> Result<(), String> {
         self.pool.alloc.check()?;
         self.radix.check()?;
