@@ -127,7 +127,7 @@ pub(crate) struct Plan {
     /// For each decode row, the request's index in `running`.
     pub decode: Vec<usize>,
     /// The prefill chunk: (index in `running`, first row, rows, whether it ends the context so
-    /// that its last row's logits give the next token).
+    /// that its last row's logits give the next token: not when a token is already pending).
     pub prefill: Option<(usize, usize, u32, bool)>,
 }
 
@@ -308,7 +308,10 @@ impl Scheduler {
             for p in r.computed..r.computed + n {
                 plan.rows.push(Row { seq, token: tokens[p as usize], position: p });
             }
-            plan.prefill = Some((i, first, n, r.computed + n == end));
+            // After a preemption a request may hold a pending token (sampled and streamed, not
+            // yet fed): its next decode row feeds it, so the prefill that rebuilds its context
+            // must not predict a token again.
+            plan.prefill = Some((i, first, n, r.computed + n == end && r.pending.is_none()));
         }
         plan
     }

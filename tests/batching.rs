@@ -105,10 +105,13 @@ gpu_test! {
     async fn a_small_pool_preempts_and_every_request_still_matches_its_solo_run() {
         let bytes = tiny(32);
         let mut rng = Rng::new(4);
+        // Sampled (seeded): this tiny model's greedy output repeats one token, which would hide a
+        // token generated twice around a preemption.
         let prompts: Vec<(Vec<u32>, GenerateRequest)> = (0..6)
-            .map(|_| {
+            .map(|k| {
                 let n = 10 + rng.below(20) as usize;
-                (ids(&mut rng, n), GenerateRequest { max_tokens: 16, ..Default::default() })
+                let sampling = SamplingParams { temperature: 4.0, seed: 100 + k, ..SamplingParams::greedy() };
+                (ids(&mut rng, n), GenerateRequest { max_tokens: 16, sampling, ignore_eos: true, ..Default::default() })
             })
             .collect();
         let mut alone = Engine::load(&bytes, EngineOptions { max_context: 64, prefix_cache: false, ..Default::default() }).await.unwrap();
@@ -116,6 +119,9 @@ gpu_test! {
         for (p, r) in &prompts {
             want.push(alone.generate(p, r, &mut |_| true).await.unwrap().tokens);
         }
+        let repeats: usize = want.iter().map(|t| t.windows(2).filter(|w| w[0] == w[1]).count()).sum();
+        let pairs: usize = want.iter().map(|t| t.len().saturating_sub(1)).sum();
+        assert!(repeats * 4 < pairs, "the solo runs repeat tokens too often ({repeats} of {pairs}) to show a duplicated one: {want:?}");
         // 12 blocks of 4 tokens: 48 slots for 6 sequences of up to 45 tokens.
         let sched = SchedConfig { max_batch: 6, step_tokens: 32, ..Default::default() };
         let opts = EngineOptions { max_context: 64, block_size: 4, pool_tokens: 48, sched, check_integrity: true, ..Default::default() };
