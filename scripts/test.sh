@@ -6,6 +6,13 @@ export PATH="$HOME/.cargo/bin:$PATH"
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-$(mktemp -d)}
 export CARGO_TERM_COLOR=never
 
+# A full run leaves about 2.5 GB in target/ (native and wasm debug builds); say so up front when
+# the disk is short, instead of letting a linker die of SIGBUS half way.
+avail_mb=$(df -Pm . | awk 'NR==2 {print $4}')
+if [ "${avail_mb:-0}" -lt 3072 ]; then
+  echo "warning: only ${avail_mb} MB free on this disk; a full test run needs about 3 GB for target/" >&2
+fi
+
 echo "== native tests (Vulkan: $(command -v vulkaninfo >/dev/null && vulkaninfo --summary 2>/dev/null | awk -F= '/deviceName/{print $2; exit}' || echo lavapipe))"
 cargo test --quiet 2>&1
 
