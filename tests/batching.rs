@@ -23,13 +23,10 @@ fn tiny(seed: u64) -> Vec<u8> {
     tiny_llama_gguf(&SynthConfig { seed, ..SynthConfig::tiny() })
 }
 
-/// Tokens per request from a batched run.
-async fn run_batched(engine: &mut Engine, prompts: &[(Vec<u32>, GenerateRequest)]) -> HashMap<RequestId, (Vec<u32>, FinishReason)> {
-    let mut order = Vec::new();
-    for (p, r) in prompts {
-        order.push(engine.submit(p.clone(), r.clone()).unwrap());
-    }
-    let mut streamed: HashMap<RequestId, Vec<u32>> = HashMap::new();
+/// Runs every submitted request to the end, with `check_integrity()` after every step, and
+/// returns its generation, whose tokens must equal what was streamed (`streamed`: tokens of
+/// steps the caller ran itself).
+async fn finish_all(engine: &mut Engine, mut streamed: HashMap<RequestId, Vec<u32>>) -> HashMap<RequestId, pagedlm::engine::Generation> {
     let mut done = HashMap::new();
     while engine.has_work() {
         for e in engine.step().await.unwrap() {
@@ -38,12 +35,21 @@ async fn run_batched(engine: &mut Engine, prompts: &[(Vec<u32>, GenerateRequest)
                 Event::Finished { id, result } => {
                     let g = result.unwrap_or_else(|e| panic!("request {id:?} failed: {e}"));
                     assert_eq!(streamed.get(&id).cloned().unwrap_or_default(), g.tokens, "streamed tokens differ from the result");
-                    done.insert(id, (g.tokens, g.finish_reason));
+                    done.insert(id, g);
                 }
             }
         }
         engine.kv_cache().check_integrity().unwrap();
     }
+    done
+}
+
+/// Tokens per request from a batched run.
+async fn run_batched(engine: &mut Engine, prompts: &[(Vec<u32>, GenerateRequest)]) -> HashMap<RequestId, (Vec<u32>, FinishReason)> {
+    for (p, r) in prompts {
+        engine.submit(p.clone(), r.clone()).unwrap();
+    }
+    let done: HashMap<_, _> = finish_all(engine, HashMap::new()).await.into_iter().map(|(id, g)| (id, (g.tokens, g.finish_reason))).collect();
     assert_eq!(done.len(), prompts.len());
     done
 }
@@ -136,20 +142,6 @@ gpu_test! {
     }
 }
 
-/// Runs every submitted request to the end and returns its generation.
-async fn finish_all(engine: &mut Engine) -> HashMap<RequestId, pagedlm::engine::Generation> {
-    let mut done = HashMap::new();
-    while engine.has_work() {
-        for e in engine.step().await.unwrap() {
-            if let Event::Finished { id, result } = e {
-                done.insert(id, result.unwrap_or_else(|e| panic!("request {id:?} failed: {e}")));
-            }
-        }
-        engine.kv_cache().check_integrity().unwrap();
-    }
-    done
-}
-
 gpu_test! {
     async fn requests_running_together_share_a_system_prompt_computed_once() {
         let bytes = tiny(34);
@@ -178,7 +170,7 @@ gpu_test! {
             let opts = EngineOptions { max_context: 96, block_size: 8, sched, check_integrity: true, ..Default::default() };
             let mut engine = Engine::load(&bytes, opts).await.unwrap();
             let order: Vec<RequestId> = prompts.iter().map(|p| engine.submit(p.clone(), request.clone()).unwrap()).collect();
-            let done = finish_all(&mut engine).await;
+            let done = finish_all(&mut engine, HashMap::new()).await;
             for (k, id) in order.iter().enumerate() {
                 assert_eq!(done[id].tokens, want[k], "request {k} (cache-aware {cache_aware}): tokens differ from its solo run");
             }
@@ -201,15 +193,18 @@ gpu_test! {
         let mut engine = Engine::load(&bytes, opts).await.unwrap();
         let long = GenerateRequest { max_tokens: 30, ignore_eos: true, ..Default::default() };
         let first = engine.submit(prompts[0].clone(), long).unwrap();
-        let mut first_done = false;
+        let mut streamed: HashMap<RequestId, Vec<u32>> = HashMap::new();
         while engine.sched_stats().sequences.iter().any(|s| s.prefilling) || engine.sched_stats().steps == 0 {
             for e in engine.step().await.unwrap() {
-                first_done |= matches!(e, Event::Finished { id, .. } if id == first);
+                match e {
+                    Event::Token { id, token, .. } => streamed.entry(id).or_default().push(token),
+                    Event::Finished { id, .. } => panic!("{id:?} ended before the second request came"),
+                }
             }
         }
-        assert!(!first_done && engine.sched_stats().running == 1, "the first request should still be decoding");
+        assert!(engine.sched_stats().running == 1 && streamed[&first].len() == 1, "the first request should be decoding");
         let second = engine.submit(prompts[1].clone(), request.clone()).unwrap();
-        let done = finish_all(&mut engine).await;
+        let done = finish_all(&mut engine, streamed).await;
         assert!(done[&second].prefix_hit_tokens >= 40, "hit {} while the first request was running", done[&second].prefix_hit_tokens);
         assert_eq!(done[&second].tokens, want[1]);
         engine.reset_cache().unwrap();
