@@ -105,6 +105,13 @@ impl Request {
         (self.prompt.len() + self.generated.len()) as u32 - self.pending.is_some() as u32
     }
 
+    /// The tokens whose cached prefix admission looks up: the context but its last token,
+    /// which is always computed (see [`KvCache::allocate_for_prompt`]).
+    fn cache_probe(&self) -> Vec<u32> {
+        let n = (self.context_len() as usize).saturating_sub(1).max(1);
+        self.prompt.iter().chain(&self.generated).take(n).copied().collect()
+    }
+
     /// Still reading its prompt (or, after a preemption, its prompt and earlier output).
     pub fn in_prefill(&self) -> bool {
         self.computed < self.context_len()
@@ -198,11 +205,7 @@ impl Scheduler {
             .iter()
             .enumerate()
             .filter(|(_, r)| !deferred.contains(&r.id))
-            .max_by_key(|(i, r)| {
-                let t = r.tokens();
-                let ctx = r.context_len() as usize;
-                (kv.peek_prefix(&t[..ctx.saturating_sub(1).max(1).min(t.len())]), std::cmp::Reverse(*i))
-            })
+            .max_by_key(|(i, r)| (kv.peek_prefix(&r.cache_probe()), std::cmp::Reverse(*i)))
             .map(|(i, _)| i)
     }
 
@@ -219,8 +222,7 @@ impl Scheduler {
             .iter()
             .filter(|r| r.in_prefill())
             .map(|r| {
-                let theirs = r.tokens();
-                let theirs = &theirs[..r.context_len() as usize];
+                let theirs = r.prompt.iter().chain(&r.generated).take(r.context_len() as usize);
                 let common = tokens.iter().zip(theirs).take_while(|(a, b)| a == b).count();
                 (common / bs * bs) as u32
             })
@@ -244,10 +246,11 @@ impl Scheduler {
             let Some(i) = self.pick(kv, &deferred) else { break };
             let tokens = self.waiting[i].tokens();
             let ctx_len = self.waiting[i].context_len() as usize;
+            let probe = self.waiting[i].cache_probe();
+            let hit = kv.peek_prefix(&probe);
             if self.config.cache_aware && kv.prefix_cache_enabled() && !self.over_age(&self.waiting[i], self.stats.steps) {
-                let probe = &tokens[..ctx_len.saturating_sub(1).max(1).min(tokens.len())];
-                let cached = kv.peek_prefix(probe);
-                if self.shared_with_prefilling(probe, kv.block_size()) >= cached / kv.block_size() * kv.block_size() + kv.block_size() {
+                let bs = kv.block_size();
+                if self.shared_with_prefilling(&probe, bs) >= hit / bs * bs + bs {
                     deferred.push(self.waiting[i].id);
                     continue;
                 }
@@ -261,7 +264,6 @@ impl Scheduler {
             }
             // Room for the uncached part now (free blocks plus what the prefix cache could give
             // up); otherwise wait for running sequences to finish.
-            let hit = kv.peek_prefix(&tokens[..ctx_len.saturating_sub(1).max(1).min(tokens.len())]);
             let fresh = need_blocks.saturating_sub(hit / kv.block_size());
             let stats = kv.stats();
             if fresh > stats.blocks_free + stats.blocks_cached && !self.running.is_empty() {

@@ -123,6 +123,14 @@ impl KvCache {
 
     /// `n` free blocks, evicting cached prefixes (least recently used first) if the free list is
     /// short. On failure nothing is taken.
+    /// Copies block `src` into `dst` (copy-on-write) in a submission of its own, queued before
+    /// any later step's writes to `dst`.
+    fn copy_block_now(&self, ctx: &Context, src: u32, dst: u32, label: &'static str) {
+        let mut encoder = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
+        self.pool.copy_block(&mut encoder, src, dst);
+        ctx.queue.submit(Some(encoder.finish()));
+    }
+
     fn take_blocks(&mut self, n: u32) -> Result<Vec<u32>, KvError> {
         if self.pool.alloc.free_count() < n {
             self.radix.evict(&mut self.pool.alloc, n)?;
@@ -183,9 +191,7 @@ impl KvCache {
         let last = (!contiguous && len % bs != 0).then(|| seq.blocks[keep - 1]).filter(|&b| self.pool.alloc.refcount(b) > 1);
         if let Some(shared) = last {
             let fresh = self.take_blocks(1)?[0];
-            let mut encoder = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kv.truncate_cow") });
-            self.pool.copy_block(&mut encoder, shared, fresh);
-            ctx.queue.submit(Some(encoder.finish()));
+            self.copy_block_now(ctx, shared, fresh, "kv.truncate_cow");
             self.pool.alloc.release(shared)?;
             self.seqs[id.0 as usize].as_mut().expect("checked above").blocks[keep - 1] = fresh;
         }
@@ -225,9 +231,7 @@ impl KvCache {
             blocks.extend_from_slice(&source.blocks[..full]);
         }
         if let (Some(from), Some(&to)) = (copy_from, blocks.last()) {
-            let mut encoder = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kv.fork") });
-            self.pool.copy_block(&mut encoder, from, to);
-            ctx.queue.submit(Some(encoder.finish()));
+            self.copy_block_now(ctx, from, to, "kv.fork");
         }
         self.seqs[slot] = Some(Sequence { blocks, len: source.len });
         let id = SeqId(slot as u32);
@@ -400,9 +404,7 @@ impl KvCache {
                 }
             };
             release?;
-            let mut encoder = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kv.prefix_cow") });
-            self.pool.copy_block(&mut encoder, src, fresh[0]);
-            ctx.queue.submit(Some(encoder.finish()));
+            self.copy_block_now(ctx, src, fresh[0], "kv.prefix_cow");
             blocks.extend(fresh);
         }
         self.radix.record_request(prompt.len() as u32, m.tokens);
