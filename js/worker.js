@@ -302,7 +302,9 @@ async function loop() {
     for (const event of events) {
       const entry = requests.get(event.id);
       if (!entry) continue;
-      if (event.type === "token") {
+      if (event.type === "admitted") {
+        continue;
+      } else if (event.type === "token") {
         if (entry.tokens === 0) post({ type: "start", id: entry.id, prompt_tokens: entry.prompt_tokens });
         entry.tokens += 1;
         post({ type: "token", id: entry.id, text: event.text });

@@ -5,14 +5,23 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::gguf::Gguf;
-use crate::gpu::{Context, ContextOptions, GpuError};
+use crate::gpu::{Context, ContextOptions};
 use crate::kv::{CacheConfig, KvCache, KvError, PoolStats, PrefixStats, SeqId};
-pub use crate::kv::{KvDtype, KvLayout};
-use crate::model::{BatchGraph, Logits, ModelConfig, ModelError, StepGraph, StepRow, Weights};
-use crate::sampler::{top_k, Sampler, SamplingError, SamplingParams};
-use crate::sched::{generation_of, Event, Request, RequestId, SchedConfig, SchedStats, Scheduler};
+use crate::model::{BatchGraph, Logits, ModelError, StepGraph, StepRow, Weights};
+use crate::request::{generation_of, Request};
+use crate::sampler::{top_k, Sampler};
+use crate::sched::Scheduler;
 use crate::time::now_ms;
-use crate::tokenizer::{ChatMessage, Tokenizer, TokenizerError, TokenizerSpec};
+use crate::tokenizer::{Tokenizer, TokenizerSpec};
+
+// The engine's public surface: everything a caller (the CLI, web.rs, tests) needs comes from here.
+pub use crate::error::{EngineError, ErrorKind};
+pub use crate::kv::{KvDtype, KvLayout};
+pub use crate::model::ModelConfig;
+pub use crate::request::{Event, FinishReason, GenerateRequest, Generation, RequestId, TokenEvent};
+pub use crate::sampler::SamplingParams;
+pub use crate::sched::{RunningInfo, SchedConfig, SchedStats};
+pub use crate::tokenizer::ChatMessage;
 
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
@@ -49,83 +58,6 @@ impl Default for EngineOptions {
             sched: SchedConfig::default(),
         }
     }
-}
-
-/// Errors of the engine, each with a message a user can act on.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    #[error(transparent)]
-    Model(#[from] ModelError),
-    #[error(transparent)]
-    Gpu(#[from] GpuError),
-    #[error(transparent)]
-    Kv(#[from] KvError),
-    #[error("tokenizer: {0}")]
-    Tokenizer(#[from] TokenizerError),
-    #[error("invalid sampling parameters: {0}")]
-    Sampling(#[from] SamplingError),
-    #[error("the prompt is empty: give at least one token")]
-    EmptyPrompt,
-    #[error("the prompt has {prompt} tokens but the context holds {limit}")]
-    ContextOverflow { prompt: usize, limit: usize },
-    #[error("token id {id} is outside the vocabulary of {vocab}")]
-    BadToken { id: u32, vocab: u32 },
-    #[error("{0}")]
-    InvalidArgument(String),
-    #[error("{0} is not available yet")]
-    NotAvailable(String),
-}
-
-/// Why a generation ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FinishReason {
-    Stop,
-    Length,
-    Abort,
-}
-
-/// A generation request.
-#[derive(Clone, Debug)]
-pub struct GenerateRequest {
-    pub max_tokens: u32,
-    pub sampling: SamplingParams,
-    /// Text that ends the generation (the stop string itself is not part of the output).
-    pub stop: Vec<String>,
-    /// Keep generating through end-of-generation tokens (for benchmarks).
-    pub ignore_eos: bool,
-}
-
-impl Default for GenerateRequest {
-    fn default() -> Self {
-        GenerateRequest { max_tokens: 128, sampling: SamplingParams::greedy(), stop: Vec::new(), ignore_eos: false }
-    }
-}
-
-/// One generated token as streamed to the caller.
-pub struct TokenEvent<'a> {
-    pub id: u32,
-    /// Text completed by this token (may be empty while a UTF-8 character is incomplete).
-    pub text: &'a str,
-}
-
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Generation {
-    pub prompt_tokens: Vec<u32>,
-    pub tokens: Vec<u32>,
-    pub text: String,
-    pub finish_reason: FinishReason,
-    /// Prompt tokens whose K/V came from the prefix cache.
-    pub prefix_hit_tokens: u32,
-    /// Prompt tokens computed (`prompt_tokens.len() - prefix_hit_tokens`).
-    pub prefill_tokens: u32,
-    /// From the call to the first generated token.
-    pub ttft_ms: f64,
-    pub prefill_ms: f64,
-    pub decode_ms: f64,
-    /// The physical KV blocks the request's sequence held at its end, in order (the prefix
-    /// cache keeps them for the next turn until evicted).
-    pub blocks: Vec<u32>,
 }
 
 /// A live sequence as [`Engine::stats`] shows it.
@@ -711,11 +643,7 @@ impl Engine {
     /// running sequence's next token plus at most one prefill chunk) and returns what happened:
     /// tokens and finished requests. Does nothing when there is no work.
     pub async fn step(&mut self) -> Result<Vec<Event>, EngineError> {
-        let mut events = Vec::new();
-        for (r, err) in self.sched.admit(&self.ctx, &mut self.kv) {
-            self.sched.stats.failed += 1;
-            events.push(Event::Finished { id: r.id, result: Err(err) });
-        }
+        let mut events = self.sched.admit(&self.ctx, &mut self.kv);
         let plan = self.reserve(&mut events)?;
         if plan.rows.is_empty() {
             return Ok(events);
@@ -738,7 +666,7 @@ impl Engine {
                 reqs.sort_unstable();
                 reqs.dedup();
                 for &i in reqs.iter().rev() {
-                    let err = EngineError::InvalidArgument(format!("the step failed: {e}"));
+                    let err = e.step_failure();
                     self.finish_running(i, Err(err), &mut events)?;
                 }
                 return Ok(events);

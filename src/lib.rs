@@ -2,14 +2,17 @@
 //! paged, prefix-sharing KV cache.
 
 pub mod engine;
+pub mod error;
 pub mod gguf;
 pub mod gpu;
 pub mod kv;
 pub mod model;
 pub mod quant;
+pub mod request;
 pub mod rng;
 pub mod sampler;
 pub mod sched;
+#[cfg(feature = "testing")]
 pub mod synth;
 pub mod time;
 pub mod tokenizer;

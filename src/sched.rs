@@ -25,14 +25,9 @@
 
 use std::collections::VecDeque;
 
-use crate::engine::{EngineError, FinishReason, GenerateRequest, Generation};
+use crate::error::EngineError;
 use crate::kv::{KvCache, KvError, SeqId};
-use crate::sampler::Sampler;
-use crate::tokenizer::StreamDecoder;
-
-/// A request's handle.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-pub struct RequestId(pub u64);
+use crate::request::{Event, Request, RequestId};
 
 /// How the scheduler batches.
 #[derive(Clone, Debug)]
@@ -50,71 +45,6 @@ pub struct SchedConfig {
 impl Default for SchedConfig {
     fn default() -> Self {
         SchedConfig { max_batch: 8, step_tokens: 256, cache_aware: true, age_limit: 64 }
-    }
-}
-
-/// Something that happened to a request during a step.
-#[derive(Debug)]
-pub enum Event {
-    /// A generated token and the text it completes.
-    Token { id: RequestId, token: u32, text: String },
-    /// The request ended: its generation, or the error that ended it.
-    Finished { id: RequestId, result: Result<Generation, EngineError> },
-}
-
-/// A request in the scheduler.
-pub(crate) struct Request {
-    pub id: RequestId,
-    pub prompt: Vec<u32>,
-    pub params: GenerateRequest,
-    pub sampler: Sampler,
-    pub decoder: StreamDecoder,
-    /// Tokens generated so far (streamed to the caller).
-    pub generated: Vec<u32>,
-    pub text: String,
-    /// The sequence while running.
-    pub seq: Option<SeqId>,
-    /// Tokens of `prompt ++ generated` whose K/V the sequence holds.
-    pub computed: u32,
-    /// The prefix-cache hit at first admission (what the caller sees as `prefix_hit_tokens`).
-    pub first_hit: Option<u32>,
-    /// Prompt tokens this request computed itself, over all its admissions.
-    pub prefill_tokens: u32,
-    pub submitted_ms: f64,
-    pub first_token_ms: Option<f64>,
-    pub prefill_done_ms: Option<f64>,
-    /// Step at which it joined the queue (again) and at which it was last admitted.
-    pub enqueued_step: u64,
-    pub admitted_step: u64,
-    pub preemptions: u32,
-    /// The next token, sampled and streamed but not yet fed to the model.
-    pub pending: Option<u32>,
-}
-
-impl Request {
-    /// Every token of the sequence: the prompt, then what was generated.
-    pub fn tokens(&self) -> Vec<u32> {
-        let mut t = self.prompt.clone();
-        t.extend(&self.generated);
-        t
-    }
-
-    /// Tokens the sequence must hold before it can produce its next token: the prompt and every
-    /// generated token except the pending one, which the next decode row feeds.
-    fn context_len(&self) -> u32 {
-        (self.prompt.len() + self.generated.len()) as u32 - self.pending.is_some() as u32
-    }
-
-    /// The tokens whose cached prefix admission looks up: the context but its last token,
-    /// which is always computed (see [`KvCache::allocate_for_prompt`]).
-    fn cache_probe(&self) -> Vec<u32> {
-        let n = (self.context_len() as usize).saturating_sub(1).max(1);
-        self.prompt.iter().chain(&self.generated).take(n).copied().collect()
-    }
-
-    /// Still reading its prompt (or, after a preemption, its prompt and earlier output).
-    pub fn in_prefill(&self) -> bool {
-        self.computed < self.context_len()
     }
 }
 
@@ -239,8 +169,9 @@ impl Scheduler {
     /// prefill has published its blocks: admitted now, it would compute the same K/V again, and
     /// it could not start its own prefill earlier anyway (one prefill chunk per step, oldest
     /// first). Over-age requests are never held back.
-    pub fn admit(&mut self, ctx: &crate::gpu::Context, kv: &mut KvCache) -> Vec<(Request, EngineError)> {
-        let mut rejected = Vec::new();
+    pub fn admit(&mut self, ctx: &crate::gpu::Context, kv: &mut KvCache) -> Vec<Event> {
+        let mut rejected: Vec<(Request, EngineError)> = Vec::new();
+        let mut events = Vec::new();
         let mut deferred: Vec<RequestId> = Vec::new();
         while (self.running.len() as u32) < self.config.max_batch {
             let Some(i) = self.pick(kv, &deferred) else { break };
@@ -281,11 +212,18 @@ impl Scheduler {
             let mut r = self.waiting.remove(i).expect("picked index");
             r.seq = Some(seq);
             r.computed = hit;
+            if r.first_hit.is_none() {
+                events.push(Event::Admitted { id: r.id, prompt_tokens: r.prompt.len() as u32, prefix_hit_tokens: hit });
+            }
             r.first_hit.get_or_insert(hit);
             r.admitted_step = self.stats.steps;
             self.running.push(r);
         }
-        rejected
+        for (r, err) in rejected {
+            self.stats.failed += 1;
+            events.push(Event::Finished { id: r.id, result: Err(err) });
+        }
+        events
     }
 
     /// Plans the rows of the next step (nothing is reserved yet).
@@ -366,23 +304,3 @@ impl Scheduler {
     }
 }
 
-/// The generation record of a finished request.
-pub(crate) fn generation_of(r: &mut Request, finish: FinishReason, now: f64, blocks: Vec<u32>) -> Generation {
-    if finish != FinishReason::Stop {
-        let rest = r.decoder.finish();
-        r.text.push_str(&rest);
-    }
-    let prefill_done = r.prefill_done_ms.unwrap_or(now);
-    Generation {
-        prompt_tokens: r.prompt.clone(),
-        tokens: r.generated.clone(),
-        text: r.text.clone(),
-        finish_reason: finish,
-        prefix_hit_tokens: r.first_hit.unwrap_or(0),
-        prefill_tokens: r.prompt.len() as u32 - r.first_hit.unwrap_or(0),
-        ttft_ms: r.first_token_ms.map_or(0.0, |t| t - r.submitted_ms),
-        prefill_ms: prefill_done - r.submitted_ms,
-        decode_ms: now - prefill_done,
-        blocks,
-    }
-}

@@ -20,7 +20,7 @@ use crate::kv::snapshot::SnapshotError;
 use crate::kv::KvError;
 use crate::model::{ModelConfig, ModelError};
 use crate::sampler::SamplingParams;
-use crate::sched::{Event, RequestId, SchedStats};
+use crate::engine::{Event, RequestId, SchedStats};
 use crate::tokenizer::ChatMessage;
 
 /// What kind of failure an error is; JS sees it as `error.code`.
@@ -327,6 +327,7 @@ struct Submitted {
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
 enum StepEvent {
+    Admitted { id: RequestId, prompt_tokens: u32, prefix_hit_tokens: u32 },
     Token { id: RequestId, text: String },
     Finished { id: RequestId, result: Generation },
     Failed { id: RequestId, code: &'static str, message: String },
@@ -335,6 +336,7 @@ enum StepEvent {
 impl From<Event> for StepEvent {
     fn from(event: Event) -> StepEvent {
         match event {
+            Event::Admitted { id, prompt_tokens, prefix_hit_tokens } => StepEvent::Admitted { id, prompt_tokens, prefix_hit_tokens },
             Event::Token { id, text, .. } => StepEvent::Token { id, text },
             Event::Finished { id, result: Ok(result) } => StepEvent::Finished { id, result },
             Event::Finished { id, result: Err(e) } => {

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use pagedlm::engine::{Engine, EngineOptions, FinishReason, GenerateRequest, KvDtype};
 use pagedlm::rng::Rng;
 use pagedlm::sampler::SamplingParams;
-use pagedlm::sched::{Event, RequestId, SchedConfig};
+use pagedlm::engine::{Event, RequestId, SchedConfig};
 use pagedlm::synth::{tiny_llama_gguf, SynthConfig};
 
 fn ids(rng: &mut Rng, n: usize) -> Vec<u32> {
@@ -31,6 +31,7 @@ async fn finish_all(engine: &mut Engine, mut streamed: HashMap<RequestId, Vec<u3
     while engine.has_work() {
         for e in engine.step().await.unwrap() {
             match e {
+                Event::Admitted { .. } => {}
                 Event::Token { id, token, .. } => streamed.entry(id).or_default().push(token),
                 Event::Finished { id, result } => {
                     let g = result.unwrap_or_else(|e| panic!("request {id:?} failed: {e}"));
@@ -197,6 +198,7 @@ gpu_test! {
         while engine.sched_stats().sequences.iter().any(|s| s.prefilling) || engine.sched_stats().steps == 0 {
             for e in engine.step().await.unwrap() {
                 match e {
+                    Event::Admitted { .. } => {}
                     Event::Token { id, token, .. } => streamed.entry(id).or_default().push(token),
                     Event::Finished { id, .. } => panic!("{id:?} ended before the second request came"),
                 }

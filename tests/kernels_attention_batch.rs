@@ -17,7 +17,7 @@ use pagedlm::gpu::ops::attention_batch::{
     attention_batch_cpu, AttentionBatch, BatchBuffers, BatchPlan, BatchRow, BatchShape,
 };
 use pagedlm::gpu::{Context, GpuError, Recorder};
-use pagedlm::kv::quant::{dequantize_pool, quantize_pool, Int8Layout};
+use pagedlm::quant::kv_int8::{dequantize_pool, quantize_pool, Int8Layout};
 use pagedlm::kv::KvDtype;
 use pagedlm::rng::Rng;
 

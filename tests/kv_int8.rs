@@ -257,8 +257,8 @@ fn round_trip_groups(pool: &mut [f32], groups: &[Vec<usize>]) {
         values.clear();
         values.extend(g.iter().map(|&i| pool[i]));
         codes.resize(values.len(), 0i8);
-        let scale = pagedlm::kv::quant::quantize_group(&values, &mut codes);
-        pagedlm::kv::quant::dequantize_group(&codes, scale, &mut values);
+        let scale = pagedlm::quant::kv_int8::quantize_group(&values, &mut codes);
+        pagedlm::quant::kv_int8::dequantize_group(&codes, scale, &mut values);
         for (&i, &v) in g.iter().zip(&values) {
             pool[i] = v;
         }

@@ -14,7 +14,7 @@ use pagedlm::gguf::Gguf;
 use pagedlm::gpu::ops::attention::{attention_int8_cpu, Attention, AttentionPath, AttentionPlan, AttentionShape};
 use pagedlm::gpu::ops::kv_write;
 use pagedlm::gpu::{Context, Recorder};
-use pagedlm::kv::quant::{self, Int8Layout};
+use pagedlm::quant::kv_int8::{self as quant, Int8Layout};
 use pagedlm::kv::KvPool;
 use pagedlm::model::reference::forward_cpu;
 use pagedlm::model::ModelConfig;

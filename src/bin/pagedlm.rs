@@ -17,7 +17,7 @@ mod cli {
     use std::io::Write;
 
     use anyhow::{anyhow, bail, Context as _, Result};
-    use pagedlm::sched::SchedConfig;
+    use pagedlm::engine::SchedConfig;
     use pagedlm::engine::{Engine, EngineOptions, GenerateRequest, KvDtype, KvLayout, ScoreMode};
     use pagedlm::gguf::Gguf;
     use pagedlm::sampler::SamplingParams;
@@ -275,7 +275,7 @@ mod cli {
             }
             None => None,
         };
-        let mut transfers: HashMap<pagedlm::sched::RequestId, (f64, f64, usize)> = HashMap::new();
+        let mut transfers: HashMap<pagedlm::engine::RequestId, (f64, f64, usize)> = HashMap::new();
         // Per conversation: its messages so far, its requests still to run (in file order) and
         // the one in flight.
         let mut order: Vec<String> = Vec::new();
@@ -288,7 +288,7 @@ mod cli {
             queues.entry(c).or_default().push_back(v);
         }
         let mut history: HashMap<String, Vec<ChatMessage>> = HashMap::new();
-        let mut in_flight: HashMap<pagedlm::sched::RequestId, (String, &Value, usize)> = HashMap::new();
+        let mut in_flight: HashMap<pagedlm::engine::RequestId, (String, &Value, usize)> = HashMap::new();
         let (mut total_prompt, mut total_hit, mut integrity_ok) = (0u64, 0u64, true);
         loop {
             // Submit the next request of every conversation that has none running.
@@ -326,7 +326,7 @@ mod cli {
                 break;
             }
             for event in engine.step().await? {
-                let pagedlm::sched::Event::Finished { id, result } = event else { continue };
+                let pagedlm::engine::Event::Finished { id, result } = event else { continue };
                 let (conversation, v, prompt_len) = in_flight.remove(&id).ok_or_else(|| anyhow!("an unknown request finished"))?;
                 let rid = v["id"].as_str().unwrap_or_default();
                 let g = result.with_context(|| format!("request {rid}"))?;
@@ -406,16 +406,17 @@ mod cli {
         while engine.has_work() && t1.is_none() {
             for e in engine.step().await? {
                 match e {
-                    pagedlm::sched::Event::Token { id, .. } => {
+                    pagedlm::engine::Event::Token { id, .. } => {
                         if t0.is_some() {
                             tokens += 1;
                         }
                         started.insert(id);
                     }
-                    pagedlm::sched::Event::Finished { result, .. } => {
+                    pagedlm::engine::Event::Finished { result, .. } => {
                         result?;
                         t1.get_or_insert(pagedlm::time::now_ms());
                     }
+                    pagedlm::engine::Event::Admitted { .. } => {}
                 }
             }
             if t0.is_none() && started.len() as u32 == batch {
@@ -517,18 +518,18 @@ mod cli {
         let t0 = pagedlm::time::now_ms();
         // Gaps count from the long prompt's arrival, so a decoder that gets no token until the
         // prompt is read shows that whole wait.
-        let mut last: HashMap<pagedlm::sched::RequestId, f64> = decoders.iter().map(|&id| (id, t0)).collect();
+        let mut last: HashMap<pagedlm::engine::RequestId, f64> = decoders.iter().map(|&id| (id, t0)).collect();
         let mut long_done = false;
         while !long_done {
             for e in engine.step().await? {
                 let now = pagedlm::time::now_ms();
                 match e {
-                    pagedlm::sched::Event::Token { id, .. } if decoders.contains(&id) => {
+                    pagedlm::engine::Event::Token { id, .. } if decoders.contains(&id) => {
                         if let Some(prev) = last.insert(id, now) {
                             gaps.push(now - prev);
                         }
                     }
-                    pagedlm::sched::Event::Finished { id, .. } if id == long_id => long_done = true,
+                    pagedlm::engine::Event::Finished { id, .. } if id == long_id => long_done = true,
                     _ => {}
                 }
             }

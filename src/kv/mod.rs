@@ -6,7 +6,6 @@
 pub mod alloc;
 pub mod cache;
 pub mod pool;
-pub mod quant;
 pub mod radix;
 pub mod snapshot;
 
@@ -55,6 +54,12 @@ pub enum KvError {
     NotAvailable(String),
     #[error("KV cache bookkeeping: {0}")]
     Internal(String),
+}
+
+impl From<crate::quant::kv_int8::Int8Error> for KvError {
+    fn from(e: crate::quant::kv_int8::Int8Error) -> KvError {
+        KvError::Config(e.0)
+    }
 }
 
 impl From<AllocError> for KvError {

@@ -17,14 +17,14 @@
 //! sequence: the kernels are shared, only the allocation policy differs.
 //!
 //! With [`KvDtype::Int8`] each buffer holds the same order in 8-bit codes, four per u32, then
-//! one f32 scale per (block, kv_head, slot) after the whole code region (see [`super::quant`]):
+//! one f32 scale per (block, kv_head, slot) after the whole code region (see [`crate::quant::kv_int8`]):
 //! `head_dim + 4` bytes per token and head instead of `4 · head_dim`.
 
 use crate::gpu::Context;
 use crate::model::ModelConfig;
 
 use super::alloc::BlockAllocator;
-use super::quant::Int8Layout;
+use crate::quant::kv_int8::Int8Layout;
 use super::{KvDtype, KvError};
 
 /// Snapshot of the pool's occupancy.

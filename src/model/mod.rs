@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod config;
 pub mod forward;
+#[cfg(feature = "testing")]
 pub mod reference;
 pub mod weights;
 

@@ -75,3 +75,23 @@ pub async fn real_model_bytes() -> Vec<u8> {
     let buf = JsFuture::from(resp.array_buffer().expect("array_buffer")).await.expect("reading the model body");
     js_sys::Uint8Array::new(&buf).to_vec()
 }
+
+/// Prints a line of a test's figures: to stdout natively, to the browser console in Chromium.
+pub fn report(line: &str) {
+    #[cfg(not(target_arch = "wasm32"))]
+    println!("{line}");
+    #[cfg(target_arch = "wasm32")]
+    wasm_bindgen_test::console_log!("{line}");
+}
+
+/// Milliseconds since an arbitrary origin, in both runtimes.
+pub fn now_ms() -> f64 {
+    pagedlm::time::now_ms()
+}
+
+/// The default tiny synthetic llama GGUF ([`pagedlm::synth::SynthConfig::tiny`]) with its
+/// weights drawn from `seed`.
+pub fn tiny_model(seed: u64) -> Vec<u8> {
+    use pagedlm::synth::{tiny_llama_gguf, SynthConfig};
+    tiny_llama_gguf(&SynthConfig { seed, ..SynthConfig::tiny() })
+}

@@ -8,7 +8,7 @@
 //!   normalized output (one dispatch up to `chunk` keys of context).
 //!
 //! Both are `shaders/attention.wgsl` specialized by override constants; the reduce is
-//! `shaders/attention_reduce.wgsl`. The pools are f32 or INT8 ([`crate::kv::quant`]); INT8 codes
+//! `shaders/attention_reduce.wgsl`. The pools are f32 or INT8 ([`crate::quant::kv_int8`]); INT8 codes
 //! and scales are dequantized in registers as the key loop loads them. An invocation owns 4 query rows of one KV head (for SmolLM2's
 //! decode: the 3 query heads of a group) and reads each K/V row once for all of them; no shared
 //! memory, no barriers, which are costly on CPU adapters (lavapipe, SwiftShader).
@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use super::{check_binding, check_size, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
-use crate::kv::quant::{dequantize_pool, Int8Layout};
+use crate::quant::kv_int8::{dequantize_pool, Int8Layout};
 use crate::kv::KvDtype;
 
 const OP: &str = "attention";

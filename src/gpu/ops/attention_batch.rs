@@ -23,7 +23,7 @@
 //! rows are correct here but each reads its keys alone; a long prefill chunk is cheaper through
 //! [`super::attention::Attention`]'s passes, which share every K/V load among 4 rows.
 //!
-//! The pools are f32 or INT8 ([`crate::kv::quant`], [`BatchShape::dtype`]), as in
+//! The pools are f32 or INT8 ([`crate::quant::kv_int8`], [`BatchShape::dtype`]), as in
 //! [`super::attention::Attention::paged_dtype`]: INT8 codes are dequantized in registers as they
 //! are loaded (the key's scale multiplies its scores once, the value's scale folds into its
 //! softmax weight), never into an f32 copy of the cache. The dtype is an override constant, so
@@ -45,7 +45,7 @@ use std::ops::Range;
 use super::attention::{attention_cpu, AttentionShape};
 use super::{check_binding, check_size, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
-use crate::kv::quant::Int8Layout;
+use crate::quant::kv_int8::Int8Layout;
 use crate::kv::KvDtype;
 
 const OP: &str = "attention_batch";
@@ -539,7 +539,7 @@ fn workgroups(max_per_dim: u32, workgroup_size: u32, items: u64) -> [u32; 3] {
 /// attention of [`attention_cpu`] for its sequence (table row at `table_base`, keys
 /// 0..kv_len); a row of kv_len 0 is zeros. qkv: [rows.len(), qkv_row]; returns
 /// [rows.len(), n_heads*head_dim]. k_pool/v_pool are f32 whatever `shape.dtype` says: for an
-/// INT8 pool, pass its dequantized values ([`crate::kv::quant::dequantize_pool`]).
+/// INT8 pool, pass its dequantized values ([`crate::quant::kv_int8::dequantize_pool`]).
 pub fn attention_batch_cpu(
     shape: &BatchShape,
     qkv: &[f32],

@@ -3,7 +3,7 @@
 
 use super::{check_binding, check_size, grid, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
-use crate::kv::quant::{self, Int8Layout};
+use crate::quant::kv_int8::{self as quant, Int8Layout};
 use crate::kv::KvDtype;
 
 #[repr(C)]

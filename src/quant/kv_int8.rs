@@ -60,7 +60,10 @@
 //! Scales are f32, not f16: f16 would save 2 bytes per token, layer and head in K and in V
 //! (0.258× instead of 0.266×) at the cost of an unpack per key, and f32 keeps the scale exact.
 
-use super::KvError;
+/// A pool shape or buffer that the INT8 format cannot hold.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct Int8Error(pub String);
 
 /// The largest code magnitude: codes are symmetric, -128 is never used.
 pub const QMAX: f32 = 127.0;
@@ -116,18 +119,18 @@ pub struct Int8Layout {
 impl Int8Layout {
     /// Checks that the shape is not empty, that `head_dim` is a multiple of 16 and that every
     /// word index fits the kernels' u32 indices.
-    pub fn new(n_blocks: u32, n_kv_heads: u32, block_size: u32, head_dim: u32) -> Result<Int8Layout, KvError> {
+    pub fn new(n_blocks: u32, n_kv_heads: u32, block_size: u32, head_dim: u32) -> Result<Int8Layout, Int8Error> {
         let layout = Int8Layout { n_blocks, n_kv_heads, block_size, head_dim };
         if n_blocks == 0 || n_kv_heads == 0 || block_size == 0 || head_dim == 0 {
-            return Err(KvError::Config(format!("empty INT8 pool shape {layout:?}")));
+            return Err(Int8Error(format!("empty INT8 pool shape {layout:?}")));
         }
         if head_dim % 16 != 0 {
-            return Err(KvError::Config(format!(
+            return Err(Int8Error(format!(
                 "the INT8 KV cache needs a head dim that is a multiple of 16 (whole vec4<u32> per key), not {head_dim}"
             )));
         }
         if layout.buffer_bytes() / 4 > u32::MAX as u64 {
-            return Err(KvError::Config(format!("an INT8 pool of {} words overflows u32 indices", layout.buffer_bytes() / 4)));
+            return Err(Int8Error(format!("an INT8 pool of {} words overflows u32 indices", layout.buffer_bytes() / 4)));
         }
         Ok(layout)
     }
@@ -175,11 +178,11 @@ impl Int8Layout {
 
 /// Quantizes a whole f32 pool `[n_blocks][n_kv_heads][block_size][head_dim]` into the words of an
 /// INT8 buffer ([`Int8Layout::buffer_bytes`] / 4 words, padding 0).
-pub fn quantize_pool(layout: &Int8Layout, pool: &[f32]) -> Result<Vec<u32>, KvError> {
+pub fn quantize_pool(layout: &Int8Layout, pool: &[f32]) -> Result<Vec<u32>, Int8Error> {
     let hd = layout.head_dim as usize;
     let groups = layout.groups() as usize;
     if pool.len() != groups * hd {
-        return Err(KvError::Config(format!("an f32 pool of {} values for {layout:?}, which holds {}", pool.len(), groups * hd)));
+        return Err(Int8Error(format!("an f32 pool of {} values for {layout:?}, which holds {}", pool.len(), groups * hd)));
     }
     let mut words = vec![0u32; (layout.buffer_bytes() / 4) as usize];
     let data = layout.data_words() as usize;
@@ -195,12 +198,12 @@ pub fn quantize_pool(layout: &Int8Layout, pool: &[f32]) -> Result<Vec<u32>, KvEr
 }
 
 /// The f32 pool `[n_blocks][n_kv_heads][block_size][head_dim]` an INT8 buffer's words stand for.
-pub fn dequantize_pool(layout: &Int8Layout, words: &[u32]) -> Result<Vec<f32>, KvError> {
+pub fn dequantize_pool(layout: &Int8Layout, words: &[u32]) -> Result<Vec<f32>, Int8Error> {
     let hd = layout.head_dim as usize;
     let data = layout.data_words() as usize;
     let groups = layout.groups() as usize;
     if words.len() < data + groups {
-        return Err(KvError::Config(format!("{} words are too few for {layout:?}", words.len())));
+        return Err(Int8Error(format!("{} words are too few for {layout:?}", words.len())));
     }
     let mut pool = vec![0f32; groups * hd];
     for (g, out) in pool.chunks_exact_mut(hd).enumerate() {

@@ -1,0 +1,11 @@
+//! Quantized number formats, in one place so that kernels, the model and the KV cache import
+//! them from below:
+//! - [`ggml`]: the GGML weight blocks pagedlm reads from GGUF files (Q4_1, Q8_0), with CPU
+//!   quantize/dequantize references;
+//! - [`kv_int8`]: the INT8 KV-cache format (8-bit codes with one f32 scale per token and KV
+//!   head), its pool layout and CPU reference.
+
+pub mod ggml;
+pub mod kv_int8;
+
+pub use ggml::*;
