@@ -1,17 +1,21 @@
-//! The one object a user drives: load a model from bytes, generate with a token stream, score
-//! (teacher forcing), and report timings.
+//! The one object a user drives: load a model from bytes, generate with a token stream, run
+//! many requests together, score (teacher forcing), move K/V snapshots, and report.
+//!
+//! The engine is the wiring between three parts that never see each other: the scheduler
+//! ([`crate::sched`]: every request's life, the KV cache's sequences), the model's runner
+//! ([`crate::model::Runner`]: rows through the forward graphs) and the KV cache
+//! ([`crate::kv`]). A step is: the scheduler admits and plans, the runner runs the plan's rows,
+//! the scheduler commits their outputs. [`Engine::generate`] is one submitted request stepped
+//! to its end: there is one token loop.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::gguf::Gguf;
 use crate::gpu::{Context, ContextOptions};
-use crate::kv::{CacheConfig, KvCache, KvError, PoolStats, PrefixStats, SeqId};
-use crate::model::{BatchGraph, Logits, ModelError, StepGraph, StepRow, Weights};
-use crate::request::{generation_of, Request};
+use crate::kv::{CacheConfig, KvCache, KvPool, PoolStats, PrefixStats, SeqId};
+use crate::model::{Logits, Model, ModelError, Runner, StepRow, Weights};
 use crate::sampler::{top_k, Sampler};
 use crate::sched::Scheduler;
-use crate::time::now_ms;
 use crate::tokenizer::{Tokenizer, TokenizerSpec};
 
 // The engine's public surface: everything a caller (the CLI, web.rs, tests) needs comes from here.
@@ -91,15 +95,15 @@ pub enum ScoreMode {
 
 pub struct Engine {
     ctx: Arc<Context>,
-    cfg: ModelConfig,
-    weights: Weights,
+    model: Model,
     tokenizer: Tokenizer,
     kv: KvCache,
     options: EngineOptions,
-    decode_graph: Option<StepGraph>,
-    prefill_graphs: HashMap<(u32, u32), StepGraph>,
-    batch_graphs: HashMap<(u32, u32), BatchGraph>,
+    runner: Runner,
     sched: Scheduler,
+    /// Events of other requests that a [`Engine::generate`] call stepped past; the next
+    /// [`Engine::step`] returns them first.
+    backlog: Vec<Event>,
 }
 
 impl Engine {
@@ -115,45 +119,17 @@ impl Engine {
             return Err(EngineError::InvalidArgument("prefill_chunk must be at least 1".into()));
         }
         let gguf = Gguf::parse(bytes).map_err(ModelError::from)?;
-        let cfg = ModelConfig::from_gguf(&gguf)?;
+        let config = ModelConfig::from_gguf(&gguf)?;
         let tokenizer = Tokenizer::from_spec(TokenizerSpec::from_gguf(&gguf)?)?;
-        let weights = Weights::upload(&ctx, &gguf, &cfg)?;
-        let max_context = match options.max_context {
-            0 => cfg.context_length.min(4096),
-            n => n.min(cfg.context_length.max(1)),
-        };
-        let cache_config = CacheConfig {
-            layout: options.kv_layout,
-            dtype: options.kv_dtype,
-            block_size: options.block_size,
-            // Default: room for the longest sequence, capped by what one layer's buffer may bind
-            // on this device.
-            pool_tokens: if options.pool_tokens == 0 {
-                let device_max = crate::kv::KvPool::max_blocks(&ctx, &cfg, options.block_size.max(1)) * options.block_size.max(1) as u64;
-                (max_context as u64).min(device_max) as u32
-            } else {
-                options.pool_tokens
-            },
-            // The scheduler's running set, plus one for `generate`/`score` outside it. The
-            // contiguous baseline reserves the whole maximum length per sequence up front, so it
-            // runs one scheduled sequence at a time.
-            max_seqs: match options.kv_layout {
-                KvLayout::Paged => options.sched.max_batch.max(1) + 1,
-                KvLayout::Contiguous => 2,
-            },
-            max_seq_len: max_context,
-            prefix_cache: options.prefix_cache && options.kv_layout == KvLayout::Paged,
-        };
-        let kv = KvCache::new(&ctx, &cfg, cache_config)?;
-        if options.sched.max_batch == 0 || options.sched.step_tokens == 0 {
-            return Err(EngineError::InvalidArgument("max_batch and step_tokens must be at least 1".into()));
-        }
-        let sched = Scheduler::new(options.sched.clone());
-        Ok(Engine { ctx, cfg, weights, tokenizer, kv, options, decode_graph: None, prefill_graphs: HashMap::new(), batch_graphs: HashMap::new(), sched })
+        let weights = Weights::upload(&ctx, &gguf, &config)?;
+        let kv = KvCache::new(&ctx, &config.kv_shape(), cache_config(&ctx, &config, &options))?;
+        let sched = Scheduler::new(options.sched.clone())?;
+        let runner = Runner::new(options.prefill_chunk)?;
+        Ok(Engine { ctx, model: Model { config, weights }, tokenizer, kv, options, runner, sched, backlog: Vec::new() })
     }
 
     pub fn config(&self) -> &ModelConfig {
-        &self.cfg
+        &self.model.config
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -170,7 +146,7 @@ impl Engine {
 
     /// GPU bytes held by the weights and by the KV cache.
     pub fn memory(&self) -> (u64, u64) {
-        (self.weights.bytes(), self.kv.pool.bytes_total())
+        (self.model.weights.bytes(), self.kv.pool.bytes_total())
     }
 
     /// The KV cache (pool statistics, integrity checks).
@@ -213,8 +189,9 @@ impl Engine {
         if ids.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
-        if let Some(&id) = ids.iter().find(|&&id| id >= self.cfg.vocab) {
-            return Err(EngineError::BadToken { id, vocab: self.cfg.vocab });
+        let vocab = self.model.config.vocab;
+        if let Some(&id) = ids.iter().find(|&&id| id >= vocab) {
+            return Err(EngineError::BadToken { id, vocab });
         }
         if ids.len() > self.kv.max_seq_len as usize {
             return Err(EngineError::ContextOverflow { prompt: ids.len(), limit: self.kv.max_seq_len as usize });
@@ -222,79 +199,83 @@ impl Engine {
         Ok(())
     }
 
-    /// Runs `tokens` at positions `start..` through prefill passes of at most `prefill_chunk` rows.
-    /// Returns, for each position p in `start..start+len` with p >= `first_logit`, the argmax and
-    /// (with `Logits::Full`) the logits predicting position p + 1.
-    async fn prefill(
-        &mut self,
-        seq: SeqId,
-        tokens: &[u32],
-        start: u32,
-        first_logit: u32,
-        read: Logits,
-    ) -> Result<(Vec<u32>, Vec<f32>), EngineError> {
-        let chunk = self.options.prefill_chunk as usize;
-        let mut argmaxes = Vec::new();
-        let mut logits = Vec::new();
-        let mut pos = start;
-        for piece in tokens.chunks(chunk) {
-            let n = piece.len() as u32;
-            let end = pos + n;
-            let want = end.saturating_sub(first_logit.max(pos)).max(1);
-            let key = (n, want);
-            if !self.prefill_graphs.contains_key(&key) {
-                if self.prefill_graphs.len() >= 4 {
-                    self.prefill_graphs.clear();
-                }
-                let g = StepGraph::build(&self.ctx, &self.cfg, &self.weights, &self.kv, n, want)?;
-                self.prefill_graphs.insert(key, g);
-            }
-            let at = self.kv.append(&self.ctx, seq, n)?;
-            debug_assert_eq!(at, pos);
-            let table_base = self.kv.table_base(seq);
-            let graph = self.prefill_graphs.get_mut(&key).expect("inserted above");
-            let (ids, l) = graph.run(&self.ctx, piece, pos, table_base, read).await?;
-            self.verify()?;
-            if end > first_logit {
-                argmaxes.extend(ids);
-                if let Some(l) = l {
-                    logits.extend(l);
-                }
-            }
-            pos = end;
-        }
-        Ok((argmaxes, logits))
-    }
-
     fn verify(&self) -> Result<(), EngineError> {
         if self.options.check_integrity {
-            self.kv.check_integrity().map_err(|e| EngineError::Kv(KvError::Internal(e)))?;
+            self.kv.check_integrity().map_err(crate::kv::KvError::from)?;
         }
         Ok(())
     }
 
-    fn seq_len(&self, seq: SeqId) -> u32 {
-        self.kv.len(seq).unwrap_or(0)
+    // ---- Requests: submit and step ------------------------------------------------------
+
+    /// Queues a request for [`Engine::step`]; returns its id. The prompt and the sampling
+    /// parameters are checked now.
+    pub fn submit(&mut self, prompt: Vec<u32>, request: GenerateRequest) -> Result<RequestId, EngineError> {
+        self.check_tokens(&prompt)?;
+        let sampler = Sampler::new(request.sampling.clone())?;
+        Ok(self.sched.submit(prompt, request, sampler, self.tokenizer.stream_decoder()))
     }
 
-    /// One decode step: `token` at the next position of the sequence.
-    async fn decode(&mut self, seq: SeqId, token: u32, read: Logits) -> Result<(u32, Option<Vec<f32>>), EngineError> {
-        if self.seq_len(seq) >= self.kv.max_seq_len {
-            return Err(EngineError::ContextOverflow { prompt: self.seq_len(seq) as usize + 1, limit: self.kv.max_seq_len as usize });
+    /// Whether any submitted request has not finished (or has events not yet returned).
+    pub fn has_work(&self) -> bool {
+        !self.sched.is_idle() || !self.backlog.is_empty()
+    }
+
+    /// Ends a request now, wherever it is: its computed K/V go to the prefix cache and its
+    /// sequence's blocks are released before this returns. Returns its generation so far
+    /// (finish reason `abort`), or `None` for an unknown or already finished id.
+    pub fn abort(&mut self, id: RequestId) -> Result<Option<Generation>, EngineError> {
+        self.sched.abort(&mut self.kv, id)
+    }
+
+    /// Running and waiting requests, preemptions and each running sequence's block table.
+    pub fn sched_stats(&self) -> SchedStats {
+        self.sched.stats(&self.kv)
+    }
+
+    /// Runs one scheduling step: admits waiting requests, runs one forward over the batch (each
+    /// running sequence's next token plus at most one prefill chunk) and returns what happened:
+    /// admissions, tokens and finished requests. Does nothing when there is no work.
+    pub async fn step(&mut self) -> Result<Vec<Event>, EngineError> {
+        let mut events = std::mem::take(&mut self.backlog);
+        events.extend(self.step_once().await?);
+        Ok(events)
+    }
+
+    async fn step_once(&mut self) -> Result<Vec<Event>, EngineError> {
+        let mut events = self.sched.admit(&mut self.kv);
+        let plan = self.sched.reserve(&mut self.kv, &mut events)?;
+        if plan.rows().is_empty() {
+            return Ok(events);
         }
-        if self.decode_graph.is_none() {
-            self.decode_graph = Some(StepGraph::build(&self.ctx, &self.cfg, &self.weights, &self.kv, 1, 1)?);
+        let rows: Vec<StepRow> =
+            plan.rows().iter().map(|r| StepRow { token: r.token, position: r.position, table_base: self.kv.table_base(r.seq) }).collect();
+        let read = if plan.full_logits() { Logits::Full } else { Logits::Argmax };
+        match self.runner.run(&self.ctx, &self.model, &self.kv, &rows, &plan.logit_rows(), read).await {
+            Ok(outputs) => {
+                self.verify()?;
+                events.extend(self.sched.commit(&mut self.kv, &plan, outputs, &self.tokenizer.eos_ids())?);
+            }
+            // The step failed as a whole: every request in it ends with the error.
+            Err(e) => events.extend(self.sched.fail(&mut self.kv, &plan, &e.into())?),
         }
-        let pos = self.kv.append(&self.ctx, seq, 1)?;
-        let table_base = self.kv.table_base(seq);
-        let graph = self.decode_graph.as_mut().expect("built above");
-        let (ids, logits) = graph.run(&self.ctx, &[token], pos, table_base, read).await?;
-        self.verify()?;
-        Ok((ids[0], logits))
+        Ok(events)
+    }
+
+    /// Runs steps until every submitted request has finished, calling `on_event` for each event.
+    pub async fn run_to_completion(&mut self, on_event: &mut dyn FnMut(&Event)) -> Result<(), EngineError> {
+        while self.has_work() {
+            for e in self.step().await? {
+                on_event(&e);
+            }
+        }
+        Ok(())
     }
 
     /// Generates from prompt token ids, calling `on_token` for every token; `on_token` returning
-    /// false aborts the generation (finish reason `abort`).
+    /// false aborts the generation (finish reason `abort`). This is [`Engine::submit`] and
+    /// [`Engine::step`] until the request ends; other requests' events meanwhile are kept for
+    /// the next `step`.
     ///
     /// The request starts from the longest prefix of `prompt` whose K/V the prefix cache holds
     /// (earlier turns of a conversation, a shared system prompt) and computes only the rest; when
@@ -305,15 +286,65 @@ impl Engine {
         request: &GenerateRequest,
         on_token: &mut dyn FnMut(&TokenEvent<'_>) -> bool,
     ) -> Result<Generation, EngineError> {
-        self.check_tokens(prompt)?;
-        let t0 = now_ms();
-        let (seq, hit) = self.kv.allocate_for_prompt(&self.ctx, prompt)?;
-        let mut history = prompt.to_vec();
-        match self.generate_in(seq, hit, t0, prompt, &mut history, request, on_token).await {
-            Ok(mut g) => {
-                g.blocks = self.kv.blocks(seq)?.to_vec();
-                self.kv.finish(seq, &history)?;
-                Ok(g)
+        let id = self.submit(prompt.to_vec(), request.clone())?;
+        loop {
+            let mut events = self.step_once().await?.into_iter();
+            while let Some(event) = events.next() {
+                match event {
+                    Event::Token { id: of, token, text } if of == id => {
+                        if !on_token(&TokenEvent { id: token, text: &text }) {
+                            self.backlog.extend(events);
+                            return self.abort(id)?.ok_or_else(|| EngineError::InvalidArgument(format!("request {id:?} vanished")));
+                        }
+                    }
+                    Event::Finished { id: of, result } if of == id => {
+                        self.backlog.extend(events);
+                        return result;
+                    }
+                    Event::Admitted { id: of, .. } if of == id => {}
+                    other => self.backlog.push(other),
+                }
+            }
+        }
+    }
+
+    // ---- One sequence outside the scheduler: scoring, benchmarks, profiles ---------------
+
+    /// Allocates a sequence for `tokens`, runs `work` on it and frees it (the K/V go nowhere).
+    async fn scratch_sequence<T>(&mut self, work: impl AsyncFnOnce(&mut Self, SeqId) -> Result<T, EngineError>) -> Result<T, EngineError> {
+        let seq = self.kv.allocate()?;
+        let out = work(self, seq).await;
+        self.kv.free(seq)?;
+        out
+    }
+
+    async fn prefill(&mut self, seq: SeqId, tokens: &[u32], start: u32, first_logit: u32, read: Logits) -> Result<(Vec<u32>, Vec<f32>), EngineError> {
+        let out = self.runner.prefill(&self.ctx, &self.model, &mut self.kv, seq, tokens, start, first_logit, read).await?;
+        self.verify()?;
+        Ok(out)
+    }
+
+    async fn decode(&mut self, seq: SeqId, token: u32, read: Logits) -> Result<(u32, Option<Vec<f32>>), EngineError> {
+        let len = self.kv.len(seq)?;
+        if len >= self.kv.max_seq_len {
+            return Err(EngineError::ContextOverflow { prompt: len as usize + 1, limit: self.kv.max_seq_len as usize });
+        }
+        let out = self.runner.decode(&self.ctx, &self.model, &mut self.kv, seq, token, read).await?;
+        self.verify()?;
+        Ok(out)
+    }
+
+    /// Computes `tokens` through the prefix cache like a request's prompt (reusing the cached
+    /// prefix, computing the rest) and caches them; returns the last token's logits (with
+    /// `read` = Full) and the number of tokens that came from the cache.
+    async fn prefill_cached(&mut self, tokens: &[u32], read: Logits) -> Result<(Vec<f32>, u32), EngineError> {
+        self.check_tokens(tokens)?;
+        let (seq, hit) = self.kv.allocate_for_prompt(tokens)?;
+        let last = tokens.len() as u32 - 1;
+        match self.prefill(seq, &tokens[hit as usize..], hit, last, read).await {
+            Ok((_, logits)) => {
+                self.kv.finish(seq, tokens)?;
+                Ok((logits, hit))
             }
             Err(e) => {
                 // K/V written by a failed step are not trusted: nothing goes to the cache.
@@ -323,137 +354,37 @@ impl Engine {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    async fn generate_in(
-        &mut self,
-        seq: SeqId,
-        hit: u32,
-        t0: f64,
-        prompt: &[u32],
-        history: &mut Vec<u32>,
-        request: &GenerateRequest,
-        on_token: &mut dyn FnMut(&TokenEvent<'_>) -> bool,
-    ) -> Result<Generation, EngineError> {
-        let mut sampler = Sampler::new(request.sampling.clone())?;
-        let greedy = request.sampling.is_greedy();
-        let read = if greedy { Logits::Argmax } else { Logits::Full };
-        let eos = self.tokenizer.eos_ids();
-        let mut decoder = self.tokenizer.stream_decoder();
-        let mut tokens = Vec::new();
-        let mut text = String::new();
-
-        let last = prompt.len() as u32 - 1;
-        let (ids, logits) = self.prefill(seq, &prompt[hit as usize..], hit, last, read).await?;
-        let mut next = if greedy { ids[ids.len() - 1] } else { sampler.sample(&mut logits.clone(), history) };
-        let prefill_ms = now_ms() - t0;
-        let ttft_ms = prefill_ms;
-
-        let t1 = now_ms();
-        let mut finish = FinishReason::Length;
-        let limit = request.max_tokens as usize;
-        while tokens.len() < limit {
-            if eos.contains(&next) && !request.ignore_eos {
-                finish = FinishReason::Stop;
-                break;
-            }
-            tokens.push(next);
-            history.push(next);
-            let piece = decoder.push(next)?;
-            text.push_str(&piece);
-            if let Some(cut) = request.stop.iter().filter_map(|s| (!s.is_empty()).then(|| text.find(s.as_str())).flatten()).min() {
-                text.truncate(cut);
-                finish = FinishReason::Stop;
-                break;
-            }
-            if !on_token(&TokenEvent { id: next, text: &piece }) {
-                finish = FinishReason::Abort;
-                break;
-            }
-            if tokens.len() >= limit || self.seq_len(seq) >= self.kv.max_seq_len {
-                break;
-            }
-            let (id, logits) = self.decode(seq, next, read).await?;
-            next = match logits {
-                Some(mut l) if !greedy => sampler.sample(&mut l, history),
-                _ => id,
-            };
-        }
-        if finish != FinishReason::Stop {
-            text.push_str(&decoder.finish());
-        }
-        Ok(Generation {
-            prompt_tokens: prompt.to_vec(),
-            tokens,
-            text,
-            finish_reason: finish,
-            prefix_hit_tokens: hit,
-            prefill_tokens: prompt.len() as u32 - hit,
-            ttft_ms,
-            prefill_ms,
-            decode_ms: now_ms() - t1,
-            blocks: Vec::new(),
-        })
-    }
-
     /// The logits predicting the token after `prompt`, computed through the prefix cache like a
     /// generation's first step (and caching `prompt` afterwards). Returns the logits and the
     /// number of prompt tokens that came from the cache.
     pub async fn next_token_logits(&mut self, prompt: &[u32]) -> Result<(Vec<f32>, u32), EngineError> {
-        self.check_tokens(prompt)?;
-        let (seq, hit) = self.kv.allocate_for_prompt(&self.ctx, prompt)?;
-        let last = prompt.len() as u32 - 1;
-        match self.prefill(seq, &prompt[hit as usize..], hit, last, Logits::Full).await {
-            Ok((_, logits)) => {
-                self.kv.finish(seq, prompt)?;
-                Ok((logits, hit))
-            }
-            Err(e) => {
-                self.kv.free(seq)?;
-                Err(e)
-            }
-        }
+        self.prefill_cached(prompt, Logits::Full).await
     }
 
     /// Per-kernel GPU time (ms) of one prefill step of `n` tokens and one decode step at context
-    /// `n` (see [`StepGraph::profile`]).
+    /// `n` (see [`crate::model::ForwardGraph::profile`]).
     pub async fn profile(&mut self, n: u32) -> Result<(Vec<(String, f64)>, Vec<(String, f64)>), EngineError> {
-        let tokens: Vec<u32> = (0..n).map(|i| 100 + i % (self.cfg.vocab - 100)).collect();
-        let seq = self.kv.allocate(&self.ctx)?;
-        let out = self.profile_in(seq, n, &tokens).await;
-        self.kv.free(seq)?;
-        out
-    }
-
-    async fn profile_in(&mut self, seq: SeqId, n: u32, tokens: &[u32]) -> Result<(Vec<(String, f64)>, Vec<(String, f64)>), EngineError> {
-        let mut prefill = StepGraph::build(&self.ctx, &self.cfg, &self.weights, &self.kv, n, 1)?;
-        self.kv.append(&self.ctx, seq, n + 1)?;
-        let table_base = self.kv.table_base(seq);
-        let p = prefill.profile(&self.ctx, tokens, 0, table_base).await?;
-        let mut decode = StepGraph::build(&self.ctx, &self.cfg, &self.weights, &self.kv, 1, 1)?;
-        let d = decode.profile(&self.ctx, &tokens[..1], n, table_base).await?;
-        Ok((p, d))
+        let vocab = self.model.config.vocab;
+        let tokens: Vec<u32> = (0..n).map(|i| 100 + i % (vocab - 100)).collect();
+        self.scratch_sequence(async |e: &mut Self, seq| Ok(e.runner.profile(&e.ctx, &e.model, &mut e.kv, seq, &tokens).await?)).await
     }
 
     /// For benchmarks: prefills `prompt`, then decodes exactly `n` greedy tokens whatever they are
     /// (end-of-generation tokens included). Returns (tokens decoded, decode milliseconds).
     pub async fn generate_ignoring_eos(&mut self, prompt: &[u32], n: u32) -> Result<(u32, f64), EngineError> {
         self.check_tokens(prompt)?;
-        let seq = self.kv.allocate(&self.ctx)?;
-        let out = self.bench_in(seq, prompt, n).await;
-        self.kv.free(seq)?;
-        out
-    }
-
-    async fn bench_in(&mut self, seq: SeqId, prompt: &[u32], n: u32) -> Result<(u32, f64), EngineError> {
-        let (ids, _) = self.prefill(seq, prompt, 0, prompt.len() as u32 - 1, Logits::Argmax).await?;
-        let mut next = ids[ids.len() - 1];
-        let t0 = now_ms();
-        let mut done = 0;
-        while done < n && self.seq_len(seq) < self.kv.max_seq_len {
-            next = self.decode(seq, next, Logits::Argmax).await?.0;
-            done += 1;
-        }
-        Ok((done, now_ms() - t0))
+        self.scratch_sequence(async |e: &mut Self, seq| {
+            let (ids, _) = e.prefill(seq, prompt, 0, prompt.len() as u32 - 1, Logits::Argmax).await?;
+            let mut next = ids[ids.len() - 1];
+            let t0 = crate::time::now_ms();
+            let mut done = 0;
+            while done < n && e.kv.len(seq)? < e.kv.max_seq_len {
+                next = e.decode(seq, next, Logits::Argmax).await?.0;
+                done += 1;
+            }
+            Ok((done, crate::time::now_ms() - t0))
+        })
+        .await
     }
 
     /// Teacher forcing: reads `ids` and, for every position p from `from - 1` to `len - 1`,
@@ -470,352 +401,26 @@ impl Engine {
         if from == 0 || from > ids.len() {
             return Err(EngineError::InvalidArgument(format!("from must be in 1..={}, got {from}", ids.len())));
         }
-        let seq = self.kv.allocate(&self.ctx)?;
-        let out = self.score_in(seq, ids, from, mode).await;
-        self.kv.free(seq)?;
-        out
-    }
-
-    async fn score_in(&mut self, seq: SeqId, ids: &[u32], from: usize, mode: ScoreMode) -> Result<Vec<Vec<f32>>, EngineError> {
-        let vocab = self.cfg.vocab as usize;
-        let mut out = Vec::with_capacity(ids.len() - from + 1);
-        match mode {
-            ScoreMode::Prefill => {
-                let (_, logits) = self.prefill(seq, ids, 0, from as u32 - 1, Logits::Full).await?;
-                out.extend(logits.chunks(vocab).map(|row| row.to_vec()));
-            }
-            ScoreMode::Decode => {
-                let (_, logits) = self.prefill(seq, &ids[..from], 0, from as u32 - 1, Logits::Full).await?;
-                out.push(logits);
-                for &t in &ids[from..] {
-                    let (_, logits) = self.decode(seq, t, Logits::Full).await?;
-                    out.push(logits.unwrap_or_default());
+        let vocab = self.model.config.vocab as usize;
+        self.scratch_sequence(async |e: &mut Self, seq| {
+            let mut out = Vec::with_capacity(ids.len() - from + 1);
+            match mode {
+                ScoreMode::Prefill => {
+                    let (_, logits) = e.prefill(seq, ids, 0, from as u32 - 1, Logits::Full).await?;
+                    out.extend(logits.chunks(vocab).map(|row| row.to_vec()));
                 }
-            }
-        }
-        Ok(out)
-    }
-
-    // ---- Continuous batching -------------------------------------------------------------
-
-    /// Queues a request for [`Engine::step`]; returns its id. The prompt and the sampling
-    /// parameters are checked now.
-    pub fn submit(&mut self, prompt: Vec<u32>, request: GenerateRequest) -> Result<RequestId, EngineError> {
-        self.check_tokens(&prompt)?;
-        let sampler = Sampler::new(request.sampling.clone())?;
-        let id = self.sched.next_id();
-        let step = self.sched.stats.steps;
-        self.sched.waiting.push_back(Request {
-            id,
-            prompt,
-            params: request,
-            sampler,
-            decoder: self.tokenizer.stream_decoder(),
-            generated: Vec::new(),
-            text: String::new(),
-            seq: None,
-            computed: 0,
-            first_hit: None,
-            prefill_tokens: 0,
-            submitted_ms: now_ms(),
-            first_token_ms: None,
-            prefill_done_ms: None,
-            enqueued_step: step,
-            admitted_step: 0,
-            preemptions: 0,
-            pending: None,
-        });
-        Ok(id)
-    }
-
-    /// Whether any submitted request has not finished.
-    pub fn has_work(&self) -> bool {
-        !self.sched.is_idle()
-    }
-
-    /// Ends a request now, wherever it is: its computed K/V go to the prefix cache and its
-    /// sequence's blocks are released before this returns. Returns its generation so far
-    /// (finish reason `abort`), or `None` for an unknown or already finished id.
-    pub fn abort(&mut self, id: RequestId) -> Result<Option<Generation>, EngineError> {
-        if let Some(i) = self.sched.waiting.iter().position(|r| r.id == id) {
-            let mut r = self.sched.waiting.remove(i).expect("found above");
-            self.sched.stats.aborted += 1;
-            return Ok(Some(generation_of(&mut r, FinishReason::Abort, now_ms(), Vec::new())));
-        }
-        if let Some(i) = self.sched.running.iter().position(|r| r.id == id) {
-            let mut r = self.sched.running.remove(i);
-            let blocks = self.release(&mut r)?;
-            self.sched.stats.aborted += 1;
-            return Ok(Some(generation_of(&mut r, FinishReason::Abort, now_ms(), blocks)));
-        }
-        Ok(None)
-    }
-
-    /// Running and waiting requests, preemptions and each running sequence's block table.
-    pub fn sched_stats(&self) -> SchedStats {
-        self.sched.snapshot(&self.kv)
-    }
-
-    /// Hands a running request's computed K/V to the prefix cache and frees its sequence;
-    /// returns the blocks it held.
-    fn release(&mut self, r: &mut Request) -> Result<Vec<u32>, EngineError> {
-        let Some(seq) = r.seq.take() else { return Ok(Vec::new()) };
-        let blocks = self.kv.blocks(seq)?.to_vec();
-        let tokens = r.tokens();
-        self.kv.finish(seq, &tokens)?;
-        Ok(blocks)
-    }
-
-    fn finish_running(&mut self, i: usize, result: Result<FinishReason, EngineError>, events: &mut Vec<Event>) -> Result<(), EngineError> {
-        let mut r = self.sched.running.remove(i);
-        let id = r.id;
-        match result {
-            Ok(reason) => {
-                let blocks = self.release(&mut r)?;
-                self.sched.stats.finished += 1;
-                events.push(Event::Finished { id, result: Ok(generation_of(&mut r, reason, now_ms(), blocks)) });
-            }
-            Err(e) => {
-                // A failed step's K/V are not trusted: nothing goes to the cache.
-                if let Some(seq) = r.seq.take() {
-                    self.kv.free(seq)?;
-                }
-                self.sched.stats.failed += 1;
-                events.push(Event::Finished { id, result: Err(e) });
-            }
-        }
-        Ok(())
-    }
-
-    /// Makes sure every row of the next plan has a KV slot: when the pool cannot hold them,
-    /// preempts the most recently admitted sequences; a lone sequence that still cannot grow
-    /// ends with the error.
-    fn reserve(&mut self, events: &mut Vec<Event>) -> Result<crate::sched::Plan, EngineError> {
-        loop {
-            let plan = self.sched.plan();
-            let bs = self.kv.block_size();
-            let mut need = 0u32;
-            let mut last: HashMap<SeqId, u32> = HashMap::new();
-            for row in &plan.rows {
-                let e = last.entry(row.seq).or_insert(0);
-                *e = (*e).max(row.position + 1);
-            }
-            let mut too_long = None;
-            for (&seq, &len) in &last {
-                if len > self.kv.max_seq_len {
-                    too_long = Some(seq);
-                }
-                let held = self.kv.blocks(seq)?.len() as u32;
-                need += len.div_ceil(bs).saturating_sub(held);
-            }
-            if let Some(seq) = too_long {
-                let i = self.sched.running.iter().position(|r| r.seq == Some(seq)).expect("planned rows are running");
-                // The sequence reached the context limit: it ends with what it has.
-                self.finish_running(i, Ok(FinishReason::Length), events)?;
-                continue;
-            }
-            let stats = self.kv.stats();
-            if need <= stats.blocks_free + stats.blocks_cached || self.kv.layout == KvLayout::Contiguous {
-                for (&seq, &len) in &last {
-                    let have = self.kv.len(seq)?;
-                    if len > have {
-                        if let Err(e) = self.kv.append(&self.ctx, seq, len - have) {
-                            let i = self.sched.running.iter().position(|r| r.seq == Some(seq)).expect("planned rows are running");
-                            self.finish_running(i, Err(e.into()), events)?;
-                            return Ok(crate::sched::Plan::default());
-                        }
+                ScoreMode::Decode => {
+                    let (_, logits) = e.prefill(seq, &ids[..from], 0, from as u32 - 1, Logits::Full).await?;
+                    out.push(logits);
+                    for &t in &ids[from..] {
+                        let (_, logits) = e.decode(seq, t, Logits::Full).await?;
+                        out.push(logits.unwrap_or_default());
                     }
                 }
-                return Ok(plan);
             }
-            // Keep the oldest admitted sequence; preempt the newest.
-            let keep = self.sched.running.iter().min_by_key(|r| (r.admitted_step, r.id)).map(|r| r.id).expect("rows imply running");
-            if !self.sched.preempt_one(&mut self.kv, keep)? {
-                let i = self.sched.running.iter().position(|r| r.id == keep).expect("kept");
-                let stats = self.kv.stats();
-                let err = KvError::PoolExhausted { needed: need, free: stats.blocks_free + stats.blocks_cached, total: stats.blocks_total };
-                self.finish_running(i, Err(err.into()), events)?;
-            }
-        }
-    }
-
-    /// Runs one scheduling step: admits waiting requests, runs one forward over the batch (each
-    /// running sequence's next token plus at most one prefill chunk) and returns what happened:
-    /// tokens and finished requests. Does nothing when there is no work.
-    pub async fn step(&mut self) -> Result<Vec<Event>, EngineError> {
-        let mut events = self.sched.admit(&self.ctx, &mut self.kv);
-        let plan = self.reserve(&mut events)?;
-        if plan.rows.is_empty() {
-            return Ok(events);
-        }
-        self.sched.stats.steps += 1;
-        // Which rows need logits: every decode row, and the last row of a prefill chunk that
-        // completes its context.
-        let mut wants: Vec<(usize, usize)> = plan.decode.iter().enumerate().map(|(row, &req)| (row, req)).collect();
-        if let Some((req, first, n, true)) = plan.prefill {
-            wants.push((first + n as usize - 1, req));
-        }
-        let full = wants.iter().any(|&(_, req)| !self.sched.running[req].params.sampling.is_greedy());
-        let read = if full { Logits::Full } else { Logits::Argmax };
-        let outputs = match self.run_rows(&plan, read).await {
-            Ok(o) => o,
-            Err(e) => {
-                // The step failed as a whole: every request in it ends with the error.
-                let mut reqs: Vec<usize> = plan.decode.clone();
-                reqs.extend(plan.prefill.map(|p| p.0));
-                reqs.sort_unstable();
-                reqs.dedup();
-                for &i in reqs.iter().rev() {
-                    let err = e.step_failure();
-                    self.finish_running(i, Err(err), &mut events)?;
-                }
-                return Ok(events);
-            }
-        };
-        self.verify()?;
-        let now = now_ms();
-        for &i in &plan.decode {
-            let r = &mut self.sched.running[i];
-            r.computed += 1;
-            r.pending = None;
-        }
-        if let Some((i, _, n, completes)) = plan.prefill {
-            let r = &mut self.sched.running[i];
-            r.computed += n;
-            r.prefill_tokens += n;
-            if completes {
-                r.prefill_done_ms.get_or_insert(now);
-            }
-            // Requests arriving while this one runs can share its prompt's K/V from now on.
-            let (seq, tokens) = (r.seq.expect("running requests have a sequence"), r.tokens());
-            self.kv.publish(seq, &tokens)?;
-        }
-        let eos = self.tokenizer.eos_ids();
-        let mut done: Vec<(usize, FinishReason)> = Vec::new();
-        for (k, &(_, req)) in wants.iter().enumerate() {
-            let (argmax, logits) = &outputs[k];
-            let max_len = self.kv.max_seq_len;
-            let r = &mut self.sched.running[req];
-            let history = r.tokens();
-            let next = match logits {
-                Some(l) if !r.params.sampling.is_greedy() => r.sampler.sample(&mut l.clone(), &history),
-                _ => *argmax,
-            };
-            r.first_token_ms.get_or_insert(now);
-            if eos.contains(&next) && !r.params.ignore_eos {
-                done.push((req, FinishReason::Stop));
-                continue;
-            }
-            r.generated.push(next);
-            // The model's own ids always decode; an error here would be a broken vocabulary.
-            let piece = r.decoder.push(next).unwrap_or_default();
-            r.text.push_str(&piece);
-            let stop_at = r.params.stop.iter().filter_map(|s| (!s.is_empty()).then(|| r.text.find(s.as_str())).flatten()).min();
-            if let Some(cut) = stop_at {
-                r.text.truncate(cut);
-                done.push((req, FinishReason::Stop));
-                continue;
-            }
-            events.push(Event::Token { id: r.id, token: next, text: piece });
-            if r.generated.len() >= r.params.max_tokens as usize || r.computed >= max_len {
-                done.push((req, FinishReason::Length));
-            } else {
-                r.pending = Some(next);
-            }
-        }
-        done.sort_by_key(|&(i, _)| std::cmp::Reverse(i));
-        for (i, reason) in done {
-            self.finish_running(i, Ok(reason), &mut events)?;
-        }
-        Ok(events)
-    }
-
-    /// Runs the planned rows and returns, per row that wants logits (decode rows in order, then
-    /// the completing prefill row), its argmax and (with `Logits::Full`) its logits.
-    async fn run_rows(&mut self, plan: &crate::sched::Plan, read: Logits) -> Result<Vec<(u32, Option<Vec<f32>>)>, EngineError> {
-        // Steps of one sequence take the single-sequence graphs (their prefill attention shares
-        // each key between the rows of a chunk); steps of several take one batched forward.
-        let sequences = plan.decode.len() + plan.prefill.is_some() as usize;
-        if sequences > 1 {
-            return self.run_rows_batched(plan, read).await;
-        }
-        self.run_rows_per_sequence(plan, read).await
-    }
-
-    /// One forward over all rows of the step ([`BatchGraph`]): the weights are read once for
-    /// the whole batch. Graphs are built for power-of-two row and logit-row capacities.
-    async fn run_rows_batched(&mut self, plan: &crate::sched::Plan, read: Logits) -> Result<Vec<(u32, Option<Vec<f32>>)>, EngineError> {
-        let rows: Vec<StepRow> = plan
-            .rows
-            .iter()
-            .map(|r| StepRow { token: r.token, position: r.position, table_base: self.kv.table_base(r.seq) })
-            .collect();
-        let mut logit_rows: Vec<u32> = (0..plan.decode.len() as u32).collect();
-        if let Some((_, first, n, true)) = plan.prefill {
-            logit_rows.push((first + n as usize - 1) as u32);
-        }
-        if logit_rows.is_empty() {
-            // A prefill chunk that does not finish its prompt: its last row stands in.
-            logit_rows.push(rows.len() as u32 - 1);
-        }
-        let key = (rows.len().next_power_of_two() as u32, logit_rows.len().next_power_of_two() as u32);
-        if !self.batch_graphs.contains_key(&key) {
-            if self.batch_graphs.len() >= 6 {
-                self.batch_graphs.clear();
-            }
-            let g = BatchGraph::build(&self.ctx, &self.cfg, &self.weights, &self.kv, key.0, key.1.min(key.0))?;
-            self.batch_graphs.insert(key, g);
-        }
-        let graph = self.batch_graphs.get_mut(&key).expect("inserted above");
-        let wanted = plan.decode.len() + matches!(plan.prefill, Some((_, _, _, true))) as usize;
-        let (ids, logits) = graph.run(&self.ctx, &rows, &logit_rows, if wanted > 0 { read } else { Logits::Argmax }).await?;
-        let vocab = self.cfg.vocab as usize;
-        Ok((0..wanted).map(|k| (ids[k], logits.as_ref().map(|l| l[k * vocab..(k + 1) * vocab].to_vec()))).collect())
-    }
-
-    /// The rows sequence by sequence through the single-sequence graphs (one submission per
-    /// sequence): steps of one sequence.
-    async fn run_rows_per_sequence(&mut self, plan: &crate::sched::Plan, read: Logits) -> Result<Vec<(u32, Option<Vec<f32>>)>, EngineError> {
-        let mut out = Vec::new();
-        for (k, row) in plan.rows.iter().enumerate().take(plan.decode.len()) {
-            debug_assert!(k < plan.decode.len());
-            if self.decode_graph.is_none() {
-                self.decode_graph = Some(StepGraph::build(&self.ctx, &self.cfg, &self.weights, &self.kv, 1, 1)?);
-            }
-            let table_base = self.kv.table_base(row.seq);
-            let graph = self.decode_graph.as_mut().expect("built above");
-            let (ids, logits) = graph.run(&self.ctx, &[row.token], row.position, table_base, read).await?;
-            out.push((ids[0], logits));
-        }
-        if let Some((_, first, n, completes)) = plan.prefill {
-            let rows = &plan.rows[first..first + n as usize];
-            let tokens: Vec<u32> = rows.iter().map(|r| r.token).collect();
-            let key = (n, 1);
-            if !self.prefill_graphs.contains_key(&key) {
-                if self.prefill_graphs.len() >= 4 {
-                    self.prefill_graphs.clear();
-                }
-                let g = StepGraph::build(&self.ctx, &self.cfg, &self.weights, &self.kv, n, 1)?;
-                self.prefill_graphs.insert(key, g);
-            }
-            let table_base = self.kv.table_base(rows[0].seq);
-            let graph = self.prefill_graphs.get_mut(&key).expect("inserted above");
-            let (ids, logits) = graph.run(&self.ctx, &tokens, rows[0].position, table_base, if completes { read } else { Logits::Argmax }).await?;
-            if completes {
-                out.push((ids[0], logits));
-            }
-        }
-        Ok(out)
-    }
-
-    /// Runs steps until every submitted request has finished, calling `on_event` for each event.
-    pub async fn run_to_completion(&mut self, on_event: &mut dyn FnMut(&Event)) -> Result<(), EngineError> {
-        while self.has_work() {
-            for e in self.step().await? {
-                on_event(&e);
-            }
-        }
-        Ok(())
+            Ok(out)
+        })
+        .await
     }
 
     // ---- KV transfer ---------------------------------------------------------------------
@@ -826,28 +431,51 @@ impl Engine {
         if self.kv.peek_prefix(tokens) as usize >= tokens.len() {
             return Ok(());
         }
-        let (seq, hit) = self.kv.allocate_for_prompt(&self.ctx, tokens)?;
-        let last = tokens.len() as u32 - 1;
-        match self.prefill(seq, &tokens[hit as usize..], hit, last, Logits::Argmax).await {
-            Ok(_) => Ok(self.kv.finish(seq, tokens)?),
-            Err(e) => {
-                self.kv.free(seq)?;
-                Err(e)
-            }
-        }
+        self.prefill_cached(tokens, Logits::Argmax).await.map(|_| ())
     }
 
     /// A snapshot of the K/V of `tokens` (a conversation's history: prompt and reply ids),
     /// computing whatever part is not cached. See [`crate::kv::snapshot`] for the format.
     pub async fn export_snapshot(&mut self, tokens: &[u32]) -> Result<Vec<u8>, EngineError> {
         self.cache_prefix(tokens).await?;
-        Ok(self.kv.export_prefix(&self.ctx, tokens).await?)
+        Ok(self.kv.export_prefix(tokens).await?)
     }
 
     /// Loads a snapshot into the prefix cache; the next request whose prompt starts with its
     /// tokens reuses them. Returns the tokens. Refused with a typed error, changing nothing, if
     /// it comes from another model, KV dtype, layout, block size or format version, or is damaged.
     pub fn import_snapshot(&mut self, bytes: &[u8]) -> Result<Vec<u32>, EngineError> {
-        Ok(self.kv.import(&self.ctx, bytes, self.cfg.vocab)?)
+        Ok(self.kv.import(bytes, self.model.config.vocab)?)
+    }
+}
+
+/// The KV cache's configuration for `options`.
+fn cache_config(ctx: &Context, config: &ModelConfig, options: &EngineOptions) -> CacheConfig {
+    let max_context = match options.max_context {
+        0 => config.context_length.min(4096),
+        n => n.min(config.context_length.max(1)),
+    };
+    let block_size = options.block_size.max(1);
+    CacheConfig {
+        layout: options.kv_layout,
+        dtype: options.kv_dtype,
+        block_size: options.block_size,
+        // Default: room for the longest sequence, capped by what one layer's buffer may bind
+        // on this device.
+        pool_tokens: if options.pool_tokens == 0 {
+            let device_max = KvPool::max_blocks(ctx, &config.kv_shape(), block_size) * block_size as u64;
+            (max_context as u64).min(device_max) as u32
+        } else {
+            options.pool_tokens
+        },
+        // The scheduler's running set, plus one for scoring, benchmarks and snapshots outside
+        // it. The contiguous baseline reserves the whole maximum length per sequence up front,
+        // so it runs one scheduled sequence at a time.
+        max_seqs: match options.kv_layout {
+            KvLayout::Paged => options.sched.max_batch.max(1) + 1,
+            KvLayout::Contiguous => 2,
+        },
+        max_seq_len: max_context,
+        prefix_cache: options.prefix_cache && options.kv_layout == KvLayout::Paged,
     }
 }

@@ -103,6 +103,7 @@ impl EngineError {
 fn model_kind(e: &ModelError) -> ErrorKind {
     match e {
         ModelError::Gpu(g) => gpu_kind(g),
+        ModelError::Kv(k) => kv_kind(k),
         ModelError::Unsupported(_) => ErrorKind::Unsupported,
         ModelError::ContextOverflow { .. } => ErrorKind::ContextOverflow,
         ModelError::Gguf(_) | ModelError::Format(_) => ErrorKind::ModelFormat,
@@ -130,7 +131,11 @@ fn kv_kind(e: &KvError) -> ErrorKind {
             }
         },
         KvError::Config(_) => ErrorKind::InvalidArgument,
-        KvError::UnknownSequence(_) | KvError::TooManySequences(_) | KvError::CacheKeyMismatch(_) | KvError::Internal(_) => {
+        KvError::UnknownSequence(_)
+        | KvError::TooManySequences(_)
+        | KvError::CacheKeyMismatch(_)
+        | KvError::Internal(_)
+        | KvError::Integrity(_) => {
             ErrorKind::Internal
         }
     }

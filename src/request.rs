@@ -4,6 +4,7 @@
 use crate::error::EngineError;
 use crate::kv::SeqId;
 use crate::sampler::{Sampler, SamplingParams};
+use crate::time::now_ms;
 use crate::tokenizer::StreamDecoder;
 
 /// A request's handle.
@@ -74,41 +75,77 @@ pub enum Event {
     Finished { id: RequestId, result: Result<Generation, EngineError> },
 }
 
-/// A request in the scheduler.
+/// What a request did with a token it was given ([`Request::accept`]).
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Accepted {
+    /// The token and the text it completes, to stream to the caller.
+    pub token: Option<(u32, String)>,
+    /// Set when the request ends with this token.
+    pub finish: Option<FinishReason>,
+}
+
+/// A request as the scheduler holds it: the caller's prompt and parameters, the per-request token
+/// handling (sampling, end-of-generation, stop strings, the token limit, streaming decode) and
+/// where it stands. The scheduling fields are the scheduler's; everything about tokens changes
+/// only through [`Request::accept`].
 pub(crate) struct Request {
     pub id: RequestId,
-    pub prompt: Vec<u32>,
-    pub params: GenerateRequest,
-    pub sampler: Sampler,
-    pub decoder: StreamDecoder,
+    prompt: Vec<u32>,
+    params: GenerateRequest,
+    sampler: Sampler,
+    decoder: StreamDecoder,
     /// Tokens generated so far (streamed to the caller).
-    pub generated: Vec<u32>,
-    pub text: String,
+    generated: Vec<u32>,
+    text: String,
     /// The sequence while running.
     pub seq: Option<SeqId>,
     /// Tokens of `prompt ++ generated` whose K/V the sequence holds.
     pub computed: u32,
     /// The prefix-cache hit at first admission (what the caller sees as `prefix_hit_tokens`).
-    pub first_hit: Option<u32>,
-    /// Prompt tokens this request computed itself, over all its admissions.
-    pub prefill_tokens: u32,
-    pub submitted_ms: f64,
-    pub first_token_ms: Option<f64>,
-    pub prefill_done_ms: Option<f64>,
+    first_hit: Option<u32>,
+    submitted_ms: f64,
+    first_token_ms: Option<f64>,
+    prefill_done_ms: Option<f64>,
     /// Step at which it joined the queue (again) and at which it was last admitted.
     pub enqueued_step: u64,
     pub admitted_step: u64,
-    pub preemptions: u32,
     /// The next token, sampled and streamed but not yet fed to the model.
-    pub pending: Option<u32>,
+    pending: Option<u32>,
 }
 
 impl Request {
+    pub fn new(id: RequestId, prompt: Vec<u32>, params: GenerateRequest, sampler: Sampler, decoder: StreamDecoder, step: u64) -> Request {
+        Request {
+            id,
+            prompt,
+            params,
+            sampler,
+            decoder,
+            generated: Vec::new(),
+            text: String::new(),
+            seq: None,
+            computed: 0,
+            first_hit: None,
+            submitted_ms: now_ms(),
+            first_token_ms: None,
+            prefill_done_ms: None,
+            enqueued_step: step,
+            admitted_step: 0,
+            pending: None,
+        }
+    }
+
     /// Every token of the sequence: the prompt, then what was generated.
     pub fn tokens(&self) -> Vec<u32> {
         let mut t = self.prompt.clone();
         t.extend(&self.generated);
         t
+    }
+
+    /// The token at position `p` of the sequence (prompt, then generated).
+    pub fn token_at(&self, p: u32) -> u32 {
+        let p = p as usize;
+        self.prompt.get(p).copied().unwrap_or_else(|| self.generated[p - self.prompt.len()])
     }
 
     /// Tokens the sequence must hold before it can produce its next token: the prompt and every
@@ -117,8 +154,13 @@ impl Request {
         (self.prompt.len() + self.generated.len()) as u32 - self.pending.is_some() as u32
     }
 
+    /// The first `n` tokens of the context.
+    pub fn context(&self, n: usize) -> impl Iterator<Item = &u32> {
+        self.prompt.iter().chain(&self.generated).take(n.min(self.context_len() as usize))
+    }
+
     /// The tokens whose cached prefix admission looks up: the context but its last token,
-    /// which is always computed (see [`KvCache::allocate_for_prompt`]).
+    /// which is always computed (see [`crate::kv::KvCache::allocate_for_prompt`]).
     pub fn cache_probe(&self) -> Vec<u32> {
         let n = (self.context_len() as usize).saturating_sub(1).max(1);
         self.prompt.iter().chain(&self.generated).take(n).copied().collect()
@@ -128,25 +170,106 @@ impl Request {
     pub fn in_prefill(&self) -> bool {
         self.computed < self.context_len()
     }
-}
 
-/// The generation record of a finished request.
-pub(crate) fn generation_of(r: &mut Request, finish: FinishReason, now: f64, blocks: Vec<u32>) -> Generation {
-    if finish != FinishReason::Stop {
-        let rest = r.decoder.finish();
-        r.text.push_str(&rest);
+    /// The token its next decode row feeds, once its context is computed.
+    pub fn pending(&self) -> Option<u32> {
+        self.pending
     }
-    let prefill_done = r.prefill_done_ms.unwrap_or(now);
-    Generation {
-        prompt_tokens: r.prompt.clone(),
-        tokens: r.generated.clone(),
-        text: r.text.clone(),
-        finish_reason: finish,
-        prefix_hit_tokens: r.first_hit.unwrap_or(0),
-        prefill_tokens: r.prompt.len() as u32 - r.first_hit.unwrap_or(0),
-        ttft_ms: r.first_token_ms.map_or(0.0, |t| t - r.submitted_ms),
-        prefill_ms: prefill_done - r.submitted_ms,
-        decode_ms: now - prefill_done,
-        blocks,
+
+    /// Whether its next token needs the full logits (sampling) rather than the argmax.
+    pub fn samples(&self) -> bool {
+        !self.params.sampling.is_greedy()
+    }
+
+    /// Called when the scheduler (re)admits it on `seq` with `hit` tokens already cached;
+    /// returns the [`Event::Admitted`] of its first admission.
+    pub fn admitted(&mut self, seq: SeqId, hit: u32, step: u64) -> Option<Event> {
+        self.seq = Some(seq);
+        self.computed = hit;
+        self.admitted_step = step;
+        if self.first_hit.is_some() {
+            return None;
+        }
+        self.first_hit = Some(hit);
+        Some(Event::Admitted { id: self.id, prompt_tokens: self.prompt.len() as u32, prefix_hit_tokens: hit })
+    }
+
+    /// Called when a step computed `n` more of its context's K/V; `completes` when that ends
+    /// the context of a prefill (its logits give the next token).
+    pub fn computed_rows(&mut self, n: u32, prefill: bool, completes: bool) {
+        self.computed += n;
+        if prefill && completes {
+            self.prefill_done_ms.get_or_insert(now_ms());
+        }
+        if !prefill {
+            self.pending = None;
+        }
+    }
+
+    /// The one place a request handles a new token: `argmax`, or with `logits` and sampling a
+    /// sampled token. Ends the request at an end-of-generation token (`eos`, unless
+    /// `ignore_eos`), at a stop string (the text is cut before it and the token not streamed),
+    /// at `max_tokens`, or when its sequence holds `max_len` tokens; otherwise the token becomes
+    /// pending, for the next decode row to feed.
+    pub fn accept(&mut self, argmax: u32, logits: Option<&mut [f32]>, eos: &[u32], max_len: u32) -> Accepted {
+        let next = match logits {
+            Some(l) if self.samples() => {
+                let history = self.tokens();
+                self.sampler.sample(l, &history)
+            }
+            _ => argmax,
+        };
+        self.first_token_ms.get_or_insert(now_ms());
+        let stop = Accepted { token: None, finish: Some(FinishReason::Stop) };
+        if self.params.max_tokens == 0 {
+            return Accepted { token: None, finish: Some(FinishReason::Length) };
+        }
+        if eos.contains(&next) && !self.params.ignore_eos {
+            return stop;
+        }
+        self.generated.push(next);
+        // The model's own ids always decode; an error here would be a broken vocabulary.
+        let piece = self.decoder.push(next).unwrap_or_default();
+        self.text.push_str(&piece);
+        let stop_at = self.params.stop.iter().filter(|s| !s.is_empty()).filter_map(|s| self.text.find(s.as_str())).min();
+        if let Some(cut) = stop_at {
+            self.text.truncate(cut);
+            return stop;
+        }
+        let length = self.generated.len() >= self.params.max_tokens as usize || self.computed >= max_len;
+        if !length {
+            self.pending = Some(next);
+        }
+        Accepted { token: Some((next, piece)), finish: length.then_some(FinishReason::Length) }
+    }
+
+    /// Called when it is preempted: its K/V are gone (to the prefix cache) and it waits again.
+    pub fn preempted(&mut self, step: u64) {
+        self.seq = None;
+        self.computed = 0;
+        self.enqueued_step = step;
+    }
+
+    /// The record of its end.
+    pub fn finish(&mut self, reason: FinishReason, blocks: Vec<u32>) -> Generation {
+        if reason != FinishReason::Stop {
+            let rest = self.decoder.finish();
+            self.text.push_str(&rest);
+        }
+        let now = now_ms();
+        let prefill_done = self.prefill_done_ms.unwrap_or(now);
+        let hit = self.first_hit.unwrap_or(0);
+        Generation {
+            prompt_tokens: self.prompt.clone(),
+            tokens: self.generated.clone(),
+            text: self.text.clone(),
+            finish_reason: reason,
+            prefix_hit_tokens: hit,
+            prefill_tokens: self.prompt.len() as u32 - hit,
+            ttft_ms: self.first_token_ms.map_or(0.0, |t| t - self.submitted_ms),
+            prefill_ms: prefill_done - self.submitted_ms,
+            decode_ms: now - prefill_done,
+            blocks,
+        }
     }
 }

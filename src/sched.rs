@@ -19,15 +19,22 @@
 //!    still cached. A step fails for lack of memory only when a single sequence alone cannot grow,
 //!    and then only that request ends, with a typed error.
 //!
+//! 4. **commits** the step's outputs: every request that got a token handles it
+//!    ([`Request::accept`]: sampling, end of generation, stop strings, the token limit, streaming
+//!    decode), and a prefill chunk's full blocks are published to the prefix cache.
+//!
 //! Requests leave after any step (stop, length, abort or an error) and waiting ones take their
-//! place in the next. Nothing here touches the GPU: the engine runs the planned rows
-//! ([`crate::engine::Engine::step`]).
+//! place in the next. The scheduler owns the request's whole life (submit, admit, reserve,
+//! preempt, abort, commit) and the KV cache's sequences, but never runs the model or touches the
+//! GPU: the engine runs the planned rows between [`Scheduler::reserve`] and [`Scheduler::commit`].
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use crate::error::EngineError;
-use crate::kv::{KvCache, KvError, SeqId};
-use crate::request::{Event, Request, RequestId};
+use crate::kv::{KvCache, KvError, KvLayout, SeqId};
+use crate::request::{Event, FinishReason, GenerateRequest, Generation, Request, RequestId};
+use crate::sampler::Sampler;
+use crate::tokenizer::StreamDecoder;
 
 /// How the scheduler batches.
 #[derive(Clone, Debug)]
@@ -56,16 +63,54 @@ pub struct Row {
     pub position: u32,
 }
 
+/// A prefill chunk of a step.
+#[derive(Clone, Copy, Debug)]
+struct Chunk {
+    id: RequestId,
+    /// Its first row in the plan.
+    first: usize,
+    rows: u32,
+    /// It ends the context, so that its last row's logits give the next token (not when a
+    /// token is already pending: see [`Scheduler::plan`]).
+    completes: bool,
+}
+
 /// The rows of one step: decode rows first (one per decoding request), then at most one prefill
 /// chunk.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Plan {
-    pub rows: Vec<Row>,
-    /// For each decode row, the request's index in `running`.
-    pub decode: Vec<usize>,
-    /// The prefill chunk: (index in `running`, first row, rows, whether it ends the context so
-    /// that its last row's logits give the next token: not when a token is already pending).
-    pub prefill: Option<(usize, usize, u32, bool)>,
+    rows: Vec<Row>,
+    /// The request of each decode row, in row order.
+    decode: Vec<RequestId>,
+    prefill: Option<Chunk>,
+    /// Some request of a logit row samples, so the step must read full logits.
+    full_logits: bool,
+}
+
+impl Plan {
+    pub fn rows(&self) -> &[Row] {
+        &self.rows
+    }
+
+    /// The rows whose logits the step reads, in the order [`Scheduler::commit`] takes their
+    /// outputs: every decode row, then the last row of a prefill chunk that ends its context.
+    pub fn logit_rows(&self) -> Vec<u32> {
+        let mut rows: Vec<u32> = (0..self.decode.len() as u32).collect();
+        if let Some(c) = self.prefill.filter(|c| c.completes) {
+            rows.push((c.first + c.rows as usize - 1) as u32);
+        }
+        rows
+    }
+
+    /// Whether the logit rows need full logits (a request samples) or only their argmax.
+    pub fn full_logits(&self) -> bool {
+        self.full_logits
+    }
+
+    /// The requests with rows in this step.
+    fn requests(&self) -> impl Iterator<Item = RequestId> + '_ {
+        self.decode.iter().copied().chain(self.prefill.map(|c| c.id))
+    }
 }
 
 /// Scheduler counters and the running set's block tables.
@@ -91,25 +136,35 @@ pub struct RunningInfo {
 }
 
 pub(crate) struct Scheduler {
-    pub config: SchedConfig,
-    pub waiting: VecDeque<Request>,
-    pub running: Vec<Request>,
-    pub stats: SchedStats,
+    config: SchedConfig,
+    waiting: VecDeque<Request>,
+    running: Vec<Request>,
+    stats: SchedStats,
     next_id: u64,
 }
 
 impl Scheduler {
-    pub fn new(config: SchedConfig) -> Scheduler {
-        Scheduler { config, waiting: VecDeque::new(), running: Vec::new(), stats: SchedStats::default(), next_id: 0 }
+    pub fn new(config: SchedConfig) -> Result<Scheduler, EngineError> {
+        if config.max_batch == 0 || config.step_tokens == 0 {
+            return Err(EngineError::InvalidArgument("max_batch and step_tokens must be at least 1".into()));
+        }
+        Ok(Scheduler { config, waiting: VecDeque::new(), running: Vec::new(), stats: SchedStats::default(), next_id: 0 })
     }
 
-    pub fn next_id(&mut self) -> RequestId {
+    /// Queues a request (its prompt and parameters already checked); returns its id.
+    pub fn submit(&mut self, prompt: Vec<u32>, params: GenerateRequest, sampler: Sampler, decoder: StreamDecoder) -> RequestId {
         self.next_id += 1;
-        RequestId(self.next_id)
+        let id = RequestId(self.next_id);
+        self.waiting.push_back(Request::new(id, prompt, params, sampler, decoder, self.stats.steps));
+        id
     }
 
     pub fn is_idle(&self) -> bool {
         self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    fn running_index(&self, id: RequestId) -> usize {
+        self.running.iter().position(|r| r.id == id).expect("planned requests are running")
     }
 
     /// Picks the waiting request to admit next: an over-age one if any (oldest first), else the
@@ -152,8 +207,7 @@ impl Scheduler {
             .iter()
             .filter(|r| r.in_prefill())
             .map(|r| {
-                let theirs = r.prompt.iter().chain(&r.generated).take(r.context_len() as usize);
-                let common = tokens.iter().zip(theirs).take_while(|(a, b)| a == b).count();
+                let common = tokens.iter().zip(r.context(tokens.len())).take_while(|(a, b)| a == b).count();
                 (common / bs * bs) as u32
             })
             .max()
@@ -161,105 +215,157 @@ impl Scheduler {
     }
 
     /// Admits waiting requests into free running slots while the pool can hold their uncached
-    /// context. Returns requests that can never run (their context exceeds the whole pool or
-    /// the sequence limit), to be finished with an error.
+    /// context. Returns an [`Event::Admitted`] per first admission, and ends with an error (an
+    /// [`Event::Finished`]) the requests that can never run: their context exceeds the whole
+    /// pool or the sequence limit.
     ///
     /// With `cache_aware`, a request whose prompt shares at least one more full block with a
     /// running request still in prefill than the prefix cache holds now waits until that
     /// prefill has published its blocks: admitted now, it would compute the same K/V again, and
     /// it could not start its own prefill earlier anyway (one prefill chunk per step, oldest
     /// first). Over-age requests are never held back.
-    pub fn admit(&mut self, ctx: &crate::gpu::Context, kv: &mut KvCache) -> Vec<Event> {
-        let mut rejected: Vec<(Request, EngineError)> = Vec::new();
+    pub fn admit(&mut self, kv: &mut KvCache) -> Vec<Event> {
         let mut events = Vec::new();
         let mut deferred: Vec<RequestId> = Vec::new();
         while (self.running.len() as u32) < self.config.max_batch {
             let Some(i) = self.pick(kv, &deferred) else { break };
-            let tokens = self.waiting[i].tokens();
-            let ctx_len = self.waiting[i].context_len() as usize;
-            let probe = self.waiting[i].cache_probe();
-            let hit = kv.peek_prefix(&probe);
-            if self.config.cache_aware && kv.prefix_cache_enabled() && !self.over_age(&self.waiting[i], self.stats.steps) {
-                let bs = kv.block_size();
-                if self.shared_with_prefilling(&probe, bs) >= hit / bs * bs + bs {
-                    deferred.push(self.waiting[i].id);
-                    continue;
-                }
-            }
-            let need_blocks = (ctx_len as u32 + 1).div_ceil(kv.block_size());
-            if ctx_len as u32 + 1 > kv.max_seq_len || need_blocks > kv.pool.n_blocks {
-                let r = self.waiting.remove(i).expect("picked index");
-                let err = EngineError::ContextOverflow { prompt: ctx_len + 1, limit: kv.max_seq_len.min(kv.pool.n_blocks * kv.block_size()) as usize };
-                rejected.push((r, err));
-                continue;
-            }
-            // Room for the uncached part now (free blocks plus what the prefix cache could give
-            // up); otherwise wait for running sequences to finish.
-            let fresh = need_blocks.saturating_sub(hit / kv.block_size());
-            let stats = kv.stats();
-            if fresh > stats.blocks_free + stats.blocks_cached && !self.running.is_empty() {
-                break;
-            }
-            let (seq, hit) = match kv.allocate_for_prompt(ctx, &tokens[..ctx_len]) {
-                Ok(x) => x,
-                Err(KvError::TooManySequences(_)) | Err(KvError::PoolExhausted { .. }) if !self.running.is_empty() => break,
-                Err(e) => {
+            match self.try_admit(kv, i) {
+                Admission::Admitted(event) => events.extend(event),
+                Admission::Deferred => deferred.push(self.waiting[i].id),
+                Admission::Wait => break,
+                Admission::Rejected(err) => {
                     let r = self.waiting.remove(i).expect("picked index");
-                    rejected.push((r, EngineError::Kv(e)));
-                    continue;
+                    self.stats.failed += 1;
+                    events.push(Event::Finished { id: r.id, result: Err(err) });
                 }
-            };
-            let mut r = self.waiting.remove(i).expect("picked index");
-            r.seq = Some(seq);
-            r.computed = hit;
-            if r.first_hit.is_none() {
-                events.push(Event::Admitted { id: r.id, prompt_tokens: r.prompt.len() as u32, prefix_hit_tokens: hit });
             }
-            r.first_hit.get_or_insert(hit);
-            r.admitted_step = self.stats.steps;
-            self.running.push(r);
-        }
-        for (r, err) in rejected {
-            self.stats.failed += 1;
-            events.push(Event::Finished { id: r.id, result: Err(err) });
         }
         events
     }
 
+    /// Tries to admit waiting request `i` (see [`Scheduler::admit`]).
+    fn try_admit(&mut self, kv: &mut KvCache, i: usize) -> Admission {
+        let r = &self.waiting[i];
+        let ctx_len = r.context_len();
+        let probe = r.cache_probe();
+        let hit = kv.peek_prefix(&probe);
+        let bs = kv.block_size();
+        if self.config.cache_aware && kv.prefix_cache_enabled() && !self.over_age(r, self.stats.steps) && self.shared_with_prefilling(&probe, bs) >= hit / bs * bs + bs {
+            return Admission::Deferred;
+        }
+        let need_blocks = (ctx_len + 1).div_ceil(bs);
+        if ctx_len + 1 > kv.max_seq_len {
+            return Admission::Rejected(EngineError::ContextOverflow { prompt: ctx_len as usize + 1, limit: kv.max_seq_len as usize });
+        }
+        let stats = kv.stats();
+        if need_blocks > stats.blocks_total {
+            // More than the whole pool: no amount of waiting makes room.
+            let free = stats.blocks_free + stats.blocks_cached;
+            return Admission::Rejected(KvError::PoolExhausted { needed: need_blocks, free, total: stats.blocks_total }.into());
+        }
+        // Room for the uncached part now (free blocks plus what the prefix cache could give up);
+        // otherwise wait for running sequences to finish.
+        let fresh = need_blocks.saturating_sub(hit / bs);
+        if fresh > stats.blocks_free + stats.blocks_cached && !self.running.is_empty() {
+            return Admission::Wait;
+        }
+        let context: Vec<u32> = r.context(ctx_len as usize).copied().collect();
+        let (seq, hit) = match kv.allocate_for_prompt(&context) {
+            Ok(x) => x,
+            Err(KvError::TooManySequences(_)) | Err(KvError::PoolExhausted { .. }) if !self.running.is_empty() => return Admission::Wait,
+            Err(e) => return Admission::Rejected(EngineError::Kv(e)),
+        };
+        let mut r = self.waiting.remove(i).expect("picked index");
+        let event = r.admitted(seq, hit, self.stats.steps);
+        self.running.push(r);
+        Admission::Admitted(event)
+    }
+
     /// Plans the rows of the next step (nothing is reserved yet).
-    pub fn plan(&self) -> Plan {
+    fn plan(&self) -> Plan {
         let mut plan = Plan::default();
-        for (i, r) in self.running.iter().enumerate() {
+        for r in &self.running {
             if !r.in_prefill() {
-                if let (Some(token), Some(seq)) = (r.pending, r.seq) {
+                if let (Some(token), Some(seq)) = (r.pending(), r.seq) {
                     plan.rows.push(Row { seq, token, position: r.computed });
-                    plan.decode.push(i);
+                    plan.decode.push(r.id);
+                    plan.full_logits |= r.samples();
                 }
             }
         }
         let budget = self.config.step_tokens.saturating_sub(plan.rows.len() as u32).max(1);
         // The oldest admitted sequence still reading its context gets the chunk.
-        if let Some((i, r)) = self.running.iter().enumerate().filter(|(_, r)| r.in_prefill()).min_by_key(|(_, r)| (r.admitted_step, r.id)) {
-            let tokens = r.tokens();
+        if let Some(r) = self.running.iter().filter(|r| r.in_prefill()).min_by_key(|r| (r.admitted_step, r.id)) {
             let end = r.context_len();
             let n = (end - r.computed).min(budget);
             let seq = r.seq.expect("running requests have a sequence");
             let first = plan.rows.len();
             for p in r.computed..r.computed + n {
-                plan.rows.push(Row { seq, token: tokens[p as usize], position: p });
+                plan.rows.push(Row { seq, token: r.token_at(p), position: p });
             }
             // After a preemption a request may hold a pending token (sampled and streamed, not
             // yet fed): its next decode row feeds it, so the prefill that rebuilds its context
             // must not predict a token again.
-            plan.prefill = Some((i, first, n, r.computed + n == end && r.pending.is_none()));
+            let completes = r.computed + n == end && r.pending().is_none();
+            plan.full_logits |= completes && r.samples();
+            plan.prefill = Some(Chunk { id: r.id, first, rows: n, completes });
         }
         plan
+    }
+
+    /// Plans the next step and makes sure every row has a KV slot: when the pool cannot hold
+    /// them, preempts the most recently admitted sequences; a lone sequence that still cannot
+    /// grow ends with the error, and a sequence at the context limit ends with what it has
+    /// (both reported in `events`). An empty plan means there is nothing to run.
+    pub fn reserve(&mut self, kv: &mut KvCache, events: &mut Vec<Event>) -> Result<Plan, EngineError> {
+        loop {
+            let plan = self.plan();
+            let bs = kv.block_size();
+            let mut last: HashMap<SeqId, (RequestId, u32)> = HashMap::new();
+            for id in plan.requests() {
+                let r = &self.running[self.running_index(id)];
+                let seq = r.seq.expect("running requests have a sequence");
+                let end = plan.rows.iter().filter(|row| row.seq == seq).map(|row| row.position + 1).max().unwrap_or(0);
+                last.insert(seq, (id, end));
+            }
+            if let Some((_, &(id, _))) = last.iter().find(|(_, &(_, len))| len > kv.max_seq_len) {
+                // The sequence reached the context limit: it ends with what it has.
+                self.finish_running(kv, id, Ok(FinishReason::Length), events)?;
+                continue;
+            }
+            let mut need = 0u32;
+            for (&seq, &(_, len)) in &last {
+                need += len.div_ceil(bs).saturating_sub(kv.blocks(seq)?.len() as u32);
+            }
+            let stats = kv.stats();
+            if need <= stats.blocks_free + stats.blocks_cached || kv.layout == KvLayout::Contiguous {
+                for (&seq, &(id, len)) in &last {
+                    let have = kv.len(seq)?;
+                    if len > have {
+                        if let Err(e) = kv.append(seq, len - have) {
+                            self.finish_running(kv, id, Err(e.into()), events)?;
+                            return Ok(Plan::default());
+                        }
+                    }
+                }
+                if !plan.rows.is_empty() {
+                    self.stats.steps += 1;
+                }
+                return Ok(plan);
+            }
+            // Keep the oldest admitted sequence; preempt the newest.
+            let keep = self.running.iter().min_by_key(|r| (r.admitted_step, r.id)).map(|r| r.id).expect("rows imply running");
+            if !self.preempt_one(kv, keep)? {
+                let err = KvError::PoolExhausted { needed: need, free: stats.blocks_free + stats.blocks_cached, total: stats.blocks_total };
+                self.finish_running(kv, keep, Err(err.into()), events)?;
+            }
+        }
     }
 
     /// Preempts the most recently admitted running request other than `keep`: its computed K/V
     /// go to the prefix cache, its sequence is freed, and it returns to the front of the queue.
     /// Returns false when there is nothing else to preempt.
-    pub fn preempt_one(&mut self, kv: &mut KvCache, keep: RequestId) -> Result<bool, EngineError> {
+    fn preempt_one(&mut self, kv: &mut KvCache, keep: RequestId) -> Result<bool, EngineError> {
         let Some(i) = self
             .running
             .iter()
@@ -271,18 +377,104 @@ impl Scheduler {
             return Ok(false);
         };
         let mut r = self.running.remove(i);
-        let seq = r.seq.take().expect("running requests have a sequence");
-        let tokens = r.tokens();
-        kv.finish(seq, &tokens)?;
-        r.computed = 0;
-        r.preemptions += 1;
-        r.enqueued_step = self.stats.steps;
+        let seq = r.seq.expect("running requests have a sequence");
+        kv.finish(seq, &r.tokens())?;
+        r.preempted(self.stats.steps);
         self.stats.preemptions += 1;
         self.waiting.push_front(r);
         Ok(true)
     }
 
-    pub fn snapshot(&self, kv: &KvCache) -> SchedStats {
+    /// Takes a run step's outputs (one per [`Plan::logit_rows`] entry, in order): the rows'
+    /// K/V are now computed, a prefill chunk's full blocks are published to the prefix cache
+    /// (requests arriving while this one runs can share them from now on), and every request
+    /// that got logits handles its next token. Returns the tokens and finished requests.
+    pub fn commit(&mut self, kv: &mut KvCache, plan: &Plan, outputs: Vec<(u32, Option<Vec<f32>>)>, eos: &[u32]) -> Result<Vec<Event>, EngineError> {
+        for &id in &plan.decode {
+            let i = self.running_index(id);
+            self.running[i].computed_rows(1, false, false);
+        }
+        let mut wants = plan.decode.clone();
+        if let Some(c) = plan.prefill {
+            let i = self.running_index(c.id);
+            let r = &mut self.running[i];
+            r.computed_rows(c.rows, true, c.completes);
+            kv.publish(r.seq.expect("running requests have a sequence"), &r.tokens())?;
+            if c.completes {
+                wants.push(c.id);
+            }
+        }
+        if outputs.len() != wants.len() {
+            return Err(EngineError::InvalidArgument(format!("a step of {} logit rows gave {} outputs", wants.len(), outputs.len())));
+        }
+        let mut events = Vec::new();
+        let mut done = Vec::new();
+        for (id, (argmax, mut logits)) in wants.into_iter().zip(outputs) {
+            let i = self.running_index(id);
+            let accepted = self.running[i].accept(argmax, logits.as_deref_mut(), eos, kv.max_seq_len);
+            if let Some((token, text)) = accepted.token {
+                events.push(Event::Token { id, token, text });
+            }
+            done.extend(accepted.finish.map(|reason| (id, reason)));
+        }
+        for (id, reason) in done {
+            self.finish_running(kv, id, Ok(reason), &mut events)?;
+        }
+        Ok(events)
+    }
+
+    /// A step failed as a whole: every request in it ends with (a copy of) the error, and
+    /// their K/V, which the step may have half written, are not cached.
+    pub fn fail(&mut self, kv: &mut KvCache, plan: &Plan, err: &EngineError) -> Result<Vec<Event>, EngineError> {
+        let mut events = Vec::new();
+        for id in plan.requests() {
+            self.finish_running(kv, id, Err(err.step_failure()), &mut events)?;
+        }
+        Ok(events)
+    }
+
+    /// Ends running request `id` with `result`: finished, its computed K/V go to the prefix
+    /// cache; failed, its K/V are not trusted and nothing goes to the cache.
+    fn finish_running(&mut self, kv: &mut KvCache, id: RequestId, result: Result<FinishReason, EngineError>, events: &mut Vec<Event>) -> Result<(), EngineError> {
+        let mut r = self.running.remove(self.running_index(id));
+        let seq = r.seq.take().expect("running requests have a sequence");
+        let result = match result {
+            Ok(reason) => {
+                let blocks = kv.blocks(seq)?.to_vec();
+                kv.finish(seq, &r.tokens())?;
+                self.stats.finished += 1;
+                Ok(r.finish(reason, blocks))
+            }
+            Err(e) => {
+                kv.free(seq)?;
+                self.stats.failed += 1;
+                Err(e)
+            }
+        };
+        events.push(Event::Finished { id, result });
+        Ok(())
+    }
+
+    /// Ends a request now, wherever it is: a running one's computed K/V go to the prefix cache
+    /// and its blocks are released. Returns its generation so far (finish reason `abort`), or
+    /// `None` for an unknown or already finished id.
+    pub fn abort(&mut self, kv: &mut KvCache, id: RequestId) -> Result<Option<Generation>, EngineError> {
+        let (mut r, blocks) = if let Some(i) = self.waiting.iter().position(|r| r.id == id) {
+            (self.waiting.remove(i).expect("found above"), Vec::new())
+        } else if let Some(i) = self.running.iter().position(|r| r.id == id) {
+            let mut r = self.running.remove(i);
+            let seq = r.seq.take().expect("running requests have a sequence");
+            let blocks = kv.blocks(seq)?.to_vec();
+            kv.finish(seq, &r.tokens())?;
+            (r, blocks)
+        } else {
+            return Ok(None);
+        };
+        self.stats.aborted += 1;
+        Ok(Some(r.finish(FinishReason::Abort, blocks)))
+    }
+
+    pub fn stats(&self, kv: &KvCache) -> SchedStats {
         let mut s = self.stats.clone();
         s.running = self.running.len() as u32;
         s.waiting = self.waiting.len() as u32;
@@ -304,3 +496,14 @@ impl Scheduler {
     }
 }
 
+/// What [`Scheduler::try_admit`] did with a waiting request.
+enum Admission {
+    /// Running now; the event of its first admission.
+    Admitted(Option<Event>),
+    /// Held back for a prefill in flight that computes its prefix.
+    Deferred,
+    /// No room now: admission stops for this step.
+    Wait,
+    /// It can never run.
+    Rejected(EngineError),
+}

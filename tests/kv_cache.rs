@@ -20,17 +20,17 @@ fn tiny_config() -> ModelConfig {
 
 gpu_test! {
     async fn random_operations_keep_the_cache_consistent() {
-        let ctx = gpu().await;
+        let ctx = std::sync::Arc::new(gpu().await);
         let cfg = tiny_config();
         for (layout, block_size, seed) in [(KvLayout::Paged, 16, 1u64), (KvLayout::Paged, 1, 2), (KvLayout::Paged, 7, 3), (KvLayout::Contiguous, 0, 4)] {
             let config = CacheConfig { layout, dtype: KvDtype::F32, block_size, pool_tokens: 400, max_seqs: 8, max_seq_len: 120, prefix_cache: false };
-            let mut cache = KvCache::new(&ctx, &cfg, config).unwrap();
+            let mut cache = KvCache::new(&ctx, &cfg.kv_shape(), config).unwrap();
             let mut rng = Rng::new(seed);
             let mut live: Vec<(SeqId, u32)> = Vec::new();
             let (mut exhausted, mut forks) = (0, 0);
             for step in 0..3000 {
                 match rng.below(10) {
-                    0..=1 => match cache.allocate(&ctx) {
+                    0..=1 => match cache.allocate() {
                         Ok(id) => live.push((id, 0)),
                         Err(KvError::TooManySequences(_)) => assert_eq!(live.len(), 8),
                         Err(KvError::PoolExhausted { .. }) => exhausted += 1,
@@ -41,7 +41,7 @@ gpu_test! {
                         let n = 1 + rng.below(20) as u32;
                         let before = cache.blocks(live[i].0).unwrap().to_vec();
                         let others: Vec<Vec<u32>> = live.iter().map(|(s, _)| cache.blocks(*s).unwrap().to_vec()).collect();
-                        match cache.append(&ctx, live[i].0, n) {
+                        match cache.append(live[i].0, n) {
                             Ok(start) => {
                                 assert_eq!(start, live[i].1);
                                 live[i].1 += n;
@@ -57,7 +57,7 @@ gpu_test! {
                     }
                     6 if !live.is_empty() => {
                         let i = rng.below(live.len() as u64) as usize;
-                        match cache.fork(&ctx, live[i].0) {
+                        match cache.fork(live[i].0) {
                             Ok(id) => {
                                 forks += 1;
                                 live.push((id, live[i].1));
@@ -69,7 +69,7 @@ gpu_test! {
                     7 if !live.is_empty() => {
                         let i = rng.below(live.len() as u64) as usize;
                         let len = rng.below(live[i].1 as u64 + 1) as u32;
-                        cache.truncate(&ctx, live[i].0, len).unwrap();
+                        cache.truncate(live[i].0, len).unwrap();
                         live[i].1 = len;
                     }
                     8..=9 if !live.is_empty() => {
@@ -99,36 +99,36 @@ gpu_test! {
 
 gpu_test! {
     async fn stats_report_fragmentation_and_exhaustion_is_typed() {
-        let ctx = gpu().await;
+        let ctx = std::sync::Arc::new(gpu().await);
         let cfg = tiny_config();
-        let mut cache = KvCache::new(&ctx, &cfg, CacheConfig { layout: KvLayout::Paged, dtype: KvDtype::F32, block_size: 16, pool_tokens: 64, max_seqs: 4, max_seq_len: 64, prefix_cache: false }).unwrap();
-        let a = cache.allocate(&ctx).unwrap();
-        cache.append(&ctx, a, 17).unwrap();
+        let mut cache = KvCache::new(&ctx, &cfg.kv_shape(), CacheConfig { layout: KvLayout::Paged, dtype: KvDtype::F32, block_size: 16, pool_tokens: 64, max_seqs: 4, max_seq_len: 64, prefix_cache: false }).unwrap();
+        let a = cache.allocate().unwrap();
+        cache.append(a, 17).unwrap();
         let s = cache.stats();
         assert_eq!((s.blocks_total, s.blocks_used, s.blocks_free), (4, 2, 2));
         assert_eq!(s.live_tokens, 17);
         assert_eq!(s.internal_fragmentation, 2 * 16 - 17);
         assert_eq!(s.bytes_per_token, (cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 2 * 4) as f64);
         assert_eq!(s.bytes_total, 4 * 16 * s.bytes_per_token as u64);
-        let b = cache.allocate(&ctx).unwrap();
-        cache.append(&ctx, b, 32).unwrap();
-        let err = cache.append(&ctx, a, 16).unwrap_err();
+        let b = cache.allocate().unwrap();
+        cache.append(b, 32).unwrap();
+        let err = cache.append(a, 16).unwrap_err();
         assert_eq!(err, KvError::PoolExhausted { needed: 1, free: 0, total: 4 });
         assert!(err.to_string().contains("KV pool is full"));
         assert_eq!(cache.len(a).unwrap(), 17, "a failed append leaves the length");
         // Fork shares the full block and copies the partial one.
         cache.free(b).unwrap();
-        let c = cache.fork(&ctx, a).unwrap();
+        let c = cache.fork(a).unwrap();
         assert_eq!(cache.blocks(c).unwrap()[0], cache.blocks(a).unwrap()[0]);
         assert_ne!(cache.blocks(c).unwrap()[1], cache.blocks(a).unwrap()[1]);
         cache.check_integrity().unwrap();
         // Contiguous reserves the maximum length up front.
-        let mut contiguous = KvCache::new(&ctx, &cfg, CacheConfig { layout: KvLayout::Contiguous, dtype: KvDtype::F32, block_size: 16, pool_tokens: 0, max_seqs: 2, max_seq_len: 64, prefix_cache: false }).unwrap();
-        let d = contiguous.allocate(&ctx).unwrap();
+        let mut contiguous = KvCache::new(&ctx, &cfg.kv_shape(), CacheConfig { layout: KvLayout::Contiguous, dtype: KvDtype::F32, block_size: 16, pool_tokens: 0, max_seqs: 2, max_seq_len: 64, prefix_cache: false }).unwrap();
+        let d = contiguous.allocate().unwrap();
         assert_eq!(contiguous.stats().internal_fragmentation, 64);
-        contiguous.append(&ctx, d, 10).unwrap();
+        contiguous.append(d, 10).unwrap();
         assert_eq!(contiguous.stats().internal_fragmentation, 54);
-        assert!(matches!(contiguous.append(&ctx, d, 60), Err(KvError::SequenceTooLong { .. })));
+        assert!(matches!(contiguous.append(d, 60), Err(KvError::SequenceTooLong { .. })));
     }
 }
 
@@ -139,7 +139,7 @@ gpu_test! {
 #[test]
 fn memory_for_sixteen_sequences_paged_vs_contiguous() {
     pollster::block_on(async {
-        let ctx = gpu().await;
+        let ctx = std::sync::Arc::new(gpu().await);
         let one_layer = ModelConfig { n_layers: 1, n_kv_heads: 3, head_dim: 64, ..tiny_config() };
         let smollm2_layers = 30u64;
         let mut rng = Rng::new(2024);
@@ -148,10 +148,10 @@ fn memory_for_sixteen_sequences_paged_vs_contiguous() {
         let mut held = Vec::new();
         for layout in [KvLayout::Contiguous, KvLayout::Paged] {
             let config = CacheConfig { layout, dtype: KvDtype::F32, block_size: 16, pool_tokens: 16 * 2000, max_seqs: 16, max_seq_len: 2000, prefix_cache: false };
-            let mut cache = KvCache::new(&ctx, &one_layer, config).unwrap();
+            let mut cache = KvCache::new(&ctx, &one_layer.kv_shape(), config).unwrap();
             for &len in &lengths {
-                let id = cache.allocate(&ctx).unwrap();
-                cache.append(&ctx, id, len).unwrap();
+                let id = cache.allocate().unwrap();
+                cache.append(id, len).unwrap();
             }
             cache.check_integrity().unwrap();
             let s = cache.stats();

@@ -306,14 +306,10 @@ fn granularities(n_blocks: usize, n_kv: usize, bs: usize, hd: usize, n_layers: u
 /// Teacher-forced decode steps after the first `prefix` tokens of the cache's one sequence, with
 /// the pools replaced by `k`, `v` (per layer); returns each step's logits.
 #[cfg(not(target_arch = "wasm32"))]
-#[allow(clippy::too_many_arguments)]
 async fn decode_after(
     ctx: &pagedlm::gpu::Context,
-    kv: &mut pagedlm::kv::KvCache,
-    decode: &mut pagedlm::model::StepGraph,
-    ids: &[u32],
-    prefix: usize,
-    steps: usize,
+    (kv, decode): (&mut pagedlm::kv::KvCache, &mut pagedlm::model::ForwardGraph),
+    (ids, prefix, steps): (&[u32], usize, usize),
     k: &[Vec<f32>],
     v: &[Vec<f32>],
 ) -> Vec<Vec<f32>> {
@@ -322,14 +318,15 @@ async fn decode_after(
         ctx.queue.write_buffer(&kv.pool.v[l], 0, bytemuck::cast_slice(v));
     }
     let seq = kv.sequences()[0];
-    kv.truncate(ctx, seq, prefix as u32).unwrap();
+    kv.truncate(seq, prefix as u32).unwrap();
     let base = kv.table_base(seq);
     let mut rows = Vec::new();
     for t in prefix..prefix + steps {
-        let pos = kv.append(ctx, seq, 1).unwrap();
+        let pos = kv.append(seq, 1).unwrap();
         assert_eq!(pos as usize, t);
-        let (_, logits) = decode.run(ctx, &[ids[t]], t as u32, base, pagedlm::model::Logits::Full).await.unwrap();
-        rows.push(logits.unwrap());
+        let row = pagedlm::model::StepRow { token: ids[t], position: t as u32, table_base: base };
+        let mut out = decode.run(ctx, &[row], &[0], pagedlm::model::Logits::Full).await.unwrap();
+        rows.push(out.remove(0).1.unwrap());
     }
     rows
 }
@@ -345,24 +342,25 @@ async fn decode_after(
 fn granularity_is_measured_on_real_kv() {
     use pagedlm::gguf::Gguf;
     use pagedlm::kv::{CacheConfig, KvCache, KvLayout};
-    use pagedlm::model::{Logits, ModelConfig, StepGraph, Weights};
+    use pagedlm::model::{AttentionKind, ForwardGraph, Logits, ModelConfig, StepRow, Weights};
     const PREFIX: usize = 1024;
     const STEPS: usize = 64;
     pollster::block_on(async {
         let bytes = real_model_bytes().await;
         let ids = Engine::load(&bytes, engine_options(KvDtype::F32, 16)).await.unwrap().tokenizer().encode(TEXT).unwrap();
-        let ctx = common::gpu().await;
+        let ctx = std::sync::Arc::new(common::gpu().await);
         let gguf = Gguf::parse(&bytes).unwrap();
         let cfg = ModelConfig::from_gguf(&gguf).unwrap();
         let weights = Weights::upload(&ctx, &gguf, &cfg).unwrap();
         let total = (PREFIX + STEPS) as u32;
         let config = CacheConfig { layout: KvLayout::Paged, dtype: KvDtype::F32, block_size: 16, pool_tokens: total, max_seqs: 1, max_seq_len: total, prefix_cache: false };
-        let mut kv = KvCache::new(&ctx, &cfg, config).unwrap();
-        let seq = kv.allocate(&ctx).unwrap();
-        kv.append(&ctx, seq, PREFIX as u32).unwrap();
+        let mut kv = KvCache::new(&ctx, &cfg.kv_shape(), config).unwrap();
+        let seq = kv.allocate().unwrap();
+        kv.append(seq, PREFIX as u32).unwrap();
         let base = kv.table_base(seq);
-        let mut prefill = StepGraph::build(&ctx, &cfg, &weights, &kv, PREFIX as u32, 1).unwrap();
-        prefill.run(&ctx, &ids[..PREFIX], 0, base, Logits::Argmax).await.unwrap();
+        let mut prefill = ForwardGraph::build(&ctx, (&cfg, &weights), &kv, AttentionKind::Sequence, PREFIX as u32, 1).unwrap();
+        let rows: Vec<StepRow> = (0..PREFIX).map(|t| StepRow { token: ids[t], position: t as u32, table_base: base }).collect();
+        prefill.run(&ctx, &rows, &[], Logits::Argmax).await.unwrap();
         let len = kv.pool.k[0].size() / 4;
         let mut k_pools = Vec::new();
         let mut v_pools = Vec::new();
@@ -370,8 +368,8 @@ fn granularity_is_measured_on_real_kv() {
             k_pools.push(ctx.read_f32(&kv.pool.k[l], 0, len).await.unwrap());
             v_pools.push(ctx.read_f32(&kv.pool.v[l], 0, len).await.unwrap());
         }
-        let mut decode = StepGraph::build(&ctx, &cfg, &weights, &kv, 1, 1).unwrap();
-        let reference = decode_after(&ctx, &mut kv, &mut decode, &ids, PREFIX, STEPS, &k_pools, &v_pools).await;
+        let mut decode = ForwardGraph::build(&ctx, (&cfg, &weights), &kv, AttentionKind::Sequence, 1, 1).unwrap();
+        let reference = decode_after(&ctx, (&mut kv, &mut decode), (&ids, PREFIX, STEPS), &k_pools, &v_pools).await;
         let (n_blocks, n_kv, bs, hd) = (kv.pool.n_blocks as usize, cfg.n_kv_heads as usize, 16usize, cfg.head_dim as usize);
         let f32_bytes = cfg.n_layers as usize * n_kv * hd * 2 * 4;
         eprintln!("{} tokens of prefix, {STEPS} decode steps; f32 cache: {f32_bytes} bytes/token", PREFIX);
@@ -402,7 +400,7 @@ fn granularity_is_measured_on_real_kv() {
                     v_sq += (*x as f64).powi(2);
                 }
             }
-            let rows = decode_after(&ctx, &mut kv, &mut decode, &ids, PREFIX, STEPS, &k_q, &v_q).await;
+            let rows = decode_after(&ctx, (&mut kv, &mut decode), (&ids, PREFIX, STEPS), &k_q, &v_q).await;
             let kl: f64 = rows.iter().zip(&reference).map(|(q, p)| kl_divergence(p, q)).sum::<f64>() / STEPS as f64;
             let top1 = rows.iter().zip(&reference).filter(|(q, p)| argmax(q) == argmax(p)).count();
             eprintln!(

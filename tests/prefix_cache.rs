@@ -206,7 +206,7 @@ async fn check_markers(ctx: &pagedlm::gpu::Context, cache: &KvCache, seq: SeqId,
 
 gpu_test! {
     async fn random_multi_conversation_workloads_reuse_exactly_the_right_kv() {
-        let ctx = gpu().await;
+        let ctx = std::sync::Arc::new(gpu().await);
         let cfg = ModelConfig::from_gguf(&Gguf::parse(&tiny(3)).unwrap()).unwrap();
         for (block_size, pool_tokens, seed) in [(4u32, 96u32, 1u64), (3, 60, 2), (8, 200, 3)] {
             let config = CacheConfig {
@@ -218,7 +218,7 @@ gpu_test! {
                 max_seq_len: 64,
                 prefix_cache: true,
             };
-            let mut cache = KvCache::new(&ctx, &cfg, config).unwrap();
+            let mut cache = KvCache::new(&ctx, &cfg.kv_shape(), config).unwrap();
             let mut rng = Rng::new(seed);
             // Shared system prompts; conversations branch from each other at turn boundaries.
             let systems: Vec<Vec<u32>> = (0..3).map(|_| { let n = 5 + rng.below(12) as usize; ids(&mut rng, n) }).collect();
@@ -245,7 +245,7 @@ gpu_test! {
                     if prompt.len() > 40 {
                         prompt.truncate(12);
                     }
-                    let (seq, hit) = match cache.allocate_for_prompt(&ctx, &prompt) {
+                    let (seq, hit) = match cache.allocate_for_prompt(&prompt) {
                         Ok(x) => x,
                         Err(KvError::PoolExhausted { .. }) => {
                             exhausted += 1;
@@ -279,7 +279,7 @@ gpu_test! {
                         // Rewind and continue with other tokens: a kept block that is shared
                         // (published, or matched from the cache) must be copied, not overwritten.
                         let len = rng.below(written as u64) as u32;
-                        match cache.truncate(&ctx, seq, len) {
+                        match cache.truncate(seq, len) {
                             Ok(()) => {}
                             Err(KvError::PoolExhausted { .. }) => {
                                 // No block for the copy: the sequence is as it was; preempt it.
@@ -307,7 +307,7 @@ gpu_test! {
                     } else {
                         // Prefill the rest of the prompt, or decode one token.
                         let n = if (written as usize) < live[i].3 { live[i].3 as u32 - written } else { 1 };
-                        match cache.append(&ctx, seq, n) {
+                        match cache.append(seq, n) {
                             Ok(at) => {
                                 assert_eq!(at, written);
                                 write_markers(&ctx, &cache, seq, &tokens, written, written + n);

@@ -14,12 +14,13 @@
 //! [`KvCache::finish`] hands a finished sequence's blocks to the tree. When the pool runs short,
 //! the tree's least recently used blocks that no sequence holds are evicted before anything fails.
 
+use std::sync::Arc;
+
 use crate::gpu::Context;
-use crate::model::ModelConfig;
 
 use super::pool::{KvPool, PoolStats};
 use super::radix::{CacheKey, PrefixStats, RadixTree};
-use super::{KvDtype, KvError};
+use super::{IntegrityError, KvDtype, KvError, KvShape};
 
 /// Where a sequence's KV cache lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -44,6 +45,8 @@ struct Sequence {
 }
 
 pub struct KvCache {
+    /// The device the pool lives on: copy-on-write and block-table uploads go through it.
+    ctx: Arc<Context>,
     pub layout: KvLayout,
     pub pool: KvPool,
     /// `[max_seqs][max_blocks_per_seq] u32`: each sequence's block table as the kernels read it.
@@ -72,7 +75,7 @@ pub struct CacheConfig {
 }
 
 impl KvCache {
-    pub fn new(ctx: &Context, model: &ModelConfig, config: CacheConfig) -> Result<KvCache, KvError> {
+    pub fn new(ctx: &Arc<Context>, shape: &KvShape, config: CacheConfig) -> Result<KvCache, KvError> {
         let CacheConfig { layout, dtype, block_size, pool_tokens, max_seqs, max_seq_len, prefix_cache } = config;
         if max_seqs == 0 || max_seq_len == 0 {
             return Err(KvError::Config("max_seqs and max_seq_len must be at least 1".into()));
@@ -86,13 +89,14 @@ impl KvCache {
                 (block_size, pool_tokens.div_ceil(block_size).max(1))
             }
         };
-        let pool = KvPool::new(ctx, model, dtype, block_size, n_blocks)?;
+        let pool = KvPool::new(ctx, shape, dtype, block_size, n_blocks)?;
         let max_blocks_per_seq = max_seq_len.div_ceil(block_size);
         let table_buffer = ctx.storage_zeroed("kv.block_table", max_seqs as u64 * max_blocks_per_seq as u64 * 4);
-        let key = CacheKey { model: model.fingerprint, dtype, layout, block_size };
+        let key = CacheKey { model: shape.fingerprint, dtype, layout, block_size };
         let mut radix = RadixTree::new(key);
         radix.set_enabled(prefix_cache && layout == KvLayout::Paged);
         Ok(KvCache {
+            ctx: ctx.clone(),
             layout,
             pool,
             table_buffer,
@@ -112,11 +116,11 @@ impl KvCache {
         self.seqs.get(id.0 as usize).and_then(|s| s.as_ref()).ok_or(KvError::UnknownSequence(id.0))
     }
 
-    fn upload_table(&self, ctx: &Context, id: SeqId, from_block: usize) {
+    fn upload_table(&self, id: SeqId, from_block: usize) {
         if let Ok(seq) = self.seq(id) {
             if from_block < seq.blocks.len() {
                 let offset = (id.0 as u64 * self.max_blocks_per_seq as u64 + from_block as u64) * 4;
-                ctx.queue.write_buffer(&self.table_buffer, offset, bytemuck::cast_slice(&seq.blocks[from_block..]));
+                self.ctx.queue.write_buffer(&self.table_buffer, offset, bytemuck::cast_slice(&seq.blocks[from_block..]));
             }
         }
     }
@@ -125,10 +129,10 @@ impl KvCache {
     /// short. On failure nothing is taken.
     /// Copies block `src` into `dst` (copy-on-write) in a submission of its own, queued before
     /// any later step's writes to `dst`.
-    fn copy_block_now(&self, ctx: &Context, src: u32, dst: u32, label: &'static str) {
-        let mut encoder = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
+    fn copy_block_now(&self, src: u32, dst: u32, label: &'static str) {
+        let mut encoder = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
         self.pool.copy_block(&mut encoder, src, dst);
-        ctx.queue.submit(Some(encoder.finish()));
+        self.ctx.queue.submit(Some(encoder.finish()));
     }
 
     fn take_blocks(&mut self, n: u32) -> Result<Vec<u32>, KvError> {
@@ -139,7 +143,7 @@ impl KvCache {
     }
 
     /// A new, empty sequence. The contiguous layout reserves its whole maximum length now.
-    pub fn allocate(&mut self, ctx: &Context) -> Result<SeqId, KvError> {
+    pub fn allocate(&mut self) -> Result<SeqId, KvError> {
         let slot = self.seqs.iter().position(|s| s.is_none()).ok_or(KvError::TooManySequences(self.seqs.len() as u32))?;
         let mut seq = Sequence::default();
         if self.layout == KvLayout::Contiguous {
@@ -147,14 +151,14 @@ impl KvCache {
         }
         self.seqs[slot] = Some(seq);
         let id = SeqId(slot as u32);
-        self.upload_table(ctx, id, 0);
+        self.upload_table(id, 0);
         Ok(id)
     }
 
     /// Makes room for `n` more tokens and returns the position of the first. Blocks are taken
     /// one at a time as needed; on exhaustion nothing changes and the error says so (no other
     /// sequence's blocks are touched).
-    pub fn append(&mut self, ctx: &Context, id: SeqId, n: u32) -> Result<u32, KvError> {
+    pub fn append(&mut self, id: SeqId, n: u32) -> Result<u32, KvError> {
         let bs = self.pool.block_size;
         let max_len = self.max_seq_len;
         let seq = self.seq(id)?;
@@ -171,14 +175,14 @@ impl KvCache {
             seq.blocks.extend(fresh);
         }
         self.seqs[id.0 as usize].as_mut().expect("checked above").len = new_len;
-        self.upload_table(ctx, id, have);
+        self.upload_table(id, have);
         Ok(start)
     }
 
     /// Forgets the last tokens (positions `len..`) of a sequence, returning blocks it no longer
     /// needs. A kept, now partly filled last block that is shared is copied first (copy-on-write),
     /// so the sequence's next tokens never overwrite K/V that another holder reads.
-    pub fn truncate(&mut self, ctx: &Context, id: SeqId, len: u32) -> Result<(), KvError> {
+    pub fn truncate(&mut self, id: SeqId, len: u32) -> Result<(), KvError> {
         let bs = self.pool.block_size;
         let contiguous = self.layout == KvLayout::Contiguous;
         let seq = self.seqs.get_mut(id.0 as usize).and_then(|s| s.as_mut()).ok_or(KvError::UnknownSequence(id.0))?;
@@ -191,7 +195,7 @@ impl KvCache {
         let last = (!contiguous && len % bs != 0).then(|| seq.blocks[keep - 1]).filter(|&b| self.pool.alloc.refcount(b) > 1);
         if let Some(shared) = last {
             let fresh = self.take_blocks(1)?[0];
-            self.copy_block_now(ctx, shared, fresh, "kv.truncate_cow");
+            self.copy_block_now(shared, fresh, "kv.truncate_cow");
             self.pool.alloc.release(shared)?;
             self.seqs[id.0 as usize].as_mut().expect("checked above").blocks[keep - 1] = fresh;
         }
@@ -201,14 +205,14 @@ impl KvCache {
         for b in dropped {
             self.pool.alloc.release(b)?;
         }
-        self.upload_table(ctx, id, 0);
+        self.upload_table(id, 0);
         Ok(())
     }
 
     /// A new sequence with the same first `len` tokens. Paged: full blocks are shared (one more
     /// reference each); a partly filled last block is copied (copy-on-write happens here, at fork
     /// time, since the new sequence will write into it). Contiguous: the whole reservation is copied.
-    pub fn fork(&mut self, ctx: &Context, src: SeqId) -> Result<SeqId, KvError> {
+    pub fn fork(&mut self, src: SeqId) -> Result<SeqId, KvError> {
         let source = self.seq(src)?.clone();
         let bs = self.pool.block_size;
         let slot = self.seqs.iter().position(|s| s.is_none()).ok_or(KvError::TooManySequences(self.seqs.len() as u32))?;
@@ -231,11 +235,11 @@ impl KvCache {
             blocks.extend_from_slice(&source.blocks[..full]);
         }
         if let (Some(from), Some(&to)) = (copy_from, blocks.last()) {
-            self.copy_block_now(ctx, from, to, "kv.fork");
+            self.copy_block_now(from, to, "kv.fork");
         }
         self.seqs[slot] = Some(Sequence { blocks, len: source.len });
         let id = SeqId(slot as u32);
-        self.upload_table(ctx, id, 0);
+        self.upload_table(id, 0);
         Ok(id)
     }
 
@@ -292,7 +296,11 @@ impl KvCache {
     /// tree's reference plus `external[b]` (holders outside the cache), no table holds a block
     /// twice, each table has exactly the blocks its length needs, and no block a sequence holds
     /// hangs in the tree below one that only the tree holds (which eviction could not reach).
-    pub fn check_integrity_with(&self, external: &dyn Fn(u32) -> u32) -> Result<(), String> {
+    pub fn check_integrity_with(&self, external: &dyn Fn(u32) -> u32) -> Result<(), IntegrityError> {
+        self.check_with(external).map_err(IntegrityError)
+    }
+
+    fn check_with(&self, external: &dyn Fn(u32) -> u32) -> Result<(), String> {
         self.pool.alloc.check()?;
         self.radix.check()?;
         let mut in_tree = vec![0u32; self.pool.n_blocks as usize];
@@ -342,7 +350,7 @@ impl KvCache {
         Ok(())
     }
 
-    pub fn check_integrity(&self) -> Result<(), String> {
+    pub fn check_integrity(&self) -> Result<(), IntegrityError> {
         self.check_integrity_with(&|_| 0)
     }
 
@@ -374,9 +382,9 @@ impl KvCache {
     /// Full cached blocks are shared; a block matched only in part is copied (copy-on-write)
     /// into a fresh block, which the sequence then writes its next tokens into. Returns the
     /// sequence and the number of prompt tokens whose K/V it already has (prefill starts there).
-    pub fn allocate_for_prompt(&mut self, ctx: &Context, prompt: &[u32]) -> Result<(SeqId, u32), KvError> {
+    pub fn allocate_for_prompt(&mut self, prompt: &[u32]) -> Result<(SeqId, u32), KvError> {
         if !self.radix.enabled() || prompt.len() < 2 {
-            let id = self.allocate(ctx)?;
+            let id = self.allocate()?;
             if self.radix.enabled() {
                 self.radix.record_request(prompt.len() as u32, 0);
             }
@@ -404,13 +412,13 @@ impl KvCache {
                 }
             };
             release?;
-            self.copy_block_now(ctx, src, fresh[0], "kv.prefix_cow");
+            self.copy_block_now(src, fresh[0], "kv.prefix_cow");
             blocks.extend(fresh);
         }
         self.radix.record_request(prompt.len() as u32, m.tokens);
         self.seqs[slot] = Some(Sequence { blocks, len: m.tokens });
         let id = SeqId(slot as u32);
-        self.upload_table(ctx, id, 0);
+        self.upload_table(id, 0);
         Ok((id, m.tokens))
     }
 
@@ -499,7 +507,7 @@ impl KvCache {
 
     /// Serializes the K/V of `tokens` (all of them must be cached: see
     /// [`KvCache::peek_prefix`]) as a snapshot ([`super::snapshot`]).
-    pub async fn export_prefix(&mut self, ctx: &Context, tokens: &[u32]) -> Result<Vec<u8>, KvError> {
+    pub async fn export_prefix(&mut self, tokens: &[u32]) -> Result<Vec<u8>, KvError> {
         if tokens.is_empty() {
             return Err(KvError::Config("nothing to export: no tokens".into()));
         }
@@ -512,14 +520,14 @@ impl KvCache {
         }
         let mut blocks = m.blocks.clone();
         blocks.extend(m.partial.map(|(b, _)| b));
-        super::snapshot::export(ctx, &self.pool, &self.key, tokens, &blocks).await
+        super::snapshot::export(&self.ctx, &self.pool, &self.key, tokens, &blocks).await
     }
 
     /// Loads a snapshot into the prefix cache: its blocks are allocated (evicting cached
     /// prefixes if needed), uploaded and inserted under its tokens, so the next prompt that
     /// starts with them hits. Returns the tokens. A snapshot of another model or cache format,
     /// or a damaged one, is refused before anything changes.
-    pub fn import(&mut self, ctx: &Context, bytes: &[u8], vocab: u32) -> Result<Vec<u32>, KvError> {
+    pub fn import(&mut self, bytes: &[u8], vocab: u32) -> Result<Vec<u32>, KvError> {
         if !self.radix.enabled() {
             return Err(KvError::Config("snapshots need the prefix cache (paged layout)".into()));
         }
@@ -527,14 +535,14 @@ impl KvCache {
         if snap.tokens.len() as u32 > self.max_seq_len {
             return Err(KvError::SequenceTooLong { needed: snap.tokens.len() as u64, limit: self.max_seq_len });
         }
-        let id = self.allocate(ctx)?;
-        if let Err(e) = self.append(ctx, id, snap.tokens.len() as u32) {
+        let id = self.allocate()?;
+        if let Err(e) = self.append(id, snap.tokens.len() as u32) {
             self.free(id)?;
             return Err(e);
         }
         let blocks = self.blocks(id)?.to_vec();
         for (i, &b) in blocks.iter().enumerate() {
-            snap.upload_block(ctx, &self.pool, i as u32, b);
+            snap.upload_block(&self.ctx, &self.pool, i as u32, b);
         }
         self.finish(id, &snap.tokens)?;
         Ok(snap.tokens)

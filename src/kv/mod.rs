@@ -15,6 +15,17 @@ pub use radix::{CacheKey, PrefixMatch, PrefixStats, RadixTree};
 
 use alloc::AllocError;
 
+/// What the KV cache needs to know of the model: the pool's per-layer shape and the identity of
+/// the model whose K/V it stores (the prefix cache and snapshots are keyed by it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvShape {
+    pub n_layers: u32,
+    pub n_kv_heads: u32,
+    pub head_dim: u32,
+    /// The model's fingerprint (`ModelConfig::fingerprint`: metadata, tensor table and samples of every tensor).
+    pub fingerprint: u64,
+}
+
 /// The stored precision of K and V in the pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -32,6 +43,12 @@ impl KvDtype {
         }
     }
 }
+
+/// A broken invariant of the KV cache, found by [`KvCache::check_integrity`]: a bug, never a
+/// state a caller can cause.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("the KV cache's bookkeeping is inconsistent: {0}")]
+pub struct IntegrityError(pub String);
 
 /// Errors of the KV cache.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -54,6 +71,8 @@ pub enum KvError {
     NotAvailable(String),
     #[error("KV cache bookkeeping: {0}")]
     Internal(String),
+    #[error(transparent)]
+    Integrity(#[from] IntegrityError),
 }
 
 impl From<crate::quant::kv_int8::Int8Error> for KvError {

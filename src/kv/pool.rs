@@ -21,11 +21,10 @@
 //! `head_dim + 4` bytes per token and head instead of `4 · head_dim`.
 
 use crate::gpu::Context;
-use crate::model::ModelConfig;
 
 use super::alloc::BlockAllocator;
 use crate::quant::kv_int8::Int8Layout;
-use super::{KvDtype, KvError};
+use super::{KvDtype, KvError, KvShape};
 
 /// Snapshot of the pool's occupancy.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -67,8 +66,8 @@ pub struct KvPool {
 impl KvPool {
     /// Bytes one block occupies in one layer's K buffer: f32 `4 · head_dim` per token and KV
     /// head, INT8 `head_dim` codes and a 4-byte scale.
-    pub fn block_bytes_per_layer(cfg: &ModelConfig, dtype: KvDtype, block_size: u32) -> u64 {
-        cfg.n_kv_heads as u64 * block_size as u64 * Self::bytes_per_head(dtype, cfg.head_dim)
+    pub fn block_bytes_per_layer(shape: &KvShape, dtype: KvDtype, block_size: u32) -> u64 {
+        shape.n_kv_heads as u64 * block_size as u64 * Self::bytes_per_head(dtype, shape.head_dim)
     }
 
     /// Bytes of one token's key (or value) of one KV head.
@@ -80,66 +79,66 @@ impl KvPool {
     }
 
     /// Bytes of one layer's K (or V) buffer, INT8 padding included.
-    pub fn layer_buffer_bytes(cfg: &ModelConfig, dtype: KvDtype, block_size: u32, n_blocks: u32) -> u64 {
+    pub fn layer_buffer_bytes(shape: &KvShape, dtype: KvDtype, block_size: u32, n_blocks: u32) -> u64 {
         match dtype {
-            KvDtype::F32 => n_blocks as u64 * Self::block_bytes_per_layer(cfg, dtype, block_size),
+            KvDtype::F32 => n_blocks as u64 * Self::block_bytes_per_layer(shape, dtype, block_size),
             // The layout's own figure; a shape it refuses is refused by `new` with the reason.
-            KvDtype::Int8 => Int8Layout { n_blocks, n_kv_heads: cfg.n_kv_heads, block_size, head_dim: cfg.head_dim }
+            KvDtype::Int8 => Int8Layout { n_blocks, n_kv_heads: shape.n_kv_heads, block_size, head_dim: shape.head_dim }
                 .buffer_bytes(),
         }
     }
 
     /// The most f32 blocks one layer's buffer can hold on this device (see [`KvPool::max_blocks_for`]).
-    pub fn max_blocks(ctx: &Context, cfg: &ModelConfig, block_size: u32) -> u64 {
-        Self::max_blocks_for(ctx, cfg, KvDtype::F32, block_size)
+    pub fn max_blocks(ctx: &Context, shape: &KvShape, block_size: u32) -> u64 {
+        Self::max_blocks_for(ctx, shape, KvDtype::F32, block_size)
     }
 
     /// The most blocks of `dtype` one layer's buffer can hold on this device: about 3.8× more
     /// INT8 blocks than f32 ones for head_dim 64.
-    pub fn max_blocks_for(ctx: &Context, cfg: &ModelConfig, dtype: KvDtype, block_size: u32) -> u64 {
+    pub fn max_blocks_for(ctx: &Context, shape: &KvShape, dtype: KvDtype, block_size: u32) -> u64 {
         let limit = (ctx.limits.max_storage_buffer_binding_size as u64).min(ctx.limits.max_buffer_size);
-        let mut blocks = limit / Self::block_bytes_per_layer(cfg, dtype, block_size).max(1);
+        let mut blocks = limit / Self::block_bytes_per_layer(shape, dtype, block_size).max(1);
         // INT8 pads its buffer to 16 bytes: at most one block fewer.
-        let fits = |b: u64| b <= u32::MAX as u64 && Self::layer_buffer_bytes(cfg, dtype, block_size, b as u32) <= limit;
+        let fits = |b: u64| b <= u32::MAX as u64 && Self::layer_buffer_bytes(shape, dtype, block_size, b as u32) <= limit;
         while blocks > 0 && !fits(blocks) {
             blocks -= 1;
         }
         blocks
     }
 
-    pub fn new(ctx: &Context, cfg: &ModelConfig, dtype: KvDtype, block_size: u32, n_blocks: u32) -> Result<KvPool, KvError> {
+    pub fn new(ctx: &Context, shape: &KvShape, dtype: KvDtype, block_size: u32, n_blocks: u32) -> Result<KvPool, KvError> {
         if block_size == 0 || n_blocks == 0 {
             return Err(KvError::Config(format!("block size ({block_size}) and block count ({n_blocks}) must be at least 1")));
         }
         if dtype == KvDtype::Int8 {
-            Int8Layout::new(n_blocks, cfg.n_kv_heads, block_size, cfg.head_dim)?;
+            Int8Layout::new(n_blocks, shape.n_kv_heads, block_size, shape.head_dim)?;
         }
-        let max = Self::max_blocks_for(ctx, cfg, dtype, block_size);
+        let max = Self::max_blocks_for(ctx, shape, dtype, block_size);
         if n_blocks as u64 > max {
             return Err(KvError::Config(format!(
                 "{n_blocks} blocks of {block_size} tokens need {} bytes per layer buffer ({}), over the device's \
                  {}-byte binding limit: at most {} tokens fit",
-                Self::layer_buffer_bytes(cfg, dtype, block_size, n_blocks),
+                Self::layer_buffer_bytes(shape, dtype, block_size, n_blocks),
                 dtype.name(),
                 ctx.limits.max_storage_buffer_binding_size,
                 max * block_size as u64
             )));
         }
-        let block_bytes = Self::block_bytes_per_layer(cfg, dtype, block_size);
-        let size = Self::layer_buffer_bytes(cfg, dtype, block_size, n_blocks);
-        let k = (0..cfg.n_layers).map(|l| ctx.storage_zeroed(&format!("kv.k.{l}"), size)).collect();
-        let v = (0..cfg.n_layers).map(|l| ctx.storage_zeroed(&format!("kv.v.{l}"), size)).collect();
+        let block_bytes = Self::block_bytes_per_layer(shape, dtype, block_size);
+        let size = Self::layer_buffer_bytes(shape, dtype, block_size, n_blocks);
+        let k = (0..shape.n_layers).map(|l| ctx.storage_zeroed(&format!("kv.k.{l}"), size)).collect();
+        let v = (0..shape.n_layers).map(|l| ctx.storage_zeroed(&format!("kv.v.{l}"), size)).collect();
         Ok(KvPool {
             dtype,
             block_size,
             n_blocks,
-            n_kv_heads: cfg.n_kv_heads,
-            head_dim: cfg.head_dim,
+            n_kv_heads: shape.n_kv_heads,
+            head_dim: shape.head_dim,
             k,
             v,
             alloc: BlockAllocator::new(n_blocks),
             block_bytes,
-            n_layers: cfg.n_layers,
+            n_layers: shape.n_layers,
             scratch: ctx.storage_zeroed("kv.cow_scratch", block_bytes),
         })
     }

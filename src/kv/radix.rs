@@ -28,7 +28,7 @@ use super::{KvDtype, KvError, KvLayout};
 /// Everything that changes what a cached block holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct CacheKey {
-    /// [`crate::model::ModelConfig::fingerprint`].
+    /// [`super::KvShape::fingerprint`].
     pub model: u64,
     pub dtype: KvDtype,
     pub layout: KvLayout,

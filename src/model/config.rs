@@ -29,6 +29,11 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// What the KV cache needs of the model: its pool shape and identity.
+    pub fn kv_shape(&self) -> crate::kv::KvShape {
+        crate::kv::KvShape { n_layers: self.n_layers, n_kv_heads: self.n_kv_heads, head_dim: self.head_dim, fingerprint: self.fingerprint }
+    }
+
     pub fn from_gguf(gguf: &Gguf<'_>) -> Result<ModelConfig, ModelError> {
         let arch = gguf.get_str("general.architecture")?.to_string();
         if arch != "llama" {

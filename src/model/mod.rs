@@ -1,20 +1,21 @@
 //! The llama model: configuration from GGUF metadata, weights uploaded once and kept quantized,
-//! and the forward pass (see [`forward`]).
+//! the forward graph ([`graph`]) and what runs rows through it ([`runner`]).
 
-pub mod batch;
 pub mod config;
-pub mod forward;
+pub mod graph;
 #[cfg(feature = "testing")]
 pub mod reference;
+pub mod runner;
 pub mod weights;
 
 pub use config::ModelConfig;
-pub use batch::{BatchGraph, StepRow};
-pub use forward::{Logits, StepGraph};
+pub use graph::{AttentionKind, ForwardGraph, Logits, RowOutput, StepRow};
+pub use runner::{Model, Runner};
 pub use weights::Weights;
 
 use crate::gguf::GgufError;
 use crate::gpu::GpuError;
+use crate::kv::KvError;
 
 /// Errors of the model layer.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +28,8 @@ pub enum ModelError {
     Unsupported(String),
     #[error(transparent)]
     Gpu(#[from] GpuError),
+    #[error(transparent)]
+    Kv(#[from] KvError),
     #[error("the sequence needs {needed} tokens of context but holds at most {limit}")]
     ContextOverflow { needed: usize, limit: usize },
 }

@@ -1,0 +1,466 @@
+//! The llama forward pass as a graph of kernels, built once per step shape and recorded into one
+//! submission per step, whether the step holds one sequence's rows or a batch of sequences.
+//!
+//! For each layer (pre-norm residual blocks):
+//! ```text
+//! h    = rms_norm(x) · attn_norm
+//! qkv  = h · Wqkvᵀ                  (q, k, v heads in one row)
+//! rope(q, k at absolute positions); write k, v into the cache at those positions
+//! x   += attention(q, K, V) · Woᵀ
+//! h    = rms_norm(x) · ffn_norm
+//! x   += (silu(h · Wgateᵀ) ⊙ (h · Wupᵀ)) · Wdownᵀ
+//! ```
+//! then `logits = rms_norm(x_row) · output_norm · Wembᵀ` for the rows the caller wants. Nothing is
+//! read back between layers: a step ends with the argmax (and, when asked, the logits) copied
+//! into one staging buffer.
+//!
+//! Every row is a token at an absolute position of a sequence, found through that sequence's
+//! row of the block-table buffer. Matmuls, norms, RoPE and the MLP run over all rows at once
+//! (the weights are read once per step, whatever the batch) and the KV write puts each row's K/V
+//! through its own table. Only attention depends on what the rows are ([`AttentionKind`]):
+//! - [`AttentionKind::Sequence`]: the rows are consecutive positions of ONE sequence (a prefill
+//!   chunk, or one decode token). Attention shares each key load among 4 rows and splits long
+//!   contexts (split-K). The graph is built for exactly `max_rows` rows.
+//! - [`AttentionKind::Batch`]: each row may belong to another sequence (continuous batching).
+//!   Each row reads its own sequence's keys (`kv_len = position + 1`). A step may use fewer rows
+//!   than the graph holds; the rest are padding (position `u32::MAX`, which the KV write skips,
+//!   and `kv_len` 0, which attention skips).
+
+use crate::gpu::ops::attention::{Attention, AttentionShape};
+use crate::gpu::ops::attention_batch::{AttentionBatch, BatchBuffers, BatchPlan, BatchRow, BatchShape};
+use crate::gpu::ops::{act, argmax, elementwise, embed, kv_write, matmul, norm, rope};
+use crate::gpu::{Context, Kernel, Recorder};
+use crate::kv::KvCache;
+
+use super::{ModelConfig, ModelError, Weights};
+
+/// What a step reads back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the argmax token of each logit row.
+    Argmax,
+    /// The argmax and the full logits of each logit row.
+    Full,
+}
+
+/// Which attention a graph runs: see the module documentation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttentionKind {
+    /// Consecutive rows of one sequence.
+    Sequence,
+    /// Rows of any sequences.
+    Batch,
+}
+
+/// One row of a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepRow {
+    pub token: u32,
+    /// Absolute position in its sequence.
+    pub position: u32,
+    /// The sequence's row in the block-table buffer ([`KvCache::table_base`]).
+    pub table_base: u32,
+}
+
+/// What one logit row of a step gives: its argmax and, with [`Logits::Full`], its logits.
+pub type RowOutput = (u32, Option<Vec<f32>>);
+
+enum Node {
+    Kernel(Kernel),
+    Kernels(Vec<Kernel>),
+    /// Index into `ForwardGraph::attention`.
+    Attention(usize),
+}
+
+enum LayerAttention {
+    Sequence(Attention),
+    Batch(AttentionBatch),
+}
+
+impl LayerAttention {
+    fn kernels(&self) -> &[Kernel] {
+        match self {
+            LayerAttention::Sequence(a) => a.kernels(),
+            LayerAttention::Batch(a) => a.kernels(),
+        }
+    }
+}
+
+/// The activation buffers of a graph, `rows` rows each.
+struct Activations {
+    x: wgpu::Buffer,
+    h: wgpu::Buffer,
+    qkv: wgpu::Buffer,
+    attn: wgpu::Buffer,
+    gate_up: wgpu::Buffer,
+    act: wgpu::Buffer,
+}
+
+impl Activations {
+    fn new(ctx: &Context, cfg: &ModelConfig, rows: u64) -> Activations {
+        let f = 4u64;
+        Activations {
+            x: ctx.storage_zeroed("graph.x", rows * cfg.hidden as u64 * f),
+            h: ctx.storage_zeroed("graph.h", rows * cfg.hidden as u64 * f),
+            qkv: ctx.storage_zeroed("graph.qkv", rows * cfg.qkv_width() as u64 * f),
+            attn: ctx.storage_zeroed("graph.attn", rows * cfg.q_width() as u64 * f),
+            gate_up: ctx.storage_zeroed("graph.gate_up", rows * 2 * cfg.ffn as u64 * f),
+            act: ctx.storage_zeroed("graph.act", rows * cfg.ffn as u64 * f),
+        }
+    }
+}
+
+/// The kernels of one forward step over up to `max_rows` rows, giving logits for up to
+/// `max_logits` of them.
+pub struct ForwardGraph {
+    pub kind: AttentionKind,
+    pub max_rows: u32,
+    pub max_logits: u32,
+    vocab: u32,
+    hidden: u32,
+    /// [max_rows] u32 token ids, written before each step.
+    ids: wgpu::Buffer,
+    /// [max_rows] u32 absolute positions, written before each step.
+    positions: wgpu::Buffer,
+    /// [max_rows] u32: each row's table base, read by the KV write.
+    row_tables: wgpu::Buffer,
+    /// What attention reads of the step, written before each step. Sequence: a uniform holding
+    /// the sequence's table base; Batch: the batch buffer ([`AttentionBatch::step`]).
+    step: wgpu::Buffer,
+    x: wgpu::Buffer,
+    /// [max_logits, hidden]: the logit rows gathered from `x`.
+    x_last: wgpu::Buffer,
+    argmax_out: wgpu::Buffer,
+    logits: wgpu::Buffer,
+    staging: wgpu::Buffer,
+    layers: Vec<Node>,
+    head: Vec<Node>,
+    attention: Vec<LayerAttention>,
+}
+
+impl ForwardGraph {
+    /// Builds the graph for `kind`, `max_rows` rows and `max_logits` ≤ `max_rows` logit rows.
+    pub fn build(
+        ctx: &Context,
+        (cfg, weights): (&ModelConfig, &Weights),
+        kv: &KvCache,
+        kind: AttentionKind,
+        max_rows: u32,
+        max_logits: u32,
+    ) -> Result<ForwardGraph, ModelError> {
+        if max_rows == 0 || max_logits == 0 || max_logits > max_rows {
+            return Err(ModelError::Format(format!("a step of {max_rows} rows cannot give {max_logits} logit rows")));
+        }
+        let (n, rows, f) = (max_rows as u64, max_logits as u64, 4u64);
+        let ids = ctx.storage_zeroed("graph.ids", n * 4);
+        let positions = ctx.storage_zeroed("graph.positions", n * 4);
+        let row_tables = ctx.storage_zeroed("graph.row_tables", n * 4);
+        let a = Activations::new(ctx, cfg, n);
+        let x_last = ctx.storage_zeroed("graph.x_last", rows * cfg.hidden as u64 * f);
+        let h_last = ctx.storage_zeroed("graph.h_last", rows * cfg.hidden as u64 * f);
+        let logits = ctx.storage_zeroed("graph.logits", rows * cfg.vocab as u64 * f);
+        let argmax_out = ctx.storage_zeroed("graph.argmax", rows * 4);
+        let attention = AttentionBuilder::new(ctx, cfg, kv, kind, max_rows);
+        let step = attention.step_buffer(ctx);
+        let mut graph = ForwardGraph {
+            kind,
+            max_rows,
+            max_logits,
+            vocab: cfg.vocab,
+            hidden: cfg.hidden,
+            staging: ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("graph.staging"),
+                size: rows * 4 + rows * cfg.vocab as u64 * f,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+            layers: vec![Node::Kernel(embed::embedding(ctx, &weights.token_embd, &ids, &a.x, max_rows)?)],
+            head: vec![
+                Node::Kernel(norm::rms_norm(ctx, &x_last, &weights.output_norm, &h_last, max_logits, cfg.hidden, cfg.rms_eps)?),
+                Node::Kernels(matmul::matmul(ctx, weights.lm_head(), &h_last, &logits, max_logits)?),
+                Node::Kernels(argmax::argmax(ctx, &logits, &argmax_out, max_logits, cfg.vocab)?),
+            ],
+            attention: Vec::new(),
+            ids,
+            positions,
+            row_tables,
+            step,
+            x: a.x.clone(),
+            x_last,
+            argmax_out,
+            logits,
+        };
+        for l in 0..cfg.n_layers as usize {
+            graph.push_layer(ctx, (cfg, weights), kv, &a, &attention, l)?;
+        }
+        Ok(graph)
+    }
+
+    /// The nodes of layer `l` (see the module documentation).
+    fn push_layer(
+        &mut self,
+        ctx: &Context,
+        (cfg, weights): (&ModelConfig, &Weights),
+        kv: &KvCache,
+        a: &Activations,
+        attention: &AttentionBuilder,
+        l: usize,
+    ) -> Result<(), ModelError> {
+        let (n, hidden, lw) = (self.max_rows, cfg.hidden, &weights.layers[l]);
+        let nodes = &mut self.layers;
+        nodes.push(Node::Kernel(norm::rms_norm(ctx, &a.x, &lw.attn_norm, &a.h, n, hidden, cfg.rms_eps)?));
+        nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.wqkv, &a.h, &a.qkv, n)?));
+        let heads = cfg.n_heads + cfg.n_kv_heads;
+        nodes.push(Node::Kernel(rope::rope(ctx, &a.qkv, &self.positions, n, cfg.qkv_width(), heads, cfg.head_dim, cfg.rope_base)?));
+        // The pool's dtype picks the kernels' variant: INT8 quantizes here and is dequantized
+        // inside attention.
+        nodes.push(Node::Kernel(kv_write::write_paged_dtype(
+            ctx,
+            &a.qkv,
+            &kv.pool.k[l],
+            &kv.pool.v[l],
+            &self.positions,
+            &kv.table_buffer,
+            &self.row_tables,
+            n,
+            cfg.n_heads,
+            cfg.n_kv_heads,
+            cfg.head_dim,
+            kv.pool.block_size,
+            kv.pool.n_blocks,
+            kv.pool.dtype,
+        )?));
+        self.attention.push(attention.layer(ctx, kv, l, &a.qkv, &self.positions, &self.step, &a.attn)?);
+        nodes.push(Node::Attention(self.attention.len() - 1));
+        nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.wo, &a.attn, &a.h, n)?));
+        nodes.push(Node::Kernel(elementwise::add(ctx, &a.x, &a.h, n * hidden)?));
+        nodes.push(Node::Kernel(norm::rms_norm(ctx, &a.x, &lw.ffn_norm, &a.h, n, hidden, cfg.rms_eps)?));
+        nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.w_gate_up, &a.h, &a.gate_up, n)?));
+        nodes.push(Node::Kernel(act::silu_mul(ctx, &a.gate_up, &a.act, n, cfg.ffn)?));
+        nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.w_down, &a.act, &a.h, n)?));
+        nodes.push(Node::Kernel(elementwise::add(ctx, &a.x, &a.h, n * hidden)?));
+        Ok(())
+    }
+
+    /// Checks `rows` and `logit_rows` against the graph's contract: 1..=max_rows rows (exactly
+    /// max_rows, all of one sequence at consecutive positions, for [`AttentionKind::Sequence`]),
+    /// at most max_logits logit rows, each an index into `rows`.
+    fn check(&self, rows: &[StepRow], logit_rows: &[u32]) -> Result<(), ModelError> {
+        let n = rows.len();
+        let bad = |what: String| Err(ModelError::Format(format!("a {:?} graph of {} rows and {} logit rows {what}", self.kind, self.max_rows, self.max_logits)));
+        if n == 0 || n > self.max_rows as usize || logit_rows.len() > self.max_logits as usize {
+            return bad(format!("was given {n} rows and {} logit rows", logit_rows.len()));
+        }
+        if let Some(&r) = logit_rows.iter().find(|&&r| r as usize >= n) {
+            return bad(format!("was given logit row {r} of a step of {n} rows"));
+        }
+        if self.kind == AttentionKind::Sequence {
+            let one_sequence = rows.iter().enumerate().all(|(i, r)| r.table_base == rows[0].table_base && r.position == rows[0].position + i as u32);
+            if n != self.max_rows as usize || !one_sequence {
+                return bad(format!("was given {n} rows that are not all consecutive positions of one sequence"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a step's inputs and sizes the attention dispatches for it (`rows` checked).
+    fn prepare(&mut self, ctx: &Context, rows: &[StepRow]) -> Result<(), ModelError> {
+        let pad = self.max_rows as usize - rows.len();
+        let column = |f: fn(&StepRow) -> u32, fill: u32| -> Vec<u32> { rows.iter().map(f).chain(std::iter::repeat_n(fill, pad)).collect() };
+        ctx.queue.write_buffer(&self.ids, 0, bytemuck::cast_slice(&column(|r| r.token, 0)));
+        ctx.queue.write_buffer(&self.positions, 0, bytemuck::cast_slice(&column(|r| r.position, u32::MAX)));
+        ctx.queue.write_buffer(&self.row_tables, 0, bytemuck::cast_slice(&column(|r| r.table_base, 0)));
+        match self.kind {
+            AttentionKind::Sequence => {
+                ctx.queue.write_buffer(&self.step, 0, bytemuck::bytes_of(&rows[0].table_base));
+                let kv_len = rows[rows.len() - 1].position + 1;
+                for a in &mut self.attention {
+                    if let LayerAttention::Sequence(a) = a {
+                        a.set_kv_len(kv_len)?;
+                    }
+                }
+            }
+            AttentionKind::Batch => {
+                let batch_rows: Vec<BatchRow> = rows.iter().map(|r| BatchRow { table_base: r.table_base, kv_len: r.position + 1 }).collect();
+                let mut step = None;
+                for a in &mut self.attention {
+                    if let LayerAttention::Batch(a) = a {
+                        let s = match step.take() {
+                            Some(s) => s,
+                            None => a.step(&batch_rows)?,
+                        };
+                        a.set_step(&s)?;
+                        step = Some(s);
+                    }
+                }
+                if let Some(s) = step {
+                    ctx.queue.write_buffer(&self.step, 0, s.bytes());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn record(&self, rec: &mut Recorder, nodes: &[Node]) {
+        for node in nodes {
+            match node {
+                Node::Kernel(k) => rec.dispatch(k),
+                Node::Kernels(ks) => ks.iter().for_each(|k| rec.dispatch(k)),
+                Node::Attention(i) => self.attention[*i].kernels().iter().for_each(|k| rec.dispatch(k)),
+            }
+        }
+    }
+
+    /// Runs one step over `rows` and returns, for each index in `logit_rows`, the argmax and,
+    /// with [`Logits::Full`], the logits predicting the next position. With no logit rows
+    /// (a prefill chunk that does not end its prompt) nothing is read but the step's end.
+    pub async fn run(&mut self, ctx: &Context, rows: &[StepRow], logit_rows: &[u32], read: Logits) -> Result<Vec<RowOutput>, ModelError> {
+        self.check(rows, logit_rows)?;
+        self.prepare(ctx, rows)?;
+        // The head needs a row: with none asked for, the last one stands in and is not returned.
+        let stand_in = [rows.len() as u32 - 1];
+        let (gather, read) = if logit_rows.is_empty() { (&stand_in[..], Logits::Argmax) } else { (logit_rows, read) };
+        let mut rec = Recorder::new(ctx, "step");
+        self.record(&mut rec, &self.layers);
+        let row_bytes = self.hidden as u64 * 4;
+        // Runs of consecutive rows (a prefill chunk's last rows) gather in one copy.
+        let mut k = 0;
+        while k < gather.len() {
+            let run = (1..gather.len() - k).take_while(|&j| gather[k + j] == gather[k] + j as u32).count() + 1;
+            rec.copy(&self.x, gather[k] as u64 * row_bytes, &self.x_last, k as u64 * row_bytes, run as u64 * row_bytes);
+            k += run;
+        }
+        self.record(&mut rec, &self.head);
+        let m = gather.len() as u64;
+        rec.copy(&self.argmax_out, 0, &self.staging, 0, m * 4);
+        let logit_bytes = m * self.vocab as u64 * 4;
+        let full = read == Logits::Full;
+        if full {
+            rec.copy(&self.logits, 0, &self.staging, m * 4, logit_bytes);
+        }
+        rec.submit();
+        let bytes = ctx.map_staging_range(&self.staging, if full { m * 4 + logit_bytes } else { m * 4 }).await?;
+        if logit_rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: &[u32] = bytemuck::cast_slice(&bytes[..m as usize * 4]);
+        let vocab = self.vocab as usize;
+        let logits: Option<&[f32]> = full.then(|| bytemuck::cast_slice(&bytes[m as usize * 4..]));
+        Ok(ids.iter().enumerate().map(|(k, &id)| (id, logits.map(|l| l[k * vocab..(k + 1) * vocab].to_vec()))).collect())
+    }
+
+    /// Runs the layers of one step submitting every kernel on its own and waiting for it, and
+    /// returns the GPU time spent per kernel name (milliseconds, summed over layers). For finding
+    /// where a step's time goes; the results of the step are discarded.
+    pub async fn profile(&mut self, ctx: &Context, rows: &[StepRow]) -> Result<Vec<(String, f64)>, ModelError> {
+        self.check(rows, &[])?;
+        self.prepare(ctx, rows)?;
+        let mut totals: Vec<(String, f64)> = Vec::new();
+        for node in self.layers.iter().chain(&self.head) {
+            let kernels: &[Kernel] = match node {
+                Node::Kernel(k) => std::slice::from_ref(k),
+                Node::Kernels(ks) => ks,
+                Node::Attention(i) => self.attention[*i].kernels(),
+            };
+            for k in kernels {
+                let t0 = crate::time::now_ms();
+                let mut rec = Recorder::new(ctx, "profile");
+                rec.dispatch(k);
+                rec.submit();
+                ctx.read_bytes(&self.argmax_out, 0, 4).await?;
+                let ms = crate::time::now_ms() - t0;
+                match totals.iter_mut().find(|(n, _)| n == k.name) {
+                    Some(entry) => entry.1 += ms,
+                    None => totals.push((k.name.to_string(), ms)),
+                }
+            }
+        }
+        Ok(totals)
+    }
+
+    /// Number of dispatches one step records (with the current step's attention sizes).
+    pub fn dispatch_count(&self) -> usize {
+        self.layers
+            .iter()
+            .chain(&self.head)
+            .map(|n| match n {
+                Node::Kernel(_) => 1,
+                Node::Kernels(k) => k.len(),
+                Node::Attention(i) => self.attention[*i].kernels().len(),
+            })
+            .sum()
+    }
+}
+
+/// Builds each layer's attention of one kind: the shapes, and for the batch kind the plan and
+/// the split scratch every layer shares (layers run one after the other).
+enum AttentionBuilder {
+    Sequence(AttentionShape),
+    Batch { shape: BatchShape, plan: BatchPlan, scratch: wgpu::Buffer },
+}
+
+impl AttentionBuilder {
+    fn new(ctx: &Context, cfg: &ModelConfig, kv: &KvCache, kind: AttentionKind, max_rows: u32) -> AttentionBuilder {
+        let (block_size, n_blocks) = (kv.pool.block_size, kv.pool.n_blocks);
+        let (n_heads, n_kv_heads, head_dim, max_len) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, kv.max_seq_len);
+        match kind {
+            AttentionKind::Sequence => {
+                AttentionBuilder::Sequence(AttentionShape { n_tokens: max_rows, n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks })
+            }
+            AttentionKind::Batch => {
+                let shape = BatchShape { max_rows, n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks, dtype: kv.pool.dtype };
+                let plan = BatchPlan::auto(ctx);
+                let scratch = ctx.storage_zeroed("graph.attention_scratch", AttentionBatch::scratch_bytes(&shape, &plan));
+                AttentionBuilder::Batch { shape, plan, scratch }
+            }
+        }
+    }
+
+    /// The buffer attention reads a step's rows from.
+    fn step_buffer(&self, ctx: &Context) -> wgpu::Buffer {
+        match self {
+            AttentionBuilder::Sequence(_) => ctx.uniform_init("graph.step", bytemuck::bytes_of(&0u32)),
+            AttentionBuilder::Batch { shape, .. } => ctx.storage_zeroed("graph.batch", shape.batch_bytes()),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)] // TODO(gpu-family): bindings struct
+    fn layer(
+        &self,
+        ctx: &Context,
+        kv: &KvCache,
+        l: usize,
+        qkv: &wgpu::Buffer,
+        positions: &wgpu::Buffer,
+        step: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+    ) -> Result<LayerAttention, ModelError> {
+        Ok(match self {
+            AttentionBuilder::Sequence(shape) => LayerAttention::Sequence(Attention::paged_dtype(
+                ctx,
+                qkv,
+                &kv.pool.k[l],
+                &kv.pool.v[l],
+                positions,
+                &kv.table_buffer,
+                step,
+                out,
+                *shape,
+                kv.pool.dtype,
+                None,
+            )?),
+            AttentionBuilder::Batch { shape, plan, scratch } => {
+                let buffers = BatchBuffers {
+                    qkv,
+                    k_pool: &kv.pool.k[l],
+                    v_pool: &kv.pool.v[l],
+                    block_table: &kv.table_buffer,
+                    batch: step,
+                    out,
+                    scratch: Some(scratch),
+                };
+                LayerAttention::Batch(AttentionBatch::new(ctx, &buffers, *shape, Some(*plan))?)
+            }
+        })
+    }
+}

@@ -1,0 +1,142 @@
+//! Runs rows through the model: picks (and caches) the forward graph for a step's shape, and
+//! the one-sequence paths the engine uses outside the scheduler (teacher-forced scoring,
+//! benchmarks, caching a prefix for a snapshot).
+//!
+//! A step whose rows are consecutive positions of one sequence (a prefill chunk, or a lone
+//! decode token) takes a [`AttentionKind::Sequence`] graph built for exactly its row count,
+//! whose prefill attention shares each key among the rows of the chunk; any other step takes
+//! one [`AttentionKind::Batch`] forward over all its rows (the weights are read once for the
+//! whole batch), built for power-of-two row and logit-row capacities.
+
+use std::collections::HashMap;
+
+use crate::gpu::Context;
+use crate::kv::{KvCache, SeqId};
+
+use super::graph::{AttentionKind, ForwardGraph, Logits, RowOutput, StepRow};
+use super::{ModelConfig, ModelError, Weights};
+
+/// The loaded model: its configuration and its weights on the device.
+pub struct Model {
+    pub config: ModelConfig,
+    pub weights: Weights,
+}
+
+/// Graphs by (rows, logit rows), dropped all at once when `cap` shapes are held (prompts of
+/// many lengths would otherwise keep a graph each).
+struct GraphCache {
+    kind: AttentionKind,
+    cap: usize,
+    graphs: HashMap<(u32, u32), ForwardGraph>,
+}
+
+impl GraphCache {
+    fn new(kind: AttentionKind, cap: usize) -> GraphCache {
+        GraphCache { kind, cap, graphs: HashMap::new() }
+    }
+
+    fn get(&mut self, ctx: &Context, model: &Model, kv: &KvCache, rows: u32, logits: u32) -> Result<&mut ForwardGraph, ModelError> {
+        let key = (rows, logits);
+        if !self.graphs.contains_key(&key) {
+            if self.graphs.len() >= self.cap {
+                self.graphs.clear();
+            }
+            let graph = ForwardGraph::build(ctx, (&model.config, &model.weights), kv, self.kind, rows, logits)?;
+            self.graphs.insert(key, graph);
+        }
+        Ok(self.graphs.get_mut(&key).expect("inserted above"))
+    }
+}
+
+/// Owns the forward graphs of one engine.
+pub struct Runner {
+    /// Most rows of one prefill pass outside the scheduler ([`Runner::prefill`]).
+    prefill_chunk: u32,
+    /// The one-row decode graph, kept whatever else is built.
+    decode: GraphCache,
+    sequence: GraphCache,
+    batch: GraphCache,
+}
+
+impl Runner {
+    pub fn new(prefill_chunk: u32) -> Result<Runner, ModelError> {
+        if prefill_chunk == 0 {
+            return Err(ModelError::Format("prefill_chunk must be at least 1".into()));
+        }
+        Ok(Runner {
+            prefill_chunk,
+            decode: GraphCache::new(AttentionKind::Sequence, 1),
+            sequence: GraphCache::new(AttentionKind::Sequence, 4),
+            batch: GraphCache::new(AttentionKind::Batch, 6),
+        })
+    }
+
+    /// Runs one step over `rows` (their K/V slots already appended to their sequences) and
+    /// returns one output per entry of `logit_rows` (indices into `rows`), in order.
+    pub async fn run(&mut self, ctx: &Context, model: &Model, kv: &KvCache, rows: &[StepRow], logit_rows: &[u32], read: Logits) -> Result<Vec<RowOutput>, ModelError> {
+        let Some(first) = rows.first() else { return Ok(Vec::new()) };
+        let one_sequence = rows.iter().enumerate().all(|(i, r)| r.table_base == first.table_base && r.position == first.position + i as u32);
+        let n = rows.len() as u32;
+        let graph = if one_sequence && n == 1 && logit_rows.len() <= 1 {
+            self.decode.get(ctx, model, kv, 1, 1)?
+        } else if one_sequence {
+            self.sequence.get(ctx, model, kv, n, (logit_rows.len() as u32).max(1))?
+        } else {
+            let logits = (logit_rows.len() as u32).max(1).next_power_of_two();
+            let capacity = n.next_power_of_two();
+            self.batch.get(ctx, model, kv, capacity, logits.min(capacity))?
+        };
+        graph.run(ctx, rows, logit_rows, read).await
+    }
+
+    /// Runs `tokens` at positions `start..` of `seq` (appending their K/V slots) through
+    /// prefill passes of at most `prefill_chunk` rows. Returns, for each position p in
+    /// `start..start + len` with p >= `first_logit`, the argmax and (with [`Logits::Full`]) the
+    /// logits predicting position p + 1, concatenated.
+    pub async fn prefill(&mut self, ctx: &Context, model: &Model, kv: &mut KvCache, seq: SeqId, tokens: &[u32], start: u32, first_logit: u32, read: Logits) -> Result<(Vec<u32>, Vec<f32>), ModelError> {
+        let mut argmaxes = Vec::new();
+        let mut logits = Vec::new();
+        let mut pos = start;
+        for piece in tokens.chunks(self.prefill_chunk as usize) {
+            let rows = self.append_rows(kv, seq, piece, pos)?;
+            let end = pos + piece.len() as u32;
+            let logit_rows: Vec<u32> = (first_logit.max(pos).min(end)..end).map(|p| p - pos).collect();
+            for (id, l) in self.run(ctx, model, kv, &rows, &logit_rows, read).await? {
+                argmaxes.push(id);
+                logits.extend(l.unwrap_or_default());
+            }
+            pos = end;
+        }
+        Ok((argmaxes, logits))
+    }
+
+    /// One decode step: `token` at the next position of `seq`.
+    pub async fn decode(&mut self, ctx: &Context, model: &Model, kv: &mut KvCache, seq: SeqId, token: u32, read: Logits) -> Result<RowOutput, ModelError> {
+        let pos = kv.len(seq)?;
+        let rows = self.append_rows(kv, seq, &[token], pos)?;
+        let mut out = self.run(ctx, model, kv, &rows, &[0], read).await?;
+        Ok(out.remove(0))
+    }
+
+    /// Appends K/V slots for `tokens` at `start..` of `seq` and returns their rows.
+    fn append_rows(&self, kv: &mut KvCache, seq: SeqId, tokens: &[u32], start: u32) -> Result<Vec<StepRow>, ModelError> {
+        let at = kv.append(seq, tokens.len() as u32)?;
+        debug_assert_eq!(at, start);
+        let table_base = kv.table_base(seq);
+        Ok(tokens.iter().enumerate().map(|(i, &token)| StepRow { token, position: start + i as u32, table_base }).collect())
+    }
+
+    /// Per-kernel GPU time (ms) of one prefill step over `tokens` and of one decode step after
+    /// them, on `seq` (see [`ForwardGraph::profile`]); the K/V written are scratch.
+    pub async fn profile(&mut self, ctx: &Context, model: &Model, kv: &mut KvCache, seq: SeqId, tokens: &[u32]) -> Result<(Vec<(String, f64)>, Vec<(String, f64)>), ModelError> {
+        let n = tokens.len() as u32;
+        let mut rows = self.append_rows(kv, seq, tokens, 0)?;
+        rows.extend(self.append_rows(kv, seq, &tokens[..1], n)?);
+        let weights = (&model.config, &model.weights);
+        let mut prefill = ForwardGraph::build(ctx, weights, kv, AttentionKind::Sequence, n, 1)?;
+        let p = prefill.profile(ctx, &rows[..n as usize]).await?;
+        let mut decode = ForwardGraph::build(ctx, weights, kv, AttentionKind::Sequence, 1, 1)?;
+        let d = decode.profile(ctx, &rows[n as usize..]).await?;
+        Ok((p, d))
+    }
+}
