@@ -9,6 +9,7 @@ pub mod pool;
 pub mod radix;
 pub mod snapshot;
 
+pub use crate::quant::KvDtype;
 pub use cache::{CacheConfig, KvCache, KvLayout, SeqId};
 pub use pool::{KvPool, PoolStats};
 pub use radix::{CacheKey, PrefixMatch, PrefixStats, RadixTree};
@@ -24,24 +25,6 @@ pub struct KvShape {
     pub head_dim: u32,
     /// The model's fingerprint (`ModelConfig::fingerprint`: metadata, tensor table and samples of every tensor).
     pub fingerprint: u64,
-}
-
-/// The stored precision of K and V in the pool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KvDtype {
-    F32,
-    /// 8-bit integers with per-group scales, dequantized inside attention.
-    Int8,
-}
-
-impl KvDtype {
-    pub fn name(self) -> &'static str {
-        match self {
-            KvDtype::F32 => "f32",
-            KvDtype::Int8 => "int8",
-        }
-    }
 }
 
 /// A broken invariant of the KV cache, found by [`KvCache::check_integrity`]: a bug, never a

@@ -9,3 +9,21 @@ pub mod ggml;
 pub mod kv_int8;
 
 pub use ggml::*;
+
+/// The stored precision of K and V in the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvDtype {
+    F32,
+    /// 8-bit integers with per-group scales, dequantized inside attention.
+    Int8,
+}
+
+impl KvDtype {
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::Int8 => "int8",
+        }
+    }
+}

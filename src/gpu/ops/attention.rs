@@ -27,7 +27,7 @@ use std::sync::Arc;
 use super::{check_binding, check_size, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
 use crate::quant::kv_int8::{dequantize_pool, Int8Layout};
-use crate::kv::KvDtype;
+use crate::quant::KvDtype;
 
 const OP: &str = "attention";
 /// attention.wgsl writes the key loop out for up to 32 vec4 of head_dim.

@@ -46,7 +46,7 @@ use super::attention::{attention_cpu, AttentionShape};
 use super::{check_binding, check_size, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
 use crate::quant::kv_int8::Int8Layout;
-use crate::kv::KvDtype;
+use crate::quant::KvDtype;
 
 const OP: &str = "attention_batch";
 /// attention_batch.wgsl writes the key loop out for up to 32 vec4 of head_dim.

@@ -4,7 +4,7 @@
 use super::{check_binding, check_size, grid, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
 use crate::quant::kv_int8::{self as quant, Int8Layout};
-use crate::kv::KvDtype;
+use crate::quant::KvDtype;
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
