@@ -7,7 +7,9 @@
 //   }
 //
 // Everything heavy happens in js/worker.js; this module only turns calls into messages and
-// messages back into promises and async iterables.
+// messages back into promises and async iterables; the messages are those of js/protocol.js.
+
+import { ENGINE_OPTIONS, PACKAGE_OPTIONS, requestOptions, toWorker } from "./protocol.js";
 
 const DEFAULT_CACHE = "pagedlm-models-v1";
 
@@ -20,9 +22,6 @@ export class PagedlmError extends Error {
     Object.assign(this, extra);
   }
 }
-
-const ENGINE_OPTIONS = ["kvDtype", "kvLayout", "blockSize", "poolTokens", "maxContext", "prefillChunk", "prefixCache", "maxBatch", "stepTokens"];
-const REQUEST_OPTIONS = ["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "repetition_penalty"];
 
 function invalid(message) {
   return new PagedlmError("INVALID_ARGUMENT", message);
@@ -62,6 +61,7 @@ class Channel {
     this.pending.clear();
   }
 
+  /** @param {import("./protocol.js").FromWorkerMessage} data */
   receive(data) {
     const p = this.pending.get(data.id);
     if (!p) return;
@@ -80,7 +80,10 @@ class Channel {
     }
   }
 
-  /** Sends `message` with a fresh id; resolves with the result (or the `done` message). */
+  /**
+   * Sends `message` (from `toWorker`) with a fresh id; resolves with the result (or the `done`
+   * message). Messages with that id other than the answer go to `onMessage`.
+   */
   send(message, onMessage, transfer = []) {
     if (this.broken) return { id: 0, promise: Promise.reject(this.broken) };
     const id = this.next++;
@@ -89,8 +92,8 @@ class Channel {
     return { id, promise };
   }
 
-  call(type, payload = {}, onMessage) {
-    return this.send({ type, ...payload }, onMessage).promise;
+  call(message, onMessage) {
+    return this.send(message, onMessage).promise;
   }
 }
 
@@ -150,6 +153,7 @@ class Request {
     else this.chunks.push(chunk);
   }
 
+  /** A message of this request's stream (js/protocol.js `fromWorker`). */
   onMessage(data) {
     if (data.type === "queued") {
       this.promptTokens = data.prompt_tokens;
@@ -296,16 +300,15 @@ export class Engine {
       this.#alive();
       if (!params || typeof params !== "object") throw invalid("create(params): params must be an object");
       const messages = checkMessages(params.messages);
-      const options = {};
-      for (const k of REQUEST_OPTIONS) if (params[k] !== undefined && params[k] !== null) options[k] = params[k];
+      const options = requestOptions(params);
       const { signal } = params;
       if (signal?.aborted) throw abortError(signal);
 
       const request = new Request(this, params);
-      const sent = this.#channel.send({ type: "create", messages, options }, (data) => request.onMessage(data));
+      const sent = this.#channel.send(toWorker.create(messages, options), (data) => request.onMessage(data));
       request.channelId = sent.id;
       let onAbort = null;
-      const cancel = () => this.#worker.postMessage({ type: "abort", id: sent.id });
+      const cancel = () => this.#worker.postMessage(toWorker.abort(sent.id));
       if (signal) {
         onAbort = cancel;
         signal.addEventListener("abort", onAbort, { once: true });
@@ -334,7 +337,7 @@ export class Engine {
    */
   async stats() {
     this.#alive();
-    return this.#channel.call("stats");
+    return this.#channel.call(toWorker.stats());
   }
 
   /**
@@ -347,7 +350,7 @@ export class Engine {
    */
   async exportConversation(messages) {
     this.#alive();
-    const { bytes } = await this.#channel.call("exportConversation", { messages: checkMessages(messages) });
+    const { bytes } = await this.#channel.call(toWorker.exportConversation(checkMessages(messages)));
     return bytes;
   }
 
@@ -365,13 +368,13 @@ export class Engine {
     if (bytes instanceof ArrayBuffer) view = new Uint8Array(bytes);
     else if (ArrayBuffer.isView(bytes)) view = new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength);
     else throw invalid("importConversation(bytes): bytes must be a Uint8Array or an ArrayBuffer");
-    return this.#channel.call("importConversation", { bytes: view });
+    return this.#channel.call(toWorker.importConversation(view));
   }
 
   /** Drops cached prefixes; their blocks return to the free list. */
   async resetCache() {
     this.#alive();
-    return this.#channel.call("resetCache");
+    return this.#channel.call(toWorker.resetCache());
   }
 
   /** Stops everything, frees the GPU memory and ends the worker. Later calls fail with DISPOSED. */
@@ -379,7 +382,7 @@ export class Engine {
     if (this.#disposed) return;
     this.#disposed = true;
     try {
-      await this.#channel.call("dispose");
+      await this.#channel.call(toWorker.dispose());
     } finally {
       this.#channel.breakAll(new PagedlmError("DISPOSED", "this engine was disposed"));
       this.#worker.terminate();
@@ -397,7 +400,7 @@ export async function createEngine(model, options = {}) {
   const { onProgress, cache = true, cacheName = DEFAULT_CACHE, workerUrl, ...rest } = options ?? {};
   const engineOptions = {};
   for (const [k, v] of Object.entries(rest)) {
-    if (!ENGINE_OPTIONS.includes(k)) throw invalid(`createEngine: unknown option ${k} (known: ${[...ENGINE_OPTIONS, "onProgress", "cache", "cacheName", "workerUrl"].join(", ")})`);
+    if (!ENGINE_OPTIONS.includes(k)) throw invalid(`createEngine: unknown option ${k} (known: ${[...ENGINE_OPTIONS, ...PACKAGE_OPTIONS].join(", ")})`);
     if (v !== undefined && v !== null) engineOptions[k] = v;
   }
   if (onProgress !== undefined && typeof onProgress !== "function") throw invalid("createEngine: onProgress must be a function");
@@ -415,7 +418,7 @@ export async function createEngine(model, options = {}) {
     }
   };
   try {
-    const loaded = await channel.call("load", { model: source, options: engineOptions, cache: { enabled: !!cache, name: cacheName } }, report);
+    const loaded = await channel.call(toWorker.load(source, engineOptions, { enabled: !!cache, name: cacheName }), report);
     return new Engine(worker, channel, loaded);
   } catch (e) {
     worker.terminate();

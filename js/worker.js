@@ -1,16 +1,9 @@
 // The engine's home: a dedicated Web Worker that owns the WebGPU device and the wasm engine, so
 // the page never blocks. It downloads the model (with progress, through the Cache API), loads
 // it, runs every chat request through the engine's continuous-batching scheduler, and streams
-// tokens back.
-//
-// Messages in:  {type: "load", id, model, options, cache}    model: URL string | ArrayBuffer | Blob
-//               {type: "create", id, messages, options}  {type: "abort", id}
-//               {type: "stats", id}  {type: "resetCache", id}  {type: "dispose", id}
-//               {type: "exportConversation", id, messages}  {type: "importConversation", id, bytes}
-// Messages out: {type: "progress", id, progress}  {type: "result", id, value}  {type: "error", id, error: {code, message}}
-//               for a request: {type: "queued", id, prompt_tokens}  {type: "begin", id, prompt_tokens} (admitted)
-//               {type: "start", id, prompt_tokens} (first token)  {type: "token", id, text}  {type: "done", id, result, stats}
+// tokens back. Its messages, in and out, are those of js/protocol.js.
 import init, { WebEngine } from "../pkg/pagedlm.js";
+import { fromWorker } from "./protocol.js";
 
 /** @type {WebEngine | null} */
 let engine = null;
@@ -21,12 +14,6 @@ const post = (message, transfer = []) => self.postMessage(message, transfer);
 
 function fail(code, message) {
   return Object.assign(new Error(message), { code });
-}
-
-function errorOf(e) {
-  const code = typeof e?.code === "string" ? e.code : "INTERNAL";
-  const message = (e && e.message) || String(e);
-  return { code, message };
 }
 
 const WEBGPU_HINT = "Use a browser with WebGPU enabled (a recent Chrome, Edge or Safari; headless Chromium needs --enable-unsafe-webgpu).";
@@ -196,14 +183,14 @@ async function runSnapshotOp({ op, id, payload }) {
       const tokens = engine.historyTokens(payload);
       const bytes = await engine.exportSnapshot(tokens);
       lastStats = engine.stats();
-      post({ type: "result", id, value: { bytes, tokens: tokens.length } }, [bytes.buffer]);
+      post(fromWorker.result(id, { bytes, tokens: tokens.length }), [bytes.buffer]);
     } else {
       const tokens = engine.importSnapshot(payload);
       lastStats = engine.stats();
-      post({ type: "result", id, value: { tokens: tokens.length } });
+      post(fromWorker.result(id, { tokens: tokens.length }));
     }
   } catch (e) {
-    post({ type: "error", id, error: errorOf(e) });
+    post(fromWorker.error(id, e));
   }
 }
 
@@ -233,9 +220,9 @@ async function applyInbox() {
         const { id, prompt_tokens } = engine.submit(request.messages, request.options);
         Object.assign(request, { engineId: id, prompt_tokens, tokens: 0, state: "queued" });
         requests.set(id, request);
-        post({ type: "queued", id: request.id, prompt_tokens });
+        post(fromWorker.queued(request.id, prompt_tokens));
       } catch (e) {
-        post({ type: "error", id: request.id, error: errorOf(e) });
+        post(fromWorker.error(request.id, e));
       }
     } else {
       const entry = [...requests.values()].find((r) => r.id === item.id);
@@ -251,7 +238,7 @@ async function applyInbox() {
         if (result) finish(entry, result);
       } catch (e) {
         requests.delete(entry.engineId);
-        post({ type: "error", id: entry.id, error: errorOf(e) });
+        post(fromWorker.error(entry.id, e));
       }
     }
   }
@@ -259,24 +246,8 @@ async function applyInbox() {
 
 function finish(entry, result) {
   requests.delete(entry.engineId);
-  post({
-    type: "done",
-    id: entry.id,
-    result: { ...result, queue_ms: entry.startedAt != null ? entry.startedAt - entry.queuedAt : null },
-    stats: lastStats,
-  });
-}
-
-/** Marks requests the scheduler admitted since the last step as running. */
-function noteRunning() {
-  for (const s of lastStats.sched.sequences) {
-    const entry = requests.get(s.request);
-    if (entry && entry.state === "queued") {
-      entry.state = "running";
-      entry.startedAt = performance.now();
-      post({ type: "begin", id: entry.id, prompt_tokens: entry.prompt_tokens });
-    }
-  }
+  const queueMs = entry.startedAt != null ? entry.startedAt - entry.queuedAt : null;
+  post(fromWorker.done(entry.id, { ...result, queue_ms: queueMs }, lastStats));
 }
 
 async function loop() {
@@ -288,31 +259,34 @@ async function loop() {
       events = await engine.step();
     } catch (e) {
       // A failed step leaves no request worth continuing: end them all with its error.
-      const error = errorOf(e);
       for (const entry of requests.values()) {
         try { engine?.abort(entry.engineId); } catch { /* already gone */ }
-        post({ type: "error", id: entry.id, error });
+        post(fromWorker.error(entry.id, e));
       }
       requests.clear();
       return;
     }
     if (!engine) return;
+    // The pool after this step: what `stats` answers while the next step runs (the page's KV
+    // panel), and the `stats` of a request finishing in it.
     lastStats = engine.stats();
-    noteRunning();
     for (const event of events) {
       const entry = requests.get(event.id);
       if (!entry) continue;
       if (event.type === "admitted") {
-        continue;
+        // Once per request, before its first token.
+        entry.state = "running";
+        entry.startedAt = performance.now();
+        post(fromWorker.begin(entry.id, entry.prompt_tokens, event.prefix_hit_tokens));
       } else if (event.type === "token") {
-        if (entry.tokens === 0) post({ type: "start", id: entry.id, prompt_tokens: entry.prompt_tokens });
+        if (entry.tokens === 0) post(fromWorker.start(entry.id, entry.prompt_tokens));
         entry.tokens += 1;
-        post({ type: "token", id: entry.id, text: event.text });
+        post(fromWorker.token(entry.id, event.text));
       } else if (event.type === "finished") {
         finish(entry, event.result);
       } else {
         requests.delete(event.id);
-        post({ type: "error", id: entry.id, error: { code: event.code, message: event.message } });
+        post(fromWorker.error(entry.id, { code: event.code, message: event.message }));
       }
     }
   }
@@ -341,50 +315,45 @@ function freeRetired() {
 }
 
 function dispose() {
+  const disposed = fail("DISPOSED", "the engine was disposed");
   for (const item of inbox.splice(0)) {
-    if (item.op === "submit") post({ type: "error", id: item.request.id, error: { code: "DISPOSED", message: "the engine was disposed" } });
-    else if (item.op === "export" || item.op === "import") post({ type: "error", id: item.id, error: { code: "DISPOSED", message: "the engine was disposed" } });
+    if (item.op === "submit") post(fromWorker.error(item.request.id, disposed));
+    else if (item.op === "export" || item.op === "import") post(fromWorker.error(item.id, disposed));
   }
-  for (const entry of requests.values()) post({ type: "error", id: entry.id, error: { code: "DISPOSED", message: "the engine was disposed" } });
+  for (const entry of requests.values()) post(fromWorker.error(entry.id, disposed));
   requests.clear();
   retired = engine;
   engine = null;
   if (!looping) freeRetired();
 }
 
+/** One handler per message of `toWorker` (js/protocol.js), by its type. */
+const handlers = {
+  load: (data, reply) => reply(() => load(data, (progress) => post(fromWorker.progress(data.id, progress)))),
+  create: ({ id, messages, options }) => enqueue({ id, messages, options }),
+  abort: ({ id }) => abort(id),
+  stats: (_, reply) => reply(async () => stats()),
+  resetCache: (_, reply) => reply(async () => {
+    if (!engine) throw fail("DISPOSED", "the engine was disposed");
+    if (looping) throw fail("BUSY", "requests are running: reset the cache when they have finished");
+    engine.resetCache();
+    lastStats = engine.stats();
+    return lastStats;
+  }),
+  dispose: (_, reply) => reply(async () => dispose()),
+  exportConversation: ({ id, messages }) => snapshotOp("export", id, messages),
+  importConversation: ({ id, bytes }) => snapshotOp("import", id, bytes),
+};
+
 self.onmessage = async ({ data }) => {
   const { type, id } = data;
   const reply = async (work) => {
     try {
-      post({ type: "result", id, value: await work() });
+      post(fromWorker.result(id, await work()));
     } catch (e) {
-      post({ type: "error", id, error: errorOf(e) });
+      post(fromWorker.error(id, e));
     }
   };
-  switch (type) {
-    case "load":
-      return reply(() => load(data, (progress) => post({ type: "progress", id, progress })));
-    case "create":
-      return enqueue({ id, messages: data.messages, options: data.options });
-    case "abort":
-      return abort(id);
-    case "stats":
-      return reply(async () => stats());
-    case "resetCache":
-      return reply(async () => {
-        if (!engine) throw fail("DISPOSED", "the engine was disposed");
-        if (looping) throw fail("BUSY", "requests are running: reset the cache when they have finished");
-        engine.resetCache();
-        lastStats = engine.stats();
-        return lastStats;
-      });
-    case "dispose":
-      return reply(async () => dispose());
-    case "exportConversation":
-      return snapshotOp("export", id, data.messages);
-    case "importConversation":
-      return snapshotOp("import", id, data.bytes);
-    default:
-      post({ type: "error", id, error: { code: "INTERNAL", message: `unknown message ${type}` } });
-  }
+  if (!Object.hasOwn(handlers, type)) return post(fromWorker.error(id, fail("INTERNAL", `unknown message ${type}`)));
+  return handlers[type](data, reply);
 };

@@ -6,7 +6,9 @@
 //!
 //! Nothing here panics: bad options, a busy engine, or a throwing callback all come back to JS
 //! as a rejected promise with an `Error` whose `code` names the kind of failure
-//! (`WEBGPU_UNAVAILABLE`, `MODEL_FORMAT`, ...) and whose message says what to fix.
+//! (`WEBGPU_UNAVAILABLE`, `MODEL_FORMAT`, ...) and whose message says what to fix. The code
+//! comes from the engine error's [`ErrorKind`]; this module sees the engine only through
+//! `crate::engine`, never the layers below it.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -14,14 +16,10 @@ use std::rc::Rc;
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 
-use crate::engine::{Engine, EngineError, EngineOptions, EngineStats, GenerateRequest, Generation, KvDtype, KvLayout, TokenEvent};
-use crate::gpu::GpuError;
-use crate::kv::snapshot::SnapshotError;
-use crate::kv::KvError;
-use crate::model::{ModelConfig, ModelError};
-use crate::sampler::SamplingParams;
-use crate::engine::{Event, RequestId, SchedStats};
-use crate::tokenizer::ChatMessage;
+use crate::engine::{
+    ChatMessage, Engine, EngineError, EngineOptions, EngineStats, ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout,
+    ModelConfig, RequestId, SamplingParams, SchedStats, TokenEvent,
+};
 
 /// What kind of failure an error is; JS sees it as `error.code`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,53 +82,32 @@ impl WebError {
     }
 }
 
-fn gpu_code(e: &GpuError) -> ErrorCode {
-    match e {
-        GpuError::NoAdapter(_) | GpuError::Device(_) | GpuError::Limits(_) => ErrorCode::WebGpuUnavailable,
-        GpuError::Readback(_) | GpuError::Validation(_) => ErrorCode::GpuError,
-        GpuError::Shape { .. } | GpuError::UnknownShader(_) => ErrorCode::Internal,
-    }
-}
-
-fn kv_code(e: &KvError) -> ErrorCode {
-    match e {
-        KvError::PoolExhausted { .. } => ErrorCode::KvPoolFull,
-        KvError::SequenceTooLong { .. } => ErrorCode::ContextOverflow,
-        KvError::NotAvailable(_) => ErrorCode::Unsupported,
-        KvError::Snapshot(s) => snapshot_code(s),
-        KvError::Config(_) => ErrorCode::InvalidArgument,
-        KvError::UnknownSequence(_)
-        | KvError::TooManySequences(_)
-        | KvError::CacheKeyMismatch(_)
-        | KvError::Internal(_) => ErrorCode::Internal,
-    }
-}
-
-fn snapshot_code(e: &SnapshotError) -> ErrorCode {
-    match e {
-        // Intact bytes from another engine configuration: the page drops them and recomputes.
-        SnapshotError::Mismatch { .. } | SnapshotError::Version(_) => ErrorCode::SnapshotMismatch,
-        SnapshotError::NotASnapshot | SnapshotError::Length(_) | SnapshotError::Checksum | SnapshotError::Header(_) => {
-            ErrorCode::SnapshotCorrupt
+impl From<ErrorKind> for ErrorCode {
+    fn from(kind: ErrorKind) -> ErrorCode {
+        match kind {
+            ErrorKind::NoDevice => ErrorCode::WebGpuUnavailable,
+            ErrorKind::ModelFormat => ErrorCode::ModelFormat,
+            ErrorKind::Unsupported => ErrorCode::Unsupported,
+            ErrorKind::ContextOverflow => ErrorCode::ContextOverflow,
+            ErrorKind::KvPoolFull => ErrorCode::KvPoolFull,
+            ErrorKind::InvalidArgument => ErrorCode::InvalidArgument,
+            ErrorKind::Gpu => ErrorCode::GpuError,
+            ErrorKind::SnapshotMismatch => ErrorCode::SnapshotMismatch,
+            ErrorKind::SnapshotCorrupt => ErrorCode::SnapshotCorrupt,
+            ErrorKind::Internal => ErrorCode::Internal,
         }
     }
 }
 
 impl From<EngineError> for WebError {
     fn from(e: EngineError) -> WebError {
-        let code = match &e {
-            EngineError::Model(ModelError::Gpu(g)) | EngineError::Gpu(g) => gpu_code(g),
-            EngineError::Model(ModelError::Gguf(_) | ModelError::Format(_) | ModelError::Unsupported(_))
-            | EngineError::Tokenizer(_) => ErrorCode::ModelFormat,
-            EngineError::Model(ModelError::ContextOverflow { .. }) | EngineError::ContextOverflow { .. } => {
-                ErrorCode::ContextOverflow
-            }
-            EngineError::Kv(k) => kv_code(k),
-            EngineError::Sampling(_)
-            | EngineError::EmptyPrompt
-            | EngineError::BadToken { .. }
-            | EngineError::InvalidArgument(_) => ErrorCode::InvalidArgument,
-            EngineError::NotAvailable(_) => ErrorCode::Unsupported,
+        let code = match (e.kind(), &e) {
+            // JS has always called a model file pagedlm cannot run (a Q5_K tensor, a head size it
+            // lacks kernels for) MODEL_FORMAT, and the page's advice for it is "choose another
+            // file"; UNSUPPORTED is for engine features (an int8 snapshot) and says "change a
+            // setting". The kind does not tell the two apart, the error's layer does.
+            (ErrorKind::Unsupported, EngineError::Model(_)) => ErrorCode::ModelFormat,
+            (kind, _) => ErrorCode::from(kind),
         };
         WebError::new(code, e.to_string())
     }
@@ -322,8 +299,9 @@ struct Submitted {
     prompt_tokens: u32,
 }
 
-/// One scheduler event as JS sees it: `{type: "token", id, text}`, `{type: "finished", id,
-/// result}` or `{type: "failed", id, code, message}`.
+/// One scheduler event as JS sees it: `{type: "admitted", id, prompt_tokens, prefix_hit_tokens}`
+/// (once per request, before its first token), `{type: "token", id, text}`, `{type: "finished",
+/// id, result}` or `{type: "failed", id, code, message}`.
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
 enum StepEvent {
@@ -368,33 +346,69 @@ fn parse_messages(messages: JsValue) -> Result<Vec<ChatMessage>, WebError> {
     serde_wasm_bindgen::from_value(messages).map_err(|e| conversion_error("invalid messages (want [{role, content}])", e))
 }
 
-/// Options objects whose field names are checked: serde-wasm-bindgen reads only the fields a
-/// struct declares, so a misspelled option would otherwise be dropped without a word.
-trait Fields {
-    const FIELDS: &'static [&'static str];
+/// The option names an options struct accepts, exactly as serde reads them from JS (after
+/// `rename_all`): serde's derive hands them to `Deserializer::deserialize_struct`, and this
+/// deserializer only records them. Checked against the names the page may pass, because
+/// serde-wasm-bindgen reads only the fields a struct declares: a misspelled option would
+/// otherwise be dropped without a word. Also what `optionNames()` reports to the JS tests.
+fn field_names<T: for<'de> Deserialize<'de>>() -> &'static [&'static str] {
+    use serde::de::{self, Visitor};
+
+    struct FieldNames<'a>(&'a mut &'static [&'static str]);
+
+    impl<'de> de::Deserializer<'de> for FieldNames<'_> {
+        type Error = de::value::Error;
+
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(de::Error::custom("not a struct"))
+        }
+
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _name: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(de::Error::custom("only the field names were wanted"))
+        }
+
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
+            unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+        }
+    }
+
+    let mut names: &'static [&'static str] = &[];
+    // Always an error: the deserializer stops once it has the names.
+    let _ = T::deserialize(FieldNames(&mut names));
+    names
 }
 
-impl Fields for LoadOptions {
-    const FIELDS: &'static [&'static str] =
-        &["maxContext", "prefillChunk", "kvDtype", "kvLayout", "blockSize", "poolTokens", "prefixCache", "maxBatch", "stepTokens"];
-}
-
-impl Fields for ChatOptions {
-    const FIELDS: &'static [&'static str] =
-        &["max_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop"];
+/// The option names `WebEngine.load` and `WebEngine.chat`/`submit` accept: `{load: [...], chat:
+/// [...]}`. For the package's tests, which check them against `js/index.d.ts` and `js/index.js`.
+#[wasm_bindgen(js_name = optionNames)]
+pub fn option_names() -> Result<JsValue, WebError> {
+    #[derive(Serialize)]
+    struct OptionNames {
+        load: &'static [&'static str],
+        chat: &'static [&'static str],
+    }
+    to_js(&OptionNames { load: field_names::<LoadOptions>(), chat: field_names::<ChatOptions>() })
 }
 
 /// Parses an optional JS options object: `undefined` and `null` mean "all defaults".
-fn options<T: for<'de> Deserialize<'de> + Default + Fields>(value: JsValue, what: &str) -> Result<T, WebError> {
+fn options<T: for<'de> Deserialize<'de> + Default>(value: JsValue, what: &str) -> Result<T, WebError> {
     if value.is_undefined() || value.is_null() {
         return Ok(T::default());
     }
     if let Some(object) = value.dyn_ref::<js_sys::Object>() {
+        let known = field_names::<T>();
         for key in js_sys::Object::keys(object).iter().filter_map(|k| k.as_string()) {
-            if !T::FIELDS.contains(&key.as_str()) {
+            if !known.contains(&key.as_str()) {
                 return Err(WebError::new(
                     ErrorCode::InvalidArgument,
-                    format!("invalid {what}: unknown option `{key}` (known: {})", T::FIELDS.join(", ")),
+                    format!("invalid {what}: unknown option `{key}` (known: {})", known.join(", ")),
                 ));
             }
         }
@@ -442,7 +456,7 @@ pub struct WebEngine {
 impl WebEngine {
     /// Creates a WebGPU context and loads a GGUF model.
     /// `bytes`: the whole GGUF file. `options`: `{maxContext?, prefillChunk?, kvDtype?, kvLayout?,
-    /// blockSize?, poolTokens?, prefixCache?}` or undefined.
+    /// blockSize?, poolTokens?, prefixCache?, maxBatch?, stepTokens?}` or undefined.
     pub async fn load(bytes: Vec<u8>, options: JsValue) -> Result<WebEngine, WebError> {
         let opts: LoadOptions = self::options(options, "load options")?;
         let engine = Engine::load(&bytes, opts.engine_options()).await?;
@@ -497,8 +511,9 @@ impl WebEngine {
 
     /// Runs one scheduling step over every submitted request: admits waiting ones, computes one
     /// token for each running one (plus a chunk of prefill). Resolves to the events of the step:
-    /// `[{type: "token", id, text} | {type: "finished", id, result} | {type: "failed", id, code,
-    /// message}]`; `result` is the request's `Generation`.
+    /// `[{type: "admitted", id, prompt_tokens, prefix_hit_tokens} | {type: "token", id, text} |
+    /// {type: "finished", id, result} | {type: "failed", id, code, message}]`; `result` is the
+    /// request's `Generation`. A request's `admitted` comes before its first `token`.
     #[allow(clippy::await_holding_refcell_ref)]
     pub async fn step(&self) -> Result<JsValue, WebError> {
         let inner = Rc::clone(&self.inner);

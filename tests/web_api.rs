@@ -1,13 +1,14 @@
 //! The wasm API (`pagedlm::web::WebEngine`) in headless Chromium, on a tiny synthetic model the
 //! test writes itself: loading, streaming through the token callback, aborting from it, the pool
 //! stats and prefix hits, and every error kind with its code (no WebGPU adapter, truncated
-//! model, bad options, context overflow, a busy engine, a throwing callback).
+//! model, bad options, context overflow, a busy engine, a throwing callback, a failed step).
 //! Browser only: `wasm-pack test --headless --chrome -- --test web_api`.
 #![cfg(target_arch = "wasm32")]
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+use pagedlm::engine::ErrorKind;
 use pagedlm::synth::{tiny_llama_gguf, SynthConfig};
 use pagedlm::web::{ErrorCode, WebEngine, WebError};
 use wasm_bindgen::prelude::*;
@@ -195,6 +196,10 @@ async fn a_truncated_or_foreign_file_is_model_format() {
     assert!(message.contains("GGUF") || message.contains("model"), "{message}");
     expect_code("not a GGUF", load(b"<html>404 not found</html>".to_vec(), "{}").await, ErrorCode::ModelFormat);
     expect_code("empty file", load(Vec::new(), "{}").await, ErrorCode::ModelFormat);
+    // A well-formed GGUF with heads of 6 dimensions, which pagedlm has no kernels for.
+    let odd_heads = tiny_llama_gguf(&SynthConfig { hidden: 96, n_heads: 16, n_kv_heads: 8, ..SynthConfig::tiny() });
+    let message = expect_code("an unsupported head size", load(odd_heads, "{}").await, ErrorCode::ModelFormat);
+    assert!(message.contains("head dimension"), "{message}");
 }
 
 #[wasm_bindgen_test]
@@ -238,6 +243,25 @@ async fn int8_kv_loads_or_says_it_is_unsupported() {
 }
 
 #[wasm_bindgen_test]
+fn every_error_kind_has_its_js_code() {
+    let codes = [
+        (ErrorKind::NoDevice, "WEBGPU_UNAVAILABLE"),
+        (ErrorKind::ModelFormat, "MODEL_FORMAT"),
+        (ErrorKind::Unsupported, "UNSUPPORTED"),
+        (ErrorKind::ContextOverflow, "CONTEXT_OVERFLOW"),
+        (ErrorKind::KvPoolFull, "KV_POOL_FULL"),
+        (ErrorKind::InvalidArgument, "INVALID_ARGUMENT"),
+        (ErrorKind::Gpu, "GPU_ERROR"),
+        (ErrorKind::SnapshotMismatch, "SNAPSHOT_MISMATCH"),
+        (ErrorKind::SnapshotCorrupt, "SNAPSHOT_CORRUPT"),
+        (ErrorKind::Internal, "INTERNAL"),
+    ];
+    for (kind, code) in codes {
+        assert_eq!(ErrorCode::from(kind).as_str(), code, "{kind:?}");
+    }
+}
+
+#[wasm_bindgen_test]
 fn errors_reach_js_as_errors_with_a_code() {
     let value = JsValue::from(WebError { code: ErrorCode::ModelFormat, message: "the file ends early".into() });
     assert!(value.is_instance_of::<js_sys::Error>());
@@ -247,21 +271,37 @@ fn errors_reach_js_as_errors_with_a_code() {
 }
 
 /// Drives submitted requests to the end; returns each one's streamed text and final result.
+/// Checks that every request is admitted once, before its first token, with the prefix hit its
+/// result reports.
 async fn run_steps(engine: &WebEngine) -> Vec<(f64, String, JsValue)> {
     let mut streamed: Vec<(f64, String)> = Vec::new();
+    let mut admitted: Vec<(f64, JsValue)> = Vec::new();
     let mut done = Vec::new();
     while engine.has_work().expect("hasWork") {
         let events = engine.step().await.unwrap_or_else(|e| panic!("step failed: {e:?}"));
         for event in js_sys::Array::from(&events).iter() {
             let id = num(&event, "id");
-            match text(&event, "type").as_str() {
+            let kind = text(&event, "type");
+            if kind != "admitted" {
+                assert!(admitted.iter().any(|(i, _)| *i == id), "request {id}: {kind} before its admitted event");
+            }
+            match kind.as_str() {
+                "admitted" => {
+                    assert!(!admitted.iter().any(|(i, _)| *i == id), "request {id} admitted twice");
+                    assert!(num(&event, "prompt_tokens") > 0.0, "{event:?}");
+                    admitted.push((id, event));
+                }
                 "token" => match streamed.iter_mut().find(|(i, _)| *i == id) {
                     Some((_, t)) => t.push_str(&text(&event, "text")),
                     None => streamed.push((id, text(&event, "text"))),
                 },
                 "finished" => {
                     let t = streamed.iter().find(|(i, _)| *i == id).map(|(_, t)| t.clone()).unwrap_or_default();
-                    done.push((id, t, get(&event, "result")));
+                    let (_, admission) = admitted.iter().find(|(i, _)| *i == id).expect("checked above");
+                    let result = get(&event, "result");
+                    assert_eq!(num(admission, "prefix_hit_tokens"), num(&result, "prefix_hit_tokens"), "request {id}: the hit at admission is the result's");
+                    assert_eq!(num(admission, "prompt_tokens"), len(&result, "prompt_tokens") as f64, "request {id}: prompt_tokens");
+                    done.push((id, t, result));
                 }
                 other => panic!("request {id} ended with {other}: {event:?}"),
             }
@@ -352,4 +392,75 @@ async fn a_snapshot_moves_a_conversation_to_another_engine_and_bad_bytes_are_ref
         let stats = refused.stats().expect("stats");
         assert_eq!(num(&stats, "pool.blocks_free"), num(&stats, "pool.blocks_total"), "a refused snapshot changes nothing");
     }
+}
+
+#[wasm_bindgen_test]
+async fn every_request_is_admitted_before_its_first_token_with_its_prefix_hit() {
+    let engine = engine().await;
+    let options = json(r#"{"max_tokens": 4, "temperature": 0}"#);
+    let first = engine.chat(json(HELLO), options.clone(), Counter::new(None).function()).await.expect("chat");
+    let prompt = len(&first, "prompt_tokens") as f64;
+    let repeat = num(&engine.submit(json(HELLO), options.clone()).expect("submit"), "id");
+    let other = num(&engine.submit(json(r#"[{"role": "user", "content": "what a day"}]"#), options).expect("submit"), "id");
+    let mut admitted: Vec<(f64, f64)> = Vec::new();
+    let mut tokens_before_admission = Vec::new();
+    let mut finished = 0;
+    while engine.has_work().expect("hasWork") {
+        let events = engine.step().await.unwrap_or_else(|e| panic!("step failed: {e:?}"));
+        for event in js_sys::Array::from(&events).iter() {
+            let id = num(&event, "id");
+            match text(&event, "type").as_str() {
+                "admitted" => admitted.push((id, num(&event, "prefix_hit_tokens"))),
+                "token" if !admitted.iter().any(|(i, _)| *i == id) => tokens_before_admission.push(id),
+                "finished" => finished += 1,
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(finished, 2);
+    assert!(tokens_before_admission.is_empty(), "tokens before admission: {tokens_before_admission:?}");
+    let mut ids: Vec<f64> = admitted.iter().map(|(i, _)| *i).collect();
+    ids.sort_by(f64::total_cmp);
+    assert_eq!(ids, [repeat, other], "one admitted event per request");
+    let hit = admitted.iter().find(|(i, _)| *i == repeat).map(|(_, h)| *h).expect("admitted");
+    assert!(hit >= prompt - 16.0 && hit > 0.0, "the repeated prompt is admitted with its cached prefix ({hit} of {prompt})");
+}
+
+/// Makes every `GPUBuffer.mapAsync` reject, as a lost device does, until the guard is dropped.
+struct FailingReadbacks;
+
+impl FailingReadbacks {
+    fn install() -> FailingReadbacks {
+        js_sys::Function::new_no_args(
+            "GPUBuffer.prototype.__pagedlmMapAsync = GPUBuffer.prototype.mapAsync; \
+             GPUBuffer.prototype.mapAsync = function () { return Promise.reject(new DOMException('the test lost the device', 'OperationError')); };",
+        )
+        .call0(&JsValue::NULL)
+        .expect("patch GPUBuffer.mapAsync");
+        FailingReadbacks
+    }
+}
+
+impl Drop for FailingReadbacks {
+    fn drop(&mut self) {
+        let _ = js_sys::Function::new_no_args(
+            "GPUBuffer.prototype.mapAsync = GPUBuffer.prototype.__pagedlmMapAsync; delete GPUBuffer.prototype.__pagedlmMapAsync;",
+        )
+        .call0(&JsValue::NULL);
+    }
+}
+
+#[wasm_bindgen_test]
+async fn a_failed_forward_step_ends_its_requests_with_gpu_error() {
+    let engine = engine().await;
+    let id = num(&engine.submit(json(HELLO), json(r#"{"max_tokens": 4, "temperature": 0}"#)).expect("submit"), "id");
+    let failing = FailingReadbacks::install();
+    let events = engine.step().await;
+    drop(failing);
+    let events = events.unwrap_or_else(|e| panic!("the step itself failed instead of its requests: {e:?}"));
+    let failed = js_sys::Array::from(&events).iter().find(|e| text(e, "type") == "failed").unwrap_or_else(|| panic!("no failed event in {events:?}"));
+    assert_eq!(num(&failed, "id"), id);
+    assert_eq!(text(&failed, "code"), "GPU_ERROR", "{}", text(&failed, "message"));
+    assert!(!engine.has_work().expect("hasWork"), "the failed request is over");
+    assert_eq!(num(&engine.stats().expect("stats"), "pool.blocks_used"), 0.0, "its blocks are released");
 }

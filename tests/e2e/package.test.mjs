@@ -53,7 +53,7 @@ describe("npm package", () => {
 
   it("ships types and only what a page needs", () => {
     const files = execFileSync("tar", ["-tzf", join(site, readdirSync(site).find((f) => f.endsWith(".tgz")))]).toString().trim().split("\n");
-    for (const f of ["package/js/index.js", "package/js/worker.js", "package/js/index.d.ts", "package/pkg/pagedlm.js", "package/pkg/pagedlm_bg.wasm"]) {
+    for (const f of ["package/js/index.js", "package/js/worker.js", "package/js/protocol.js", "package/js/index.d.ts", "package/pkg/pagedlm.js", "package/pkg/pagedlm_bg.wasm"]) {
       assert.ok(files.includes(f), `${f} is in the tarball (${files.join(", ")})`);
     }
     assert.ok(!files.some((f) => f.includes("/src/") || f.includes("/www/") || f.endsWith(".gguf")), "no sources, page or model in the tarball");

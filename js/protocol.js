@@ -1,0 +1,101 @@
+// The messages between the page (js/index.js) and the engine's Worker (js/worker.js), and the
+// option names each side passes on to the wasm engine. Both sides build every message with the
+// constructors here, so a message's shape is written once.
+//
+// Page -> worker: every message carries the `id` the page's channel gives it; replies and a
+// request's stream carry the same id. Worker -> page: `result` and `error` answer a message;
+// `progress` streams a load; `queued`, `begin`, `start`, `token` then `done` (or `error`)
+// stream one chat request.
+
+/** Options of `createEngine` that go to the wasm engine (`WebEngine.load`). */
+export const ENGINE_OPTIONS = Object.freeze(["kvDtype", "kvLayout", "blockSize", "poolTokens", "maxContext", "prefillChunk", "prefixCache", "maxBatch", "stepTokens"]);
+/** Options of `createEngine` that js/index.js handles itself. */
+export const PACKAGE_OPTIONS = Object.freeze(["onProgress", "cache", "cacheName", "workerUrl"]);
+/** Parameters of `chat.completions.create` that go to the wasm engine (`WebEngine.submit`). */
+export const REQUEST_OPTIONS = Object.freeze(["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "repetition_penalty"]);
+/** Parameters of `chat.completions.create` that js/index.js handles itself. */
+export const REQUEST_PARAMS = Object.freeze(["messages", "stream", "stream_options", "signal"]);
+
+/** The engine's share of `params`: the `REQUEST_OPTIONS` that are set. */
+export function requestOptions(params) {
+  const options = {};
+  for (const k of REQUEST_OPTIONS) if (params[k] !== undefined && params[k] !== null) options[k] = params[k];
+  return options;
+}
+
+/**
+ * @typedef {{role: string, content: string}} ChatMessage
+ * @typedef {{code: string, message: string}} ErrorBody
+ * @typedef {{enabled: boolean, name: string}} CacheOptions
+ * @typedef {{phase: string, loaded: number, total: number, message?: string}} Progress
+ *
+ * @typedef {{type: "load", model: string | ArrayBuffer | ArrayBufferView | Blob, options: object, cache: CacheOptions}} LoadMessage
+ * @typedef {{type: "create", messages: ChatMessage[], options: object}} CreateMessage
+ * @typedef {{type: "abort", id: number}} AbortMessage  `id`: the `create` message's
+ * @typedef {{type: "stats"}} StatsMessage
+ * @typedef {{type: "resetCache"}} ResetCacheMessage
+ * @typedef {{type: "dispose"}} DisposeMessage
+ * @typedef {{type: "exportConversation", messages: ChatMessage[]}} ExportConversationMessage
+ * @typedef {{type: "importConversation", bytes: Uint8Array}} ImportConversationMessage
+ * @typedef {(LoadMessage | CreateMessage | AbortMessage | StatsMessage | ResetCacheMessage | DisposeMessage
+ *   | ExportConversationMessage | ImportConversationMessage) & {id?: number}} ToWorkerMessage
+ */
+
+/** Page -> worker. The channel adds the `id`. */
+export const toWorker = Object.freeze({
+  /** @returns {LoadMessage} */
+  load: (model, options, cache) => ({ type: "load", model, options, cache }),
+  /** @returns {CreateMessage} */
+  create: (messages, options) => ({ type: "create", messages, options }),
+  /** Stops the request that `create` message `id` started. @returns {AbortMessage} */
+  abort: (id) => ({ type: "abort", id }),
+  /** @returns {StatsMessage} */
+  stats: () => ({ type: "stats" }),
+  /** @returns {ResetCacheMessage} */
+  resetCache: () => ({ type: "resetCache" }),
+  /** @returns {DisposeMessage} */
+  dispose: () => ({ type: "dispose" }),
+  /** @returns {ExportConversationMessage} */
+  exportConversation: (messages) => ({ type: "exportConversation", messages }),
+  /** @returns {ImportConversationMessage} */
+  importConversation: (bytes) => ({ type: "importConversation", bytes }),
+});
+
+/**
+ * @typedef {{type: "progress", id: number, progress: Progress}} ProgressMessage
+ * @typedef {{type: "result", id: number, value: any}} ResultMessage
+ * @typedef {{type: "error", id: number, error: ErrorBody}} ErrorMessage
+ * @typedef {{type: "queued", id: number, prompt_tokens: number}} QueuedMessage  submitted to the engine
+ * @typedef {{type: "begin", id: number, prompt_tokens: number, prefix_hit_tokens: number}} BeginMessage  admitted by the scheduler
+ * @typedef {{type: "start", id: number, prompt_tokens: number}} StartMessage  before the first token
+ * @typedef {{type: "token", id: number, text: string}} TokenMessage
+ * @typedef {{type: "done", id: number, result: object, stats: object}} DoneMessage  `result`: the engine's Generation plus queue_ms; `stats`: the pool right after
+ * @typedef {ProgressMessage | ResultMessage | ErrorMessage | QueuedMessage | BeginMessage | StartMessage | TokenMessage | DoneMessage} FromWorkerMessage
+ */
+
+/** `{code, message}` of a thrown value: a wasm error or a `fail(...)` keeps its code. @returns {ErrorBody} */
+export function errorBody(e) {
+  const code = typeof e?.code === "string" ? e.code : "INTERNAL";
+  const message = (e && e.message) || String(e);
+  return { code, message };
+}
+
+/** Worker -> page. */
+export const fromWorker = Object.freeze({
+  /** @returns {ProgressMessage} */
+  progress: (id, progress) => ({ type: "progress", id, progress }),
+  /** @returns {ResultMessage} */
+  result: (id, value) => ({ type: "result", id, value }),
+  /** `error`: an Error or anything thrown (see `errorBody`). @returns {ErrorMessage} */
+  error: (id, error) => ({ type: "error", id, error: errorBody(error) }),
+  /** @returns {QueuedMessage} */
+  queued: (id, prompt_tokens) => ({ type: "queued", id, prompt_tokens }),
+  /** @returns {BeginMessage} */
+  begin: (id, prompt_tokens, prefix_hit_tokens) => ({ type: "begin", id, prompt_tokens, prefix_hit_tokens }),
+  /** @returns {StartMessage} */
+  start: (id, prompt_tokens) => ({ type: "start", id, prompt_tokens }),
+  /** @returns {TokenMessage} */
+  token: (id, text) => ({ type: "token", id, text }),
+  /** @returns {DoneMessage} */
+  done: (id, result, stats) => ({ type: "done", id, result, stats }),
+});
