@@ -63,9 +63,11 @@ impl From<GgufError> for EngineError {
 pub enum ErrorKind {
     /// No usable WebGPU/Vulkan adapter or device.
     NoDevice,
-    /// The model file is not one pagedlm can read.
+    /// The model file is not one pagedlm can read or run.
     ModelFormat,
-    /// The model file uses something pagedlm does not support (yet).
+    /// An engine feature this configuration lacks (e.g. a snapshot of an INT8 pool): a
+    /// setting to change. A model file pagedlm cannot run (a tensor type, a head size) is
+    /// [`ErrorKind::ModelFormat`]: the caller's remedy is another file.
     Unsupported,
     /// The prompt or sequence does not fit the context.
     ContextOverflow,
@@ -104,9 +106,8 @@ fn model_kind(e: &ModelError) -> ErrorKind {
     match e {
         ModelError::Gpu(g) => gpu_kind(g),
         ModelError::Kv(k) => kv_kind(k),
-        ModelError::Unsupported(_) => ErrorKind::Unsupported,
         ModelError::ContextOverflow { .. } => ErrorKind::ContextOverflow,
-        ModelError::Gguf(_) | ModelError::Format(_) => ErrorKind::ModelFormat,
+        ModelError::Gguf(_) | ModelError::Format(_) | ModelError::Unsupported(_) => ErrorKind::ModelFormat,
     }
 }
 

@@ -101,15 +101,7 @@ impl From<ErrorKind> for ErrorCode {
 
 impl From<EngineError> for WebError {
     fn from(e: EngineError) -> WebError {
-        let code = match (e.kind(), &e) {
-            // JS has always called a model file pagedlm cannot run (a Q5_K tensor, a head size it
-            // lacks kernels for) MODEL_FORMAT, and the page's advice for it is "choose another
-            // file"; UNSUPPORTED is for engine features (an int8 snapshot) and says "change a
-            // setting". The kind does not tell the two apart, the error's layer does.
-            (ErrorKind::Unsupported, EngineError::Model(_)) => ErrorCode::ModelFormat,
-            (kind, _) => ErrorCode::from(kind),
-        };
-        WebError::new(code, e.to_string())
+        WebError::new(ErrorCode::from(e.kind()), e.to_string())
     }
 }
 
