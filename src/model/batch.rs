@@ -8,7 +8,10 @@
 //! fewer (the rest are padding: position `u32::MAX`, which the KV write skips, and `kv_len` 0,
 //! which attention skips). The logit rows are gathered from any rows of the step by copies.
 
-use crate::gpu::ops::attention_batch::{AttentionBatch, BatchBuffers, BatchPlan, BatchRow, BatchShape};
+use crate::gpu::ops::attention::{AttentionBatch, BatchBuffers, BatchPlan, BatchRow, BatchStep};
+use crate::gpu::ops::kv_write::KvWriteBuffers;
+use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
+use crate::gpu::ops::rope::RopeShape;
 use crate::gpu::ops::{act, argmax, elementwise, embed, kv_write, matmul, norm, rope};
 use crate::gpu::{Context, Kernel, Recorder};
 use crate::kv::KvCache;
@@ -74,8 +77,7 @@ impl BatchGraph {
         let h_last = ctx.storage_zeroed("batch.h_last", rows * hidden as u64 * f);
         let logits = ctx.storage_zeroed("batch.logits", rows * cfg.vocab as u64 * f);
         let argmax_out = ctx.storage_zeroed("batch.argmax", rows * 4);
-        let shape = BatchShape {
-            max_rows,
+        let pool = PoolShape {
             n_heads: cfg.n_heads,
             n_kv_heads: cfg.n_kv_heads,
             head_dim: cfg.head_dim,
@@ -84,53 +86,25 @@ impl BatchGraph {
             n_blocks: kv.pool.n_blocks,
             dtype: kv.pool.dtype,
         };
-        let batch = ctx.storage_zeroed("batch.rows", shape.batch_bytes());
-        let (block_size, n_blocks) = (kv.pool.block_size, kv.pool.n_blocks);
+        let batch = ctx.storage_zeroed("batch.rows", BatchStep::buffer_bytes(max_rows));
         let mut nodes = Vec::new();
         let mut attention = Vec::new();
         // Every layer shares one split scratch: layers run one after the other.
         let plan = BatchPlan::auto(ctx);
-        let scratch = Some(ctx.storage_zeroed("batch.attention_scratch", AttentionBatch::scratch_bytes(&shape, &plan)));
+        let scratch =
+            Some(ctx.storage_zeroed("batch.attention_scratch", AttentionBatch::scratch_bytes(&pool, max_rows, &plan)));
         nodes.push(Node::Kernel(embed::embedding(ctx, &weights.token_embd, &ids, &x, max_rows)?));
         for (l, lw) in weights.layers.iter().enumerate() {
             nodes.push(Node::Kernel(norm::rms_norm(ctx, &x, &lw.attn_norm, &h, max_rows, hidden, cfg.rms_eps)?));
             nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.wqkv, &h, &qkv, max_rows)?));
-            nodes.push(Node::Kernel(rope::rope(
-                ctx,
-                &qkv,
-                &positions,
-                max_rows,
-                cfg.qkv_width(),
-                cfg.n_heads + cfg.n_kv_heads,
-                cfg.head_dim,
-                cfg.rope_base,
-            )?));
-            nodes.push(Node::Kernel(kv_write::write_paged_dtype(
-                ctx,
-                &qkv,
-                &kv.pool.k[l],
-                &kv.pool.v[l],
-                &positions,
-                &kv.table_buffer,
-                &row_tables,
-                max_rows,
-                cfg.n_heads,
-                cfg.n_kv_heads,
-                cfg.head_dim,
-                block_size,
-                n_blocks,
-                kv.pool.dtype,
-            )?));
-            let buffers = BatchBuffers {
-                qkv: &qkv,
-                k_pool: &kv.pool.k[l],
-                v_pool: &kv.pool.v[l],
-                block_table: &kv.table_buffer,
-                batch: &batch,
-                out: &attn,
-                scratch: scratch.as_ref(),
-            };
-            attention.push(AttentionBatch::new(ctx, &buffers, shape, Some(plan))?);
+            let rope_shape = RopeShape::fused_qkv(&pool, max_rows, cfg.rope_base);
+            nodes.push(Node::Kernel(rope::rope(ctx, &qkv, &positions, &rope_shape)?));
+            let pool_buffers = PoolBuffers { k: &kv.pool.k[l], v: &kv.pool.v[l], block_table: &kv.table_buffer };
+            let kv_buffers = KvWriteBuffers { qkv: &qkv, pool: pool_buffers, positions: &positions, row_tables: &row_tables };
+            nodes.push(Node::Kernel(kv_write::write_paged(ctx, &kv_buffers, &pool, max_rows)?));
+            let buffers =
+                BatchBuffers { qkv: &qkv, pool: pool_buffers, batch: &batch, out: &attn, scratch: scratch.as_ref() };
+            attention.push(AttentionBatch::new(ctx, &buffers, pool, max_rows, Some(plan))?);
             nodes.push(Node::Attention(attention.len() - 1));
             nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.wo, &attn, &h, max_rows)?));
             nodes.push(Node::Kernel(elementwise::add(ctx, &x, &h, max_rows * hidden)?));

@@ -15,7 +15,10 @@
 //! (memory-bound matvecs). Nothing is read back between layers: a step ends with the argmax (and,
 //! when asked, the logits) copied into one staging buffer.
 
-use crate::gpu::ops::attention::{Attention, AttentionShape};
+use crate::gpu::ops::attention::{Attention, AttentionBuffers};
+use crate::gpu::ops::kv_write::KvWriteBuffers;
+use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
+use crate::gpu::ops::rope::RopeShape;
 use crate::gpu::ops::{act, argmax, elementwise, embed, kv_write, matmul, norm, rope};
 use crate::gpu::{Context, Kernel, Recorder};
 use crate::kv::KvCache;
@@ -98,7 +101,15 @@ impl StepGraph {
         let argmax_out = ctx.storage_zeroed("argmax", rows * 4);
 
         let block_table = &kv.table_buffer;
-        let (block_size, n_blocks) = (kv.pool.block_size, kv.pool.n_blocks);
+        let pool = PoolShape {
+            n_heads: cfg.n_heads,
+            n_kv_heads: cfg.n_kv_heads,
+            head_dim: cfg.head_dim,
+            max_len: kv.max_seq_len,
+            block_size: kv.pool.block_size,
+            n_blocks: kv.pool.n_blocks,
+            dtype: kv.pool.dtype,
+        };
         let step = ctx.uniform_init("step", bytemuck::bytes_of(&0u32));
         let row_tables = ctx.storage_zeroed("row_tables", n * 4);
         let mut nodes = Vec::new();
@@ -107,56 +118,16 @@ impl StepGraph {
         for (l, lw) in weights.layers.iter().enumerate() {
             nodes.push(Node::Kernel(norm::rms_norm(ctx, &x, &lw.attn_norm, &h, n_tokens, hidden, cfg.rms_eps)?));
             nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.wqkv, &h, &qkv, n_tokens)?));
-            nodes.push(Node::Kernel(rope::rope(
-                ctx,
-                &qkv,
-                &positions,
-                n_tokens,
-                cfg.qkv_width(),
-                cfg.n_heads + cfg.n_kv_heads,
-                cfg.head_dim,
-                cfg.rope_base,
-            )?));
+            let rope_shape = RopeShape::fused_qkv(&pool, n_tokens, cfg.rope_base);
+            nodes.push(Node::Kernel(rope::rope(ctx, &qkv, &positions, &rope_shape)?));
             // The pool's dtype picks the kernels' variant: INT8 quantizes here and is
             // dequantized inside attention.
-            nodes.push(Node::Kernel(kv_write::write_paged_dtype(
-                ctx,
-                &qkv,
-                &kv.pool.k[l],
-                &kv.pool.v[l],
-                &positions,
-                block_table,
-                &row_tables,
-                n_tokens,
-                cfg.n_heads,
-                cfg.n_kv_heads,
-                cfg.head_dim,
-                block_size,
-                n_blocks,
-                kv.pool.dtype,
-            )?));
-            let shape = AttentionShape {
-                n_tokens,
-                n_heads: cfg.n_heads,
-                n_kv_heads: cfg.n_kv_heads,
-                head_dim: cfg.head_dim,
-                max_len: kv.max_seq_len,
-                block_size,
-                n_blocks,
-            };
-            attention.push(Attention::paged_dtype(
-                ctx,
-                &qkv,
-                &kv.pool.k[l],
-                &kv.pool.v[l],
-                &positions,
-                block_table,
-                &step,
-                &attn,
-                shape,
-                kv.pool.dtype,
-                None,
-            )?);
+            let pool_buffers = PoolBuffers { k: &kv.pool.k[l], v: &kv.pool.v[l], block_table };
+            let kv_buffers = KvWriteBuffers { qkv: &qkv, pool: pool_buffers, positions: &positions, row_tables: &row_tables };
+            nodes.push(Node::Kernel(kv_write::write_paged(ctx, &kv_buffers, &pool, n_tokens)?));
+            let buffers =
+                AttentionBuffers { qkv: &qkv, pool: pool_buffers, positions: &positions, step: &step, out: &attn };
+            attention.push(Attention::new(ctx, &buffers, pool, n_tokens, None)?);
             nodes.push(Node::Attention(attention.len() - 1));
             nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.wo, &attn, &h, n_tokens)?));
             nodes.push(Node::Kernel(elementwise::add(ctx, &x, &h, n_tokens * hidden)?));
