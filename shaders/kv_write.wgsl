@@ -7,7 +7,7 @@
 //            that attention streams one head's keys of a block contiguously;
 //      INT8: the same order in codes, 4 per word (code d in byte d % 4 of word d / 4 of the
 //            group), group g = (b * n_kv_heads + h) * block_size + s at word g * head_dim / 4,
-//            then its f32 scale at word scale_base + g (src/kv/quant.rs);
+//            then its f32 scale at word scale_base + g (crate::quant::kv_int8);
 // block_table: u32; token t's sequence's row starts at row_tables[t] (its table_base): logical
 //      block i of that sequence is physical block block_table[table_base + i]. Tokens of one
 //      dispatch may belong to different sequences (continuous batching).

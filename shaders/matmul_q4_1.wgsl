@@ -1,44 +1,9 @@
-// y[a, n] = Σ_k x[a, k] · W[n, k] for a < n_rows and n < rows, W in Q4_1 as repacked by
-// QuantMatrix::upload (src/gpu/ops/matmul.rs): the 4 rows 4g..4g+3 of group g side by side.
+// Q4_1 weights, after matmul_common.wgsl: G = 4, the 4 rows 4g..4g+3 of group g side by side.
 // Group g, block b (columns 32b..32b+31) is 5 vec4<u32> at (g · nb + b) · 5:
 //   [0]      component r: row r's f16 scale d (low half) and f16 minimum m (high half), as in GGUF;
 //   [1 + r]  row r's 16 quant bytes: byte j holds element j (low nibble) and element j + 16 (high).
 // Rows past `rows` are zero blocks. Value = d · q + m, dequantized in registers, f32 throughout.
-//
-// w: [groups · nb · 5] vec4<u32>; y: [n_rows, y_stride] f32;
-// x: [n_rows, nb · 32] f32 (8 vec4 per block, as u32 bits), or with INT8 the activations quantized by
-//    quantize_act.wgsl: [n_rows · nb · 3] vec4<u32> (32 int8 quants, then the scale and the exact sum).
-//
-// One invocation computes a tile of TM activation rows × 4 output rows: every weight block is
-// loaded and dequantized once per TM rows (register tiling, no shared memory). With KSPLIT > 1
-// (real GPUs) KSPLIT adjacent invocations split a group's blocks and reduce through workgroup
-// memory; CPU adapters use KSPLIT = 1, where the barriers are compiled out. INT8 multiplies the
-// 4-bit quants with int8 activations through dot4I8Packed (llama.cpp's Q4_1 × Q8_1): faster, but
-// activations carry a rounding error of up to half a step of their block's scale.
-
-struct Params {
-    rows: u32,          // output features written (≤ 4 · groups)
-    nb: u32,            // 32-value blocks per row (cols / 32)
-    n_rows: u32,        // activation rows
-    groups: u32,        // 4-row groups in w
-    wgs_per_tile: u32,  // workgroups covering every group for one tile of TM activation rows
-    tiles: u32,         // ceil(n_rows / TM)
-    y_stride: u32,      // f32 elements between rows of y
-}
-
-@group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
-@group(0) @binding(1) var<storage, read> x: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<uniform> params: Params;
-
-override WG: u32 = 16u;     // invocations per workgroup (a multiple of KSPLIT)
-override KSPLIT: u32 = 1u;  // invocations sharing one group
-override TM: u32 = 1u;      // activation rows per invocation, ≤ MAX_TM
-override SCALE_AFTER: bool = true;  // apply scale and minimum per block (small TM) or per value (large TM)
-override INT8: bool = false;        // x holds int8-quantized activations
-const MAX_TM: u32 = 16u;
-
-var<workgroup> partial: array<vec4<f32>, WG>;
+// INT8 is llama.cpp's Q4_1 × Q8_1: the 4-bit quants against int8 activations.
 
 // The low nibbles of the 4 bytes of `word`, as floats.
 fn quants(word: u32) -> vec4<f32> {
@@ -49,37 +14,23 @@ fn quants(word: u32) -> vec4<f32> {
 fn dot_nibbles(q: vec4<u32>, xlo: vec4<u32>, xhi: vec4<u32>) -> i32 {
     let lo = q & vec4<u32>(0x0F0F0F0Fu);
     let hi = (q >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu);
-    return dot4I8Packed(lo.x, xlo.x) + dot4I8Packed(lo.y, xlo.y) + dot4I8Packed(lo.z, xlo.z) + dot4I8Packed(lo.w, xlo.w)
-         + dot4I8Packed(hi.x, xhi.x) + dot4I8Packed(hi.y, xhi.y) + dot4I8Packed(hi.z, xhi.z) + dot4I8Packed(hi.w, xhi.w);
+    return dot_block(lo, hi, xlo, xhi);
 }
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32,
         @builtin(workgroup_id) wg: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>) {
-    let linear = wg.x + wg.y * nwg.x;
-    // The group index is the fast one: consecutive workgroups share an activation tile.
-    let tile = linear / params.wgs_per_tile;
-    let lane = lid % KSPLIT;
-    let g = (linear % params.wgs_per_tile) * (WG / KSPLIT) + lid / KSPLIT;
-    // Out-of-range invocations compute on clamped indices and store nothing: no early return,
-    // so that every invocation reaches the barriers.
-    let gc = min(g, params.groups - 1u);
-    let a0 = min(tile, params.tiles - 1u) * TM;
-    let x_block = select(8u, 3u, INT8);  // vec4s per activation block
-    let cols4 = params.nb * x_block;
-
-    var xrow: array<u32, MAX_TM>;
-    for (var t = 0u; t < TM; t++) {
-        xrow[t] = min(a0 + t, params.n_rows - 1u) * cols4;
-    }
+    let it = tile_of(lid, wg, nwg);
+    let x_block = it.x_block;
+    var xrow = x_rows(it);
     var acc: array<vec4<f32>, MAX_TM>;
     // Per-block sums of the SCALE_AFTER path, zeroed explicitly per block: Chromium 156 (Tint,
     // SwiftShader) does not re-zero a loop-local `var` declared without an initializer.
     var qx: array<vec4<f32>, MAX_TM>;
     var xs: array<vec4<f32>, MAX_TM>;
-    for (var b = lane; b < params.nb; b += KSPLIT) {
-        let base = (gc * params.nb + b) * 5u;
+    for (var b = it.lane; b < params.nb; b += KSPLIT) {
+        let base = (it.gc * params.nb + b) * 5u;
         let sc = w[base];
         let dm0 = unpack2x16float(sc.x);
         let dm1 = unpack2x16float(sc.y);
@@ -151,28 +102,11 @@ fn main(@builtin(local_invocation_index) lid: u32,
         }
     }
 
-    let row0 = g * 4u;
-    let live = g < params.groups && tile < params.tiles && lane == 0u;
     for (var t = 0u; t < TM; t++) {
-        var sum = acc[t];
-        if (KSPLIT > 1u) {
-            partial[lid] = sum;
-            workgroupBarrier();
-            if (lane == 0u) {
-                for (var l = 1u; l < KSPLIT; l++) {
-                    sum += partial[lid + l];
-                }
-            }
-            workgroupBarrier();
-        }
-        let a = a0 + t;
-        if (live && a < params.n_rows) {
-            let out = a * params.y_stride + row0;
-            for (var r = 0u; r < 4u; r++) {
-                if (row0 + r < params.rows) {
-                    y[out + r] = sum[r];
-                }
-            }
+        let sum = ksplit_sum(lid, it.lane, acc[t]);
+        let a = it.a0 + t;
+        if (it.live && a < params.n_rows) {
+            store4(a, it.g * 4u, sum);
         }
     }
 }

@@ -1,70 +1,21 @@
-// y[a, n] = Σ_k x[a, k] · W[n, k] for a < n_rows and n < rows, W in Q8_0 as repacked by
-// QuantMatrix::upload (src/gpu/ops/matmul.rs): the 8 rows 8g..8g+7 of group g side by side.
+// Q8_0 weights, after matmul_common.wgsl: G = 8, the 8 rows 8g..8g+7 of group g side by side.
 // Group g, block b (columns 32b..32b+31) is 17 vec4<u32> (8 × 34 bytes, the GGUF size) at (g · nb + b) · 17:
 //   [0]               the 8 rows' f16 scales d, row r in half r % 2 of u32 r / 2;
 //   [1 + 2r, 2 + 2r]  row r's 32 signed quant bytes in order.
 // Rows past `rows` are zero blocks. Value = d · q, dequantized in registers, f32 throughout.
-//
-// w: [groups · nb · 17] vec4<u32>; y: [n_rows, y_stride] f32;
-// x: [n_rows, nb · 32] f32 (8 vec4 per block, as u32 bits), or with INT8 the activations quantized by
-//    quantize_act.wgsl: [n_rows · nb · 3] vec4<u32> (32 int8 quants, then the scale and the exact sum).
-//
-// One invocation computes a tile of TM activation rows × 8 output rows (register tiling, no shared
-// memory); KSPLIT > 1 (real GPUs) splits a group's blocks over adjacent invocations, as in matmul_q4_1.
-
-struct Params {
-    rows: u32,          // output features written (≤ 8 · groups)
-    nb: u32,            // 32-value blocks per row (cols / 32)
-    n_rows: u32,        // activation rows
-    groups: u32,        // 8-row groups in w
-    wgs_per_tile: u32,  // workgroups covering every group for one tile of TM activation rows
-    tiles: u32,         // ceil(n_rows / TM)
-    y_stride: u32,      // f32 elements between rows of y
-}
-
-@group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
-@group(0) @binding(1) var<storage, read> x: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<uniform> params: Params;
-
-override WG: u32 = 16u;     // invocations per workgroup (a multiple of KSPLIT)
-override KSPLIT: u32 = 1u;  // invocations sharing one group
-override TM: u32 = 1u;      // activation rows per invocation, ≤ MAX_TM
-override SCALE_AFTER: bool = true;  // apply the scale per block (small TM) or per value (large TM)
-override INT8: bool = false;        // x holds int8-quantized activations
-const MAX_TM: u32 = 16u;
-
-var<workgroup> partial: array<vec4<f32>, WG>;
-var<workgroup> partial_hi: array<vec4<f32>, WG>;
 
 // The 4 signed bytes of `word` times `scale`.
 fn quants(word: u32, scale: f32) -> vec4<f32> {
     return vec4<f32>(unpack4xI8(word)) * scale;
 }
 
-// Σ_j q_j · xq_j over a block of 32 int8 pairs: values 0..15 in (qlo, xlo), 16..31 in (qhi, xhi).
-fn dot_block(qlo: vec4<u32>, qhi: vec4<u32>, xlo: vec4<u32>, xhi: vec4<u32>) -> i32 {
-    return dot4I8Packed(qlo.x, xlo.x) + dot4I8Packed(qlo.y, xlo.y) + dot4I8Packed(qlo.z, xlo.z) + dot4I8Packed(qlo.w, xlo.w)
-         + dot4I8Packed(qhi.x, xhi.x) + dot4I8Packed(qhi.y, xhi.y) + dot4I8Packed(qhi.z, xhi.z) + dot4I8Packed(qhi.w, xhi.w);
-}
-
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32,
         @builtin(workgroup_id) wg: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>) {
-    let linear = wg.x + wg.y * nwg.x;
-    let tile = linear / params.wgs_per_tile;
-    let lane = lid % KSPLIT;
-    let g = (linear % params.wgs_per_tile) * (WG / KSPLIT) + lid / KSPLIT;
-    let gc = min(g, params.groups - 1u);
-    let a0 = min(tile, params.tiles - 1u) * TM;
-    let x_block = select(8u, 3u, INT8);  // vec4s per activation block
-    let cols4 = params.nb * x_block;
-
-    var xrow: array<u32, MAX_TM>;
-    for (var t = 0u; t < TM; t++) {
-        xrow[t] = min(a0 + t, params.n_rows - 1u) * cols4;
-    }
+    let it = tile_of(lid, wg, nwg);
+    let x_block = it.x_block;
+    var xrow = x_rows(it);
     // Rows 0..3 and 4..7 of the group.
     var acc_lo: array<vec4<f32>, MAX_TM>;
     var acc_hi: array<vec4<f32>, MAX_TM>;
@@ -72,8 +23,8 @@ fn main(@builtin(local_invocation_index) lid: u32,
     // re-zero a loop-local `var` declared without an initializer.
     var qx_lo: array<vec4<f32>, MAX_TM>;
     var qx_hi: array<vec4<f32>, MAX_TM>;
-    for (var b = lane; b < params.nb; b += KSPLIT) {
-        let base = (gc * params.nb + b) * 17u;
+    for (var b = it.lane; b < params.nb; b += KSPLIT) {
+        let base = (it.gc * params.nb + b) * 17u;
         let sc = w[base];
         let d01 = unpack2x16float(sc.x);
         let d23 = unpack2x16float(sc.y);
@@ -158,34 +109,13 @@ fn main(@builtin(local_invocation_index) lid: u32,
         }
     }
 
-    let row0 = g * 8u;
-    let live = g < params.groups && tile < params.tiles && lane == 0u;
     for (var t = 0u; t < TM; t++) {
-        var lo = acc_lo[t];
-        var hi = acc_hi[t];
-        if (KSPLIT > 1u) {
-            partial[lid] = lo;
-            partial_hi[lid] = hi;
-            workgroupBarrier();
-            if (lane == 0u) {
-                for (var l = 1u; l < KSPLIT; l++) {
-                    lo += partial[lid + l];
-                    hi += partial_hi[lid + l];
-                }
-            }
-            workgroupBarrier();
-        }
-        let a = a0 + t;
-        if (live && a < params.n_rows) {
-            let out = a * params.y_stride + row0;
-            for (var r = 0u; r < 4u; r++) {
-                if (row0 + r < params.rows) {
-                    y[out + r] = lo[r];
-                }
-                if (row0 + 4u + r < params.rows) {
-                    y[out + 4u + r] = hi[r];
-                }
-            }
+        let lo = ksplit_sum(lid, it.lane, acc_lo[t]);
+        let hi = ksplit_sum(lid, it.lane, acc_hi[t]);
+        let a = it.a0 + t;
+        if (it.live && a < params.n_rows) {
+            store4(a, it.g * 8u, lo);
+            store4(a, it.g * 8u + 4u, hi);
         }
     }
 }

@@ -7,9 +7,11 @@ mod common;
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-use common::{assert_close, gpu};
-use pagedlm::gpu::ops::attention::{attention_cpu, Attention, AttentionPath, AttentionPlan, AttentionShape, MAX_CHUNK};
+use common::{assert_close, gpu, now_ms, report};
+use pagedlm::gpu::ops::attention::{attention_cpu, Attention, AttentionBuffers, AttentionPath, AttentionPlan, MAX_CHUNK};
+use pagedlm::gpu::ops::pool::{PoolBuffers, PoolShape};
 use pagedlm::gpu::{Context, Recorder};
+use pagedlm::kv::KvDtype;
 use pagedlm::rng::Rng;
 
 /// Tolerance against the f64 reference: |got - want| <= TOL * max|v| + TOL * |want|. An output is
@@ -23,16 +25,26 @@ fn varied(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| rng.uniform(-1.0, 1.0) * scale * 10f32.powf(rng.uniform(-2.0, 2.0))).collect()
 }
 
+/// The problem of one attention: `n_tokens` query rows over an f32 pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Shape {
+    n_tokens: u32,
+    pool: PoolShape,
+}
+
 /// A shape with `block_size`-key blocks and two spare blocks in the pool.
-fn paged(n_tokens: u32, (n_heads, n_kv_heads, head_dim): (u32, u32, u32), max_len: u32, block_size: u32) -> AttentionShape {
+fn paged(n_tokens: u32, (n_heads, n_kv_heads, head_dim): (u32, u32, u32), max_len: u32, block_size: u32) -> Shape {
     let n_blocks = max_len.div_ceil(block_size) + 2;
-    AttentionShape { n_tokens, n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks }
+    Shape {
+        n_tokens,
+        pool: PoolShape { n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::F32 },
+    }
 }
 
 /// A block table whose row at `table_base` maps the sequence's ceil(max_len / block_size)
 /// logical blocks to shuffled, distinct physical blocks (never the identity), with entries of
 /// other sequences before and after it.
-fn shuffled_table(rng: &mut Rng, shape: &AttentionShape, table_base: u32) -> Vec<u32> {
+fn shuffled_table(rng: &mut Rng, shape: &PoolShape, table_base: u32) -> Vec<u32> {
     let mut perm: Vec<u32> = (0..shape.n_blocks).collect();
     for i in (1..perm.len()).rev() {
         perm.swap(i, rng.below(i as u64 + 1) as usize);
@@ -50,7 +62,7 @@ fn shuffled_table(rng: &mut Rng, shape: &AttentionShape, table_base: u32) -> Vec
 /// Random inputs of one shape. `q_k_scale` scales q and k: scores have a standard deviation of
 /// about q_k_scale² / 3 (×√(head_dim) / √(head_dim)).
 struct Inputs {
-    shape: AttentionShape,
+    shape: Shape,
     qkv: Vec<f32>,
     k_pool: Vec<f32>,
     v_pool: Vec<f32>,
@@ -66,27 +78,27 @@ struct Inputs {
 }
 
 impl Inputs {
-    fn new(ctx: &Context, shape: AttentionShape, seed: u64, q_k_scale: f32) -> Inputs {
+    fn new(ctx: &Context, shape: Shape, seed: u64, q_k_scale: f32) -> Inputs {
         let mut rng = Rng::new(seed);
         let table_base = 1 + rng.below(7) as u32;
-        let table = shuffled_table(&mut rng, &shape, table_base);
+        let table = shuffled_table(&mut rng, &shape.pool, table_base);
         Inputs::with_table(ctx, shape, seed, q_k_scale, table, table_base)
     }
 
     fn with_table(
         ctx: &Context,
-        shape: AttentionShape,
+        shape: Shape,
         seed: u64,
         q_k_scale: f32,
         table: Vec<u32>,
         table_base: u32,
     ) -> Inputs {
         let mut rng = Rng::new(seed ^ 0x9e37);
-        let qkv = rng.vec_uniform(shape.n_tokens as usize * shape.qkv_row() as usize, -q_k_scale, q_k_scale);
-        let pool = shape.pool_len() as usize;
+        let qkv = rng.vec_uniform(shape.n_tokens as usize * shape.pool.qkv_row() as usize, -q_k_scale, q_k_scale);
+        let pool = shape.pool.pool_len() as usize;
         let k_pool = rng.vec_uniform(pool, -q_k_scale, q_k_scale);
         let v_pool = varied(&mut rng, pool, 1.0);
-        let out_len = (shape.n_tokens * shape.n_heads * shape.head_dim) as u64;
+        let out_len = shape.n_tokens as u64 * shape.pool.out_row();
         Inputs {
             qkv_buf: ctx.storage_init("qkv", bytemuck::cast_slice(&qkv)),
             k_buf: ctx.storage_init("k_pool", bytemuck::cast_slice(&k_pool)),
@@ -105,31 +117,20 @@ impl Inputs {
         }
     }
 
+    fn buffers<'a>(&'a self, out: &'a wgpu::Buffer) -> AttentionBuffers<'a> {
+        AttentionBuffers {
+            qkv: &self.qkv_buf,
+            pool: PoolBuffers { k: &self.k_buf, v: &self.v_buf, block_table: &self.table_buf },
+            positions: &self.pos_buf,
+            step: &self.step_buf,
+            out,
+        }
+    }
+
     fn attention(&self, ctx: &Context, plan: Option<AttentionPlan>) -> Attention {
         let s = self.shape;
-        let (q, k, v, p, o) = (&self.qkv_buf, &self.k_buf, &self.v_buf, &self.pos_buf, &self.out_buf);
-        let (t, st) = (&self.table_buf, &self.step_buf);
-        match plan {
-            None => Attention::paged(
-                ctx,
-                q,
-                k,
-                v,
-                p,
-                t,
-                st,
-                o,
-                s.n_tokens,
-                s.n_heads,
-                s.n_kv_heads,
-                s.head_dim,
-                s.block_size,
-                s.n_blocks,
-                s.max_len,
-            ),
-            Some(plan) => Attention::paged_with_plan(ctx, q, k, v, p, t, st, o, s, plan),
-        }
-        .unwrap_or_else(|e| panic!("{s:?} {plan:?}: {e}"))
+        Attention::new(ctx, &self.buffers(&self.out_buf), s.pool, s.n_tokens, plan)
+            .unwrap_or_else(|e| panic!("{s:?} {plan:?}: {e}"))
     }
 
     /// Runs one step at `positions` and compares with the reference.
@@ -143,9 +144,10 @@ impl Inputs {
         }
         rec.submit();
         let s = self.shape;
-        let got = ctx.read_f32(&self.out_buf, 0, (s.n_tokens * s.n_heads * s.head_dim) as u64).await.unwrap();
+        let got = ctx.read_f32(&self.out_buf, 0, s.n_tokens as u64 * s.pool.out_row()).await.unwrap();
         let want =
-            attention_cpu(&s, &self.qkv, &self.k_pool, &self.v_pool, positions, &self.table, self.table_base).unwrap();
+            attention_cpu(&s.pool, &self.qkv, &self.k_pool, &self.v_pool, positions, &self.table, self.table_base)
+                .unwrap();
         let v_max = self.v_pool.iter().fold(0f32, |m, v| m.max(v.abs()));
         assert_close(&format!("{what} {s:?} {:?} kv_len {kv_len}", attention.plan()), &got, &want, TOL * v_max, TOL);
     }
@@ -241,13 +243,12 @@ gpu_test! {
     async fn shape_contract_errors() {
         let ctx = gpu().await;
         let shape = paged(2, (9, 3, 64), 100, 100);
-        assert_eq!(shape.n_blocks, 3);
+        assert_eq!(shape.pool.n_blocks, 3);
         let inputs = Inputs::new(&ctx, shape, 1, 1.0);
-        let (q, k, v, p, o) = (&inputs.qkv_buf, &inputs.k_buf, &inputs.v_buf, &inputs.pos_buf, &inputs.out_buf);
-        let (t, st) = (&inputs.table_buf, &inputs.step_buf);
-        #[allow(clippy::too_many_arguments)]
+        let (p, o) = (&inputs.pos_buf, &inputs.out_buf);
         let make = |n_tokens, n_heads, n_kv, hd, bs, n_blocks, out: &wgpu::Buffer| {
-            Attention::paged(&ctx, q, k, v, p, t, st, out, n_tokens, n_heads, n_kv, hd, bs, n_blocks, 100)
+            let pool = PoolShape { n_heads, n_kv_heads: n_kv, head_dim: hd, block_size: bs, n_blocks, ..shape.pool };
+            Attention::new(&ctx, &inputs.buffers(out), pool, n_tokens, None)
         };
         let expect = |r: Result<Attention, pagedlm::gpu::GpuError>, needle: &str| {
             let err = r.err().unwrap_or_else(|| panic!("expected an error mentioning {needle:?}"));
@@ -279,7 +280,7 @@ gpu_test! {
                 "workgroup size 0",
             ),
         ] {
-            expect(Attention::paged_with_plan(&ctx, q, k, v, p, t, st, o, shape, bad.unwrap()), needle);
+            expect(Attention::new(&ctx, &inputs.buffers(o), shape.pool, shape.n_tokens, bad), needle);
         }
     }
 }
@@ -292,7 +293,7 @@ gpu_test! {
         let shape = paged(3, (9, 3, 64), 100, 16);
         let table_base = 2;
         let mut table = vec![0u32; table_base as usize];
-        table.extend([6, 3, shape.n_blocks + 5, 0, 7]);
+        table.extend([6, 3, shape.pool.n_blocks + 5, 0, 7]);
         let inputs = Inputs::with_table(&ctx, shape, 77, 1.0, table, table_base);
         for plan in [None, plan(AttentionPath::Passes, 16), plan(AttentionPath::SplitK, 32)] {
             let mut attention = inputs.attention(&ctx, plan);
@@ -359,26 +360,6 @@ fn bench_attention() {
 #[ignore = "benchmark"]
 async fn bench_attention() {
     bench_attention_body().await;
-}
-
-fn report(line: &str) {
-    #[cfg(not(target_arch = "wasm32"))]
-    println!("{line}");
-    #[cfg(target_arch = "wasm32")]
-    wasm_bindgen_test::console_log!("{line}");
-}
-
-fn now_ms() -> f64 {
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        use std::sync::OnceLock;
-        static START: OnceLock<std::time::Instant> = OnceLock::new();
-        START.get_or_init(std::time::Instant::now).elapsed().as_secs_f64() * 1e3
-    }
-    #[cfg(target_arch = "wasm32")]
-    {
-        js_sys::Date::now()
-    }
 }
 
 /// Wall time of one call: `reps` calls recorded into one submission, waited for by a 4-byte

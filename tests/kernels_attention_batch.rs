@@ -1,21 +1,21 @@
 //! Batched decode attention (rows of different sequences in one dispatch) against the f64 CPU
-//! reference and against the single-sequence `Attention::paged`, natively and in the browser.
+//! reference and against the single-sequence `Attention`, natively and in the browser.
 //! The whole pool is random and every sequence's blocks are shuffled, so a key read from a wrong
 //! block, past a row's kv_len or from another row's sequence shows up. Two sequences share their
 //! first blocks (a common prefix), one has an unmapped block, one row's table runs off the end of
 //! the table buffer, and padding rows (kv_len 0) sit between real ones. INT8 pools are checked
 //! against the same reference over their dequantized values and against the single-sequence
-//! `Attention::paged_dtype` over the same INT8 buffers.
+//! `Attention` over the same INT8 buffers.
 mod common;
 
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-use common::{assert_close, gpu};
-use pagedlm::gpu::ops::attention::{Attention, AttentionShape};
-use pagedlm::gpu::ops::attention_batch::{
-    attention_batch_cpu, AttentionBatch, BatchBuffers, BatchPlan, BatchRow, BatchShape,
+use common::{assert_close, gpu, now_ms, report};
+use pagedlm::gpu::ops::attention::{
+    attention_batch_cpu, Attention, AttentionBatch, AttentionBuffers, BatchBuffers, BatchPlan, BatchRow, BatchStep,
 };
+use pagedlm::gpu::ops::pool::{PoolBuffers, PoolShape};
 use pagedlm::gpu::{Context, GpuError, Recorder};
 use pagedlm::quant::kv_int8::{dequantize_pool, quantize_pool, Int8Layout};
 use pagedlm::kv::KvDtype;
@@ -42,7 +42,9 @@ fn shuffle(rng: &mut Rng, v: &mut [u32]) {
 /// (a forked prefix); sequence `n_seqs - 1` has logical block 2 unmapped (a block id past the
 /// pool). The table starts and ends with 3 entries of no sequence (valid blocks).
 struct Pool {
-    shape: BatchShape,
+    shape: PoolShape,
+    /// Rows of the batches over this pool.
+    max_rows: u32,
     /// The pools' values as f32 (for INT8: the dequantized codes, which the kernel must read).
     k: Vec<f32>,
     v: Vec<f32>,
@@ -70,8 +72,7 @@ impl Pool {
         let mut rng = Rng::new(seed);
         let row_len = max_len.div_ceil(block_size);
         let n_blocks = n_seqs * row_len + 2;
-        let shape =
-            BatchShape { max_rows, n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::F32 };
+        let shape = PoolShape { n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::F32 };
         let mut perm: Vec<u32> = (0..n_blocks).collect();
         shuffle(&mut rng, &mut perm);
         let junk = |rng: &mut Rng| (0..3).map(|_| rng.below(n_blocks as u64) as u32).collect::<Vec<u32>>();
@@ -97,6 +98,7 @@ impl Pool {
             v_buf: ctx.storage_init("v_pool", bytemuck::cast_slice(&v)),
             table_buf: ctx.storage_init("block_table", bytemuck::cast_slice(&table)),
             shape,
+            max_rows,
             k,
             v,
             table,
@@ -112,7 +114,7 @@ impl Pool {
         let k_words = quantize_pool(&layout, &self.k).unwrap();
         let v_words = quantize_pool(&layout, &self.v).unwrap();
         Pool {
-            shape: BatchShape { dtype: KvDtype::Int8, ..s },
+            shape: PoolShape { dtype: KvDtype::Int8, ..s },
             k: dequantize_pool(&layout, &k_words).unwrap(),
             v: dequantize_pool(&layout, &v_words).unwrap(),
             k_buf: ctx.storage_init("k_pool.int8", bytemuck::cast_slice(&k_words)),
@@ -124,9 +126,13 @@ impl Pool {
     fn v_max(&self) -> f32 {
         self.v.iter().fold(0f32, |m, v| m.max(v.abs()))
     }
+
+    fn buffers(&self) -> PoolBuffers<'_> {
+        PoolBuffers { k: &self.k_buf, v: &self.v_buf, block_table: &self.table_buf }
+    }
 }
 
-/// The per-step inputs and outputs of a batch of `shape.max_rows` rows over a pool.
+/// The per-step inputs and outputs of a batch of `pool.max_rows` rows over a pool.
 struct Batch {
     qkv: Vec<f32>,
     qkv_buf: wgpu::Buffer,
@@ -136,38 +142,29 @@ struct Batch {
 
 impl Batch {
     fn new(ctx: &Context, pool: &Pool, seed: u64, q_k_scale: f32) -> Batch {
-        let s = pool.shape;
+        let (s, max_rows) = (pool.shape, pool.max_rows);
         let mut rng = Rng::new(seed ^ 0x5eed);
-        let qkv = rng.vec_uniform(s.max_rows as usize * s.qkv_row() as usize, -q_k_scale, q_k_scale);
+        let qkv = rng.vec_uniform(max_rows as usize * s.qkv_row() as usize, -q_k_scale, q_k_scale);
         Batch {
             qkv_buf: ctx.storage_init("qkv", bytemuck::cast_slice(&qkv)),
-            batch_buf: ctx.storage_zeroed("batch", s.batch_bytes()),
-            out_buf: ctx.storage_zeroed("out", s.max_rows as u64 * s.out_row() * 4),
+            batch_buf: ctx.storage_zeroed("batch", BatchStep::buffer_bytes(max_rows)),
+            out_buf: ctx.storage_zeroed("out", max_rows as u64 * s.out_row() * 4),
             qkv,
         }
     }
 
     fn buffers<'a>(&'a self, pool: &'a Pool) -> BatchBuffers<'a> {
-        BatchBuffers {
-            qkv: &self.qkv_buf,
-            k_pool: &pool.k_buf,
-            v_pool: &pool.v_buf,
-            block_table: &pool.table_buf,
-            batch: &self.batch_buf,
-            out: &self.out_buf,
-            scratch: None,
-        }
+        BatchBuffers { qkv: &self.qkv_buf, pool: pool.buffers(), batch: &self.batch_buf, out: &self.out_buf, scratch: None }
     }
 
     fn attention(&self, ctx: &Context, pool: &Pool, plan: Option<BatchPlan>) -> AttentionBatch {
-        AttentionBatch::new(ctx, &self.buffers(pool), pool.shape, plan)
+        AttentionBatch::new(ctx, &self.buffers(pool), pool.shape, pool.max_rows, plan)
             .unwrap_or_else(|e| panic!("{:?} {plan:?}: {e}", pool.shape))
     }
 
     /// Runs one step of `rows` with out poisoned by NaN; returns all max_rows output rows.
     async fn run(&self, ctx: &Context, attention: &mut AttentionBatch, rows: &[BatchRow]) -> Vec<f32> {
-        let s = attention.shape();
-        let out_len = (s.max_rows as u64 * s.out_row()) as usize;
+        let out_len = (attention.max_rows() as u64 * attention.pool().out_row()) as usize;
         ctx.queue.write_buffer(&self.out_buf, 0, bytemuck::cast_slice(&vec![f32::NAN; out_len]));
         let step = attention.step(rows).unwrap();
         ctx.queue.write_buffer(&self.batch_buf, 0, step.bytes());
@@ -288,7 +285,7 @@ gpu_test! {
     }
 }
 
-/// Each row of a batch against the same row run alone through `Attention::paged_dtype` (a
+/// Each row of a batch against the same row run alone through `Attention` (a
 /// one-token decode step of its sequence) over the same pool buffers.
 async fn equals_single_sequence(dtype: KvDtype) {
     let ctx = gpu().await;
@@ -308,38 +305,26 @@ async fn equals_single_sequence(dtype: KvDtype) {
             let (qkv_row, out_row) = (s.qkv_row() as usize, s.out_row() as usize);
             let mut worst = 0f32;
             for (r, br) in rows.iter().enumerate() {
-                let single = AttentionShape {
-                    n_tokens: 1,
-                    n_heads: s.n_heads,
-                    n_kv_heads: s.n_kv_heads,
-                    head_dim: s.head_dim,
-                    max_len: s.max_len,
-                    block_size: s.block_size,
-                    n_blocks: s.n_blocks,
-                };
                 let qkv = ctx.storage_init("qkv1", bytemuck::cast_slice(&batch.qkv[r * qkv_row..][..qkv_row]));
                 let positions = ctx.storage_init("pos1", bytemuck::bytes_of(&(br.kv_len - 1)));
                 let step = ctx.uniform_init("step1", bytemuck::bytes_of(&br.table_base));
                 let out = ctx.storage_zeroed("out1", out_row as u64 * 4);
-                let mut one = Attention::paged_dtype(
-                    &ctx, &qkv, &pool.k_buf, &pool.v_buf, &positions, &pool.table_buf, &step, &out, single, s.dtype,
-                    None,
-                )
-                .unwrap();
+                let buffers = AttentionBuffers { qkv: &qkv, pool: pool.buffers(), positions: &positions, step: &step, out: &out };
+                let mut one = Attention::new(&ctx, &buffers, s, 1, None).unwrap();
                 one.set_kv_len(br.kv_len).unwrap();
                 let mut rec = Recorder::new(&ctx, "single");
                 rec.dispatch_all(one.kernels());
                 rec.submit();
                 let want = ctx.read_f32(&out, 0, out_row as u64).await.unwrap();
                 let got_row = &got[r * out_row..][..out_row];
-                let label = format!("row {r} {br:?} {s:?} vs Attention::paged_dtype");
+                let label = format!("row {r} {br:?} {s:?} vs Attention");
                 // Same f32 arithmetic in the same key order, up to the compiler's fusing:
                 // measured 1e-6 to 2e-6 at max|v| near 100 on lavapipe.
                 assert_close(&label, got_row, &want, 1e-5, 1e-5);
                 worst = got_row.iter().zip(&want).fold(worst, |m, (a, b)| m.max((a - b).abs()));
             }
             report(&format!(
-                "{} {heads:?} block {block_size}: max |batched - Attention::paged_dtype| = {worst:e}",
+                "{} {heads:?} block {block_size}: max |batched - Attention| = {worst:e}",
                 dtype.name()
             ));
         }
@@ -389,32 +374,32 @@ gpu_test! {
             let err = r.err().unwrap_or_else(|| panic!("expected an error mentioning {needle:?}"));
             assert!(err.to_string().contains(needle), "{err}");
         };
-        let s = pool.shape;
+        let (s, max_rows) = (pool.shape, pool.max_rows);
         let b = batch.buffers(&pool);
-        let make = |shape: BatchShape, plan: Option<BatchPlan>| AttentionBatch::new(&ctx, &b, shape, plan);
-        expect(make(BatchShape { max_rows: 4, ..s }, None), "qkv needs");
-        expect(make(BatchShape { n_kv_heads: 2, ..s }, None), "does not divide");
-        expect(make(BatchShape { head_dim: 62, ..s }, None), "multiple of 4");
-        expect(make(BatchShape { max_rows: 0, ..s }, None), "empty shape");
-        expect(make(BatchShape { n_blocks: s.n_blocks + 1, ..s }, None), "k_pool needs");
-        expect(make(BatchShape { head_dim: 60, dtype: KvDtype::Int8, ..s }, None), "multiple of 16");
-        expect(make(s, Some(BatchPlan { chunk: 0, workgroup_size: 8, single_pass_max_keys: 0 })), "chunk 0");
-        expect(make(s, Some(BatchPlan { chunk: 70_000, workgroup_size: 8, single_pass_max_keys: 0 })), "loop budget");
+        let make =
+            |shape: PoolShape, max_rows: u32, plan: Option<BatchPlan>| AttentionBatch::new(&ctx, &b, shape, max_rows, plan);
+        expect(make(s, 4, None), "qkv needs");
+        expect(make(PoolShape { n_kv_heads: 2, ..s }, max_rows, None), "does not divide");
+        expect(make(PoolShape { head_dim: 62, ..s }, max_rows, None), "multiple of 4");
+        expect(make(s, 0, None), "empty shape");
+        expect(make(PoolShape { n_blocks: s.n_blocks + 1, ..s }, max_rows, None), "k_pool needs");
+        expect(make(PoolShape { head_dim: 60, dtype: KvDtype::Int8, ..s }, max_rows, None), "multiple of 16");
+        expect(make(s, max_rows, Some(BatchPlan { chunk: 0, workgroup_size: 8, single_pass_max_keys: 0 })), "chunk 0");
+        expect(make(s, max_rows, Some(BatchPlan { chunk: 70_000, workgroup_size: 8, single_pass_max_keys: 0 })), "loop budget");
         let small_batch = ctx.storage_zeroed("batch", 16);
-        expect(AttentionBatch::new(&ctx, &BatchBuffers { batch: &small_batch, ..batch.buffers(&pool) }, s, None), "batch needs");
+        let small = BatchBuffers { batch: &small_batch, ..batch.buffers(&pool) };
+        expect(AttentionBatch::new(&ctx, &small, s, max_rows, None), "batch needs");
         let small_scratch = ctx.storage_zeroed("scratch", 16);
-        expect(
-            AttentionBatch::new(&ctx, &BatchBuffers { scratch: Some(&small_scratch), ..batch.buffers(&pool) }, s, None),
-            "scratch needs",
-        );
+        let small = BatchBuffers { scratch: Some(&small_scratch), ..batch.buffers(&pool) };
+        expect(AttentionBatch::new(&ctx, &small, s, max_rows, None), "scratch needs");
 
-        let mut attention = make(s, None).unwrap();
+        let mut attention = make(s, max_rows, None).unwrap();
         assert!(attention.kernels().is_empty(), "no step, no dispatch");
         let err = attention.step(&[row(0, 101)]).expect_err("kv_len past max_len");
         assert!(err.to_string().contains("kv_len 101"), "{err}");
         let err = attention.step(&[row(0, 1); 4]).expect_err("4 rows in a batch of 3");
         assert!(err.to_string().contains("4 rows"), "{err}");
-        let other = make(s, Some(BatchPlan { chunk: 32, workgroup_size: 8, single_pass_max_keys: 0 })).unwrap();
+        let other = make(s, max_rows, Some(BatchPlan { chunk: 32, workgroup_size: 8, single_pass_max_keys: 0 })).unwrap();
         let foreign = other.step(&[row(0, 50)]).unwrap();
         assert!(attention.set_step(&foreign).is_err(), "a step encoded for another chunk must be refused");
 
@@ -429,28 +414,9 @@ gpu_test! {
         // An INT8 pool's buffers are about a quarter of an f32 pool's: an f32 shape refuses them.
         let int8 = Pool::new(&ctx, (9, 3, 64), 16, 100, 3, 2, 1, 1, 1.0).int8(&ctx);
         let int8_buffers = batch.buffers(&int8);
-        AttentionBatch::new(&ctx, &int8_buffers, int8.shape, None).unwrap();
-        expect(AttentionBatch::new(&ctx, &int8_buffers, BatchShape { dtype: KvDtype::F32, ..int8.shape }, None), "k_pool needs");
-    }
-}
-
-fn report(line: &str) {
-    #[cfg(not(target_arch = "wasm32"))]
-    println!("{line}");
-    #[cfg(target_arch = "wasm32")]
-    wasm_bindgen_test::console_log!("{line}");
-}
-
-fn now_ms() -> f64 {
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        use std::sync::OnceLock;
-        static START: OnceLock<std::time::Instant> = OnceLock::new();
-        START.get_or_init(std::time::Instant::now).elapsed().as_secs_f64() * 1e3
-    }
-    #[cfg(target_arch = "wasm32")]
-    {
-        js_sys::Date::now()
+        AttentionBatch::new(&ctx, &int8_buffers, int8.shape, max_rows, None).unwrap();
+        let as_f32 = PoolShape { dtype: KvDtype::F32, ..int8.shape };
+        expect(AttentionBatch::new(&ctx, &int8_buffers, as_f32, max_rows, None), "k_pool needs");
     }
 }
 
@@ -481,7 +447,7 @@ async fn time_us(ctx: &Context, out: &wgpu::Buffer, reps: u32, record: &dyn Fn(&
 }
 
 /// One layer's batched decode attention for SmolLM2's shapes (9 q / 3 kv heads, head_dim 64,
-/// blocks of 16), against the same rows run as one `Attention::paged` decode per sequence.
+/// blocks of 16), against the same rows run as one single-sequence `Attention` decode per sequence.
 /// Natively: `XDG_RUNTIME_DIR=/tmp cargo test --test kernels_attention_batch --
 /// --ignored --nocapture`; in the browser: `wasm-pack test --headless --chrome -- --test
 /// kernels_attention_batch -- --include-ignored`.
@@ -502,30 +468,14 @@ async fn bench_body() {
     // One single-sequence attention per row, as a step without batching would record them:
     // (attention, its positions buffer).
     let qkv_row = s.qkv_row() as usize;
-    let mut singles: Vec<(Attention, wgpu::Buffer)> = (0..s.max_rows as usize)
+    let mut singles: Vec<(Attention, wgpu::Buffer)> = (0..pool.max_rows as usize)
         .map(|r| {
             let qkv = ctx.storage_init("qkv1", bytemuck::cast_slice(&batch.qkv[r * qkv_row..][..qkv_row]));
             let positions = ctx.storage_zeroed("pos1", 4);
             let step = ctx.uniform_init("step1", bytemuck::bytes_of(&pool.seqs[r]));
             let out = ctx.storage_zeroed("out1", s.out_row() * 4);
-            let attention = Attention::paged(
-                &ctx,
-                &qkv,
-                &pool.k_buf,
-                &pool.v_buf,
-                &positions,
-                &pool.table_buf,
-                &step,
-                &out,
-                1,
-                s.n_heads,
-                s.n_kv_heads,
-                s.head_dim,
-                s.block_size,
-                s.n_blocks,
-                max_len,
-            )
-            .unwrap();
+            let buffers = AttentionBuffers { qkv: &qkv, pool: pool.buffers(), positions: &positions, step: &step, out: &out };
+            let attention = Attention::new(&ctx, &buffers, s, 1, None).unwrap();
             (attention, positions)
         })
         .collect();
@@ -561,7 +511,7 @@ async fn bench_body() {
         })
         .await;
         report(&format!(
-            "{name:26} batched (µs): {}   {:2} x Attention::paged {us_single:8.1} µs",
+            "{name:26} batched (µs): {}   {:2} x Attention {us_single:8.1} µs",
             batched_us.join(", "),
             lens.len()
         ));

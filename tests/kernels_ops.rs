@@ -6,8 +6,12 @@ mod common;
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 use common::{assert_close, gpu};
+use pagedlm::gpu::ops::kv_write::KvWriteBuffers;
+use pagedlm::gpu::ops::pool::{PoolBuffers, PoolShape};
+use pagedlm::gpu::ops::rope::RopeShape;
 use pagedlm::gpu::ops::{act, argmax, kv_write, norm, rope};
 use pagedlm::gpu::{Context, GpuError, Kernel, Recorder};
+use pagedlm::kv::KvDtype;
 use pagedlm::rng::Rng;
 
 fn run(ctx: &Context, kernels: &[&Kernel]) {
@@ -106,12 +110,18 @@ async fn check_rope(ctx: &Context, rng: &mut Rng, case: &RopeCase, positions: &[
     let x = rng.vec_uniform(n_tokens * row_stride, -1.0, 1.0);
     let xb = f32_buffer(ctx, &x);
     let pb = u32_buffer(ctx, positions);
-    let k = rope::rope(ctx, &xb, &pb, n_tokens as u32, row_stride as u32, rotated as u32, case.head_dim, case.base)
-        .unwrap();
+    let shape = RopeShape {
+        n_tokens: n_tokens as u32,
+        row_stride: row_stride as u32,
+        n_heads: rotated as u32,
+        head_dim: case.head_dim,
+        base: case.base,
+    };
+    let k = rope::rope(ctx, &xb, &pb, &shape).unwrap();
     run(ctx, &[&k]);
     let got = ctx.read_f32(&xb, 0, x.len() as u64).await.unwrap();
     let mut want = x.clone();
-    rope::rope_cpu(&mut want, positions, n_tokens, row_stride, rotated, hd, case.base);
+    rope::rope_cpu(&shape, &mut want, positions);
     let what = format!("rope q{} kv{} hd{} at {:?}", case.n_q, case.n_kv, hd, &positions[..positions.len().min(4)]);
     assert_close(&what, &got, &want, ROPE_ABS_TOL, 0.0);
     for t in 0..n_tokens {
@@ -164,7 +174,8 @@ gpu_test! {
         let row_stride = 15 * hd;
         let xb = ctx.storage_zeroed("x", (row_stride * 4) as u64);
         let pb = ctx.storage_zeroed("positions", 4);
-        let k = rope::rope(&ctx, &xb, &pb, 1, row_stride as u32, 12, hd as u32, 100_000.0).unwrap();
+        let shape = RopeShape { n_tokens: 1, row_stride: row_stride as u32, n_heads: 12, head_dim: hd as u32, base: 100_000.0 };
+        let k = rope::rope(&ctx, &xb, &pb, &shape).unwrap();
         for pos in [0u32, 1, 2, 17, 4095, 8191] {
             let x = rng.vec_uniform(row_stride, -1.0, 1.0);
             ctx.queue.write_buffer(&xb, 0, bytemuck::cast_slice(&x));
@@ -172,7 +183,7 @@ gpu_test! {
             run(&ctx, &[&k]);
             let got = ctx.read_f32(&xb, 0, row_stride as u64).await.unwrap();
             let mut want = x;
-            rope::rope_cpu(&mut want, &[pos], 1, row_stride, 12, hd, 100_000.0);
+            rope::rope_cpu(&shape, &mut want, &[pos]);
             assert_close(&format!("rope step at {pos}"), &got, &want, ROPE_ABS_TOL, 0.0);
         }
     }
@@ -183,13 +194,14 @@ gpu_test! {
         let ctx = gpu().await;
         let x = ctx.storage_zeroed("x", 2 * 960 * 4);
         let p = ctx.storage_zeroed("p", 8);
-        expect_shape_err(rope::rope(&ctx, &x, &p, 2, 960, 12, 63, 1e4), "even");
-        expect_shape_err(rope::rope(&ctx, &x, &p, 2, 960, 16, 64, 1e4), "do not fit");
-        expect_shape_err(rope::rope(&ctx, &x, &p, 3, 960, 12, 64, 1e4), "x needs");
-        expect_shape_err(rope::rope(&ctx, &x, &p, 2, 960, 12, 64, -1.0), "base");
-        expect_shape_err(rope::rope(&ctx, &x, &p, 2, 2048, 1, 1024, 1e4), "head_dim");
+        let shape = |n_tokens, row_stride, n_heads, head_dim, base| RopeShape { n_tokens, row_stride, n_heads, head_dim, base };
+        expect_shape_err(rope::rope(&ctx, &x, &p, &shape(2, 960, 12, 63, 1e4)), "even");
+        expect_shape_err(rope::rope(&ctx, &x, &p, &shape(2, 960, 16, 64, 1e4)), "do not fit");
+        expect_shape_err(rope::rope(&ctx, &x, &p, &shape(3, 960, 12, 64, 1e4)), "x needs");
+        expect_shape_err(rope::rope(&ctx, &x, &p, &shape(2, 960, 12, 64, -1.0)), "base");
+        expect_shape_err(rope::rope(&ctx, &x, &p, &shape(2, 2048, 1, 1024, 1e4)), "head_dim");
         let p1 = ctx.storage_zeroed("p1", 4);
-        expect_shape_err(rope::rope(&ctx, &x, &p1, 2, 960, 12, 64, 1e4), "positions needs 8 bytes");
+        expect_shape_err(rope::rope(&ctx, &x, &p1, &shape(2, 960, 12, 64, 1e4)), "positions needs 8 bytes");
     }
 }
 
@@ -393,29 +405,27 @@ async fn check_kv_write(ctx: &Context, rng: &mut Rng, case: &KvCase, positions: 
         (f32_buffer(ctx, &qkv), f32_buffer(ctx, &k0), f32_buffer(ctx, &v0), u32_buffer(ctx, positions));
     let tb = u32_buffer(ctx, &table);
     let step = u32_buffer(ctx, &vec![table_base; n_tokens]);
-    let kernel = kv_write::write_paged(
-        ctx,
-        &qb,
-        &kb,
-        &vb,
-        &pb,
-        &tb,
-        &step,
-        n_tokens as u32,
-        case.n_heads,
-        case.n_kv,
-        case.head_dim,
-        case.block_size,
-        n_blocks as u32,
-    )
-    .unwrap();
+    let pool = PoolShape {
+        n_heads: case.n_heads,
+        n_kv_heads: case.n_kv,
+        head_dim: case.head_dim,
+        max_len: case.max_len,
+        block_size: case.block_size,
+        n_blocks: n_blocks as u32,
+        dtype: KvDtype::F32,
+    };
+    let buffers = KvWriteBuffers {
+        qkv: &qb,
+        pool: PoolBuffers { k: &kb, v: &vb, block_table: &tb },
+        positions: &pb,
+        row_tables: &step,
+    };
+    let kernel = kv_write::write_paged(ctx, &buffers, &pool, n_tokens as u32).unwrap();
     run(ctx, &[&kernel]);
     let got_k = ctx.read_f32(&kb, 0, pool_len as u64).await.unwrap();
     let got_v = ctx.read_f32(&vb, 0, pool_len as u64).await.unwrap();
     let (mut want_k, mut want_v) = (k0.clone(), v0);
-    kv_write::write_paged_cpu(
-        &qkv, &mut want_k, &mut want_v, positions, &table, table_base, n_tokens, nh, nkv, hd, bs, n_blocks,
-    );
+    kv_write::write_paged_cpu(&pool, &qkv, &mut want_k, &mut want_v, positions, &table, table_base);
     let what = format!("kv_write h{nh} kv{nkv} hd{hd} block {bs} table {table:?} at {positions:?}");
     assert!(want_k != k0, "{what}: the case writes nothing");
     assert_eq!(got_k, want_k, "{what}: k pool");
@@ -463,8 +473,10 @@ gpu_test! {
         let p = ctx.storage_zeroed("p", 8);
         let t = ctx.storage_zeroed("t", 16);
         let st = ctx.storage_zeroed("row_tables", 8);
-        let w = |k: &wgpu::Buffer, v: &wgpu::Buffer, n_tokens, n_kv, block_size, n_blocks| {
-            kv_write::write_paged(&ctx, &qkv, k, v, &p, &t, &st, n_tokens, 9, n_kv, 64, block_size, n_blocks)
+        let w = |k: &wgpu::Buffer, v: &wgpu::Buffer, n_tokens, n_kv_heads, block_size, n_blocks| {
+            let pool = PoolShape { n_heads: 9, n_kv_heads, head_dim: 64, max_len: 100, block_size, n_blocks, dtype: KvDtype::F32 };
+            let buffers = KvWriteBuffers { qkv: &qkv, pool: PoolBuffers { k, v, block_table: &t }, positions: &p, row_tables: &st };
+            kv_write::write_paged(&ctx, &buffers, &pool, n_tokens)
         };
         assert!(w(&k, &v, 2, 3, 25, 4).is_ok());
         expect_shape_err(w(&k, &v, 2, 3, 25, 5), "k_pool needs");

@@ -8,11 +8,12 @@ mod common;
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-use common::{assert_close, gpu};
+use common::{assert_close, gpu, now_ms, report};
 use pagedlm::engine::{Engine, EngineOptions, KvDtype, KvLayout, ScoreMode};
 use pagedlm::gguf::Gguf;
-use pagedlm::gpu::ops::attention::{attention_int8_cpu, Attention, AttentionPath, AttentionPlan, AttentionShape};
-use pagedlm::gpu::ops::kv_write;
+use pagedlm::gpu::ops::attention::{attention_int8_cpu, Attention, AttentionBuffers, AttentionPath, AttentionPlan};
+use pagedlm::gpu::ops::kv_write::{self, KvWriteBuffers};
+use pagedlm::gpu::ops::pool::{PoolBuffers, PoolShape};
 use pagedlm::gpu::{Context, Recorder};
 use pagedlm::quant::kv_int8::{self as quant, Int8Layout};
 use pagedlm::kv::KvPool;
@@ -150,31 +151,24 @@ gpu_test! {
             let v0 = random_int8_words(&mut rng, &layout);
             let k_buf = ctx.storage_init("k", bytemuck::cast_slice(&k0));
             let v_buf = ctx.storage_init("v", bytemuck::cast_slice(&v0));
-            let kernel = kv_write::write_paged_dtype(
-                &ctx,
-                &ctx.storage_init("qkv", bytemuck::cast_slice(&qkv)),
-                &k_buf,
-                &v_buf,
-                &ctx.storage_init("positions", bytemuck::cast_slice(&positions)),
-                &ctx.storage_init("table", bytemuck::cast_slice(&table)),
-                &ctx.storage_init("row_tables", bytemuck::cast_slice(&vec![table_base; n_tokens as usize])),
-                n_tokens,
-                n_heads,
-                n_kv,
-                head_dim,
-                block_size,
-                n_blocks,
-                KvDtype::Int8,
-            )
-            .unwrap();
+            let pool =
+                PoolShape { n_heads, n_kv_heads: n_kv, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::Int8 };
+            let table_buf = ctx.storage_init("table", bytemuck::cast_slice(&table));
+            let buffers = KvWriteBuffers {
+                qkv: &ctx.storage_init("qkv", bytemuck::cast_slice(&qkv)),
+                pool: PoolBuffers { k: &k_buf, v: &v_buf, block_table: &table_buf },
+                positions: &ctx.storage_init("positions", bytemuck::cast_slice(&positions)),
+                row_tables: &ctx.storage_init("row_tables", bytemuck::cast_slice(&vec![table_base; n_tokens as usize])),
+            };
+            let kernel = kv_write::write_paged(&ctx, &buffers, &pool, n_tokens).unwrap();
             let mut rec = Recorder::new(&ctx, "kv_write int8");
             rec.dispatch(&kernel);
             rec.submit();
-            let words = (layout.buffer_bytes() / 4) as u64;
+            let words = layout.buffer_bytes() / 4;
             let got_k = ctx.read_u32(&k_buf, 0, words).await.unwrap();
             let got_v = ctx.read_u32(&v_buf, 0, words).await.unwrap();
             let (mut want_k, mut want_v) = (k0.clone(), v0.clone());
-            kv_write::write_paged_int8_cpu(&qkv, &mut want_k, &mut want_v, &positions, &table, table_base, n_tokens as usize, n_heads as usize, &layout);
+            kv_write::write_paged_int8_cpu(&pool, &qkv, &mut want_k, &mut want_v, &positions, &table, table_base).unwrap();
             assert_ne!(want_k, k0, "the reference must write something");
             // Which group holds which source head, to judge code differences at rounding ties.
             let mut source = std::collections::HashMap::new();
@@ -218,9 +212,25 @@ gpu_test! {
     }
 }
 
+/// The problem of one attention: `n_tokens` query rows over an INT8 pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Shape {
+    n_tokens: u32,
+    pool: PoolShape,
+}
+
+/// `n_tokens` rows over an INT8 pool of `max_len.div_ceil(block_size) + 2` blocks.
+fn int8_shape(n_tokens: u32, (n_heads, n_kv_heads, head_dim): (u32, u32, u32), max_len: u32, block_size: u32) -> Shape {
+    let n_blocks = max_len.div_ceil(block_size) + 2;
+    Shape {
+        n_tokens,
+        pool: PoolShape { n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::Int8 },
+    }
+}
+
 /// An INT8 attention problem: random pools quantized on the CPU, a shuffled table.
 struct Int8Inputs {
-    shape: AttentionShape,
+    shape: Shape,
     qkv: Vec<f32>,
     k_words: Vec<u32>,
     v_words: Vec<u32>,
@@ -231,17 +241,18 @@ struct Int8Inputs {
 }
 
 impl Int8Inputs {
-    fn new(ctx: &Context, shape: AttentionShape, seed: u64) -> Int8Inputs {
+    fn new(ctx: &Context, shape: Shape, seed: u64) -> Int8Inputs {
         let mut rng = Rng::new(seed);
-        let layout = Int8Layout::new(shape.n_blocks, shape.n_kv_heads, shape.block_size, shape.head_dim).unwrap();
+        let p = shape.pool;
+        let layout = Int8Layout::new(p.n_blocks, p.n_kv_heads, p.block_size, p.head_dim).unwrap();
         let table_base = 1 + rng.below(7) as u32;
-        let table = shuffled_table(&mut rng, shape.n_blocks, shape.max_len.div_ceil(shape.block_size) as usize, table_base);
-        let qkv = rng.vec_uniform(shape.n_tokens as usize * shape.qkv_row() as usize, -1.0, 1.0);
-        let k_words = quant::quantize_pool(&layout, &rng.vec_uniform(shape.pool_len() as usize, -1.0, 1.0)).unwrap();
-        let v_pool = varied(&mut rng, shape.pool_len() as usize, 1.0);
+        let table = shuffled_table(&mut rng, p.n_blocks, p.max_len.div_ceil(p.block_size) as usize, table_base);
+        let qkv = rng.vec_uniform(shape.n_tokens as usize * p.qkv_row() as usize, -1.0, 1.0);
+        let k_words = quant::quantize_pool(&layout, &rng.vec_uniform(p.pool_len() as usize, -1.0, 1.0)).unwrap();
+        let v_pool = varied(&mut rng, p.pool_len() as usize, 1.0);
         let v_max = v_pool.iter().fold(0f32, |m, v| m.max(v.abs()));
         let v_words = quant::quantize_pool(&layout, &v_pool).unwrap();
-        let out_len = (shape.n_tokens * shape.n_heads * shape.head_dim) as usize;
+        let out_len = (shape.n_tokens as u64 * p.out_row()) as usize;
         let bufs = [
             ctx.storage_init("qkv", bytemuck::cast_slice(&qkv)),
             ctx.storage_init("k", bytemuck::cast_slice(&k_words)),
@@ -255,10 +266,16 @@ impl Int8Inputs {
         Int8Inputs { shape, qkv, k_words, v_words, table, table_base, v_max, bufs }
     }
 
-    fn attention(&self, ctx: &Context, plan: Option<AttentionPlan>) -> Attention {
+    /// The buffers, with the K and V pools `k`, `v` (the INT8 ones for None).
+    fn buffers<'a>(&'a self, k_v: Option<(&'a wgpu::Buffer, &'a wgpu::Buffer)>) -> AttentionBuffers<'a> {
         let [q, k, v, p, t, st, o] = &self.bufs;
-        Attention::paged_dtype(ctx, q, k, v, p, t, st, o, self.shape, KvDtype::Int8, plan)
-            .unwrap_or_else(|e| panic!("{:?} {plan:?}: {e}", self.shape))
+        let (k, v) = k_v.unwrap_or((k, v));
+        AttentionBuffers { qkv: q, pool: PoolBuffers { k, v, block_table: t }, positions: p, step: st, out: o }
+    }
+
+    fn attention(&self, ctx: &Context, plan: Option<AttentionPlan>) -> Attention {
+        let s = self.shape;
+        Attention::new(ctx, &self.buffers(None), s.pool, s.n_tokens, plan).unwrap_or_else(|e| panic!("{s:?} {plan:?}: {e}"))
     }
 
     async fn check(&self, ctx: &Context, attention: &mut Attention, positions: &[u32], what: &str) {
@@ -271,8 +288,10 @@ impl Int8Inputs {
         }
         rec.submit();
         let s = self.shape;
-        let got = ctx.read_f32(&self.bufs[6], 0, (s.n_tokens * s.n_heads * s.head_dim) as u64).await.unwrap();
-        let want = attention_int8_cpu(&s, &self.qkv, &self.k_words, &self.v_words, positions, &self.table, self.table_base).unwrap();
+        let got = ctx.read_f32(&self.bufs[6], 0, s.n_tokens as u64 * s.pool.out_row()).await.unwrap();
+        let want =
+            attention_int8_cpu(&s.pool, &self.qkv, &self.k_words, &self.v_words, positions, &self.table, self.table_base)
+                .unwrap();
         assert_close(&format!("{what} {s:?} {:?} kv_len {kv_len}", attention.plan()), &got, &want, TOL * self.v_max, TOL);
     }
 }
@@ -296,15 +315,7 @@ gpu_test! {
             // Block sizes that leave the last block partly filled at most lengths, and the
             // contiguous cache (one block of max_len).
             for block_size in [1u32, 16, 48, max_len] {
-                let shape = AttentionShape {
-                    n_tokens: 1,
-                    n_heads: heads.0,
-                    n_kv_heads: heads.1,
-                    head_dim: heads.2,
-                    max_len,
-                    block_size,
-                    n_blocks: max_len.div_ceil(block_size) + 2,
-                };
+                let shape = int8_shape(1, heads, max_len, block_size);
                 let inputs = Int8Inputs::new(&ctx, shape, 500 + i as u64 * 11 + block_size as u64);
                 let plans = [
                     None,
@@ -328,15 +339,7 @@ gpu_test! {
         for (i, &(n_heads, n_kv_heads, head_dim)) in HEAD_SHAPES.iter().enumerate() {
             for (n_tokens, block_size) in [(7u32, 1u32), (64, 32), (100, 16), (33, 160)] {
                 let max_len = 160;
-                let shape = AttentionShape {
-                    n_tokens,
-                    n_heads,
-                    n_kv_heads,
-                    head_dim,
-                    max_len,
-                    block_size,
-                    n_blocks: max_len.div_ceil(block_size) + 2,
-                };
+                let shape = int8_shape(n_tokens, (n_heads, n_kv_heads, head_dim), max_len, block_size);
                 let inputs = Int8Inputs::new(&ctx, shape, 700 + i as u64 * 7 + n_tokens as u64 + block_size as u64);
                 for plan in [None, plan(AttentionPath::Passes, 32)] {
                     let mut attention = inputs.attention(&ctx, plan);
@@ -356,15 +359,16 @@ gpu_test! {
 gpu_test! {
     async fn int8_attention_refuses_what_it_cannot_read() {
         let ctx = gpu().await;
-        let shape = AttentionShape { n_tokens: 1, n_heads: 4, n_kv_heads: 2, head_dim: 16, max_len: 32, block_size: 16, n_blocks: 4 };
+        let shape = int8_shape(1, (4, 2, 16), 32, 16);
+        assert_eq!(shape.pool.n_blocks, 4);
         let inputs = Int8Inputs::new(&ctx, shape, 5);
-        let [q, k, v, p, t, st, o] = &inputs.bufs;
+        let buffers = inputs.buffers(None);
         // A head dim that is not a multiple of 16, and a pool one block short.
-        let bad_dim = AttentionShape { n_heads: 4, head_dim: 12, ..shape };
-        let err = Attention::paged_dtype(&ctx, q, k, v, p, t, st, o, bad_dim, KvDtype::Int8, None).err().unwrap();
+        let bad_dim = PoolShape { n_heads: 4, head_dim: 12, ..shape.pool };
+        let err = Attention::new(&ctx, &buffers, bad_dim, 1, None).err().unwrap();
         assert!(err.to_string().contains("multiple of 16"), "{err}");
-        let big = AttentionShape { n_blocks: 5, ..shape };
-        let err = Attention::paged_dtype(&ctx, q, k, v, p, t, st, o, big, KvDtype::Int8, None).err().unwrap();
+        let big = PoolShape { n_blocks: 5, ..shape.pool };
+        let err = Attention::new(&ctx, &buffers, big, 1, None).err().unwrap();
         assert!(err.to_string().contains("k_pool needs"), "{err}");
     }
 }
@@ -470,14 +474,17 @@ async fn bench_int8_attention_body() {
     let ctx = gpu().await;
     report(&format!("adapter: {}", ctx.adapter_name()));
     let max_len = 8192u32;
-    let shape = AttentionShape { n_tokens: 1, n_heads: 9, n_kv_heads: 3, head_dim: 64, max_len, block_size: 16, n_blocks: max_len / 16 + 2 };
+    let shape = int8_shape(1, (9, 3, 64), max_len, 16);
+    assert_eq!(shape.pool.n_blocks, max_len / 16 + 2);
     let int8 = Int8Inputs::new(&ctx, shape, 3);
     // An f32 pool of the same values, bound like the engine's.
-    let layout = Int8Layout::new(shape.n_blocks, shape.n_kv_heads, shape.block_size, shape.head_dim).unwrap();
+    let sp = shape.pool;
+    let layout = Int8Layout::new(sp.n_blocks, sp.n_kv_heads, sp.block_size, sp.head_dim).unwrap();
     let k_f32 = ctx.storage_init("k f32", bytemuck::cast_slice(&quant::dequantize_pool(&layout, &int8.k_words).unwrap()));
     let v_f32 = ctx.storage_init("v f32", bytemuck::cast_slice(&quant::dequantize_pool(&layout, &int8.v_words).unwrap()));
-    let [q, _, _, p, t, st, o] = &int8.bufs;
-    let mut f32_attention = Attention::paged_dtype(&ctx, q, &k_f32, &v_f32, p, t, st, o, shape, KvDtype::F32, None).unwrap();
+    let [_, _, _, p, _, _, o] = &int8.bufs;
+    let f32_pool = PoolShape { dtype: KvDtype::F32, ..sp };
+    let mut f32_attention = Attention::new(&ctx, &int8.buffers(Some((&k_f32, &v_f32))), f32_pool, 1, None).unwrap();
     let mut int8_attention = int8.attention(&ctx, None);
     for kv_len in [128u32, 512, 2048, 8000] {
         ctx.queue.write_buffer(p, 0, bytemuck::bytes_of(&(kv_len - 1)));
@@ -503,26 +510,6 @@ fn bench_int8_attention() {
 #[ignore = "benchmark"]
 async fn bench_int8_attention() {
     bench_int8_attention_body().await;
-}
-
-fn report(line: &str) {
-    #[cfg(not(target_arch = "wasm32"))]
-    println!("{line}");
-    #[cfg(target_arch = "wasm32")]
-    wasm_bindgen_test::console_log!("{line}");
-}
-
-fn now_ms() -> f64 {
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        use std::sync::OnceLock;
-        static START: OnceLock<std::time::Instant> = OnceLock::new();
-        START.get_or_init(std::time::Instant::now).elapsed().as_secs_f64() * 1e3
-    }
-    #[cfg(target_arch = "wasm32")]
-    {
-        js_sys::Date::now()
-    }
 }
 
 /// µs per call: `reps` calls in one submission, waited for by a 4-byte readback whose own cost

@@ -56,7 +56,13 @@ impl Kernel {
 /// Splits a linear workgroup count over x and y so that no dimension exceeds the device limit
 /// (65,535 on most devices). Kernels recover the linear index as `wg.x + wg.y * num_workgroups.x`.
 pub fn split_workgroups(ctx: &Context, count: u32) -> [u32; 3] {
-    let max = ctx.limits.max_compute_workgroups_per_dimension.max(1);
+    split_count(ctx.limits.max_compute_workgroups_per_dimension, count)
+}
+
+/// [`split_workgroups`] for a per-dimension limit `max_per_dim`, for launchers that resize their
+/// dispatches per step without the context at hand.
+pub(crate) fn split_count(max_per_dim: u32, count: u32) -> [u32; 3] {
+    let max = max_per_dim.max(1);
     if count <= max {
         [count.max(1), 1, 1]
     } else {

@@ -1,22 +1,43 @@
 //! Every WGSL source of the crate, by file name (without `.wgsl`).
+//!
+//! A kernel family shares its common code through a prelude file prepended to each kernel's
+//! body (WGSL has no includes): `attention_common` before `attention` and `attention_batch`,
+//! `attention_reduce_common` before their reduce kernels, `matmul_common` before `matmul_q4_1`
+//! and `matmul_q8_0`. The concatenation happens at compile time, so every source stays a
+//! `&'static str`.
 
-/// The source of shader `name` (its file name under `shaders/` without `.wgsl`).
+/// The text of `shaders/NAME.wgsl`.
+macro_rules! wgsl {
+    ($name:literal) => {
+        include_str!(concat!("../../shaders/", $name, ".wgsl"))
+    };
+}
+
+/// `shaders/PRELUDE.wgsl` followed by `shaders/BODY.wgsl`, as one module's source.
+macro_rules! with_prelude {
+    ($prelude:literal, $body:literal) => {
+        concat!(wgsl!($prelude), "\n", wgsl!($body))
+    };
+}
+
+/// The source of shader `name` (its file name under `shaders/` without `.wgsl`), its family's
+/// prelude included. Preludes are not shaders of their own.
 pub fn source(name: &str) -> Option<&'static str> {
     Some(match name {
-        "add" => include_str!("../../shaders/add.wgsl"),
-        "argmax" => include_str!("../../shaders/argmax.wgsl"),
-        "kv_write" => include_str!("../../shaders/kv_write.wgsl"),
-        "rms_norm" => include_str!("../../shaders/rms_norm.wgsl"),
-        "rope" => include_str!("../../shaders/rope.wgsl"),
-        "silu_mul" => include_str!("../../shaders/silu_mul.wgsl"),
-        "embed_q8_0" => include_str!("../../shaders/embed_q8_0.wgsl"),
-        "matmul_q4_1" => include_str!("../../shaders/matmul_q4_1.wgsl"),
-        "matmul_q8_0" => include_str!("../../shaders/matmul_q8_0.wgsl"),
-        "attention" => include_str!("../../shaders/attention.wgsl"),
-        "attention_reduce" => include_str!("../../shaders/attention_reduce.wgsl"),
-        "attention_batch" => include_str!("../../shaders/attention_batch.wgsl"),
-        "attention_batch_reduce" => include_str!("../../shaders/attention_batch_reduce.wgsl"),
-        "quantize_act" => include_str!("../../shaders/quantize_act.wgsl"),
+        "add" => wgsl!("add"),
+        "argmax" => wgsl!("argmax"),
+        "kv_write" => wgsl!("kv_write"),
+        "rms_norm" => wgsl!("rms_norm"),
+        "rope" => wgsl!("rope"),
+        "silu_mul" => wgsl!("silu_mul"),
+        "embed_q8_0" => wgsl!("embed_q8_0"),
+        "matmul_q4_1" => with_prelude!("matmul_common", "matmul_q4_1"),
+        "matmul_q8_0" => with_prelude!("matmul_common", "matmul_q8_0"),
+        "attention" => with_prelude!("attention_common", "attention"),
+        "attention_reduce" => with_prelude!("attention_reduce_common", "attention_reduce"),
+        "attention_batch" => with_prelude!("attention_common", "attention_batch"),
+        "attention_batch_reduce" => with_prelude!("attention_reduce_common", "attention_batch_reduce"),
+        "quantize_act" => wgsl!("quantize_act"),
         _ => return None,
     })
 }

@@ -26,8 +26,10 @@
 //!   than the graph holds; the rest are padding (position `u32::MAX`, which the KV write skips,
 //!   and `kv_len` 0, which attention skips).
 
-use crate::gpu::ops::attention::{Attention, AttentionShape};
-use crate::gpu::ops::attention_batch::{AttentionBatch, BatchBuffers, BatchPlan, BatchRow, BatchShape};
+use crate::gpu::ops::attention::{Attention, AttentionBatch, AttentionBuffers, BatchBuffers, BatchPlan, BatchRow, BatchStep};
+use crate::gpu::ops::kv_write::KvWriteBuffers;
+use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
+use crate::gpu::ops::rope::RopeShape;
 use crate::gpu::ops::{act, argmax, elementwise, embed, kv_write, matmul, norm, rope};
 use crate::gpu::{Context, Kernel, Recorder};
 use crate::kv::KvCache;
@@ -161,7 +163,7 @@ impl ForwardGraph {
         let logits = ctx.storage_zeroed("graph.logits", rows * cfg.vocab as u64 * f);
         let argmax_out = ctx.storage_zeroed("graph.argmax", rows * 4);
         let attention = AttentionBuilder::new(ctx, cfg, kv, kind, max_rows);
-        let step = attention.step_buffer(ctx);
+        let step = attention.step_buffer(ctx, max_rows);
         let mut graph = ForwardGraph {
             kind,
             max_rows,
@@ -191,7 +193,7 @@ impl ForwardGraph {
             logits,
         };
         for l in 0..cfg.n_layers as usize {
-            graph.push_layer(ctx, (cfg, weights), kv, &a, &attention, l)?;
+            graph.push_layer(ctx, (cfg, weights), kv, (&a, &attention), l)?;
         }
         Ok(graph)
     }
@@ -202,35 +204,23 @@ impl ForwardGraph {
         ctx: &Context,
         (cfg, weights): (&ModelConfig, &Weights),
         kv: &KvCache,
-        a: &Activations,
-        attention: &AttentionBuilder,
+        (a, attention): (&Activations, &AttentionBuilder),
         l: usize,
     ) -> Result<(), ModelError> {
         let (n, hidden, lw) = (self.max_rows, cfg.hidden, &weights.layers[l]);
+        let pool = attention.pool();
         let nodes = &mut self.layers;
         nodes.push(Node::Kernel(norm::rms_norm(ctx, &a.x, &lw.attn_norm, &a.h, n, hidden, cfg.rms_eps)?));
         nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.wqkv, &a.h, &a.qkv, n)?));
-        let heads = cfg.n_heads + cfg.n_kv_heads;
-        nodes.push(Node::Kernel(rope::rope(ctx, &a.qkv, &self.positions, n, cfg.qkv_width(), heads, cfg.head_dim, cfg.rope_base)?));
+        nodes.push(Node::Kernel(rope::rope(ctx, &a.qkv, &self.positions, &RopeShape::fused_qkv(pool, n, cfg.rope_base))?));
         // The pool's dtype picks the kernels' variant: INT8 quantizes here and is dequantized
         // inside attention.
-        nodes.push(Node::Kernel(kv_write::write_paged_dtype(
-            ctx,
-            &a.qkv,
-            &kv.pool.k[l],
-            &kv.pool.v[l],
-            &self.positions,
-            &kv.table_buffer,
-            &self.row_tables,
-            n,
-            cfg.n_heads,
-            cfg.n_kv_heads,
-            cfg.head_dim,
-            kv.pool.block_size,
-            kv.pool.n_blocks,
-            kv.pool.dtype,
-        )?));
-        self.attention.push(attention.layer(ctx, kv, l, &a.qkv, &self.positions, &self.step, &a.attn)?);
+        let pool_buffers = PoolBuffers { k: &kv.pool.k[l], v: &kv.pool.v[l], block_table: &kv.table_buffer };
+        let write = KvWriteBuffers { qkv: &a.qkv, pool: pool_buffers, positions: &self.positions, row_tables: &self.row_tables };
+        nodes.push(Node::Kernel(kv_write::write_paged(ctx, &write, pool, n)?));
+        let layer = LayerBuffers { qkv: &a.qkv, pool: pool_buffers, positions: &self.positions, step: &self.step, out: &a.attn };
+        self.attention.push(attention.layer(ctx, &layer, n)?);
+        let nodes = &mut self.layers;
         nodes.push(Node::Attention(self.attention.len() - 1));
         nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.wo, &a.attn, &a.h, n)?));
         nodes.push(Node::Kernel(elementwise::add(ctx, &a.x, &a.h, n * hidden)?));
@@ -392,74 +382,67 @@ impl ForwardGraph {
     }
 }
 
-/// Builds each layer's attention of one kind: the shapes, and for the batch kind the plan and
-/// the split scratch every layer shares (layers run one after the other).
+/// The buffers one layer's attention binds.
+struct LayerBuffers<'a> {
+    qkv: &'a wgpu::Buffer,
+    pool: PoolBuffers<'a>,
+    positions: &'a wgpu::Buffer,
+    /// The step buffer ([`AttentionBuilder::step_buffer`]).
+    step: &'a wgpu::Buffer,
+    out: &'a wgpu::Buffer,
+}
+
+/// Builds each layer's attention of one kind over the pool: for the batch kind, with the plan
+/// and the split scratch every layer shares (layers run one after the other).
 enum AttentionBuilder {
-    Sequence(AttentionShape),
-    Batch { shape: BatchShape, plan: BatchPlan, scratch: wgpu::Buffer },
+    Sequence(PoolShape),
+    Batch { pool: PoolShape, plan: BatchPlan, scratch: wgpu::Buffer },
 }
 
 impl AttentionBuilder {
     fn new(ctx: &Context, cfg: &ModelConfig, kv: &KvCache, kind: AttentionKind, max_rows: u32) -> AttentionBuilder {
-        let (block_size, n_blocks) = (kv.pool.block_size, kv.pool.n_blocks);
-        let (n_heads, n_kv_heads, head_dim, max_len) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, kv.max_seq_len);
+        let pool = PoolShape {
+            n_heads: cfg.n_heads,
+            n_kv_heads: cfg.n_kv_heads,
+            head_dim: cfg.head_dim,
+            max_len: kv.max_seq_len,
+            block_size: kv.pool.block_size,
+            n_blocks: kv.pool.n_blocks,
+            dtype: kv.pool.dtype,
+        };
         match kind {
-            AttentionKind::Sequence => {
-                AttentionBuilder::Sequence(AttentionShape { n_tokens: max_rows, n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks })
-            }
+            AttentionKind::Sequence => AttentionBuilder::Sequence(pool),
             AttentionKind::Batch => {
-                let shape = BatchShape { max_rows, n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks, dtype: kv.pool.dtype };
                 let plan = BatchPlan::auto(ctx);
-                let scratch = ctx.storage_zeroed("graph.attention_scratch", AttentionBatch::scratch_bytes(&shape, &plan));
-                AttentionBuilder::Batch { shape, plan, scratch }
+                let scratch = ctx.storage_zeroed("graph.attention_scratch", AttentionBatch::scratch_bytes(&pool, max_rows, &plan));
+                AttentionBuilder::Batch { pool, plan, scratch }
             }
+        }
+    }
+
+    fn pool(&self) -> &PoolShape {
+        match self {
+            AttentionBuilder::Sequence(pool) | AttentionBuilder::Batch { pool, .. } => pool,
         }
     }
 
     /// The buffer attention reads a step's rows from.
-    fn step_buffer(&self, ctx: &Context) -> wgpu::Buffer {
+    fn step_buffer(&self, ctx: &Context, max_rows: u32) -> wgpu::Buffer {
         match self {
             AttentionBuilder::Sequence(_) => ctx.uniform_init("graph.step", bytemuck::bytes_of(&0u32)),
-            AttentionBuilder::Batch { shape, .. } => ctx.storage_zeroed("graph.batch", shape.batch_bytes()),
+            AttentionBuilder::Batch { .. } => ctx.storage_zeroed("graph.batch", BatchStep::buffer_bytes(max_rows)),
         }
     }
 
-    #[allow(clippy::too_many_arguments)] // TODO(gpu-family): bindings struct
-    fn layer(
-        &self,
-        ctx: &Context,
-        kv: &KvCache,
-        l: usize,
-        qkv: &wgpu::Buffer,
-        positions: &wgpu::Buffer,
-        step: &wgpu::Buffer,
-        out: &wgpu::Buffer,
-    ) -> Result<LayerAttention, ModelError> {
+    fn layer(&self, ctx: &Context, b: &LayerBuffers<'_>, rows: u32) -> Result<LayerAttention, ModelError> {
         Ok(match self {
-            AttentionBuilder::Sequence(shape) => LayerAttention::Sequence(Attention::paged_dtype(
-                ctx,
-                qkv,
-                &kv.pool.k[l],
-                &kv.pool.v[l],
-                positions,
-                &kv.table_buffer,
-                step,
-                out,
-                *shape,
-                kv.pool.dtype,
-                None,
-            )?),
-            AttentionBuilder::Batch { shape, plan, scratch } => {
-                let buffers = BatchBuffers {
-                    qkv,
-                    k_pool: &kv.pool.k[l],
-                    v_pool: &kv.pool.v[l],
-                    block_table: &kv.table_buffer,
-                    batch: step,
-                    out,
-                    scratch: Some(scratch),
-                };
-                LayerAttention::Batch(AttentionBatch::new(ctx, &buffers, *shape, Some(*plan))?)
+            AttentionBuilder::Sequence(pool) => {
+                let buffers = AttentionBuffers { qkv: b.qkv, pool: b.pool, positions: b.positions, step: b.step, out: b.out };
+                LayerAttention::Sequence(Attention::new(ctx, &buffers, *pool, rows, None)?)
+            }
+            AttentionBuilder::Batch { pool, plan, scratch } => {
+                let buffers = BatchBuffers { qkv: b.qkv, pool: b.pool, batch: b.step, out: b.out, scratch: Some(scratch) };
+                LayerAttention::Batch(AttentionBatch::new(ctx, &buffers, *pool, rows, Some(*plan))?)
             }
         })
     }

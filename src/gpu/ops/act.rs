@@ -44,6 +44,7 @@ pub fn silu_mul(
     Ok(kernel.owning(params))
 }
 
+#[cfg(feature = "testing")]
 /// CPU reference of [`silu_mul`] in f64. gu: [n_rows, 2 * ffn]; returns [n_rows, ffn].
 pub fn silu_mul_cpu(gu: &[f32], n_rows: usize, ffn: usize) -> Vec<f32> {
     let mut out = vec![0.0f32; n_rows * ffn];

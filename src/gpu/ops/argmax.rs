@@ -72,6 +72,7 @@ pub fn argmax(
     Ok(vec![scan.owning(params), pick.owning(partials)])
 }
 
+#[cfg(feature = "testing")]
 /// CPU reference of [`argmax`] with the same order: skips NaNs, keeps the first strictly
 /// larger value (so -0 and +0 tie), 0 for a row without numbers. logits: [n_rows, vocab].
 pub fn argmax_cpu(logits: &[f32], n_rows: usize, vocab: usize) -> Vec<u32> {

@@ -39,6 +39,7 @@ pub fn embedding(ctx: &Context, table: &QuantMatrix, ids: &wgpu::Buffer, out: &w
     Ok(kernel.owning(uniform))
 }
 
+#[cfg(feature = "testing")]
 /// CPU reference: the dequantized rows `ids` of a GGUF Q8_0 table [vocab, hidden]; zeros for ids ≥ vocab.
 pub fn embedding_cpu(raw: &[u8], vocab: u32, hidden: u32, ids: &[u32]) -> Result<Vec<f32>, GpuError> {
     let row_bytes = hidden as usize / QK * GgmlKind::Q8_0.block_bytes();

@@ -22,7 +22,7 @@
 use super::{check_binding, check_size, whole};
 use crate::gpu::kernel::split_workgroups;
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
-use crate::quant::{self, QK, Q4_1_BLOCK_BYTES, Q8_0_BLOCK_BYTES};
+use crate::quant::{QK, Q4_1_BLOCK_BYTES, Q8_0_BLOCK_BYTES};
 
 /// The GGML block formats a [`QuantMatrix`] can hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -310,6 +310,7 @@ fn quantize_activations(ctx: &Context, x: &wgpu::Buffer, xq: &wgpu::Buffer, bloc
     Ok(kernel.owning(uniform))
 }
 
+#[cfg(feature = "testing")]
 /// The largest |error| int8 activations can add to output [a, n] (`int8_activations`):
 /// Σ_k |d·q[n,k]| · step(a,k) / 2, where d·q is the weight without Q4_1's minimum (the minimum
 /// multiplies the exact f32 sum of the block) and step = max |x| / 127 over the activation block
@@ -340,6 +341,7 @@ pub fn int8_error_bound(kind: GgmlKind, raw: &[u8], rows: u32, cols: u32, x: &[f
     Ok(out)
 }
 
+#[cfg(feature = "testing")]
 /// CPU reference: dequantizes the GGUF matrix and takes f64 dot products.
 /// raw: [rows, cols] in GGUF blocks; x: [n_rows, cols]; returns [n_rows, rows].
 pub fn matmul_cpu(kind: GgmlKind, raw: &[u8], rows: u32, cols: u32, x: &[f32], n_rows: u32) -> Result<Vec<f32>, GpuError> {
@@ -360,6 +362,7 @@ pub fn matmul_cpu(kind: GgmlKind, raw: &[u8], rows: u32, cols: u32, x: &[f32], n
     Ok(y)
 }
 
+#[cfg(feature = "testing")]
 /// CPU reference of the int8-activation variant: quantizes every 32-value block of x as
 /// quantize_act.wgsl does (d = max|x| / 127, q = x · (1/d) rounded half to even), then takes
 /// Σ_b d_w · d_x · Σ q_w q_x (+ m · Σ x for Q4_1) in f64.
@@ -405,12 +408,13 @@ pub fn matmul_int8_cpu(kind: GgmlKind, raw: &[u8], rows: u32, cols: u32, x: &[f3
     Ok(y)
 }
 
+#[cfg(feature = "testing")]
 /// Dequantizes `n` values of GGUF `kind` blocks (the caller has checked the length).
 pub(crate) fn dequantize(kind: GgmlKind, raw: &[u8], n: usize) -> Vec<f32> {
     let mut out = vec![0f32; n];
     match kind {
-        GgmlKind::Q4_1 => quant::dequantize_q4_1(raw, &mut out),
-        GgmlKind::Q8_0 => quant::dequantize_q8_0(raw, &mut out),
+        GgmlKind::Q4_1 => crate::quant::dequantize_q4_1(raw, &mut out),
+        GgmlKind::Q8_0 => crate::quant::dequantize_q8_0(raw, &mut out),
     }
     out
 }

@@ -7,12 +7,12 @@ use super::{shape_err, Context, GpuError};
 pub mod act;
 pub mod argmax;
 pub mod attention;
-pub mod attention_batch;
 pub mod elementwise;
 pub mod embed;
 pub mod kv_write;
 pub mod matmul;
 pub mod norm;
+pub mod pool;
 pub mod rope;
 
 /// Checks that `buffer` holds at least `bytes` bytes.
@@ -25,7 +25,7 @@ pub(crate) fn check_size(op: &'static str, what: &str, buffer: &wgpu::Buffer, by
 
 /// Checks a binding against the device's maxStorageBufferBindingSize.
 pub(crate) fn check_binding(ctx: &Context, op: &'static str, what: &str, bytes: u64) -> Result<(), GpuError> {
-    let max = ctx.limits.max_storage_buffer_binding_size as u64;
+    let max = ctx.limits.max_storage_buffer_binding_size;
     if bytes > max {
         return Err(shape_err(op, format!("{what} is {bytes} bytes, over the device's {max}-byte binding limit")));
     }

@@ -58,6 +58,7 @@ pub fn rms_norm(
     Ok(kernel.owning(params))
 }
 
+#[cfg(feature = "testing")]
 /// CPU reference of [`rms_norm`], accumulated in f64.
 /// x: [n_rows, dim], weight: [dim]; returns [n_rows, dim].
 pub fn rms_norm_cpu(x: &[f32], weight: &[f32], n_rows: usize, dim: usize, eps: f32) -> Vec<f32> {

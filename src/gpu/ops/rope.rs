@@ -1,7 +1,10 @@
 //! Rotary position embedding (llama NORM pairing) on the fused q/k rows.
 
+use super::pool::PoolShape;
 use super::{check_binding, check_size, grid, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
+
+const OP: &str = "rope";
 
 const ROPE_WG: u64 = 64;
 /// Pairs the shader's turn table holds (`array<vec4<u32>, 128>`, two pairs per vec4).
@@ -9,39 +12,63 @@ const MAX_PAIRS: u32 = 256;
 /// u32 words of the uniform: 4 header words, then 4 per table entry.
 const PARAM_WORDS: usize = 4 + MAX_PAIRS as usize * 2;
 
-/// Rotates, in place, the first `n_heads` heads of each token row by the token's position.
-/// x: [n_tokens, row_stride] f32; head h of a row is columns `h*head_dim .. (h+1)*head_dim`
-/// (on the fused qkv rows pass n_heads = n_q_heads + n_kv_heads: q and k heads are adjacent,
-/// the v heads after them stay as they are).
+/// Which rows and heads a [`rope`] rotates, and how.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeShape {
+    pub n_tokens: u32,
+    /// f32 elements per token row of x.
+    pub row_stride: u32,
+    /// Heads rotated: the first `n_heads` heads of each row.
+    pub n_heads: u32,
+    /// Even, 2..=512.
+    pub head_dim: u32,
+    /// The frequency base (rope_theta), finite and > 0.
+    pub base: f32,
+}
+
+impl RopeShape {
+    /// The q and k heads of `n_tokens` fused qkv rows over `pool`'s heads: q and k heads are
+    /// adjacent, the v heads after them stay as they are.
+    pub fn fused_qkv(pool: &PoolShape, n_tokens: u32, base: f32) -> RopeShape {
+        RopeShape {
+            n_tokens,
+            row_stride: pool.qkv_row() as u32,
+            n_heads: pool.n_heads + pool.n_kv_heads,
+            head_dim: pool.head_dim,
+            base,
+        }
+    }
+
+    fn check(&self) -> Result<(), GpuError> {
+        let RopeShape { n_tokens, row_stride, n_heads, head_dim, base } = *self;
+        if n_tokens == 0 || n_heads == 0 {
+            return Err(shape_err(OP, format!("n_tokens ({n_tokens}) and n_heads ({n_heads}) must be at least 1")));
+        }
+        if head_dim == 0 || head_dim % 2 != 0 || head_dim / 2 > MAX_PAIRS {
+            return Err(shape_err(OP, format!("head_dim must be even and in 2..={}, got {head_dim}", MAX_PAIRS * 2)));
+        }
+        if n_heads as u64 * head_dim as u64 > row_stride as u64 {
+            return Err(shape_err(
+                OP,
+                format!("{n_heads} heads of {head_dim} do not fit in a row of {row_stride} floats"),
+            ));
+        }
+        if !(base.is_finite() && base > 0.0) {
+            return Err(shape_err(OP, format!("base must be finite and > 0, got {base}")));
+        }
+        Ok(())
+    }
+}
+
+/// Rotates, in place, the first `shape.n_heads` heads of each token row by the token's position.
+/// x: [n_tokens, row_stride] f32; head h of a row is columns `h*head_dim .. (h+1)*head_dim`.
 /// positions: [n_tokens] u32 absolute positions, read when the kernel runs, so a decode step
 /// rewrites this buffer and records the same kernel again; any start position works.
 /// Pairing (llama NORM, as GGUF's converted q/k weights expect): (x[2i], x[2i+1]) within each
 /// head rotates by pos * base^(-2i/head_dim).
-/// head_dim must be even, 2..=512; n_heads * head_dim <= row_stride; base finite and > 0.
-#[allow(clippy::too_many_arguments)]
-pub fn rope(
-    ctx: &Context,
-    x: &wgpu::Buffer,
-    positions: &wgpu::Buffer,
-    n_tokens: u32,
-    row_stride: u32,
-    n_heads: u32,
-    head_dim: u32,
-    base: f32,
-) -> Result<Kernel, GpuError> {
-    const OP: &str = "rope";
-    if n_tokens == 0 || n_heads == 0 {
-        return Err(shape_err(OP, format!("n_tokens ({n_tokens}) and n_heads ({n_heads}) must be at least 1")));
-    }
-    if head_dim == 0 || head_dim % 2 != 0 || head_dim / 2 > MAX_PAIRS {
-        return Err(shape_err(OP, format!("head_dim must be even and in 2..={}, got {head_dim}", MAX_PAIRS * 2)));
-    }
-    if n_heads as u64 * head_dim as u64 > row_stride as u64 {
-        return Err(shape_err(OP, format!("{n_heads} heads of {head_dim} do not fit in a row of {row_stride} floats")));
-    }
-    if !(base.is_finite() && base > 0.0) {
-        return Err(shape_err(OP, format!("base must be finite and > 0, got {base}")));
-    }
+pub fn rope(ctx: &Context, x: &wgpu::Buffer, positions: &wgpu::Buffer, shape: &RopeShape) -> Result<Kernel, GpuError> {
+    shape.check()?;
+    let RopeShape { n_tokens, row_stride, n_heads, head_dim, base } = *shape;
     check_size(OP, "x", x, n_tokens as u64 * row_stride as u64 * 4)?;
     check_size(OP, "positions", positions, n_tokens as u64 * 4)?;
     check_binding(ctx, OP, "x", x.size())?;
@@ -76,19 +103,14 @@ fn turns_per_position(base: f32, head_dim: u32, pair: u32) -> (u32, f32) {
     ((scaled as u64 & 0xffff_ffff) as u32, remainder as f32)
 }
 
-/// CPU reference of [`rope`], in f64 like ref_llama.py. x: [n_tokens, row_stride], rotated in place.
-pub fn rope_cpu(
-    x: &mut [f32],
-    positions: &[u32],
-    n_tokens: usize,
-    row_stride: usize,
-    n_heads: usize,
-    head_dim: usize,
-    base: f32,
-) {
-    for (t, &pos) in positions.iter().enumerate().take(n_tokens) {
+/// CPU reference of [`rope`], in f64 like ref_llama.py. x: [n_tokens, row_stride], rotated in
+/// place; positions: at least n_tokens.
+#[cfg(feature = "testing")]
+pub fn rope_cpu(shape: &RopeShape, x: &mut [f32], positions: &[u32]) {
+    let (row_stride, n_heads, head_dim) = (shape.row_stride as usize, shape.n_heads as usize, shape.head_dim as usize);
+    for (t, &pos) in positions.iter().enumerate().take(shape.n_tokens as usize) {
         for i in 0..head_dim / 2 {
-            let theta = (base as f64).powf(-2.0 * i as f64 / head_dim as f64);
+            let theta = (shape.base as f64).powf(-2.0 * i as f64 / head_dim as f64);
             let angle = pos as f64 * theta;
             let (s, c) = angle.sin_cos();
             for h in 0..n_heads {

@@ -1,0 +1,419 @@
+// The prelude of the two attention kernels (attention.wgsl: one sequence per dispatch;
+// attention_batch.wgsl: a sequence per row), prepended to each kernel's body when its module is
+// created (src/gpu/shaders.rs). It holds what both run: the bindings they share, the q and K/V
+// loads (f32 or INT8), the key loop over the paged pool with its online softmax, and the
+// write-out. A kernel's body says only which lanes, keys and output records an invocation takes.
+//
+// One invocation owns 4 lanes (the components of a vec4: 4 query rows, or 4 query heads, of one
+// KV head) and a range of at most CHUNK keys of one sequence. Each K/V vec4 it loads serves all 4
+// lanes: q and the accumulator of head dims [4d, 4d+4) are one mat4x4 per d (a column per lane),
+// so a key costs 2 * head_dim/4 loads for 4 lanes. No shared memory, no barriers: both are costly
+// on CPU adapters (lavapipe, SwiftShader).
+//
+// Why the key loop is written out per vec4 of head_dim (q0..q31, a0..a31) instead of looping over
+// arrays: on lavapipe, loops with bodies this large are not unrolled, private arrays indexed in a
+// loop become per-lane gathers, and the kernel runs 2-3x slower (measured). The statements for
+// d >= D4 fold away once D4 is fixed at pipeline creation.
+//
+// Loop budget: lavapipe ends every loop of an invocation after 65,535 back-edges in total (all
+// loops together, LP_MAX_TGSI_LOOP_ITERATIONS), silently. attend() takes at most CHUNK keys with
+// no inner loop, plus 4 back-edges of write-out.
+//
+// INT8 (crate::quant::kv_int8): the pools hold 8-bit codes, 4 per u32, and one f32 scale per key
+// (or value) and KV head. They are dequantized in registers as they are loaded: the codes of a
+// vec4 of head dims become floats, the key's scale multiplies its 4 scores once, and the value's
+// scale folds into its softmax weight. No f32 copy of the cache exists.
+//
+// qkv:         [rows, (n_heads + 2*n_kv_heads) * head_dim] f32, q heads first in each row (roped);
+//              only the q heads are read
+// k_pool:      bound as vec4<u32> for both dtypes;
+//              f32:  [n_blocks, n_kv_heads, block_size, head_dim] f32: key (b, h, s) at vec4
+//                    ((b * n_kv_heads + h) * block_size + s) * D4 (bitcast);
+//              INT8: the same order in codes, key (b, h, s) at vec4<u32> ((b * n_kv_heads + h) *
+//                    block_size + s) * D4 / 4, code d in byte d % 4 of word d / 4 (head_dim a
+//                    multiple of 16), then the scales: key g = (b * n_kv_heads + h) *
+//                    block_size + s has its f32 scale at word params.scale_base + g
+// v_pool:      same layout as k_pool
+// block_table: u32; key j of a sequence whose table row starts at table_base is in physical block
+//              block_table[table_base + j / block_size], slot j % block_size. A table index past
+//              the table's end or a block >= n_blocks masks those keys.
+// dst:         the kernel's output records (see each body): SPLIT, one unnormalized record
+//              ((m, l, 0, 0), acc[head_dim/4]) per split and head; else the normalized output.
+
+// The uniform of both kernels; fields marked with one kernel are unused by the other.
+struct Params {
+    rows: u32,            // query rows qkv and the output hold (single: n_tokens; batch: max_rows)
+    n_heads: u32,
+    group: u32,           // n_heads / n_kv_heads: query heads per KV head
+    quads: u32,           // lane quads per KV head: invocations per (split or row, KV head)
+    items_per_split: u32, // quads * n_kv_heads
+    qkv_stride4: u32,     // qkv row length in vec4
+    n_kv_heads: u32,
+    block_size: u32,      // keys per block of the pool
+    n_blocks: u32,        // blocks in the pool
+    max_len: u32,         // the longest sequence (max_seq_len)
+    scale: f32,           // 1 / sqrt(head_dim)
+    scale_base: u32,      // INT8: the word where the pools' scales start; unused for f32
+    max_splits: u32,      // single: splits per row (1 without SPLIT)
+    pass_begin: u32,      // single, passes: first key of this dispatch, a multiple of CHUNK
+}
+
+@group(0) @binding(0) var<storage, read> qkv: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> k_pool: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> v_pool: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> block_table: array<u32>;
+@group(0) @binding(4) var<uniform> params: Params;
+@group(0) @binding(5) var<storage, read_write> dst: array<vec4<f32>>;
+
+override D4: u32 = 16u;      // head_dim / 4, at most 32
+override SPLIT: bool = false;
+override CHUNK: u32 = 128u;  // keys per invocation
+override WG: u32 = 8u;
+override INT8: bool = false;
+
+// Below any score; exp(NEG_BIG - s) is exactly 0 and NEG_BIG - s stays finite.
+const NEG_BIG: f32 = -3.0e38;
+
+// q of the 4 lanes for head dims [4d, 4d+4), a column per lane, pre-scaled so that scores need no
+// multiply per key. base: vec4 index of each lane's q head in qkv.
+fn load_q(d: u32, base: vec4<u32>, valid: vec4<bool>) -> mat4x4<f32> {
+    if (d >= D4) {
+        return mat4x4<f32>();
+    }
+    let zero = vec4<f32>(0.0);
+    return mat4x4<f32>(
+        select(zero, qkv[base.x + d], valid.x),
+        select(zero, qkv[base.y + d], valid.y),
+        select(zero, qkv[base.z + d], valid.z),
+        select(zero, qkv[base.w + d], valid.w),
+    ) * params.scale;
+}
+
+// The 4 signed 8-bit codes of a word (byte i = code i) as floats, exactly.
+fn codes(w: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<i32>(bitcast<i32>(w)) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
+}
+
+// Word `i` of a pool read as vec4<u32> (an INT8 scale).
+fn k_word(i: u32) -> u32 {
+    return k_pool[i / 4u][i % 4u];
+}
+
+fn v_word(i: u32) -> u32 {
+    return v_pool[i / 4u][i % 4u];
+}
+
+// The 4 lanes' partial scores against the key at vec4 index `row`, head dims [4d, 4d+4)
+// (INT8: in units of the key's scale, which the caller applies once per key).
+fn k_times_q(row: u32, d: u32, q: mat4x4<f32>) -> vec4<f32> {
+    if (d >= D4) {
+        return vec4<f32>(0.0);
+    }
+    if (INT8) {
+        let w = k_pool[row + d / 4u];
+        return codes(w[d % 4u]) * q;
+    }
+    return bitcast<vec4<f32>>(k_pool[row + d]) * q;
+}
+
+// acc = acc * corr + p * v for head dims [4d, 4d+4), per lane (column). INT8: p includes the
+// value's scale.
+fn accumulate(a: mat4x4<f32>, row: u32, d: u32, corr: vec4<f32>, p: vec4<f32>) -> mat4x4<f32> {
+    if (d >= D4) {
+        return a;
+    }
+    var v: vec4<f32>;
+    if (INT8) {
+        let w = v_pool[row + d / 4u];
+        v = codes(w[d % 4u]);
+    } else {
+        v = bitcast<vec4<f32>>(v_pool[row + d]);
+    }
+    return mat4x4<f32>(a[0] * corr.x + v * p.x, a[1] * corr.y + v * p.y, a[2] * corr.z + v * p.z, a[3] * corr.w + v * p.w);
+}
+
+// Column r of a, selected without a runtime matrix index: indexing a0..a31 at run time would
+// keep them in memory for the whole shader on some compilers.
+fn column(a: mat4x4<f32>, r: u32) -> vec4<f32> {
+    return select(select(select(a[0], a[1], r == 1u), a[2], r == 2u), a[3], r == 3u);
+}
+
+// dst[base + d] = acc * w_acc, plus the value there * w_old when merging with earlier passes.
+fn emit(base: u32, d: u32, acc: vec4<f32>, w_old: f32, w_acc: f32, merge: bool) {
+    if (d >= D4) {
+        return;
+    }
+    var value = acc * w_acc;
+    if (merge) {
+        value += dst[base + d] * w_old;
+    }
+    dst[base + d] = value;
+}
+
+// What one invocation attends: its 4 lanes over keys begin..end of one sequence.
+struct Keys {
+    q_base: vec4<u32>,  // vec4 index of each lane's q head in qkv
+    valid: vec4<bool>,  // lanes that hold a query (the others read q = 0)
+    lim: vec4<u32>,     // a lane sees the keys below its lim
+    table_base: u32,    // the sequence's first entry in block_table
+    kv_head: u32,
+    begin: u32,
+    end: u32,
+}
+
+// Where an invocation writes its lanes.
+struct Out {
+    base: vec4<u32>,    // dst vec4 of each lane's head dim 0 (SPLIT: after its record's header)
+    write: vec4<bool>,  // lanes that write
+    // Without SPLIT: fold the keys into the output dst already holds, normalized over an
+    // earlier softmax state (m_old, l_old) (the passes after the first).
+    merge: bool,
+    m_old: vec4<f32>,
+    l_old: vec4<f32>,
+}
+
+// Each lane's softmax state over all keys written so far: max score and sum of weights.
+struct Softmax {
+    m: vec4<f32>,
+    l: vec4<f32>,
+}
+
+// Attends `keys` and writes each lane of `out`: SPLIT, its record ((m, l, 0, 0), acc) left
+// unnormalized; else the normalized output (merged with the earlier passes' with out.merge; zeros
+// for a lane that saw no visible key). Returns the lanes' merged softmax state.
+fn attend(keys: Keys, out: Out) -> Softmax {
+    let q0 = load_q(0u, keys.q_base, keys.valid);
+    let q1 = load_q(1u, keys.q_base, keys.valid);
+    let q2 = load_q(2u, keys.q_base, keys.valid);
+    let q3 = load_q(3u, keys.q_base, keys.valid);
+    let q4 = load_q(4u, keys.q_base, keys.valid);
+    let q5 = load_q(5u, keys.q_base, keys.valid);
+    let q6 = load_q(6u, keys.q_base, keys.valid);
+    let q7 = load_q(7u, keys.q_base, keys.valid);
+    let q8 = load_q(8u, keys.q_base, keys.valid);
+    let q9 = load_q(9u, keys.q_base, keys.valid);
+    let q10 = load_q(10u, keys.q_base, keys.valid);
+    let q11 = load_q(11u, keys.q_base, keys.valid);
+    let q12 = load_q(12u, keys.q_base, keys.valid);
+    let q13 = load_q(13u, keys.q_base, keys.valid);
+    let q14 = load_q(14u, keys.q_base, keys.valid);
+    let q15 = load_q(15u, keys.q_base, keys.valid);
+    let q16 = load_q(16u, keys.q_base, keys.valid);
+    let q17 = load_q(17u, keys.q_base, keys.valid);
+    let q18 = load_q(18u, keys.q_base, keys.valid);
+    let q19 = load_q(19u, keys.q_base, keys.valid);
+    let q20 = load_q(20u, keys.q_base, keys.valid);
+    let q21 = load_q(21u, keys.q_base, keys.valid);
+    let q22 = load_q(22u, keys.q_base, keys.valid);
+    let q23 = load_q(23u, keys.q_base, keys.valid);
+    let q24 = load_q(24u, keys.q_base, keys.valid);
+    let q25 = load_q(25u, keys.q_base, keys.valid);
+    let q26 = load_q(26u, keys.q_base, keys.valid);
+    let q27 = load_q(27u, keys.q_base, keys.valid);
+    let q28 = load_q(28u, keys.q_base, keys.valid);
+    let q29 = load_q(29u, keys.q_base, keys.valid);
+    let q30 = load_q(30u, keys.q_base, keys.valid);
+    let q31 = load_q(31u, keys.q_base, keys.valid);
+    var a0 = mat4x4<f32>();
+    var a1 = mat4x4<f32>();
+    var a2 = mat4x4<f32>();
+    var a3 = mat4x4<f32>();
+    var a4 = mat4x4<f32>();
+    var a5 = mat4x4<f32>();
+    var a6 = mat4x4<f32>();
+    var a7 = mat4x4<f32>();
+    var a8 = mat4x4<f32>();
+    var a9 = mat4x4<f32>();
+    var a10 = mat4x4<f32>();
+    var a11 = mat4x4<f32>();
+    var a12 = mat4x4<f32>();
+    var a13 = mat4x4<f32>();
+    var a14 = mat4x4<f32>();
+    var a15 = mat4x4<f32>();
+    var a16 = mat4x4<f32>();
+    var a17 = mat4x4<f32>();
+    var a18 = mat4x4<f32>();
+    var a19 = mat4x4<f32>();
+    var a20 = mat4x4<f32>();
+    var a21 = mat4x4<f32>();
+    var a22 = mat4x4<f32>();
+    var a23 = mat4x4<f32>();
+    var a24 = mat4x4<f32>();
+    var a25 = mat4x4<f32>();
+    var a26 = mat4x4<f32>();
+    var a27 = mat4x4<f32>();
+    var a28 = mat4x4<f32>();
+    var a29 = mat4x4<f32>();
+    var a30 = mat4x4<f32>();
+    var a31 = mat4x4<f32>();
+    var m = vec4<f32>(NEG_BIG);
+    var l = vec4<f32>(0.0);
+    // The block table is read once per block of keys, when j enters it, not per key (no inner
+    // loop: every back-edge counts against lavapipe's budget). row_base wraps around u32 so that
+    // key j of the current block is at vec4 row_base + j * key_vec4, its INT8 scale at word
+    // scale_row + j.
+    let table_len = arrayLength(&block_table);
+    // vec4 loads per key: D4 of f32, D4 / 4 of codes.
+    let key_vec4 = select(D4, D4 / 4u, INT8);
+    var block_end = keys.begin;
+    var row_base = 0u;
+    var scale_row = 0u;
+    var block_ok = false;
+    for (var j = keys.begin; j < keys.end; j++) {
+        if (j == block_end) {
+            let logical = j / params.block_size;
+            let entry = keys.table_base + logical;
+            var block = params.n_blocks;
+            if (entry < table_len) {
+                block = block_table[entry];
+            }
+            // A missing block reads block 0 (in bounds) and masks its keys.
+            block_ok = block < params.n_blocks;
+            let first = logical * params.block_size;
+            let group = select(0u, (block * params.n_kv_heads + keys.kv_head) * params.block_size, block_ok);
+            row_base = group * key_vec4 - first * key_vec4;
+            scale_row = params.scale_base + group - first;
+            block_end = first + params.block_size;
+        }
+        let row = row_base + j * key_vec4;
+        var s = k_times_q(row, 0u, q0)
+            + k_times_q(row, 1u, q1)
+            + k_times_q(row, 2u, q2)
+            + k_times_q(row, 3u, q3)
+            + k_times_q(row, 4u, q4)
+            + k_times_q(row, 5u, q5)
+            + k_times_q(row, 6u, q6)
+            + k_times_q(row, 7u, q7)
+            + k_times_q(row, 8u, q8)
+            + k_times_q(row, 9u, q9)
+            + k_times_q(row, 10u, q10)
+            + k_times_q(row, 11u, q11)
+            + k_times_q(row, 12u, q12)
+            + k_times_q(row, 13u, q13)
+            + k_times_q(row, 14u, q14)
+            + k_times_q(row, 15u, q15)
+            + k_times_q(row, 16u, q16)
+            + k_times_q(row, 17u, q17)
+            + k_times_q(row, 18u, q18)
+            + k_times_q(row, 19u, q19)
+            + k_times_q(row, 20u, q20)
+            + k_times_q(row, 21u, q21)
+            + k_times_q(row, 22u, q22)
+            + k_times_q(row, 23u, q23)
+            + k_times_q(row, 24u, q24)
+            + k_times_q(row, 25u, q25)
+            + k_times_q(row, 26u, q26)
+            + k_times_q(row, 27u, q27)
+            + k_times_q(row, 28u, q28)
+            + k_times_q(row, 29u, q29)
+            + k_times_q(row, 30u, q30)
+            + k_times_q(row, 31u, q31);
+        let visible = select(vec4<bool>(false), vec4<u32>(j) < keys.lim, block_ok);
+        if (INT8) {
+            s *= bitcast<f32>(k_word(scale_row + j));
+        }
+        // Online softmax per lane; a masked key gets weight 0 and leaves the max alone.
+        let m_new = max(m, select(vec4<f32>(NEG_BIG), s, visible));
+        let corr = exp(m - m_new);
+        var p = select(vec4<f32>(0.0), exp(s - m_new), visible);
+        m = m_new;
+        l = l * corr + p;
+        if (INT8) {
+            // A masked slot's scale may be any bits (a stale or unwritten slot); keep it out.
+            p = select(vec4<f32>(0.0), p * bitcast<f32>(v_word(scale_row + j)), visible);
+        }
+        a0 = accumulate(a0, row, 0u, corr, p);
+        a1 = accumulate(a1, row, 1u, corr, p);
+        a2 = accumulate(a2, row, 2u, corr, p);
+        a3 = accumulate(a3, row, 3u, corr, p);
+        a4 = accumulate(a4, row, 4u, corr, p);
+        a5 = accumulate(a5, row, 5u, corr, p);
+        a6 = accumulate(a6, row, 6u, corr, p);
+        a7 = accumulate(a7, row, 7u, corr, p);
+        a8 = accumulate(a8, row, 8u, corr, p);
+        a9 = accumulate(a9, row, 9u, corr, p);
+        a10 = accumulate(a10, row, 10u, corr, p);
+        a11 = accumulate(a11, row, 11u, corr, p);
+        a12 = accumulate(a12, row, 12u, corr, p);
+        a13 = accumulate(a13, row, 13u, corr, p);
+        a14 = accumulate(a14, row, 14u, corr, p);
+        a15 = accumulate(a15, row, 15u, corr, p);
+        a16 = accumulate(a16, row, 16u, corr, p);
+        a17 = accumulate(a17, row, 17u, corr, p);
+        a18 = accumulate(a18, row, 18u, corr, p);
+        a19 = accumulate(a19, row, 19u, corr, p);
+        a20 = accumulate(a20, row, 20u, corr, p);
+        a21 = accumulate(a21, row, 21u, corr, p);
+        a22 = accumulate(a22, row, 22u, corr, p);
+        a23 = accumulate(a23, row, 23u, corr, p);
+        a24 = accumulate(a24, row, 24u, corr, p);
+        a25 = accumulate(a25, row, 25u, corr, p);
+        a26 = accumulate(a26, row, 26u, corr, p);
+        a27 = accumulate(a27, row, 27u, corr, p);
+        a28 = accumulate(a28, row, 28u, corr, p);
+        a29 = accumulate(a29, row, 29u, corr, p);
+        a30 = accumulate(a30, row, 30u, corr, p);
+        a31 = accumulate(a31, row, 31u, corr, p);
+    }
+
+    var w_old = vec4<f32>(0.0);
+    var w_acc = vec4<f32>(1.0);
+    let merge = !SPLIT && out.merge;
+    var m_all = m;
+    var l_all = l;
+    if (!SPLIT) {
+        if (merge) {
+            // The earlier output is normalized over sum l_old at max m_old.
+            m_all = max(out.m_old, m);
+            w_old = out.l_old * exp(out.m_old - m_all);
+            w_acc = exp(m - m_all);
+        }
+        l_all = w_old + l * w_acc;
+        // No visible key so far (every block unmapped, or kv_len 0): zeros, not 0 / 0.
+        let inv = select(1.0 / l_all, vec4<f32>(0.0), l_all == vec4<f32>(0.0));
+        w_old *= inv;
+        w_acc *= inv;
+    }
+    for (var r = 0u; r < 4u; r++) {
+        if (!out.write[r]) {
+            continue;
+        }
+        let base = out.base[r];
+        if (SPLIT) {
+            dst[base - 1u] = vec4<f32>(m[r], l[r], 0.0, 0.0);
+        }
+        emit(base, 0u, column(a0, r), w_old[r], w_acc[r], merge);
+        emit(base, 1u, column(a1, r), w_old[r], w_acc[r], merge);
+        emit(base, 2u, column(a2, r), w_old[r], w_acc[r], merge);
+        emit(base, 3u, column(a3, r), w_old[r], w_acc[r], merge);
+        emit(base, 4u, column(a4, r), w_old[r], w_acc[r], merge);
+        emit(base, 5u, column(a5, r), w_old[r], w_acc[r], merge);
+        emit(base, 6u, column(a6, r), w_old[r], w_acc[r], merge);
+        emit(base, 7u, column(a7, r), w_old[r], w_acc[r], merge);
+        emit(base, 8u, column(a8, r), w_old[r], w_acc[r], merge);
+        emit(base, 9u, column(a9, r), w_old[r], w_acc[r], merge);
+        emit(base, 10u, column(a10, r), w_old[r], w_acc[r], merge);
+        emit(base, 11u, column(a11, r), w_old[r], w_acc[r], merge);
+        emit(base, 12u, column(a12, r), w_old[r], w_acc[r], merge);
+        emit(base, 13u, column(a13, r), w_old[r], w_acc[r], merge);
+        emit(base, 14u, column(a14, r), w_old[r], w_acc[r], merge);
+        emit(base, 15u, column(a15, r), w_old[r], w_acc[r], merge);
+        emit(base, 16u, column(a16, r), w_old[r], w_acc[r], merge);
+        emit(base, 17u, column(a17, r), w_old[r], w_acc[r], merge);
+        emit(base, 18u, column(a18, r), w_old[r], w_acc[r], merge);
+        emit(base, 19u, column(a19, r), w_old[r], w_acc[r], merge);
+        emit(base, 20u, column(a20, r), w_old[r], w_acc[r], merge);
+        emit(base, 21u, column(a21, r), w_old[r], w_acc[r], merge);
+        emit(base, 22u, column(a22, r), w_old[r], w_acc[r], merge);
+        emit(base, 23u, column(a23, r), w_old[r], w_acc[r], merge);
+        emit(base, 24u, column(a24, r), w_old[r], w_acc[r], merge);
+        emit(base, 25u, column(a25, r), w_old[r], w_acc[r], merge);
+        emit(base, 26u, column(a26, r), w_old[r], w_acc[r], merge);
+        emit(base, 27u, column(a27, r), w_old[r], w_acc[r], merge);
+        emit(base, 28u, column(a28, r), w_old[r], w_acc[r], merge);
+        emit(base, 29u, column(a29, r), w_old[r], w_acc[r], merge);
+        emit(base, 30u, column(a30, r), w_old[r], w_acc[r], merge);
+        emit(base, 31u, column(a31, r), w_old[r], w_acc[r], merge);
+    }
+    return Softmax(m_all, l_all);
+}

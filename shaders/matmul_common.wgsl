@@ -1,0 +1,109 @@
+// The prelude of the quantized matmul kernels (matmul_q4_1.wgsl, matmul_q8_0.wgsl), prepended to
+// each body when its module is created (src/gpu/shaders.rs): y[a, n] = Σ_k x[a, k] · W[n, k] for
+// a < n_rows and n < rows, with W repacked by QuantMatrix::upload (src/gpu/ops/matmul.rs) so that
+// the G rows of a row group lie side by side (G = 4 for Q4_1, 8 for Q8_0; each body documents its
+// block layout).
+//
+// w: [groups · nb · vec4s per group block] vec4<u32>; y: [n_rows, y_stride] f32;
+// x: [n_rows, nb · 32] f32 (8 vec4 per block, as u32 bits), or with INT8 the activations quantized by
+//    quantize_act.wgsl: [n_rows · nb · 3] vec4<u32> (32 int8 quants, then the scale and the exact sum).
+//
+// One invocation computes a tile of TM activation rows × G output rows: every weight block is
+// loaded and dequantized once per TM rows (register tiling, no shared memory). With KSPLIT > 1
+// (real GPUs) KSPLIT adjacent invocations split a group's blocks and reduce through workgroup
+// memory; CPU adapters use KSPLIT = 1, where the barriers are compiled out. INT8 multiplies the
+// quants with int8 activations through dot4I8Packed (llama.cpp's trick): faster, but activations
+// carry a rounding error of up to half a step of their block's scale.
+
+struct Params {
+    rows: u32,          // output features written (≤ G · groups)
+    nb: u32,            // 32-value blocks per row (cols / 32)
+    n_rows: u32,        // activation rows
+    groups: u32,        // G-row groups in w
+    wgs_per_tile: u32,  // workgroups covering every group for one tile of TM activation rows
+    tiles: u32,         // ceil(n_rows / TM)
+    y_stride: u32,      // f32 elements between rows of y
+}
+
+@group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read> x: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var<uniform> params: Params;
+
+override WG: u32 = 16u;     // invocations per workgroup (a multiple of KSPLIT)
+override KSPLIT: u32 = 1u;  // invocations sharing one group
+override TM: u32 = 1u;      // activation rows per invocation, ≤ MAX_TM
+override SCALE_AFTER: bool = true;  // apply the block scale per block (small TM) or per value (large TM)
+override INT8: bool = false;        // x holds int8-quantized activations
+const MAX_TM: u32 = 16u;
+
+var<workgroup> partial: array<vec4<f32>, WG>;
+
+// Σ_j q_j · xq_j over a block of 32 int8 pairs: values 0..15 in (qlo, xlo), 16..31 in (qhi, xhi).
+fn dot_block(qlo: vec4<u32>, qhi: vec4<u32>, xlo: vec4<u32>, xhi: vec4<u32>) -> i32 {
+    return dot4I8Packed(qlo.x, xlo.x) + dot4I8Packed(qlo.y, xlo.y) + dot4I8Packed(qlo.z, xlo.z) + dot4I8Packed(qlo.w, xlo.w)
+         + dot4I8Packed(qhi.x, xhi.x) + dot4I8Packed(qhi.y, xhi.y) + dot4I8Packed(qhi.z, xhi.z) + dot4I8Packed(qhi.w, xhi.w);
+}
+
+// What an invocation computes.
+struct Tile {
+    tile: u32,     // its tile of TM activation rows
+    lane: u32,     // its place among the KSPLIT invocations sharing a group
+    g: u32,        // its row group, possibly past the last one
+    gc: u32,       // g clamped to the last group: out-of-range invocations compute on it and
+                   // store nothing (no early return, so that every one reaches the barriers)
+    a0: u32,       // the first activation row of the (clamped) tile
+    x_block: u32,  // vec4s per activation block
+    live: bool,    // it stores its results
+}
+
+fn tile_of(lid: u32, wg: vec3<u32>, nwg: vec3<u32>) -> Tile {
+    var it: Tile;
+    let linear = wg.x + wg.y * nwg.x;
+    // The group index is the fast one: consecutive workgroups share an activation tile.
+    it.tile = linear / params.wgs_per_tile;
+    it.lane = lid % KSPLIT;
+    it.g = (linear % params.wgs_per_tile) * (WG / KSPLIT) + lid / KSPLIT;
+    it.gc = min(it.g, params.groups - 1u);
+    it.a0 = min(it.tile, params.tiles - 1u) * TM;
+    it.x_block = select(8u, 3u, INT8);
+    it.live = it.g < params.groups && it.tile < params.tiles && it.lane == 0u;
+    return it;
+}
+
+// Entry t: the vec4 of x where the tile's activation row a0 + t starts (clamped to the last row).
+fn x_rows(it: Tile) -> array<u32, MAX_TM> {
+    var xrow: array<u32, MAX_TM>;
+    let cols4 = params.nb * it.x_block;
+    for (var t = 0u; t < TM; t++) {
+        xrow[t] = min(it.a0 + t, params.n_rows - 1u) * cols4;
+    }
+    return xrow;
+}
+
+// The sum of v over the KSPLIT invocations sharing a group, valid in lane 0, through workgroup
+// memory. With KSPLIT > 1 every invocation of the workgroup must call it (barriers).
+fn ksplit_sum(lid: u32, lane: u32, v: vec4<f32>) -> vec4<f32> {
+    var sum = v;
+    if (KSPLIT > 1u) {
+        partial[lid] = v;
+        workgroupBarrier();
+        if (lane == 0u) {
+            for (var l = 1u; l < KSPLIT; l++) {
+                sum += partial[lid + l];
+            }
+        }
+        workgroupBarrier();
+    }
+    return sum;
+}
+
+// Stores output rows row0..row0+3 of activation row a (those below params.rows).
+fn store4(a: u32, row0: u32, v: vec4<f32>) {
+    let out = a * params.y_stride + row0;
+    for (var r = 0u; r < 4u; r++) {
+        if (row0 + r < params.rows) {
+            y[out + r] = v[r];
+        }
+    }
+}

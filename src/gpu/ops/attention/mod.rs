@@ -1,0 +1,209 @@
+//! Causal llama attention (GQA, scale 1/sqrt(head_dim), softmax in f32) over the paged KV pool
+//! ([`PoolShape`]: keys read through a block table; the contiguous cache is the one-block case),
+//! f32 or INT8 ([`crate::quant::kv_int8`]). One kernel family, two kernels:
+//! - [`Attention`] (`shaders/attention.wgsl`): every row of a dispatch belongs to ONE sequence;
+//!   an invocation owns 4 query rows of one KV head (for SmolLM2's decode: the 3 query heads of
+//!   a group), so prefill rows share every K/V load. Plans: split-K for decode, passes for
+//!   prefill ([`AttentionPlan`]).
+//! - [`AttentionBatch`] (`shaders/attention_batch.wgsl`): a row per sequence (continuous
+//!   batching), the rows of a step described by the host in a small batch buffer. Plans:
+//!   split-K with splits numbered across the batch, or one single pass ([`BatchPlan`]).
+//!
+//! Both bodies follow one prelude (`shaders/attention_common.wgsl`: the bindings they share, the
+//! q/K/V loads, the key loop and the write-out) and their split-K reduces follow another
+//! (`shaders/attention_reduce_common.wgsl`). Variants (split or not, INT8, chunk, workgroup size,
+//! head_dim) are override constants of the same code. INT8 codes and scales are dequantized in
+//! registers as the key loop loads them, never into an f32 copy of the cache.
+//!
+//! An invocation reads each K/V row once for its 4 lanes; no shared memory, no barriers, which
+//! are costly on CPU adapters (lavapipe, SwiftShader).
+//!
+//! The kernels are large (their key loop is written out, see the prelude): a new pipeline
+//! compiles at its first dispatch in about 0.8 s on lavapipe and 2-4 s on SwiftShader (head_dim
+//! 64). Build attentions at load time and run them once there, never first in the decode loop.
+//!
+//! Why no invocation streams an unbounded context: lavapipe ends all loops of an invocation after
+//! 65,535 back-edges in total (gallivm's LP_MAX_TGSI_LOOP_ITERATIONS, shared by every loop of a
+//! shader), silently, leaving a wrong result. The key loop has no inner loop, so `chunk` keys
+//! cost `chunk` back-edges; the plan checks keep them under that budget.
+
+use std::sync::Arc;
+
+use super::pool::{PoolBuffers, PoolShape};
+use super::whole;
+use crate::gpu::kernel::split_count;
+use crate::gpu::{shape_err, Context, GpuError, Kernel};
+use crate::quant::KvDtype;
+
+mod batch;
+#[cfg(feature = "testing")]
+mod reference;
+mod single;
+
+pub use batch::{AttentionBatch, BatchBuffers, BatchPlan, BatchRow, BatchStep, MAX_ROWS};
+#[cfg(feature = "testing")]
+pub use reference::{attention_batch_cpu, attention_cpu, attention_int8_cpu};
+pub use single::{Attention, AttentionBuffers, AttentionPath, AttentionPlan, SPLIT_MAX_TOKENS};
+
+/// attention_common.wgsl writes the key loop out for up to 32 vec4 of head_dim.
+const MAX_HEAD_DIM: u32 = 128;
+/// Lanes of an invocation: query rows or heads, the components of a vec4.
+const LANES: u32 = 4;
+/// Keys one invocation may take: lavapipe's 65,535 loop back-edges, less a margin for the few
+/// other loop iterations of the shaders (the batched kernel's row search, the write-out).
+pub const MAX_CHUNK: u32 = 65_000;
+
+/// Checks what the attention kernels add to [`PoolShape::check`]: a head_dim the written-out key
+/// loop holds.
+fn check_pool(op: &'static str, pool: &PoolShape) -> Result<(), GpuError> {
+    pool.check(op)?;
+    if pool.head_dim % 4 != 0 || pool.head_dim > MAX_HEAD_DIM {
+        return Err(shape_err(
+            op,
+            format!("head_dim {} must be a positive multiple of 4 up to {MAX_HEAD_DIM}", pool.head_dim),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the plan fields both kernels share.
+fn check_plan(
+    ctx: &Context,
+    op: &'static str,
+    chunk: u32,
+    single_pass_max_keys: u32,
+    workgroup_size: u32,
+) -> Result<(), GpuError> {
+    if chunk == 0 || chunk > MAX_CHUNK {
+        return Err(shape_err(op, format!("chunk {chunk} is outside 1..={MAX_CHUNK} keys (lavapipe's loop budget)")));
+    }
+    if single_pass_max_keys > MAX_CHUNK {
+        return Err(shape_err(op, format!("single_pass_max_keys {single_pass_max_keys} is over {MAX_CHUNK}")));
+    }
+    if workgroup_size == 0 || workgroup_size > ctx.limits.max_compute_invocations_per_workgroup {
+        return Err(shape_err(op, format!("workgroup size {workgroup_size} is unsupported")));
+    }
+    Ok(())
+}
+
+/// Refuses a count of rows (tokens, or a batch's capacity) of 0.
+fn check_rows(op: &'static str, what: &str, rows: u32) -> Result<(), GpuError> {
+    if rows == 0 {
+        return Err(shape_err(op, format!("empty shape: {what} must be at least 1")));
+    }
+    Ok(())
+}
+
+/// The uniform of both attention kernels (`Params` in attention_common.wgsl).
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct MainParams {
+    rows: u32,
+    n_heads: u32,
+    group: u32,
+    quads: u32,
+    items_per_split: u32,
+    qkv_stride4: u32,
+    n_kv_heads: u32,
+    block_size: u32,
+    n_blocks: u32,
+    max_len: u32,
+    scale: f32,
+    scale_base: u32,
+    max_splits: u32,
+    pass_begin: u32,
+    _pad: [u32; 2],
+}
+
+impl MainParams {
+    /// `rows` query rows, `quads` lane quads per KV head, `max_splits` split records per row
+    /// (1 when the kernel does not split); `pass_begin` 0.
+    fn new(pool: &PoolShape, scale_base: u32, rows: u32, quads: u32, max_splits: u32) -> MainParams {
+        MainParams {
+            rows,
+            n_heads: pool.n_heads,
+            group: pool.group(),
+            quads,
+            items_per_split: quads * pool.n_kv_heads,
+            qkv_stride4: (pool.qkv_row() / 4) as u32,
+            n_kv_heads: pool.n_kv_heads,
+            block_size: pool.block_size,
+            n_blocks: pool.n_blocks,
+            max_len: pool.max_len,
+            scale: 1.0 / (pool.head_dim as f32).sqrt(),
+            scale_base,
+            max_splits,
+            pass_begin: 0,
+            _pad: [0; 2],
+        }
+    }
+}
+
+/// The pipeline of an attention kernel's main entry (`shader`: "attention" or "attention_batch"),
+/// specialized for the pool, splitting or not, `chunk` keys per invocation and a workgroup size.
+fn main_pipeline(
+    ctx: &Context,
+    shader: &str,
+    pool: &PoolShape,
+    split: bool,
+    chunk: u32,
+    workgroup_size: u32,
+) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
+    let flag = |on: bool| if on { 1.0 } else { 0.0 };
+    let constants = [
+        ("D4", (pool.head_dim / 4) as f64),
+        ("SPLIT", flag(split)),
+        ("CHUNK", chunk as f64),
+        ("WG", workgroup_size as f64),
+        ("INT8", flag(pool.dtype == KvDtype::Int8)),
+    ];
+    ctx.pipeline(shader, "main", &constants)
+}
+
+/// The pipeline of a split-K reduce (`shader`: "attention_reduce" or "attention_batch_reduce").
+fn reduce_pipeline(
+    ctx: &Context,
+    shader: &str,
+    pool: &PoolShape,
+    chunk: u32,
+    workgroup_size: u32,
+) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
+    let constants = [("D4", (pool.head_dim / 4) as f64), ("CHUNK", chunk as f64), ("WG", workgroup_size as f64)];
+    ctx.pipeline(shader, "main", &constants)
+}
+
+/// What a main kernel binds: the prelude's bindings 0-5, then the body's own from 6 on.
+struct MainBindings<'a> {
+    qkv: &'a wgpu::Buffer,
+    pool: &'a PoolBuffers<'a>,
+    dst: &'a wgpu::Buffer,
+    extra: &'a [&'a wgpu::Buffer],
+}
+
+/// A main kernel with its own uniform `params`. Its workgroups are set per step.
+fn main_kernel(
+    ctx: &Context,
+    name: &'static str,
+    pipeline: &Arc<wgpu::ComputePipeline>,
+    bindings: &MainBindings<'_>,
+    params: &MainParams,
+) -> Kernel {
+    let params_buf = ctx.uniform_init(name, bytemuck::bytes_of(params));
+    let b = bindings;
+    let mut resources = vec![
+        whole(b.qkv),
+        whole(b.pool.k),
+        whole(b.pool.v),
+        whole(b.pool.block_table),
+        whole(&params_buf),
+        whole(b.dst),
+    ];
+    resources.extend(b.extra.iter().map(|buffer| whole(buffer)));
+    Kernel::new(ctx, name, pipeline.clone(), &resources, [1, 1, 1], None).owning(params_buf)
+}
+
+/// Workgroups for `items` invocations, split over x/y past the per-dimension limit
+/// (the shaders recover the linear index as gid.x + gid.y * num_workgroups.x * WG).
+fn workgroups(max_per_dim: u32, workgroup_size: u32, items: u64) -> [u32; 3] {
+    split_count(max_per_dim, items.div_ceil(workgroup_size as u64).max(1) as u32)
+}

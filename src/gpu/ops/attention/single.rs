@@ -1,0 +1,304 @@
+//! [`Attention`]: every row of a dispatch belongs to one sequence (one `table_base`), with two
+//! plans:
+//! - split-K (flash-decoding) for decode: the key range is cut into `chunk`-key splits spread over
+//!   invocations, each keeping an online softmax, then a reduce kernel combines the splits. The
+//!   number of splits follows the step's context (`set_kv_len`); up to 256 keys one single-pass
+//!   dispatch runs instead.
+//! - passes for prefill: one dispatch per `chunk` keys, in order, each merging its keys into the
+//!   normalized output (one dispatch up to `chunk` keys of context).
+//!
+//! Both are `shaders/attention.wgsl` specialized by override constants; the reduce is
+//! `shaders/attention_reduce.wgsl`.
+
+use std::ops::Range;
+
+use super::{
+    check_plan, check_pool, check_rows, main_kernel, main_pipeline, reduce_pipeline, workgroups, MainBindings,
+    MainParams, LANES, MAX_CHUNK,
+};
+use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
+use crate::gpu::ops::{check_binding, check_size, whole};
+use crate::gpu::{shape_err, Context, GpuError, Kernel};
+
+const OP: &str = "attention";
+/// Split-K kernels are [single pass, splits, reduce].
+const SPLITS_KERNEL: usize = 1;
+/// Most passes one attention may prebuild.
+const MAX_PASSES: u32 = 1024;
+/// Keys per dispatch of the default passes plan.
+const PASS_KEYS: u32 = 8192;
+/// Batches up to this many query rows take the split-K plan by default; above, the passes plan
+/// has enough parallelism of its own and the split scratch would grow with the batch.
+pub const SPLIT_MAX_TOKENS: u32 = 16;
+
+/// Which kernel plan an [`Attention`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionPath {
+    /// Splits of `chunk` keys in parallel, then a reduce kernel (decode).
+    SplitK,
+    /// Sequential dispatches of `chunk` keys merging into the output (prefill).
+    Passes,
+}
+
+/// Kernel plan. [`AttentionPlan::auto`] picks one from the batch and adapter; the fields are
+/// public for tests and benchmarks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionPlan {
+    pub path: AttentionPath,
+    /// Keys per invocation: per split (split-K) or per dispatch (passes); at most [`MAX_CHUNK`].
+    pub chunk: u32,
+    pub workgroup_size: u32,
+    /// Split-K only: up to this kv_len one single-pass dispatch replaces splits + reduce, which
+    /// at short context cost more than they save (measured crossover about 256-512 keys on both
+    /// software adapters). 0 always splits.
+    pub single_pass_max_keys: u32,
+}
+
+impl AttentionPlan {
+    /// The default plan for `n_tokens` query rows: up to [`SPLIT_MAX_TOKENS`] split-K in 128-key
+    /// splits (one single pass up to 256 keys); above, passes of 8192 keys (one pass for SmolLM2).
+    pub fn auto(ctx: &Context, n_tokens: u32) -> AttentionPlan {
+        let split = n_tokens <= SPLIT_MAX_TOKENS;
+        AttentionPlan {
+            path: if split { AttentionPath::SplitK } else { AttentionPath::Passes },
+            chunk: if split { 128 } else { PASS_KEYS },
+            // Software adapters want small workgroups (many to spread over cores, no barriers).
+            workgroup_size: if ctx.is_cpu() { 8 } else { 64 },
+            single_pass_max_keys: if split { 256 } else { 0 },
+        }
+    }
+}
+
+/// The buffers an [`Attention`] binds (n_tokens rows; pool shapes: [`PoolShape`]).
+pub struct AttentionBuffers<'a> {
+    /// [n_tokens, (n_heads + 2*n_kv_heads) * head_dim] f32, q heads first in each row (roped).
+    pub qkv: &'a wgpu::Buffer,
+    /// The layer's pool, holding the sequence's keys 0..=max(positions), the new tokens'
+    /// included; key j is in physical block `block_table[table_base + j / block_size]`, slot
+    /// j % block_size.
+    pub pool: PoolBuffers<'a>,
+    /// [n_tokens] u32, token t attends keys 0..=positions[t] (positions >= max_len are clamped
+    /// to max_len - 1); read when the kernels run.
+    pub positions: &'a wgpu::Buffer,
+    /// Uniform buffer (>= 4 bytes) holding the sequence's `table_base` as u32 at offset 0,
+    /// written by the engine per step and read when the kernels run.
+    pub step: &'a wgpu::Buffer,
+    /// [n_tokens, n_heads * head_dim] f32.
+    pub out: &'a wgpu::Buffer,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct ReduceParams {
+    n_rows: u32,
+    n_heads: u32,
+    max_len: u32,
+    max_splits: u32,
+}
+
+/// Decode & prefill attention over the paged pool, built once per (layer, batch shape) and
+/// recorded every step; only the dispatches change with the context, never the bind groups.
+pub struct Attention {
+    /// Every prebuilt dispatch. Split-K: [single pass, splits, reduce]; passes: one per `chunk`
+    /// keys of max_len. A step records [`Attention::kernels`], the ones its kv_len needs.
+    kernels: Vec<Kernel>,
+    plan: AttentionPlan,
+    pool: PoolShape,
+    /// Invocations per split or pass: row quads x KV heads.
+    items_per_split: u32,
+    max_workgroups_per_dim: u32,
+    kv_len: u32,
+    /// The range of `kernels` one step at the current kv_len records.
+    active: Range<usize>,
+    /// Split-K partial states or the passes' running (max, sum); the bind groups use them.
+    _scratch: wgpu::Buffer,
+    _state: wgpu::Buffer,
+}
+
+impl Attention {
+    /// Builds the kernels for `n_tokens` query rows of one sequence over `pool` (plan:
+    /// [`AttentionPlan::auto`] when None). Buffers and their shapes: see [`AttentionBuffers`].
+    /// Contract: all rows of one dispatch belong to ONE sequence (one table_base).
+    /// Positions must stay below the `kv_len` of the last [`Attention::set_kv_len`] (initially
+    /// max_len).
+    pub fn new(
+        ctx: &Context,
+        buffers: &AttentionBuffers<'_>,
+        pool: PoolShape,
+        n_tokens: u32,
+        plan: Option<AttentionPlan>,
+    ) -> Result<Attention, GpuError> {
+        check_pool(OP, &pool)?;
+        check_rows(OP, "n_tokens", n_tokens)?;
+        let plan = plan.unwrap_or_else(|| AttentionPlan::auto(ctx, n_tokens));
+        check_plan(ctx, OP, plan.chunk, plan.single_pass_max_keys, plan.workgroup_size)?;
+        let scale_base = check_buffers(ctx, buffers, &pool, n_tokens)?;
+
+        let rows = n_tokens as u64 * pool.n_heads as u64;
+        let quads = (n_tokens as u64 * pool.group() as u64).div_ceil(LANES as u64);
+        let items_per_split = quads * pool.n_kv_heads as u64;
+        let split = plan.path == AttentionPath::SplitK;
+        let n_chunks = pool.max_len.div_ceil(plan.chunk);
+        let max_splits = if split { n_chunks } else { 1 };
+        // attention_reduce.wgsl loops twice over a row's splits, under the same loop budget.
+        if 2 * max_splits > MAX_CHUNK {
+            return Err(shape_err(OP, format!("{max_splits} splits of {} keys are too many", plan.chunk)));
+        }
+        if items_per_split * max_splits as u64 > u32::MAX as u64 / 2 {
+            return Err(shape_err(OP, format!("{items_per_split} row quads x {max_splits} splits is too many")));
+        }
+        // Each pass is a prebuilt dispatch with its own uniform and bind group.
+        if !split && n_chunks > MAX_PASSES {
+            return Err(shape_err(OP, format!("{n_chunks} passes of {} keys are too many", plan.chunk)));
+        }
+        let params = MainParams::new(&pool, scale_base, n_tokens, quads as u32, max_splits);
+        let scratch_bytes = if split { rows * max_splits as u64 * (pool.head_dim as u64 / 4 + 1) * 16 } else { 4 };
+        check_binding(ctx, OP, "the split scratch", scratch_bytes)?;
+        let scratch = ctx.storage_zeroed("attention.splits", scratch_bytes);
+        let state = ctx.storage_zeroed("attention.state", rows * 8);
+        let built = Built { buffers, pool: &pool, plan: &plan, params: &params, scratch: &scratch, state: &state };
+        let kernels = if split { built.split_kernels(ctx)? } else { built.pass_kernels(ctx, n_chunks)? };
+        let mut attention = Attention {
+            kernels,
+            plan,
+            pool,
+            items_per_split: items_per_split as u32,
+            max_workgroups_per_dim: ctx.limits.max_compute_workgroups_per_dimension.max(1),
+            kv_len: pool.max_len,
+            active: 0..0,
+            _scratch: scratch,
+            _state: state,
+        };
+        attention.set_kv_len(pool.max_len)?;
+        Ok(attention)
+    }
+
+    /// Called before recording a step whose longest key range is `kv_len` (max position + 1):
+    /// sizes the split dispatch to ceil(kv_len / chunk) splits, or selects ceil(kv_len / chunk)
+    /// passes. Bind groups are untouched. kv_len must be in 1..=max_len.
+    pub fn set_kv_len(&mut self, kv_len: u32) -> Result<(), GpuError> {
+        if kv_len == 0 || kv_len > self.pool.max_len {
+            return Err(shape_err(OP, format!("kv_len {kv_len} is outside 1..={}", self.pool.max_len)));
+        }
+        self.kv_len = kv_len;
+        let chunks = kv_len.div_ceil(self.plan.chunk);
+        match self.plan.path {
+            AttentionPath::SplitK => {
+                let items = self.items_per_split as u64 * chunks as u64;
+                self.kernels[SPLITS_KERNEL].workgroups =
+                    workgroups(self.max_workgroups_per_dim, self.plan.workgroup_size, items);
+                self.active = if kv_len <= self.plan.single_pass_max_keys { 0..1 } else { SPLITS_KERNEL..3 };
+            }
+            AttentionPath::Passes => self.active = 0..chunks as usize,
+        }
+        Ok(())
+    }
+
+    /// The kv_len the dispatches are currently sized for.
+    pub fn kv_len(&self) -> u32 {
+        self.kv_len
+    }
+
+    pub fn plan(&self) -> &AttentionPlan {
+        &self.plan
+    }
+
+    pub fn pool(&self) -> &PoolShape {
+        &self.pool
+    }
+
+    /// The dispatches of one step at the current kv_len, in order.
+    pub fn kernels(&self) -> &[Kernel] {
+        &self.kernels[self.active.clone()]
+    }
+}
+
+/// Checks the buffers against the shape; returns the word where an INT8 pool's scales start.
+fn check_buffers(ctx: &Context, b: &AttentionBuffers<'_>, pool: &PoolShape, n_tokens: u32) -> Result<u32, GpuError> {
+    let n = n_tokens as u64;
+    check_size(OP, "qkv", b.qkv, n * pool.qkv_row() * 4)?;
+    let scale_base = pool.check_buffers(ctx, OP, &b.pool)?;
+    check_size(OP, "positions", b.positions, n * 4)?;
+    check_size(OP, "step", b.step, 4)?;
+    check_size(OP, "out", b.out, n * pool.out_row() * 4)?;
+    // The whole buffers are bound; check what is bound, not just what is needed.
+    check_binding(ctx, OP, "qkv", b.qkv.size())?;
+    check_binding(ctx, OP, "out", b.out.size())?;
+    Ok(scale_base)
+}
+
+/// What the kernels of one [`Attention`] are built from.
+struct Built<'a> {
+    buffers: &'a AttentionBuffers<'a>,
+    pool: &'a PoolShape,
+    plan: &'a AttentionPlan,
+    params: &'a MainParams,
+    scratch: &'a wgpu::Buffer,
+    state: &'a wgpu::Buffer,
+}
+
+impl Built<'_> {
+    /// A main kernel of attention.wgsl writing `dst`, with its own uniform.
+    fn main(
+        &self,
+        ctx: &Context,
+        name: &'static str,
+        pipeline: &std::sync::Arc<wgpu::ComputePipeline>,
+        params: &MainParams,
+        dst: &wgpu::Buffer,
+    ) -> Kernel {
+        let b = self.buffers;
+        let extra = [b.positions, self.state, b.step];
+        let bindings = MainBindings { qkv: b.qkv, pool: &b.pool, dst, extra: &extra };
+        let mut kernel = main_kernel(ctx, name, pipeline, &bindings, params);
+        kernel.workgroups = self.groups(ctx);
+        kernel
+    }
+
+    /// Workgroups of one split's or pass's invocations.
+    fn groups(&self, ctx: &Context) -> [u32; 3] {
+        let max = ctx.limits.max_compute_workgroups_per_dimension.max(1);
+        workgroups(max, self.plan.workgroup_size, self.params.items_per_split as u64)
+    }
+
+    /// [single pass, splits, reduce].
+    fn split_kernels(&self, ctx: &Context) -> Result<Vec<Kernel>, GpuError> {
+        let (pool, plan, out) = (self.pool, self.plan, self.buffers.out);
+        let wg = plan.workgroup_size;
+        // The single pass for short contexts: the prefill pipeline, one pass over all keys.
+        let single_chunk = PASS_KEYS.max(plan.single_pass_max_keys.max(1));
+        let single_pipeline = main_pipeline(ctx, "attention", pool, false, single_chunk, wg)?;
+        let single = self.main(ctx, "attention.single", &single_pipeline, self.params, out);
+        let splits_pipeline = main_pipeline(ctx, "attention", pool, true, plan.chunk, wg)?;
+        let splits = self.main(ctx, "attention.splits", &splits_pipeline, self.params, self.scratch);
+        let rows = self.params.rows * pool.n_heads;
+        let reduce_params = ReduceParams {
+            n_rows: rows,
+            n_heads: pool.n_heads,
+            max_len: pool.max_len,
+            max_splits: self.params.max_splits,
+        };
+        let reduce_buf = ctx.uniform_init("attention.reduce.params", bytemuck::bytes_of(&reduce_params));
+        let max = ctx.limits.max_compute_workgroups_per_dimension.max(1);
+        let reduce = Kernel::new(
+            ctx,
+            "attention.reduce",
+            reduce_pipeline(ctx, "attention_reduce", pool, plan.chunk, wg)?,
+            &[whole(self.buffers.positions), whole(self.scratch), whole(out), whole(&reduce_buf)],
+            workgroups(max, wg, rows as u64 * pool.head_dim as u64 / 4),
+            None,
+        )
+        .owning(reduce_buf);
+        Ok(vec![single, splits, reduce])
+    }
+
+    /// One pass per `chunk` keys of max_len.
+    fn pass_kernels(&self, ctx: &Context, n_chunks: u32) -> Result<Vec<Kernel>, GpuError> {
+        let pipeline = main_pipeline(ctx, "attention", self.pool, false, self.plan.chunk, self.plan.workgroup_size)?;
+        let pass = |p: u32| {
+            let params = MainParams { pass_begin: p * self.plan.chunk, ..*self.params };
+            self.main(ctx, "attention.pass", &pipeline, &params, self.buffers.out)
+        };
+        Ok((0..n_chunks).map(pass).collect())
+    }
+}
