@@ -124,7 +124,12 @@ fn group_heads(group: &str) -> Vec<String> {
                     break;
                 }
             }
-            ',' if depth == 1 => at_start = true,
+            ',' if depth == 1 => {
+                if !name.is_empty() {
+                    heads.push(std::mem::take(&mut name));
+                }
+                at_start = true;
+            }
             c if depth == 1 && at_start && is_ident(c) => name.push(c),
             _ if depth == 1 && at_start && !name.is_empty() => {
                 heads.push(std::mem::take(&mut name));
