@@ -179,9 +179,21 @@ impl Engine {
         }
     }
 
-    /// Renders chat messages with the model's template and tokenizes them.
+    /// Renders chat messages with the model's template and the assistant's generation prompt,
+    /// and tokenizes them: the prompt of the next reply.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, EngineError> {
-        let text = self.tokenizer.apply_chat_template(messages, true)?;
+        self.render(messages, true)
+    }
+
+    /// The ids of a conversation so far (its messages rendered without the generation prompt):
+    /// a later prompt of these messages plus a new turn begins with exactly these ids, so they
+    /// are what a snapshot of the conversation keeps.
+    pub fn history_tokens(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, EngineError> {
+        self.render(messages, false)
+    }
+
+    fn render(&self, messages: &[ChatMessage], generation_prompt: bool) -> Result<Vec<u32>, EngineError> {
+        let text = self.tokenizer.apply_chat_template(messages, generation_prompt)?;
         Ok(self.tokenizer.encode(&text)?)
     }
 

@@ -560,9 +560,7 @@ impl WebEngine {
     pub fn history_tokens(&self, messages: JsValue) -> Result<Vec<u32>, WebError> {
         let messages = parse_messages(messages)?;
         let engine = self.inner.try_borrow().map_err(|_| busy())?;
-        let tokenizer = engine.tokenizer();
-        let text = tokenizer.apply_chat_template(&messages, false).map_err(EngineError::from)?;
-        Ok(tokenizer.encode(&text).map_err(EngineError::from)?)
+        Ok(engine.history_tokens(&messages)?)
     }
 
     /// A KV snapshot of `tokens` (`Uint32Array`, e.g. from `historyTokens`): their ids and K/V
