@@ -106,7 +106,7 @@ impl Pool {
         }
     }
 
-    /// The same pool quantized to INT8 (src/kv/quant.rs's CPU quantizer): the buffers hold codes
+    /// The same pool quantized to INT8 (crate::quant::kv_int8's CPU quantizer): the buffers hold codes
     /// and scales, `k` / `v` their dequantized values.
     fn int8(self, ctx: &Context) -> Pool {
         let s = self.shape;
