@@ -56,19 +56,21 @@ struct Pool {
     table_buf: wgpu::Buffer,
 }
 
+/// What [`Pool::new`] builds.
+struct PoolSpec {
+    /// (n_heads, n_kv_heads, head_dim).
+    heads: (u32, u32, u32),
+    block_size: u32,
+    max_len: u32,
+    max_rows: u32,
+    n_seqs: u32,
+    shared_blocks: u32,
+}
+
 impl Pool {
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        ctx: &Context,
-        (n_heads, n_kv_heads, head_dim): (u32, u32, u32),
-        block_size: u32,
-        max_len: u32,
-        max_rows: u32,
-        n_seqs: u32,
-        shared_blocks: u32,
-        seed: u64,
-        q_k_scale: f32,
-    ) -> Pool {
+    fn new(ctx: &Context, spec: PoolSpec, seed: u64, q_k_scale: f32) -> Pool {
+        let PoolSpec { heads: (n_heads, n_kv_heads, head_dim), block_size, max_len, max_rows, n_seqs, shared_blocks } =
+            spec;
         let mut rng = Rng::new(seed);
         let row_len = max_len.div_ceil(block_size);
         let n_blocks = n_seqs * row_len + 2;
@@ -106,7 +108,7 @@ impl Pool {
         }
     }
 
-    /// The same pool quantized to INT8 (src/kv/quant.rs's CPU quantizer): the buffers hold codes
+    /// The same pool quantized to INT8 (crate::quant::kv_int8's CPU quantizer): the buffers hold codes
     /// and scales, `k` / `v` their dequantized values.
     fn int8(self, ctx: &Context) -> Pool {
         let s = self.shape;
@@ -193,6 +195,11 @@ impl Batch {
     }
 }
 
+/// A [`PoolSpec`]: heads, block_size, max_len, max_rows, n_seqs, shared_blocks.
+fn spec(heads: (u32, u32, u32), block_size: u32, max_len: u32, max_rows: u32, n_seqs: u32, shared_blocks: u32) -> PoolSpec {
+    PoolSpec { heads, block_size, max_len, max_rows, n_seqs, shared_blocks }
+}
+
 fn row(table_base: u32, kv_len: u32) -> BatchRow {
     BatchRow { table_base, kv_len }
 }
@@ -256,7 +263,7 @@ async fn mixed_rows(dtype: KvDtype, block_sizes: &[u32]) {
             // Sequences 0 and 1 share their first 100-odd keys.
             let shared = 112u32.div_ceil(block_size);
             let mut pool =
-                Pool::new(&ctx, heads, block_size, max_len, 10, 5, shared, 10 + i as u64 * 31 + block_size as u64, 1.0);
+                Pool::new(&ctx, spec(heads, block_size, max_len, 10, 5, shared), 10 + i as u64 * 31 + block_size as u64, 1.0);
             if dtype == KvDtype::Int8 {
                 pool = pool.int8(&ctx);
             }
@@ -291,7 +298,7 @@ async fn equals_single_sequence(dtype: KvDtype) {
     let ctx = gpu().await;
     for (i, &heads) in HEAD_SHAPES.iter().enumerate() {
         for block_size in [16u32, 7] {
-            let mut pool = Pool::new(&ctx, heads, block_size, 2048, 6, 4, 3, 50 + i as u64 + block_size as u64, 1.0);
+            let mut pool = Pool::new(&ctx, spec(heads, block_size, 2048, 6, 4, 3), 50 + i as u64 + block_size as u64, 1.0);
             if dtype == KvDtype::Int8 {
                 pool = pool.int8(&ctx);
             }
@@ -347,7 +354,7 @@ gpu_test! {
     async fn large_scores_stay_stable() {
         let ctx = gpu().await;
         // q and k in ±5.5: scores with a standard deviation near 10, extremes past ±30.
-        let pool = Pool::new(&ctx, (9, 3, 64), 16, 1100, 4, 3, 2, 9, 5.5);
+        let pool = Pool::new(&ctx, spec((9, 3, 64), 16, 1100, 4, 3, 2), 9, 5.5);
         let batch = Batch::new(&ctx, &pool, 9, 5.5);
         let seq = &pool.seqs;
         let rows = [row(seq[0], 1100), row(seq[1], 37), row(seq[2], 600), row(seq[0], 993)];
@@ -368,7 +375,7 @@ gpu_test! {
 gpu_test! {
     async fn shape_and_step_contract_errors() {
         let ctx = gpu().await;
-        let pool = Pool::new(&ctx, (9, 3, 64), 16, 100, 3, 2, 1, 1, 1.0);
+        let pool = Pool::new(&ctx, spec((9, 3, 64), 16, 100, 3, 2, 1), 1, 1.0);
         let batch = Batch::new(&ctx, &pool, 1, 1.0);
         let expect = |r: Result<AttentionBatch, GpuError>, needle: &str| {
             let err = r.err().unwrap_or_else(|| panic!("expected an error mentioning {needle:?}"));
@@ -412,7 +419,7 @@ gpu_test! {
         assert!(attention.kernels().is_empty(), "an empty step records nothing");
 
         // An INT8 pool's buffers are about a quarter of an f32 pool's: an f32 shape refuses them.
-        let int8 = Pool::new(&ctx, (9, 3, 64), 16, 100, 3, 2, 1, 1, 1.0).int8(&ctx);
+        let int8 = Pool::new(&ctx, spec((9, 3, 64), 16, 100, 3, 2, 1), 1, 1.0).int8(&ctx);
         let int8_buffers = batch.buffers(&int8);
         AttentionBatch::new(&ctx, &int8_buffers, int8.shape, max_rows, None).unwrap();
         let as_f32 = PoolShape { dtype: KvDtype::F32, ..int8.shape };
@@ -455,7 +462,7 @@ async fn bench_body() {
     let ctx = gpu().await;
     report(&format!("adapter: {}", ctx.adapter_name()));
     let max_len = 4096;
-    let pool = Pool::new(&ctx, (9, 3, 64), 16, max_len, 16, 16, 0, 3, 1.0);
+    let pool = Pool::new(&ctx, spec((9, 3, 64), 16, max_len, 16, 16, 0), 3, 1.0);
     let batch = Batch::new(&ctx, &pool, 3, 1.0);
     let s = pool.shape;
     let wg = BatchPlan::auto(&ctx).workgroup_size;

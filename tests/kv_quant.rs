@@ -1,4 +1,4 @@
-//! The INT8 KV format (src/kv/quant.rs): the CPU round trip against the bound the format
+//! The INT8 KV format (crate::quant::kv_int8): the CPU round trip against the bound the format
 //! promises, and the kernels against their CPU references, natively and in the browser: the INT8
 //! KV write (quantize on write), INT8 attention through the split-K decode path and the prefill
 //! passes (GQA/MQA/MHA, several block sizes, a partly filled last block, shuffled block tables),
