@@ -16,7 +16,7 @@ mod common;
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-use common::real_model_bytes;
+use common::{real_model_bytes, report};
 use pagedlm::engine::{Engine, EngineOptions, KvDtype, ScoreMode};
 use pagedlm::sampler::argmax;
 use serde_json::Value;
@@ -169,10 +169,7 @@ async fn agreement(only: Option<&[&str]>) -> Agreement {
             (a.kl_sum - kl_sum) / n as f64,
             a.f32_agree - agree
         );
-        #[cfg(not(target_arch = "wasm32"))]
-        eprintln!("{line}");
-        #[cfg(target_arch = "wasm32")]
-        wasm_bindgen_test::console_log!("{line}");
+        report(&line);
     }
     assert!(a.steps > 0 && a.clear_steps > 0, "nothing was compared");
     let line = format!(
@@ -186,10 +183,7 @@ async fn agreement(only: Option<&[&str]>) -> Agreement {
         100.0 * a.f32_agree as f64 / a.steps as f64,
         a.flip_margin_max
     );
-    #[cfg(not(target_arch = "wasm32"))]
-    eprintln!("{line}");
-    #[cfg(target_arch = "wasm32")]
-    wasm_bindgen_test::console_log!("{line}");
+    report(&line);
     a
 }
 
