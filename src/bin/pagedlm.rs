@@ -1,15 +1,48 @@
-//! The `pagedlm` command line: tokenize, score, generate and bench (see README and CONTRACTS).
+//! The `pagedlm` command line: tokenize, score, generate, bench, trace and profile (see README
+//! and CONTRACTS). Options are typed and checked before anything is loaded ([`args`]).
+
+// Under src/bin/pagedlm/, where cargo does not take them for binaries of their own.
+#[cfg(not(target_arch = "wasm32"))]
+#[path = "pagedlm/args.rs"]
+mod args;
+#[cfg(not(target_arch = "wasm32"))]
+#[path = "pagedlm/xdg.rs"]
+mod xdg;
 
 #[cfg(target_arch = "wasm32")]
 fn main() {}
 
 #[cfg(not(target_arch = "wasm32"))]
 fn main() {
-    if let Err(e) = cli::run(std::env::args().skip(1).collect()) {
-        eprintln!("pagedlm: {e:#}");
-        std::process::exit(1);
-    }
+    // Before any GPU instance exists, and while this is the only thread.
+    let runtime_dir = xdg::RuntimeDir::ensure();
+    let code = match cli::run(std::env::args().skip(1).collect()) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("pagedlm: {e:#}");
+            1
+        }
+    };
+    drop(runtime_dir);
+    std::process::exit(code);
 }
+
+/// Every option here is declared in [`args::COMMANDS`]; a test checks the two agree.
+#[cfg(not(target_arch = "wasm32"))]
+const USAGE: &str = "usage: pagedlm <tokenize|score|generate|bench|trace|profile> [options]
+  common:   --model PATH  --kv-layout contiguous|paged  --kv-dtype f32|int8  --block-size N  --pool-tokens N
+            --max-context N  --prefill-chunk N  --max-batch N  --step-tokens N  --no-prefix-cache  --no-cache-aware
+            (every command takes them; tokenize reads only --model)
+  tokenize  --texts FILE.json
+  score     --input FILE.json [--mode decode|prefill]
+  generate  --input FILE.json | --prompt TEXT  [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
+            [--repetition-penalty R]
+  bench     [--prompt-tokens 512] [--gen-tokens 128] [--context N] [--batch N]
+  bench     --transfer [--lengths 256,1024,4096]   (KV snapshot export/import vs recomputing the prefill)
+  bench     --interference [--prompt-tokens 2048] [--step-tokens N]   (4 decoding sequences while a long prompt arrives)
+  trace     --input FILE.jsonl [--max-batch N] [--no-prefix-cache] [--disaggregate] [--step-tokens N]
+  profile   [--prompt-tokens 512]
+  Values follow their option (`--max-tokens 5`) or an equals sign (`--max-tokens=5`).";
 
 #[cfg(not(target_arch = "wasm32"))]
 mod cli {
@@ -24,74 +57,34 @@ mod cli {
     use pagedlm::tokenizer::{ChatMessage, Tokenizer, TokenizerSpec};
     use serde_json::{json, Value};
 
+    use crate::args::{self, Args, Cmd, Parsed};
+    use crate::USAGE;
+
     const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
-    const USAGE: &str = "usage: pagedlm <tokenize|score|generate|bench|trace|profile> [options]
-  common:   --model PATH  --kv-layout contiguous|paged  --kv-dtype f32|int8  --block-size N  --pool-tokens N
-            --max-context N  --prefill-chunk N
-  tokenize  --texts FILE.json
-  score     --input FILE.json [--mode decode|prefill]
-  generate  --input FILE.json | --prompt TEXT  [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
-            [--repetition-penalty R]
-  bench     [--prompt-tokens 512] [--gen-tokens 128] [--context N] [--batch N]
-  bench     --transfer [--lengths 256,1024,4096]   (KV snapshot export/import vs recomputing the prefill)
-  bench     --interference [--prompt-tokens 2048] [--step-tokens N]   (4 decoding sequences while a long prompt arrives)
-  trace     --input FILE.jsonl [--max-batch N] [--no-prefix-cache] [--disaggregate] [--step-tokens N]
-  profile   [--prompt-tokens 512]";
-
-    /// `--key value` options and bare flags.
-    struct Args {
-        values: HashMap<String, String>,
-    }
-
-    impl Args {
-        fn parse(list: &[String], flags: &[&str]) -> Result<Args> {
-            let mut values = HashMap::new();
-            let mut i = 0;
-            while i < list.len() {
-                let key = list[i].strip_prefix("--").ok_or_else(|| anyhow!("unexpected argument '{}'\n{USAGE}", list[i]))?;
-                if flags.contains(&key) {
-                    values.insert(key.to_string(), "true".to_string());
-                    i += 1;
-                    continue;
-                }
-                let value = list.get(i + 1).ok_or_else(|| anyhow!("--{key} needs a value"))?;
-                values.insert(key.to_string(), value.clone());
-                i += 2;
-            }
-            Ok(Args { values })
-        }
-        fn str(&self, key: &str) -> Option<&str> {
-            self.values.get(key).map(|s| s.as_str())
-        }
-        fn num<T: std::str::FromStr>(&self, key: &str, default: T) -> Result<T> {
-            match self.values.get(key) {
-                None => Ok(default),
-                Some(v) => v.parse().map_err(|_| anyhow!("--{key} expects a number, got '{v}'")),
-            }
-        }
-    }
-
+    /// Parses the whole command line first, so a mistake in it stops the run before any file is read.
     pub fn run(argv: Vec<String>) -> Result<()> {
-        let Some(cmd) = argv.first() else { bail!("{USAGE}") };
-        let args = Args::parse(&argv[1..], &["no-prefix-cache", "no-cache-aware", "disaggregate", "transfer", "interference"])?;
-        match cmd.as_str() {
-            "tokenize" => tokenize(&args),
-            "score" => pollster::block_on(score(&args)),
-            "generate" => pollster::block_on(generate(&args)),
-            "bench" => pollster::block_on(bench(&args)),
-            "profile" => pollster::block_on(profile(&args)),
-            "trace" => pollster::block_on(trace(&args)),
-            "help" | "--help" | "-h" => {
+        let args = match args::parse(&argv) {
+            Ok(Parsed::Run(args)) => args,
+            Ok(Parsed::Help) => {
                 println!("{USAGE}");
-                Ok(())
+                return Ok(());
             }
-            other => bail!("unknown command '{other}'\n{USAGE}"),
+            Err(e @ args::ArgError::UnknownCommand { .. }) => bail!("{e}\n{USAGE}"),
+            Err(e) => return Err(e.into()),
+        };
+        match args.command.what {
+            Cmd::Tokenize => tokenize(&args),
+            Cmd::Score => pollster::block_on(score(&args)),
+            Cmd::Generate => pollster::block_on(generate(&args)),
+            Cmd::Bench => pollster::block_on(bench(&args)),
+            Cmd::Profile => pollster::block_on(profile(&args)),
+            Cmd::Trace => pollster::block_on(trace(&args)),
         }
     }
 
     fn model_bytes(args: &Args) -> Result<Vec<u8>> {
-        let path = args.str("model").unwrap_or(DEFAULT_MODEL);
+        let path = args.text("model").unwrap_or(DEFAULT_MODEL);
         std::fs::read(path).with_context(|| {
             format!("cannot read the model at {path} (run `npm run fetch-model`, or pass --model PATH)")
         })
@@ -103,38 +96,37 @@ mod cli {
         serde_json::from_str(&text).with_context(|| format!("{path} is not valid JSON"))
     }
 
-    fn engine_options(args: &Args) -> Result<EngineOptions> {
-        let kv_layout = match args.str("kv-layout").unwrap_or("paged") {
-            "contiguous" => KvLayout::Contiguous,
-            "paged" => KvLayout::Paged,
-            other => bail!("--kv-layout must be contiguous or paged, got '{other}'"),
+    fn engine_options(args: &Args) -> EngineOptions {
+        // The parser admits only the values in args::KV_LAYOUTS and args::KV_DTYPES.
+        let kv_layout = match args.text("kv-layout") {
+            Some("contiguous") => KvLayout::Contiguous,
+            _ => KvLayout::Paged,
         };
-        let kv_dtype = match args.str("kv-dtype").unwrap_or("f32") {
-            "f32" => KvDtype::F32,
-            "int8" => KvDtype::Int8,
-            other => bail!("--kv-dtype must be f32 or int8, got '{other}'"),
+        let kv_dtype = match args.text("kv-dtype") {
+            Some("int8") => KvDtype::Int8,
+            _ => KvDtype::F32,
         };
-        Ok(EngineOptions {
-            max_context: args.num("max-context", 0)?,
-            prefill_chunk: args.num("prefill-chunk", 512)?,
+        EngineOptions {
+            max_context: args.count("max-context", 0),
+            prefill_chunk: args.count("prefill-chunk", 512),
             kv_layout,
             kv_dtype,
-            block_size: args.num("block-size", 16)?,
-            pool_tokens: args.num("pool-tokens", 0)?,
-            prefix_cache: args.str("no-prefix-cache").is_none(),
+            block_size: args.count("block-size", 16),
+            pool_tokens: args.count("pool-tokens", 0),
+            prefix_cache: !args.flag("no-prefix-cache"),
             check_integrity: false,
             sched: SchedConfig {
-                max_batch: args.num("max-batch", SchedConfig::default().max_batch)?,
-                step_tokens: args.num("step-tokens", SchedConfig::default().step_tokens)?,
-                cache_aware: args.str("no-cache-aware").is_none(),
+                max_batch: args.count("max-batch", SchedConfig::default().max_batch),
+                step_tokens: args.count("step-tokens", SchedConfig::default().step_tokens),
+                cache_aware: !args.flag("no-cache-aware"),
                 ..SchedConfig::default()
             },
-        })
+        }
     }
 
     async fn load(args: &Args) -> Result<Engine> {
         let bytes = model_bytes(args)?;
-        Ok(Engine::load(&bytes, engine_options(args)?).await?)
+        Ok(Engine::load(&bytes, engine_options(args)).await?)
     }
 
     fn print_line(v: &Value) -> Result<()> {
@@ -145,7 +137,7 @@ mod cli {
     }
 
     fn tokenize(args: &Args) -> Result<()> {
-        let texts = read_json(args.str("texts"), "--texts")?;
+        let texts = read_json(args.text("texts"), "--texts")?;
         let texts = texts.as_array().ok_or_else(|| anyhow!("--texts must hold a JSON array of strings"))?;
         let bytes = model_bytes(args)?;
         let gguf = Gguf::parse(&bytes)?;
@@ -158,12 +150,12 @@ mod cli {
     }
 
     async fn score(args: &Args) -> Result<()> {
-        let items = read_json(args.str("input"), "--input")?;
+        let items = read_json(args.text("input"), "--input")?;
         let items = items.as_array().ok_or_else(|| anyhow!("--input must hold a JSON array"))?;
-        let mode = match args.str("mode").unwrap_or("decode") {
-            "decode" => ScoreMode::Decode,
-            "prefill" => ScoreMode::Prefill,
-            other => bail!("--mode must be decode or prefill, got '{other}'"),
+        // The parser admits only the values in args::SCORE_MODES.
+        let mode = match args.text("mode") {
+            Some("prefill") => ScoreMode::Prefill,
+            _ => ScoreMode::Decode,
         };
         let mut engine = load(args).await?;
         for (i, item) in items.iter().enumerate() {
@@ -179,21 +171,21 @@ mod cli {
         Ok(())
     }
 
-    fn sampling(args: &Args) -> Result<SamplingParams> {
-        Ok(SamplingParams {
-            temperature: args.num("temperature", 0.0)?,
-            top_k: args.num("top-k", 0)?,
-            top_p: args.num("top-p", 1.0)?,
-            repetition_penalty: args.num("repetition-penalty", 1.0)?,
+    fn sampling(args: &Args) -> SamplingParams {
+        SamplingParams {
+            temperature: args.number("temperature", 0.0),
+            top_k: args.count("top-k", 0),
+            top_p: args.number("top-p", 1.0),
+            repetition_penalty: args.number("repetition-penalty", 1.0),
             repetition_window: 64,
-            seed: args.num("seed", 0)?,
-        })
+            seed: args.seed("seed", 0),
+        }
     }
 
     async fn generate(args: &Args) -> Result<()> {
-        let request = GenerateRequest { max_tokens: args.num("max-tokens", 128)?, sampling: sampling(args)?, ..Default::default() };
+        let request = GenerateRequest { max_tokens: args.count("max-tokens", 128), sampling: sampling(args), ..Default::default() };
         request.sampling.validate()?;
-        if let Some(prompt) = args.str("prompt") {
+        if let Some(prompt) = args.text("prompt") {
             let mut engine = load(args).await?;
             let ids = engine.tokenizer().encode(prompt)?;
             let mut out = std::io::stdout();
@@ -216,7 +208,7 @@ mod cli {
             );
             return Ok(());
         }
-        let items = read_json(args.str("input"), "--input (or --prompt)")?;
+        let items = read_json(args.text("input"), "--input (or --prompt)")?;
         let items = items.as_array().ok_or_else(|| anyhow!("--input must hold a JSON array"))?;
         let mut engine = load(args).await?;
         for (i, item) in items.iter().enumerate() {
@@ -244,9 +236,9 @@ mod cli {
     /// greedy. Requests run one at a time in file order (batching comes with the scheduler; the
     /// contract allows running them one by one).
     async fn trace(args: &Args) -> Result<()> {
-        let path = args.str("input").ok_or_else(|| anyhow!("--input FILE.jsonl is required"))?;
+        let path = args.text("input").ok_or_else(|| anyhow!("--input FILE.jsonl is required"))?;
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?;
-        let max_batch: u32 = args.num("max-batch", 1)?;
+        let max_batch = args.count("max-batch", 1);
         if max_batch == 0 {
             bail!("--max-batch must be at least 1");
         }
@@ -260,20 +252,19 @@ mod cli {
             }
             requests.push(v);
         }
-        let mut opts = engine_options(args)?;
+        let mut opts = engine_options(args);
         opts.sched.max_batch = max_batch;
         let bytes = model_bytes(args)?;
         let mut engine = Engine::load(&bytes, opts.clone()).await?;
         // --disaggregate: a second engine only prefills; each prompt's K/V travel to the decoding
         // engine as a snapshot, which then recomputes only the prompt's last token.
-        let mut prefill_engine = match args.str("disaggregate") {
-            Some(_) => {
-                if !engine.kv_cache().prefix_cache_enabled() {
-                    bail!("--disaggregate moves K/V through the prefix cache: it needs the paged layout and no --no-prefix-cache");
-                }
-                Some(Engine::load(&bytes, opts).await?)
+        let mut prefill_engine = if args.flag("disaggregate") {
+            if !engine.kv_cache().prefix_cache_enabled() {
+                bail!("--disaggregate moves K/V through the prefix cache: it needs the paged layout and no --no-prefix-cache");
             }
-            None => None,
+            Some(Engine::load(&bytes, opts).await?)
+        } else {
+            None
         };
         let mut transfers: HashMap<pagedlm::engine::RequestId, (f64, f64, usize)> = HashMap::new();
         // Per conversation: its messages so far, its requests still to run (in file order) and
@@ -371,8 +362,8 @@ mod cli {
 
     /// Per-kernel GPU time of one prefill step and one decode step (each dispatch timed alone).
     async fn profile(args: &Args) -> Result<()> {
-        let n: u32 = args.num("prompt-tokens", 512)?;
-        let mut opts = engine_options(args)?;
+        let n = args.count("prompt-tokens", 512);
+        let mut opts = engine_options(args);
         opts.max_context = n + 2;
         let bytes = model_bytes(args)?;
         let mut engine = Engine::load(&bytes, opts).await?;
@@ -440,14 +431,9 @@ mod cli {
     /// Per prompt length: snapshot size, and export + import time against recomputing the
     /// prefill (`pagedlm bench --transfer --lengths 256,1024,4096`).
     async fn bench_transfer(args: &Args) -> Result<()> {
-        let lengths: Vec<u32> = args
-            .str("lengths")
-            .unwrap_or("256,512,1024,2048,4096")
-            .split(',')
-            .map(|x| x.trim().parse().map_err(|_| anyhow!("--lengths expects numbers separated by commas, got '{x}'")))
-            .collect::<Result<_>>()?;
+        let lengths = args.counts("lengths").unwrap_or(&[256, 512, 1024, 2048, 4096]).to_vec();
         let longest = lengths.iter().copied().max().unwrap_or(256);
-        let mut opts = engine_options(args)?;
+        let mut opts = engine_options(args);
         if opts.max_context == 0 {
             opts.max_context = longest + 16;
         }
@@ -490,8 +476,8 @@ mod cli {
     /// read, for the configured `--step-tokens` (chunked prefill) — run it with a small and a
     /// large value to compare.
     async fn bench_interference(args: &Args) -> Result<()> {
-        let long: u32 = args.num("prompt-tokens", 2048)?;
-        let mut opts = engine_options(args)?;
+        let long = args.count("prompt-tokens", 2048);
+        let mut opts = engine_options(args);
         opts.prefix_cache = false;
         opts.sched.max_batch = 5;
         // Room for everything at once: the point is the schedule, not preemption.
@@ -556,27 +542,27 @@ mod cli {
     }
 
     async fn bench(args: &Args) -> Result<()> {
-        let prompt_tokens: u32 = args.num("prompt-tokens", 512)?;
-        let gen_tokens: u32 = args.num("gen-tokens", 128)?;
-        let context: u32 = args.num("context", 0)?;
-        let batch: u32 = args.num("batch", 1)?;
+        let prompt_tokens = args.count("prompt-tokens", 512);
+        let gen_tokens = args.count("gen-tokens", 128);
+        let context = args.count("context", 0);
+        let batch = args.count("batch", 1);
         if batch == 0 {
             bail!("--batch must be at least 1");
         }
-        if args.str("transfer").is_some() {
+        if args.flag("transfer") {
             return bench_transfer(args).await;
         }
-        if args.str("interference").is_some() {
+        if args.flag("interference") {
             return bench_interference(args).await;
         }
-        let mut opts = engine_options(args)?;
+        let mut opts = engine_options(args);
         let needed = prompt_tokens.max(context) + gen_tokens + 1;
         if opts.max_context == 0 {
             opts.max_context = needed;
         }
         // Raw speed: no request may reuse another's K/V.
         opts.prefix_cache = false;
-        if batch > 1 || args.str("batch").is_some() {
+        if batch > 1 || args.given("batch") {
             return bench_batch(args, opts, batch, context.max(prompt_tokens).max(1), gen_tokens).await;
         }
         let bytes = model_bytes(args)?;
