@@ -46,12 +46,12 @@ const USAGE: &str = "usage: pagedlm <tokenize|score|generate|bench|trace|profile
 
 #[cfg(not(target_arch = "wasm32"))]
 mod cli {
-    use std::collections::HashMap;
+    use std::collections::{HashMap, VecDeque};
     use std::io::Write;
 
     use anyhow::{anyhow, bail, Context as _, Result};
     use pagedlm::engine::SchedConfig;
-    use pagedlm::engine::{Engine, EngineOptions, GenerateRequest, KvDtype, KvLayout, ScoreMode};
+    use pagedlm::engine::{Engine, EngineOptions, Event, GenerateRequest, Generation, KvDtype, KvLayout, RequestId, ScoreMode};
     use pagedlm::gguf::Gguf;
     use pagedlm::sampler::SamplingParams;
     use pagedlm::tokenizer::{ChatMessage, Tokenizer, TokenizerSpec};
@@ -233,25 +233,15 @@ mod cli {
 
     /// Replays conversations: each line `{id, conversation, system?, user, max_tokens}` continues its
     /// conversation (system prompt, earlier turns with the engine's own replies, then this turn),
-    /// greedy. Requests run one at a time in file order (batching comes with the scheduler; the
-    /// contract allows running them one by one).
+    /// greedy. A conversation's turns run in file order, each after the previous one finished;
+    /// different conversations run concurrently, up to `--max-batch` (default 1).
     async fn trace(args: &Args) -> Result<()> {
         let path = args.text("input").ok_or_else(|| anyhow!("--input FILE.jsonl is required"))?;
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?;
         let max_batch = args.count("max-batch", 1);
         if max_batch == 0 {
             bail!("--max-batch must be at least 1");
         }
-        let mut requests = Vec::new();
-        for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-            let v: Value = serde_json::from_str(line).with_context(|| format!("{path}:{}: not valid JSON", n + 1))?;
-            for key in ["id", "conversation", "user"] {
-                if !v.get(key).is_some_and(Value::is_string) {
-                    bail!("{path}:{}: \"{key}\" (a string) is required", n + 1);
-                }
-            }
-            requests.push(v);
-        }
+        let requests = read_trace(path)?;
         let mut opts = engine_options(args);
         opts.sched.max_batch = max_batch;
         let bytes = model_bytes(args)?;
@@ -266,98 +256,179 @@ mod cli {
         } else {
             None
         };
-        let mut transfers: HashMap<pagedlm::engine::RequestId, (f64, f64, usize)> = HashMap::new();
-        // Per conversation: its messages so far, its requests still to run (in file order) and
-        // the one in flight.
-        let mut order: Vec<String> = Vec::new();
-        let mut queues: HashMap<String, std::collections::VecDeque<&Value>> = HashMap::new();
-        for v in &requests {
-            let c = v["conversation"].as_str().unwrap_or_default().to_string();
-            if !queues.contains_key(&c) {
-                order.push(c.clone());
-            }
-            queues.entry(c).or_default().push_back(v);
-        }
-        let mut history: HashMap<String, Vec<ChatMessage>> = HashMap::new();
-        let mut in_flight: HashMap<pagedlm::engine::RequestId, (String, &Value, usize)> = HashMap::new();
-        let (mut total_prompt, mut total_hit, mut integrity_ok) = (0u64, 0u64, true);
+        let mut conversations = Conversations::new(&requests);
+        let mut in_flight: HashMap<RequestId, Turn<'_>> = HashMap::new();
+        let mut totals = TraceTotals { integrity_ok: true, ..TraceTotals::default() };
         loop {
             // Submit the next request of every conversation that has none running.
-            for c in &order {
-                if in_flight.values().any(|(conv, _, _)| conv == c) {
-                    continue;
-                }
-                let Some(v) = queues.get_mut(c).and_then(|q| q.pop_front()) else { continue };
-                let max_tokens = v.get("max_tokens").and_then(Value::as_u64).unwrap_or(128) as u32;
-                let messages = history.entry(c.clone()).or_default();
-                if messages.is_empty() {
-                    if let Some(system) = v.get("system").and_then(Value::as_str) {
-                        messages.push(ChatMessage { role: "system".into(), content: system.into() });
-                    }
-                }
-                messages.push(ChatMessage { role: "user".into(), content: v["user"].as_str().unwrap_or_default().into() });
-                let prompt = engine.chat_prompt(messages)?;
+            for (conversation, line) in conversations.next_turns(|c| in_flight.values().any(|t| t.conversation == c)) {
+                let prompt = engine.chat_prompt(conversations.add_user_turn(&conversation, line))?;
+                let transfer = match prefill_engine.as_mut() {
+                    Some(p) => Some(transfer_prefix(p, &mut engine, &prompt).await?),
+                    None => None,
+                };
+                let max_tokens = line.get("max_tokens").and_then(Value::as_u64).unwrap_or(128) as u32;
                 let request = GenerateRequest { max_tokens, sampling: SamplingParams::greedy(), ..Default::default() };
-                let mut transfer = None;
-                if let Some(p) = prefill_engine.as_mut() {
-                    let t0 = pagedlm::time::now_ms();
-                    p.cache_prefix(&prompt).await?;
-                    let t1 = pagedlm::time::now_ms();
-                    let snapshot = p.export_snapshot(&prompt).await?;
-                    engine.import_snapshot(&snapshot)?;
-                    transfer = Some((t1 - t0, pagedlm::time::now_ms() - t1, snapshot.len()));
-                }
-                let id = engine.submit(prompt.clone(), request)?;
-                if let Some(t) = transfer {
-                    transfers.insert(id, t);
-                }
-                in_flight.insert(id, (c.clone(), v, prompt.len()));
+                let prompt_len = prompt.len();
+                let id = engine.submit(prompt, request)?;
+                in_flight.insert(id, Turn { line, conversation, prompt_len, transfer });
             }
             if !engine.has_work() {
                 break;
             }
             for event in engine.step().await? {
-                let pagedlm::engine::Event::Finished { id, result } = event else { continue };
-                let (conversation, v, prompt_len) = in_flight.remove(&id).ok_or_else(|| anyhow!("an unknown request finished"))?;
-                let rid = v["id"].as_str().unwrap_or_default();
-                let g = result.with_context(|| format!("request {rid}"))?;
-                total_prompt += prompt_len as u64;
-                total_hit += g.prefix_hit_tokens as u64;
-                history.get_mut(&conversation).expect("submitted above").push(ChatMessage { role: "assistant".into(), content: g.text.clone() });
-                let mut line = json!({
-                    "id": rid, "conversation": conversation, "prompt_tokens": prompt_len,
-                    "prefix_hit_tokens": g.prefix_hit_tokens, "prefill_tokens": g.prefill_tokens, "tokens": g.tokens, "text": g.text,
-                    "finish_reason": g.finish_reason, "ttft_ms": g.ttft_ms, "decode_ms": g.decode_ms,
-                });
-                if let Some((prefill_ms, transfer_ms, bytes)) = transfers.remove(&id) {
-                    // On the decoding engine the prompt arrived as a snapshot: its own time to
-                    // first token follows the prefill engine's work and the transfer.
-                    line["prefill_engine_ms"] = json!(prefill_ms);
-                    line["transfer_ms"] = json!(transfer_ms);
-                    line["snapshot_bytes"] = json!(bytes);
-                    line["ttft_ms"] = json!(g.ttft_ms + prefill_ms + transfer_ms);
-                }
-                print_line(&line)?;
+                let Event::Finished { id, result } = event else { continue };
+                let turn = in_flight.remove(&id).ok_or_else(|| anyhow!("an unknown request finished"))?;
+                let g = result.with_context(|| format!("request {}", turn.line["id"].as_str().unwrap_or_default()))?;
+                totals.prompt_tokens += turn.prompt_len as u64;
+                totals.prefix_hit_tokens += g.prefix_hit_tokens as u64;
+                conversations.add_reply(&turn.conversation, &g.text);
+                print_line(&finished_line(&turn, &g))?;
             }
             if let Err(e) = engine.kv_cache().check_integrity() {
                 eprintln!("KV cache integrity check failed: {e}");
-                integrity_ok = false;
+                totals.integrity_ok = false;
             }
         }
+        print_line(&trace_summary(&engine, requests.len(), &totals, max_batch))
+    }
+
+    /// The trace file's requests, each checked for the keys every line needs.
+    fn read_trace(path: &str) -> Result<Vec<Value>> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?;
+        let mut requests = Vec::new();
+        for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            let v: Value = serde_json::from_str(line).with_context(|| format!("{path}:{}: not valid JSON", n + 1))?;
+            for key in ["id", "conversation", "user"] {
+                if !v.get(key).is_some_and(Value::is_string) {
+                    bail!("{path}:{}: \"{key}\" (a string) is required", n + 1);
+                }
+            }
+            requests.push(v);
+        }
+        Ok(requests)
+    }
+
+    /// Per conversation, in order of first appearance: its requests still to run (in file order)
+    /// and its messages so far.
+    struct Conversations<'a> {
+        order: Vec<String>,
+        queues: HashMap<String, VecDeque<&'a Value>>,
+        history: HashMap<String, Vec<ChatMessage>>,
+    }
+
+    impl<'a> Conversations<'a> {
+        fn new(requests: &'a [Value]) -> Conversations<'a> {
+            let mut order: Vec<String> = Vec::new();
+            let mut queues: HashMap<String, VecDeque<&Value>> = HashMap::new();
+            for v in requests {
+                let c = v["conversation"].as_str().unwrap_or_default().to_string();
+                if !queues.contains_key(&c) {
+                    order.push(c.clone());
+                }
+                queues.entry(c).or_default().push_back(v);
+            }
+            Conversations { order, queues, history: HashMap::new() }
+        }
+
+        /// Takes the next request of every conversation that is not `busy`.
+        fn next_turns(&mut self, busy: impl Fn(&str) -> bool) -> Vec<(String, &'a Value)> {
+            let mut turns = Vec::new();
+            for c in &self.order {
+                if busy(c) {
+                    continue;
+                }
+                if let Some(v) = self.queues.get_mut(c).and_then(|q| q.pop_front()) {
+                    turns.push((c.clone(), v));
+                }
+            }
+            turns
+        }
+
+        /// Adds the request's user turn (and, first in a conversation, its system prompt);
+        /// returns the conversation so far.
+        fn add_user_turn(&mut self, conversation: &str, line: &Value) -> &[ChatMessage] {
+            let messages = self.history.entry(conversation.to_string()).or_default();
+            if messages.is_empty() {
+                if let Some(system) = line.get("system").and_then(Value::as_str) {
+                    messages.push(ChatMessage { role: "system".into(), content: system.into() });
+                }
+            }
+            messages.push(ChatMessage { role: "user".into(), content: line["user"].as_str().unwrap_or_default().into() });
+            messages
+        }
+
+        fn add_reply(&mut self, conversation: &str, text: &str) {
+            let messages = self.history.entry(conversation.to_string()).or_default();
+            messages.push(ChatMessage { role: "assistant".into(), content: text.to_string() });
+        }
+    }
+
+    /// A submitted trace request.
+    struct Turn<'a> {
+        line: &'a Value,
+        conversation: String,
+        prompt_len: usize,
+        transfer: Option<Transfer>,
+    }
+
+    /// How a disaggregated request's prompt reached the decoding engine.
+    struct Transfer {
+        prefill_engine_ms: f64,
+        transfer_ms: f64,
+        snapshot_bytes: usize,
+    }
+
+    #[derive(Default)]
+    struct TraceTotals {
+        prompt_tokens: u64,
+        prefix_hit_tokens: u64,
+        integrity_ok: bool,
+    }
+
+    /// Prefills `prompt` on the prefill engine and moves its K/V to `engine` as a snapshot.
+    async fn transfer_prefix(prefill: &mut Engine, engine: &mut Engine, prompt: &[u32]) -> Result<Transfer> {
+        let t0 = pagedlm::time::now_ms();
+        prefill.cache_prefix(prompt).await?;
+        let t1 = pagedlm::time::now_ms();
+        let snapshot = prefill.export_snapshot(prompt).await?;
+        engine.import_snapshot(&snapshot)?;
+        Ok(Transfer { prefill_engine_ms: t1 - t0, transfer_ms: pagedlm::time::now_ms() - t1, snapshot_bytes: snapshot.len() })
+    }
+
+    fn finished_line(turn: &Turn<'_>, g: &Generation) -> Value {
+        let mut line = json!({
+            "id": turn.line["id"].as_str().unwrap_or_default(), "conversation": turn.conversation, "prompt_tokens": turn.prompt_len,
+            "prefix_hit_tokens": g.prefix_hit_tokens, "prefill_tokens": g.prefill_tokens, "tokens": g.tokens, "text": g.text,
+            "finish_reason": g.finish_reason, "ttft_ms": g.ttft_ms, "decode_ms": g.decode_ms,
+        });
+        if let Some(t) = &turn.transfer {
+            // On the decoding engine the prompt arrived as a snapshot: its own time to
+            // first token follows the prefill engine's work and the transfer.
+            line["prefill_engine_ms"] = json!(t.prefill_engine_ms);
+            line["transfer_ms"] = json!(t.transfer_ms);
+            line["snapshot_bytes"] = json!(t.snapshot_bytes);
+            line["ttft_ms"] = json!(g.ttft_ms + t.prefill_engine_ms + t.transfer_ms);
+        }
+        line
+    }
+
+    fn trace_summary(engine: &Engine, requests: usize, totals: &TraceTotals, max_batch: u32) -> Value {
         let stats = engine.kv_cache().stats();
         let prefix = engine.kv_cache().prefix_stats();
-        print_line(&json!({ "summary": {
-            "requests": requests.len(), "prompt_tokens": total_prompt, "prefix_hit_tokens": total_hit,
-            "hit_rate": if total_prompt == 0 { 0.0 } else { total_hit as f64 / total_prompt as f64 },
+        let (prompt, hit) = (totals.prompt_tokens, totals.prefix_hit_tokens);
+        json!({ "summary": {
+            "requests": requests, "prompt_tokens": prompt, "prefix_hit_tokens": hit,
+            "hit_rate": if prompt == 0 { 0.0 } else { hit as f64 / prompt as f64 },
             "prefix_cache": prefix.enabled,
-            "evictions": prefix.evictions, "preemptions": engine.sched_stats().preemptions, "integrity_ok": integrity_ok,
+            "evictions": prefix.evictions, "preemptions": engine.sched_stats().preemptions, "integrity_ok": totals.integrity_ok,
             "max_batch": max_batch, "steps": engine.sched_stats().steps,
             "pool": {
                 "kv_dtype": stats.kv_dtype, "block_size": stats.block_size, "blocks_total": stats.blocks_total,
                 "blocks_used": stats.blocks_used, "blocks_free": stats.blocks_free, "blocks_cached": stats.blocks_cached,
                 "bytes_total": stats.bytes_total, "bytes_per_token": stats.bytes_per_token,
             },
-        }}))
+        }})
     }
 
     /// Per-kernel GPU time of one prefill step and one decode step (each dispatch timed alone).
@@ -397,17 +468,17 @@ mod cli {
         while engine.has_work() && t1.is_none() {
             for e in engine.step().await? {
                 match e {
-                    pagedlm::engine::Event::Token { id, .. } => {
+                    Event::Token { id, .. } => {
                         if t0.is_some() {
                             tokens += 1;
                         }
                         started.insert(id);
                     }
-                    pagedlm::engine::Event::Finished { result, .. } => {
+                    Event::Finished { result, .. } => {
                         result?;
                         t1.get_or_insert(pagedlm::time::now_ms());
                     }
-                    pagedlm::engine::Event::Admitted { .. } => {}
+                    Event::Admitted { .. } => {}
                 }
             }
             if t0.is_none() && started.len() as u32 == batch {
@@ -504,18 +575,18 @@ mod cli {
         let t0 = pagedlm::time::now_ms();
         // Gaps count from the long prompt's arrival, so a decoder that gets no token until the
         // prompt is read shows that whole wait.
-        let mut last: HashMap<pagedlm::engine::RequestId, f64> = decoders.iter().map(|&id| (id, t0)).collect();
+        let mut last: HashMap<RequestId, f64> = decoders.iter().map(|&id| (id, t0)).collect();
         let mut long_done = false;
         while !long_done {
             for e in engine.step().await? {
                 let now = pagedlm::time::now_ms();
                 match e {
-                    pagedlm::engine::Event::Token { id, .. } if decoders.contains(&id) => {
+                    Event::Token { id, .. } if decoders.contains(&id) => {
                         if let Some(prev) = last.insert(id, now) {
                             gaps.push(now - prev);
                         }
                     }
-                    pagedlm::engine::Event::Finished { id, .. } if id == long_id => long_done = true,
+                    Event::Finished { id, .. } if id == long_id => long_done = true,
                     _ => {}
                 }
             }
@@ -573,7 +644,7 @@ mod cli {
         let request = GenerateRequest { max_tokens: gen_tokens, sampling: SamplingParams::greedy(), ..Default::default() };
         let never_stop = |_: &pagedlm::engine::TokenEvent<'_>| true;
         // Warm-up: compiles pipelines and builds graphs.
-        engine.generate(&make(prompt_tokens.min(16).max(1)), &GenerateRequest { max_tokens: 4, ..request.clone() }, &mut |e| never_stop(e)).await?;
+        engine.generate(&make(prompt_tokens.clamp(1, 16)), &GenerateRequest { max_tokens: 4, ..request.clone() }, &mut |e| never_stop(e)).await?;
         let prefill = engine.generate(&make(prompt_tokens.max(1)), &GenerateRequest { max_tokens: 1, ..request.clone() }, &mut |e| never_stop(e)).await?;
         let decode_ctx = if context > 0 { context } else { prompt_tokens.max(1) };
         let mut decode = engine.generate_ignoring_eos(&make(decode_ctx), gen_tokens).await?;
