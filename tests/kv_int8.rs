@@ -9,7 +9,7 @@
 //! Run natively with `-- --nocapture` to see the figures. In the browser (SwiftShader, ~5 tok/s)
 //! only the first check runs, on one short prompt.
 //!
-//! The granularity measurement behind src/kv/quant.rs's choice is here too (ignored: a
+//! The granularity measurement behind src/quant/kv_int8.rs's choice is here too (ignored: a
 //! measurement, not a check): `cargo test --release --test kv_int8 -- --ignored --nocapture`.
 mod common;
 
@@ -335,7 +335,7 @@ async fn decode_after(
 /// round trip (the steps' own K/V stay f32), against the unmodified cache.
 #[cfg(not(target_arch = "wasm32"))]
 #[test]
-#[ignore = "measurement for src/kv/quant.rs"]
+#[ignore = "measurement for src/quant/kv_int8.rs"]
 fn granularity_is_measured_on_real_kv() {
     use pagedlm::gguf::Gguf;
     use pagedlm::kv::{CacheConfig, KvCache, KvLayout};
