@@ -33,8 +33,9 @@ pub const DEFAULT_ALIGNMENT: u64 = 32;
 
 const MAGIC: &[u8; 4] = b"GGUF";
 
-/// A ggml tensor element type. The ones pagedlm can run have variants; every other id is kept
-/// as `Other` so a file listing them still parses, and is refused only if such a tensor is used.
+/// A ggml tensor element type. The types whose block layout the reader knows have variants
+/// (the model runs F32 norms and Q4_1 / Q8_0 matrices); every other id is kept as `Other` so a
+/// file listing them still parses, and is refused only if such a tensor is used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[allow(non_camel_case_types)]
 pub enum GgmlType {
@@ -326,6 +327,7 @@ pub enum GgufError {
     OutOfRange { key: String, value: String, target: String },
     #[error("tensor {0} is missing")]
     MissingTensor(String),
+    /// From the test-support writer (`synth::GgufWriter`, `testing` feature).
     #[error("cannot write GGUF: {0}")]
     InvalidWrite(String),
 }

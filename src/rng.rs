@@ -19,13 +19,18 @@ impl Rng {
         z ^ (z >> 31)
     }
 
-    pub fn next_u32(&mut self) -> u32 {
-        (self.next_u64() >> 32) as u32
-    }
-
     /// Uniform in [0, 1).
     pub fn next_f32(&mut self) -> f32 {
         (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+}
+
+/// Test data: the shipped library samples through `next_f32` alone, so these are built only for
+/// tests (the `testing` feature, or this crate's own unit tests).
+#[cfg(any(test, feature = "testing"))]
+impl Rng {
+    pub fn next_u32(&mut self) -> u32 {
+        (self.next_u64() >> 32) as u32
     }
 
     /// Uniform in [lo, hi).

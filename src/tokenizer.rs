@@ -114,9 +114,9 @@ pub struct TokenizerSpec {
     pub model: String,
     /// `tokenizer.ggml.pre`, e.g. "smollm".
     pub pre: String,
-    /// `tokenizer.ggml.tokens`: [vocab_size], token id = index; byte-level strings ("Ġthe").
+    /// `tokenizer.ggml.tokens`: `[vocab_size]`, token id = index; byte-level strings ("Ġthe").
     pub tokens: Vec<String>,
-    /// `tokenizer.ggml.token_type`: [vocab_size] (see [`token_type`]), or empty: all normal.
+    /// `tokenizer.ggml.token_type`: `[vocab_size]` (see [`token_type`]), or empty: all normal.
     pub token_types: Vec<i32>,
     /// `tokenizer.ggml.merges`: "left right", highest priority first.
     pub merges: Vec<String>,
@@ -158,6 +158,94 @@ pub struct Tokenizer {
     chat: ChatFormat,
 }
 
+/// Checks what the BPE model needs: a byte-level BPE vocabulary with a pre-tokenizer pagedlm
+/// knows, a type for every token (all normal when the file has none), special ids inside the
+/// vocabulary. Returns whether digits split one by one, and the token types.
+fn check_spec(spec: &TokenizerSpec) -> Result<(bool, Vec<i32>), TokenizerError> {
+    if spec.model != "gpt2" {
+        return Err(TokenizerError::UnsupportedModel(spec.model.clone()));
+    }
+    // llama.cpp gives "smollm", "starcoder" and "refact" the same regex: every digit on its
+    // own, then the GPT-2 split. HF's Digits(individual) + ByteLevel(use_regex) is the same.
+    let split_digits = match spec.pre.as_str() {
+        "smollm" | "starcoder" | "refact" => true,
+        "gpt-2" => false,
+        _ => return Err(TokenizerError::UnsupportedPreTokenizer(spec.pre.clone())),
+    };
+    let vocab_size = spec.tokens.len();
+    if vocab_size == 0 {
+        return Err(TokenizerError::EmptyVocab);
+    }
+    if u32::try_from(vocab_size).is_err() {
+        return Err(TokenizerError::VocabTooLarge(vocab_size));
+    }
+    let token_types = if spec.token_types.is_empty() {
+        vec![token_type::NORMAL; vocab_size]
+    } else if spec.token_types.len() != vocab_size {
+        return Err(TokenizerError::TokenTypeCount {
+            tokens: vocab_size,
+            types: spec.token_types.len(),
+        });
+    } else {
+        spec.token_types.clone()
+    };
+    for (what, id) in [("BOS", spec.bos_id), ("EOS", spec.eos_id)] {
+        if let Some(id) = id {
+            if id as usize >= vocab_size {
+                return Err(TokenizerError::SpecialIdOutOfRange { what, id, vocab_size });
+            }
+        }
+    }
+    Ok((split_digits, token_types))
+}
+
+/// The `tokenizers` BPE model over the spec's vocabulary and merges, with the byte-level
+/// pre-tokenizer (digits split first when `split_digits`), decoder and added tokens.
+fn bpe_tokenizer(spec: &TokenizerSpec, token_types: &[i32], split_digits: bool) -> Result<tokenizers::Tokenizer, TokenizerError> {
+    let merges = parse_merges(&spec.merges)?;
+    // Keep the first id of a duplicated token string: the BPE model needs a map, and the
+    // duplicate is unreachable by encoding anyway (llama.cpp resolves it the same way).
+    let mut vocab = Vocab::default();
+    for (id, token) in spec.tokens.iter().enumerate() {
+        vocab.entry(token.clone()).or_insert(id as u32);
+    }
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .build()
+        .map_err(|e| TokenizerError::Build(e.to_string()))?;
+
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    let byte_level = ByteLevel::new(false, true, true);
+    let pre = if split_digits {
+        PreTokenizerWrapper::Sequence(Sequence::new(vec![
+            PreTokenizerWrapper::Digits(Digits::new(true)),
+            PreTokenizerWrapper::ByteLevel(byte_level),
+        ]))
+    } else {
+        PreTokenizerWrapper::ByteLevel(byte_level)
+    };
+    inner.with_pre_tokenizer(Some(pre));
+    inner.with_decoder(Some(DecoderWrapper::ByteLevel(byte_level)));
+
+    // llama.cpp splits control, unknown and user-defined tokens out of the text before BPE
+    // (longest first); added tokens do the same. Only control/unknown are "special" (hidden
+    // by skip-special decoding); user-defined tokens are ordinary text that must not be split.
+    let added: Vec<AddedToken> = spec
+        .tokens
+        .iter()
+        .zip(token_types)
+        .filter_map(|(token, &kind)| match kind {
+            token_type::CONTROL | token_type::UNKNOWN => Some(AddedToken::from(token.clone(), true)),
+            token_type::USER_DEFINED => Some(AddedToken::from(token.clone(), false)),
+            _ => None,
+        })
+        .collect();
+    inner
+        .add_special_tokens(added)
+        .map_err(|e| TokenizerError::Build(e.to_string()))?;
+    Ok(inner)
+}
+
 /// How chat messages become a prompt string.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct ChatFormat {
@@ -169,83 +257,8 @@ impl Tokenizer {
     /// Builds the tokenizer. Fails with a typed error on an unsupported model / pre-tokenizer
     /// or inconsistent metadata; never panics on bad input.
     pub fn from_spec(spec: TokenizerSpec) -> Result<Tokenizer, TokenizerError> {
-        if spec.model != "gpt2" {
-            return Err(TokenizerError::UnsupportedModel(spec.model));
-        }
-        // llama.cpp gives "smollm", "starcoder" and "refact" the same regex: every digit on its
-        // own, then the GPT-2 split. HF's Digits(individual) + ByteLevel(use_regex) is the same.
-        let split_digits = match spec.pre.as_str() {
-            "smollm" | "starcoder" | "refact" => true,
-            "gpt-2" => false,
-            _ => return Err(TokenizerError::UnsupportedPreTokenizer(spec.pre)),
-        };
-        let vocab_size = spec.tokens.len();
-        if vocab_size == 0 {
-            return Err(TokenizerError::EmptyVocab);
-        }
-        if u32::try_from(vocab_size).is_err() {
-            return Err(TokenizerError::VocabTooLarge(vocab_size));
-        }
-        let token_types = if spec.token_types.is_empty() {
-            vec![token_type::NORMAL; vocab_size]
-        } else if spec.token_types.len() != vocab_size {
-            return Err(TokenizerError::TokenTypeCount {
-                tokens: vocab_size,
-                types: spec.token_types.len(),
-            });
-        } else {
-            spec.token_types
-        };
-        for (what, id) in [("BOS", spec.bos_id), ("EOS", spec.eos_id)] {
-            if let Some(id) = id {
-                if id as usize >= vocab_size {
-                    return Err(TokenizerError::SpecialIdOutOfRange { what, id, vocab_size });
-                }
-            }
-        }
-
-        let merges = parse_merges(&spec.merges)?;
-        // Keep the first id of a duplicated token string: the BPE model needs a map, and the
-        // duplicate is unreachable by encoding anyway (llama.cpp resolves it the same way).
-        let mut vocab = Vocab::default();
-        for (id, token) in spec.tokens.iter().enumerate() {
-            vocab.entry(token.clone()).or_insert(id as u32);
-        }
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(|e| TokenizerError::Build(e.to_string()))?;
-
-        let mut inner = tokenizers::Tokenizer::new(bpe);
-        let byte_level = ByteLevel::new(false, true, true);
-        let pre = if split_digits {
-            PreTokenizerWrapper::Sequence(Sequence::new(vec![
-                PreTokenizerWrapper::Digits(Digits::new(true)),
-                PreTokenizerWrapper::ByteLevel(byte_level),
-            ]))
-        } else {
-            PreTokenizerWrapper::ByteLevel(byte_level)
-        };
-        inner.with_pre_tokenizer(Some(pre));
-        inner.with_decoder(Some(DecoderWrapper::ByteLevel(byte_level)));
-
-        // llama.cpp splits control, unknown and user-defined tokens out of the text before BPE
-        // (longest first); added tokens do the same. Only control/unknown are "special" (hidden
-        // by skip-special decoding); user-defined tokens are ordinary text that must not be split.
-        let added: Vec<AddedToken> = spec
-            .tokens
-            .iter()
-            .zip(&token_types)
-            .filter_map(|(token, &kind)| match kind {
-                token_type::CONTROL | token_type::UNKNOWN => Some(AddedToken::from(token.clone(), true)),
-                token_type::USER_DEFINED => Some(AddedToken::from(token.clone(), false)),
-                _ => None,
-            })
-            .collect();
-        inner
-            .add_special_tokens(added)
-            .map_err(|e| TokenizerError::Build(e.to_string()))?;
-
+        let (split_digits, token_types) = check_spec(&spec)?;
+        let inner = bpe_tokenizer(&spec, &token_types, split_digits)?;
         let byte_table = byte_level_decoder_table();
         let token_bytes: Vec<Box<[u8]>> = spec
             .tokens

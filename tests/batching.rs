@@ -9,18 +9,15 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 use std::collections::HashMap;
 
+use common::tiny_model;
+
 use pagedlm::engine::{Engine, EngineOptions, FinishReason, GenerateRequest, KvDtype};
 use pagedlm::rng::Rng;
 use pagedlm::sampler::SamplingParams;
 use pagedlm::engine::{Event, RequestId, SchedConfig};
-use pagedlm::synth::{tiny_llama_gguf, SynthConfig};
 
 fn ids(rng: &mut Rng, n: usize) -> Vec<u32> {
     (0..n).map(|_| 3 + rng.below(256) as u32).collect()
-}
-
-fn tiny(seed: u64) -> Vec<u8> {
-    tiny_llama_gguf(&SynthConfig { seed, ..SynthConfig::tiny() })
 }
 
 /// Runs every submitted request to the end, with `check_integrity()` after every step, and
@@ -57,7 +54,7 @@ async fn run_batched(engine: &mut Engine, prompts: &[(Vec<u32>, GenerateRequest)
 
 gpu_test! {
     async fn batched_requests_give_the_tokens_they_give_alone() {
-        let bytes = tiny(31);
+        let bytes = tiny_model(31);
         let mut rng = Rng::new(3);
         let system = ids(&mut rng, 12);
         let mut prompts = Vec::new();
@@ -110,7 +107,7 @@ gpu_test! {
 
 gpu_test! {
     async fn a_small_pool_preempts_and_every_request_still_matches_its_solo_run() {
-        let bytes = tiny(32);
+        let bytes = tiny_model(32);
         let mut rng = Rng::new(4);
         // Sampled (seeded): this tiny model's greedy output repeats one token, which would hide a
         // token generated twice around a preemption.
@@ -145,7 +142,7 @@ gpu_test! {
 
 gpu_test! {
     async fn requests_running_together_share_a_system_prompt_computed_once() {
-        let bytes = tiny(34);
+        let bytes = tiny_model(34);
         let mut rng = Rng::new(5);
         // 40 tokens: 5 full blocks of 8.
         let system = ids(&mut rng, 40);
@@ -224,7 +221,7 @@ const RANDOM_STEPS: u64 = 800;
 
 gpu_test! {
     async fn a_long_random_run_keeps_the_cache_consistent_and_loses_no_request() {
-        let bytes = tiny(33);
+        let bytes = tiny_model(33);
         let sched = SchedConfig { max_batch: 5, step_tokens: 24, age_limit: 20, ..Default::default() };
         let opts = EngineOptions { max_context: 64, block_size: 4, pool_tokens: 64, sched, check_integrity: true, ..Default::default() };
         let mut engine = Engine::load(&bytes, opts).await.unwrap();

@@ -1,10 +1,14 @@
-//! The CLI's contract (see README "Command line"): JSON lines in the shapes outside checks rely on.
+//! The CLI's contract (see README "Command line"): JSON lines in the shapes outside checks rely on,
+//! options checked before anything is loaded, errors said once on stderr, nothing else there.
 #![cfg(not(target_arch = "wasm32"))]
+mod common;
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use pagedlm::synth::{tiny_llama_gguf, SynthConfig};
+use common::tiny_model;
+use pagedlm::gguf::{GgmlType, Gguf};
+use pagedlm::synth::{GgufWriter, SynthConfig};
 use serde_json::Value;
 
 fn bin() -> Command {
@@ -29,6 +33,46 @@ fn lines(out: &std::process::Output) -> Vec<Value> {
     String::from_utf8(out.stdout.clone()).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
+/// Asserts that no part of an error message is said twice in a row, as in
+/// `outer: inner: inner` (what an error chain prints when a wrapper both shows its inner error
+/// and returns it as its `source()`).
+fn assert_said_once(message: &str) {
+    for line in message.lines() {
+        let parts: Vec<&str> = line.split(": ").collect();
+        for start in 1..parts.len() {
+            let tail = parts[start..].join(": ");
+            let head = parts[..start].join(": ");
+            assert!(!head.ends_with(&tail), "the message repeats {tail:?}: {line}");
+        }
+    }
+}
+
+/// Runs pagedlm with `args`, which must fail: returns its stderr, which must say why once.
+fn fails(args: &[&str]) -> String {
+    let out = bin().args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "pagedlm {args:?} succeeded; stdout: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(out.stdout.is_empty(), "pagedlm {args:?} failed after printing {}", String::from_utf8_lossy(&out.stdout));
+    assert!(stderr.starts_with("pagedlm: "), "pagedlm {args:?}: {stderr}");
+    assert_said_once(&stderr);
+    stderr
+}
+
+/// `model` with the tensor `name` stored as another GGML type (its bytes unchanged).
+fn with_tensor_type(model: &[u8], name: &str, ggml_type: GgmlType) -> Vec<u8> {
+    let g = Gguf::parse(model).unwrap();
+    let mut w = GgufWriter::new();
+    for (key, value) in &g.metadata {
+        w.add_meta(key.clone(), value.clone()).unwrap();
+    }
+    assert!(g.tensor(name).is_some(), "no tensor {name}");
+    for t in &g.tensors {
+        let ty = if t.name == name { ggml_type } else { t.ggml_type };
+        w.add_tensor(t.name.clone(), &t.dims, ty, g.tensor_data(t).to_vec()).unwrap();
+    }
+    w.to_bytes()
+}
+
 #[test]
 fn tokenize_matches_llamacpp_on_the_reference_strings() {
     let reference: Value = serde_json::from_str(include_str!("data/llamacpp_tokens_public.json")).unwrap();
@@ -49,7 +93,7 @@ fn tokenize_matches_llamacpp_on_the_reference_strings() {
 fn score_and_generate_print_the_contract_shapes() {
     let dir = temp_dir("gen");
     let model = dir.join("tiny.gguf");
-    std::fs::write(&model, tiny_llama_gguf(&SynthConfig::tiny())).unwrap();
+    std::fs::write(&model, tiny_model(SynthConfig::tiny().seed)).unwrap();
     let model = model.to_str().unwrap();
 
     let items = dir.join("score.json");
@@ -98,35 +142,114 @@ fn score_and_generate_print_the_contract_shapes() {
 
 #[test]
 fn errors_go_to_stderr_with_a_nonzero_exit() {
-    let out = bin().args(["generate", "--model", "/nonexistent.gguf", "--prompt", "x"]).output().unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("fetch-model"));
+    assert!(fails(&["generate", "--model", "/nonexistent.gguf", "--prompt", "x"]).contains("fetch-model"));
     let dir = temp_dir("err");
     let model = dir.join("tiny.gguf");
-    std::fs::write(&model, tiny_llama_gguf(&SynthConfig::tiny())).unwrap();
-    let out = bin().args(["generate", "--model", model.to_str().unwrap(), "--prompt", "x", "--kv-dtype", "int4"]).output().unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("f32 or int8"));
+    std::fs::write(&model, tiny_model(SynthConfig::tiny().seed)).unwrap();
+    let model = model.to_str().unwrap();
+    assert!(fails(&["generate", "--model", model, "--prompt", "x", "--kv-dtype", "int4"]).contains("f32 or int8"));
     // A pool too small for the prompt says so.
-    let out = bin()
-        .args(["generate", "--model", model.to_str().unwrap(), "--prompt", "a prompt longer than the pool", "--pool-tokens", "8", "--block-size", "4"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("pool"), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = bin().args(["generate", "--model", model.to_str().unwrap(), "--prompt", "x", "--kv-layout", "ring"]).output().unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("contiguous or paged"));
-    let out = bin().args(["generate", "--model", model.to_str().unwrap(), "--prompt", "x", "--temperature", "-2"]).output().unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("temperature"));
+    let err = fails(&["generate", "--model", model, "--prompt", "a prompt longer than the pool", "--pool-tokens", "8", "--block-size", "4"]);
+    assert!(err.contains("pool"), "{err}");
+    assert!(fails(&["generate", "--model", model, "--prompt", "x", "--kv-layout", "ring"]).contains("contiguous or paged"));
+    assert!(fails(&["generate", "--model", model, "--prompt", "x", "--temperature", "-2"]).contains("temperature"));
+    // Input files: missing, not JSON, the wrong shape.
+    let err = fails(&["score", "--model", model, "--input", "/nonexistent.json"]);
+    assert!(err.contains("/nonexistent.json"), "{err}");
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, "[{").unwrap();
+    assert!(fails(&["tokenize", "--model", model, "--texts", bad.to_str().unwrap()]).contains("not valid JSON"));
+    std::fs::write(&bad, r#"[{"id": "a", "ids": "nope", "from": 1}]"#).unwrap();
+    assert!(fails(&["score", "--model", model, "--input", bad.to_str().unwrap()]).contains("\"ids\""));
+    // Not a model, and a truncated one.
+    let junk = dir.join("junk.gguf");
+    std::fs::write(&junk, b"definitely not a model").unwrap();
+    assert!(fails(&["generate", "--model", junk.to_str().unwrap(), "--prompt", "x"]).contains("GGUF"));
+    let bytes = tiny_model(SynthConfig::tiny().seed);
+    std::fs::write(&junk, &bytes[..bytes.len() / 2]).unwrap();
+    assert!(fails(&["generate", "--model", junk.to_str().unwrap(), "--prompt", "x"]).contains("past the end"));
+}
+
+#[test]
+fn an_unsupported_tensor_type_is_named_once() {
+    let dir = temp_dir("q5");
+    let model = dir.join("q5_0.gguf");
+    std::fs::write(&model, with_tensor_type(&tiny_model(SynthConfig::tiny().seed), "blk.0.attn_q.weight", GgmlType::from_u32(6))).unwrap();
+    let err = fails(&["generate", "--model", model.to_str().unwrap(), "--prompt", "x"]);
+    assert_eq!(err.matches("Q5_0").count(), 1, "{err}");
+    assert!(err.contains("blk.0.attn_q.weight"), "{err}");
+}
+
+/// A misspelt, unknown or repeated option, a missing value, a value of the wrong type or outside
+/// its set: each exits non-zero naming the option, before the model is read (the model path
+/// given does not exist, and no message mentions it).
+#[test]
+fn options_are_checked_before_anything_is_loaded() {
+    let model = "/nonexistent/model.gguf";
+    let check = |args: &[&str], wants: &[&str]| {
+        let mut argv = args.to_vec();
+        argv.extend(["--model", model]);
+        let err = fails(&argv);
+        for want in wants {
+            assert!(err.contains(want), "pagedlm {args:?}: {err:?} lacks {want:?}");
+        }
+        assert!(!err.contains(model) && !err.contains("fetch-model"), "pagedlm {args:?} read the model first: {err}");
+    };
+    check(&["generate", "--prompt", "x", "--kv-dtpye", "int8"], &["--kv-dtpye", "did you mean --kv-dtype?"]);
+    check(&["generate", "--prompt", "x", "--max-token", "5"], &["--max-token", "did you mean --max-tokens?"]);
+    check(&["generate", "--prompt", "x", "--backend", "cpu"], &["--backend"]);
+    check(&["generate", "--prompt", "x", "--kv-dtype", "fp16"], &["--kv-dtype", "f32 or int8", "fp16"]);
+    check(&["score", "--input", "items.json", "--mode", "greedy"], &["--mode", "decode or prefill", "greedy"]);
+    check(&["score", "--input"], &["--input", "needs a value"]);
+    check(&["score", "--input", "--mode", "decode"], &["--input", "needs a value"]);
+    check(&["generate", "--prompt", "x", "--max-tokens", "ten"], &["--max-tokens", "ten"]);
+    check(&["generate", "--prompt", "x", "--max-tokens", "-1"], &["--max-tokens", "-1"]);
+    check(&["generate", "--prompt", "x", "--temperature", "warm"], &["--temperature", "warm"]);
+    check(&["generate", "--prompt", "x", "--seed", "1.5"], &["--seed", "1.5"]);
+    check(&["generate", "--prompt", "x", "--seed", "1", "--seed", "2"], &["--seed", "twice"]);
+    check(&["bench", "--transfer", "--lengths", "256,x"], &["--lengths", "x"]);
+    check(&["bench", "--transfer=yes"], &["--transfer", "no value"]);
+    check(&["tokenize", "--input", "texts.json"], &["--input", "tokenize", "score, generate and trace take it"]);
+    check(&["trace", "--input", "t.jsonl", "stray"], &["stray"]);
+    check(&["generat", "--prompt", "x"], &["generat", "generate"]);
+    for command in ["tokenize", "score", "generate", "bench", "trace", "profile"] {
+        check(&[command, "--no-such-option"], &["--no-such-option", command]);
+    }
+    // `--key=value` is the same as `--key value`.
+    check(&["generate", "--prompt=x", "--kv-dtype=fp16"], &["--kv-dtype", "fp16"]);
+    let out = bin().args(["help"]).output().unwrap();
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("usage: pagedlm"));
+    let out = bin().args(["generate", "--help"]).output().unwrap();
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("usage: pagedlm"));
+}
+
+/// The graphics stack prints a warning on stderr when XDG_RUNTIME_DIR is unset or invalid; the
+/// CLI's stderr carries only its own messages.
+#[test]
+fn nothing_but_the_output_without_xdg_runtime_dir() {
+    let dir = temp_dir("xdg");
+    let model = dir.join("tiny.gguf");
+    std::fs::write(&model, tiny_model(SynthConfig::tiny().seed)).unwrap();
+    let items = dir.join("score.json");
+    std::fs::write(&items, r#"[{"id": "a", "ids": [10, 20, 30], "from": 2}]"#).unwrap();
+    for xdg in [None, Some("relative/dir"), Some("/nonexistent/run")] {
+        let mut cmd = bin();
+        cmd.args(["score", "--model", model.to_str().unwrap(), "--input", items.to_str().unwrap()]);
+        match xdg {
+            None => cmd.env_remove("XDG_RUNTIME_DIR"),
+            Some(v) => cmd.env("XDG_RUNTIME_DIR", v),
+        };
+        let out = cmd.output().unwrap();
+        assert_eq!(lines(&out).len(), 1);
+        assert_eq!(String::from_utf8_lossy(&out.stderr), "", "stderr with XDG_RUNTIME_DIR={xdg:?}");
+    }
 }
 
 #[test]
 fn trace_continues_conversations_and_prints_the_summary() {
     let dir = temp_dir("trace");
     let model = dir.join("tiny.gguf");
-    std::fs::write(&model, tiny_llama_gguf(&SynthConfig::tiny())).unwrap();
+    std::fs::write(&model, tiny_model(SynthConfig::tiny().seed)).unwrap();
     let input = dir.join("trace.jsonl");
     std::fs::write(
         &input,

@@ -11,7 +11,7 @@ mod common;
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-use common::real_model_bytes;
+use common::{real_model_bytes, report};
 use pagedlm::engine::{Engine, EngineOptions, KvLayout, ScoreMode};
 use pagedlm::sampler::argmax;
 use serde_json::Value;
@@ -150,9 +150,9 @@ async fn golden(mode: ScoreMode, layout: KvLayout, only: Option<&[&str]>) {
         stats.max_numpy_diff
     );
     #[cfg(not(target_arch = "wasm32"))]
-    eprintln!("{line}");
+    report(&line);
     #[cfg(target_arch = "wasm32")]
-    wasm_bindgen_test::console_log!("{line}\n{}", speed(&mut engine).await);
+    report(&format!("{line}\n{}", speed(&mut engine).await));
     assert!(rate >= 0.95, "top-1 agreement {rate} is under 95%");
 }
 

@@ -6,22 +6,15 @@ mod common;
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-use common::gpu;
-use pagedlm::gguf::Gguf;
+use common::{gpu, tiny_config};
 use pagedlm::kv::{CacheConfig, KvCache, KvDtype, KvError, KvLayout, SeqId};
-use pagedlm::model::ModelConfig;
 use pagedlm::rng::Rng;
-use pagedlm::synth::{tiny_llama_gguf, SynthConfig};
-
-fn tiny_config() -> ModelConfig {
-    let bytes = tiny_llama_gguf(&SynthConfig::tiny());
-    ModelConfig::from_gguf(&Gguf::parse(&bytes).unwrap()).unwrap()
-}
+use pagedlm::synth::SynthConfig;
 
 gpu_test! {
     async fn random_operations_keep_the_cache_consistent() {
         let ctx = std::sync::Arc::new(gpu().await);
-        let cfg = tiny_config();
+        let cfg = tiny_config(SynthConfig::tiny().seed);
         for (layout, block_size, seed) in [(KvLayout::Paged, 16, 1u64), (KvLayout::Paged, 1, 2), (KvLayout::Paged, 7, 3), (KvLayout::Contiguous, 0, 4)] {
             let config = CacheConfig { layout, dtype: KvDtype::F32, block_size, pool_tokens: 400, max_seqs: 8, max_seq_len: 120, prefix_cache: false };
             let mut cache = KvCache::new(&ctx, &cfg.kv_shape(), config).unwrap();
@@ -100,7 +93,7 @@ gpu_test! {
 gpu_test! {
     async fn stats_report_fragmentation_and_exhaustion_is_typed() {
         let ctx = std::sync::Arc::new(gpu().await);
-        let cfg = tiny_config();
+        let cfg = tiny_config(SynthConfig::tiny().seed);
         let mut cache = KvCache::new(&ctx, &cfg.kv_shape(), CacheConfig { layout: KvLayout::Paged, dtype: KvDtype::F32, block_size: 16, pool_tokens: 64, max_seqs: 4, max_seq_len: 64, prefix_cache: false }).unwrap();
         let a = cache.allocate().unwrap();
         cache.append(a, 17).unwrap();
@@ -140,7 +133,7 @@ gpu_test! {
 fn memory_for_sixteen_sequences_paged_vs_contiguous() {
     pollster::block_on(async {
         let ctx = std::sync::Arc::new(gpu().await);
-        let one_layer = ModelConfig { n_layers: 1, n_kv_heads: 3, head_dim: 64, ..tiny_config() };
+        let one_layer = pagedlm::model::ModelConfig { n_layers: 1, n_kv_heads: 3, head_dim: 64, ..tiny_config(SynthConfig::tiny().seed) };
         let smollm2_layers = 30u64;
         let mut rng = Rng::new(2024);
         let lengths: Vec<u32> = (0..16).map(|_| 50 + rng.below(1951) as u32).collect();

@@ -9,14 +9,14 @@
 //! Run natively with `-- --nocapture` to see the figures. In the browser (SwiftShader, ~5 tok/s)
 //! only the first check runs, on one short prompt.
 //!
-//! The granularity measurement behind src/kv/quant.rs's choice is here too (ignored: a
+//! The granularity measurement behind src/quant/kv_int8.rs's choice is here too (ignored: a
 //! measurement, not a check): `cargo test --release --test kv_int8 -- --ignored --nocapture`.
 mod common;
 
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-use common::real_model_bytes;
+use common::{real_model_bytes, report};
 use pagedlm::engine::{Engine, EngineOptions, KvDtype, ScoreMode};
 use pagedlm::sampler::argmax;
 use serde_json::Value;
@@ -169,10 +169,7 @@ async fn agreement(only: Option<&[&str]>) -> Agreement {
             (a.kl_sum - kl_sum) / n as f64,
             a.f32_agree - agree
         );
-        #[cfg(not(target_arch = "wasm32"))]
-        eprintln!("{line}");
-        #[cfg(target_arch = "wasm32")]
-        wasm_bindgen_test::console_log!("{line}");
+        report(&line);
     }
     assert!(a.steps > 0 && a.clear_steps > 0, "nothing was compared");
     let line = format!(
@@ -186,10 +183,7 @@ async fn agreement(only: Option<&[&str]>) -> Agreement {
         100.0 * a.f32_agree as f64 / a.steps as f64,
         a.flip_margin_max
     );
-    #[cfg(not(target_arch = "wasm32"))]
-    eprintln!("{line}");
-    #[cfg(target_arch = "wasm32")]
-    wasm_bindgen_test::console_log!("{line}");
+    report(&line);
     a
 }
 
@@ -338,7 +332,7 @@ async fn decode_after(
 /// round trip (the steps' own K/V stay f32), against the unmodified cache.
 #[cfg(not(target_arch = "wasm32"))]
 #[test]
-#[ignore = "measurement for src/kv/quant.rs"]
+#[ignore = "measurement for src/quant/kv_int8.rs"]
 fn granularity_is_measured_on_real_kv() {
     use pagedlm::gguf::Gguf;
     use pagedlm::kv::{CacheConfig, KvCache, KvLayout};

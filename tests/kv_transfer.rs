@@ -6,18 +6,14 @@ mod common;
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
+use common::tiny_model;
 use pagedlm::engine::{Engine, EngineError, EngineOptions, GenerateRequest, KvDtype, KvLayout};
 use pagedlm::kv::snapshot::SnapshotError;
 use pagedlm::kv::KvError;
 use pagedlm::rng::Rng;
-use pagedlm::synth::{tiny_llama_gguf, SynthConfig};
 
 fn ids(rng: &mut Rng, n: usize) -> Vec<u32> {
     (0..n).map(|_| 3 + rng.below(256) as u32).collect()
-}
-
-fn tiny(seed: u64) -> Vec<u8> {
-    tiny_llama_gguf(&SynthConfig { seed, ..SynthConfig::tiny() })
 }
 
 fn opts(block_size: u32) -> EngineOptions {
@@ -33,7 +29,7 @@ fn snapshot_error(e: EngineError) -> SnapshotError {
 
 gpu_test! {
     async fn export_import_continue_gives_the_tokens_of_continuing_in_place() {
-        let bytes = tiny(41);
+        let bytes = tiny_model(41);
         let mut rng = Rng::new(8);
         for (block_size, kv_dtype) in [(16u32, KvDtype::F32), (5, KvDtype::F32), (16, KvDtype::Int8)] {
             let o = EngineOptions { kv_dtype, ..opts(block_size) };
@@ -70,7 +66,7 @@ gpu_test! {
 
 gpu_test! {
     async fn mismatched_or_damaged_snapshots_are_refused_and_change_nothing() {
-        let bytes = tiny(42);
+        let bytes = tiny_model(42);
         let mut rng = Rng::new(9);
         let mut source = Engine::load(&bytes, opts(8)).await.unwrap();
         let history = ids(&mut rng, 30);
@@ -105,7 +101,7 @@ gpu_test! {
         bad[8] = 2;
         check(&mut same, &bad, &|e| matches!(e, SnapshotError::Version(2)), "version");
         // Another model, another block size, the contiguous layout.
-        let mut other_model = Engine::load(&tiny(43), opts(8)).await.unwrap();
+        let mut other_model = Engine::load(&tiny_model(43), opts(8)).await.unwrap();
         check(&mut other_model, &snapshot, &|e| matches!(e, SnapshotError::Mismatch { what: "model", .. }), "model");
         let mut other_dtype = Engine::load(&bytes, EngineOptions { kv_dtype: KvDtype::Int8, ..opts(8) }).await.unwrap();
         check(&mut other_dtype, &snapshot, &|e| matches!(e, SnapshotError::Mismatch { what: "KV dtype", .. }), "dtype");

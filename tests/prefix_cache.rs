@@ -11,14 +11,11 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 use std::collections::HashMap;
 
-use common::gpu;
+use common::{gpu, tiny_config, tiny_model};
 use pagedlm::engine::{Engine, EngineOptions, GenerateRequest, KvDtype, KvLayout, ScoreMode};
-use pagedlm::gguf::Gguf;
 use pagedlm::kv::{CacheConfig, CacheKey, KvCache, KvError, RadixTree, SeqId};
 use pagedlm::kv::alloc::BlockAllocator;
-use pagedlm::model::ModelConfig;
 use pagedlm::rng::Rng;
-use pagedlm::synth::{tiny_llama_gguf, SynthConfig};
 
 /// |logits through a cache hit − logits of a fresh prefill|. Both run the same kernels on the
 /// same K/V values; they differ only where the cached rows were computed in a prefill pass of
@@ -35,13 +32,9 @@ fn ids(rng: &mut Rng, n: usize) -> Vec<u32> {
     (0..n).map(|_| 3 + rng.below(256) as u32).collect()
 }
 
-fn tiny(seed: u64) -> Vec<u8> {
-    tiny_llama_gguf(&SynthConfig { seed, ..SynthConfig::tiny() })
-}
-
 gpu_test! {
     async fn hits_give_the_logits_of_a_fresh_prefill() {
-        let bytes = tiny(21);
+        let bytes = tiny_model(21);
         let mut rng = Rng::new(5);
         for (block_size, kv_dtype) in [(4u32, KvDtype::F32), (16, KvDtype::F32), (16, KvDtype::Int8)] {
             let opts = EngineOptions { max_context: 128, block_size, kv_dtype, prefill_chunk: 32, check_integrity: true, ..Default::default() };
@@ -89,7 +82,7 @@ gpu_test! {
 
 gpu_test! {
     async fn conversations_under_a_small_pool_evict_and_stay_correct() {
-        let bytes = tiny(22);
+        let bytes = tiny_model(22);
         // 14 blocks of 4 tokens: room for one long conversation, not for all of them.
         let small = EngineOptions { max_context: 48, block_size: 4, pool_tokens: 56, check_integrity: true, ..Default::default() };
         let big = EngineOptions { max_context: 48, prefix_cache: false, ..Default::default() };
@@ -132,10 +125,10 @@ gpu_test! {
 
 gpu_test! {
     async fn the_cache_is_keyed_by_model_dtype_layout_and_block_size() {
-        let a = ModelConfig::from_gguf(&Gguf::parse(&tiny(1)).unwrap()).unwrap();
-        let b = ModelConfig::from_gguf(&Gguf::parse(&tiny(2)).unwrap()).unwrap();
+        let a = tiny_config(1);
+        let b = tiny_config(2);
         assert_ne!(a.fingerprint, b.fingerprint, "two models with different weights share a fingerprint");
-        let again = ModelConfig::from_gguf(&Gguf::parse(&tiny(1)).unwrap()).unwrap();
+        let again = tiny_config(1);
         assert_eq!(a.fingerprint, again.fingerprint);
         let key = CacheKey { model: a.fingerprint, dtype: KvDtype::F32, layout: KvLayout::Paged, block_size: 4 };
         let mut alloc = BlockAllocator::new(8);
@@ -157,10 +150,10 @@ gpu_test! {
         }
         tree.check().unwrap();
         // Two engines on different models never see each other's cache: each cache carries its model.
-        let ea = Engine::load(&tiny(1), EngineOptions { max_context: 32, ..Default::default() }).await.unwrap();
-        let eb = Engine::load(&tiny(2), EngineOptions { max_context: 32, ..Default::default() }).await.unwrap();
+        let ea = Engine::load(&tiny_model(1), EngineOptions { max_context: 32, ..Default::default() }).await.unwrap();
+        let eb = Engine::load(&tiny_model(2), EngineOptions { max_context: 32, ..Default::default() }).await.unwrap();
         assert_ne!(ea.kv_cache().key(), eb.kv_cache().key());
-        let ei = Engine::load(&tiny(1), EngineOptions { max_context: 32, block_size: 8, ..Default::default() }).await.unwrap();
+        let ei = Engine::load(&tiny_model(1), EngineOptions { max_context: 32, block_size: 8, ..Default::default() }).await.unwrap();
         assert_ne!(ea.kv_cache().key(), ei.kv_cache().key());
     }
 }
@@ -207,7 +200,7 @@ async fn check_markers(ctx: &pagedlm::gpu::Context, cache: &KvCache, seq: SeqId,
 gpu_test! {
     async fn random_multi_conversation_workloads_reuse_exactly_the_right_kv() {
         let ctx = std::sync::Arc::new(gpu().await);
-        let cfg = ModelConfig::from_gguf(&Gguf::parse(&tiny(3)).unwrap()).unwrap();
+        let cfg = tiny_config(3);
         for (block_size, pool_tokens, seed) in [(4u32, 96u32, 1u64), (3, 60, 2), (8, 200, 3)] {
             let config = CacheConfig {
                 layout: KvLayout::Paged,

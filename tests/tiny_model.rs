@@ -6,6 +6,7 @@ mod common;
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
+use common::tiny_model;
 use pagedlm::engine::{Engine, EngineError, EngineOptions, GenerateRequest, KvLayout, ScoreMode};
 use pagedlm::kv::KvError;
 use pagedlm::gguf::Gguf;
@@ -82,8 +83,7 @@ gpu_test! {
 
 gpu_test! {
     async fn greedy_generation_follows_the_argmax_of_the_forward_pass() {
-        let synth = SynthConfig { seed: 21, ..SynthConfig::tiny() };
-        let bytes = tiny_llama_gguf(&synth);
+        let bytes = tiny_model(21);
         let mut engine = Engine::load(&bytes, EngineOptions { max_context: 128, ..Default::default() }).await.unwrap();
         let prompt = random_ids(&mut Rng::new(5), 9, engine.config().vocab);
         let request = GenerateRequest { max_tokens: 20, ..Default::default() };
@@ -106,8 +106,7 @@ gpu_test! {
 
 gpu_test! {
     async fn bad_input_gives_typed_errors_and_the_engine_stays_usable() {
-        let synth = SynthConfig::tiny();
-        let bytes = tiny_llama_gguf(&synth);
+        let bytes = tiny_model(SynthConfig::tiny().seed);
         // Not a GGUF file at all, and a truncated one.
         let err = Engine::load(b"definitely not a model", EngineOptions::default()).await.err().unwrap();
         assert!(err.to_string().contains("GGUF"), "{err}");
@@ -145,8 +144,7 @@ gpu_test! {
 
 gpu_test! {
     async fn recompute_contiguous_and_paged_agree_at_block_boundaries() {
-        let synth = SynthConfig { seed: 31, ..SynthConfig::tiny() };
-        let bytes = tiny_llama_gguf(&synth);
+        let bytes = tiny_model(31);
         let gguf = Gguf::parse(&bytes).unwrap();
         let cfg = ModelConfig::from_gguf(&gguf).unwrap();
         let ids = random_ids(&mut Rng::new(77), 100, cfg.vocab);

@@ -1,34 +1,38 @@
-//! The `pagedlm` command line: tokenize, score, generate and bench (see README and CONTRACTS).
+//! The `pagedlm` command line: tokenize, score, generate, bench, trace and profile (see README
+//! and CONTRACTS). Options are typed and checked before anything is loaded ([`args`]).
+
+// Under src/bin/pagedlm/, where cargo does not take them for binaries of their own.
+#[cfg(not(target_arch = "wasm32"))]
+#[path = "pagedlm/args.rs"]
+mod args;
+#[cfg(not(target_arch = "wasm32"))]
+#[path = "pagedlm/xdg.rs"]
+mod xdg;
 
 #[cfg(target_arch = "wasm32")]
 fn main() {}
 
 #[cfg(not(target_arch = "wasm32"))]
 fn main() {
-    if let Err(e) = cli::run(std::env::args().skip(1).collect()) {
-        eprintln!("pagedlm: {e:#}");
-        std::process::exit(1);
-    }
+    // Before any GPU instance exists, and while this is the only thread.
+    let runtime_dir = xdg::RuntimeDir::ensure();
+    let code = match cli::run(std::env::args().skip(1).collect()) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("pagedlm: {e:#}");
+            1
+        }
+    };
+    drop(runtime_dir);
+    std::process::exit(code);
 }
 
+/// Every option here is declared in [`args::COMMANDS`]; a test checks the two agree.
 #[cfg(not(target_arch = "wasm32"))]
-mod cli {
-    use std::collections::HashMap;
-    use std::io::Write;
-
-    use anyhow::{anyhow, bail, Context as _, Result};
-    use pagedlm::engine::SchedConfig;
-    use pagedlm::engine::{Engine, EngineOptions, GenerateRequest, KvDtype, KvLayout, ScoreMode};
-    use pagedlm::gguf::Gguf;
-    use pagedlm::sampler::SamplingParams;
-    use pagedlm::tokenizer::{ChatMessage, Tokenizer, TokenizerSpec};
-    use serde_json::{json, Value};
-
-    const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-
-    const USAGE: &str = "usage: pagedlm <tokenize|score|generate|bench|trace|profile> [options]
+const USAGE: &str = "usage: pagedlm <tokenize|score|generate|bench|trace|profile> [options]
   common:   --model PATH  --kv-layout contiguous|paged  --kv-dtype f32|int8  --block-size N  --pool-tokens N
-            --max-context N  --prefill-chunk N
+            --max-context N  --prefill-chunk N  --max-batch N  --step-tokens N  --no-prefix-cache  --no-cache-aware
+            (every command takes them; tokenize reads only --model)
   tokenize  --texts FILE.json
   score     --input FILE.json [--mode decode|prefill]
   generate  --input FILE.json | --prompt TEXT  [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
@@ -37,61 +41,50 @@ mod cli {
   bench     --transfer [--lengths 256,1024,4096]   (KV snapshot export/import vs recomputing the prefill)
   bench     --interference [--prompt-tokens 2048] [--step-tokens N]   (4 decoding sequences while a long prompt arrives)
   trace     --input FILE.jsonl [--max-batch N] [--no-prefix-cache] [--disaggregate] [--step-tokens N]
-  profile   [--prompt-tokens 512]";
+  profile   [--prompt-tokens 512]
+  Values follow their option (`--max-tokens 5`) or an equals sign (`--max-tokens=5`).";
 
-    /// `--key value` options and bare flags.
-    struct Args {
-        values: HashMap<String, String>,
-    }
+#[cfg(not(target_arch = "wasm32"))]
+mod cli {
+    use std::collections::{HashMap, VecDeque};
+    use std::io::Write;
 
-    impl Args {
-        fn parse(list: &[String], flags: &[&str]) -> Result<Args> {
-            let mut values = HashMap::new();
-            let mut i = 0;
-            while i < list.len() {
-                let key = list[i].strip_prefix("--").ok_or_else(|| anyhow!("unexpected argument '{}'\n{USAGE}", list[i]))?;
-                if flags.contains(&key) {
-                    values.insert(key.to_string(), "true".to_string());
-                    i += 1;
-                    continue;
-                }
-                let value = list.get(i + 1).ok_or_else(|| anyhow!("--{key} needs a value"))?;
-                values.insert(key.to_string(), value.clone());
-                i += 2;
-            }
-            Ok(Args { values })
-        }
-        fn str(&self, key: &str) -> Option<&str> {
-            self.values.get(key).map(|s| s.as_str())
-        }
-        fn num<T: std::str::FromStr>(&self, key: &str, default: T) -> Result<T> {
-            match self.values.get(key) {
-                None => Ok(default),
-                Some(v) => v.parse().map_err(|_| anyhow!("--{key} expects a number, got '{v}'")),
-            }
-        }
-    }
+    use anyhow::{anyhow, bail, Context as _, Result};
+    use pagedlm::engine::SchedConfig;
+    use pagedlm::engine::{Engine, EngineOptions, Event, GenerateRequest, Generation, KvDtype, KvLayout, RequestId, ScoreMode};
+    use pagedlm::gguf::Gguf;
+    use pagedlm::sampler::SamplingParams;
+    use pagedlm::tokenizer::{ChatMessage, Tokenizer, TokenizerSpec};
+    use serde_json::{json, Value};
 
+    use crate::args::{self, Args, Cmd, Parsed};
+    use crate::USAGE;
+
+    const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+    /// Parses the whole command line first, so a mistake in it stops the run before any file is read.
     pub fn run(argv: Vec<String>) -> Result<()> {
-        let Some(cmd) = argv.first() else { bail!("{USAGE}") };
-        let args = Args::parse(&argv[1..], &["no-prefix-cache", "no-cache-aware", "disaggregate", "transfer", "interference"])?;
-        match cmd.as_str() {
-            "tokenize" => tokenize(&args),
-            "score" => pollster::block_on(score(&args)),
-            "generate" => pollster::block_on(generate(&args)),
-            "bench" => pollster::block_on(bench(&args)),
-            "profile" => pollster::block_on(profile(&args)),
-            "trace" => pollster::block_on(trace(&args)),
-            "help" | "--help" | "-h" => {
+        let args = match args::parse(&argv) {
+            Ok(Parsed::Run(args)) => args,
+            Ok(Parsed::Help) => {
                 println!("{USAGE}");
-                Ok(())
+                return Ok(());
             }
-            other => bail!("unknown command '{other}'\n{USAGE}"),
+            Err(e @ args::ArgError::UnknownCommand { .. }) => bail!("{e}\n{USAGE}"),
+            Err(e) => return Err(e.into()),
+        };
+        match args.command.what {
+            Cmd::Tokenize => tokenize(&args),
+            Cmd::Score => pollster::block_on(score(&args)),
+            Cmd::Generate => pollster::block_on(generate(&args)),
+            Cmd::Bench => pollster::block_on(bench(&args)),
+            Cmd::Profile => pollster::block_on(profile(&args)),
+            Cmd::Trace => pollster::block_on(trace(&args)),
         }
     }
 
     fn model_bytes(args: &Args) -> Result<Vec<u8>> {
-        let path = args.str("model").unwrap_or(DEFAULT_MODEL);
+        let path = args.text("model").unwrap_or(DEFAULT_MODEL);
         std::fs::read(path).with_context(|| {
             format!("cannot read the model at {path} (run `npm run fetch-model`, or pass --model PATH)")
         })
@@ -103,38 +96,37 @@ mod cli {
         serde_json::from_str(&text).with_context(|| format!("{path} is not valid JSON"))
     }
 
-    fn engine_options(args: &Args) -> Result<EngineOptions> {
-        let kv_layout = match args.str("kv-layout").unwrap_or("paged") {
-            "contiguous" => KvLayout::Contiguous,
-            "paged" => KvLayout::Paged,
-            other => bail!("--kv-layout must be contiguous or paged, got '{other}'"),
+    fn engine_options(args: &Args) -> EngineOptions {
+        // The parser admits only the values in args::KV_LAYOUTS and args::KV_DTYPES.
+        let kv_layout = match args.text("kv-layout") {
+            Some("contiguous") => KvLayout::Contiguous,
+            _ => KvLayout::Paged,
         };
-        let kv_dtype = match args.str("kv-dtype").unwrap_or("f32") {
-            "f32" => KvDtype::F32,
-            "int8" => KvDtype::Int8,
-            other => bail!("--kv-dtype must be f32 or int8, got '{other}'"),
+        let kv_dtype = match args.text("kv-dtype") {
+            Some("int8") => KvDtype::Int8,
+            _ => KvDtype::F32,
         };
-        Ok(EngineOptions {
-            max_context: args.num("max-context", 0)?,
-            prefill_chunk: args.num("prefill-chunk", 512)?,
+        EngineOptions {
+            max_context: args.count("max-context", 0),
+            prefill_chunk: args.count("prefill-chunk", 512),
             kv_layout,
             kv_dtype,
-            block_size: args.num("block-size", 16)?,
-            pool_tokens: args.num("pool-tokens", 0)?,
-            prefix_cache: args.str("no-prefix-cache").is_none(),
+            block_size: args.count("block-size", 16),
+            pool_tokens: args.count("pool-tokens", 0),
+            prefix_cache: !args.flag("no-prefix-cache"),
             check_integrity: false,
             sched: SchedConfig {
-                max_batch: args.num("max-batch", SchedConfig::default().max_batch)?,
-                step_tokens: args.num("step-tokens", SchedConfig::default().step_tokens)?,
-                cache_aware: args.str("no-cache-aware").is_none(),
+                max_batch: args.count("max-batch", SchedConfig::default().max_batch),
+                step_tokens: args.count("step-tokens", SchedConfig::default().step_tokens),
+                cache_aware: !args.flag("no-cache-aware"),
                 ..SchedConfig::default()
             },
-        })
+        }
     }
 
     async fn load(args: &Args) -> Result<Engine> {
         let bytes = model_bytes(args)?;
-        Ok(Engine::load(&bytes, engine_options(args)?).await?)
+        Ok(Engine::load(&bytes, engine_options(args)).await?)
     }
 
     fn print_line(v: &Value) -> Result<()> {
@@ -145,7 +137,7 @@ mod cli {
     }
 
     fn tokenize(args: &Args) -> Result<()> {
-        let texts = read_json(args.str("texts"), "--texts")?;
+        let texts = read_json(args.text("texts"), "--texts")?;
         let texts = texts.as_array().ok_or_else(|| anyhow!("--texts must hold a JSON array of strings"))?;
         let bytes = model_bytes(args)?;
         let gguf = Gguf::parse(&bytes)?;
@@ -158,12 +150,12 @@ mod cli {
     }
 
     async fn score(args: &Args) -> Result<()> {
-        let items = read_json(args.str("input"), "--input")?;
+        let items = read_json(args.text("input"), "--input")?;
         let items = items.as_array().ok_or_else(|| anyhow!("--input must hold a JSON array"))?;
-        let mode = match args.str("mode").unwrap_or("decode") {
-            "decode" => ScoreMode::Decode,
-            "prefill" => ScoreMode::Prefill,
-            other => bail!("--mode must be decode or prefill, got '{other}'"),
+        // The parser admits only the values in args::SCORE_MODES.
+        let mode = match args.text("mode") {
+            Some("prefill") => ScoreMode::Prefill,
+            _ => ScoreMode::Decode,
         };
         let mut engine = load(args).await?;
         for (i, item) in items.iter().enumerate() {
@@ -179,21 +171,21 @@ mod cli {
         Ok(())
     }
 
-    fn sampling(args: &Args) -> Result<SamplingParams> {
-        Ok(SamplingParams {
-            temperature: args.num("temperature", 0.0)?,
-            top_k: args.num("top-k", 0)?,
-            top_p: args.num("top-p", 1.0)?,
-            repetition_penalty: args.num("repetition-penalty", 1.0)?,
+    fn sampling(args: &Args) -> SamplingParams {
+        SamplingParams {
+            temperature: args.number("temperature", 0.0),
+            top_k: args.count("top-k", 0),
+            top_p: args.number("top-p", 1.0),
+            repetition_penalty: args.number("repetition-penalty", 1.0),
             repetition_window: 64,
-            seed: args.num("seed", 0)?,
-        })
+            seed: args.seed("seed", 0),
+        }
     }
 
     async fn generate(args: &Args) -> Result<()> {
-        let request = GenerateRequest { max_tokens: args.num("max-tokens", 128)?, sampling: sampling(args)?, ..Default::default() };
+        let request = GenerateRequest { max_tokens: args.count("max-tokens", 128), sampling: sampling(args), ..Default::default() };
         request.sampling.validate()?;
-        if let Some(prompt) = args.str("prompt") {
+        if let Some(prompt) = args.text("prompt") {
             let mut engine = load(args).await?;
             let ids = engine.tokenizer().encode(prompt)?;
             let mut out = std::io::stdout();
@@ -216,7 +208,7 @@ mod cli {
             );
             return Ok(());
         }
-        let items = read_json(args.str("input"), "--input (or --prompt)")?;
+        let items = read_json(args.text("input"), "--input (or --prompt)")?;
         let items = items.as_array().ok_or_else(|| anyhow!("--input must hold a JSON array"))?;
         let mut engine = load(args).await?;
         for (i, item) in items.iter().enumerate() {
@@ -241,15 +233,69 @@ mod cli {
 
     /// Replays conversations: each line `{id, conversation, system?, user, max_tokens}` continues its
     /// conversation (system prompt, earlier turns with the engine's own replies, then this turn),
-    /// greedy. Requests run one at a time in file order (batching comes with the scheduler; the
-    /// contract allows running them one by one).
+    /// greedy. A conversation's turns run in file order, each after the previous one finished;
+    /// different conversations run concurrently, up to `--max-batch` (default 1).
     async fn trace(args: &Args) -> Result<()> {
-        let path = args.str("input").ok_or_else(|| anyhow!("--input FILE.jsonl is required"))?;
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?;
-        let max_batch: u32 = args.num("max-batch", 1)?;
+        let path = args.text("input").ok_or_else(|| anyhow!("--input FILE.jsonl is required"))?;
+        let max_batch = args.count("max-batch", 1);
         if max_batch == 0 {
             bail!("--max-batch must be at least 1");
         }
+        let requests = read_trace(path)?;
+        let mut opts = engine_options(args);
+        opts.sched.max_batch = max_batch;
+        let bytes = model_bytes(args)?;
+        let mut engine = Engine::load(&bytes, opts.clone()).await?;
+        // --disaggregate: a second engine only prefills; each prompt's K/V travel to the decoding
+        // engine as a snapshot, which then recomputes only the prompt's last token.
+        let mut prefill_engine = if args.flag("disaggregate") {
+            if !engine.kv_cache().prefix_cache_enabled() {
+                bail!("--disaggregate moves K/V through the prefix cache: it needs the paged layout and no --no-prefix-cache");
+            }
+            Some(Engine::load(&bytes, opts).await?)
+        } else {
+            None
+        };
+        let mut conversations = Conversations::new(&requests);
+        let mut in_flight: HashMap<RequestId, Turn<'_>> = HashMap::new();
+        let mut totals = TraceTotals { integrity_ok: true, ..TraceTotals::default() };
+        loop {
+            // Submit the next request of every conversation that has none running.
+            for (conversation, line) in conversations.next_turns(|c| in_flight.values().any(|t| t.conversation == c)) {
+                let prompt = engine.chat_prompt(conversations.add_user_turn(&conversation, line))?;
+                let transfer = match prefill_engine.as_mut() {
+                    Some(p) => Some(transfer_prefix(p, &mut engine, &prompt).await?),
+                    None => None,
+                };
+                let max_tokens = line.get("max_tokens").and_then(Value::as_u64).unwrap_or(128) as u32;
+                let request = GenerateRequest { max_tokens, sampling: SamplingParams::greedy(), ..Default::default() };
+                let prompt_len = prompt.len();
+                let id = engine.submit(prompt, request)?;
+                in_flight.insert(id, Turn { line, conversation, prompt_len, transfer });
+            }
+            if !engine.has_work() {
+                break;
+            }
+            for event in engine.step().await? {
+                let Event::Finished { id, result } = event else { continue };
+                let turn = in_flight.remove(&id).ok_or_else(|| anyhow!("an unknown request finished"))?;
+                let g = result.with_context(|| format!("request {}", turn.line["id"].as_str().unwrap_or_default()))?;
+                totals.prompt_tokens += turn.prompt_len as u64;
+                totals.prefix_hit_tokens += g.prefix_hit_tokens as u64;
+                conversations.add_reply(&turn.conversation, &g.text);
+                print_line(&finished_line(&turn, &g))?;
+            }
+            if let Err(e) = engine.kv_cache().check_integrity() {
+                eprintln!("KV cache integrity check failed: {e}");
+                totals.integrity_ok = false;
+            }
+        }
+        print_line(&trace_summary(&engine, requests.len(), &totals, max_batch))
+    }
+
+    /// The trace file's requests, each checked for the keys every line needs.
+    fn read_trace(path: &str) -> Result<Vec<Value>> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?;
         let mut requests = Vec::new();
         for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
             let v: Value = serde_json::from_str(line).with_context(|| format!("{path}:{}: not valid JSON", n + 1))?;
@@ -260,119 +306,135 @@ mod cli {
             }
             requests.push(v);
         }
-        let mut opts = engine_options(args)?;
-        opts.sched.max_batch = max_batch;
-        let bytes = model_bytes(args)?;
-        let mut engine = Engine::load(&bytes, opts.clone()).await?;
-        // --disaggregate: a second engine only prefills; each prompt's K/V travel to the decoding
-        // engine as a snapshot, which then recomputes only the prompt's last token.
-        let mut prefill_engine = match args.str("disaggregate") {
-            Some(_) => {
-                if !engine.kv_cache().prefix_cache_enabled() {
-                    bail!("--disaggregate moves K/V through the prefix cache: it needs the paged layout and no --no-prefix-cache");
+        Ok(requests)
+    }
+
+    /// Per conversation, in order of first appearance: its requests still to run (in file order)
+    /// and its messages so far.
+    struct Conversations<'a> {
+        order: Vec<String>,
+        queues: HashMap<String, VecDeque<&'a Value>>,
+        history: HashMap<String, Vec<ChatMessage>>,
+    }
+
+    impl<'a> Conversations<'a> {
+        fn new(requests: &'a [Value]) -> Conversations<'a> {
+            let mut order: Vec<String> = Vec::new();
+            let mut queues: HashMap<String, VecDeque<&Value>> = HashMap::new();
+            for v in requests {
+                let c = v["conversation"].as_str().unwrap_or_default().to_string();
+                if !queues.contains_key(&c) {
+                    order.push(c.clone());
                 }
-                Some(Engine::load(&bytes, opts).await?)
+                queues.entry(c).or_default().push_back(v);
             }
-            None => None,
-        };
-        let mut transfers: HashMap<pagedlm::engine::RequestId, (f64, f64, usize)> = HashMap::new();
-        // Per conversation: its messages so far, its requests still to run (in file order) and
-        // the one in flight.
-        let mut order: Vec<String> = Vec::new();
-        let mut queues: HashMap<String, std::collections::VecDeque<&Value>> = HashMap::new();
-        for v in &requests {
-            let c = v["conversation"].as_str().unwrap_or_default().to_string();
-            if !queues.contains_key(&c) {
-                order.push(c.clone());
-            }
-            queues.entry(c).or_default().push_back(v);
+            Conversations { order, queues, history: HashMap::new() }
         }
-        let mut history: HashMap<String, Vec<ChatMessage>> = HashMap::new();
-        let mut in_flight: HashMap<pagedlm::engine::RequestId, (String, &Value, usize)> = HashMap::new();
-        let (mut total_prompt, mut total_hit, mut integrity_ok) = (0u64, 0u64, true);
-        loop {
-            // Submit the next request of every conversation that has none running.
-            for c in &order {
-                if in_flight.values().any(|(conv, _, _)| conv == c) {
+
+        /// Takes the next request of every conversation that is not `busy`.
+        fn next_turns(&mut self, busy: impl Fn(&str) -> bool) -> Vec<(String, &'a Value)> {
+            let mut turns = Vec::new();
+            for c in &self.order {
+                if busy(c) {
                     continue;
                 }
-                let Some(v) = queues.get_mut(c).and_then(|q| q.pop_front()) else { continue };
-                let max_tokens = v.get("max_tokens").and_then(Value::as_u64).unwrap_or(128) as u32;
-                let messages = history.entry(c.clone()).or_default();
-                if messages.is_empty() {
-                    if let Some(system) = v.get("system").and_then(Value::as_str) {
-                        messages.push(ChatMessage { role: "system".into(), content: system.into() });
-                    }
+                if let Some(v) = self.queues.get_mut(c).and_then(|q| q.pop_front()) {
+                    turns.push((c.clone(), v));
                 }
-                messages.push(ChatMessage { role: "user".into(), content: v["user"].as_str().unwrap_or_default().into() });
-                let prompt = engine.chat_prompt(messages)?;
-                let request = GenerateRequest { max_tokens, sampling: SamplingParams::greedy(), ..Default::default() };
-                let mut transfer = None;
-                if let Some(p) = prefill_engine.as_mut() {
-                    let t0 = pagedlm::time::now_ms();
-                    p.cache_prefix(&prompt).await?;
-                    let t1 = pagedlm::time::now_ms();
-                    let snapshot = p.export_snapshot(&prompt).await?;
-                    engine.import_snapshot(&snapshot)?;
-                    transfer = Some((t1 - t0, pagedlm::time::now_ms() - t1, snapshot.len()));
-                }
-                let id = engine.submit(prompt.clone(), request)?;
-                if let Some(t) = transfer {
-                    transfers.insert(id, t);
-                }
-                in_flight.insert(id, (c.clone(), v, prompt.len()));
             }
-            if !engine.has_work() {
-                break;
-            }
-            for event in engine.step().await? {
-                let pagedlm::engine::Event::Finished { id, result } = event else { continue };
-                let (conversation, v, prompt_len) = in_flight.remove(&id).ok_or_else(|| anyhow!("an unknown request finished"))?;
-                let rid = v["id"].as_str().unwrap_or_default();
-                let g = result.with_context(|| format!("request {rid}"))?;
-                total_prompt += prompt_len as u64;
-                total_hit += g.prefix_hit_tokens as u64;
-                history.get_mut(&conversation).expect("submitted above").push(ChatMessage { role: "assistant".into(), content: g.text.clone() });
-                let mut line = json!({
-                    "id": rid, "conversation": conversation, "prompt_tokens": prompt_len,
-                    "prefix_hit_tokens": g.prefix_hit_tokens, "prefill_tokens": g.prefill_tokens, "tokens": g.tokens, "text": g.text,
-                    "finish_reason": g.finish_reason, "ttft_ms": g.ttft_ms, "decode_ms": g.decode_ms,
-                });
-                if let Some((prefill_ms, transfer_ms, bytes)) = transfers.remove(&id) {
-                    // On the decoding engine the prompt arrived as a snapshot: its own time to
-                    // first token follows the prefill engine's work and the transfer.
-                    line["prefill_engine_ms"] = json!(prefill_ms);
-                    line["transfer_ms"] = json!(transfer_ms);
-                    line["snapshot_bytes"] = json!(bytes);
-                    line["ttft_ms"] = json!(g.ttft_ms + prefill_ms + transfer_ms);
-                }
-                print_line(&line)?;
-            }
-            if let Err(e) = engine.kv_cache().check_integrity() {
-                eprintln!("KV cache integrity check failed: {e}");
-                integrity_ok = false;
-            }
+            turns
         }
+
+        /// Adds the request's user turn (and, first in a conversation, its system prompt);
+        /// returns the conversation so far.
+        fn add_user_turn(&mut self, conversation: &str, line: &Value) -> &[ChatMessage] {
+            let messages = self.history.entry(conversation.to_string()).or_default();
+            if messages.is_empty() {
+                if let Some(system) = line.get("system").and_then(Value::as_str) {
+                    messages.push(ChatMessage { role: "system".into(), content: system.into() });
+                }
+            }
+            messages.push(ChatMessage { role: "user".into(), content: line["user"].as_str().unwrap_or_default().into() });
+            messages
+        }
+
+        fn add_reply(&mut self, conversation: &str, text: &str) {
+            let messages = self.history.entry(conversation.to_string()).or_default();
+            messages.push(ChatMessage { role: "assistant".into(), content: text.to_string() });
+        }
+    }
+
+    /// A submitted trace request.
+    struct Turn<'a> {
+        line: &'a Value,
+        conversation: String,
+        prompt_len: usize,
+        transfer: Option<Transfer>,
+    }
+
+    /// How a disaggregated request's prompt reached the decoding engine.
+    struct Transfer {
+        prefill_engine_ms: f64,
+        transfer_ms: f64,
+        snapshot_bytes: usize,
+    }
+
+    #[derive(Default)]
+    struct TraceTotals {
+        prompt_tokens: u64,
+        prefix_hit_tokens: u64,
+        integrity_ok: bool,
+    }
+
+    /// Prefills `prompt` on the prefill engine and moves its K/V to `engine` as a snapshot.
+    async fn transfer_prefix(prefill: &mut Engine, engine: &mut Engine, prompt: &[u32]) -> Result<Transfer> {
+        let t0 = pagedlm::time::now_ms();
+        prefill.cache_prefix(prompt).await?;
+        let t1 = pagedlm::time::now_ms();
+        let snapshot = prefill.export_snapshot(prompt).await?;
+        engine.import_snapshot(&snapshot)?;
+        Ok(Transfer { prefill_engine_ms: t1 - t0, transfer_ms: pagedlm::time::now_ms() - t1, snapshot_bytes: snapshot.len() })
+    }
+
+    fn finished_line(turn: &Turn<'_>, g: &Generation) -> Value {
+        let mut line = json!({
+            "id": turn.line["id"].as_str().unwrap_or_default(), "conversation": turn.conversation, "prompt_tokens": turn.prompt_len,
+            "prefix_hit_tokens": g.prefix_hit_tokens, "prefill_tokens": g.prefill_tokens, "tokens": g.tokens, "text": g.text,
+            "finish_reason": g.finish_reason, "ttft_ms": g.ttft_ms, "decode_ms": g.decode_ms,
+        });
+        if let Some(t) = &turn.transfer {
+            // On the decoding engine the prompt arrived as a snapshot: its own time to
+            // first token follows the prefill engine's work and the transfer.
+            line["prefill_engine_ms"] = json!(t.prefill_engine_ms);
+            line["transfer_ms"] = json!(t.transfer_ms);
+            line["snapshot_bytes"] = json!(t.snapshot_bytes);
+            line["ttft_ms"] = json!(g.ttft_ms + t.prefill_engine_ms + t.transfer_ms);
+        }
+        line
+    }
+
+    fn trace_summary(engine: &Engine, requests: usize, totals: &TraceTotals, max_batch: u32) -> Value {
         let stats = engine.kv_cache().stats();
         let prefix = engine.kv_cache().prefix_stats();
-        print_line(&json!({ "summary": {
-            "requests": requests.len(), "prompt_tokens": total_prompt, "prefix_hit_tokens": total_hit,
-            "hit_rate": if total_prompt == 0 { 0.0 } else { total_hit as f64 / total_prompt as f64 },
+        let (prompt, hit) = (totals.prompt_tokens, totals.prefix_hit_tokens);
+        json!({ "summary": {
+            "requests": requests, "prompt_tokens": prompt, "prefix_hit_tokens": hit,
+            "hit_rate": if prompt == 0 { 0.0 } else { hit as f64 / prompt as f64 },
             "prefix_cache": prefix.enabled,
-            "evictions": prefix.evictions, "preemptions": engine.sched_stats().preemptions, "integrity_ok": integrity_ok,
+            "evictions": prefix.evictions, "preemptions": engine.sched_stats().preemptions, "integrity_ok": totals.integrity_ok,
             "max_batch": max_batch, "steps": engine.sched_stats().steps,
             "pool": {
                 "kv_dtype": stats.kv_dtype, "block_size": stats.block_size, "blocks_total": stats.blocks_total,
                 "blocks_used": stats.blocks_used, "blocks_free": stats.blocks_free, "blocks_cached": stats.blocks_cached,
                 "bytes_total": stats.bytes_total, "bytes_per_token": stats.bytes_per_token,
             },
-        }}))
+        }})
     }
 
     /// Per-kernel GPU time of one prefill step and one decode step (each dispatch timed alone).
     async fn profile(args: &Args) -> Result<()> {
-        let n: u32 = args.num("prompt-tokens", 512)?;
-        let mut opts = engine_options(args)?;
+        let n = args.count("prompt-tokens", 512);
+        let mut opts = engine_options(args);
         opts.max_context = n + 2;
         let bytes = model_bytes(args)?;
         let mut engine = Engine::load(&bytes, opts).await?;
@@ -406,17 +468,17 @@ mod cli {
         while engine.has_work() && t1.is_none() {
             for e in engine.step().await? {
                 match e {
-                    pagedlm::engine::Event::Token { id, .. } => {
+                    Event::Token { id, .. } => {
                         if t0.is_some() {
                             tokens += 1;
                         }
                         started.insert(id);
                     }
-                    pagedlm::engine::Event::Finished { result, .. } => {
+                    Event::Finished { result, .. } => {
                         result?;
                         t1.get_or_insert(pagedlm::time::now_ms());
                     }
-                    pagedlm::engine::Event::Admitted { .. } => {}
+                    Event::Admitted { .. } => {}
                 }
             }
             if t0.is_none() && started.len() as u32 == batch {
@@ -440,14 +502,9 @@ mod cli {
     /// Per prompt length: snapshot size, and export + import time against recomputing the
     /// prefill (`pagedlm bench --transfer --lengths 256,1024,4096`).
     async fn bench_transfer(args: &Args) -> Result<()> {
-        let lengths: Vec<u32> = args
-            .str("lengths")
-            .unwrap_or("256,512,1024,2048,4096")
-            .split(',')
-            .map(|x| x.trim().parse().map_err(|_| anyhow!("--lengths expects numbers separated by commas, got '{x}'")))
-            .collect::<Result<_>>()?;
+        let lengths = args.counts("lengths").unwrap_or(&[256, 512, 1024, 2048, 4096]).to_vec();
         let longest = lengths.iter().copied().max().unwrap_or(256);
-        let mut opts = engine_options(args)?;
+        let mut opts = engine_options(args);
         if opts.max_context == 0 {
             opts.max_context = longest + 16;
         }
@@ -490,8 +547,8 @@ mod cli {
     /// read, for the configured `--step-tokens` (chunked prefill) — run it with a small and a
     /// large value to compare.
     async fn bench_interference(args: &Args) -> Result<()> {
-        let long: u32 = args.num("prompt-tokens", 2048)?;
-        let mut opts = engine_options(args)?;
+        let long = args.count("prompt-tokens", 2048);
+        let mut opts = engine_options(args);
         opts.prefix_cache = false;
         opts.sched.max_batch = 5;
         // Room for everything at once: the point is the schedule, not preemption.
@@ -518,18 +575,18 @@ mod cli {
         let t0 = pagedlm::time::now_ms();
         // Gaps count from the long prompt's arrival, so a decoder that gets no token until the
         // prompt is read shows that whole wait.
-        let mut last: HashMap<pagedlm::engine::RequestId, f64> = decoders.iter().map(|&id| (id, t0)).collect();
+        let mut last: HashMap<RequestId, f64> = decoders.iter().map(|&id| (id, t0)).collect();
         let mut long_done = false;
         while !long_done {
             for e in engine.step().await? {
                 let now = pagedlm::time::now_ms();
                 match e {
-                    pagedlm::engine::Event::Token { id, .. } if decoders.contains(&id) => {
+                    Event::Token { id, .. } if decoders.contains(&id) => {
                         if let Some(prev) = last.insert(id, now) {
                             gaps.push(now - prev);
                         }
                     }
-                    pagedlm::engine::Event::Finished { id, .. } if id == long_id => long_done = true,
+                    Event::Finished { id, .. } if id == long_id => long_done = true,
                     _ => {}
                 }
             }
@@ -556,27 +613,27 @@ mod cli {
     }
 
     async fn bench(args: &Args) -> Result<()> {
-        let prompt_tokens: u32 = args.num("prompt-tokens", 512)?;
-        let gen_tokens: u32 = args.num("gen-tokens", 128)?;
-        let context: u32 = args.num("context", 0)?;
-        let batch: u32 = args.num("batch", 1)?;
+        let prompt_tokens = args.count("prompt-tokens", 512);
+        let gen_tokens = args.count("gen-tokens", 128);
+        let context = args.count("context", 0);
+        let batch = args.count("batch", 1);
         if batch == 0 {
             bail!("--batch must be at least 1");
         }
-        if args.str("transfer").is_some() {
+        if args.flag("transfer") {
             return bench_transfer(args).await;
         }
-        if args.str("interference").is_some() {
+        if args.flag("interference") {
             return bench_interference(args).await;
         }
-        let mut opts = engine_options(args)?;
+        let mut opts = engine_options(args);
         let needed = prompt_tokens.max(context) + gen_tokens + 1;
         if opts.max_context == 0 {
             opts.max_context = needed;
         }
         // Raw speed: no request may reuse another's K/V.
         opts.prefix_cache = false;
-        if batch > 1 || args.str("batch").is_some() {
+        if batch > 1 || args.given("batch") {
             return bench_batch(args, opts, batch, context.max(prompt_tokens).max(1), gen_tokens).await;
         }
         let bytes = model_bytes(args)?;
@@ -587,7 +644,7 @@ mod cli {
         let request = GenerateRequest { max_tokens: gen_tokens, sampling: SamplingParams::greedy(), ..Default::default() };
         let never_stop = |_: &pagedlm::engine::TokenEvent<'_>| true;
         // Warm-up: compiles pipelines and builds graphs.
-        engine.generate(&make(prompt_tokens.min(16).max(1)), &GenerateRequest { max_tokens: 4, ..request.clone() }, &mut |e| never_stop(e)).await?;
+        engine.generate(&make(prompt_tokens.clamp(1, 16)), &GenerateRequest { max_tokens: 4, ..request.clone() }, &mut |e| never_stop(e)).await?;
         let prefill = engine.generate(&make(prompt_tokens.max(1)), &GenerateRequest { max_tokens: 1, ..request.clone() }, &mut |e| never_stop(e)).await?;
         let decode_ctx = if context > 0 { context } else { prompt_tokens.max(1) };
         let mut decode = engine.generate_ignoring_eos(&make(decode_ctx), gen_tokens).await?;

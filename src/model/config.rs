@@ -74,7 +74,7 @@ impl ModelConfig {
         if head_dim % 4 != 0 || head_dim > 256 {
             return Err(ModelError::Unsupported(format!("head dimension {head_dim} (pagedlm needs a multiple of 4 up to 256)")));
         }
-        if let Some(_) = gguf.get(&key("rope.dimension_count")) {
+        if gguf.get(&key("rope.dimension_count")).is_some() {
             let rot = gguf.get_u32(&key("rope.dimension_count"))?;
             if rot != head_dim {
                 return Err(ModelError::Unsupported(format!("partial rotary embedding ({rot} of {head_dim} dimensions)")));
@@ -116,11 +116,6 @@ impl ModelConfig {
     /// Floats in one attention output row.
     pub fn q_width(&self) -> u32 {
         self.n_heads * self.head_dim
-    }
-
-    /// KV-cache bytes per token at `bytes_per_value`: layers × KV heads × head dim × 2 (K and V) × bytes.
-    pub fn kv_bytes_per_token(&self, bytes_per_value: u32) -> u64 {
-        self.n_layers as u64 * self.n_kv_heads as u64 * self.head_dim as u64 * 2 * bytes_per_value as u64
     }
 }
 

@@ -17,11 +17,12 @@ use crate::gguf::GgufError;
 use crate::gpu::GpuError;
 use crate::kv::KvError;
 
-/// Errors of the model layer.
+/// Errors of the model layer. A wrapped error is shown as itself (`transparent`) or as a prefix
+/// plus its text, never also as a `source()`, so an error chain says each message once.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error("not a usable GGUF file: {0}")]
-    Gguf(#[from] GgufError),
+    Gguf(GgufError),
     #[error("the model file is malformed: {0}")]
     Format(String),
     #[error("pagedlm does not support {0}")]
@@ -32,4 +33,10 @@ pub enum ModelError {
     Kv(#[from] KvError),
     #[error("the sequence needs {needed} tokens of context but holds at most {limit}")]
     ContextOverflow { needed: usize, limit: usize },
+}
+
+impl From<GgufError> for ModelError {
+    fn from(e: GgufError) -> ModelError {
+        ModelError::Gguf(e)
+    }
 }

@@ -95,3 +95,9 @@ pub fn tiny_model(seed: u64) -> Vec<u8> {
     use pagedlm::synth::{tiny_llama_gguf, SynthConfig};
     tiny_llama_gguf(&SynthConfig { seed, ..SynthConfig::tiny() })
 }
+
+/// The configuration of [`tiny_model`]`(seed)`, read back from its GGUF.
+pub fn tiny_config(seed: u64) -> pagedlm::model::ModelConfig {
+    let bytes = tiny_model(seed);
+    pagedlm::model::ModelConfig::from_gguf(&pagedlm::gguf::Gguf::parse(&bytes).unwrap()).unwrap()
+}
