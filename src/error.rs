@@ -106,7 +106,6 @@ fn model_kind(e: &ModelError) -> ErrorKind {
     match e {
         ModelError::Gpu(g) => gpu_kind(g),
         ModelError::Kv(k) => kv_kind(k),
-        ModelError::ContextOverflow { .. } => ErrorKind::ContextOverflow,
         ModelError::Gguf(_) | ModelError::Format(_) | ModelError::Unsupported(_) => ErrorKind::ModelFormat,
     }
 }
@@ -114,7 +113,7 @@ fn model_kind(e: &ModelError) -> ErrorKind {
 fn gpu_kind(e: &GpuError) -> ErrorKind {
     match e {
         GpuError::NoAdapter(_) | GpuError::Device(_) | GpuError::Limits(_) => ErrorKind::NoDevice,
-        GpuError::Readback(_) | GpuError::Validation(_) => ErrorKind::Gpu,
+        GpuError::Readback(_) => ErrorKind::Gpu,
         GpuError::Shape { .. } | GpuError::UnknownShader(_) => ErrorKind::Internal,
     }
 }

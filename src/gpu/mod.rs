@@ -29,8 +29,6 @@ pub enum GpuError {
     UnknownShader(String),
     #[error("reading back from the GPU failed: {0}")]
     Readback(String),
-    #[error("GPU validation or out-of-memory error: {0}")]
-    Validation(String),
 }
 
 /// A shape-contract failure, for launchers.

@@ -31,8 +31,6 @@ pub enum ModelError {
     Gpu(#[from] GpuError),
     #[error(transparent)]
     Kv(#[from] KvError),
-    #[error("the sequence needs {needed} tokens of context but holds at most {limit}")]
-    ContextOverflow { needed: usize, limit: usize },
 }
 
 impl From<GgufError> for ModelError {
