@@ -123,7 +123,7 @@ impl Engine {
         let tokenizer = Tokenizer::from_spec(TokenizerSpec::from_gguf(&gguf)?)?;
         let weights = Weights::upload(&ctx, &gguf, &config)?;
         let kv = KvCache::new(&ctx, &config.kv_shape(), cache_config(&ctx, &config, &options))?;
-        let sched = Scheduler::new(options.sched.clone())?;
+        let sched = Scheduler::new(options.sched.clone(), options.prefill_chunk)?;
         let runner = Runner::new(options.prefill_chunk)?;
         Ok(Engine { ctx, model: Model { config, weights }, tokenizer, kv, options, runner, sched, backlog: Vec::new() })
     }

@@ -137,6 +137,8 @@ pub struct RunningInfo {
 
 pub(crate) struct Scheduler {
     config: SchedConfig,
+    /// Most rows of one prefill chunk (the engine's `prefill_chunk`), within the step's budget.
+    max_chunk: u32,
     waiting: VecDeque<Request>,
     running: Vec<Request>,
     stats: SchedStats,
@@ -144,11 +146,11 @@ pub(crate) struct Scheduler {
 }
 
 impl Scheduler {
-    pub fn new(config: SchedConfig) -> Result<Scheduler, EngineError> {
-        if config.max_batch == 0 || config.step_tokens == 0 {
-            return Err(EngineError::InvalidArgument("max_batch and step_tokens must be at least 1".into()));
+    pub fn new(config: SchedConfig, max_chunk: u32) -> Result<Scheduler, EngineError> {
+        if config.max_batch == 0 || config.step_tokens == 0 || max_chunk == 0 {
+            return Err(EngineError::InvalidArgument("max_batch, step_tokens and prefill_chunk must be at least 1".into()));
         }
-        Ok(Scheduler { config, waiting: VecDeque::new(), running: Vec::new(), stats: SchedStats::default(), next_id: 0 })
+        Ok(Scheduler { config, max_chunk, waiting: VecDeque::new(), running: Vec::new(), stats: SchedStats::default(), next_id: 0 })
     }
 
     /// Queues a request (its prompt and parameters already checked); returns its id.
@@ -293,7 +295,7 @@ impl Scheduler {
                 }
             }
         }
-        let budget = self.config.step_tokens.saturating_sub(plan.rows.len() as u32).max(1);
+        let budget = self.config.step_tokens.saturating_sub(plan.rows.len() as u32).clamp(1, self.max_chunk);
         // The oldest admitted sequence still reading its context gets the chunk.
         if let Some(r) = self.running.iter().filter(|r| r.in_prefill()).min_by_key(|r| (r.admitted_step, r.id)) {
             let end = r.context_len();
