@@ -300,7 +300,14 @@ impl Engine {
     ) -> Result<Generation, EngineError> {
         let id = self.submit(prompt.to_vec(), request.clone())?;
         loop {
-            let mut events = self.step_once().await?.into_iter();
+            let mut events = match self.step_once().await {
+                Ok(events) => events.into_iter(),
+                Err(e) => {
+                    // The caller gets the error; the request must not run on without it.
+                    let _ = self.abort(id);
+                    return Err(e);
+                }
+            };
             while let Some(event) = events.next() {
                 match event {
                     Event::Token { id: of, token, text } if of == id => {
