@@ -41,22 +41,41 @@ const MAGIC: &[u8; 4] = b"GGUF";
 pub enum GgmlType {
     F32,
     F16,
+    BF16,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
     Q8_0,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    /// Any other id: stored, sized where ggml defines a size, never computed with.
     Other(u32),
 }
 
 impl GgmlType {
+    /// The weight types pagedlm computes with, in ggml's id order.
+    pub const SUPPORTED: [GgmlType; 13] = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::BF16,
+    ];
+
     pub fn from_u32(v: u32) -> GgmlType {
-        match v {
-            0 => GgmlType::F32,
-            1 => GgmlType::F16,
-            2 => GgmlType::Q4_0,
-            3 => GgmlType::Q4_1,
-            8 => GgmlType::Q8_0,
-            other => GgmlType::Other(other),
-        }
+        GgmlType::SUPPORTED.into_iter().find(|t| t.to_u32() == v).unwrap_or(GgmlType::Other(v))
     }
 
     /// The id ggml uses for this type.
@@ -66,12 +85,30 @@ impl GgmlType {
             GgmlType::F16 => 1,
             GgmlType::Q4_0 => 2,
             GgmlType::Q4_1 => 3,
+            GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
             GgmlType::Q8_0 => 8,
+            GgmlType::Q2_K => 10,
+            GgmlType::Q3_K => 11,
+            GgmlType::Q4_K => 12,
+            GgmlType::Q5_K => 13,
+            GgmlType::Q6_K => 14,
+            GgmlType::BF16 => 30,
             GgmlType::Other(v) => *v,
         }
     }
 
-    /// ggml's name for the type ("Q4_1", "Q5_K", ...), or "type N" for an id ggml does not know.
+    /// The type ggml calls `name` ("Q4_K", "BF16", ...; any case).
+    pub fn from_name(name: &str) -> Option<GgmlType> {
+        GgmlType::SUPPORTED.into_iter().find(|t| t.name().eq_ignore_ascii_case(name))
+    }
+
+    /// Whether pagedlm computes with this type (one of [`GgmlType::SUPPORTED`]).
+    pub fn is_supported(&self) -> bool {
+        !matches!(self, GgmlType::Other(_))
+    }
+
+/// ggml's name for the type ("Q4_1", "Q5_K", ...), or "type N" for an id ggml does not know.
     pub fn name(&self) -> String {
         // Ids 4, 5 (Q4_2, Q4_3), 31-33 and 36-38 (repacked variants) were removed from ggml;
         // files never store them.
@@ -113,16 +150,43 @@ impl GgmlType {
         known.to_string()
     }
 
-    /// (values per block, bytes per block) for the types pagedlm reads; `None` for `Other`.
+    /// (values per block, bytes per block) as ggml defines them, for every type ggml can store
+    /// (so that a file holding an unsupported type still parses and is refused by tensor name);
+    /// `None` for an id ggml does not know.
     pub fn block_size(&self) -> Option<(u64, u64)> {
-        match self {
-            GgmlType::F32 => Some((1, 4)),
-            GgmlType::F16 => Some((1, 2)),
-            GgmlType::Q4_0 => Some((32, 18)),
-            GgmlType::Q4_1 => Some((32, 20)),
-            GgmlType::Q8_0 => Some((32, 34)),
-            GgmlType::Other(_) => None,
-        }
+        Some(match self.to_u32() {
+            0 => (1, 4),
+            1 | 30 => (1, 2),
+            2 => (32, 18),
+            3 => (32, 20),
+            6 => (32, 22),
+            7 => (32, 24),
+            8 => (32, 34),
+            9 => (32, 36),
+            10 => (256, 84),
+            11 => (256, 110),
+            12 => (256, 144),
+            13 => (256, 176),
+            14 => (256, 210),
+            15 => (256, 292),
+            16 => (256, 66),
+            17 => (256, 74),
+            18 => (256, 98),
+            19 => (256, 50),
+            20 => (32, 18),
+            21 => (256, 110),
+            22 => (256, 82),
+            23 => (256, 136),
+            24 => (1, 1),
+            25 => (1, 2),
+            26 => (1, 4),
+            27 | 28 => (1, 8),
+            29 => (256, 56),
+            34 => (256, 54),
+            35 => (256, 66),
+            39 => (32, 17),
+            _ => return None,
+        })
     }
 }
 
@@ -574,7 +638,7 @@ impl<'a> Gguf<'a> {
     /// The named tensor and its bytes, if its type is one of `allowed`.
     pub fn require_tensor(&self, name: &str, allowed: &[GgmlType]) -> Result<(&TensorInfo, &'a [u8]), GgufError> {
         let info = self.tensor(name).ok_or_else(|| GgufError::MissingTensor(name.to_string()))?;
-        if !allowed.contains(&info.ggml_type) || !info.block_size_known() {
+        if !allowed.contains(&info.ggml_type) || !info.ggml_type.is_supported() {
             return Err(GgufError::UnsupportedTensorType { name: name.to_string(), type_name: info.ggml_type.name() });
         }
         Ok((info, self.tensor_data(info)))

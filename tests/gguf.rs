@@ -39,6 +39,16 @@ fn expected_size(dims: &[u64], t: GgmlType) -> u64 {
         GgmlType::Q4_0 => (32, 18),
         GgmlType::Q4_1 => (32, 20),
         GgmlType::Q8_0 => (32, 34),
+        GgmlType::BF16 => (1, 2),
+        GgmlType::Q5_0 => (32, 22),
+        GgmlType::Q5_1 => (32, 24),
+        GgmlType::Q2_K => (256, 84),
+        GgmlType::Q3_K => (256, 110),
+        GgmlType::Q4_K => (256, 144),
+        GgmlType::Q5_K => (256, 176),
+        GgmlType::Q6_K => (256, 210),
+        // IQ4_XS: ggml sizes it, pagedlm does not compute with it.
+        GgmlType::Other(23) => (256, 136),
         GgmlType::Other(id) => panic!("no size for type {id}"),
     };
     dims.iter().product::<u64>() / values * bytes
@@ -162,7 +172,8 @@ fn sample_tensors(rng: &mut Rng) -> Vec<SampleTensor> {
         ("w.q4_0", vec![32, 2], GgmlType::Q4_0),
         ("w.q4_1", vec![64], GgmlType::Q4_1),
         ("w.q8_0", vec![32, 1, 1, 2], GgmlType::Q8_0),
-        ("w.q5_k", vec![256], GgmlType::Other(13)),
+        ("w.q5_k", vec![256], GgmlType::Q5_K),
+        ("w.iq4_xs", vec![256], GgmlType::Other(23)),
         ("w.scalar", vec![], GgmlType::F32),
         ("w.empty", vec![0, 5], GgmlType::F32),
         ("w.last", vec![32], GgmlType::Q8_0),
@@ -170,7 +181,7 @@ fn sample_tensors(rng: &mut Rng) -> Vec<SampleTensor> {
     specs
         .into_iter()
         .map(|(name, dims, ty)| {
-            let len = if let GgmlType::Other(_) = ty { 176 } else { expected_size(&dims, ty) };
+            let len = expected_size(&dims, ty);
             let data = (0..len).map(|_| rng.next_u32() as u8).collect();
             SampleTensor { name, dims, ty, data }
         })
@@ -360,9 +371,9 @@ fn round_trip_preserves_every_value_type_nested_arrays_and_tensor_bytes() {
         assert_eq!((info.name.as_str(), &info.dims, info.ggml_type), (t.name, &t.dims, t.ty));
         assert_eq!(info.offset % 32, 0, "{}", t.name);
         match t.ty {
-            // The size of a type pagedlm does not know is unknown: no bytes, and not usable.
+            // A type ggml sizes but pagedlm does not compute with: its bytes are there, unusable.
             GgmlType::Other(_) => {
-                assert_eq!(info.size_bytes, 0);
+                assert_eq!(g.tensor_data(info), &t.data[..], "{}", t.name);
                 let e = g.require_tensor(t.name, &[t.ty]).unwrap_err();
                 assert!(matches!(e, GgufError::UnsupportedTensorType { .. }), "{e}");
             }
@@ -764,22 +775,28 @@ fn misaligned_tensor_offsets_are_refused() {
 #[test]
 fn unsupported_tensor_types_are_refused_by_require_tensor() {
     let mut w = GgufWriter::new();
-    w.add_tensor("blk.3.attn_q.weight", &[256, 2], GgmlType::Other(13), vec![0; 352]).unwrap();
+    w.add_tensor("blk.3.attn_q.weight", &[256, 2], GgmlType::Other(23), vec![0; 272]).unwrap();
     w.add_tensor("blk.3.attn_norm.weight", &[64], GgmlType::F32, vec![0; 256]).unwrap();
     w.add_tensor("odd", &[4], GgmlType::Other(1234), vec![0; 4]).unwrap();
     let bytes = w.to_bytes();
     let g = Gguf::parse(&bytes).unwrap();
-    assert_eq!(g.tensor("blk.3.attn_q.weight").unwrap().ggml_type, GgmlType::Other(13));
+    assert_eq!(g.tensor("blk.3.attn_q.weight").unwrap().ggml_type, GgmlType::Other(23));
     let e = g.require_tensor("blk.3.attn_q.weight", &[GgmlType::Q4_1, GgmlType::Q8_0]).unwrap_err();
-    assert!(matches!(&e, GgufError::UnsupportedTensorType { name, type_name } if name == "blk.3.attn_q.weight" && type_name == "Q5_K"));
-    assert_eq!(e.to_string(), "tensor blk.3.attn_q.weight has type Q5_K, which pagedlm does not support");
+    assert!(matches!(&e, GgufError::UnsupportedTensorType { name, type_name } if name == "blk.3.attn_q.weight" && type_name == "IQ4_XS"));
+    assert_eq!(e.to_string(), "tensor blk.3.attn_q.weight has type IQ4_XS, which pagedlm does not support");
     // A known type that the caller does not accept here.
     let e = g.require_tensor("blk.3.attn_norm.weight", &[GgmlType::Q4_1]).unwrap_err();
     assert_eq!(e.to_string(), "tensor blk.3.attn_norm.weight has type F32, which pagedlm does not support");
     let e = g.require_tensor("odd", &[GgmlType::Other(1234)]).unwrap_err();
     assert!(e.to_string().contains("type 1234"), "{e}");
     assert!(matches!(g.require_tensor("nope", &[GgmlType::F32]), Err(GgufError::MissingTensor(n)) if n == "nope"));
-    assert_eq!(GgmlType::from_u32(12).name(), "Q4_K");
+    assert_eq!(GgmlType::from_u32(12), GgmlType::Q4_K);
+    assert_eq!(GgmlType::from_u32(30), GgmlType::BF16);
+    assert_eq!(GgmlType::from_u32(23).name(), "IQ4_XS");
+    for t in GgmlType::SUPPORTED {
+        assert_eq!(GgmlType::from_u32(t.to_u32()), t);
+        assert_eq!(GgmlType::from_name(&t.name().to_lowercase()), Some(t));
+    }
     assert_eq!(GgmlType::from_u32(3), GgmlType::Q4_1);
 }
 
@@ -863,7 +880,7 @@ fn exercise(bytes: &[u8]) -> String {
         let _ = (value.as_u64(), value.as_f64(), value.as_str(), value.as_array(), value.type_name());
         assert!(g.get(key).is_some_and(|v| std::ptr::eq(v, value)));
     }
-    let all = [GgmlType::F32, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
+    let all = GgmlType::SUPPORTED;
     let file = bytes.as_ptr_range();
     for t in &g.tensors {
         let data = g.tensor_data(t);
@@ -875,8 +892,12 @@ fn exercise(bytes: &[u8]) -> String {
                 assert_eq!(data.len() as u64, t.size_bytes, "{}", t.name);
                 assert_eq!(t.offset % g.alignment, 0);
                 assert!(g.data_offset + t.offset + t.size_bytes <= bytes.len() as u64);
-                let (info, required) = g.require_tensor(&t.name, &all).expect("a known type is accepted");
-                assert!(std::ptr::eq(info, t) && std::ptr::eq(required, data));
+                if t.ggml_type.is_supported() {
+                    let (info, required) = g.require_tensor(&t.name, &all).expect("a supported type is accepted");
+                    assert!(std::ptr::eq(info, t) && std::ptr::eq(required, data));
+                } else {
+                    assert!(g.require_tensor(&t.name, &all).is_err());
+                }
             }
             None => assert!(g.require_tensor(&t.name, &all).is_err()),
         }
