@@ -13,6 +13,10 @@ if [ "${avail_mb:-0}" -lt 3072 ]; then
   echo "warning: only ${avail_mb} MB free on this disk; a full test run needs about 3 GB for target/" >&2
 fi
 
+# The re-encoded models tests/reencoded.rs runs (PyPI's gguf in a venv at .cache/py; quiet when
+# they are there).
+bash scripts/reencode-all.sh
+
 echo "== native tests (Vulkan: $(command -v vulkaninfo >/dev/null && vulkaninfo --summary 2>/dev/null | awk -F= '/deviceName/{print $2; exit}' || echo lavapipe))"
 cargo test --quiet 2>&1
 
