@@ -58,6 +58,11 @@ export interface EngineOptions {
   maxBatch?: number;
   /** Most token rows (decode + prefill) per engine step (default 256). */
   stepTokens?: number;
+  /**
+   * Run as on a device whose largest storage buffer binding is this many MiB (default: what the
+   * device offers; WebGPU guarantees 128). For testing that big matrices are split across bindings.
+   */
+  maxBindingMib?: number;
   onProgress?: (progress: LoadProgress) => void;
   /** Keep a downloaded model in the Cache API so a reload does not download it again (default true). */
   cache?: boolean;
@@ -188,7 +193,11 @@ export interface EngineInfo {
   kv_dtype: "f32" | "int8";
   block_size: number;
   max_context: number;
-  model: { arch: string; name: string; n_layers: number; hidden: number; n_heads: number; n_kv_heads: number; head_dim: number; vocab: number; context_length: number };
+  model: {
+    arch: string; name: string; n_layers: number; hidden: number; n_heads: number; n_kv_heads: number; head_dim: number; vocab: number; context_length: number;
+    /** Tensors of each weight type the file holds, by ggml's type name, e.g. {"F32": 61, "Q4_1": 210, "Q8_0": 1}. */
+    weight_types: Record<string, number>;
+  };
   memory: { weights_bytes: number; kv_bytes: number };
 }
 

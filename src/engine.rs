@@ -8,6 +8,7 @@
 //! the scheduler commits their outputs. [`Engine::generate`] is one submitted request stepped
 //! to its end: there is one token loop.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::gguf::Gguf;
@@ -46,6 +47,11 @@ pub struct EngineOptions {
     pub check_integrity: bool,
     /// Continuous batching: most sequences per step, most rows per step, cache-aware admission.
     pub sched: SchedConfig,
+    /// Run as on a device whose largest storage binding and buffer are this many bytes (see
+    /// [`ContextOptions::max_storage_binding`]); `None` = what the device offers. Used by
+    /// [`Engine::load`], which creates the context; a context handed to
+    /// [`Engine::load_with_context`] has its limits already.
+    pub max_binding_bytes: Option<u64>,
 }
 
 impl Default for EngineOptions {
@@ -60,6 +66,7 @@ impl Default for EngineOptions {
             prefix_cache: true,
             check_integrity: false,
             sched: SchedConfig::default(),
+            max_binding_bytes: None,
         }
     }
 }
@@ -101,6 +108,8 @@ pub struct Engine {
     options: EngineOptions,
     runner: Runner,
     sched: Scheduler,
+    /// Tensors of each type in the model file ([`Gguf::tensor_type_counts`]).
+    weight_types: BTreeMap<String, u32>,
     /// Events of other requests that a [`Engine::generate`] call stepped past; the next
     /// [`Engine::step`] returns them first.
     backlog: Vec<Event>,
@@ -109,7 +118,7 @@ pub struct Engine {
 impl Engine {
     /// Creates a GPU context and loads a GGUF model from its bytes.
     pub async fn load(bytes: &[u8], options: EngineOptions) -> Result<Engine, EngineError> {
-        let ctx = Arc::new(Context::new(ContextOptions::default()).await?);
+        let ctx = Arc::new(Context::new(ContextOptions { max_storage_binding: options.max_binding_bytes, ..Default::default() }).await?);
         Engine::load_with_context(ctx, bytes, options)
     }
 
@@ -125,11 +134,18 @@ impl Engine {
         let kv = KvCache::new(&ctx, &config.kv_shape(), cache_config(&ctx, &config, &options))?;
         let sched = Scheduler::new(options.sched.clone(), options.prefill_chunk)?;
         let runner = Runner::new(options.prefill_chunk)?;
-        Ok(Engine { ctx, model: Model { config, weights }, tokenizer, kv, options, runner, sched, backlog: Vec::new() })
+        let weight_types = gguf.tensor_type_counts();
+        Ok(Engine { ctx, model: Model { config, weights }, tokenizer, kv, options, runner, sched, weight_types, backlog: Vec::new() })
     }
 
     pub fn config(&self) -> &ModelConfig {
         &self.model.config
+    }
+
+    /// How many tensors of each weight type the model file holds, by ggml's type name
+    /// (`{"F32": 61, "Q4_1": 210, "Q8_0": 1}`): what `engine.info` and the page show.
+    pub fn weight_types(&self) -> &BTreeMap<String, u32> {
+        &self.weight_types
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {

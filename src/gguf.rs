@@ -12,7 +12,7 @@
 //! Dimension order is GGUF's (= ggml's): `dims[0]` (ne0) is the innermost, contiguous one. A
 //! matrix `[ne0 = cols, ne1 = rows]` stores row after row, so ne0 is a weight's input features.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 /// Longest string (key, value, tensor name) accepted. Vocab entries are a few bytes and chat
 /// templates a few KB, so 1 MiB leaves room without letting one length field claim the file.
@@ -647,6 +647,16 @@ impl<'a> Gguf<'a> {
     /// The whole file this view borrows.
     pub fn bytes(&self) -> &'a [u8] {
         self.bytes
+    }
+
+    /// How many tensors the file holds of each type, by ggml's type name: SmolLM2's Q4_1 file
+    /// gives `{"F32": 61, "Q4_1": 210, "Q8_0": 1}`.
+    pub fn tensor_type_counts(&self) -> BTreeMap<String, u32> {
+        let mut counts = BTreeMap::new();
+        for t in &self.tensors {
+            *counts.entry(t.ggml_type.name()).or_insert(0) += 1;
+        }
+        counts
     }
 }
 

@@ -11,6 +11,7 @@
 //! `crate::engine`, never the layers below it.
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use serde::{Deserialize, Serialize};
@@ -18,7 +19,7 @@ use wasm_bindgen::prelude::*;
 
 use crate::engine::{
     ChatMessage, Engine, EngineError, EngineOptions, EngineStats, ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout,
-    ModelConfig, RequestId, SamplingParams, SchedStats, TokenEvent,
+    RequestId, SamplingParams, SchedStats, TokenEvent,
 };
 
 /// What kind of failure an error is; JS sees it as `error.code`.
@@ -137,6 +138,8 @@ struct LoadOptions {
     max_batch: Option<u32>,
     /// Most token rows (decode + prefill) per step.
     step_tokens: Option<u32>,
+    /// Run as on a device whose largest storage binding (and buffer) is this many MiB.
+    max_binding_mib: Option<u32>,
 }
 
 impl LoadOptions {
@@ -151,6 +154,7 @@ impl LoadOptions {
         o.prefix_cache = self.prefix_cache.unwrap_or(o.prefix_cache);
         o.sched.max_batch = self.max_batch.unwrap_or(o.sched.max_batch);
         o.sched.step_tokens = self.step_tokens.unwrap_or(o.sched.step_tokens);
+        o.max_binding_bytes = self.max_binding_mib.map(|mib| u64::from(mib) << 20);
         o
     }
 }
@@ -206,13 +210,15 @@ struct Memory {
     kv_bytes: u64,
 }
 
-/// The model's shape as JS sees it: [`ModelConfig`] with its 64-bit fingerprint as hex, since a
+/// The model's shape as JS sees it: [`crate::engine::ModelConfig`] with its 64-bit fingerprint as hex, since a
 /// JS number holds integers only up to 2^53.
 #[derive(Serialize)]
 struct ModelInfo {
     #[serde(flatten)]
     config: ModelConfigView,
     fingerprint: String,
+    /// Tensors of each weight type in the file: `{"F32": 61, "Q4_1": 210, "Q8_0": 1}`.
+    weight_types: BTreeMap<String, u32>,
 }
 
 #[derive(Serialize)]
@@ -232,7 +238,8 @@ struct ModelConfigView {
 }
 
 impl ModelInfo {
-    fn of(c: &ModelConfig) -> ModelInfo {
+    fn of(engine: &Engine) -> ModelInfo {
+        let c = engine.config();
         ModelInfo {
             config: ModelConfigView {
                 arch: c.arch.clone(),
@@ -249,6 +256,7 @@ impl ModelInfo {
                 rms_eps: c.rms_eps,
             },
             fingerprint: format!("{:016x}", c.fingerprint),
+            weight_types: engine.weight_types().clone(),
         }
     }
 }
@@ -278,7 +286,7 @@ impl Info {
             kv_dtype: kv.pool.dtype.name(),
             block_size: kv.block_size(),
             max_context: engine.max_context(),
-            model: ModelInfo::of(engine.config()),
+            model: ModelInfo::of(engine),
             memory: Memory { weights_bytes, kv_bytes },
         }
     }
@@ -448,7 +456,7 @@ pub struct WebEngine {
 impl WebEngine {
     /// Creates a WebGPU context and loads a GGUF model.
     /// `bytes`: the whole GGUF file. `options`: `{maxContext?, prefillChunk?, kvDtype?, kvLayout?,
-    /// blockSize?, poolTokens?, prefixCache?, maxBatch?, stepTokens?}` or undefined.
+    /// blockSize?, poolTokens?, prefixCache?, maxBatch?, stepTokens?, maxBindingMib?}` or undefined.
     pub async fn load(bytes: Vec<u8>, options: JsValue) -> Result<WebEngine, WebError> {
         let opts: LoadOptions = self::options(options, "load options")?;
         let engine = Engine::load(&bytes, opts.engine_options()).await?;

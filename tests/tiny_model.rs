@@ -169,3 +169,19 @@ gpu_test! {
         }
     }
 }
+
+gpu_test! {
+    async fn the_engine_reports_the_weight_types_the_file_holds() {
+        // The synthetic model's make-up: per layer 7 Q4_1 projections and 2 F32 norms, plus the
+        // Q8_0 embedding and the F32 output norm.
+        for n_layers in [1usize, 3] {
+            let bytes = tiny_llama_gguf(&SynthConfig { n_layers, ..SynthConfig::tiny() });
+            let engine = Engine::load(&bytes, EngineOptions { max_context: 32, ..Default::default() }).await.unwrap();
+            let want: std::collections::BTreeMap<String, u32> =
+                [("F32", 2 * n_layers as u32 + 1), ("Q4_1", 7 * n_layers as u32), ("Q8_0", 1)].map(|(t, n)| (t.to_string(), n)).into();
+            assert_eq!(engine.weight_types(), &want, "{n_layers} layers");
+            let total: u32 = engine.weight_types().values().sum();
+            assert_eq!(total as usize, Gguf::parse(&bytes).unwrap().tensors.len(), "every tensor is counted once");
+        }
+    }
+}

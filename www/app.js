@@ -110,6 +110,12 @@ function engineOptions() {
   return options;
 }
 
+/** The file's weight types, most tensors first: "Q4_1 ×210, F32 ×61, Q8_0 ×1". */
+function weightTypesText(types) {
+  return Object.entries(types ?? {}).sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0]))
+    .map(([type, count]) => `${type} ×${count}`).join(", ");
+}
+
 async function loadModel(model, label) {
   ui.errorPanel.hidden = true;
   ui.progress.classList.remove("done");
@@ -132,7 +138,8 @@ async function loadModel(model, label) {
     ui.progress.classList.add("done");
     ui.progress.dataset.done = "true";
     ui.progress.dataset.source = engine.load.source;
-    ui.modelName.textContent = `${label} · KV ${state.info.kv_dtype} · blocks of ${state.info.block_size}`;
+    ui.modelName.textContent = `${label} · ${weightTypesText(state.info.model.weight_types)} · KV ${state.info.kv_dtype} · blocks of ${state.info.block_size}`;
+    ui.modelName.title = "Tensors of each weight type in the file, then the KV cache's format";
     // Browsers often hide the adapter's name; say at least what kind of device runs the model.
     const name = state.info.adapter.split(" (")[0].trim();
     ui.adapter.textContent = `${name || "WebGPU"} · ${state.info.is_cpu ? "software GPU" : "GPU"}`;
@@ -753,4 +760,4 @@ window.addEventListener("drop", (e) => {
 newConversation();
 // Saved conversations come back while the model loads; their snapshots are imported on use.
 await restoreConversations();
-loadModel(params.get("model") || MODEL_URL, "SmolLM2-135M-Instruct · Q4_1");
+loadModel(params.get("model") || MODEL_URL, "SmolLM2-135M-Instruct");

@@ -32,6 +32,7 @@ fn main() {
 const USAGE: &str = "usage: pagedlm <tokenize|score|generate|bench|trace|profile> [options]
   common:   --model PATH  --kv-layout contiguous|paged  --kv-dtype f32|int8  --block-size N  --pool-tokens N
             --max-context N  --prefill-chunk N  --max-batch N  --step-tokens N  --no-prefix-cache  --no-cache-aware
+            --max-binding-mib N   (run as on a device whose largest buffer binding is N MiB)
             (every command takes them; tokenize reads only --model)
   tokenize  --texts FILE.json
   score     --input FILE.json [--mode decode|prefill]
@@ -121,6 +122,7 @@ mod cli {
                 cache_aware: !args.flag("no-cache-aware"),
                 ..SchedConfig::default()
             },
+            max_binding_bytes: args.given("max-binding-mib").then(|| u64::from(args.count("max-binding-mib", 0)) << 20),
         }
     }
 

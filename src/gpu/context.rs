@@ -15,12 +15,31 @@ pub struct ContextOptions {
     pub min_storage_binding: u64,
     /// Prefer a CPU (software) adapter; tests pin lavapipe this way when a real GPU exists.
     pub force_fallback_adapter: bool,
+    /// Lowers `maxStorageBufferBindingSize` and `maxBufferSize` to at most this many bytes, to
+    /// run as on a device that offers only that much (phones offer 128 MiB). Natively the device
+    /// is created with the lowered limits; in the browser WebGPU never goes below its 128 MiB
+    /// default, so [`Context::limits`] reports the lowered values and everything that sizes a
+    /// buffer or a binding reads them there. `min_storage_binding` is then capped to it too.
+    pub max_storage_binding: Option<u64>,
 }
 
 impl Default for ContextOptions {
     fn default() -> Self {
-        ContextOptions { min_storage_binding: 64 << 20, force_fallback_adapter: false }
+        ContextOptions { min_storage_binding: 64 << 20, force_fallback_adapter: false, max_storage_binding: None }
     }
+}
+
+/// Bindings and buffers below this size are refused as a limit: no real device is that small, and
+/// a few of pagedlm's fixed-size buffers would not fit.
+pub const MIN_STORAGE_BINDING: u64 = 64 << 10;
+
+/// `limits` with the storage-binding and buffer-size limits lowered to `cap` (never raised).
+fn lowered(mut limits: wgpu::Limits, cap: Option<u64>) -> wgpu::Limits {
+    if let Some(cap) = cap {
+        limits.max_storage_buffer_binding_size = limits.max_storage_buffer_binding_size.min(cap);
+        limits.max_buffer_size = limits.max_buffer_size.min(cap);
+    }
+    limits
 }
 
 /// Key of the pipeline cache: shader file, entry point, and override constants
@@ -46,7 +65,7 @@ pub struct Context {
 
 impl Context {
     /// Finds an adapter (Vulkan natively, `navigator.gpu` on the web) and creates the device,
-    /// requesting the limits the adapter offers.
+    /// requesting the limits the adapter offers (lowered where `options` says so).
     pub async fn new(options: ContextOptions) -> Result<Context, GpuError> {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle().with_env());
         let adapter = instance
@@ -65,7 +84,12 @@ impl Context {
         let info = adapter.get_info();
         let adapter_limits = adapter.limits();
         let adapter_features = adapter.features();
-        let need = options.min_storage_binding;
+        if let Some(cap) = options.max_storage_binding.filter(|&cap| cap < MIN_STORAGE_BINDING) {
+            return Err(GpuError::Limits(format!(
+                "a storage-binding limit of {cap} bytes was asked for; the least pagedlm runs with is {MIN_STORAGE_BINDING}"
+            )));
+        }
+        let need = options.min_storage_binding.min(options.max_storage_binding.unwrap_or(u64::MAX));
         if (adapter_limits.max_storage_buffer_binding_size as u64) < need {
             return Err(GpuError::Limits(format!(
                 "maxStorageBufferBindingSize is {} bytes, {} needed",
@@ -82,14 +106,14 @@ impl Context {
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("pagedlm"),
                 required_features: wgpu::Features::empty(),
-                required_limits: adapter_limits.clone(),
+                required_limits: lowered(adapter_limits.clone(), options.max_storage_binding),
                 experimental_features: wgpu::ExperimentalFeatures::disabled(),
                 memory_hints: wgpu::MemoryHints::Performance,
                 trace: wgpu::Trace::Off,
             })
             .await
             .map_err(|e| GpuError::Device(e.to_string()))?;
-        let limits = device.limits();
+        let limits = lowered(device.limits(), options.max_storage_binding);
         Ok(Context {
             device,
             queue,
