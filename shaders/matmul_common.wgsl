@@ -1,10 +1,11 @@
-// The prelude of the quantized matmul kernels (matmul_q4_1.wgsl, matmul_q8_0.wgsl), prepended to
-// each body when its module is created (src/gpu/shaders.rs): y[a, n] = Σ_k x[a, k] · W[n, k] for
-// a < n_rows and n < rows, with W repacked by QuantMatrix::upload (src/gpu/ops/matmul.rs) so that
-// the G rows of a row group lie side by side (G = 4 for Q4_1, 8 for Q8_0; each body documents its
-// block layout).
+// The prelude of the quantized matmul kernels (matmul_q4_1.wgsl, matmul_q8_0.wgsl, and
+// matmul_blocks.wgsl after quant_common.wgsl and a quant_<type>.wgsl for every other type),
+// prepended to each body when its module is created (src/gpu/shaders.rs):
+// y[a, row_base + n] = Σ_k x[a, k] · W[n, k] for a < n_rows and n < rows, with W (one part of a
+// QuantMatrix, src/gpu/ops/matmul/) repacked at upload so that the G rows of a row group lie side
+// by side (G = 4, 8 for Q8_0; each body or quant prelude documents its block layout).
 //
-// w: [groups · nb · vec4s per group block] vec4<u32>; y: [n_rows, y_stride] f32;
+// w (binding 0, declared by each body): the repacked part; y: [n_rows, y_stride] f32;
 // x: [n_rows, nb · 32] f32 (8 vec4 per block, as u32 bits), or with INT8 the activations quantized by
 //    quantize_act.wgsl: [n_rows · nb · 3] vec4<u32> (32 int8 quants, then the scale and the exact sum).
 //
@@ -23,9 +24,9 @@ struct Params {
     wgs_per_tile: u32,  // workgroups covering every group for one tile of TM activation rows
     tiles: u32,         // ceil(n_rows / TM)
     y_stride: u32,      // f32 elements between rows of y
+    row_base: u32,      // the column of y where this part's row 0 goes
 }
 
-@group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> x: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
@@ -100,7 +101,7 @@ fn ksplit_sum(lid: u32, lane: u32, v: vec4<f32>) -> vec4<f32> {
 
 // Stores output rows row0..row0+3 of activation row a (those below params.rows).
 fn store4(a: u32, row0: u32, v: vec4<f32>) {
-    let out = a * params.y_stride + row0;
+    let out = a * params.y_stride + params.row_base + row0;
     for (var r = 0u; r < 4u; r++) {
         if (row0 + r < params.rows) {
             y[out + r] = v[r];

@@ -5,6 +5,8 @@
 // Rows past `rows` are zero blocks. Value = d · q + m, dequantized in registers, f32 throughout.
 // INT8 is llama.cpp's Q4_1 × Q8_1: the 4-bit quants against int8 activations.
 
+@group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
+
 // The low nibbles of the 4 bytes of `word`, as floats.
 fn quants(word: u32) -> vec4<f32> {
     return vec4<f32>(unpack4xU8(word & 0x0F0F0F0Fu));

@@ -4,6 +4,8 @@
 //   [1 + 2r, 2 + 2r]  row r's 32 signed quant bytes in order.
 // Rows past `rows` are zero blocks. Value = d · q, dequantized in registers, f32 throughout.
 
+@group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
+
 // The 4 signed bytes of `word` times `scale`.
 fn quants(word: u32, scale: f32) -> vec4<f32> {
     return vec4<f32>(unpack4xI8(word)) * scale;

@@ -1,10 +1,15 @@
-//! Quantized matmul and embedding kernels against their CPU references, natively and in the browser.
+//! Matmul and embedding kernels of every weight type against their CPU references, natively and
+//! in the browser. Matrices of Q4_1 and Q8_0 come from the quantizer; every other type is random
+//! blocks (every quant and sub-block scale bit pattern) with sane f16 super-block scales, so the
+//! kernels are checked on encodings no quantizer of ours chose. The CPU dequantizers themselves are
+//! checked against llama.cpp's `gguf` package in tests/quant_formats.rs.
 //!
 //! Tolerance of the matmul tests: |got − want| ≤ 1e-5 · Σ_k |W[n,k] · x[a,k]| per output, where want
 //! is the f64 dot product of the dequantized weights. The kernels dequantize exactly (d · q + m in
 //! f32) and accumulate in f32, so only summation rounding remains: about √K · 2⁻²⁴ ≈ 2e-6 of that
 //! sum for K = 1536. One wrong quant, scale or row already moves an output by ~1/K of the sum
-//! (≥ 6e-4), far above the bound. The embedding is exact (a product of an f16 and an int8).
+//! (≥ 6e-4), far above the bound. The embedding is d · q + m per value in f32, as the CPU's
+//! dequantizer computes it, up to one rounding (a fused multiply-add): |Δ| ≤ 2⁻²² · (|w| + max|row|).
 //!
 //! The int8-activation variant (opt-in) is checked twice: against the exact reference within the
 //! worst case its activation rounding allows, Σ_k |d·q[n,k]| · step_k / 2 (`int8_error_bound`,
@@ -18,10 +23,15 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 use common::gpu;
 use pagedlm::gpu::ops::embed::{embedding, embedding_cpu};
-use pagedlm::gpu::ops::matmul::{int8_error_bound, matmul, matmul_cpu, matmul_int8_cpu, matmul_with, GgmlKind, MatmulConfig, QuantMatrix, MAX_TILE_ROWS};
+use pagedlm::gguf::GgmlType;
+use pagedlm::gpu::ops::matmul::{
+    int8_error_bound, matmul, matmul_cpu, matmul_int8_cpu, matmul_with, MatmulConfig, QuantMatrix, MAX_TILE_ROWS,
+};
 use pagedlm::gpu::{Context, Recorder};
-use pagedlm::quant::{dequantize_q4_1, dequantize_q8_0, quantize_q4_1, quantize_q8_0};
+use pagedlm::quant::{dequantize, quantize_q4_1, quantize_q8_0};
 use pagedlm::rng::Rng;
+
+type GgmlKind = GgmlType;
 
 const REL_TOL: f64 = 1e-5;
 
@@ -37,16 +47,65 @@ fn random_matrix(rng: &mut Rng, kind: GgmlKind, rows: u32, cols: u32) -> Vec<u8>
     match kind {
         GgmlKind::Q4_1 => quantize_q4_1(&values),
         GgmlKind::Q8_0 => quantize_q8_0(&values),
+        other => random_blocks(rng, other, rows, cols),
     }
+}
+
+/// (bytes per block, byte offsets of the block's f16 scales and minimums) of the GGUF layout of `t`.
+fn block_fields(t: GgmlType) -> (usize, &'static [usize]) {
+    match t {
+        GgmlType::Q4_0 => (18, &[0]),
+        GgmlType::Q5_0 => (22, &[0]),
+        GgmlType::Q5_1 => (24, &[0, 2]),
+        GgmlType::Q2_K => (84, &[80, 82]),
+        GgmlType::Q3_K => (110, &[108]),
+        GgmlType::Q4_K => (144, &[0, 2]),
+        GgmlType::Q5_K => (176, &[0, 2]),
+        GgmlType::Q6_K => (210, &[208]),
+        other => panic!("no block fields for {}", other.name()),
+    }
+}
+
+/// Random GGUF data of `t`, [rows, cols]: float types from random values with per-row spreads;
+/// quantized types random bytes with their f16 scales overwritten by sane ones (0.002..0.05; the
+/// Q5_1 minimum −0.5..0.5), so that values stay in a sane range.
+fn random_blocks(rng: &mut Rng, t: GgmlType, rows: u32, cols: u32) -> Vec<u8> {
+    let n = rows as usize * cols as usize;
+    let floats = |rng: &mut Rng| -> Vec<f32> {
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..rows {
+            let spread = rng.uniform(0.01, 2.0);
+            v.extend((0..cols).map(|_| spread * rng.uniform(-1.0, 1.0)));
+        }
+        v
+    };
+    match t {
+        GgmlType::F32 => return bytemuck::cast_slice(&floats(rng)).to_vec(),
+        GgmlType::F16 => return floats(rng).iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
+        GgmlType::BF16 => return floats(rng).iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
+        _ => {}
+    }
+    let (bb, fields) = block_fields(t);
+    let block_values = if bb >= 84 { 256 } else { 32 };
+    let mut out: Vec<u8> = (0..n / block_values * bb).map(|_| rng.next_u32() as u8).collect();
+    for block in out.chunks_exact_mut(bb) {
+        for (i, &at) in fields.iter().enumerate() {
+            let v = if t == GgmlType::Q5_1 && i == 1 { rng.uniform(-0.5, 0.5) } else { rng.uniform(0.002, 0.05) };
+            block[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+        }
+    }
+    out
 }
 
 fn dequantized(kind: GgmlKind, raw: &[u8], rows: u32, cols: u32) -> Vec<f32> {
     let mut out = vec![0f32; rows as usize * cols as usize];
-    match kind {
-        GgmlKind::Q4_1 => dequantize_q4_1(raw, &mut out),
-        GgmlKind::Q8_0 => dequantize_q8_0(raw, &mut out),
-    }
+    dequantize(kind, raw, &mut out).unwrap();
     out
+}
+
+/// Whether the kernel of `kind` takes int8 activations when asked to (Q4_1 and Q8_0 do).
+fn has_int8_path(kind: GgmlKind) -> bool {
+    matches!(kind, GgmlKind::Q4_1 | GgmlKind::Q8_0)
 }
 
 /// Σ_k |W[n,k] · x[a,k]| for every output: the scale of each output's rounding error.
@@ -115,7 +174,7 @@ async fn check(ctx: &Context, rng: &mut Rng, kind: GgmlKind, rows: u32, cols: u3
     let want = matmul_cpu(kind, &raw, rows, cols, &x, n_rows).unwrap();
     let scale = magnitudes(kind, &raw, rows, cols, &x, n_rows);
     let what = format!("{kind:?} {cols}→{rows}, {n_rows} rows, {config:?}");
-    if !config.is_some_and(|c| c.int8_activations) {
+    if !config.is_some_and(|c| c.int8_activations) || !has_int8_path(kind) {
         assert_matmul_close(&what, &got, &want, &scale, &[]);
         return;
     }
@@ -222,20 +281,31 @@ gpu_test! {
     async fn stacked_upload_is_the_concatenation_of_its_parts() {
         let ctx = gpu().await;
         let mut rng = Rng::new(16);
-        for kind in [GgmlKind::Q4_1, GgmlKind::Q8_0] {
+        // One type, then a mix as a "Q4_K_M" file holds it (q and k Q5_0, v Q8_0), then more types.
+        let mixes = [
+            vec![GgmlKind::Q4_1; 4],
+            vec![GgmlKind::Q8_0; 4],
+            vec![GgmlKind::Q5_0, GgmlKind::Q5_0, GgmlKind::Q8_0, GgmlKind::Q4_1],
+            vec![GgmlKind::F16, GgmlKind::Q4_0, GgmlKind::Q4_0, GgmlKind::BF16],
+        ];
+        for types in mixes {
             // q|k|v of SmolLM2: 576 + 192 + 192 rows; an odd part size checks that parts are not group-aligned.
             let cols = 576u32;
             let part_rows = [576u32, 192, 192, 5];
-            let raws: Vec<Vec<u8>> = part_rows.iter().map(|&r| random_matrix(&mut rng, kind, r, cols)).collect();
-            let parts: Vec<(&[u8], u32)> = raws.iter().zip(part_rows).map(|(r, n)| (&r[..], n)).collect();
-            let stacked = QuantMatrix::upload_stacked(&ctx, "qkv", kind, &parts, cols).unwrap();
+            let raws: Vec<Vec<u8>> = part_rows.iter().zip(&types).map(|(&r, &t)| random_matrix(&mut rng, t, r, cols)).collect();
+            let parts: Vec<(GgmlType, &[u8], u32)> = raws.iter().zip(part_rows).zip(&types).map(|((r, n), &t)| (t, &r[..], n)).collect();
+            let stacked = QuantMatrix::upload_stacked(&ctx, "qkv", &parts, cols).unwrap();
             let total: u32 = part_rows.iter().sum();
-            assert_eq!((stacked.rows, stacked.cols, stacked.ggml_type), (total, cols, kind));
+            assert_eq!((stacked.rows, stacked.cols), (total, cols));
+            let mut distinct = types.clone();
+            distinct.dedup();
+            assert_eq!(stacked.types(), distinct, "one part per run of a type");
+            assert_eq!(stacked.parts.len(), distinct.len());
             let n_rows = 3u32;
             let x = rng.vec_uniform((n_rows * cols) as usize, -1.0, 1.0);
             let got = run_matmul(&ctx, &stacked, &x, n_rows, None).await;
             let mut offset = 0usize;
-            for (raw, rows) in raws.iter().zip(part_rows) {
+            for ((raw, rows), &kind) in raws.iter().zip(part_rows).zip(&types) {
                 let want = matmul_cpu(kind, raw, rows, cols, &x, n_rows).unwrap();
                 let scale = magnitudes(kind, raw, rows, cols, &x, n_rows);
                 let got_part: Vec<f32> = (0..n_rows as usize)
@@ -243,6 +313,26 @@ gpu_test! {
                     .collect();
                 assert_matmul_close(&format!("{kind:?} stacked part at row {offset}"), &got_part, &want, &scale, &[]);
                 offset += rows as usize;
+            }
+        }
+    }
+}
+
+/// Every type pagedlm computes with, and a shape it accepts: (type, cols), cols a whole number of
+/// its blocks (K-quants: 256).
+fn every_type() -> Vec<(GgmlType, u32)> {
+    GgmlType::SUPPORTED.iter().map(|&t| (t, if t.block_size().unwrap().0 == 256 { 768 } else { 576 })).collect()
+}
+
+gpu_test! {
+    async fn every_type_matches_cpu_in_decode_batch_and_prefill() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(21);
+        for (t, cols) in every_type() {
+            // 203 rows: a partial last group; 1, 7 and 37 activation rows: decode, a batch, a prefill
+            // chunk whose last tile is partial.
+            for n_rows in [1, 7, 37] {
+                check(&ctx, &mut rng, t, 203, cols, n_rows, None).await;
             }
         }
     }
@@ -257,6 +347,23 @@ gpu_test! {
             let w = QuantMatrix::upload(&ctx, "w", kind, &raw, rows, 576).unwrap();
             assert_eq!(w.bytes(), raw.len() as u64, "{kind:?}: the repacked layout must not grow");
         }
+        // The generic layout: GGUF blocks padded to whole words, rows padded to groups of 4.
+        for (t, cols) in every_type() {
+            if has_int8_path(t) {
+                continue;
+            }
+            let rows = 1001u32;
+            let raw = random_matrix(&mut rng, t, rows, cols);
+            let w = QuantMatrix::upload(&ctx, "w", t, &raw, rows, cols).unwrap();
+            let row_bytes = raw.len() as u64 / rows as u64;
+            let (values, bytes) = match t.block_size().unwrap() {
+                (1, b) => (32, 32 * b),
+                vb => vb,
+            };
+            let padded_row = cols as u64 / values * bytes.div_ceil(4) * 4;
+            assert_eq!(w.bytes(), 1004 * padded_row, "{}: {} bytes per GGUF row", t.name(), row_bytes);
+            assert!(padded_row as f64 <= row_bytes as f64 * 1.12, "{}: padding over 12%", t.name());
+        }
     }
 }
 
@@ -264,26 +371,70 @@ gpu_test! {
     async fn embedding_matches_dequantized_rows() {
         let ctx = gpu().await;
         let mut rng = Rng::new(18);
-        let (vocab, hidden) = (1003u32, 576u32);
-        let raw = random_matrix(&mut rng, GgmlKind::Q8_0, vocab, hidden);
-        let table = QuantMatrix::upload(&ctx, "embd", GgmlKind::Q8_0, &raw, vocab, hidden).unwrap();
-        // First and last rows, rows of the last (partial) group, random ones, and one id past the vocabulary.
-        let mut ids = vec![0u32, vocab - 1, 1000, 1001, 8, 7, vocab + 5];
-        ids.extend((0..25).map(|_| rng.below(vocab as u64) as u32));
-        let n = ids.len() as u32;
-        let idb = ctx.storage_init("ids", bytemuck::cast_slice(&ids));
-        let out = ctx.storage_zeroed("out", n as u64 * hidden as u64 * 4);
-        let kernel = embedding(&ctx, &table, &idb, &out, n).unwrap();
-        let mut rec = Recorder::new(&ctx, "test");
-        rec.dispatch(&kernel);
-        rec.submit();
-        let got = ctx.read_f32(&out, 0, n as u64 * hidden as u64).await.unwrap();
-        let want = embedding_cpu(&raw, vocab, hidden, &ids).unwrap();
-        // Exact: each value is one f32 product of an f16 scale and an int8.
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert!(g == w, "token {} (id {}), element {}: {g} != {w}", i / hidden as usize, ids[i / hidden as usize], i % hidden as usize);
+        for (t, hidden) in every_type() {
+            let vocab = 1003u32;
+            let raw = random_matrix(&mut rng, t, vocab, hidden);
+            let table = QuantMatrix::upload(&ctx, "embd", t, &raw, vocab, hidden).unwrap();
+            // First and last rows, rows of the last (partial) group, random ones, and one id past the vocabulary.
+            let mut ids = vec![0u32, vocab - 1, 1000, 1001, 8, 7, vocab + 5];
+            ids.extend((0..25).map(|_| rng.below(vocab as u64) as u32));
+            check_embedding(&ctx, t, &table, &raw, &ids).await;
         }
-        assert!(want[..hidden as usize].iter().any(|&v| v != 0.0), "the reference rows must not be all zero");
+    }
+}
+
+/// Looks `ids` up in `table` (the upload of the GGUF `raw`) on the GPU and compares with the CPU.
+async fn check_embedding(ctx: &Context, t: GgmlType, table: &QuantMatrix, raw: &[u8], ids: &[u32]) {
+    let (vocab, hidden) = (table.rows, table.cols);
+    let n = ids.len() as u32;
+    let idb = ctx.storage_init("ids", bytemuck::cast_slice(ids));
+    let out = ctx.storage_init("out", bytemuck::cast_slice(&vec![f32::NAN; (n * hidden) as usize]));
+    let kernels = embedding(ctx, table, &idb, &out, n).unwrap();
+    let mut rec = Recorder::new(ctx, "test");
+    rec.dispatch_all(&kernels);
+    rec.submit();
+    let got = ctx.read_f32(&out, 0, n as u64 * hidden as u64).await.unwrap();
+    let want = embedding_cpu(t, raw, vocab, hidden, ids).unwrap();
+    for (row, (g, w)) in got.chunks(hidden as usize).zip(want.chunks(hidden as usize)).enumerate() {
+        let max = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (k, (g, w)) in g.iter().zip(w).enumerate() {
+            let tol = (w.abs() + max) * 2f32.powi(-22);
+            assert!((g - w).abs() <= tol, "{}: token {row} (id {}), element {k}: {g} != {w}", t.name(), ids[row]);
+        }
+    }
+    assert!(want[..hidden as usize].iter().any(|&v| v != 0.0), "{}: the reference rows must not be all zero", t.name());
+}
+
+gpu_test! {
+    async fn matrices_over_the_part_limit_are_split_at_row_groups() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(22);
+        // A 1003-row embedding table and a mixed stack, under a limit of about a quarter of each run.
+        for (t, cols) in [(GgmlKind::Q8_0, 576u32), (GgmlKind::Q4_K, 768), (GgmlKind::Q6_K, 768), (GgmlKind::Q4_1, 576)] {
+            let rows = 1003u32;
+            let raw = random_matrix(&mut rng, t, rows, cols);
+            let limit = raw.len() as u64 / 4;
+            let w = QuantMatrix::upload_stacked_limited(&ctx, "w", &[(t, &raw, rows)], cols, limit).unwrap();
+            assert!(w.parts.len() >= 4, "{}: {} parts under a {limit}-byte limit", t.name(), w.parts.len());
+            let mut next = 0;
+            for p in &w.parts {
+                assert_eq!(p.row0, next, "{}: parts must tile the rows", t.name());
+                assert!(p.buffer_bytes() <= limit, "{}: a part of {} bytes over {limit}", t.name(), p.buffer_bytes());
+                next += p.rows;
+            }
+            assert_eq!(next, rows);
+            for n_rows in [1, 9] {
+                let x = rng.vec_uniform((n_rows * cols) as usize, -1.0, 1.0);
+                let got = run_matmul(&ctx, &w, &x, n_rows, None).await;
+                let want = matmul_cpu(t, &raw, rows, cols, &x, n_rows).unwrap();
+                let scale = magnitudes(t, &raw, rows, cols, &x, n_rows);
+                assert_matmul_close(&format!("{} split in {} parts", t.name(), w.parts.len()), &got, &want, &scale, &[]);
+            }
+            // Ids in every part, at both sides of each boundary, and past the vocabulary.
+            let mut ids: Vec<u32> = w.parts.iter().flat_map(|p| [p.row0, p.row0 + p.rows - 1]).collect();
+            ids.push(rows + 3);
+            check_embedding(&ctx, t, &w, &raw, &ids).await;
+        }
     }
 }
 
@@ -302,8 +453,17 @@ gpu_test! {
         assert!(e.contains("multiple of 32"), "{e}");
         let e = err(QuantMatrix::upload(&ctx, "w", GgmlKind::Q8_0, &raw, rows, cols));
         assert!(e.contains("Q8_0"), "{e}");
-        let e = err(QuantMatrix::upload_stacked(&ctx, "qkv", GgmlKind::Q4_1, &[(&raw, rows), (&raw, rows)], 64));
+        let e = err(QuantMatrix::upload_stacked(&ctx, "qkv", &[(GgmlKind::Q4_1, &raw, rows), (GgmlKind::Q4_1, &raw, rows)], 64));
         assert!(e.contains("part 0"), "{e}");
+        // A K-quant row is whole 256-value blocks; a type pagedlm does not compute with is named.
+        let k = random_matrix(&mut rng, GgmlKind::Q4_K, 4, 256);
+        let e = err(QuantMatrix::upload(&ctx, "w", GgmlKind::Q4_K, &k, 8, 128));
+        assert!(e.contains("multiple of 256"), "{e}");
+        let e = err(QuantMatrix::upload(&ctx, "w", GgmlType::Other(23), &k, 4, 256));
+        assert!(e.contains("IQ4_XS"), "{e}");
+        // A limit smaller than one row group cannot hold the matrix.
+        let e = err(QuantMatrix::upload_stacked_limited(&ctx, "w", &[(GgmlKind::Q4_1, &raw, rows)], cols, 100));
+        assert!(e.contains("binding limit"), "{e}");
 
         let w = QuantMatrix::upload(&ctx, "w", GgmlKind::Q4_1, &raw, rows, cols).unwrap();
         let n_rows = 3u32;
@@ -323,8 +483,6 @@ gpu_test! {
         assert!(matmul(&ctx, &w, &x_ok, &y_ok, n_rows).is_ok());
 
         let ids = ctx.storage_zeroed("ids", 8);
-        let e = embedding(&ctx, &w, &ids, &y_ok, 2).err().expect("a Q4_1 table must be refused").to_string();
-        assert!(e.contains("Q8_0"), "{e}");
         let table_raw = random_matrix(&mut rng, GgmlKind::Q8_0, 16, cols);
         let table = QuantMatrix::upload(&ctx, "embd", GgmlKind::Q8_0, &table_raw, 16, cols).unwrap();
         let e = embedding(&ctx, &table, &ids, &y_ok, 3).err().expect("short ids must be refused").to_string();

@@ -3,8 +3,11 @@
 //! A kernel family shares its common code through a prelude file prepended to each kernel's
 //! body (WGSL has no includes): `attention_common` before `attention` and `attention_batch`,
 //! `attention_reduce_common` before their reduce kernels, `matmul_common` before `matmul_q4_1`
-//! and `matmul_q8_0`. The concatenation happens at compile time, so every source stays a
-//! `&'static str`.
+//! and `matmul_q8_0`. The quantized-weight family is one body per shape with the block format as
+//! a prelude: `matmul_<type>` is `matmul_common` + `quant_common` + `quant_<type>` +
+//! `matmul_blocks` (for every type but Q4_1 and Q8_0, which have bodies of their own), and
+//! `embed_<type>` is `quant_common` + `quant_<type>` + `embed`. The concatenation happens at
+//! compile time, so every source stays a `&'static str`.
 
 /// The text of `shaders/NAME.wgsl`.
 macro_rules! wgsl {
@@ -20,6 +23,20 @@ macro_rules! with_prelude {
     };
 }
 
+/// The `matmul_<type>` and `embed_<type>` sources of the quantized-weight family, for each type
+/// named by its `quant_<type>` prelude; `None` for any other name.
+macro_rules! quant_family {
+    ($name:expr, matmul: [$($m:literal),*], embed: [$($e:literal),*]) => {
+        match $name {
+            $(concat!("matmul_", $m) => concat!(
+                wgsl!("matmul_common"), "\n", wgsl!("quant_common"), "\n", include_str!(concat!("../../shaders/quant_", $m, ".wgsl")), "\n", wgsl!("matmul_blocks")
+            ),)*
+            $(concat!("embed_", $e) => concat!(wgsl!("quant_common"), "\n", include_str!(concat!("../../shaders/quant_", $e, ".wgsl")), "\n", wgsl!("embed")),)*
+            _ => return None,
+        }
+    };
+}
+
 /// The source of shader `name` (its file name under `shaders/` without `.wgsl`), its family's
 /// prelude included. Preludes are not shaders of their own.
 pub fn source(name: &str) -> Option<&'static str> {
@@ -30,7 +47,6 @@ pub fn source(name: &str) -> Option<&'static str> {
         "rms_norm" => wgsl!("rms_norm"),
         "rope" => wgsl!("rope"),
         "silu_mul" => wgsl!("silu_mul"),
-        "embed_q8_0" => wgsl!("embed_q8_0"),
         "matmul_q4_1" => with_prelude!("matmul_common", "matmul_q4_1"),
         "matmul_q8_0" => with_prelude!("matmul_common", "matmul_q8_0"),
         "attention" => with_prelude!("attention_common", "attention"),
@@ -38,6 +54,12 @@ pub fn source(name: &str) -> Option<&'static str> {
         "attention_batch" => with_prelude!("attention_common", "attention_batch"),
         "attention_batch_reduce" => with_prelude!("attention_reduce_common", "attention_batch_reduce"),
         "quantize_act" => wgsl!("quantize_act"),
-        _ => return None,
+        other => return quant_source(other),
     })
+}
+
+fn quant_source(name: &str) -> Option<&'static str> {
+    Some(quant_family!(name,
+        matmul: ["f32", "f16", "bf16", "q4_0", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"],
+        embed: ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]))
 }

@@ -176,7 +176,7 @@ impl ForwardGraph {
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }),
-            layers: vec![Node::Kernel(embed::embedding(ctx, &weights.token_embd, &ids, &a.x, max_rows)?)],
+            layers: vec![Node::Kernels(embed::embedding(ctx, &weights.token_embd, &ids, &a.x, max_rows)?)],
             head: vec![
                 Node::Kernel(norm::rms_norm(ctx, &x_last, &weights.output_norm, &h_last, max_logits, cfg.hidden, cfg.rms_eps)?),
                 Node::Kernels(matmul::matmul(ctx, weights.lm_head(), &h_last, &logits, max_logits)?),

@@ -1,13 +1,14 @@
-//! Weights uploaded to the GPU once, kept in their quantized GGUF formats. q|k|v and gate|up are
-//! stacked into one matrix each, so a layer runs 4 matmuls instead of 7.
+//! Weights uploaded to the GPU once, kept in their GGUF formats (any of [`GgmlType::SUPPORTED`],
+//! in any mix). q|k|v and gate|up are stacked into one matrix each, so a layer runs 4 matmuls
+//! instead of 7 (one more dispatch per extra type when the parts of a stack differ in type).
+
+use std::collections::BTreeMap;
 
 use crate::gguf::{GgmlType, Gguf};
-use crate::gpu::ops::matmul::{GgmlKind, QuantMatrix};
+use crate::gpu::ops::matmul::QuantMatrix;
 use crate::gpu::Context;
 
 use super::{ModelConfig, ModelError};
-
-const LINEAR_TYPES: &[GgmlType] = &[GgmlType::Q4_1, GgmlType::Q8_0];
 
 pub struct LayerWeights {
     /// [hidden] f32
@@ -34,21 +35,40 @@ pub struct Weights {
     pub layers: Vec<LayerWeights>,
 }
 
-fn kind(t: GgmlType, name: &str) -> Result<GgmlKind, ModelError> {
-    match t {
-        GgmlType::Q4_1 => Ok(GgmlKind::Q4_1),
-        GgmlType::Q8_0 => Ok(GgmlKind::Q8_0),
-        other => Err(ModelError::Unsupported(format!("tensor {name} of type {}", other.name()))),
-    }
-}
-
-/// A matrix tensor: its bytes, its kind and its (rows, cols) after checking the dims.
-fn matrix<'a>(gguf: &Gguf<'a>, name: &str, cols: u32, rows: u32) -> Result<(&'a [u8], GgmlKind), ModelError> {
-    let (info, data) = gguf.require_tensor(name, LINEAR_TYPES)?;
+/// A matrix tensor: its bytes and type, after checking its dims are [cols, rows].
+fn matrix<'a>(gguf: &Gguf<'a>, name: &str, cols: u32, rows: u32) -> Result<(&'a [u8], GgmlType), ModelError> {
+    let (info, data) = gguf.require_tensor(name, &GgmlType::SUPPORTED)?;
     if info.dims.as_slice() != [cols as u64, rows as u64] {
         return Err(ModelError::Format(format!("{name} has dims {:?}, expected [{cols}, {rows}]", info.dims)));
     }
-    Ok((data, kind(info.ggml_type, name)?))
+    let (block, _) = info.ggml_type.block_size().unwrap_or((1, 1));
+    if cols as u64 % block.max(32) != 0 {
+        return Err(ModelError::Format(format!("{name}: {cols} columns are not whole {} blocks", info.ggml_type.name())));
+    }
+    Ok((data, info.ggml_type))
+}
+
+/// Refuses a file holding a tensor of a type pagedlm does not compute with, naming the first one,
+/// before any GPU memory is used.
+pub fn check_types(gguf: &Gguf<'_>) -> Result<(), ModelError> {
+    match gguf.tensors.iter().find(|t| !t.ggml_type.is_supported()) {
+        Some(t) => Err(ModelError::Unsupported(format!(
+            "tensor {} has type {}; pagedlm computes with {}",
+            t.name,
+            t.ggml_type.name(),
+            GgmlType::SUPPORTED.map(|t| t.name()).join(", ")
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// How many tensors of each type the file holds, by ggml's type name.
+pub fn type_counts(gguf: &Gguf<'_>) -> BTreeMap<String, u32> {
+    let mut out = BTreeMap::new();
+    for t in &gguf.tensors {
+        *out.entry(t.ggml_type.name()).or_insert(0) += 1;
+    }
+    out
 }
 
 fn norm(ctx: &Context, gguf: &Gguf<'_>, name: &str, dim: u32) -> Result<wgpu::Buffer, ModelError> {
@@ -67,19 +87,16 @@ fn stacked(
     cols: u32,
 ) -> Result<QuantMatrix, ModelError> {
     let mut raw = Vec::with_capacity(parts.len());
-    let mut first_kind = None;
     for (name, rows) in parts {
-        let (data, k) = matrix(gguf, name, cols, *rows)?;
-        if *first_kind.get_or_insert(k) != k {
-            return Err(ModelError::Unsupported(format!("{label}: parts with different quantization types")));
-        }
-        raw.push((data, *rows));
+        let (data, t) = matrix(gguf, name, cols, *rows)?;
+        raw.push((t, data, *rows));
     }
-    Ok(QuantMatrix::upload_stacked(ctx, label, first_kind.unwrap_or(GgmlKind::Q4_1), &raw, cols)?)
+    Ok(QuantMatrix::upload_stacked(ctx, label, &raw, cols)?)
 }
 
 impl Weights {
     pub fn upload(ctx: &Context, gguf: &Gguf<'_>, cfg: &ModelConfig) -> Result<Weights, ModelError> {
+        check_types(gguf)?;
         let (embd, embd_kind) = matrix(gguf, "token_embd.weight", cfg.hidden, cfg.vocab)?;
         let token_embd = QuantMatrix::upload(ctx, "token_embd", embd_kind, embd, cfg.vocab, cfg.hidden)?;
         let output = match gguf.tensor("output.weight") {

@@ -7,6 +7,8 @@
 
 pub mod ggml;
 pub mod kv_int8;
+mod stub_tmp;
+pub use stub_tmp::*;
 
 pub use ggml::*;
 

@@ -1,0 +1,14 @@
+// Q5_1 weights for the quantized-weight family (quant_common.wgsl): 32 values per block, 6 words:
+// [0] f16 scale d and minimum m, [1] the 32 fifth bits, [2..5] 16 quant bytes. Value = d · q + m.
+const CHUNKS: u32 = 1u;
+const BLOCK_WORDS: u32 = 6u;
+
+fn decode(n: u32, kc: u32, nb: u32) -> Chunk {
+    let base = block_base(n, kc, nb);
+    let dm = unpack2x16float(wq[base]);
+    var c: Chunk;
+    c.q = five_bit_chunk(base + 1u, base + 2u, 0.0);
+    c.d = vec2<f32>(dm.x);
+    c.m = vec2<f32>(dm.y);
+    return c;
+}

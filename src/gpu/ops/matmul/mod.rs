@@ -1,0 +1,363 @@
+//! Matrix multiply with GGUF weights of every supported type kept in their formats on the GPU
+//! and dequantized in registers inside the kernel.
+//!
+//! Weights are repacked once at upload ([`layout`]): the blocks of G adjacent rows that cover the
+//! same columns are stored side by side, so one invocation computing G output rows reads one
+//! contiguous run per block; f16 scales are read through `unpack2x16float` (no `shader-f16`).
+//! Q4_1 and Q8_0 have matmul bodies of their own (`shaders/matmul_q4_1.wgsl`,
+//! `shaders/matmul_q8_0.wgsl`: scales of a group first, vector loads of quants, an int8-activation
+//! path); every other type runs one body (`shaders/matmul_blocks.wgsl`) with its block format as a
+//! prelude (`shaders/quant_<type>.wgsl`, a `decode` function per type).
+//!
+//! A [`QuantMatrix`] is a list of parts, each a run of rows of one type in one buffer: a matrix is
+//! split where it would exceed the device's `maxStorageBufferBindingSize` or `maxBufferSize`, and
+//! a stack of matrices of different types (q|k|v of a mixed "Q4_K_M" file) keeps one part per type.
+//! A matmul is one dispatch per part, each writing its own columns of y; an embedding lookup one
+//! dispatch per part, each writing the ids it holds.
+//!
+//! One kernel per format serves decode (1 activation row), small batches and prefill: an
+//! invocation computes TM activation rows × G output rows, TM chosen from `n_rows` (register
+//! tiling: every weight block is dequantized once per TM rows). On CPU adapters each invocation
+//! walks a whole row (no shared memory, no barriers, see KERNELS.md); on other adapters KSPLIT
+//! invocations split the blocks of a row and reduce through workgroup memory. Both are override
+//! constants of the same shader. Accumulation is f32 and, by default, activations stay f32, so the
+//! result equals the f32 dot product of the dequantized weights up to summation order (relative
+//! error ~1e-6 of Σ|w·x|). [`MatmulConfig::int8_activations`] opts into llama.cpp's trick instead
+//! for the Q4_1 and Q8_0 parts: activations quantized to int8 per 32-value block by a first
+//! dispatch, products through `dot4I8Packed`; faster on the software GPUs, within
+//! [`int8_error_bound`] of the exact result. Parts of other types keep f32 activations.
+
+pub(crate) mod layout;
+#[cfg(feature = "testing")]
+mod reference;
+
+use super::{check_binding, check_size, whole};
+use crate::gguf::GgmlType;
+use crate::gpu::kernel::split_workgroups;
+use crate::gpu::{shape_err, Context, GpuError, Kernel};
+use crate::quant::QK;
+use layout::Layout;
+#[cfg(feature = "testing")]
+pub use reference::{int8_error_bound, matmul_cpu, matmul_int8_cpu};
+
+/// One run of rows of a [`QuantMatrix`]: one type, one buffer.
+pub struct Part {
+    pub ggml_type: GgmlType,
+    /// The matrix row this part's row 0 is.
+    pub row0: u32,
+    pub rows: u32,
+    /// Row groups, the last one padded with zero rows.
+    pub(crate) groups: u32,
+    /// The repacked blocks of [`layout`].
+    pub(crate) buffer: wgpu::Buffer,
+    pub(crate) layout: Layout,
+}
+
+impl Part {
+    /// GPU bytes of this part.
+    pub fn buffer_bytes(&self) -> u64 {
+        self.buffer.size()
+    }
+}
+
+/// A weight matrix y = x · Wᵀ with W: [rows (out features), cols (in features)], uploaded once,
+/// kept in its GGUF formats in the repacked layouts of [`layout`], as one or more [`Part`]s.
+pub struct QuantMatrix {
+    pub rows: u32,
+    pub cols: u32,
+    pub parts: Vec<Part>,
+}
+
+/// The layout of `t`, or an error naming it.
+fn layout_of(op: &'static str, t: GgmlType) -> Result<Layout, GpuError> {
+    Layout::of(t).ok_or_else(|| shape_err(op, format!("weight type {} is not supported", t.name())))
+}
+
+impl QuantMatrix {
+    /// raw: GGUF bytes of a `t` matrix with ne0 = cols, ne1 = rows (row after row of blocks).
+    pub fn upload(ctx: &Context, label: &str, t: GgmlType, raw: &[u8], rows: u32, cols: u32) -> Result<QuantMatrix, GpuError> {
+        QuantMatrix::upload_stacked(ctx, label, &[(t, raw, rows)], cols)
+    }
+
+    /// Several matrices with the same cols stacked along rows (fused q|k|v, fused gate|up):
+    /// the output of the stack is the concatenation of each part's outputs, in order.
+    /// parts: (type, GGUF bytes, rows) of each matrix; they may differ in type.
+    pub fn upload_stacked(ctx: &Context, label: &str, parts: &[(GgmlType, &[u8], u32)], cols: u32) -> Result<QuantMatrix, GpuError> {
+        QuantMatrix::upload_stacked_limited(ctx, label, parts, cols, max_part_bytes(ctx))
+    }
+
+    /// [`QuantMatrix::upload_stacked`] with parts of at most `max_part_bytes` (at most the
+    /// device's [`max_part_bytes`]; tests split small matrices with a smaller one).
+    pub fn upload_stacked_limited(
+        ctx: &Context,
+        label: &str,
+        parts: &[(GgmlType, &[u8], u32)],
+        cols: u32,
+        max_part_bytes: u64,
+    ) -> Result<QuantMatrix, GpuError> {
+        const OP: &str = "QuantMatrix::upload";
+        let max = max_part_bytes.min(self::max_part_bytes(ctx));
+        if parts.is_empty() {
+            return Err(shape_err(OP, format!("{label}: no parts")));
+        }
+        // Runs of one type, concatenated, each checked first so that nothing is uploaded for a bad stack.
+        let mut runs: Vec<(Layout, Vec<u8>, u32)> = Vec::new();
+        let mut rows = 0u32;
+        for (i, &(t, bytes, part_rows)) in parts.iter().enumerate() {
+            let layout = layout_of(OP, t)?;
+            layout.check_raw(bytes, part_rows, cols).map_err(|e| shape_err(OP, format!("{label} part {i}: {e}")))?;
+            rows = rows.checked_add(part_rows).ok_or_else(|| shape_err(OP, format!("{label}: more than 2^32 rows")))?;
+            match runs.last_mut() {
+                Some((l, raw, r)) if *l == layout => {
+                    raw.extend_from_slice(bytes);
+                    *r += part_rows;
+                }
+                _ => runs.push((layout, bytes.to_vec(), part_rows)),
+            }
+        }
+        let mut out = Vec::new();
+        let mut row0 = 0;
+        for (layout, raw, rows) in runs {
+            upload_run(ctx, Run { label, layout, raw: &raw, row0, rows, cols, max }, &mut out)?;
+            row0 += rows;
+        }
+        Ok(QuantMatrix { rows, cols, parts: out })
+    }
+
+    /// GPU bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.parts.iter().map(Part::buffer_bytes).sum()
+    }
+
+    /// The weight types of the parts, in row order, each once.
+    pub fn types(&self) -> Vec<GgmlType> {
+        let mut out: Vec<GgmlType> = Vec::new();
+        for p in &self.parts {
+            if !out.contains(&p.ggml_type) {
+                out.push(p.ggml_type);
+            }
+        }
+        out
+    }
+}
+
+/// The most bytes one part may hold on this device: one binding, one buffer.
+pub fn max_part_bytes(ctx: &Context) -> u64 {
+    (ctx.limits.max_storage_buffer_binding_size as u64).min(ctx.limits.max_buffer_size)
+}
+
+/// Checked GGUF rows of one type, to upload as matrix rows row0.. .
+struct Run<'a> {
+    label: &'a str,
+    layout: Layout,
+    raw: &'a [u8],
+    row0: u32,
+    rows: u32,
+    cols: u32,
+    /// Bytes one part may hold.
+    max: u64,
+}
+
+/// Uploads a run as parts no larger than `run.max`, split at row-group boundaries, appending
+/// them to `out`.
+fn upload_run(ctx: &Context, run: Run<'_>, out: &mut Vec<Part>) -> Result<(), GpuError> {
+    let Run { label, layout, raw, row0, rows, cols, max } = run;
+    let group_bytes = layout.group_bytes(cols);
+    let groups_per_part = max / group_bytes;
+    if groups_per_part == 0 {
+        return Err(shape_err(
+            "QuantMatrix::upload",
+            format!("{label}: one group of {} rows takes {group_bytes} bytes, over the device's {max}-byte binding limit", layout.group_rows),
+        ));
+    }
+    let rows_per_part = (groups_per_part * layout.group_rows as u64).min(rows as u64) as u32;
+    let row_bytes = layout.row_bytes(cols) as usize;
+    let mut start = 0u32;
+    while start < rows {
+        let n = rows_per_part.min(rows - start);
+        let bytes = &raw[start as usize * row_bytes..][..n as usize * row_bytes];
+        let packed = layout.repack(bytes, n, cols);
+        let name = if n == rows { label.to_string() } else { format!("{label}[{start}..{}]", start + n) };
+        let buffer = ctx.storage_init(&name, bytemuck::cast_slice(&packed));
+        out.push(Part { ggml_type: layout.ggml_type, row0: row0 + start, rows: n, groups: n.div_ceil(layout.group_rows), buffer, layout });
+        start += n;
+    }
+    Ok(())
+}
+
+/// How the matmul kernel is specialized. [`MatmulConfig::for_device`] picks the measured best;
+/// tests and benchmarks set fields to exercise the other variants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulConfig {
+    /// Activation rows per invocation (1..=16).
+    pub tile_rows: u32,
+    /// Invocations splitting the blocks of one row group (1 = no workgroup memory, no barriers).
+    pub k_split: u32,
+    /// Invocations per workgroup, a multiple of `k_split`.
+    pub workgroup: u32,
+    /// Apply the block scale (and Q4_1 minimum) once per block and activation row, after an
+    /// integer-valued dot product, instead of dequantizing every value once for all `tile_rows`.
+    pub scale_after: bool,
+    /// Quantize the activations to int8 per 32-value block first (one more dispatch) and multiply
+    /// with `dot4I8Packed`, as llama.cpp does. Not exact: see [`int8_error_bound`].
+    pub int8_activations: bool,
+}
+
+/// The largest `tile_rows` the shaders hold registers for (`MAX_TM` in WGSL).
+pub const MAX_TILE_ROWS: u32 = 16;
+
+impl MatmulConfig {
+    /// The variant for this adapter and batch: register tiles of up to 8 activation rows and whole
+    /// rows per invocation on CPU adapters (KERNELS.md), 8-way split rows in 64-wide workgroups elsewhere
+    /// (not measured: no real GPU at hand). Activations stay f32, so results match the f32 reference;
+    /// `int8_activations` is faster (1.4-1.6× on lavapipe) but adds activation rounding, callers opt in.
+    pub fn for_device(ctx: &Context, n_rows: u32) -> MatmulConfig {
+        let tile_rows = match n_rows {
+            0..=1 => 1,
+            2 => 2,
+            3..=4 => 4,
+            _ => 8,
+        };
+        // Per-block scaling measured ~10% faster for decode on lavapipe and even for larger tiles.
+        let scale_after = true;
+        if ctx.is_cpu() {
+            MatmulConfig { tile_rows, k_split: 1, workgroup: 16, scale_after, int8_activations: false }
+        } else {
+            MatmulConfig { tile_rows: tile_rows.min(4), k_split: 8, workgroup: 64, scale_after, int8_activations: false }
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct MatmulParams {
+    rows: u32,
+    nb: u32,
+    n_rows: u32,
+    groups: u32,
+    wgs_per_tile: u32,
+    tiles: u32,
+    y_stride: u32,
+    row_base: u32,
+}
+
+/// y[r, :] = W · x[r, :] for r in 0..n_rows.
+/// x: [n_rows, cols] f32, y: [n_rows, rows] f32 (y may be a larger buffer).
+/// Builds the kernels once (the uniforms they read are allocated here); the caller records them
+/// every step: one per part, plus the activation quantization with `int8_activations`.
+pub fn matmul(ctx: &Context, w: &QuantMatrix, x: &wgpu::Buffer, y: &wgpu::Buffer, n_rows: u32) -> Result<Vec<Kernel>, GpuError> {
+    matmul_with(ctx, w, x, y, n_rows, MatmulConfig::for_device(ctx, n_rows))
+}
+
+/// [`matmul`] with an explicit kernel variant.
+pub fn matmul_with(
+    ctx: &Context,
+    w: &QuantMatrix,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    n_rows: u32,
+    config: MatmulConfig,
+) -> Result<Vec<Kernel>, GpuError> {
+    const OP: &str = "matmul";
+    let MatmulConfig { tile_rows, k_split, workgroup, int8_activations, .. } = config;
+    if !(1..=MAX_TILE_ROWS).contains(&tile_rows) || k_split == 0 || workgroup == 0 || workgroup % k_split != 0 {
+        return Err(shape_err(OP, format!("invalid kernel configuration {config:?}")));
+    }
+    if workgroup > ctx.limits.max_compute_invocations_per_workgroup {
+        return Err(shape_err(OP, format!("workgroup of {workgroup} exceeds the device's {}", ctx.limits.max_compute_invocations_per_workgroup)));
+    }
+    if n_rows == 0 {
+        return Err(shape_err(OP, "n_rows must be positive"));
+    }
+    check_size(OP, "x", x, n_rows as u64 * w.cols as u64 * 4)?;
+    check_size(OP, "y", y, n_rows as u64 * w.rows as u64 * 4)?;
+    check_binding(ctx, OP, "x", x.size())?;
+    check_binding(ctx, OP, "y", y.size())?;
+    let nb = w.cols / QK as u32;
+    let mut kernels = Vec::with_capacity(w.parts.len() + 1);
+    // The quantized activations: 3 vec4<u32> per 32-value block (see quantize_act.wgsl). The
+    // bind groups keep this scratch buffer alive as long as the kernels.
+    let xq = if int8_activations && w.parts.iter().any(|p| p.layout.has_int8_path()) {
+        let blocks = n_rows as u64 * nb as u64;
+        check_binding(ctx, OP, "quantized x", blocks * 48)?;
+        let xq = ctx.storage_zeroed("matmul.xq", blocks * 48);
+        kernels.push(quantize_activations(ctx, x, &xq, blocks)?);
+        Some(xq)
+    } else {
+        None
+    };
+    for part in &w.parts {
+        let int8 = xq.is_some() && part.layout.has_int8_path();
+        let input = if int8 { xq.as_ref().unwrap_or(x) } else { x };
+        kernels.push(part_kernel(ctx, w, part, input, y, n_rows, MatmulConfig { int8_activations: int8, ..config })?);
+    }
+    Ok(kernels)
+}
+
+/// The kernel of one part: its rows of y, from x (or the quantized x with `int8_activations`).
+fn part_kernel(
+    ctx: &Context,
+    w: &QuantMatrix,
+    part: &Part,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    n_rows: u32,
+    config: MatmulConfig,
+) -> Result<Kernel, GpuError> {
+    let MatmulConfig { tile_rows, k_split, workgroup, scale_after, int8_activations } = config;
+    let wgs_per_tile = part.groups.div_ceil(workgroup / k_split);
+    let tiles = n_rows.div_ceil(tile_rows);
+    let workgroups = linear_grid(ctx, "matmul", wgs_per_tile as u64 * tiles as u64)?;
+    let params = MatmulParams {
+        rows: part.rows,
+        nb: w.cols / QK as u32,
+        n_rows,
+        groups: part.groups,
+        wgs_per_tile,
+        tiles,
+        y_stride: w.rows,
+        row_base: part.row0,
+    };
+    let uniform = ctx.uniform_init("matmul.params", bytemuck::bytes_of(&params));
+    let name = part.layout.matmul_shader();
+    let pipeline = ctx.pipeline(
+        name,
+        "main",
+        &[
+            ("WG", workgroup as f64),
+            ("KSPLIT", k_split as f64),
+            ("TM", tile_rows as f64),
+            ("SCALE_AFTER", if scale_after { 1.0 } else { 0.0 }),
+            ("INT8", if int8_activations { 1.0 } else { 0.0 }),
+        ],
+    )?;
+    let kernel = Kernel::new(ctx, name, pipeline, &[whole(&part.buffer), whole(x), whole(y), whole(&uniform)], workgroups, None);
+    Ok(kernel.owning(uniform))
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct QuantizeParams {
+    blocks: u32,
+}
+
+const QUANTIZE_WG: u64 = 32;
+
+/// xq ← int8 blocks of x (quantize_act.wgsl). x: [blocks · 32] f32; xq: [blocks · 3] vec4<u32>.
+fn quantize_activations(ctx: &Context, x: &wgpu::Buffer, xq: &wgpu::Buffer, blocks: u64) -> Result<Kernel, GpuError> {
+    let params = QuantizeParams { blocks: u32::try_from(blocks).map_err(|_| shape_err("matmul", "more than 2^32 activation blocks"))? };
+    let uniform = ctx.uniform_init("quantize_act.params", bytemuck::bytes_of(&params));
+    let pipeline = ctx.pipeline("quantize_act", "main", &[("WG", QUANTIZE_WG as f64)])?;
+    let workgroups = linear_grid(ctx, "matmul", blocks.div_ceil(QUANTIZE_WG))?;
+    let kernel = Kernel::new(ctx, "quantize_act", pipeline, &[whole(x), whole(xq), whole(&uniform)], workgroups, None);
+    Ok(kernel.owning(uniform))
+}
+
+/// Workgroups for a linear count, split over x and y; refuses counts no grid can hold.
+pub(crate) fn linear_grid(ctx: &Context, op: &'static str, total: u64) -> Result<[u32; 3], GpuError> {
+    let max = ctx.limits.max_compute_workgroups_per_dimension.max(1) as u64;
+    if total > max * max || total > u32::MAX as u64 {
+        return Err(shape_err(op, format!("{total} workgroups exceed the device's {max} × {max} grid")));
+    }
+    Ok(split_workgroups(ctx, total as u32))
+}
