@@ -153,6 +153,12 @@ fn errors_go_to_stderr_with_a_nonzero_exit() {
     assert!(err.contains("pool"), "{err}");
     assert!(fails(&["generate", "--model", model, "--prompt", "x", "--kv-layout", "ring"]).contains("contiguous or paged"));
     assert!(fails(&["generate", "--model", model, "--prompt", "x", "--temperature", "-2"]).contains("temperature"));
+    // The binding limit reaches the device: too small a one is refused naming it, and a small
+    // model runs under 1 MiB.
+    let err = fails(&["generate", "--model", model, "--prompt", "x", "--max-binding-mib", "0"]);
+    assert!(err.contains("storage-binding limit of 0 bytes"), "{err}");
+    let out = bin().args(["generate", "--model", model, "--prompt", "x", "--max-tokens", "2", "--max-binding-mib", "1"]).output().unwrap();
+    assert!(out.status.success(), "a tiny model under a 1 MiB binding limit: {}", String::from_utf8_lossy(&out.stderr));
     // Input files: missing, not JSON, the wrong shape.
     let err = fails(&["score", "--model", model, "--input", "/nonexistent.json"]);
     assert!(err.contains("/nonexistent.json"), "{err}");

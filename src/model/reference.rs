@@ -13,7 +13,7 @@
 //! positions whose logits are asked for.
 
 use crate::gguf::{GgmlType, Gguf};
-use crate::quant::{dequantize_q4_1, dequantize_q8_0};
+use crate::quant::dequantize;
 
 use super::{ModelConfig, ModelError};
 
@@ -32,16 +32,12 @@ impl Matrix {
 
 /// A tensor's values as f32 (exact: every supported block format dequantizes to f32 values).
 fn dequant(gguf: &Gguf<'_>, name: &str) -> Result<Matrix, ModelError> {
-    let (info, data) = gguf.require_tensor(name, &[GgmlType::F32, GgmlType::Q4_1, GgmlType::Q8_0])?;
+    let (info, data) = gguf.require_tensor(name, &GgmlType::SUPPORTED)?;
     let n = info.dims.iter().product::<u64>() as usize;
     let cols = info.dims.first().copied().unwrap_or(1) as usize;
     let mut values = vec![0f32; n];
-    match info.ggml_type {
-        GgmlType::F32 => values.copy_from_slice(bytemuck::cast_slice(&data[..n * 4])),
-        GgmlType::Q4_1 => dequantize_q4_1(data, &mut values),
-        GgmlType::Q8_0 => dequantize_q8_0(data, &mut values),
-        other => return Err(ModelError::Unsupported(format!("tensor {name} of type {}", other.name()))),
-    }
+    dequantize(info.ggml_type, data, &mut values)
+        .map_err(|e| ModelError::Unsupported(format!("tensor {name} ({}) in the CPU reference: {e}", info.ggml_type.name())))?;
     Ok(Matrix { values, rows: n / cols.max(1), cols })
 }
 

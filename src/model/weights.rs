@@ -2,8 +2,6 @@
 //! in any mix). q|k|v and gate|up are stacked into one matrix each, so a layer runs 4 matmuls
 //! instead of 7 (one more dispatch per extra type when the parts of a stack differ in type).
 
-use std::collections::BTreeMap;
-
 use crate::gguf::{GgmlType, Gguf};
 use crate::gpu::ops::matmul::QuantMatrix;
 use crate::gpu::Context;
@@ -60,15 +58,6 @@ pub fn check_types(gguf: &Gguf<'_>) -> Result<(), ModelError> {
         ))),
         None => Ok(()),
     }
-}
-
-/// How many tensors of each type the file holds, by ggml's type name.
-pub fn type_counts(gguf: &Gguf<'_>) -> BTreeMap<String, u32> {
-    let mut out = BTreeMap::new();
-    for t in &gguf.tensors {
-        *out.entry(t.ggml_type.name()).or_insert(0) += 1;
-    }
-    out
 }
 
 fn norm(ctx: &Context, gguf: &Gguf<'_>, name: &str, dim: u32) -> Result<wgpu::Buffer, ModelError> {
