@@ -7,8 +7,6 @@
 
 pub mod ggml;
 pub mod kv_int8;
-mod stub_tmp;
-pub use stub_tmp::*;
 
 pub use ggml::*;
 
