@@ -2,15 +2,18 @@
 //! Python library wrote (`tests/data/quant/`, made by `scripts/quant_vectors.py` with
 //! `gguf` 0.19.0): every dequantizer bit-exact, the F32/F16/BF16 and legacy quantizers byte-equal
 //! to `gguf.quants.quantize`, the quantize → dequantize round trip of every type within a stated
-//! bound, the nibble order of the 4- and 5-bit types, and bad lengths as errors. Pure CPU;
-//! natively and in the browser.
+//! bound, the nibble order of the 4- and 5-bit types, and bad lengths as errors; the re-encoding
+//! of whole GGUF files (`synth::requantize_gguf`), the CPU reference forward pass over every
+//! type, and the synthetic model's weight types. Pure CPU; natively (and, but for the slower
+//! whole-file tests, in the browser).
 
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-use pagedlm::gguf::GgmlType;
+use pagedlm::gguf::{GgmlType, Gguf};
 use pagedlm::quant::{bytes_of, dequantize, quantize, QuantError};
 use pagedlm::rng::Rng;
+use pagedlm::synth::{requantize_gguf, row_type, tiny_llama_gguf, try_tiny_llama_gguf, SynthConfig, SynthTypes};
 
 /// The committed vectors of one type: raw blocks, their dequantization by `gguf`, and (for the
 /// types `gguf` quantizes) the values whose quantization starts the blocks.
@@ -260,4 +263,116 @@ fn bad_lengths_and_types_are_errors_not_panics() {
     let e = dequantize(iq4_xs, &[0; 136], &mut [0f32; 256]).unwrap_err();
     assert!(matches!(e, QuantError::Unsupported(_)) && e.to_string().contains("IQ4_XS"), "{e}");
     assert!(matches!(quantize(iq4_xs, &[0.0; 256]), Err(QuantError::Unsupported(_))));
+}
+
+/// llama.cpp's fallbacks for rows that are not whole 256-value super-blocks, restated.
+fn k_fallback(t: GgmlType) -> Option<GgmlType> {
+    match t {
+        GgmlType::Q2_K | GgmlType::Q3_K => Some(GgmlType::Q4_0),
+        GgmlType::Q4_K => Some(GgmlType::Q5_0),
+        GgmlType::Q5_K => Some(GgmlType::Q5_1),
+        GgmlType::Q6_K => Some(GgmlType::Q8_0),
+        _ => None,
+    }
+}
+
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+fn row_types_fall_back_as_llama_cpp_does() {
+    for t in GgmlType::SUPPORTED {
+        assert_eq!(row_type(t, 512), t, "{}: whole super-blocks keep the type", t.name());
+        assert_eq!(row_type(t, 576), k_fallback(t).unwrap_or(t), "{}: 576-wide rows", t.name());
+        let odd = if matches!(t, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) { t } else { GgmlType::F16 };
+        assert_eq!(row_type(t, 48), odd, "{}: rows of 48 fit no 32-value block", t.name());
+    }
+}
+
+/// A synthetic llama whose FFN width (the down projection's ne0) is not whole super-blocks, so
+/// K-quant targets give a mixed file, as llama.cpp's do for small models.
+fn mixed_width_config() -> SynthConfig {
+    SynthConfig { hidden: 256, ffn: 320, n_heads: 4, n_kv_heads: 2, seed: 21, ..SynthConfig::tiny() }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+fn requantize_gguf_re_encodes_every_matrix_and_keeps_the_rest() {
+    let original = tiny_llama_gguf(&mixed_width_config());
+    let src = Gguf::parse(&original).unwrap();
+    for target in GgmlType::SUPPORTED {
+        let bytes = requantize_gguf(&original, target).unwrap_or_else(|e| panic!("{}: {e}", target.name()));
+        let out = Gguf::parse(&bytes).unwrap();
+        assert_eq!(out.metadata, src.metadata, "{}: metadata kept", target.name());
+        assert_eq!(out.tensors.len(), src.tensors.len());
+        for (a, b) in src.tensors.iter().zip(&out.tensors) {
+            let what = format!("{} → {}: {}", a.ggml_type.name(), target.name(), a.name);
+            assert_eq!((&a.name, &a.dims), (&b.name, &b.dims), "{what}");
+            if a.dims.len() != 2 {
+                assert_eq!(a.ggml_type, b.ggml_type, "{what}");
+                assert_eq!(src.tensor_data(a), out.tensor_data(b), "{what}: 1-D tensors are copied");
+                continue;
+            }
+            let want_type = if a.dims[0] % 256 == 0 { target } else { k_fallback(target).unwrap_or(target) };
+            assert_eq!(b.ggml_type, want_type, "{what}");
+            let n = a.n_elements() as usize;
+            let (mut before, mut after) = (vec![0f32; n], vec![0f32; n]);
+            dequantize(a.ggml_type, src.tensor_data(a), &mut before).unwrap();
+            dequantize(b.ggml_type, out.tensor_data(b), &mut after).unwrap();
+            let block = values_per_block(b.ggml_type).max(32);
+            for (x, y) in before.chunks(block).zip(after.chunks(block)) {
+                for ((x, y), bound) in x.iter().zip(y).zip(round_trip_bound(b.ggml_type, x)) {
+                    assert!((x - y).abs() <= bound, "{what}: {x} came back as {y} (bound {bound})");
+                }
+            }
+        }
+    }
+    assert!(requantize_gguf(&original, GgmlType::Other(23)).is_err(), "IQ4_XS is no target");
+}
+
+/// The CPU reference runs every re-encoded file; an F32 re-encoding holds the very values the
+/// original's blocks decode to, so its logits are the original's to the bit.
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+fn the_reference_forward_pass_reads_every_type() {
+    use pagedlm::model::{reference::forward_cpu, ModelConfig};
+    let original = tiny_llama_gguf(&mixed_width_config());
+    let logits = |bytes: &[u8]| {
+        let gguf = Gguf::parse(bytes).unwrap();
+        forward_cpu(&gguf, &ModelConfig::from_gguf(&gguf).unwrap(), &[1, 40, 77, 200]).unwrap()
+    };
+    let want = logits(&original);
+    for target in GgmlType::SUPPORTED {
+        let got = logits(&requantize_gguf(&original, target).unwrap());
+        let max_diff = got.iter().flatten().zip(want.iter().flatten()).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(got.iter().flatten().all(|v| v.is_finite()), "{}: logits not finite", target.name());
+        if target == GgmlType::F32 {
+            assert_eq!(got, want, "F32 re-encoding changed the logits");
+        }
+        eprintln!("{}: max |logit − original's| = {max_diff:.3e}", target.name());
+    }
+}
+
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+fn synthetic_models_take_their_weight_types_from_the_config() {
+    assert_eq!(SynthConfig::tiny().types, SynthTypes { embedding: GgmlType::Q8_0, linear: GgmlType::Q4_1 });
+    let base = SynthConfig { hidden: 256, ffn: 512, ..SynthConfig::tiny() };
+    for (embedding, linear) in [(GgmlType::Q6_K, GgmlType::Q4_K), (GgmlType::F16, GgmlType::Q2_K), (GgmlType::BF16, GgmlType::Q5_0)] {
+        let cfg = SynthConfig { types: SynthTypes { embedding, linear }, ..base.clone() };
+        let bytes = try_tiny_llama_gguf(&cfg).unwrap();
+        let gguf = Gguf::parse(&bytes).unwrap();
+        for t in &gguf.tensors {
+            let want = match (t.name.as_str(), t.dims.len()) {
+                ("token_embd.weight", _) => embedding,
+                (_, 2) => linear,
+                _ => GgmlType::F32,
+            };
+            assert_eq!(t.ggml_type, want, "{}", t.name);
+        }
+    }
+    // K-quants need whole super-blocks along every matrix's ne0 (hidden 64 is not).
+    let small_k = SynthConfig { types: SynthTypes { linear: GgmlType::Q4_K, ..SynthTypes::default() }, ..SynthConfig::tiny() };
+    let e = small_k.validate().unwrap_err().to_string();
+    assert!(e.contains("Q4_K") && e.contains("256"), "{e}");
+    let unsupported = SynthConfig { types: SynthTypes { embedding: GgmlType::Other(23), ..SynthTypes::default() }, ..SynthConfig::tiny() };
+    assert!(unsupported.validate().is_err());
 }

@@ -107,7 +107,7 @@ impl Format {
             let id = if d != 0.0 { 1.0 / d } else { 0.0 };
             b[..2].copy_from_slice(&f16_bytes(d));
             // f32::round rounds half away from zero, as C's roundf.
-            x.iter().enumerate().for_each(|(j, v)| self.set_code(b, j, (v * id).round() as i32));
+            x.iter().enumerate().for_each(|(j, v)| self.set_code(b, j, ((v * id).round() as i32).clamp(-127, 127)));
         } else if self.has_min {
             let min = x.iter().copied().fold(f32::MAX, f32::min);
             let max = x.iter().copied().fold(-f32::MAX, f32::max);
