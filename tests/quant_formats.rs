@@ -4,8 +4,7 @@
 //! to `gguf.quants.quantize`, the quantize → dequantize round trip of every type within a stated
 //! bound, the nibble order of the 4- and 5-bit types, and bad lengths as errors; the re-encoding
 //! of whole GGUF files (`synth::requantize_gguf`), the CPU reference forward pass over every
-//! type, and the synthetic model's weight types. Pure CPU; natively (and, but for the slower
-//! whole-file tests, in the browser).
+//! type, and the synthetic model's weight types. Pure CPU; natively and in the browser.
 
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
@@ -222,11 +221,11 @@ fn nibble_order_is_ggmls() {
         block.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
         let mut got = [0f32; 32];
         dequantize(t, &block, &mut got).unwrap();
-        for e in 0..32 {
+        for (e, &got) in got.iter().enumerate() {
             let nibble = if e < 16 { e as u32 } else { 31 - e as u32 };
             let high = if bits == 5 { (qh >> e) & 1 } else { 0 };
             let want = (nibble | high << 4) as f32 - offset as f32;
-            assert_eq!(got[e], want, "{}: element {e}", t.name());
+            assert_eq!(got, want, "{}: element {e}", t.name());
         }
 
         let ramp: Vec<f32> = (0..32).map(|e| e as f32 * 0.25).collect();
@@ -235,8 +234,8 @@ fn nibble_order_is_ggmls() {
         dequantize(t, &raw, &mut back).unwrap();
         // Elements j and j + 16 are 4 apart in the ramp, so a quantizer that put them in the
         // other nibbles would be off by 4.
-        for e in 0..32 {
-            assert!((back[e] - ramp[e]).abs() <= 0.5, "{}: element {e} = {} came back as {}", t.name(), ramp[e], back[e]);
+        for (e, (x, y)) in ramp.iter().zip(&back).enumerate() {
+            assert!((x - y).abs() <= 0.5, "{}: element {e} = {x} came back as {y}", t.name());
         }
     }
 }
@@ -293,8 +292,8 @@ fn mixed_width_config() -> SynthConfig {
     SynthConfig { hidden: 256, ffn: 320, n_heads: 4, n_kv_heads: 2, seed: 21, ..SynthConfig::tiny() }
 }
 
-#[cfg(not(target_arch = "wasm32"))]
-#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[cfg_attr(not(target_arch = "wasm32"), test)]
 fn requantize_gguf_re_encodes_every_matrix_and_keeps_the_rest() {
     let original = tiny_llama_gguf(&mixed_width_config());
     let src = Gguf::parse(&original).unwrap();
@@ -330,8 +329,8 @@ fn requantize_gguf_re_encodes_every_matrix_and_keeps_the_rest() {
 
 /// The CPU reference runs every re-encoded file; an F32 re-encoding holds the very values the
 /// original's blocks decode to, so its logits are the original's to the bit.
-#[cfg(not(target_arch = "wasm32"))]
-#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[cfg_attr(not(target_arch = "wasm32"), test)]
 fn the_reference_forward_pass_reads_every_type() {
     use pagedlm::model::{reference::forward_cpu, ModelConfig};
     let original = tiny_llama_gguf(&mixed_width_config());

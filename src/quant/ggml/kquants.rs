@@ -86,7 +86,7 @@ impl Format {
         }
     }
 
-    fn block_bytes(self) -> usize {
+    pub(super) fn block_bytes(self) -> usize {
         match self {
             Format::Q2 => 84,
             Format::Q3 => 110,
@@ -197,8 +197,8 @@ impl Format {
         }
     }
 
-    /// Our quantizer (module doc) for one super-block; `b` starts zeroed.
-    fn quantize_block(self, x: &[f32], b: &mut [u8]) {
+    /// Our quantizer (module doc) for one super-block; `b` (one block) starts zeroed.
+    pub(super) fn quantize_block(self, x: &[f32], b: &mut [u8]) {
         let (qmin, qmax) = self.quant_range();
         let code_max = self.code_max();
         let subs: Vec<&[f32]> = x.chunks_exact(self.sub_len()).collect();
@@ -267,15 +267,5 @@ fn code_up(need: f32, unit: f32, code_max: i32) -> i32 {
 pub(super) fn dequantize(format: Format, raw: &[u8], out: &mut [f32]) {
     for (b, y) in raw.chunks_exact(format.block_bytes()).zip(out.chunks_exact_mut(QK_K)) {
         format.dequantize_block(b, y);
-    }
-}
-
-/// `values` is whole super-blocks (checked by the caller).
-pub(super) fn quantize(format: Format, values: &[f32], out: &mut Vec<u8>) {
-    let mut block = vec![0u8; format.block_bytes()];
-    for x in values.chunks_exact(QK_K) {
-        block.fill(0);
-        format.quantize_block(x, &mut block);
-        out.extend_from_slice(&block);
     }
 }

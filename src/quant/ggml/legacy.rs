@@ -39,7 +39,7 @@ impl Format {
         }
     }
 
-    fn block_bytes(self) -> usize {
+    pub(super) fn block_bytes(self) -> usize {
         self.qs_at() + if self.bits == 8 { QK } else { QK / 2 }
     }
 
@@ -100,7 +100,7 @@ impl Format {
     }
 
     /// ggml's reference quantizer for one block.
-    fn quantize_block(self, x: &[f32], b: &mut [u8]) {
+    pub(super) fn quantize_block(self, x: &[f32], b: &mut [u8]) {
         if self.bits == 8 {
             let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
             let d = amax / 127.0;
@@ -145,15 +145,5 @@ pub(super) fn dequantize(format: Format, raw: &[u8], out: &mut [f32]) {
             // No `+ 0.0`: ggml leaves d·0 with d < 0 as −0.
             y.iter_mut().enumerate().for_each(|(j, y)| *y = d * (format.code(b, j) - offset) as f32);
         }
-    }
-}
-
-/// `values` is whole blocks (checked by the caller).
-pub(super) fn quantize(format: Format, values: &[f32], out: &mut Vec<u8>) {
-    let mut block = vec![0u8; format.block_bytes()];
-    for x in values.chunks_exact(QK) {
-        block.fill(0);
-        format.quantize_block(x, &mut block);
-        out.extend_from_slice(&block);
     }
 }

@@ -98,10 +98,20 @@ pub fn quantize(t: GgmlType, values: &[f32]) -> Result<Vec<u8>, QuantError> {
     let mut out = Vec::with_capacity(bytes as usize);
     match family {
         Family::Float => float::quantize(t, values, &mut out),
-        Family::Legacy(format) => legacy::quantize(format, values, &mut out),
-        Family::K(format) => kquants::quantize(format, values, &mut out),
+        Family::Legacy(format) => by_blocks(values, (QK, format.block_bytes()), &mut out, |x, b| format.quantize_block(x, b)),
+        Family::K(format) => by_blocks(values, (QK_K, format.block_bytes()), &mut out, |x, b| format.quantize_block(x, b)),
     }
     Ok(out)
+}
+
+/// Quantizes whole blocks of `values` one by one onto `out`; each block's bytes start zeroed.
+fn by_blocks(values: &[f32], (block_values, block_bytes): (usize, usize), out: &mut Vec<u8>, quantize_block: impl Fn(&[f32], &mut [u8])) {
+    let mut block = vec![0u8; block_bytes];
+    for x in values.chunks_exact(block_values) {
+        block.fill(0);
+        quantize_block(x, &mut block);
+        out.extend_from_slice(&block);
+    }
 }
 
 /// Dequantizes Q4_1 blocks into `out` (`out.len()` = 32 × blocks).
