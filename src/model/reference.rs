@@ -4,20 +4,15 @@
 //! the team's numpy reference (`ref_llama.py`).
 
 use crate::gguf::{GgmlType, Gguf};
-use crate::quant::{dequantize_q4_1, dequantize_q8_0};
+use crate::quant::dequantize;
 
 use super::{ModelConfig, ModelError};
 
+/// The named tensor as f64, whatever its (supported) type.
 fn dequant(gguf: &Gguf<'_>, name: &str) -> Result<Vec<f64>, ModelError> {
-    let (info, data) = gguf.require_tensor(name, &[GgmlType::F32, GgmlType::Q4_1, GgmlType::Q8_0])?;
-    let n = info.dims.iter().product::<u64>() as usize;
-    let mut out = vec![0f32; n];
-    match info.ggml_type {
-        GgmlType::F32 => out.copy_from_slice(bytemuck::cast_slice(&data[..n * 4])),
-        GgmlType::Q4_1 => dequantize_q4_1(data, &mut out),
-        GgmlType::Q8_0 => dequantize_q8_0(data, &mut out),
-        other => return Err(ModelError::Unsupported(format!("tensor {name} of type {}", other.name()))),
-    }
+    let (info, data) = gguf.require_tensor(name, &GgmlType::SUPPORTED)?;
+    let mut out = vec![0f32; info.n_elements() as usize];
+    dequantize(info.ggml_type, data, &mut out).map_err(|e| ModelError::Format(format!("tensor {name}: {e}")))?;
     Ok(out.into_iter().map(f64::from).collect())
 }
 
