@@ -36,9 +36,21 @@ fn f16_hi(word: u32) -> f32 {
     return unpack2x16float(word).y;
 }
 
-// The 4 bytes of `word`, each shifted right by `shift` and masked with `mask`, as floats.
-fn bits4(word: u32, shift: u32, mask: u32) -> vec4<f32> {
-    return vec4<f32>((unpack4xU8(word) >> vec4<u32>(shift)) & vec4<u32>(mask));
+// Masks of the low 4, 2 and 1 bits of each byte of a word: quants are extracted four at a time
+// with word operations, then converted once.
+const LOW4: u32 = 0x0F0F0F0Fu;
+const LOW2: u32 = 0x03030303u;
+const LOW1: u32 = 0x01010101u;
+
+// The 4 bytes of `word` as floats.
+fn bytes4(word: u32) -> vec4<f32> {
+    return vec4<f32>(unpack4xU8(word));
+}
+
+// Bits 0..3 of h, one per byte (bit k in bit 0 of byte k): the 4 partial products of the
+// multiplication do not overlap, so it is a shift-and-or.
+fn spread4(h: u32) -> u32 {
+    return ((h & 15u) * 0x00204081u) & LOW1;
 }
 
 // Byte i (0..) of the block at `base`.
@@ -52,8 +64,8 @@ fn nibble_chunk(qs: u32, offset: f32) -> array<vec4<f32>, 8> {
     var q: array<vec4<f32>, 8>;
     for (var i = 0u; i < 4u; i++) {
         let word = wq[qs + i];
-        q[i] = bits4(word, 0u, 15u) + offset;
-        q[4u + i] = bits4(word, 4u, 15u) + offset;
+        q[i] = bytes4(word & LOW4) + offset;
+        q[4u + i] = bytes4((word >> 4u) & LOW4) + offset;
     }
     return q;
 }
@@ -62,13 +74,10 @@ fn nibble_chunk(qs: u32, offset: f32) -> array<vec4<f32>, 8> {
 fn five_bit_chunk(qh_at: u32, qs: u32, offset: f32) -> array<vec4<f32>, 8> {
     let qh = wq[qh_at];
     var q: array<vec4<f32>, 8>;
-    let lanes = vec4<u32>(0u, 1u, 2u, 3u);
     for (var i = 0u; i < 4u; i++) {
         let word = wq[qs + i];
-        let h_lo = (vec4<u32>(qh >> (4u * i)) >> lanes) & vec4<u32>(1u);
-        let h_hi = (vec4<u32>(qh >> (16u + 4u * i)) >> lanes) & vec4<u32>(1u);
-        q[i] = bits4(word, 0u, 15u) + vec4<f32>(h_lo * 16u) + offset;
-        q[4u + i] = bits4(word, 4u, 15u) + vec4<f32>(h_hi * 16u) + offset;
+        q[i] = bytes4((word & LOW4) | (spread4(qh >> (4u * i)) << 4u)) + offset;
+        q[4u + i] = bytes4(((word >> 4u) & LOW4) | (spread4(qh >> (16u + 4u * i)) << 4u)) + offset;
     }
     return q;
 }

@@ -14,7 +14,7 @@ fn decode(n: u32, kc: u32, nb: u32) -> Chunk {
     let shift = 2u * (c % 4u);
     var out: Chunk;
     for (var i = 0u; i < 8u; i++) {
-        out.q[i] = bits4(wq[qs + i], shift, 3u);
+        out.q[i] = bytes4((wq[qs + i] >> shift) & LOW2);
     }
     let dd = unpack2x16float(wq[base + 20u]);
     let s0 = block_byte(base, 2u * c);

@@ -21,8 +21,8 @@ fn decode(n: u32, kc: u32, nb: u32) -> Chunk {
     var out: Chunk;
     for (var i = 0u; i < 8u; i++) {
         // hmask bytes l = 4i..4i+3 of the same chunk half: words 0..3 (values 0..15), 4..7 (16..31).
-        let high = bits4(wq[base + i], c, 1u);
-        out.q[i] = bits4(wq[qs + i], shift, 3u) - 4.0 + 4.0 * high;
+        let high = (wq[base + i] >> c) & LOW1;
+        out.q[i] = bytes4(((wq[qs + i] >> shift) & LOW2) | (high << 2u)) - 4.0;
     }
     let d = f16_lo(wq[base + 27u]);
     out.d = d * vec2<f32>(scale_q3_k(base + 24u, 2u * c), scale_q3_k(base + 24u, 2u * c + 1u));

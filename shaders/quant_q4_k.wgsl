@@ -12,7 +12,7 @@ fn decode(n: u32, kc: u32, nb: u32) -> Chunk {
     let shift = 4u * (c % 2u);
     var out: Chunk;
     for (var i = 0u; i < 8u; i++) {
-        out.q[i] = bits4(wq[qs + i], shift, 15u);
+        out.q[i] = bytes4((wq[qs + i] >> shift) & LOW4);
     }
     let dd = unpack2x16float(wq[base]);
     let sm = scale_min_k4(base + 1u, c);

@@ -16,7 +16,7 @@ fn decode(n: u32, kc: u32, nb: u32) -> Chunk {
     let qh = base + 32u + 8u * h;
     var out: Chunk;
     for (var i = 0u; i < 8u; i++) {
-        out.q[i] = bits4(wq[ql + i], 4u * (k / 2u), 15u) + 16.0 * bits4(wq[qh + i], 2u * k, 3u) - 32.0;
+        out.q[i] = bytes4(((wq[ql + i] >> (4u * (k / 2u))) & LOW4) | (((wq[qh + i] >> (2u * k)) & LOW2) << 4u)) - 32.0;
     }
     let s = 8u * h + 2u * k;
     let scales = base + 48u;

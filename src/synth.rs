@@ -1,8 +1,9 @@
 //! Writing GGUF files, and tiny synthetic llama models in the real model's format, so
 //! end-to-end tests run in seconds without the 98 MB model.
 //!
-//! The synthetic model has the tensor types of SmolLM2-135M-Instruct.Q4_1 (Q8_0 tied
-//! embedding/output, Q4_1 projections, F32 norms), its metadata keys and its chat template.
+//! The synthetic model has, by default, the tensor types of SmolLM2-135M-Instruct.Q4_1 (Q8_0 tied
+//! embedding/output, Q4_1 projections, F32 norms; [`SynthTypes`] chooses others), its metadata
+//! keys and its chat template. [`requantize_gguf`] re-encodes any GGUF's matrices to one type.
 //! Its vocabulary is byte-level GPT-2 BPE:
 //! - ids 0, 1, 2: `<|endoftext|>`, `<|im_start|>`, `<|im_end|>` (control tokens, the same ids
 //!   as in the real model);
@@ -11,8 +12,12 @@
 //! - ids 259..: one token per merge of [`SYNTH_MERGES`], in order, when `vocab` asks for more.
 
 use crate::gguf::{tensor_size_bytes, GgmlType, GgufError, MetaValue, DEFAULT_ALIGNMENT, MAX_STRING_LEN};
-use crate::quant::{quantize_q4_1, quantize_q8_0};
+use crate::quant::quantize;
 use crate::rng::Rng;
+
+mod requantize;
+
+pub use requantize::{requantize_gguf, row_type};
 
 /// Builds a GGUF v3 file in memory.
 #[derive(Debug, Clone, Default)]
@@ -223,6 +228,23 @@ pub struct SynthConfig {
     pub rope_base: f32,
     pub eps: f32,
     pub seed: u64,
+    pub types: SynthTypes,
+}
+
+/// The weight types of a synthetic llama (norms are always F32).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SynthTypes {
+    /// `token_embd.weight`, tied to the output.
+    pub embedding: GgmlType,
+    /// The attention and FFN projections.
+    pub linear: GgmlType,
+}
+
+impl Default for SynthTypes {
+    /// SmolLM2-135M-Instruct.Q4_1's: Q8_0 embedding, Q4_1 projections.
+    fn default() -> SynthTypes {
+        SynthTypes { embedding: GgmlType::Q8_0, linear: GgmlType::Q4_1 }
+    }
 }
 
 impl SynthConfig {
@@ -240,6 +262,7 @@ impl SynthConfig {
             rope_base: 10000.0,
             eps: 1e-5,
             seed: 0x5eed,
+            types: SynthTypes::default(),
         }
     }
 
@@ -254,10 +277,20 @@ impl SynthConfig {
             return bad("layers, heads, KV heads and context must be nonzero".into());
         }
         if self.hidden % 32 != 0 || self.ffn % 32 != 0 || self.hidden == 0 || self.ffn == 0 {
-            return bad(format!(
-                "hidden {} and ffn {} must be nonzero multiples of 32 (Q4_1/Q8_0 blocks along ne0)",
-                self.hidden, self.ffn
-            ));
+            return bad(format!("hidden {} and ffn {} must be nonzero multiples of 32 (blocks along ne0)", self.hidden, self.ffn));
+        }
+        // Every matrix has ne0 = hidden or ffn. A K-quant type is refused rather than replaced
+        // (as `row_type` would) when they are not whole super-blocks, so that a config naming
+        // Q4_K really makes Q4_K matrices.
+        for (what, t) in [("embedding", self.types.embedding), ("linear", self.types.linear)] {
+            let block = t.block_size().filter(|_| t.is_supported()).map(|(values, _)| values);
+            match block {
+                None => return bad(format!("{what} type {} is not one pagedlm computes with", t.name())),
+                Some(b) if self.hidden as u64 % b != 0 || self.ffn as u64 % b != 0 => {
+                    return bad(format!("hidden {} and ffn {} must be multiples of {b} for {what} type {}", self.hidden, self.ffn, t.name()))
+                }
+                Some(_) => {}
+            }
         }
         if self.hidden % self.n_heads != 0 || self.head_dim() % 2 != 0 {
             return bad(format!("hidden {} must split into {} heads of even size (RoPE pairs)", self.hidden, self.n_heads));
@@ -285,9 +318,9 @@ pub fn synth_vocab(vocab: usize) -> (Vec<String>, Vec<String>, Vec<i32>) {
     (tokens, merges, token_types)
 }
 
-/// A llama GGUF with random weights, laid out like SmolLM2-135M-Instruct.Q4_1: Q8_0
-/// `token_embd.weight` [hidden, vocab] tied to the output (no `output.weight`), Q4_1
-/// projections, F32 norms. Weights are normal with std `gain / sqrt(fan_in)` so activations
+/// A llama GGUF with random weights, laid out like SmolLM2-135M-Instruct.Q4_1: `token_embd.weight`
+/// [hidden, vocab] tied to the output (no `output.weight`), projections, F32 norms, in the
+/// types of `cfg.types` (by default the real file's: Q8_0 embedding, Q4_1 projections). Weights are normal with std `gain / sqrt(fan_in)` so activations
 /// stay O(1) and logits spread over a few units; norms are 1 ± 0.1.
 ///
 /// # Panics
@@ -304,6 +337,7 @@ pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
     let (hidden, ffn, q_dim, kv_dim) = (cfg.hidden as u64, cfg.ffn as u64, (cfg.n_heads * hd) as u64, (cfg.n_kv_heads * hd) as u64);
     let u32_meta = |v: usize| MetaValue::U32(v as u32);
 
+    let linear = cfg.types.linear;
     let mut w = GgufWriter::new();
     let (tokens, merges, token_types) = synth_vocab(cfg.vocab);
     let meta = [
@@ -319,8 +353,8 @@ pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
         ("llama.attention.head_count_kv", u32_meta(cfg.n_kv_heads)),
         ("llama.rope.freq_base", MetaValue::F32(cfg.rope_base)),
         ("llama.attention.layer_norm_rms_epsilon", MetaValue::F32(cfg.eps)),
-        // 3 = mostly Q4_1, as in the real file.
-        ("general.file_type", MetaValue::U32(3)),
+        // By default 3 = mostly Q4_1, as in the real file.
+        ("general.file_type", MetaValue::U32(llama_file_type(cfg.types.linear))),
         ("llama.vocab_size", u32_meta(cfg.vocab)),
         ("llama.rope.dimension_count", u32_meta(hd)),
         ("tokenizer.ggml.add_space_prefix", MetaValue::Bool(false)),
@@ -352,27 +386,53 @@ pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
     };
     // Tied output: logits = h·E with |h| ≈ sqrt(hidden), so gain 2 gives logits of std ≈ 2.
     let embd = matrix(&mut rng, hidden, cfg.vocab as u64, 2.0);
-    w.add_tensor("token_embd.weight", &[hidden, cfg.vocab as u64], GgmlType::Q8_0, quantize_q8_0(&embd))?;
+    w.add_tensor("token_embd.weight", &[hidden, cfg.vocab as u64], cfg.types.embedding, encode(cfg.types.embedding, &embd)?)?;
     for layer in 0..cfg.n_layers {
         let name = |t: &str| format!("blk.{layer}.{t}.weight");
         // The real file's order within a block.
         w.add_tensor(name("attn_norm"), &[hidden], GgmlType::F32, norm(&mut rng))?;
         let down = matrix(&mut rng, ffn, hidden, 0.5);
-        w.add_tensor(name("ffn_down"), &[ffn, hidden], GgmlType::Q4_1, quantize_q4_1(&down))?;
+        w.add_tensor(name("ffn_down"), &[ffn, hidden], linear, encode(linear, &down)?)?;
         for t in ["ffn_gate", "ffn_up"] {
             let m = matrix(&mut rng, hidden, ffn, 1.0);
-            w.add_tensor(name(t), &[hidden, ffn], GgmlType::Q4_1, quantize_q4_1(&m))?;
+            w.add_tensor(name(t), &[hidden, ffn], linear, encode(linear, &m)?)?;
         }
         w.add_tensor(name("ffn_norm"), &[hidden], GgmlType::F32, norm(&mut rng))?;
         let k = matrix(&mut rng, hidden, kv_dim, 1.0);
-        w.add_tensor(name("attn_k"), &[hidden, kv_dim], GgmlType::Q4_1, quantize_q4_1(&k))?;
+        w.add_tensor(name("attn_k"), &[hidden, kv_dim], linear, encode(linear, &k)?)?;
         let o = matrix(&mut rng, q_dim, hidden, 0.5);
-        w.add_tensor(name("attn_output"), &[q_dim, hidden], GgmlType::Q4_1, quantize_q4_1(&o))?;
+        w.add_tensor(name("attn_output"), &[q_dim, hidden], linear, encode(linear, &o)?)?;
         let q = matrix(&mut rng, hidden, q_dim, 1.0);
-        w.add_tensor(name("attn_q"), &[hidden, q_dim], GgmlType::Q4_1, quantize_q4_1(&q))?;
+        w.add_tensor(name("attn_q"), &[hidden, q_dim], linear, encode(linear, &q)?)?;
         let v = matrix(&mut rng, hidden, kv_dim, 1.0);
-        w.add_tensor(name("attn_v"), &[hidden, kv_dim], GgmlType::Q4_1, quantize_q4_1(&v))?;
+        w.add_tensor(name("attn_v"), &[hidden, kv_dim], linear, encode(linear, &v)?)?;
     }
     w.add_tensor("output_norm.weight", &[hidden], GgmlType::F32, norm(&mut rng))?;
     Ok(w.to_bytes())
+}
+
+/// `values` in type `t` (a validated config makes every matrix whole blocks of its type).
+fn encode(t: GgmlType, values: &[f32]) -> Result<Vec<u8>, GgufError> {
+    quantize(t, values).map_err(|e| GgufError::InvalidWrite(format!("synthetic weights: {e}")))
+}
+
+/// llama.cpp's `general.file_type` (`llama_ftype`) for a file whose matrices are mostly `t`; the
+/// K-quants as their "_M" mixes.
+fn llama_file_type(t: GgmlType) -> u32 {
+    match t {
+        GgmlType::F32 => 0,
+        GgmlType::F16 => 1,
+        GgmlType::Q4_0 => 2,
+        GgmlType::Q4_1 => 3,
+        GgmlType::Q8_0 => 7,
+        GgmlType::Q5_0 => 8,
+        GgmlType::Q5_1 => 9,
+        GgmlType::Q2_K => 10,
+        GgmlType::Q3_K => 12,
+        GgmlType::Q4_K => 15,
+        GgmlType::Q5_K => 17,
+        GgmlType::Q6_K => 18,
+        GgmlType::BF16 => 32,
+        GgmlType::Other(_) => 0,
+    }
 }

@@ -517,17 +517,25 @@ fn bench_matmul() {
         let flip = |c: MatmulConfig| MatmulConfig { scale_after: !c.scale_after, ..c };
         let int8 = |c: MatmulConfig| MatmulConfig { int8_activations: true, ..c };
         // (name, kind, rows, cols, n_rows, variants)
-        type Case = (&'static str, GgmlKind, u32, u32, u32, Vec<MatmulConfig>);
-        let cases: Vec<Case> = vec![
-            ("decode Q4_1 576→1536", GgmlKind::Q4_1, 1536, 576, 1, vec![cpu(1), flip(cpu(1)), split(1), int8(cpu(1)), MatmulConfig { workgroup: 8, ..cpu(1) }]),
-            ("decode Q4_1 1536→576", GgmlKind::Q4_1, 576, 1536, 1, vec![cpu(1), flip(cpu(1)), split(1), int8(cpu(1))]),
-            ("decode Q8_0 576→49152", GgmlKind::Q8_0, 49152, 576, 1, vec![cpu(1), flip(cpu(1)), split(1), int8(cpu(1))]),
-            ("batch 4 Q4_1 576→1536", GgmlKind::Q4_1, 1536, 576, 4, vec![cpu(1), cpu(4), flip(cpu(4)), int8(cpu(4))]),
-            ("batch 8 Q4_1 576→1536", GgmlKind::Q4_1, 1536, 576, 8, vec![cpu(1), cpu(8), flip(cpu(8)), int8(cpu(8))]),
-            ("batch 16 Q4_1 576→1536", GgmlKind::Q4_1, 1536, 576, 16, vec![cpu(1), cpu(8), cpu(16), int8(cpu(8))]),
-            ("batch 8 Q8_0 576→49152", GgmlKind::Q8_0, 49152, 576, 8, vec![cpu(1), cpu(8), flip(cpu(8)), int8(cpu(8))]),
-            ("prefill 512 Q4_1 576→1536", GgmlKind::Q4_1, 1536, 576, 512, vec![cpu(1), split(4), cpu(2), cpu(4), flip(cpu(4)), cpu(8), int8(cpu(4)), int8(cpu(8))]),
+        type Case = (String, GgmlKind, u32, u32, u32, Vec<MatmulConfig>);
+        let mut cases: Vec<Case> = vec![
+            ("decode Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 1, vec![cpu(1), flip(cpu(1)), split(1), int8(cpu(1)), MatmulConfig { workgroup: 8, ..cpu(1) }]),
+            ("decode Q4_1 1536→576".into(), GgmlKind::Q4_1, 576, 1536, 1, vec![cpu(1), flip(cpu(1)), split(1), int8(cpu(1))]),
+            ("decode Q8_0 576→49152".into(), GgmlKind::Q8_0, 49152, 576, 1, vec![cpu(1), flip(cpu(1)), split(1), int8(cpu(1))]),
+            ("batch 4 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 4, vec![cpu(1), cpu(4), flip(cpu(4)), int8(cpu(4))]),
+            ("batch 8 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 8, vec![cpu(1), cpu(8), flip(cpu(8)), int8(cpu(8))]),
+            ("batch 16 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 16, vec![cpu(1), cpu(8), cpu(16), int8(cpu(8))]),
+            ("batch 8 Q8_0 576→49152".into(), GgmlKind::Q8_0, 49152, 576, 8, vec![cpu(1), cpu(8), flip(cpu(8)), int8(cpu(8))]),
+            ("prefill 512 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 512, vec![cpu(1), split(4), cpu(2), cpu(4), flip(cpu(4)), cpu(8), int8(cpu(4)), int8(cpu(8))]),
         ];
+        // Every type in decode: 576 → 1536 (not the K-quants: 576 is not a whole number of their
+        // 256-value blocks) and 1536 → 576.
+        for (t, _) in every_type() {
+            if t.block_size().unwrap().0 != 256 {
+                cases.push((format!("type {} 576→1536", t.name()), t, 1536, 576, 1, vec![cpu(1)]));
+            }
+            cases.push((format!("type {} 1536→576", t.name()), t, 576, 1536, 1, vec![cpu(1)]));
+        }
         let filter = std::env::var("BENCH_CASE").unwrap_or_default();
         for (name, kind, rows, cols, n_rows, configs) in cases {
             if !name.contains(&filter) {
@@ -558,7 +566,8 @@ fn bench_matmul() {
                     best_cpu = best_cpu.min((cpu_seconds() - cpu_start) / REPS as f64);
                 }
                 println!(
-                    "{name:26} tile {:2} split {} wg {:2} scale_after {:5} int8 {:5}: {:9.1} µs wall {:9.1} µs CPU  {:6.2} GFLOP/s  {:5.2} GB/s (wall)",
+                    "{name:26} {:7.1} KB tile {:2} split {} wg {:2} scale_after {:5} int8 {:5}: {:9.1} µs wall {:9.1} µs CPU  {:6.2} GFLOP/s  {:5.2} GB/s (wall)",
+                    raw.len() as f64 / 1e3,
                     config.tile_rows,
                     config.k_split,
                     config.workgroup,

@@ -36,8 +36,7 @@ fn dequant(gguf: &Gguf<'_>, name: &str) -> Result<Matrix, ModelError> {
     let n = info.dims.iter().product::<u64>() as usize;
     let cols = info.dims.first().copied().unwrap_or(1) as usize;
     let mut values = vec![0f32; n];
-    dequantize(info.ggml_type, data, &mut values)
-        .map_err(|e| ModelError::Unsupported(format!("tensor {name} ({}) in the CPU reference: {e}", info.ggml_type.name())))?;
+    dequantize(info.ggml_type, data, &mut values).map_err(|e| ModelError::Format(format!("tensor {name}: {e}")))?;
     Ok(Matrix { values, rows: n / cols.max(1), cols })
 }
 

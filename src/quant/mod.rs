@@ -1,14 +1,12 @@
 //! Quantized number formats, in one place so that kernels, the model and the KV cache import
 //! them from below:
-//! - [`ggml`]: the GGML weight blocks pagedlm reads from GGUF files (Q4_1, Q8_0), with CPU
-//!   quantize/dequantize references;
+//! - [`ggml`]: the GGML weight formats pagedlm reads from GGUF files (F32, F16, BF16, Q4_0 ..
+//!   Q8_0, Q2_K .. Q6_K), with CPU dequantizers exact to ggml's and quantizers;
 //! - [`kv_int8`]: the INT8 KV-cache format (8-bit codes with one f32 scale per token and KV
 //!   head), its pool layout and CPU reference.
 
 pub mod ggml;
 pub mod kv_int8;
-mod stub_tmp;
-pub use stub_tmp::*;
 
 pub use ggml::*;
 
