@@ -4,7 +4,9 @@
 // the first token of a follow-up turn with and without the prefix cache.
 // and aggregate decode tokens/s of 1, 2, 4 and 8 concurrent requests (continuous batching).
 // Options (env): BENCH_PREFILL_WORDS (default 60 words ≈ 90 prompt tokens), BENCH_DECODE_TOKENS (32),
-// BENCH_BATCHES ("1,2,4,8"), BENCH_BATCH_TOKENS (12), BENCH_ONLY_BATCH=1 (skip the other figures).
+// BENCH_BATCHES ("1,2,4,8"), BENCH_BATCH_TOKENS (12), BENCH_ONLY_BATCH=1 (skip the other figures),
+// BENCH_MODEL (a .gguf under models/, default SmolLM2-135M-Instruct.Q4_1.gguf) with BENCH_ONLY_SPEED=1
+// (load, prefill and decode only: bench/weight_types.sh runs it once per weight type).
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { launch, MODEL, openPage, root, startServer } from "../tests/e2e/helpers.mjs";
@@ -14,6 +16,8 @@ const decodeTokens = Number(process.env.BENCH_DECODE_TOKENS || 32);
 const batches = (process.env.BENCH_BATCHES || "1,2,4,8").split(",").map(Number);
 const batchTokens = Number(process.env.BENCH_BATCH_TOKENS || 12);
 const onlyBatch = process.env.BENCH_ONLY_BATCH === "1";
+const onlySpeed = process.env.BENCH_ONLY_SPEED === "1";
+const modelPath = process.env.BENCH_MODEL || "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 if (!existsSync(join(root, "pkg/pagedlm_bg.wasm")) || !existsSync(MODEL)) {
   console.error("bench:browser needs pkg/ (bash scripts/build-web.sh) and the model (npm run fetch-model)");
@@ -24,9 +28,9 @@ const server = await startServer();
 const browser = await launch();
 try {
   const { page, problems } = await openPage(browser, `${server.url}/bench-blank`);
-  const figures = await page.evaluate(async ({ prefillWords, decodeTokens, batches, batchTokens, onlyBatch }) => {
+  const figures = await page.evaluate(async ({ prefillWords, decodeTokens, batches, batchTokens, onlyBatch, onlySpeed, modelPath }) => {
     const { createEngine } = await import("/js/index.js");
-    const MODEL_URL = "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    const MODEL_URL = `/models/${modelPath}`;
     const user = (content) => ({ role: "user", content });
     const greedy = { temperature: 0 };
     const out = {};
@@ -89,6 +93,12 @@ try {
     const decode = await engine.chat.completions.create({ messages: [user("Write a long story about a dragon who learns to paint.")], max_tokens: decodeTokens, ...greedy });
     out.decode_tokens = decode.usage.completion_tokens;
     out.decode_tok_s = (decode.usage.completion_tokens - 1) / (decode.pagedlm.decode_ms / 1000);
+    if (onlySpeed) {
+      out.model = modelPath;
+      out.weight_types = engine.info.model.weight_types;
+      await engine.dispose();
+      return out;
+    }
 
     // A follow-up turn: the same conversation, one question more. Each engine runs it twice and
     // the second run counts: the first compiles the pipelines these prompt lengths need.
@@ -109,7 +119,7 @@ try {
     out.follow_up_uncached = await followUp(uncached);
     await uncached.dispose();
     return out;
-  }, { prefillWords, decodeTokens, batches, batchTokens, onlyBatch });
+  }, { prefillWords, decodeTokens, batches, batchTokens, onlyBatch, onlySpeed, modelPath });
   const round = (x) => (typeof x === "number" ? Math.round(x * 100) / 100 : x);
   const result = Object.fromEntries(Object.entries(figures).map(([k, v]) => [k, typeof v === "object" ? Object.fromEntries(Object.entries(v).map(([a, b]) => [a, round(b)])) : round(v)]));
   if (figures.follow_up_cached) result.follow_up_ttft_speedup = round(figures.follow_up_uncached.ttft_ms / figures.follow_up_cached.ttft_ms);

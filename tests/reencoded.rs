@@ -216,3 +216,17 @@ reencoded_tests! {
     q5_k_matches_the_f64_reference: GgmlType::Q5_K;
     q6_k_matches_the_f64_reference: GgmlType::Q6_K;
 }
+
+/// Writes the K-quant files next to the re-encoded ones, for `bench/weight_types.sh` (not a
+/// test: `cargo test --release --test reencoded -- --ignored write_kquant_files`).
+#[test]
+#[ignore]
+fn write_kquant_files() {
+    let q4_1 = pollster::block_on(real_model_bytes());
+    for ty in [GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+        let path = reencoded_path(ty);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, kquant_model(&q4_1, ty)).unwrap();
+        println!("{}", path.display());
+    }
+}
