@@ -8,7 +8,7 @@ use std::process::Command;
 
 use common::tiny_model;
 use pagedlm::gguf::{GgmlType, Gguf};
-use pagedlm::synth::{GgufWriter, SynthConfig};
+use pagedlm::synth::{tiny_llama_gguf, GgufWriter, SynthConfig, SynthTypes};
 use serde_json::Value;
 
 fn bin() -> Command {
@@ -179,6 +179,21 @@ fn errors_go_to_stderr_with_a_nonzero_exit() {
     let bytes = tiny_model(SynthConfig::tiny().seed);
     std::fs::write(&junk, &bytes[..bytes.len() / 2]).unwrap();
     assert!(fails(&["generate", "--model", junk.to_str().unwrap(), "--prompt", "x"]).contains("past the end"));
+}
+
+#[test]
+fn a_file_of_k_quants_generates_and_scores() {
+    let dir = temp_dir("q4k");
+    let model = dir.join("q4_k.gguf");
+    let types = SynthTypes { embedding: GgmlType::Q5_K, linear: GgmlType::Q4_K };
+    std::fs::write(&model, tiny_llama_gguf(&SynthConfig { hidden: 256, ffn: 512, types, ..SynthConfig::tiny() })).unwrap();
+    let model = model.to_str().unwrap();
+    let out = bin().args(["generate", "--model", model, "--prompt", "hello", "--max-tokens", "4"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let items = dir.join("items.json");
+    std::fs::write(&items, r#"[{"id": "a", "ids": [5, 6, 7, 8], "from": 2}]"#).unwrap();
+    let got = lines(&bin().args(["score", "--model", model, "--input", items.to_str().unwrap()]).output().unwrap());
+    assert_eq!(got[0]["argmax"].as_array().unwrap().len(), 3, "{got:?}");
 }
 
 #[test]

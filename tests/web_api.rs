@@ -9,7 +9,8 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use pagedlm::engine::ErrorKind;
-use pagedlm::synth::{tiny_llama_gguf, SynthConfig};
+use pagedlm::gguf::GgmlType;
+use pagedlm::synth::{tiny_llama_gguf, SynthConfig, SynthTypes};
 use pagedlm::web::{ErrorCode, WebEngine, WebError};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
@@ -200,6 +201,36 @@ async fn a_truncated_or_foreign_file_is_model_format() {
     let odd_heads = tiny_llama_gguf(&SynthConfig { hidden: 96, n_heads: 16, n_kv_heads: 8, ..SynthConfig::tiny() });
     let message = expect_code("an unsupported head size", load(odd_heads, "{}").await, ErrorCode::ModelFormat);
     assert!(message.contains("head dimension"), "{message}");
+}
+
+#[wasm_bindgen_test]
+async fn a_file_of_other_weight_types_runs_and_info_names_them() {
+    // K-quant matrices (hidden and FFN whole 256-value blocks) with a Q6_K embedding.
+    let types = SynthTypes { embedding: GgmlType::Q6_K, linear: GgmlType::Q4_K };
+    let bytes = tiny_llama_gguf(&SynthConfig { hidden: 256, ffn: 512, types, ..SynthConfig::tiny() });
+    let engine = load(bytes, "{}").await.unwrap_or_else(|e| panic!("the Q4_K model failed to load: {e:?}"));
+    let info = engine.info().expect("info");
+    let layers = SynthConfig::tiny().n_layers as f64;
+    assert_eq!(num(&info, "model.weight_types.Q4_K"), 7.0 * layers, "q, k, v, output, gate, up, down per layer");
+    assert_eq!(num(&info, "model.weight_types.Q6_K"), 1.0, "the embedding");
+    let out = engine.chat(json(HELLO), json(r#"{"max_tokens": 4, "temperature": 0}"#), Counter::new(None).function()).await.expect("chat");
+    assert!(len(&out, "tokens") >= 1, "a reply from the Q4_K model");
+    // A type pagedlm does not compute with is MODEL_FORMAT, naming the tensor and the type.
+    let mut iq = tiny();
+    let g = pagedlm::gguf::Gguf::parse(&iq).unwrap();
+    let t = g.tensor("blk.0.ffn_down.weight").unwrap();
+    // The type id field follows the name, the dimension count and the dims in the tensor info.
+    let mut needle = (t.name.len() as u64).to_le_bytes().to_vec();
+    needle.extend(t.name.as_bytes());
+    needle.extend((t.dims.len() as u32).to_le_bytes());
+    t.dims.iter().for_each(|d| needle.extend(d.to_le_bytes()));
+    let at = iq.windows(needle.len()).position(|w| w == needle.as_slice()).expect("the tensor info") + needle.len();
+    // IQ4_NL (id 20) has Q4_0's block size, so the file stays well-formed.
+    assert_eq!(t.ggml_type, GgmlType::Q4_1);
+    drop(g);
+    iq[at..at + 4].copy_from_slice(&20u32.to_le_bytes());
+    let message = expect_code("an IQ4_NL tensor", load(iq, "{}").await, ErrorCode::ModelFormat);
+    assert!(message.contains("blk.0.ffn_down.weight") && message.contains("IQ4_NL"), "{message}");
 }
 
 #[wasm_bindgen_test]
