@@ -9,11 +9,13 @@
 // Without SPLIT (passes, for prefill): one dispatch per CHUNK keys starting at params.pass_begin,
 // in order; each merges its keys into the normalized output and the per-row state.
 //
-// positions: [n_tokens] u32; token t attends keys 0..=positions[t] (clamped to max_len - 1)
+// positions: [n_tokens] u32; token t attends keys 0..=positions[t] (clamped to max_len - 1), only
+//            the last params.window of them with a sliding window
 // dst:       SPLIT: [n_tokens * n_heads * max_splits, 1 + head_dim/4] vec4, record (row, split) =
 //                   ((m, l, 0, 0), acc[head_dim/4]) with row = t * n_heads + h
 //            else:  out [n_tokens, n_heads * head_dim] f32
-// state:     passes: [n_tokens * n_heads] (m, l) of the keys merged so far; unused with SPLIT
+// state:     passes: [n_tokens * n_heads * slices] (m, l) of the keys merged so far (each slice its
+//            own copy: the slices of a row run side by side); unused with SPLIT
 // (params.rows is n_tokens.)
 
 struct Step { table_base: u32 } // the sequence's first entry in block_table, set per step
@@ -29,9 +31,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     if ((SPLIT && split >= params.max_splits) || (!SPLIT && split > 0u)) {
         return;
     }
+    // items_per_split = slices * n_kv_heads * quads, the slice slowest.
     let rest = item % params.items_per_split;
+    let per_slice = params.quads * params.n_kv_heads;
+    let slice = rest / per_slice;
     let quad = rest % params.quads;
-    let kv_head = rest / params.quads;
+    let kv_head = (rest % per_slice) / params.quads;
 
     let i = vec4<u32>(0u, 1u, 2u, 3u) + 4u * quad;
     let t = i / params.group;
@@ -64,7 +69,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         // Merge with the earlier passes' normalized output, of sum l_old at max m_old.
         out.merge = key_begin > 0u;
         if (out.merge) {
-            let idx = select(vec4<u32>(0u), out_row, write);
+            let idx = select(vec4<u32>(0u), out_row * params.slices + slice, write);
             let s0 = state[idx.x];
             let s1 = state[idx.y];
             let s2 = state[idx.z];
@@ -73,11 +78,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             out.l_old = vec4<f32>(s0.y, s1.y, s2.y, s3.y);
         }
     }
-    let merged = attend(Keys(q_base, valid, lim, step.table_base, kv_head, key_begin, key_end), out);
+    // Keys before every lane's window are skipped, but a lane that writes in this split or pass
+    // still writes (an empty record, or its state merged unchanged), so that the reduce and the
+    // later passes read only what this step wrote.
+    let low = window_low(lim);
+    let low_valid = select(vec4<u32>(0xffffffffu), low, valid);
+    let first = max(key_begin, min(min(low_valid.x, low_valid.y), min(low_valid.z, low_valid.w)));
+    let keys = Keys(q_base, valid, low, lim, step.table_base, kv_head, min(first, key_end), key_end, slice * D4S);
+    let merged = attend(keys, out);
     if (!SPLIT) {
         for (var r = 0u; r < 4u; r++) {
             if (write[r]) {
-                state[out_row[r]] = vec2<f32>(merged.m[r], merged.l[r]);
+                state[out_row[r] * params.slices + slice] = vec2<f32>(merged.m[r], merged.l[r]);
             }
         }
     }

@@ -24,7 +24,8 @@
 // batch:       the step's rows, written by the host (AttentionBatch::step):
 //              batch[0]     = (n_rows, total_splits, 0, 0)
 //              batch[1 + r] = (table_base, kv_len, first_split, 0) for row r < n_rows:
-//                             row r attends keys 0..kv_len of its sequence (kv_len = position + 1,
+//                             row r attends keys 0..kv_len of its sequence (the last
+//                             params.window of them with a sliding window) (kv_len = position + 1,
 //                             clamped to max_len; 0: a padding row, whose output is zeros);
 //                             first_split = sum of ceil(kv_len / CHUNK) over rows 0..r-1
 // dst:         SPLIT: [total_splits * n_heads, 1 + head_dim/4] vec4, record (global split, head)
@@ -59,8 +60,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let item = gid.x + gid.y * nwg.x * WG;
     // SPLIT: the global split; else the row.
     let work = item / params.items_per_split;
+    // items_per_split = slices * n_kv_heads * quads, the slice slowest.
     let rest = item % params.items_per_split;
-    let kv_head = rest / params.quads;
+    let per_slice = params.quads * params.n_kv_heads;
+    let slice = rest / per_slice;
+    let kv_head = (rest % per_slice) / params.quads;
     let quad = rest % params.quads;
     let n_rows = min(batch[0].x, params.rows);
     var row = work;
@@ -93,7 +97,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         // Record (global split, head): ((m, l, 0, 0), acc), left unnormalized.
         base = (work * params.n_heads + h) * (D4 + 1u) + 1u;
     }
-    // Every key below kv_len is visible to every lane of the row.
-    let keys = Keys(q_base, valid, vec4<u32>(kv_len), row_info.x, kv_head, key_begin, key_end);
+    // Every key of the row's window (all keys below kv_len without one) is visible to every lane;
+    // a split before the window still writes its (empty) record for the reduce.
+    let lim = vec4<u32>(kv_len);
+    let low = window_low(lim);
+    let keys = Keys(q_base, valid, low, lim, row_info.x, kv_head, min(max(key_begin, low.x), key_end), key_end, slice * D4S);
     attend(keys, Out(base, valid, false, vec4<f32>(0.0), vec4<f32>(0.0)));
 }

@@ -15,9 +15,16 @@
 // loop become per-lane gathers, and the kernel runs 2-3x slower (measured). The statements for
 // d >= D4 fold away once D4 is fixed at pipeline creation.
 //
+// Heads wider than 32 vec4 (Gemma 3's 256) are cut into slices of D4S vec4 (SLICED): an
+// invocation accumulates one slice of the output dims, and computes each key's whole score in a
+// small loop over the head dims that reads q from qkv (still one invocation per 4 lanes). Writing
+// out 64 vec4 of q and accumulator instead makes a pipeline take minutes to compile on lavapipe.
+// The slices of a row compute the same scores, so they write the same (m, l).
+//
 // Loop budget: lavapipe ends every loop of an invocation after 65,535 back-edges in total (all
 // loops together, LP_MAX_TGSI_LOOP_ITERATIONS), silently. attend() takes at most CHUNK keys with
-// no inner loop, plus 4 back-edges of write-out.
+// no inner loop (SLICED: D4 / 8 back-edges per key, so CHUNK * (D4 / 8 + 1) in all), plus 4 back-edges of
+// write-out.
 //
 // INT8 (crate::quant::kv_int8): the pools hold 8-bit codes, 4 per u32, and one f32 scale per key
 // (or value) and KV head. They are dequantized in registers as they are loaded: the codes of a
@@ -56,6 +63,8 @@ struct Params {
     scale_base: u32,      // INT8: the word where the pools' scales start; unused for f32
     max_splits: u32,      // single: splits per row (1 without SPLIT)
     pass_begin: u32,      // single, passes: first key of this dispatch, a multiple of CHUNK
+    window: u32,          // sliding window: a query at position p sees keys p - window < j <= p; 0: all
+    slices: u32,          // D4 / D4S: invocations per lane quad, one per slice of the head dims
 }
 
 @group(0) @binding(0) var<storage, read> qkv: array<vec4<f32>>;
@@ -65,11 +74,20 @@ struct Params {
 @group(0) @binding(4) var<uniform> params: Params;
 @group(0) @binding(5) var<storage, read_write> dst: array<vec4<f32>>;
 
-override D4: u32 = 16u;      // head_dim / 4, at most 32
+override D4: u32 = 16u;      // head_dim / 4
+override D4S: u32 = 16u;     // vec4 of head dims one invocation accumulates: D4, or 32 with SLICED
+override SLICED: bool = false;
 override SPLIT: bool = false;
 override CHUNK: u32 = 128u;  // keys per invocation
 override WG: u32 = 8u;
 override INT8: bool = false;
+
+// The first key a query whose keys end below `lim` sees: lim - window, or 0 (no window, or a
+// window longer than the keys).
+fn window_low(lim: vec4<u32>) -> vec4<u32> {
+    let w = vec4<u32>(params.window);
+    return select(vec4<u32>(0u), lim - w, lim > w & vec4<bool>(params.window > 0u));
+}
 
 // Below any score; exp(NEG_BIG - s) is exactly 0 and NEG_BIG - s stays finite.
 const NEG_BIG: f32 = -3.0e38;
@@ -77,7 +95,7 @@ const NEG_BIG: f32 = -3.0e38;
 // q of the 4 lanes for head dims [4d, 4d+4), a column per lane, pre-scaled so that scores need no
 // multiply per key. base: vec4 index of each lane's q head in qkv.
 fn load_q(d: u32, base: vec4<u32>, valid: vec4<bool>) -> mat4x4<f32> {
-    if (d >= D4) {
+    if (d >= D4 || SLICED) {
         return mat4x4<f32>();
     }
     let zero = vec4<f32>(0.0);
@@ -116,12 +134,40 @@ fn k_times_q(row: u32, d: u32, q: mat4x4<f32>) -> vec4<f32> {
     return bitcast<vec4<f32>>(k_pool[row + d]) * q;
 }
 
-// acc = acc * corr + p * v for head dims [4d, 4d+4), per lane (column). INT8: p includes the
-// value's scale.
-fn accumulate(a: mat4x4<f32>, row: u32, d: u32, corr: vec4<f32>, p: vec4<f32>) -> mat4x4<f32> {
-    if (d >= D4) {
+// SLICED: the 4 lanes' whole scores against the key at vec4 index `row`, q read from qkv (INT8: in
+// units of the key's scale), 8 vec4 of head dims per iteration (D4 a multiple of 8): D4 / 8
+// back-edges. Lanes without a query read the q at base 0 (in bounds); their scores are never used.
+fn score_loop(row: u32, base: vec4<u32>) -> vec4<f32> {
+    var s = vec4<f32>(0.0);
+    for (var d0 = 0u; d0 < D4; d0 += 8u) {
+        s += score_term(row, base, d0 + 0u);
+        s += score_term(row, base, d0 + 1u);
+        s += score_term(row, base, d0 + 2u);
+        s += score_term(row, base, d0 + 3u);
+        s += score_term(row, base, d0 + 4u);
+        s += score_term(row, base, d0 + 5u);
+        s += score_term(row, base, d0 + 6u);
+        s += score_term(row, base, d0 + 7u);
+    }
+    return s * params.scale;
+}
+
+// The 4 lanes' partial scores over head dims [4d, 4d+4), q read from qkv.
+fn score_term(row: u32, base: vec4<u32>, d: u32) -> vec4<f32> {
+    let q = mat4x4<f32>(qkv[base.x + d], qkv[base.y + d], qkv[base.z + d], qkv[base.w + d]);
+    if (INT8) {
+        return codes(k_pool[row + d / 4u][d % 4u]) * q;
+    }
+    return bitcast<vec4<f32>>(k_pool[row + d]) * q;
+}
+
+// acc = acc * corr + p * v for head dims [4d, 4d+4), d = dim0 + i, per lane (column). INT8: p
+// includes the value's scale.
+fn accumulate(a: mat4x4<f32>, row: u32, dim0: u32, i: u32, corr: vec4<f32>, p: vec4<f32>) -> mat4x4<f32> {
+    if (i >= D4S) {
         return a;
     }
+    let d = dim0 + i;
     var v: vec4<f32>;
     if (INT8) {
         let w = v_pool[row + d / 4u];
@@ -138,11 +184,13 @@ fn column(a: mat4x4<f32>, r: u32) -> vec4<f32> {
     return select(select(select(a[0], a[1], r == 1u), a[2], r == 2u), a[3], r == 3u);
 }
 
-// dst[base + d] = acc * w_acc, plus the value there * w_old when merging with earlier passes.
-fn emit(base: u32, d: u32, acc: vec4<f32>, w_old: f32, w_acc: f32, merge: bool) {
-    if (d >= D4) {
+// dst[base + d] = acc * w_acc, d = dim0 + i, plus the value there * w_old when merging with
+// earlier passes.
+fn emit(base: u32, dim0: u32, i: u32, acc: vec4<f32>, w_old: f32, w_acc: f32, merge: bool) {
+    if (i >= D4S) {
         return;
     }
+    let d = dim0 + i;
     var value = acc * w_acc;
     if (merge) {
         value += dst[base + d] * w_old;
@@ -154,11 +202,13 @@ fn emit(base: u32, d: u32, acc: vec4<f32>, w_old: f32, w_acc: f32, merge: bool) 
 struct Keys {
     q_base: vec4<u32>,  // vec4 index of each lane's q head in qkv
     valid: vec4<bool>,  // lanes that hold a query (the others read q = 0)
-    lim: vec4<u32>,     // a lane sees the keys below its lim
+    low: vec4<u32>,     // a lane sees the keys from its low (its window's first key) ...
+    lim: vec4<u32>,     // ... to below its lim
     table_base: u32,    // the sequence's first entry in block_table
     kv_head: u32,
     begin: u32,
     end: u32,
+    dim0: u32,          // the first vec4 of head dims this invocation accumulates (its slice)
 }
 
 // Where an invocation writes its lanes.
@@ -276,39 +326,44 @@ fn attend(keys: Keys, out: Out) -> Softmax {
             block_end = first + params.block_size;
         }
         let row = row_base + j * key_vec4;
-        var s = k_times_q(row, 0u, q0)
-            + k_times_q(row, 1u, q1)
-            + k_times_q(row, 2u, q2)
-            + k_times_q(row, 3u, q3)
-            + k_times_q(row, 4u, q4)
-            + k_times_q(row, 5u, q5)
-            + k_times_q(row, 6u, q6)
-            + k_times_q(row, 7u, q7)
-            + k_times_q(row, 8u, q8)
-            + k_times_q(row, 9u, q9)
-            + k_times_q(row, 10u, q10)
-            + k_times_q(row, 11u, q11)
-            + k_times_q(row, 12u, q12)
-            + k_times_q(row, 13u, q13)
-            + k_times_q(row, 14u, q14)
-            + k_times_q(row, 15u, q15)
-            + k_times_q(row, 16u, q16)
-            + k_times_q(row, 17u, q17)
-            + k_times_q(row, 18u, q18)
-            + k_times_q(row, 19u, q19)
-            + k_times_q(row, 20u, q20)
-            + k_times_q(row, 21u, q21)
-            + k_times_q(row, 22u, q22)
-            + k_times_q(row, 23u, q23)
-            + k_times_q(row, 24u, q24)
-            + k_times_q(row, 25u, q25)
-            + k_times_q(row, 26u, q26)
-            + k_times_q(row, 27u, q27)
-            + k_times_q(row, 28u, q28)
-            + k_times_q(row, 29u, q29)
-            + k_times_q(row, 30u, q30)
-            + k_times_q(row, 31u, q31);
-        let visible = select(vec4<bool>(false), vec4<u32>(j) < keys.lim, block_ok);
+        var s: vec4<f32>;
+        if (SLICED) {
+            s = score_loop(row, keys.q_base);
+        } else {
+            s = k_times_q(row, 0u, q0)
+                + k_times_q(row, 1u, q1)
+                + k_times_q(row, 2u, q2)
+                + k_times_q(row, 3u, q3)
+                + k_times_q(row, 4u, q4)
+                + k_times_q(row, 5u, q5)
+                + k_times_q(row, 6u, q6)
+                + k_times_q(row, 7u, q7)
+                + k_times_q(row, 8u, q8)
+                + k_times_q(row, 9u, q9)
+                + k_times_q(row, 10u, q10)
+                + k_times_q(row, 11u, q11)
+                + k_times_q(row, 12u, q12)
+                + k_times_q(row, 13u, q13)
+                + k_times_q(row, 14u, q14)
+                + k_times_q(row, 15u, q15)
+                + k_times_q(row, 16u, q16)
+                + k_times_q(row, 17u, q17)
+                + k_times_q(row, 18u, q18)
+                + k_times_q(row, 19u, q19)
+                + k_times_q(row, 20u, q20)
+                + k_times_q(row, 21u, q21)
+                + k_times_q(row, 22u, q22)
+                + k_times_q(row, 23u, q23)
+                + k_times_q(row, 24u, q24)
+                + k_times_q(row, 25u, q25)
+                + k_times_q(row, 26u, q26)
+                + k_times_q(row, 27u, q27)
+                + k_times_q(row, 28u, q28)
+                + k_times_q(row, 29u, q29)
+                + k_times_q(row, 30u, q30)
+                + k_times_q(row, 31u, q31);
+        }
+        let visible = select(vec4<bool>(false), vec4<u32>(j) < keys.lim & vec4<u32>(j) >= keys.low, block_ok);
         if (INT8) {
             s *= bitcast<f32>(k_word(scale_row + j));
         }
@@ -322,38 +377,38 @@ fn attend(keys: Keys, out: Out) -> Softmax {
             // A masked slot's scale may be any bits (a stale or unwritten slot); keep it out.
             p = select(vec4<f32>(0.0), p * bitcast<f32>(v_word(scale_row + j)), visible);
         }
-        a0 = accumulate(a0, row, 0u, corr, p);
-        a1 = accumulate(a1, row, 1u, corr, p);
-        a2 = accumulate(a2, row, 2u, corr, p);
-        a3 = accumulate(a3, row, 3u, corr, p);
-        a4 = accumulate(a4, row, 4u, corr, p);
-        a5 = accumulate(a5, row, 5u, corr, p);
-        a6 = accumulate(a6, row, 6u, corr, p);
-        a7 = accumulate(a7, row, 7u, corr, p);
-        a8 = accumulate(a8, row, 8u, corr, p);
-        a9 = accumulate(a9, row, 9u, corr, p);
-        a10 = accumulate(a10, row, 10u, corr, p);
-        a11 = accumulate(a11, row, 11u, corr, p);
-        a12 = accumulate(a12, row, 12u, corr, p);
-        a13 = accumulate(a13, row, 13u, corr, p);
-        a14 = accumulate(a14, row, 14u, corr, p);
-        a15 = accumulate(a15, row, 15u, corr, p);
-        a16 = accumulate(a16, row, 16u, corr, p);
-        a17 = accumulate(a17, row, 17u, corr, p);
-        a18 = accumulate(a18, row, 18u, corr, p);
-        a19 = accumulate(a19, row, 19u, corr, p);
-        a20 = accumulate(a20, row, 20u, corr, p);
-        a21 = accumulate(a21, row, 21u, corr, p);
-        a22 = accumulate(a22, row, 22u, corr, p);
-        a23 = accumulate(a23, row, 23u, corr, p);
-        a24 = accumulate(a24, row, 24u, corr, p);
-        a25 = accumulate(a25, row, 25u, corr, p);
-        a26 = accumulate(a26, row, 26u, corr, p);
-        a27 = accumulate(a27, row, 27u, corr, p);
-        a28 = accumulate(a28, row, 28u, corr, p);
-        a29 = accumulate(a29, row, 29u, corr, p);
-        a30 = accumulate(a30, row, 30u, corr, p);
-        a31 = accumulate(a31, row, 31u, corr, p);
+        a0 = accumulate(a0, row, keys.dim0, 0u, corr, p);
+        a1 = accumulate(a1, row, keys.dim0, 1u, corr, p);
+        a2 = accumulate(a2, row, keys.dim0, 2u, corr, p);
+        a3 = accumulate(a3, row, keys.dim0, 3u, corr, p);
+        a4 = accumulate(a4, row, keys.dim0, 4u, corr, p);
+        a5 = accumulate(a5, row, keys.dim0, 5u, corr, p);
+        a6 = accumulate(a6, row, keys.dim0, 6u, corr, p);
+        a7 = accumulate(a7, row, keys.dim0, 7u, corr, p);
+        a8 = accumulate(a8, row, keys.dim0, 8u, corr, p);
+        a9 = accumulate(a9, row, keys.dim0, 9u, corr, p);
+        a10 = accumulate(a10, row, keys.dim0, 10u, corr, p);
+        a11 = accumulate(a11, row, keys.dim0, 11u, corr, p);
+        a12 = accumulate(a12, row, keys.dim0, 12u, corr, p);
+        a13 = accumulate(a13, row, keys.dim0, 13u, corr, p);
+        a14 = accumulate(a14, row, keys.dim0, 14u, corr, p);
+        a15 = accumulate(a15, row, keys.dim0, 15u, corr, p);
+        a16 = accumulate(a16, row, keys.dim0, 16u, corr, p);
+        a17 = accumulate(a17, row, keys.dim0, 17u, corr, p);
+        a18 = accumulate(a18, row, keys.dim0, 18u, corr, p);
+        a19 = accumulate(a19, row, keys.dim0, 19u, corr, p);
+        a20 = accumulate(a20, row, keys.dim0, 20u, corr, p);
+        a21 = accumulate(a21, row, keys.dim0, 21u, corr, p);
+        a22 = accumulate(a22, row, keys.dim0, 22u, corr, p);
+        a23 = accumulate(a23, row, keys.dim0, 23u, corr, p);
+        a24 = accumulate(a24, row, keys.dim0, 24u, corr, p);
+        a25 = accumulate(a25, row, keys.dim0, 25u, corr, p);
+        a26 = accumulate(a26, row, keys.dim0, 26u, corr, p);
+        a27 = accumulate(a27, row, keys.dim0, 27u, corr, p);
+        a28 = accumulate(a28, row, keys.dim0, 28u, corr, p);
+        a29 = accumulate(a29, row, keys.dim0, 29u, corr, p);
+        a30 = accumulate(a30, row, keys.dim0, 30u, corr, p);
+        a31 = accumulate(a31, row, keys.dim0, 31u, corr, p);
     }
 
     var w_old = vec4<f32>(0.0);
@@ -382,38 +437,38 @@ fn attend(keys: Keys, out: Out) -> Softmax {
         if (SPLIT) {
             dst[base - 1u] = vec4<f32>(m[r], l[r], 0.0, 0.0);
         }
-        emit(base, 0u, column(a0, r), w_old[r], w_acc[r], merge);
-        emit(base, 1u, column(a1, r), w_old[r], w_acc[r], merge);
-        emit(base, 2u, column(a2, r), w_old[r], w_acc[r], merge);
-        emit(base, 3u, column(a3, r), w_old[r], w_acc[r], merge);
-        emit(base, 4u, column(a4, r), w_old[r], w_acc[r], merge);
-        emit(base, 5u, column(a5, r), w_old[r], w_acc[r], merge);
-        emit(base, 6u, column(a6, r), w_old[r], w_acc[r], merge);
-        emit(base, 7u, column(a7, r), w_old[r], w_acc[r], merge);
-        emit(base, 8u, column(a8, r), w_old[r], w_acc[r], merge);
-        emit(base, 9u, column(a9, r), w_old[r], w_acc[r], merge);
-        emit(base, 10u, column(a10, r), w_old[r], w_acc[r], merge);
-        emit(base, 11u, column(a11, r), w_old[r], w_acc[r], merge);
-        emit(base, 12u, column(a12, r), w_old[r], w_acc[r], merge);
-        emit(base, 13u, column(a13, r), w_old[r], w_acc[r], merge);
-        emit(base, 14u, column(a14, r), w_old[r], w_acc[r], merge);
-        emit(base, 15u, column(a15, r), w_old[r], w_acc[r], merge);
-        emit(base, 16u, column(a16, r), w_old[r], w_acc[r], merge);
-        emit(base, 17u, column(a17, r), w_old[r], w_acc[r], merge);
-        emit(base, 18u, column(a18, r), w_old[r], w_acc[r], merge);
-        emit(base, 19u, column(a19, r), w_old[r], w_acc[r], merge);
-        emit(base, 20u, column(a20, r), w_old[r], w_acc[r], merge);
-        emit(base, 21u, column(a21, r), w_old[r], w_acc[r], merge);
-        emit(base, 22u, column(a22, r), w_old[r], w_acc[r], merge);
-        emit(base, 23u, column(a23, r), w_old[r], w_acc[r], merge);
-        emit(base, 24u, column(a24, r), w_old[r], w_acc[r], merge);
-        emit(base, 25u, column(a25, r), w_old[r], w_acc[r], merge);
-        emit(base, 26u, column(a26, r), w_old[r], w_acc[r], merge);
-        emit(base, 27u, column(a27, r), w_old[r], w_acc[r], merge);
-        emit(base, 28u, column(a28, r), w_old[r], w_acc[r], merge);
-        emit(base, 29u, column(a29, r), w_old[r], w_acc[r], merge);
-        emit(base, 30u, column(a30, r), w_old[r], w_acc[r], merge);
-        emit(base, 31u, column(a31, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 0u, column(a0, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 1u, column(a1, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 2u, column(a2, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 3u, column(a3, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 4u, column(a4, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 5u, column(a5, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 6u, column(a6, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 7u, column(a7, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 8u, column(a8, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 9u, column(a9, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 10u, column(a10, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 11u, column(a11, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 12u, column(a12, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 13u, column(a13, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 14u, column(a14, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 15u, column(a15, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 16u, column(a16, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 17u, column(a17, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 18u, column(a18, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 19u, column(a19, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 20u, column(a20, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 21u, column(a21, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 22u, column(a22, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 23u, column(a23, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 24u, column(a24, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 25u, column(a25, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 26u, column(a26, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 27u, column(a27, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 28u, column(a28, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 29u, column(a29, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 30u, column(a30, r), w_old[r], w_acc[r], merge);
+        emit(base, keys.dim0, 31u, column(a31, r), w_old[r], w_acc[r], merge);
     }
     return Softmax(m_all, l_all);
 }

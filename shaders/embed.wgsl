@@ -1,5 +1,5 @@
 // Token embedding lookup for every weight type, after quant_common.wgsl and the table's
-// quant_<type>.wgsl: out[i, :] = table[ids[i], :] for the ids this part of the table holds
+// quant_<type>.wgsl: out[i, :] = table[ids[i], :] · scale for the ids this part of the table holds
 // (row0 ≤ id < row0 + rows); other parts write the other ids. Ids ≥ zero_from (the vocabulary,
 // set on the last part only) yield a zero row, so the lookup cannot fail.
 //
@@ -12,6 +12,7 @@ struct Params {
     row0: u32,       // the first row this part holds
     rows: u32,       // rows this part holds
     zero_from: u32,  // ids from here on are zero rows (0xFFFFFFFF: none)
+    scale: f32,      // every value times this (Gemma: √hidden; else 1)
 }
 
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
@@ -41,6 +42,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let c = decode(id - params.row0, kc, params.nb);
     for (var k = 0u; k < 8u; k++) {
         let h = k / 4u;
-        out[dst + k] = c.q[k] * c.d[h] + c.m[h];
+        out[dst + k] = (c.q[k] * c.d[h] + c.m[h]) * params.scale;
     }
 }

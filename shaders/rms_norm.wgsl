@@ -1,7 +1,5 @@
-// RMSNorm (llama): out[r, c] = x[r, c] / sqrt(mean_c(x[r, c]²) + eps) * weight[c].
-// x: [n_rows, dim] f32, weight: [dim] f32, out: [n_rows, dim] f32.
-// One invocation per row: on CPU "GPUs" a serial loop without barriers beats a workgroup
-// tree reduction (KERNELS.md), and dim is small (576).
+// RMSNorm (llama): out[r, c] = x[r, c] / sqrt(mean_c(x[r, c]²) + eps) * weight[c], after
+// rms_common.wgsl. x: [n_rows, dim] f32, weight: [dim] f32, out: [n_rows, dim] f32.
 
 struct Params { n_rows: u32, dim: u32, eps: f32, _pad: u32 }
 
@@ -20,20 +18,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
     let dim = params.dim;
     let base = row * dim;
-    // Four running sums: a shorter dependency chain, and each sums a quarter of the squares,
-    // which keeps the f32 rounding error lower than one long chain.
-    var sums = vec4<f32>(0.0);
-    var c = 0u;
-    for (; c + 4u <= dim; c += 4u) {
-        let v = vec4<f32>(x[base + c], x[base + c + 1u], x[base + c + 2u], x[base + c + 3u]);
-        sums += v * v;
-    }
-    for (; c < dim; c += 1u) {
-        let v = x[base + c];
-        sums.x += v * v;
-    }
-    let total = (sums.x + sums.y) + (sums.z + sums.w);
-    let scale = 1.0 / sqrt(total / f32(dim) + params.eps);
+    let scale = inv_rms(base, dim, params.eps);
     for (var k = 0u; k < dim; k += 1u) {
         out[base + k] = x[base + k] * scale * weight[k];
     }

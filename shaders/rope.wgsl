@@ -1,8 +1,9 @@
-// Rotary position embedding, llama NORM pairing, in place.
+// Rotary position embedding, in place: llama's NORM pairing or NEOX pairing (NEOX).
 // x: [n_tokens, row_stride] f32; heads 0..n_heads of each row start at column 0, head_dim apart
 //    (on the fused qkv rows: the q heads, then the k heads; the v heads after them are untouched).
 // positions: [n_tokens] u32, the absolute position of each token.
-// Pair i of a head is (x[2i], x[2i+1]) and rotates by pos * theta_i, theta_i = base^(-2i/head_dim).
+// Pair i of a head is (x[2i], x[2i+1]) (NORM) or (x[i], x[i + head_dim/2]) (NEOX, Gemma's) and rotates
+// by pos * theta_i, theta_i = base^(-2i/head_dim).
 // One invocation per (token, pair): it forms the angle once and rotates that pair in every head.
 //
 // The angle is built in turns: params.turns[i] holds theta_i / 2π as a 0.32 fixed-point fraction
@@ -26,6 +27,7 @@ struct Params {
 @group(0) @binding(2) var<uniform> params: Params;
 
 override WG: u32 = 64u;
+override NEOX: bool = false;
 
 const TWO_PI: f32 = 6.283185307179586;
 const INV_2_32: f32 = 2.3283064365386963e-10;
@@ -69,12 +71,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let sc = sin_cos_turns(turns);
     let s = sc.x;
     let c = sc.y;
-    let first = token * params.row_stride + 2u * pair;
+    let first = token * params.row_stride + select(2u * pair, pair, NEOX);
+    let other = select(1u, half, NEOX);
     for (var h = 0u; h < params.n_heads; h += 1u) {
         let j = first + h * params.head_dim;
         let x0 = x[j];
-        let x1 = x[j + 1u];
+        let x1 = x[j + other];
         x[j] = x0 * c - x1 * s;
-        x[j + 1u] = x0 * s + x1 * c;
+        x[j + other] = x0 * s + x1 * c;
     }
 }

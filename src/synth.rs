@@ -229,6 +229,18 @@ pub struct SynthConfig {
     pub eps: f32,
     pub seed: u64,
     pub types: SynthTypes,
+    /// Some: a `gemma3` file (QK norm, post-norms, GELU, embedding scale, NEOX RoPE, local layers
+    /// l % 6 != 5 with this window); None: a llama file.
+    pub gemma: Option<SynthGemma>,
+}
+
+/// What a synthetic `gemma3` file adds to the shape.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SynthGemma {
+    /// `gemma3.attention.sliding_window`.
+    pub window: usize,
+    /// `gemma3.attention.key_length` (Gemma's heads are wider than hidden / n_heads).
+    pub head_dim: usize,
 }
 
 /// The weight types of a synthetic llama (norms are always F32).
@@ -263,10 +275,14 @@ impl SynthConfig {
             eps: 1e-5,
             seed: 0x5eed,
             types: SynthTypes::default(),
+            gemma: None,
         }
     }
 
     pub fn head_dim(&self) -> usize {
+        if let Some(g) = self.gemma {
+            return g.head_dim;
+        }
         self.hidden.checked_div(self.n_heads).unwrap_or(0)
     }
 
@@ -292,7 +308,7 @@ impl SynthConfig {
                 Some(_) => {}
             }
         }
-        if self.hidden % self.n_heads != 0 || self.head_dim() % 2 != 0 {
+        if (self.gemma.is_none() && self.hidden % self.n_heads != 0) || self.head_dim() % 2 != 0 {
             return bad(format!("hidden {} must split into {} heads of even size (RoPE pairs)", self.hidden, self.n_heads));
         }
         if self.n_heads % self.n_kv_heads != 0 {
@@ -340,23 +356,35 @@ pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
     let linear = cfg.types.linear;
     let mut w = GgufWriter::new();
     let (tokens, merges, token_types) = synth_vocab(cfg.vocab);
+    let arch = if cfg.gemma.is_some() { "gemma3" } else { "llama" };
+    let a = |k: &str| format!("{arch}.{k}");
+    let arch_meta = [
+        (a("block_count"), u32_meta(cfg.n_layers)),
+        (a("context_length"), u32_meta(cfg.context)),
+        (a("embedding_length"), u32_meta(cfg.hidden)),
+        (a("feed_forward_length"), u32_meta(cfg.ffn)),
+        (a("attention.head_count"), u32_meta(cfg.n_heads)),
+        (a("attention.head_count_kv"), u32_meta(cfg.n_kv_heads)),
+        (a("rope.freq_base"), MetaValue::F32(cfg.rope_base)),
+        (a("attention.layer_norm_rms_epsilon"), MetaValue::F32(cfg.eps)),
+        (a("vocab_size"), u32_meta(cfg.vocab)),
+        (a("rope.dimension_count"), u32_meta(hd)),
+    ];
+    for (key, value) in arch_meta {
+        w.add_meta(key, value)?;
+    }
+    if let Some(g) = cfg.gemma {
+        w.add_meta(a("attention.key_length"), u32_meta(g.head_dim))?;
+        w.add_meta(a("attention.value_length"), u32_meta(g.head_dim))?;
+        w.add_meta(a("attention.sliding_window"), u32_meta(g.window))?;
+    }
     let meta = [
-        ("general.architecture", MetaValue::String("llama".into())),
+        ("general.architecture", MetaValue::String(arch.into())),
         ("general.type", MetaValue::String("model".into())),
-        ("general.name", MetaValue::String("pagedlm synthetic llama".into())),
+        ("general.name", MetaValue::String(format!("pagedlm synthetic {arch}"))),
         ("general.alignment", MetaValue::U32(DEFAULT_ALIGNMENT as u32)),
-        ("llama.block_count", u32_meta(cfg.n_layers)),
-        ("llama.context_length", u32_meta(cfg.context)),
-        ("llama.embedding_length", u32_meta(cfg.hidden)),
-        ("llama.feed_forward_length", u32_meta(cfg.ffn)),
-        ("llama.attention.head_count", u32_meta(cfg.n_heads)),
-        ("llama.attention.head_count_kv", u32_meta(cfg.n_kv_heads)),
-        ("llama.rope.freq_base", MetaValue::F32(cfg.rope_base)),
-        ("llama.attention.layer_norm_rms_epsilon", MetaValue::F32(cfg.eps)),
         // By default 3 = mostly Q4_1, as in the real file.
         ("general.file_type", MetaValue::U32(llama_file_type(cfg.types.linear))),
-        ("llama.vocab_size", u32_meta(cfg.vocab)),
-        ("llama.rope.dimension_count", u32_meta(hd)),
         ("tokenizer.ggml.add_space_prefix", MetaValue::Bool(false)),
         ("tokenizer.ggml.add_bos_token", MetaValue::Bool(false)),
         ("tokenizer.ggml.model", MetaValue::String("gpt2".into())),
@@ -380,10 +408,11 @@ pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
         let std = gain / (fan_in as f32).sqrt();
         (0..fan_in * fan_out).map(|_| rng.normal() * std).collect()
     };
-    let norm = |rng: &mut Rng| -> Vec<u8> {
-        let v: Vec<f32> = (0..hidden).map(|_| 1.0 + 0.1 * rng.normal()).collect();
+    let norm_of = |rng: &mut Rng, dim: u64| -> Vec<u8> {
+        let v: Vec<f32> = (0..dim).map(|_| 1.0 + 0.1 * rng.normal()).collect();
         bytemuck::cast_slice(&v).to_vec()
     };
+    let norm = |rng: &mut Rng| norm_of(rng, hidden);
     // Tied output: logits = h·E with |h| ≈ sqrt(hidden), so gain 2 gives logits of std ≈ 2.
     let embd = matrix(&mut rng, hidden, cfg.vocab as u64, 2.0);
     w.add_tensor("token_embd.weight", &[hidden, cfg.vocab as u64], cfg.types.embedding, encode(cfg.types.embedding, &embd)?)?;
@@ -406,6 +435,12 @@ pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
         w.add_tensor(name("attn_q"), &[hidden, q_dim], linear, encode(linear, &q)?)?;
         let v = matrix(&mut rng, hidden, kv_dim, 1.0);
         w.add_tensor(name("attn_v"), &[hidden, kv_dim], linear, encode(linear, &v)?)?;
+        if cfg.gemma.is_some() {
+            w.add_tensor(name("attn_q_norm"), &[hd as u64], GgmlType::F32, norm_of(&mut rng, hd as u64))?;
+            w.add_tensor(name("attn_k_norm"), &[hd as u64], GgmlType::F32, norm_of(&mut rng, hd as u64))?;
+            w.add_tensor(name("post_attention_norm"), &[hidden], GgmlType::F32, norm(&mut rng))?;
+            w.add_tensor(name("post_ffw_norm"), &[hidden], GgmlType::F32, norm(&mut rng))?;
+        }
     }
     w.add_tensor("output_norm.weight", &[hidden], GgmlType::F32, norm(&mut rng))?;
     Ok(w.to_bytes())

@@ -174,12 +174,14 @@ async fn check_embedding(ctx: &Context, t: GgmlType, table: &QuantMatrix, raw: &
     let n = ids.len() as u32;
     let idb = ctx.storage_init("ids", bytemuck::cast_slice(ids));
     let out = ctx.storage_init("out", bytemuck::cast_slice(&vec![f32::NAN; (n * hidden) as usize]));
-    let kernels = embedding(ctx, table, &idb, &out, n).unwrap();
+    // Gemma's scale (√hidden) on every lookup: the kernel scales after dequantizing.
+    let scale = (hidden as f32).sqrt();
+    let kernels = embedding(ctx, table, (&idb, &out), n, scale).unwrap();
     let mut rec = Recorder::new(ctx, "gemma embedding");
     rec.dispatch_all(&kernels);
     rec.submit();
     let got = ctx.read_f32(&out, 0, n as u64 * hidden as u64).await.unwrap();
-    let want = embedding_cpu(t, raw, vocab, hidden, ids).unwrap();
+    let want: Vec<f32> = embedding_cpu(t, raw, vocab, hidden, ids).unwrap().iter().map(|v| v * scale).collect();
     let mut worst = 0f64;
     for (i, (g, w)) in got.chunks(hidden as usize).zip(want.chunks(hidden as usize)).enumerate() {
         let max = w.iter().fold(0f32, |m, v| m.max(v.abs()));

@@ -37,7 +37,7 @@ fn paged(n_tokens: u32, (n_heads, n_kv_heads, head_dim): (u32, u32, u32), max_le
     let n_blocks = max_len.div_ceil(block_size) + 2;
     Shape {
         n_tokens,
-        pool: PoolShape { n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::F32 },
+        pool: PoolShape { n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::F32, window: 0 },
     }
 }
 
@@ -266,7 +266,7 @@ gpu_test! {
         expect(make(2, 9, 3, 64, 0, 3, o), "empty shape");
         expect(make(2, 9, 3, 64, 100, 0, o), "empty shape");
         expect(make(2, 9, 3, 62, 100, 3, o), "multiple of 4");
-        expect(make(2, 9, 3, 132, 100, 3, o), "multiple of 4");
+        expect(make(2, 9, 3, 260, 100, 3, o), "multiple of 4");
         expect(make(3, 9, 3, 64, 100, 3, o), "qkv needs");
         expect(make(2, 9, 3, 64, 101, 3, o), "k_pool needs");
         expect(make(2, 9, 3, 64, 100, 4, o), "k_pool needs");
@@ -299,6 +299,60 @@ gpu_test! {
             let mut attention = inputs.attention(&ctx, plan);
             inputs.check(&ctx, &mut attention, &[97, 98, 99], "unmapped").await;
             inputs.check(&ctx, &mut attention, &[20, 50, 70], "unmapped").await;
+        }
+    }
+}
+
+gpu_test! {
+    async fn sliding_window_matches_cpu() {
+        let ctx = gpu().await;
+        // Gemma 3's heads (4 query heads over 1 KV head of 256) and SmolLM2's; windows smaller
+        // than a block, equal to one and spanning several, in blocks of 16.
+        let cases: [((u32, u32, u32), u32); 4] = [((4, 1, 256), 1), ((4, 1, 256), 16), ((4, 1, 256), 40), ((9, 3, 64), 5)];
+        for (i, &(head, window)) in cases.iter().enumerate() {
+            {
+                let mut shape = paged(7, head, 300, 16);
+                shape.pool.window = window;
+                let inputs = Inputs::new(&ctx, shape, 300 + i as u64 * 11 + window as u64, 1.0);
+                let plans = [None, plan(AttentionPath::Passes, 32), plan(AttentionPath::SplitK, 32)];
+                for plan in plans {
+                    let mut attention = inputs.attention(&ctx, plan);
+                    for start in [0u32, 15, 41, 290] {
+                        let positions: Vec<u32> = (start..start + 7).collect();
+                        inputs.check(&ctx, &mut attention, &positions, "window prefill").await;
+                    }
+                }
+                // Decode at many lengths through the split-K plan (one token, a window of keys).
+                let mut one = paged(1, head, 300, 16);
+                one.pool.window = window;
+                let decode = Inputs::new(&ctx, one, 400 + window as u64, 1.0);
+                for plan in [None, plan(AttentionPath::SplitK, 32)] {
+                    let mut attention = decode.attention(&ctx, plan);
+                    for kv_len in [300u32, 1, 17, 41, 129] {
+                        decode.check(&ctx, &mut attention, &[kv_len - 1], "window decode").await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+gpu_test! {
+    async fn blocks_before_the_window_are_never_read() {
+        let ctx = gpu().await;
+        // The KV cache frees a local layer's blocks once every query is past them and marks their
+        // table slots u32::MAX: with a window of 20, keys 0..64 (blocks 0-3) are out of every
+        // query's window from position 84 on.
+        let mut shape = paged(3, (4, 1, 256), 160, 16);
+        shape.pool.window = 20;
+        let table_base = 1;
+        let mut table = vec![0u32; table_base as usize];
+        table.extend([u32::MAX, u32::MAX, u32::MAX, u32::MAX, 6, 3, 0, 7, 2, 8]);
+        let inputs = Inputs::with_table(&ctx, shape, 78, 1.0, table, table_base);
+        for plan in [None, plan(AttentionPath::Passes, 16), plan(AttentionPath::SplitK, 16)] {
+            let mut attention = inputs.attention(&ctx, plan);
+            inputs.check(&ctx, &mut attention, &[84, 85, 86], "freed blocks").await;
+            inputs.check(&ctx, &mut attention, &[157, 158, 159], "freed blocks").await;
         }
     }
 }

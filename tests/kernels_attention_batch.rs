@@ -74,7 +74,7 @@ impl Pool {
         let mut rng = Rng::new(seed);
         let row_len = max_len.div_ceil(block_size);
         let n_blocks = n_seqs * row_len + 2;
-        let shape = PoolShape { n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::F32 };
+        let shape = PoolShape { n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::F32, window: 0 };
         let mut perm: Vec<u32> = (0..n_blocks).collect();
         shuffle(&mut rng, &mut perm);
         let junk = |rng: &mut Rng| (0..3).map(|_| rng.below(n_blocks as u64) as u32).collect::<Vec<u32>>();
@@ -289,6 +289,29 @@ gpu_test! {
 gpu_test! {
     async fn int8_mixed_rows_match_cpu() {
         mixed_rows(KvDtype::Int8, &[16, 7]).await;
+    }
+}
+
+gpu_test! {
+    async fn sliding_window_rows_match_cpu() {
+        let ctx = gpu().await;
+        // Gemma 3's heads (4 query heads over 1 KV head of 256); windows smaller than a block,
+        // equal to one and spanning several; f32, and INT8 for one of them.
+        for (window, dtype) in [(5u32, KvDtype::F32), (16, KvDtype::F32), (40, KvDtype::F32), (40, KvDtype::Int8)] {
+            let mut pool = Pool::new(&ctx, spec((4, 1, 256), 16, 2048, 10, 5, 7), 50 + window as u64, 1.0);
+            if dtype == KvDtype::Int8 {
+                pool = pool.int8(&ctx);
+            }
+            pool.shape.window = window;
+            let batch = Batch::new(&ctx, &pool, 9 + window as u64, 1.0);
+            let steps = mixed_steps(&pool);
+            for plan in plans().into_iter().take(2) {
+                let mut attention = batch.attention(&ctx, &pool, plan);
+                for rows in &steps {
+                    batch.check(&ctx, &pool, &mut attention, rows, &format!("window {window} {dtype:?}")).await;
+                }
+            }
+        }
     }
 }
 

@@ -389,12 +389,14 @@ async fn check_embedding(ctx: &Context, t: GgmlType, table: &QuantMatrix, raw: &
     let n = ids.len() as u32;
     let idb = ctx.storage_init("ids", bytemuck::cast_slice(ids));
     let out = ctx.storage_init("out", bytemuck::cast_slice(&vec![f32::NAN; (n * hidden) as usize]));
-    let kernels = embedding(ctx, table, &idb, &out, n).unwrap();
+    // Gemma's scale (√hidden) on every lookup: the kernel scales after dequantizing.
+    let scale = (hidden as f32).sqrt();
+    let kernels = embedding(ctx, table, (&idb, &out), n, scale).unwrap();
     let mut rec = Recorder::new(ctx, "test");
     rec.dispatch_all(&kernels);
     rec.submit();
     let got = ctx.read_f32(&out, 0, n as u64 * hidden as u64).await.unwrap();
-    let want = embedding_cpu(t, raw, vocab, hidden, ids).unwrap();
+    let want: Vec<f32> = embedding_cpu(t, raw, vocab, hidden, ids).unwrap().iter().map(|v| v * scale).collect();
     for (row, (g, w)) in got.chunks(hidden as usize).zip(want.chunks(hidden as usize)).enumerate() {
         let max = w.iter().fold(0f32, |m, v| m.max(v.abs()));
         for (k, (g, w)) in g.iter().zip(w).enumerate() {
@@ -485,10 +487,10 @@ gpu_test! {
         let ids = ctx.storage_zeroed("ids", 8);
         let table_raw = random_matrix(&mut rng, GgmlKind::Q8_0, 16, cols);
         let table = QuantMatrix::upload(&ctx, "embd", GgmlKind::Q8_0, &table_raw, 16, cols).unwrap();
-        let e = embedding(&ctx, &table, &ids, &y_ok, 3).err().expect("short ids must be refused").to_string();
+        let e = embedding(&ctx, &table, (&ids, &y_ok), 3, 1.0).err().expect("short ids must be refused").to_string();
         assert!(e.contains("ids needs"), "{e}");
         let out_short = ctx.storage_zeroed("out", (2 * cols * 4 - 4) as u64);
-        let e = embedding(&ctx, &table, &ids, &out_short, 2).err().expect("a short out must be refused").to_string();
+        let e = embedding(&ctx, &table, (&ids, &out_short), 2, 1.0).err().expect("a short out must be refused").to_string();
         assert!(e.contains("out needs"), "{e}");
     }
 }

@@ -1,4 +1,4 @@
-//! rms_norm, rope, silu_mul, argmax and kv_write against their CPU references, natively
+//! rms_norm, head_norm, rope, glu, argmax and kv_write against their CPU references, natively
 //! (lavapipe) and in the browser (SwiftShader).
 mod common;
 
@@ -8,7 +8,8 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 use common::{assert_close, gpu};
 use pagedlm::gpu::ops::kv_write::KvWriteBuffers;
 use pagedlm::gpu::ops::pool::{PoolBuffers, PoolShape};
-use pagedlm::gpu::ops::rope::RopeShape;
+use pagedlm::gpu::ops::rope::{RopePairing, RopeShape};
+use pagedlm::gpu::ops::act::Activation;
 use pagedlm::gpu::ops::{act, argmax, kv_write, norm, rope};
 use pagedlm::gpu::{Context, GpuError, Kernel, Recorder};
 use pagedlm::kv::KvDtype;
@@ -85,6 +86,36 @@ gpu_test! {
     }
 }
 
+gpu_test! {
+    async fn head_norm_matches_cpu_in_place() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(12);
+        // Gemma 3's fused qkv rows (4 q heads, 1 k head, 1 v head of 256): the q heads, then the k
+        // head; a small odd layout. Columns outside the normalized heads must not move.
+        for (n_rows, n_q, n_kv, hd) in [(1u32, 4u32, 1u32, 256u32), (7, 4, 1, 256), (3, 3, 2, 6)] {
+            let stride = (n_q + 2 * n_kv) * hd;
+            for (first, n_heads) in [(0, n_q), (n_q * hd, n_kv)] {
+                let x = normals(&mut rng, (n_rows * stride) as usize, 3.0);
+                let weight = rng.vec_uniform(hd as usize, 0.2, 2.0);
+                let (xb, wb) = (f32_buffer(&ctx, &x), f32_buffer(&ctx, &weight));
+                let shape = norm::HeadNormShape { n_rows, row_stride: stride, first, n_heads, head_dim: hd, eps: 1e-6 };
+                let k = norm::head_norm(&ctx, &xb, &wb, &shape).unwrap();
+                run(&ctx, &[&k]);
+                let got = ctx.read_f32(&xb, 0, x.len() as u64).await.unwrap();
+                let mut want = x.clone();
+                norm::head_norm_cpu(&mut want, &weight, &shape);
+                assert_close(&format!("head_norm {shape:?}"), &got, &want, RMS_ABS_TOL, RMS_REL_TOL);
+                assert_ne!(got, x, "{shape:?}: nothing was normalized");
+            }
+        }
+        let x = ctx.storage_zeroed("x", 6 * 256 * 4);
+        let w = ctx.storage_zeroed("w", 256 * 4);
+        let bad = |first, n_heads| norm::HeadNormShape { n_rows: 1, row_stride: 1536, first, n_heads, head_dim: 256, eps: 1e-6 };
+        expect_shape_err(norm::head_norm(&ctx, &x, &w, &bad(1024, 3)), "do not fit");
+        expect_shape_err(norm::head_norm(&ctx, &x, &w, &bad(0, 0)), "at least 1");
+    }
+}
+
 // ---------------------------------------------------------------- rope
 
 /// Absolute tolerance for |x| <= 1 inputs against the f64 reference: the reduced angle is good
@@ -96,9 +127,10 @@ struct RopeCase {
     n_kv: u32,
     head_dim: u32,
     base: f32,
+    pairing: RopePairing,
 }
 
-const SMOLLM2: RopeCase = RopeCase { n_q: 9, n_kv: 3, head_dim: 64, base: 100_000.0 };
+const SMOLLM2: RopeCase = RopeCase { n_q: 9, n_kv: 3, head_dim: 64, base: 100_000.0, pairing: RopePairing::Norm };
 
 /// Rotates random fused qkv rows on the GPU and on the CPU; checks the q and k heads within
 /// ROPE_ABS_TOL and the v heads bit for bit (they must not move).
@@ -116,6 +148,7 @@ async fn check_rope(ctx: &Context, rng: &mut Rng, case: &RopeCase, positions: &[
         n_heads: rotated as u32,
         head_dim: case.head_dim,
         base: case.base,
+        pairing: case.pairing,
     };
     let k = rope::rope(ctx, &xb, &pb, &shape).unwrap();
     run(ctx, &[&k]);
@@ -151,11 +184,16 @@ gpu_test! {
         let ctx = gpu().await;
         let mut rng = Rng::new(22);
         let cases = [
-            RopeCase { n_q: 4, n_kv: 4, head_dim: 16, base: 10_000.0 }, // MHA
-            RopeCase { n_q: 8, n_kv: 1, head_dim: 32, base: 10_000.0 }, // MQA
-            RopeCase { n_q: 6, n_kv: 2, head_dim: 2, base: 500_000.0 },
-            RopeCase { n_q: 2, n_kv: 1, head_dim: 6, base: 100_000.0 },
-            RopeCase { n_q: 1, n_kv: 1, head_dim: 512, base: 1_000_000.0 },
+            RopeCase { n_q: 4, n_kv: 4, head_dim: 16, base: 10_000.0, pairing: RopePairing::Norm }, // MHA
+            RopeCase { n_q: 8, n_kv: 1, head_dim: 32, base: 10_000.0, pairing: RopePairing::Norm }, // MQA
+            RopeCase { n_q: 6, n_kv: 2, head_dim: 2, base: 500_000.0, pairing: RopePairing::Norm },
+            RopeCase { n_q: 2, n_kv: 1, head_dim: 6, base: 100_000.0, pairing: RopePairing::Norm },
+            RopeCase { n_q: 1, n_kv: 1, head_dim: 512, base: 1_000_000.0, pairing: RopePairing::Norm },
+            // Gemma 3's heads, NEOX pairing, its global and local bases, and odd small heads.
+            RopeCase { n_q: 4, n_kv: 1, head_dim: 256, base: 1_000_000.0, pairing: RopePairing::Neox },
+            RopeCase { n_q: 4, n_kv: 1, head_dim: 256, base: 10_000.0, pairing: RopePairing::Neox },
+            RopeCase { n_q: 2, n_kv: 1, head_dim: 6, base: 100_000.0, pairing: RopePairing::Neox },
+            RopeCase { n_q: 6, n_kv: 2, head_dim: 2, base: 500_000.0, pairing: RopePairing::Neox },
         ];
         for case in &cases {
             // Unordered, repeated and very large positions, as in a batch of sequences.
@@ -174,7 +212,14 @@ gpu_test! {
         let row_stride = 15 * hd;
         let xb = ctx.storage_zeroed("x", (row_stride * 4) as u64);
         let pb = ctx.storage_zeroed("positions", 4);
-        let shape = RopeShape { n_tokens: 1, row_stride: row_stride as u32, n_heads: 12, head_dim: hd as u32, base: 100_000.0 };
+        let shape = RopeShape {
+            n_tokens: 1,
+            row_stride: row_stride as u32,
+            n_heads: 12,
+            head_dim: hd as u32,
+            base: 100_000.0,
+            pairing: RopePairing::Norm,
+        };
         let k = rope::rope(&ctx, &xb, &pb, &shape).unwrap();
         for pos in [0u32, 1, 2, 17, 4095, 8191] {
             let x = rng.vec_uniform(row_stride, -1.0, 1.0);
@@ -194,7 +239,14 @@ gpu_test! {
         let ctx = gpu().await;
         let x = ctx.storage_zeroed("x", 2 * 960 * 4);
         let p = ctx.storage_zeroed("p", 8);
-        let shape = |n_tokens, row_stride, n_heads, head_dim, base| RopeShape { n_tokens, row_stride, n_heads, head_dim, base };
+        let shape = |n_tokens, row_stride, n_heads, head_dim, base| RopeShape {
+            n_tokens,
+            row_stride,
+            n_heads,
+            head_dim,
+            base,
+            pairing: RopePairing::Norm,
+        };
         expect_shape_err(rope::rope(&ctx, &x, &p, &shape(2, 960, 12, 63, 1e4)), "even");
         expect_shape_err(rope::rope(&ctx, &x, &p, &shape(2, 960, 16, 64, 1e4)), "do not fit");
         expect_shape_err(rope::rope(&ctx, &x, &p, &shape(3, 960, 12, 64, 1e4)), "x needs");
@@ -205,32 +257,33 @@ gpu_test! {
     }
 }
 
-// ---------------------------------------------------------------- silu_mul
+// ---------------------------------------------------------------- glu (silu and gelu_tanh)
 
 // exp is allowed 3 + 2|x| ulp in WGSL; with |g| <= 30 that is ~1e-5 relative at worst.
 const SILU_REL_TOL: f32 = 2e-5;
 const SILU_ABS_TOL: f32 = 1e-6;
 
 gpu_test! {
-    async fn silu_mul_matches_cpu() {
+    async fn glu_matches_cpu() {
         let ctx = gpu().await;
         let mut rng = Rng::new(31);
-        for (n_rows, ffn) in [(1u32, 1536u32), (512, 1536), (1, 1), (3, 5), (2, 4099)] {
+        let cases = [(1u32, 1536u32), (512, 1536), (1, 1), (3, 5), (2, 4099)];
+        for ((n_rows, ffn), act) in cases.into_iter().flat_map(|c| [(c, Activation::Silu), (c, Activation::GeluTanh)]) {
             let n = (n_rows * ffn) as usize;
             let gu: Vec<f32> = (0..2 * n).map(|_| rng.normal() * 4.0).collect();
             let gub = f32_buffer(&ctx, &gu);
             let ob = ctx.storage_zeroed("out", n as u64 * 4);
-            let k = act::silu_mul(&ctx, &gub, &ob, n_rows, ffn).unwrap();
+            let k = act::glu(&ctx, (&gub, &ob), n_rows, ffn, act).unwrap();
             run(&ctx, &[&k]);
             let got = ctx.read_f32(&ob, 0, n as u64).await.unwrap();
-            let want = act::silu_mul_cpu(&gu, n_rows as usize, ffn as usize);
-            assert_close(&format!("silu_mul {n_rows}x{ffn}"), &got, &want, SILU_ABS_TOL, SILU_REL_TOL);
+            let want = act::glu_cpu(&gu, n_rows as usize, ffn as usize, act);
+            assert_close(&format!("glu {act:?} {n_rows}x{ffn}"), &got, &want, SILU_ABS_TOL, SILU_REL_TOL);
         }
     }
 }
 
 gpu_test! {
-    async fn silu_mul_is_finite_for_extreme_gates() {
+    async fn glu_is_finite_for_extreme_gates() {
         let ctx = gpu().await;
         let gates = [0.0f32, -0.0, 1e-30, -1e-30, 30.0, -30.0, 88.0, -88.0, 89.0, -89.0, 1e4, -1e4, 3e38, -3e38];
         let ffn = gates.len();
@@ -238,29 +291,31 @@ gpu_test! {
         let gu: Vec<f32> = gates.iter().chain(&ups).copied().collect();
         let gub = f32_buffer(&ctx, &gu);
         let ob = ctx.storage_zeroed("out", ffn as u64 * 4);
-        let k = act::silu_mul(&ctx, &gub, &ob, 1, ffn as u32).unwrap();
-        run(&ctx, &[&k]);
-        let got = ctx.read_f32(&ob, 0, ffn as u64).await.unwrap();
-        let want = act::silu_mul_cpu(&gu, 1, ffn);
-        // The f64 reference of silu(3e38) * 1.5 overflows f32 to inf: only compare finite references.
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            if w.is_finite() {
-                assert_close(&format!("silu_mul gate {}", gates[i]), &[*g], &[*w], SILU_ABS_TOL, SILU_REL_TOL);
-            } else {
-                assert!(!g.is_nan(), "silu_mul gate {}: NaN", gates[i]);
+        for act in [Activation::Silu, Activation::GeluTanh] {
+            let k = act::glu(&ctx, (&gub, &ob), 1, ffn as u32, act).unwrap();
+            run(&ctx, &[&k]);
+            let got = ctx.read_f32(&ob, 0, ffn as u64).await.unwrap();
+            let want = act::glu_cpu(&gu, 1, ffn, act);
+            // The f64 reference of act(3e38) * 1.5 overflows f32 to inf: only compare finite references.
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                if w.is_finite() {
+                    assert_close(&format!("glu {act:?} gate {}", gates[i]), &[*g], &[*w], SILU_ABS_TOL, SILU_REL_TOL);
+                } else {
+                    assert!(!g.is_nan(), "glu {act:?} gate {}: NaN", gates[i]);
+                }
             }
         }
     }
 }
 
 gpu_test! {
-    async fn silu_mul_rejects_bad_shapes() {
+    async fn glu_rejects_bad_shapes() {
         let ctx = gpu().await;
         let gu = ctx.storage_zeroed("gu", 2 * 1536 * 4);
         let out = ctx.storage_zeroed("out", 1536 * 4);
-        expect_shape_err(act::silu_mul(&ctx, &gu, &out, 2, 1536), "gu needs 24576 bytes");
-        expect_shape_err(act::silu_mul(&ctx, &gu, &gu, 1, 1536), "different buffer");
-        expect_shape_err(act::silu_mul(&ctx, &gu, &out, 1, 0), "at least 1");
+        expect_shape_err(act::glu(&ctx, (&gu, &out), 2, 1536, Activation::Silu), "gu needs 24576 bytes");
+        expect_shape_err(act::glu(&ctx, (&gu, &gu), 1, 1536, Activation::Silu), "different buffer");
+        expect_shape_err(act::glu(&ctx, (&gu, &out), 1, 0, Activation::Silu), "at least 1");
     }
 }
 
@@ -412,7 +467,7 @@ async fn check_kv_write(ctx: &Context, rng: &mut Rng, case: &KvCase, positions: 
         max_len: case.max_len,
         block_size: case.block_size,
         n_blocks: n_blocks as u32,
-        dtype: KvDtype::F32,
+        dtype: KvDtype::F32, window: 0,
     };
     let buffers = KvWriteBuffers {
         qkv: &qb,
@@ -474,7 +529,7 @@ gpu_test! {
         let t = ctx.storage_zeroed("t", 16);
         let st = ctx.storage_zeroed("row_tables", 8);
         let w = |k: &wgpu::Buffer, v: &wgpu::Buffer, n_tokens, n_kv_heads, block_size, n_blocks| {
-            let pool = PoolShape { n_heads: 9, n_kv_heads, head_dim: 64, max_len: 100, block_size, n_blocks, dtype: KvDtype::F32 };
+            let pool = PoolShape { n_heads: 9, n_kv_heads, head_dim: 64, max_len: 100, block_size, n_blocks, dtype: KvDtype::F32, window: 0 };
             let buffers = KvWriteBuffers { qkv: &qkv, pool: PoolBuffers { k, v, block_table: &t }, positions: &p, row_tables: &st };
             kv_write::write_paged(&ctx, &buffers, &pool, n_tokens)
         };

@@ -152,7 +152,7 @@ gpu_test! {
             let k_buf = ctx.storage_init("k", bytemuck::cast_slice(&k0));
             let v_buf = ctx.storage_init("v", bytemuck::cast_slice(&v0));
             let pool =
-                PoolShape { n_heads, n_kv_heads: n_kv, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::Int8 };
+                PoolShape { n_heads, n_kv_heads: n_kv, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::Int8, window: 0 };
             let table_buf = ctx.storage_init("table", bytemuck::cast_slice(&table));
             let buffers = KvWriteBuffers {
                 qkv: &ctx.storage_init("qkv", bytemuck::cast_slice(&qkv)),
@@ -224,7 +224,7 @@ fn int8_shape(n_tokens: u32, (n_heads, n_kv_heads, head_dim): (u32, u32, u32), m
     let n_blocks = max_len.div_ceil(block_size) + 2;
     Shape {
         n_tokens,
-        pool: PoolShape { n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::Int8 },
+        pool: PoolShape { n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::Int8, window: 0 },
     }
 }
 

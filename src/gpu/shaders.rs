@@ -2,7 +2,8 @@
 //!
 //! A kernel family shares its common code through a prelude file prepended to each kernel's
 //! body (WGSL has no includes): `attention_common` before `attention` and `attention_batch`,
-//! `attention_reduce_common` before their reduce kernels, `matmul_common` before `matmul_q4_1`
+//! `attention_reduce_common` before their reduce kernels, `rms_common` before `rms_norm` and
+//! `head_norm`, `matmul_common` before `matmul_q4_1`
 //! and `matmul_q8_0`. The quantized-weight family is one body per shape with the block format as
 //! a prelude: `matmul_<type>` is `matmul_common` + `quant_common` + `quant_<type>` +
 //! `matmul_blocks` (for every type but Q4_1 and Q8_0, which have bodies of their own), and
@@ -44,9 +45,10 @@ pub fn source(name: &str) -> Option<&'static str> {
         "add" => wgsl!("add"),
         "argmax" => wgsl!("argmax"),
         "kv_write" => wgsl!("kv_write"),
-        "rms_norm" => wgsl!("rms_norm"),
+        "rms_norm" => with_prelude!("rms_common", "rms_norm"),
+        "head_norm" => with_prelude!("rms_common", "head_norm"),
         "rope" => wgsl!("rope"),
-        "silu_mul" => wgsl!("silu_mul"),
+        "glu" => wgsl!("glu"),
         "matmul_q4_1" => with_prelude!("matmul_common", "matmul_q4_1"),
         "matmul_q8_0" => with_prelude!("matmul_common", "matmul_q8_0"),
         "attention" => with_prelude!("attention_common", "attention"),

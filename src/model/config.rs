@@ -2,13 +2,82 @@
 //! every width, head count and constant comes from the file.
 
 use crate::gguf::{Gguf, MetaValue};
+use crate::gpu::ops::act::Activation;
+use crate::gpu::ops::rope::RopePairing;
 
 use super::ModelError;
 
-/// A llama-architecture model's shape.
+/// The architectures pagedlm runs (`general.architecture`), and what each adds to the llama block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Architecture {
+    /// Pre-norm blocks, SwiGLU, NORM RoPE pairing (SmolLM2, Llama).
+    Llama,
+    /// Gemma 3: per-head q/k RMSNorm, norms after attention and after the FFN, GeGLU (tanh),
+    /// the embedding scaled by √hidden, NEOX RoPE pairing, five local (sliding-window) layers of
+    /// every six with their own RoPE base.
+    Gemma3,
+}
+
+impl Architecture {
+    fn from_name(name: &str) -> Option<Architecture> {
+        match name {
+            "llama" => Some(Architecture::Llama),
+            "gemma3" => Some(Architecture::Gemma3),
+            _ => None,
+        }
+    }
+
+    /// The `{arch}.` metadata keys pagedlm understands for this architecture. Any other key under
+    /// the prefix names a feature it does not implement (RoPE scaling, soft-capping, experts...)
+    /// and the file is refused with that key's name rather than run wrongly.
+    fn known_keys(self) -> &'static [&'static str] {
+        const COMMON: &[&str] = &[
+            "block_count",
+            "context_length",
+            "embedding_length",
+            "feed_forward_length",
+            "attention.head_count",
+            "attention.head_count_kv",
+            "attention.layer_norm_rms_epsilon",
+            "attention.key_length",
+            "attention.value_length",
+            "rope.freq_base",
+            "rope.dimension_count",
+            "vocab_size",
+        ];
+        const GEMMA3: &[&str] = &[
+            "block_count",
+            "context_length",
+            "embedding_length",
+            "feed_forward_length",
+            "attention.head_count",
+            "attention.head_count_kv",
+            "attention.layer_norm_rms_epsilon",
+            "attention.key_length",
+            "attention.value_length",
+            "rope.freq_base",
+            "rope.dimension_count",
+            "vocab_size",
+            "attention.sliding_window",
+        ];
+        match self {
+            Architecture::Llama => COMMON,
+            Architecture::Gemma3 => GEMMA3,
+        }
+    }
+}
+
+/// Gemma 3's fixed conventions (llama.cpp's `gemma3` model): every sixth layer (l % 6 == 5) is
+/// global, the others local; local layers use RoPE base 10,000 whatever `rope.freq_base` says.
+const GEMMA3_WINDOW_PATTERN: u32 = 6;
+const GEMMA3_LOCAL_ROPE_BASE: f32 = 10_000.0;
+
+/// A decoder-only model's shape and the features of its blocks, all from GGUF metadata.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct ModelConfig {
     pub arch: String,
+    pub architecture: Architecture,
     pub name: String,
     pub n_layers: u32,
     /// Embedding width (hidden size).
@@ -21,8 +90,25 @@ pub struct ModelConfig {
     pub vocab: u32,
     /// The longest context the model was trained for.
     pub context_length: u32,
+    /// RoPE base of the global layers (every layer without a window).
     pub rope_base: f32,
+    /// RoPE base of the sliding-window layers.
+    pub rope_base_local: f32,
+    pub rope_pairing: RopePairing,
     pub rms_eps: f32,
+    /// The gate's activation in the FFN.
+    pub activation: Activation,
+    /// The embedding rows are multiplied by this (√hidden for Gemma, else 1).
+    pub embedding_scale: f32,
+    /// Per-head RMSNorm of q and k before RoPE (`attn_q_norm`, `attn_k_norm`).
+    pub qk_norm: bool,
+    /// RMSNorm of the attention and FFN outputs before each residual add (`post_attention_norm`,
+    /// `post_ffw_norm`).
+    pub post_norms: bool,
+    /// Local layers attend to the last `sliding_window` positions only; None: every layer is global.
+    pub sliding_window: Option<u32>,
+    /// With a window: layer l is global iff l % window_pattern == window_pattern - 1.
+    pub window_pattern: u32,
     /// A 64-bit hash of the file's metadata, tensor table and samples of every tensor's data:
     /// the identity of the model for anything derived from it (the prefix cache, KV snapshots).
     pub fingerprint: u64,
@@ -34,12 +120,31 @@ impl ModelConfig {
         crate::kv::KvShape { n_layers: self.n_layers, n_kv_heads: self.n_kv_heads, head_dim: self.head_dim, fingerprint: self.fingerprint }
     }
 
+    /// The window of layer `l`'s attention: Some(w) for a local layer, None for a global one.
+    pub fn layer_window(&self, l: u32) -> Option<u32> {
+        let p = self.window_pattern.max(1);
+        self.sliding_window.filter(|_| l % p != p - 1)
+    }
+
+    /// The RoPE base of layer `l`.
+    pub fn layer_rope_base(&self, l: u32) -> f32 {
+        if self.layer_window(l).is_some() {
+            self.rope_base_local
+        } else {
+            self.rope_base
+        }
+    }
+
+    // Long: one read per metadata key, with its check next to it.
     pub fn from_gguf(gguf: &Gguf<'_>) -> Result<ModelConfig, ModelError> {
         let arch = gguf.get_str("general.architecture")?.to_string();
-        if arch != "llama" {
-            return Err(ModelError::Unsupported(format!(
-                "architecture '{arch}': pagedlm runs llama-architecture models only"
-            )));
+        let architecture = Architecture::from_name(&arch).ok_or_else(|| {
+            ModelError::Unsupported(format!("architecture '{arch}': pagedlm runs the llama and gemma3 architectures"))
+        })?;
+        let prefix = format!("{arch}.");
+        let known = architecture.known_keys();
+        if let Some((key, _)) = gguf.metadata.iter().find(|(k, _)| k.strip_prefix(&prefix).is_some_and(|rest| !known.contains(&rest))) {
+            return Err(ModelError::Unsupported(format!("metadata key '{key}': a {arch} feature pagedlm does not implement")));
         }
         let key = |k: &str| format!("{arch}.{k}");
         let n_layers = gguf.get_u32(&key("block_count"))?;
@@ -59,13 +164,17 @@ impl ModelConfig {
         if n_layers == 0 || hidden == 0 || ffn == 0 || n_heads == 0 || n_kv_heads == 0 {
             return Err(ModelError::Format("a layer count, width or head count is zero".into()));
         }
-        if hidden % n_heads != 0 {
-            return Err(ModelError::Format(format!("embedding length {hidden} is not a multiple of the {n_heads} heads")));
-        }
         let head_dim = match gguf.get(&key("attention.key_length")) {
             Some(_) => gguf.get_u32(&key("attention.key_length"))?,
-            None => hidden / n_heads,
+            None if hidden % n_heads == 0 => hidden / n_heads,
+            None => return Err(ModelError::Format(format!("embedding length {hidden} is not a multiple of the {n_heads} heads"))),
         };
+        if gguf.get(&key("attention.value_length")).is_some() {
+            let v = gguf.get_u32(&key("attention.value_length"))?;
+            if v != head_dim {
+                return Err(ModelError::Unsupported(format!("value length {v} differs from key length {head_dim}")));
+            }
+        }
         if n_heads % n_kv_heads != 0 {
             return Err(ModelError::Format(format!(
                 "{n_heads} query heads cannot be grouped over {n_kv_heads} KV heads"
@@ -91,8 +200,18 @@ impl ModelConfig {
         }
         let vocab = u32::try_from(embd.dims[1]).map_err(|_| ModelError::Format("vocabulary too large".into()))?;
         let name = gguf.get_str("general.name").unwrap_or("unnamed").to_string();
+        let gemma = architecture == Architecture::Gemma3;
+        let sliding_window = match (gemma, gguf.get(&key("attention.sliding_window"))) {
+            (true, Some(_)) => Some(gguf.get_u32(&key("attention.sliding_window"))?).filter(|&w| w > 0),
+            _ => None,
+        };
+        if gemma && n_layers == 62 {
+            // llama.cpp scales Gemma 3 27B's queries by 1/√(hidden / n_heads), not 1/√head_dim.
+            return Err(ModelError::Unsupported("Gemma 3 27B's attention scale".into()));
+        }
         Ok(ModelConfig {
             arch,
+            architecture,
             name,
             n_layers,
             hidden,
@@ -103,7 +222,15 @@ impl ModelConfig {
             vocab,
             context_length,
             rope_base,
+            rope_base_local: if gemma { GEMMA3_LOCAL_ROPE_BASE } else { rope_base },
+            rope_pairing: if gemma { RopePairing::Neox } else { RopePairing::Norm },
             rms_eps,
+            activation: if gemma { Activation::GeluTanh } else { Activation::Silu },
+            embedding_scale: if gemma { (hidden as f32).sqrt() } else { 1.0 },
+            qk_norm: gemma,
+            post_norms: gemma,
+            sliding_window,
+            window_pattern: if gemma { GEMMA3_WINDOW_PATTERN } else { 1 },
             fingerprint: fingerprint(gguf),
         })
     }

@@ -1,14 +1,19 @@
-//! The llama forward pass as a graph of kernels, built once per step shape and recorded into one
-//! submission per step, whether the step holds one sequence's rows or a batch of sequences.
+//! The forward pass as a graph of kernels, built once per step shape and recorded into one
+//! submission per step, whether the step holds one sequence's rows or a batch of sequences. The
+//! model's features ([`ModelConfig`]: llama, Gemma 3) choose the nodes; one graph serves both.
 //!
-//! For each layer (pre-norm residual blocks):
+//! `x = embed(ids) · embedding_scale`, then for each layer (pre-norm residual blocks; the
+//! bracketed steps only where the config has the feature):
 //! ```text
 //! h    = rms_norm(x) · attn_norm
 //! qkv  = h · Wqkvᵀ                  (q, k, v heads in one row)
-//! rope(q, k at absolute positions); write k, v into the cache at those positions
-//! x   += attention(q, K, V) · Woᵀ
+//! [q, k = rms_norm per head · q_norm, k_norm]
+//! rope(q, k at absolute positions, the layer's base and pairing); write k, v into the cache
+//! a    = attention(q, K, V over the layer's window) · Woᵀ
+//! x   += a                          [x += rms_norm(a) · post_attention_norm]
 //! h    = rms_norm(x) · ffn_norm
-//! x   += (silu(h · Wgateᵀ) ⊙ (h · Wupᵀ)) · Wdownᵀ
+//! f    = (act(h · Wgateᵀ) ⊙ (h · Wupᵀ)) · Wdownᵀ     (act: silu or gelu_tanh)
+//! x   += f                          [x += rms_norm(f) · post_ffw_norm]
 //! ```
 //! then `logits = rms_norm(x_row) · output_norm · Wembᵀ` for the rows the caller wants. Nothing is
 //! read back between layers: a step ends with the argmax (and, when asked, the logits) copied
@@ -29,6 +34,7 @@
 use crate::gpu::ops::attention::{Attention, AttentionBatch, AttentionBuffers, BatchBuffers, BatchPlan, BatchRow, BatchStep};
 use crate::gpu::ops::kv_write::KvWriteBuffers;
 use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
+use crate::gpu::ops::norm::HeadNormShape;
 use crate::gpu::ops::rope::RopeShape;
 use crate::gpu::ops::{act, argmax, elementwise, embed, kv_write, matmul, norm, rope};
 use crate::gpu::{Context, Kernel, Recorder};
@@ -96,6 +102,8 @@ struct Activations {
     attn: wgpu::Buffer,
     gate_up: wgpu::Buffer,
     act: wgpu::Buffer,
+    /// The post-norms' output (models with `post_norms` only; else a placeholder).
+    post: wgpu::Buffer,
 }
 
 impl Activations {
@@ -108,6 +116,7 @@ impl Activations {
             attn: ctx.storage_zeroed("graph.attn", rows * cfg.q_width() as u64 * f),
             gate_up: ctx.storage_zeroed("graph.gate_up", rows * 2 * cfg.ffn as u64 * f),
             act: ctx.storage_zeroed("graph.act", rows * cfg.ffn as u64 * f),
+            post: ctx.storage_zeroed("graph.post", if cfg.post_norms { rows * cfg.hidden as u64 * f } else { 4 }),
         }
     }
 }
@@ -176,7 +185,7 @@ impl ForwardGraph {
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }),
-            layers: vec![Node::Kernels(embed::embedding(ctx, &weights.token_embd, &ids, &a.x, max_rows)?)],
+            layers: vec![Node::Kernels(embed::embedding(ctx, &weights.token_embd, (&ids, &a.x), max_rows, cfg.embedding_scale)?)],
             head: vec![
                 Node::Kernel(norm::rms_norm(ctx, &x_last, &weights.output_norm, &h_last, max_logits, cfg.hidden, cfg.rms_eps)?),
                 Node::Kernels(matmul::matmul(ctx, weights.lm_head(), &h_last, &logits, max_logits)?),
@@ -208,27 +217,54 @@ impl ForwardGraph {
         l: usize,
     ) -> Result<(), ModelError> {
         let (n, hidden, lw) = (self.max_rows, cfg.hidden, &weights.layers[l]);
-        let pool = attention.pool();
+        let pool = PoolShape { window: cfg.layer_window(l as u32).unwrap_or(0), ..*attention.pool() };
+        let pool = &pool;
         let nodes = &mut self.layers;
         nodes.push(Node::Kernel(norm::rms_norm(ctx, &a.x, &lw.attn_norm, &a.h, n, hidden, cfg.rms_eps)?));
         nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.wqkv, &a.h, &a.qkv, n)?));
-        nodes.push(Node::Kernel(rope::rope(ctx, &a.qkv, &self.positions, &RopeShape::fused_qkv(pool, n, cfg.rope_base))?));
+        if let Some([q_norm, k_norm]) = &lw.qk_norm {
+            let (row_stride, hd) = (cfg.qkv_width(), cfg.head_dim);
+            let heads = |first, n_heads| HeadNormShape { n_rows: n, row_stride, first, n_heads, head_dim: hd, eps: cfg.rms_eps };
+            nodes.push(Node::Kernel(norm::head_norm(ctx, &a.qkv, q_norm, &heads(0, cfg.n_heads))?));
+            nodes.push(Node::Kernel(norm::head_norm(ctx, &a.qkv, k_norm, &heads(cfg.q_width(), cfg.n_kv_heads))?));
+        }
+        let rope_of = (cfg.layer_rope_base(l as u32), cfg.rope_pairing);
+        nodes.push(Node::Kernel(rope::rope(ctx, &a.qkv, &self.positions, &RopeShape::fused_qkv(pool, n, rope_of))?));
         // The pool's dtype picks the kernels' variant: INT8 quantizes here and is dequantized
         // inside attention.
         let pool_buffers = PoolBuffers { k: &kv.pool.k[l], v: &kv.pool.v[l], block_table: &kv.table_buffer };
         let write = KvWriteBuffers { qkv: &a.qkv, pool: pool_buffers, positions: &self.positions, row_tables: &self.row_tables };
         nodes.push(Node::Kernel(kv_write::write_paged(ctx, &write, pool, n)?));
         let layer = LayerBuffers { qkv: &a.qkv, pool: pool_buffers, positions: &self.positions, step: &self.step, out: &a.attn };
-        self.attention.push(attention.layer(ctx, &layer, n)?);
+        self.attention.push(attention.layer(ctx, &layer, pool, n)?);
         let nodes = &mut self.layers;
         nodes.push(Node::Attention(self.attention.len() - 1));
         nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.wo, &a.attn, &a.h, n)?));
-        nodes.push(Node::Kernel(elementwise::add(ctx, &a.x, &a.h, n * hidden)?));
+        let post = lw.post_norms.as_ref();
+        Self::residual(ctx, nodes, (a, post.map(|[attn, _]| attn)), (n, hidden, cfg.rms_eps))?;
         nodes.push(Node::Kernel(norm::rms_norm(ctx, &a.x, &lw.ffn_norm, &a.h, n, hidden, cfg.rms_eps)?));
         nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.w_gate_up, &a.h, &a.gate_up, n)?));
-        nodes.push(Node::Kernel(act::silu_mul(ctx, &a.gate_up, &a.act, n, cfg.ffn)?));
+        nodes.push(Node::Kernel(act::glu(ctx, (&a.gate_up, &a.act), n, cfg.ffn, cfg.activation)?));
         nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.w_down, &a.act, &a.h, n)?));
-        nodes.push(Node::Kernel(elementwise::add(ctx, &a.x, &a.h, n * hidden)?));
+        Self::residual(ctx, nodes, (a, post.map(|[_, ffn]| ffn)), (n, hidden, cfg.rms_eps))?;
+        Ok(())
+    }
+
+    /// `x += h`, or `x += rms_norm(h) · post_norm` with a post-norm.
+    fn residual(
+        ctx: &Context,
+        nodes: &mut Vec<Node>,
+        (a, post_norm): (&Activations, Option<&wgpu::Buffer>),
+        (n, hidden, eps): (u32, u32, f32),
+    ) -> Result<(), ModelError> {
+        let delta = match post_norm {
+            Some(weight) => {
+                nodes.push(Node::Kernel(norm::rms_norm(ctx, &a.h, weight, &a.post, n, hidden, eps)?));
+                &a.post
+            }
+            None => &a.h,
+        };
+        nodes.push(Node::Kernel(elementwise::add(ctx, &a.x, delta, n * hidden)?));
         Ok(())
     }
 
@@ -408,7 +444,7 @@ impl AttentionBuilder {
             max_len: kv.max_seq_len,
             block_size: kv.pool.block_size,
             n_blocks: kv.pool.n_blocks,
-            dtype: kv.pool.dtype,
+            dtype: kv.pool.dtype, window: 0,
         };
         match kind {
             AttentionKind::Sequence => AttentionBuilder::Sequence(pool),
@@ -434,13 +470,14 @@ impl AttentionBuilder {
         }
     }
 
-    fn layer(&self, ctx: &Context, b: &LayerBuffers<'_>, rows: u32) -> Result<LayerAttention, ModelError> {
+    /// One layer's attention over `pool` (the builder's, with the layer's window).
+    fn layer(&self, ctx: &Context, b: &LayerBuffers<'_>, pool: &PoolShape, rows: u32) -> Result<LayerAttention, ModelError> {
         Ok(match self {
-            AttentionBuilder::Sequence(pool) => {
+            AttentionBuilder::Sequence(_) => {
                 let buffers = AttentionBuffers { qkv: b.qkv, pool: b.pool, positions: b.positions, step: b.step, out: b.out };
                 LayerAttention::Sequence(Attention::new(ctx, &buffers, *pool, rows, None)?)
             }
-            AttentionBuilder::Batch { pool, plan, scratch } => {
+            AttentionBuilder::Batch { plan, scratch, .. } => {
                 let buffers = BatchBuffers { qkv: b.qkv, pool: b.pool, batch: b.step, out: b.out, scratch: Some(scratch) };
                 LayerAttention::Batch(AttentionBatch::new(ctx, &buffers, *pool, rows, Some(*plan))?)
             }

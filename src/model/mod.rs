@@ -8,7 +8,7 @@ pub mod reference;
 pub mod runner;
 pub mod weights;
 
-pub use config::ModelConfig;
+pub use config::{Architecture, ModelConfig};
 pub use graph::{AttentionKind, ForwardGraph, Logits, RowOutput, StepRow};
 pub use runner::{Model, Runner};
 pub use weights::Weights;

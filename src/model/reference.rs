@@ -2,7 +2,8 @@
 //! cache at all: every call recomputes the whole sequence. It is the "no cache" side of the
 //! equivalence tests (recompute = contiguous = paged) on the small synthetic models, and the
 //! ground truth of the teacher-forced tests on real weights; it mirrors the team's numpy
-//! reference (`ref_llama.py`).
+//! references (`ref_llama.py`, `ref_gemma3.py`): every feature of [`ModelConfig`] (Gemma 3's QK
+//! norm, post-norms, GELU, embedding scale, NEOX RoPE, per-layer bases and windows) included.
 //!
 //! Fast enough for a real model (SmolLM2-135M, ~100 positions in a few seconds) without giving up
 //! float64: each layer's matrices are dequantized once per call (to f32, which holds every
@@ -14,6 +15,8 @@
 
 use crate::gguf::{GgmlType, Gguf};
 use crate::quant::dequantize;
+
+use crate::gpu::ops::rope::RopePairing;
 
 use super::{ModelConfig, ModelError};
 
@@ -104,17 +107,26 @@ fn rms_norm(x: &[f64], w: &[f64], eps: f64) -> Vec<f64> {
     x.iter().zip(w).map(|(v, g)| v * s * g).collect()
 }
 
-/// llama's NORM rotary pairing: (x[2i], x[2i+1]) within each head.
-fn rope(x: &mut [f64], n_heads: usize, head_dim: usize, pos: usize, base: f64) {
+/// Rotary embedding of each head of `x` at `pos` ([`RopePairing`]: which dimensions pair up).
+fn rope(x: &mut [f64], (n_heads, head_dim): (usize, usize), pos: usize, (base, pairing): (f64, RopePairing)) {
     for h in 0..n_heads {
         for i in 0..head_dim / 2 {
             let theta = base.powf(-2.0 * i as f64 / head_dim as f64) * pos as f64;
             let (s, c) = theta.sin_cos();
-            let a = x[h * head_dim + 2 * i];
-            let b = x[h * head_dim + 2 * i + 1];
-            x[h * head_dim + 2 * i] = a * c - b * s;
-            x[h * head_dim + 2 * i + 1] = a * s + b * c;
+            let (d0, d1) = pairing.dims(i, head_dim);
+            let (j0, j1) = (h * head_dim + d0, h * head_dim + d1);
+            let (a, b) = (x[j0], x[j1]);
+            x[j0] = a * c - b * s;
+            x[j1] = a * s + b * c;
         }
+    }
+}
+
+/// Per-head RMSNorm of each head of `x` with the shared `w` [head_dim].
+fn head_norm(x: &mut [f64], head_dim: usize, w: &[f64], eps: f64) {
+    for head in x.chunks_mut(head_dim) {
+        let normed = rms_norm(head, w, eps);
+        head.copy_from_slice(&normed);
     }
 }
 
@@ -124,8 +136,9 @@ fn add(x: &mut [Vec<f64>], delta: &[Vec<f64>]) {
     }
 }
 
-/// Causal attention of every position over the positions up to it: `[positions][n_heads·head_dim]`.
-fn attention(cfg: &ModelConfig, q: &[Vec<f64>], k: &[Vec<f64>], v: &[Vec<f64>]) -> Vec<Vec<f64>> {
+/// Causal attention of every position over the positions up to it (the last `window` of them
+/// with a window): `[positions][n_heads·head_dim]`.
+fn attention(cfg: &ModelConfig, window: Option<u32>, q: &[Vec<f64>], k: &[Vec<f64>], v: &[Vec<f64>]) -> Vec<Vec<f64>> {
     let (hd, nq, nkv) = (cfg.head_dim as usize, cfg.n_heads as usize, cfg.n_kv_heads as usize);
     let group = nq / nkv;
     (0..q.len())
@@ -134,11 +147,12 @@ fn attention(cfg: &ModelConfig, q: &[Vec<f64>], k: &[Vec<f64>], v: &[Vec<f64>]) 
             for head in 0..nq {
                 let kvh = head / group;
                 let qh = &q[t][head * hd..(head + 1) * hd];
-                let scores: Vec<f64> = (0..=t).map(|s| dot(qh, &k[s][kvh * hd..(kvh + 1) * hd]) / (hd as f64).sqrt()).collect();
+                let first = window.map_or(0, |w| (t + 1).saturating_sub(w as usize));
+                let scores: Vec<f64> = (first..=t).map(|s| dot(qh, &k[s][kvh * hd..(kvh + 1) * hd]) / (hd as f64).sqrt()).collect();
                 let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
                 let z: f64 = e.iter().sum();
-                for (s, p) in e.iter().enumerate() {
+                for (s, p) in (first..=t).zip(&e) {
                     for d in 0..hd {
                         att[head * hd + d] += p / z * v[s][kvh * hd + d];
                     }
@@ -149,10 +163,24 @@ fn attention(cfg: &ModelConfig, q: &[Vec<f64>], k: &[Vec<f64>], v: &[Vec<f64>]) 
         .collect()
 }
 
-/// One llama block over every position of `x` (the residual stream), in place.
+/// `x += delta`, through the post-norm `name` when the model has post-norms.
+fn residual(gguf: &Gguf<'_>, cfg: &ModelConfig, name: &str, x: &mut [Vec<f64>], delta: Vec<Vec<f64>>) -> Result<(), ModelError> {
+    if !cfg.post_norms {
+        add(x, &delta);
+        return Ok(());
+    }
+    let w = vector(gguf, name)?;
+    let normed: Vec<Vec<f64>> = delta.iter().map(|d| rms_norm(d, &w, cfg.rms_eps as f64)).collect();
+    add(x, &normed);
+    Ok(())
+}
+
+// Long: one block, step by step as the module documentation of graph.rs writes it.
+/// One block over every position of `x` (the residual stream), in place.
 fn layer(gguf: &Gguf<'_>, cfg: &ModelConfig, l: u32, x: &mut [Vec<f64>]) -> Result<(), ModelError> {
     let (nq, nkv, hd) = (cfg.n_heads as usize, cfg.n_kv_heads as usize, cfg.head_dim as usize);
-    let (eps, base) = (cfg.rms_eps as f64, cfg.rope_base as f64);
+    let eps = cfg.rms_eps as f64;
+    let rope_of = (cfg.layer_rope_base(l) as f64, cfg.rope_pairing);
     let m = |s: &str| dequant(gguf, &format!("blk.{l}.{s}"));
     let norm = |s: &str| vector(gguf, &format!("blk.{l}.{s}"));
 
@@ -161,20 +189,25 @@ fn layer(gguf: &Gguf<'_>, cfg: &ModelConfig, l: u32, x: &mut [Vec<f64>]) -> Resu
     let mut q = matmul(&m("attn_q.weight")?, &h);
     let mut k = matmul(&m("attn_k.weight")?, &h);
     let v = matmul(&m("attn_v.weight")?, &h);
-    for (pos, (qt, kt)) in q.iter_mut().zip(k.iter_mut()).enumerate() {
-        rope(qt, nq, hd, pos, base);
-        rope(kt, nkv, hd, pos, base);
+    if cfg.qk_norm {
+        let (qn, kn) = (norm("attn_q_norm.weight")?, norm("attn_k_norm.weight")?);
+        q.iter_mut().for_each(|qt| head_norm(qt, hd, &qn, eps));
+        k.iter_mut().for_each(|kt| head_norm(kt, hd, &kn, eps));
     }
-    let att = attention(cfg, &q, &k, &v);
-    add(x, &matmul(&m("attn_output.weight")?, &att));
+    for (pos, (qt, kt)) in q.iter_mut().zip(k.iter_mut()).enumerate() {
+        rope(qt, (nq, hd), pos, rope_of);
+        rope(kt, (nkv, hd), pos, rope_of);
+    }
+    let att = attention(cfg, cfg.layer_window(l), &q, &k, &v);
+    residual(gguf, cfg, &format!("blk.{l}.post_attention_norm.weight"), x, matmul(&m("attn_output.weight")?, &att))?;
 
     let ffn_norm = norm("ffn_norm.weight")?;
     let h: Vec<Vec<f64>> = x.iter().map(|xt| rms_norm(xt, &ffn_norm, eps)).collect();
     let gate = matmul(&m("ffn_gate.weight")?, &h);
     let up = matmul(&m("ffn_up.weight")?, &h);
     let act: Vec<Vec<f64>> =
-        gate.iter().zip(&up).map(|(g, u)| g.iter().zip(u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect()).collect();
-    add(x, &matmul(&m("ffn_down.weight")?, &act));
+        gate.iter().zip(&up).map(|(g, u)| g.iter().zip(u).map(|(g, u)| cfg.activation.apply(*g) * u).collect()).collect();
+    residual(gguf, cfg, &format!("blk.{l}.post_ffw_norm.weight"), x, matmul(&m("ffn_down.weight")?, &act))?;
     Ok(())
 }
 
@@ -190,7 +223,9 @@ pub fn forward_cpu_from(gguf: &Gguf<'_>, cfg: &ModelConfig, ids: &[u32], first_l
     if let Some(&id) = ids.iter().find(|&&id| id as usize >= embd.rows) {
         return Err(ModelError::Format(format!("token {id} is outside the embedding's {} rows", embd.rows)));
     }
-    let mut x: Vec<Vec<f64>> = ids.iter().map(|&t| embd.row(t as usize).iter().map(|&v| f64::from(v)).collect()).collect();
+    // The scale as the GPU applies it: an f32 factor on the f32 dequantized values.
+    let scale = cfg.embedding_scale;
+    let mut x: Vec<Vec<f64>> = ids.iter().map(|&t| embd.row(t as usize).iter().map(|&v| f64::from(v * scale)).collect()).collect();
     for l in 0..cfg.n_layers {
         layer(gguf, cfg, l, &mut x)?;
     }

@@ -21,6 +21,11 @@ pub struct LayerWeights {
     pub w_gate_up: QuantMatrix,
     /// [hidden, ffn]
     pub w_down: QuantMatrix,
+    /// With `ModelConfig::qk_norm`: the per-head norms of q and of k, [head_dim] f32 each.
+    pub qk_norm: Option<[wgpu::Buffer; 2]>,
+    /// With `ModelConfig::post_norms`: the norms of the attention output and of the FFN output
+    /// before their residual adds, [hidden] f32 each.
+    pub post_norms: Option<[wgpu::Buffer; 2]>,
 }
 
 pub struct Weights {
@@ -126,6 +131,20 @@ impl Weights {
                     let (data, k) = matrix(gguf, &p("ffn_down.weight"), cfg.ffn, cfg.hidden)?;
                     QuantMatrix::upload(ctx, &p("ffn_down"), k, data, cfg.hidden, cfg.ffn)?
                 },
+                qk_norm: match cfg.qk_norm {
+                    true => Some([
+                        norm(ctx, gguf, &p("attn_q_norm.weight"), cfg.head_dim)?,
+                        norm(ctx, gguf, &p("attn_k_norm.weight"), cfg.head_dim)?,
+                    ]),
+                    false => None,
+                },
+                post_norms: match cfg.post_norms {
+                    true => Some([
+                        norm(ctx, gguf, &p("post_attention_norm.weight"), cfg.hidden)?,
+                        norm(ctx, gguf, &p("post_ffw_norm.weight"), cfg.hidden)?,
+                    ]),
+                    false => None,
+                },
             });
         }
         Ok(Weights { token_embd, output, output_norm, layers })
@@ -141,7 +160,10 @@ impl Weights {
         let layers: u64 = self
             .layers
             .iter()
-            .map(|l| l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes() + l.attn_norm.size() + l.ffn_norm.size())
+            .map(|l| {
+                let extra = l.qk_norm.iter().chain(&l.post_norms).flatten().map(|b| b.size()).sum::<u64>();
+                l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes() + l.attn_norm.size() + l.ffn_norm.size() + extra
+            })
             .sum();
         layers + self.token_embd.bytes() + self.output.as_ref().map_or(0, |o| o.bytes()) + self.output_norm.size()
     }

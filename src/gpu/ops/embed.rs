@@ -15,18 +15,29 @@ struct EmbedParams {
     row0: u32,
     rows: u32,
     zero_from: u32,
-    _pad: [u32; 3],
+    scale: f32,
+    _pad: [u32; 2],
 }
 
 const EMBED_WG: u32 = 32;
 
-/// out[i, :] = table[ids[i], :], dequantized. An id ≥ vocab yields a zero row (the kernel cannot fail).
+/// out[i, :] = table[ids[i], :] · scale, dequantized (Gemma scales its embedding by √hidden; 1
+/// elsewhere). An id ≥ vocab yields a zero row (the kernel cannot fail).
 /// table: rows = vocab, cols = hidden, any type; ids: [n] u32; out: [n, hidden] f32 (may be a
 /// larger buffer). One kernel per part of the table.
-pub fn embedding(ctx: &Context, table: &QuantMatrix, ids: &wgpu::Buffer, out: &wgpu::Buffer, n: u32) -> Result<Vec<Kernel>, GpuError> {
+pub fn embedding(
+    ctx: &Context,
+    table: &QuantMatrix,
+    (ids, out): (&wgpu::Buffer, &wgpu::Buffer),
+    n: u32,
+    scale: f32,
+) -> Result<Vec<Kernel>, GpuError> {
     const OP: &str = "embedding";
     if n == 0 {
         return Err(shape_err(OP, "n must be positive"));
+    }
+    if !scale.is_finite() {
+        return Err(shape_err(OP, format!("scale must be finite, got {scale}")));
     }
     check_size(OP, "ids", ids, n as u64 * 4)?;
     check_size(OP, "out", out, n as u64 * table.cols as u64 * 4)?;
@@ -37,7 +48,7 @@ pub fn embedding(ctx: &Context, table: &QuantMatrix, ids: &wgpu::Buffer, out: &w
     let mut kernels = Vec::with_capacity(table.parts.len());
     for (i, part) in table.parts.iter().enumerate() {
         let zero_from = if i == last { table.rows } else { u32::MAX };
-        let params = EmbedParams { n, nb, row0: part.row0, rows: part.rows, zero_from, _pad: [0; 3] };
+        let params = EmbedParams { n, nb, row0: part.row0, rows: part.rows, zero_from, scale, _pad: [0; 2] };
         let uniform = ctx.uniform_init("embedding.params", bytemuck::bytes_of(&params));
         let name = part.layout.embed_shader();
         let pipeline = ctx.pipeline(name, "main", &[("WG", EMBED_WG as f64)])?;

@@ -1,4 +1,5 @@
-//! RMSNorm, llama's normalisation before attention, before the FFN and before the output.
+//! RMSNorm: llama's normalisation before attention, before the FFN and before the output (and
+//! Gemma 3's after attention and after the FFN), and per head of q and k (Gemma 3's QK norm).
 
 use super::{check_binding, check_size, grid, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
@@ -56,6 +57,71 @@ pub fn rms_norm(
         None,
     );
     Ok(kernel.owning(params))
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct HeadNormParams {
+    n_rows: u32,
+    row_stride: u32,
+    first: u32,
+    n_heads: u32,
+    head_dim: u32,
+    eps: f32,
+    _pad: [u32; 2],
+}
+
+/// Which heads of which rows a [`head_norm`] normalizes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HeadNormShape {
+    pub n_rows: u32,
+    /// f32 elements per row of x.
+    pub row_stride: u32,
+    /// The column where the first normalized head starts.
+    pub first: u32,
+    /// Consecutive heads normalized from `first` on.
+    pub n_heads: u32,
+    pub head_dim: u32,
+    pub eps: f32,
+}
+
+/// Per-head RMSNorm in place: in each of the `n_rows` rows of `x` ([n_rows, row_stride] f32),
+/// heads `first + h * head_dim ..+ head_dim` for h < n_heads become
+/// `head / sqrt(mean(head²) + eps) * weight` (weight: [head_dim] f32, shared by the heads).
+/// Sizes at least 1, the heads inside the row, `eps` finite and >= 0.
+pub fn head_norm(ctx: &Context, x: &wgpu::Buffer, weight: &wgpu::Buffer, shape: &HeadNormShape) -> Result<Kernel, GpuError> {
+    const OP: &str = "head_norm";
+    let HeadNormShape { n_rows, row_stride, first, n_heads, head_dim, eps } = *shape;
+    if [n_rows, n_heads, head_dim].contains(&0) {
+        return Err(shape_err(OP, format!("n_rows ({n_rows}), n_heads ({n_heads}) and head_dim ({head_dim}) must be at least 1")));
+    }
+    if first as u64 + n_heads as u64 * head_dim as u64 > row_stride as u64 {
+        return Err(shape_err(OP, format!("{n_heads} heads of {head_dim} from column {first} do not fit in a row of {row_stride}")));
+    }
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(shape_err(OP, format!("eps must be finite and >= 0, got {eps}")));
+    }
+    check_size(OP, "x", x, n_rows as u64 * row_stride as u64 * 4)?;
+    check_size(OP, "weight", weight, head_dim as u64 * 4)?;
+    check_binding(ctx, OP, "x", x.size())?;
+    check_binding(ctx, OP, "weight", weight.size())?;
+    let params = HeadNormParams { n_rows, row_stride, first, n_heads, head_dim, eps, _pad: [0; 2] };
+    let params = ctx.uniform_init("head_norm.params", bytemuck::bytes_of(&params));
+    let pipeline = ctx.pipeline("head_norm", "main", &[("WG", RMS_NORM_WG as f64)])?;
+    let items = n_rows as u64 * n_heads as u64;
+    let kernel = Kernel::new(ctx, OP, pipeline, &[whole(x), whole(weight), whole(&params)], grid(ctx, items, RMS_NORM_WG), None);
+    Ok(kernel.owning(params))
+}
+
+#[cfg(feature = "testing")]
+/// CPU reference of [`head_norm`] (through [`rms_norm_cpu`]), in place.
+pub fn head_norm_cpu(x: &mut [f32], weight: &[f32], shape: &HeadNormShape) {
+    let (stride, first, hd) = (shape.row_stride as usize, shape.first as usize, shape.head_dim as usize);
+    for r in 0..shape.n_rows as usize {
+        let heads = &mut x[r * stride + first..][..shape.n_heads as usize * hd];
+        let normed = rms_norm_cpu(heads, weight, shape.n_heads as usize, hd, shape.eps);
+        heads.copy_from_slice(&normed);
+    }
 }
 
 #[cfg(feature = "testing")]

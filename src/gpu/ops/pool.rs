@@ -29,6 +29,9 @@ pub struct PoolShape {
     pub n_blocks: u32,
     /// The stored precision of K and V.
     pub dtype: KvDtype,
+    /// Sliding-window attention: a query at position p sees only keys j with p - j < window
+    /// (its layer's window); 0: every key up to p. Only attention reads it.
+    pub window: u32,
 }
 
 /// The buffers of one layer's pool, as every kernel touching the cache binds them.

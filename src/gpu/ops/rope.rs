@@ -1,4 +1,4 @@
-//! Rotary position embedding (llama NORM pairing) on the fused q/k rows.
+//! Rotary position embedding (llama's NORM pairing or NEOX pairing) on the fused q/k rows.
 
 use super::pool::PoolShape;
 use super::{check_binding, check_size, grid, whole};
@@ -24,23 +24,47 @@ pub struct RopeShape {
     pub head_dim: u32,
     /// The frequency base (rope_theta), finite and > 0.
     pub base: f32,
+    /// Which dimensions pair up.
+    pub pairing: RopePairing,
+}
+
+/// Which two dimensions of a head rotate together: a property of how the file's q/k weights
+/// were converted (`ModelConfig::rope_pairing`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RopePairing {
+    /// (x[2i], x[2i+1]): llama's GGUF files.
+    Norm,
+    /// (x[i], x[i + head_dim/2]): Gemma's (and GPT-NeoX's).
+    Neox,
+}
+
+impl RopePairing {
+    /// The two dimensions of pair `i` in a head of `head_dim`.
+    pub fn dims(self, i: usize, head_dim: usize) -> (usize, usize) {
+        match self {
+            RopePairing::Norm => (2 * i, 2 * i + 1),
+            RopePairing::Neox => (i, i + head_dim / 2),
+        }
+    }
 }
 
 impl RopeShape {
     /// The q and k heads of `n_tokens` fused qkv rows over `pool`'s heads: q and k heads are
     /// adjacent, the v heads after them stay as they are.
-    pub fn fused_qkv(pool: &PoolShape, n_tokens: u32, base: f32) -> RopeShape {
+    pub fn fused_qkv(pool: &PoolShape, n_tokens: u32, (base, pairing): (f32, RopePairing)) -> RopeShape {
         RopeShape {
             n_tokens,
             row_stride: pool.qkv_row() as u32,
             n_heads: pool.n_heads + pool.n_kv_heads,
             head_dim: pool.head_dim,
             base,
+            pairing,
         }
     }
 
     fn check(&self) -> Result<(), GpuError> {
-        let RopeShape { n_tokens, row_stride, n_heads, head_dim, base } = *self;
+        let RopeShape { n_tokens, row_stride, n_heads, head_dim, base, .. } = *self;
         if n_tokens == 0 || n_heads == 0 {
             return Err(shape_err(OP, format!("n_tokens ({n_tokens}) and n_heads ({n_heads}) must be at least 1")));
         }
@@ -64,11 +88,11 @@ impl RopeShape {
 /// x: [n_tokens, row_stride] f32; head h of a row is columns `h*head_dim .. (h+1)*head_dim`.
 /// positions: [n_tokens] u32 absolute positions, read when the kernel runs, so a decode step
 /// rewrites this buffer and records the same kernel again; any start position works.
-/// Pairing (llama NORM, as GGUF's converted q/k weights expect): (x[2i], x[2i+1]) within each
-/// head rotates by pos * base^(-2i/head_dim).
+/// Pairing ([`RopePairing`], as the file's converted q/k weights expect): pair i within each head
+/// rotates by pos * base^(-2i/head_dim).
 pub fn rope(ctx: &Context, x: &wgpu::Buffer, positions: &wgpu::Buffer, shape: &RopeShape) -> Result<Kernel, GpuError> {
     shape.check()?;
-    let RopeShape { n_tokens, row_stride, n_heads, head_dim, base } = *shape;
+    let RopeShape { n_tokens, row_stride, n_heads, head_dim, base, pairing } = *shape;
     check_size(OP, "x", x, n_tokens as u64 * row_stride as u64 * 4)?;
     check_size(OP, "positions", positions, n_tokens as u64 * 4)?;
     check_binding(ctx, OP, "x", x.size())?;
@@ -83,7 +107,8 @@ pub fn rope(ctx: &Context, x: &wgpu::Buffer, positions: &wgpu::Buffer, shape: &R
         words[at + 1] = remainder.to_bits();
     }
     let params = ctx.uniform_init("rope.params", bytemuck::cast_slice(&words));
-    let pipeline = ctx.pipeline("rope", "main", &[("WG", ROPE_WG as f64)])?;
+    let neox = if pairing == RopePairing::Neox { 1.0 } else { 0.0 };
+    let pipeline = ctx.pipeline("rope", "main", &[("WG", ROPE_WG as f64), ("NEOX", neox)])?;
     let items = n_tokens as u64 * (head_dim / 2) as u64;
     let kernel =
         Kernel::new(ctx, OP, pipeline, &[whole(x), whole(positions), whole(&params)], grid(ctx, items, ROPE_WG), None);
@@ -113,11 +138,12 @@ pub fn rope_cpu(shape: &RopeShape, x: &mut [f32], positions: &[u32]) {
             let theta = (shape.base as f64).powf(-2.0 * i as f64 / head_dim as f64);
             let angle = pos as f64 * theta;
             let (s, c) = angle.sin_cos();
+            let (d0, d1) = shape.pairing.dims(i, head_dim);
             for h in 0..n_heads {
-                let j = t * row_stride + h * head_dim + 2 * i;
-                let (x0, x1) = (x[j] as f64, x[j + 1] as f64);
-                x[j] = (x0 * c - x1 * s) as f32;
-                x[j + 1] = (x0 * s + x1 * c) as f32;
+                let (j0, j1) = (t * row_stride + h * head_dim + d0, t * row_stride + h * head_dim + d1);
+                let (x0, x1) = (x[j0] as f64, x[j1] as f64);
+                x[j0] = (x0 * c - x1 * s) as f32;
+                x[j1] = (x0 * s + x1 * c) as f32;
             }
         }
     }

@@ -151,7 +151,7 @@ pub struct AttentionBatch {
     plan: BatchPlan,
     pool: PoolShape,
     max_rows: u32,
-    /// Invocations per row (single pass) or per split: KV heads x head quads.
+    /// Invocations per row (single pass) or per split: KV heads x head quads x head slices.
     items_per_split: u32,
     max_workgroups_per_dim: u32,
     active: Range<usize>,
@@ -175,7 +175,7 @@ impl AttentionBatch {
             return Err(shape_err(OP, format!("max_rows {max_rows} is over {MAX_ROWS}")));
         }
         let plan = plan.unwrap_or_else(|| BatchPlan::auto(ctx));
-        check_plan(ctx, OP, plan.chunk, plan.single_pass_max_keys, plan.workgroup_size)?;
+        check_plan(ctx, (OP, &pool), plan.chunk, plan.single_pass_max_keys, plan.workgroup_size)?;
         let b = buffers;
         check_size(OP, "qkv", b.qkv, max_rows as u64 * pool.qkv_row() * 4)?;
         let scale_base = pool.check_buffers(ctx, OP, &b.pool)?;

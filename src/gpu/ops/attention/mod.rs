@@ -1,4 +1,5 @@
-//! Causal llama attention (GQA, scale 1/sqrt(head_dim), softmax in f32) over the paged KV pool
+//! Causal attention (GQA, scale 1/sqrt(head_dim), softmax in f32, optionally a sliding window:
+//! [`PoolShape::window`]) over the paged KV pool
 //! ([`PoolShape`]: keys read through a block table; the contiguous cache is the one-block case),
 //! f32 or INT8 ([`crate::quant::kv_int8`]). One kernel family, two kernels:
 //! - [`Attention`] (`shaders/attention.wgsl`): every row of a dispatch belongs to ONE sequence;
@@ -45,8 +46,16 @@ pub use batch::{AttentionBatch, BatchBuffers, BatchPlan, BatchRow, BatchStep, MA
 pub use reference::{attention_batch_cpu, attention_cpu, attention_int8_cpu};
 pub use single::{Attention, AttentionBuffers, AttentionPath, AttentionPlan, SPLIT_MAX_TOKENS};
 
-/// attention_common.wgsl writes the key loop out for up to 32 vec4 of head_dim.
-const MAX_HEAD_DIM: u32 = 128;
+/// attention_common.wgsl writes the key loop out for up to 32 vec4 of head_dim; wider heads are
+/// cut into slices of that many ([`slices`]), up to this width.
+const MAX_HEAD_DIM: u32 = 256;
+/// Vec4 of head dims the written-out accumulator holds (a0..a31 in attention_common.wgsl).
+const MAX_SLICE_VEC4: u32 = 32;
+
+/// Invocations per lane quad: 1, or the slices of a head wider than [`MAX_SLICE_VEC4`] vec4.
+pub(crate) fn slices(pool: &PoolShape) -> u32 {
+    (pool.head_dim / 4).div_ceil(MAX_SLICE_VEC4)
+}
 /// Lanes of an invocation: query rows or heads, the components of a vec4.
 const LANES: u32 = 4;
 /// Keys one invocation may take: lavapipe's 65,535 loop back-edges, less a margin for the few
@@ -57,28 +66,51 @@ pub const MAX_CHUNK: u32 = 65_000;
 /// loop holds.
 fn check_pool(op: &'static str, pool: &PoolShape) -> Result<(), GpuError> {
     pool.check(op)?;
-    if pool.head_dim % 4 != 0 || pool.head_dim > MAX_HEAD_DIM {
+    // A sliced head is whole slices (and its score loop takes 8 vec4 per iteration).
+    let sliced = pool.head_dim > 4 * MAX_SLICE_VEC4 && pool.head_dim % (4 * MAX_SLICE_VEC4) != 0;
+    if pool.head_dim % 4 != 0 || pool.head_dim > MAX_HEAD_DIM || sliced {
         return Err(shape_err(
             op,
-            format!("head_dim {} must be a positive multiple of 4 up to {MAX_HEAD_DIM}", pool.head_dim),
+            format!(
+                "head_dim {} must be a positive multiple of 4 up to {}, or of {} up to {MAX_HEAD_DIM}",
+                pool.head_dim,
+                4 * MAX_SLICE_VEC4,
+                4 * MAX_SLICE_VEC4
+            ),
         ));
     }
     Ok(())
 }
 
+/// Loop back-edges one key costs an invocation: 1, plus the score loop over the head dims of a
+/// sliced head ([`slices`]).
+fn key_cost(pool: &PoolShape) -> u32 {
+    if slices(pool) > 1 {
+        1 + pool.head_dim / 32
+    } else {
+        1
+    }
+}
+
+/// The most keys one invocation may take over `pool` (lavapipe's loop budget).
+pub fn max_chunk(pool: &PoolShape) -> u32 {
+    MAX_CHUNK / key_cost(pool)
+}
+
 /// Checks the plan fields both kernels share.
 fn check_plan(
     ctx: &Context,
-    op: &'static str,
+    (op, pool): (&'static str, &PoolShape),
     chunk: u32,
     single_pass_max_keys: u32,
     workgroup_size: u32,
 ) -> Result<(), GpuError> {
-    if chunk == 0 || chunk > MAX_CHUNK {
-        return Err(shape_err(op, format!("chunk {chunk} is outside 1..={MAX_CHUNK} keys (lavapipe's loop budget)")));
+    let max = max_chunk(pool);
+    if chunk == 0 || chunk > max {
+        return Err(shape_err(op, format!("chunk {chunk} is outside 1..={max} keys (lavapipe's loop budget)")));
     }
-    if single_pass_max_keys > MAX_CHUNK {
-        return Err(shape_err(op, format!("single_pass_max_keys {single_pass_max_keys} is over {MAX_CHUNK}")));
+    if single_pass_max_keys > max {
+        return Err(shape_err(op, format!("single_pass_max_keys {single_pass_max_keys} is over {max}")));
     }
     if workgroup_size == 0 || workgroup_size > ctx.limits.max_compute_invocations_per_workgroup {
         return Err(shape_err(op, format!("workgroup size {workgroup_size} is unsupported")));
@@ -112,7 +144,8 @@ struct MainParams {
     scale_base: u32,
     max_splits: u32,
     pass_begin: u32,
-    _pad: [u32; 2],
+    window: u32,
+    slices: u32,
 }
 
 impl MainParams {
@@ -124,7 +157,7 @@ impl MainParams {
             n_heads: pool.n_heads,
             group: pool.group(),
             quads,
-            items_per_split: quads * pool.n_kv_heads,
+            items_per_split: quads * pool.n_kv_heads * slices(pool),
             qkv_stride4: (pool.qkv_row() / 4) as u32,
             n_kv_heads: pool.n_kv_heads,
             block_size: pool.block_size,
@@ -134,7 +167,8 @@ impl MainParams {
             scale_base,
             max_splits,
             pass_begin: 0,
-            _pad: [0; 2],
+            window: pool.window,
+            slices: slices(pool),
         }
     }
 }
@@ -150,8 +184,11 @@ fn main_pipeline(
     workgroup_size: u32,
 ) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
     let flag = |on: bool| if on { 1.0 } else { 0.0 };
+    let d4 = pool.head_dim / 4;
     let constants = [
-        ("D4", (pool.head_dim / 4) as f64),
+        ("D4", d4 as f64),
+        ("D4S", d4.min(MAX_SLICE_VEC4) as f64),
+        ("SLICED", flag(slices(pool) > 1)),
         ("SPLIT", flag(split)),
         ("CHUNK", chunk as f64),
         ("WG", workgroup_size as f64),

@@ -8,7 +8,8 @@ use crate::quant::kv_int8::dequantize_pool;
 const OP: &str = "attention_cpu";
 
 /// Reference of [`super::Attention`]: token t = 0..positions.len() attends keys 0..=positions[t]
-/// (clamped to max_len - 1 like the kernels) of the sequence whose block-table row starts at
+/// (clamped to max_len - 1 like the kernels; with a window, only the last `pool.window` of them)
+/// of the sequence whose block-table row starts at
 /// `table_base`; keys whose table entry is missing or >= n_blocks are skipped. qkv: [n_tokens,
 /// qkv_row]; k_pool/v_pool: f32 values in the pool's layout, whatever `pool.dtype` says (for an
 /// INT8 pool, its dequantized values, or see [`attention_int8_cpu`]). Returns out: [n_tokens,
@@ -41,7 +42,8 @@ pub fn attention_cpu(
     let mut scores = Vec::new();
     for (t, &position) in positions.iter().enumerate() {
         let keys = position.min(s.max_len - 1) as usize + 1;
-        let bases: Vec<usize> = (0..keys).filter_map(key_base).collect();
+        let first = if s.window > 0 { keys.saturating_sub(s.window as usize) } else { 0 };
+        let bases: Vec<usize> = (first..keys).filter_map(key_base).collect();
         for h in 0..s.n_heads as usize {
             let q = &qkv[t * row + h * hd..][..hd];
             let head_off = (h / group) * bs * hd;

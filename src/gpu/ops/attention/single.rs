@@ -14,7 +14,7 @@ use std::ops::Range;
 
 use super::{
     check_plan, check_pool, check_rows, main_kernel, main_pipeline, reduce_pipeline, workgroups, MainBindings,
-    MainParams, LANES, MAX_CHUNK,
+    max_chunk, slices, MainParams, LANES, MAX_CHUNK,
 };
 use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
 use crate::gpu::ops::{check_binding, check_size, whole};
@@ -55,13 +55,15 @@ pub struct AttentionPlan {
 }
 
 impl AttentionPlan {
-    /// The default plan for `n_tokens` query rows: up to [`SPLIT_MAX_TOKENS`] split-K in 128-key
-    /// splits (one single pass up to 256 keys); above, passes of 8192 keys (one pass for SmolLM2).
-    pub fn auto(ctx: &Context, n_tokens: u32) -> AttentionPlan {
+    /// The default plan for `n_tokens` query rows over `pool`: up to [`SPLIT_MAX_TOKENS`] split-K
+    /// in 128-key splits (one single pass up to 256 keys); above, passes of 8192 keys (one pass
+    /// for SmolLM2), or as many as the loop budget allows ([`super::max_chunk`]: 7222 for a head
+    /// of 256).
+    pub fn auto(ctx: &Context, n_tokens: u32, pool: &PoolShape) -> AttentionPlan {
         let split = n_tokens <= SPLIT_MAX_TOKENS;
         AttentionPlan {
             path: if split { AttentionPath::SplitK } else { AttentionPath::Passes },
-            chunk: if split { 128 } else { PASS_KEYS },
+            chunk: if split { 128 } else { PASS_KEYS.min(max_chunk(pool)) },
             // Software adapters want small workgroups (many to spread over cores, no barriers).
             workgroup_size: if ctx.is_cpu() { 8 } else { 64 },
             single_pass_max_keys: if split { 256 } else { 0 },
@@ -104,7 +106,7 @@ pub struct Attention {
     kernels: Vec<Kernel>,
     plan: AttentionPlan,
     pool: PoolShape,
-    /// Invocations per split or pass: row quads x KV heads.
+    /// Invocations per split or pass: row quads x KV heads x head slices.
     items_per_split: u32,
     max_workgroups_per_dim: u32,
     kv_len: u32,
@@ -130,13 +132,13 @@ impl Attention {
     ) -> Result<Attention, GpuError> {
         check_pool(OP, &pool)?;
         check_rows(OP, "n_tokens", n_tokens)?;
-        let plan = plan.unwrap_or_else(|| AttentionPlan::auto(ctx, n_tokens));
-        check_plan(ctx, OP, plan.chunk, plan.single_pass_max_keys, plan.workgroup_size)?;
+        let plan = plan.unwrap_or_else(|| AttentionPlan::auto(ctx, n_tokens, &pool));
+        check_plan(ctx, (OP, &pool), plan.chunk, plan.single_pass_max_keys, plan.workgroup_size)?;
         let scale_base = check_buffers(ctx, buffers, &pool, n_tokens)?;
 
         let rows = n_tokens as u64 * pool.n_heads as u64;
         let quads = (n_tokens as u64 * pool.group() as u64).div_ceil(LANES as u64);
-        let items_per_split = quads * pool.n_kv_heads as u64;
+        let items_per_split = quads * pool.n_kv_heads as u64 * slices(&pool) as u64;
         let split = plan.path == AttentionPath::SplitK;
         let n_chunks = pool.max_len.div_ceil(plan.chunk);
         let max_splits = if split { n_chunks } else { 1 };
@@ -155,7 +157,7 @@ impl Attention {
         let scratch_bytes = if split { rows * max_splits as u64 * (pool.head_dim as u64 / 4 + 1) * 16 } else { 4 };
         check_binding(ctx, OP, "the split scratch", scratch_bytes)?;
         let scratch = ctx.storage_zeroed("attention.splits", scratch_bytes);
-        let state = ctx.storage_zeroed("attention.state", rows * 8);
+        let state = ctx.storage_zeroed("attention.state", rows * slices(&pool) as u64 * 8);
         let built = Built { buffers, pool: &pool, plan: &plan, params: &params, scratch: &scratch, state: &state };
         let kernels = if split { built.split_kernels(ctx)? } else { built.pass_kernels(ctx, n_chunks)? };
         let mut attention = Attention {
@@ -266,7 +268,7 @@ impl Built<'_> {
         let (pool, plan, out) = (self.pool, self.plan, self.buffers.out);
         let wg = plan.workgroup_size;
         // The single pass for short contexts: the prefill pipeline, one pass over all keys.
-        let single_chunk = PASS_KEYS.max(plan.single_pass_max_keys.max(1));
+        let single_chunk = PASS_KEYS.min(max_chunk(pool)).max(plan.single_pass_max_keys.max(1));
         let single_pipeline = main_pipeline(ctx, "attention", pool, false, single_chunk, wg)?;
         let single = self.main(ctx, "attention.single", &single_pipeline, self.params, out);
         let splits_pipeline = main_pipeline(ctx, "attention", pool, true, plan.chunk, wg)?;

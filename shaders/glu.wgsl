@@ -1,4 +1,6 @@
-// SwiGLU activation: out[r, j] = silu(gate[r, j]) * up[r, j], silu(g) = g / (1 + exp(-g)).
+// Gated activation: out[r, j] = act(gate[r, j]) * up[r, j], act = silu(g) = g / (1 + exp(-g))
+// (SwiGLU, llama) or, with GELU, gelu_tanh(g) = g/2 * (1 + tanh(√(2/π) (g + 0.044715 g³)))
+// (GeGLU, Gemma).
 // gu: [n_rows, 2 * ffn] f32 (each row: ffn gate values, then ffn up values), out: [n_rows, ffn] f32.
 // Each invocation handles PER consecutive columns of one row. (Lane-interleaved columns measured
 // no faster on lavapipe; vec4 loads were ~1.5x faster at 512 rows but need ffn % 4 == 0 and a
@@ -12,6 +14,7 @@ struct Params { n_rows: u32, ffn: u32 }
 
 override WG: u32 = 64u;
 override PER: u32 = 4u;
+override GELU: bool = false;
 
 // sigmoid through exp(-|g|) only: the exponent never overflows, so huge |g| gives exactly
 // 0 or 1 instead of inf/inf or a NaN (implementations may assume no infinities in WGSL).
@@ -19,6 +22,21 @@ fn silu(g: f32) -> f32 {
     let e = exp(-abs(g));
     let sigmoid = select(e / (1.0 + e), 1.0 / (1.0 + e), g >= 0.0);
     return g * sigmoid;
+}
+
+// tanh through exp(-2|u|) only: finite for any u, exactly ±1 far out.
+fn gelu_tanh(g: f32) -> f32 {
+    let u = 0.7978845608028654 * (g + 0.044715 * g * g * g);
+    let e = exp(-2.0 * abs(u));
+    let t = sign(u) * (1.0 - e) / (1.0 + e);
+    return 0.5 * g * (1.0 + t);
+}
+
+fn act(g: f32) -> f32 {
+    if (GELU) {
+        return gelu_tanh(g);
+    }
+    return silu(g);
 }
 
 @compute @workgroup_size(WG)
@@ -36,7 +54,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     for (var k = 0u; k < PER; k += 1u) {
         let col = col0 + k;
         if (col < ffn) {
-            out[dst + col] = silu(gu[src + col]) * gu[src + ffn + col];
+            out[dst + col] = act(gu[src + col]) * gu[src + ffn + col];
         }
     }
 }
