@@ -147,7 +147,7 @@ impl ChatMessage {
 
 /// The model that turns text into ids.
 enum Model {
-    Bpe(tokenizers::Tokenizer),
+    Bpe(Box<tokenizers::Tokenizer>),
     Spm(spm::SpmModel),
 }
 
@@ -226,7 +226,7 @@ impl Tokenizer {
                 let token_types = check_spec(&spec)?;
                 let inner = bpe::bpe_tokenizer(&spec, &token_types, split_digits)?;
                 let bytes = bpe::token_bytes(&spec.tokens, &token_types);
-                (Model::Bpe(inner), token_types, bytes)
+                (Model::Bpe(Box::new(inner)), token_types, bytes)
             }
             "llama" => {
                 let token_types = check_spec(&spec)?;
