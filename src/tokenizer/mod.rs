@@ -148,7 +148,7 @@ impl ChatMessage {
 /// The model that turns text into ids.
 enum Model {
     Bpe(Box<tokenizers::Tokenizer>),
-    Spm(spm::SpmModel),
+    Spm(Box<spm::SpmModel>),
 }
 
 /// A ready tokenizer: encode text to ids, decode ids to text, render chat prompts.
@@ -232,7 +232,7 @@ impl Tokenizer {
                 let token_types = check_spec(&spec)?;
                 let spm = spm::SpmModel::new(&spec, &token_types)?;
                 let bytes = spm::token_bytes(&spec.tokens, &token_types);
-                (Model::Spm(spm), token_types, bytes)
+                (Model::Spm(Box::new(spm)), token_types, bytes)
             }
             other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
         };
