@@ -208,9 +208,15 @@ impl Engine {
         self.render(messages, false)
     }
 
+    /// The prompt of a text completion: the text's ids, after BOS when the model file asks for
+    /// it (Gemma), exactly as a chat prompt starts.
+    pub fn text_prompt(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        Ok(self.tokenizer.encode_prompt(text)?)
+    }
+
     fn render(&self, messages: &[ChatMessage], generation_prompt: bool) -> Result<Vec<u32>, EngineError> {
         let text = self.tokenizer.apply_chat_template(messages, generation_prompt)?;
-        Ok(self.tokenizer.encode(&text)?)
+        self.text_prompt(&text)
     }
 
     fn check_tokens(&self, ids: &[u32]) -> Result<(), EngineError> {

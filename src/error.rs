@@ -92,13 +92,22 @@ impl EngineError {
             EngineError::Model(m) => model_kind(m),
             EngineError::Gpu(g) => gpu_kind(g),
             EngineError::Kv(k) => kv_kind(k),
-            EngineError::Tokenizer(_) => ErrorKind::ModelFormat,
+            EngineError::Tokenizer(t) => tokenizer_kind(t),
             EngineError::ContextOverflow { .. } => ErrorKind::ContextOverflow,
             EngineError::Sampling(_) | EngineError::EmptyPrompt | EngineError::BadToken { .. } | EngineError::InvalidArgument(_) => {
                 ErrorKind::InvalidArgument
             }
             EngineError::Step { kind, .. } => *kind,
         }
+    }
+}
+
+fn tokenizer_kind(e: &TokenizerError) -> ErrorKind {
+    match e {
+        // The file is fine; the caller asked for chat from a base model, or for a conversation
+        // the model's template cannot write: completion mode or other messages.
+        TokenizerError::NoChatTemplate | TokenizerError::ChatRoles { .. } => ErrorKind::InvalidArgument,
+        _ => ErrorKind::ModelFormat,
     }
 }
 

@@ -189,7 +189,7 @@ mod cli {
         request.sampling.validate()?;
         if let Some(prompt) = args.text("prompt") {
             let mut engine = load(args).await?;
-            let ids = engine.tokenizer().encode(prompt)?;
+            let ids = engine.text_prompt(prompt)?;
             let mut out = std::io::stdout();
             let g = engine
                 .generate(&ids, &request, &mut |ev| {
@@ -216,7 +216,7 @@ mod cli {
         for (i, item) in items.iter().enumerate() {
             let id = item.get("id").and_then(Value::as_str).unwrap_or("").to_string();
             let prompt_ids = if let Some(p) = item.get("prompt").and_then(Value::as_str) {
-                engine.tokenizer().encode(p)?
+                engine.text_prompt(p)?
             } else if let Some(m) = item.get("messages") {
                 let messages: Vec<ChatMessage> = serde_json::from_value(m.clone())
                     .with_context(|| format!("item {i}: \"messages\" must be [{{role, content}}]"))?;
