@@ -31,7 +31,8 @@ pub struct ModelConfig {
 impl ModelConfig {
     /// What the KV cache needs of the model: its pool shape and identity.
     pub fn kv_shape(&self) -> crate::kv::KvShape {
-        crate::kv::KvShape { n_layers: self.n_layers, n_kv_heads: self.n_kv_heads, head_dim: self.head_dim, fingerprint: self.fingerprint }
+        // window / local_layers: filled from the per-layer windows once the config has them.
+        crate::kv::KvShape { n_layers: self.n_layers, n_kv_heads: self.n_kv_heads, head_dim: self.head_dim, fingerprint: self.fingerprint, window: 0, local_layers: 0 }
     }
 
     pub fn from_gguf(gguf: &Gguf<'_>) -> Result<ModelConfig, ModelError> {

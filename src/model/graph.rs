@@ -215,7 +215,7 @@ impl ForwardGraph {
         nodes.push(Node::Kernel(rope::rope(ctx, &a.qkv, &self.positions, &RopeShape::fused_qkv(pool, n, cfg.rope_base))?));
         // The pool's dtype picks the kernels' variant: INT8 quantizes here and is dequantized
         // inside attention.
-        let pool_buffers = PoolBuffers { k: &kv.pool.k[l], v: &kv.pool.v[l], block_table: &kv.table_buffer };
+        let pool_buffers = kv.layer_buffers(l);
         let write = KvWriteBuffers { qkv: &a.qkv, pool: pool_buffers, positions: &self.positions, row_tables: &self.row_tables };
         nodes.push(Node::Kernel(kv_write::write_paged(ctx, &write, pool, n)?));
         let layer = LayerBuffers { qkv: &a.qkv, pool: pool_buffers, positions: &self.positions, step: &self.step, out: &a.attn };
@@ -406,9 +406,10 @@ impl AttentionBuilder {
             n_kv_heads: cfg.n_kv_heads,
             head_dim: cfg.head_dim,
             max_len: kv.max_seq_len,
-            block_size: kv.pool.block_size,
-            n_blocks: kv.pool.n_blocks,
-            dtype: kv.pool.dtype,
+            block_size: kv.block_size(),
+            // Layer 0's group: without windowed layers every layer's (see `KvCache::layer_blocks`).
+            n_blocks: kv.layer_blocks(0),
+            dtype: kv.dtype(),
         };
         match kind {
             AttentionKind::Sequence => AttentionBuilder::Sequence(pool),
