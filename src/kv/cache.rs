@@ -313,17 +313,15 @@ impl KvCache {
         Ok(id)
     }
 
-    /// Frees the local blocks that no query from position `step_start` on can see (the window
-    /// rule); their table entries become `u32::MAX`.
+    /// Moves the sequence's step start to `step_start` (never back) and frees the local blocks
+    /// that no query from there on can see (the window rule); their table entries become
+    /// `u32::MAX`.
     fn slide(&mut self, id: SeqId, step_start: u32) -> Result<(), KvError> {
         let Some(rule) = self.local.as_ref().map(|g| g.rule) else { return Ok(()) };
         let seq = self.seq_mut(id)?;
-        let from = rule.first_needed_block(seq.step_start) as usize;
-        let to = (rule.first_needed_block(step_start) as usize).min(seq.local.len());
         seq.step_start = seq.step_start.max(step_start);
-        if to <= from {
-            return Ok(());
-        }
+        let to = (rule.first_needed_block(seq.step_start) as usize).min(seq.local.len());
+        let Some(from) = seq.local[..to].iter().position(|&b| b != NO_BLOCK) else { return Ok(()) };
         let freed: Vec<u32> = seq.local[from..to].iter_mut().map(|b| std::mem::replace(b, NO_BLOCK)).collect();
         self.release(&[], &freed)?;
         self.upload_table(id, from);
@@ -415,6 +413,8 @@ impl KvCache {
         let dropped: Vec<u32> = seq.blocks.drain(keep.min(seq.blocks.len())..).collect();
         let dropped_local: Vec<u32> = seq.local.drain(keep.min(seq.local.len())..).collect();
         self.release(&dropped, &dropped_local)?;
+        // A window of one position may need none of the kept local blocks.
+        self.slide(id, 0)?;
         self.upload_table(id, 0);
         Ok(())
     }
