@@ -154,6 +154,18 @@ export interface PoolStats {
   bytes_per_token: number;
   live_tokens: number;
   internal_fragmentation: number;
+  /** K/V bytes of every held block (sequences and prefix cache), both block groups. */
+  bytes_held: number;
+  /** The sliding-window layers' block group (Gemma 3); null without windowed layers. */
+  local: GroupStats | null;
+}
+
+export interface GroupStats {
+  blocks_total: number;
+  blocks_used: number;
+  blocks_free: number;
+  blocks_cached: number;
+  bytes_total: number;
 }
 
 export interface PoolSnapshot {

@@ -162,7 +162,7 @@ impl Engine {
 
     /// GPU bytes held by the weights and by the KV cache.
     pub fn memory(&self) -> (u64, u64) {
-        (self.model.weights.bytes(), self.kv.pool.bytes_total())
+        (self.model.weights.bytes(), self.kv.bytes_total())
     }
 
     /// The KV cache (pool statistics, integrity checks).
@@ -518,5 +518,7 @@ fn cache_config(ctx: &Context, config: &ModelConfig, options: &EngineOptions) ->
         },
         max_seq_len: max_context,
         prefix_cache: options.prefix_cache && options.kv_layout == KvLayout::Paged,
+        // The default from the shape; the engine's step budget is within `LOCAL_STEP_TOKENS`.
+        local_pool_tokens: 0,
     }
 }

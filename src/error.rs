@@ -139,7 +139,7 @@ fn kv_kind(e: &KvError) -> ErrorKind {
                 ErrorKind::SnapshotCorrupt
             }
         },
-        KvError::Config(_) => ErrorKind::InvalidArgument,
+        KvError::Config(_) | KvError::WindowFreed { .. } => ErrorKind::InvalidArgument,
         KvError::UnknownSequence(_)
         | KvError::TooManySequences(_)
         | KvError::CacheKeyMismatch(_)

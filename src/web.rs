@@ -283,7 +283,7 @@ impl Info {
             adapter: engine.context().adapter_name(),
             is_cpu: engine.context().is_cpu(),
             kv_layout: kv.layout,
-            kv_dtype: kv.pool.dtype.name(),
+            kv_dtype: kv.dtype().name(),
             block_size: kv.block_size(),
             max_context: engine.max_context(),
             model: ModelInfo::of(engine),

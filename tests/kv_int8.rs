@@ -347,7 +347,7 @@ fn granularity_is_measured_on_real_kv() {
         let cfg = ModelConfig::from_gguf(&gguf).unwrap();
         let weights = Weights::upload(&ctx, &gguf, &cfg).unwrap();
         let total = (PREFIX + STEPS) as u32;
-        let config = CacheConfig { layout: KvLayout::Paged, dtype: KvDtype::F32, block_size: 16, pool_tokens: total, max_seqs: 1, max_seq_len: total, prefix_cache: false };
+        let config = CacheConfig { layout: KvLayout::Paged, dtype: KvDtype::F32, block_size: 16, pool_tokens: total, max_seqs: 1, max_seq_len: total, prefix_cache: false, local_pool_tokens: 0 };
         let mut kv = KvCache::new(&ctx, &cfg.kv_shape(), config).unwrap();
         let seq = kv.allocate().unwrap();
         kv.append(seq, PREFIX as u32).unwrap();

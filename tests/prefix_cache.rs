@@ -210,6 +210,7 @@ gpu_test! {
                 max_seqs: 3,
                 max_seq_len: 64,
                 prefix_cache: true,
+                local_pool_tokens: 0,
             };
             let mut cache = KvCache::new(&ctx, &cfg.kv_shape(), config).unwrap();
             let mut rng = Rng::new(seed);

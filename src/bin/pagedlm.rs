@@ -497,7 +497,7 @@ mod cli {
             "tokens": tokens,
             "decode_ms": ms,
             "steps": engine.sched_stats().steps,
-            "kv_dtype": engine.kv_cache().pool.dtype.name(),
+            "kv_dtype": engine.kv_cache().dtype().name(),
         }))
     }
 
@@ -532,7 +532,7 @@ mod cli {
             let t3 = pagedlm::time::now_ms();
             print_line(&json!({
                 "tokens": n,
-                "kv_dtype": source.kv_cache().pool.dtype.name(),
+                "kv_dtype": source.kv_cache().dtype().name(),
                 "snapshot_bytes": snapshot.len(),
                 "bytes_per_token": snapshot.len() as f64 / n as f64,
                 "recompute_ms": t1 - t0,
@@ -664,7 +664,7 @@ mod cli {
             "decode_ms": decode.1,
             "kv_layout": engine.kv_cache().layout,
             "block_size": engine.kv_cache().block_size(),
-            "kv_dtype": engine.kv_cache().pool.dtype.name(),
+            "kv_dtype": engine.kv_cache().dtype().name(),
             "weights_bytes": weights,
             "kv_bytes": kv,
         }))

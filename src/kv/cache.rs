@@ -13,14 +13,38 @@
 //! with [`KvCache::allocate_for_prompt`] begins with the longest cached prefix of its prompt, and
 //! [`KvCache::finish`] hands a finished sequence's blocks to the tree. When the pool runs short,
 //! the tree's least recently used blocks that no sequence holds are evicted before anything fails.
+//!
+//! ## Two block groups (sliding-window layers)
+//! With windowed layers ([`KvShape::window`]) the cache keeps two block groups, as llama.cpp's
+//! `llama_kv_cache_iswa` does: the global layers in one (`pool`, `table_buffer`), the local
+//! layers in another, each with its own pool (its layers only), allocator and block-table buffer
+//! over the same rows (a sequence's `table_base` indexes both). A sequence's local table has an
+//! entry per logical block like its global one, but holds only the blocks its window can still
+//! see ([`WindowRule`]): each [`KvCache::append`] first frees the local blocks that no query from
+//! the step's first position on can see; their entries read `u32::MAX` (never read by the
+//! kernels, which stay inside the window). Without windowed layers there is one group and
+//! nothing differs.
+//!
+//! **Sizing the local group:** it needs, per running sequence, at most
+//! [`WindowRule::decode_blocks`] blocks while decoding, plus the blocks of one step's new tokens
+//! (the scheduler's step budget is shared by the batch), plus room for the prefix tree's local
+//! tails: see [`KvCache::default_local_pool_tokens`]. The tree's local blocks are evicted on
+//! their own when the group runs short.
 
 use std::sync::Arc;
 
+use crate::gpu::ops::pool::PoolBuffers;
 use crate::gpu::Context;
 
-use super::pool::{KvPool, PoolStats};
-use super::radix::{CacheKey, PrefixStats, RadixTree};
+use super::pool::{GroupStats, KvPool, PoolStats};
+use super::radix::{Allocators, CacheKey, PrefixStats, RadixTree, NO_BLOCK};
+use super::snapshot::LayerBlocks;
+use super::window::WindowRule;
 use super::{IntegrityError, KvDtype, KvError, KvShape};
+
+/// Tokens of one step's new K/V that [`KvCache::default_local_pool_tokens`] makes room for in
+/// the local group beyond the windows (the scheduler's default step budget is 256).
+pub const LOCAL_STEP_TOKENS: u32 = 512;
 
 /// Where a sequence's KV cache lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -40,8 +64,21 @@ pub struct SeqId(pub u32);
 struct Sequence {
     /// Logical block i → physical block.
     blocks: Vec<u32>,
+    /// With windowed layers: logical block i → physical block of the local group, `NO_BLOCK`
+    /// once freed (exactly the blocks before `first_needed_block(step_start)`). Empty without.
+    local: Vec<u32>,
     /// Tokens whose K/V are (or are being) written: positions 0..len.
     len: u32,
+    /// First position of the latest step appended (or where a prefix hit starts).
+    step_start: u32,
+}
+
+/// The local (sliding-window) layers' block group.
+struct LocalGroup {
+    pool: KvPool,
+    /// `[max_seqs][max_blocks_per_seq] u32`, the same rows as the global table.
+    table_buffer: wgpu::Buffer,
+    rule: WindowRule,
 }
 
 pub struct KvCache {
@@ -57,6 +94,10 @@ pub struct KvCache {
     seqs: Vec<Option<Sequence>>,
     key: CacheKey,
     radix: RadixTree,
+    shape: KvShape,
+    local: Option<LocalGroup>,
+    /// Layer l → (in the local group, index of its buffers in its group's pool).
+    layer_slots: Vec<(bool, usize)>,
 }
 
 /// How to size a cache.
@@ -72,11 +113,14 @@ pub struct CacheConfig {
     pub max_seq_len: u32,
     /// Keep finished sequences' blocks for reuse by later prompts (paged layout only).
     pub prefix_cache: bool,
+    /// Token slots of the local (sliding-window) layers' pool; 0 = the default
+    /// ([`KvCache::default_local_pool_tokens`]). Ignored without windowed layers.
+    pub local_pool_tokens: u32,
 }
 
 impl KvCache {
     pub fn new(ctx: &Arc<Context>, shape: &KvShape, config: CacheConfig) -> Result<KvCache, KvError> {
-        let CacheConfig { layout, dtype, block_size, pool_tokens, max_seqs, max_seq_len, prefix_cache } = config;
+        let CacheConfig { layout, dtype, block_size, pool_tokens, max_seqs, max_seq_len, prefix_cache, .. } = config;
         if max_seqs == 0 || max_seq_len == 0 {
             return Err(KvError::Config("max_seqs and max_seq_len must be at least 1".into()));
         }
@@ -89,12 +133,34 @@ impl KvCache {
                 (block_size, pool_tokens.div_ceil(block_size).max(1))
             }
         };
-        let pool = KvPool::new(ctx, shape, dtype, block_size, n_blocks)?;
+        let n_local = shape.n_local();
+        let pool = KvPool::new(ctx, &shape.with_layers(shape.n_layers - n_local), dtype, block_size, n_blocks)?;
         let max_blocks_per_seq = max_seq_len.div_ceil(block_size);
-        let table_buffer = ctx.storage_zeroed("kv.block_table", max_seqs as u64 * max_blocks_per_seq as u64 * 4);
+        let table_bytes = max_seqs as u64 * max_blocks_per_seq as u64 * 4;
+        let table_buffer = ctx.storage_zeroed("kv.block_table", table_bytes);
         let key = CacheKey { model: shape.fingerprint, dtype, layout, block_size };
-        let mut radix = RadixTree::new(key);
+        let rule = WindowRule { window: shape.window, block_size };
+        let local = if n_local == 0 {
+            None
+        } else {
+            let local_blocks = match layout {
+                KvLayout::Contiguous => max_seqs,
+                KvLayout::Paged => Self::default_local_pool_tokens(shape, &config).div_ceil(block_size).min(n_blocks).max(1),
+            };
+            let local_blocks = if config.local_pool_tokens > 0 && layout == KvLayout::Paged { config.local_pool_tokens.div_ceil(block_size) } else { local_blocks };
+            let pool = KvPool::new(ctx, &shape.with_layers(n_local), dtype, block_size, local_blocks)?;
+            Some(LocalGroup { pool, table_buffer: ctx.storage_zeroed("kv.block_table.local", table_bytes), rule })
+        };
+        let mut radix = if local.is_some() { RadixTree::windowed(key, rule) } else { RadixTree::new(key) };
         radix.set_enabled(prefix_cache && layout == KvLayout::Paged);
+        let (mut n_global_seen, mut n_local_seen) = (0, 0);
+        let layer_slots = (0..shape.n_layers)
+            .map(|l| {
+                let counter = if shape.is_local(l) { &mut n_local_seen } else { &mut n_global_seen };
+                *counter += 1;
+                (shape.is_local(l), *counter - 1)
+            })
+            .collect();
         Ok(KvCache {
             ctx: ctx.clone(),
             layout,
@@ -105,7 +171,25 @@ impl KvCache {
             seqs: vec![None; max_seqs as usize],
             key,
             radix,
+            shape: *shape,
+            local,
+            layer_slots,
         })
+    }
+
+    /// The local group's default size in tokens: per sequence the window's decode need
+    /// ([`WindowRule::decode_blocks`]), plus one step's new tokens ([`LOCAL_STEP_TOKENS`]), and
+    /// with the prefix cache as much again for the tree's local tails; never more than the
+    /// global pool (what the same sequences would hold without freeing). 0 without a window.
+    pub fn default_local_pool_tokens(shape: &KvShape, config: &CacheConfig) -> u32 {
+        if !shape.windowed() || config.block_size == 0 {
+            return 0;
+        }
+        let bs = config.block_size;
+        let rule = WindowRule { window: shape.window, block_size: bs };
+        let running = config.max_seqs as u64 * rule.decode_blocks() as u64 * bs as u64 + LOCAL_STEP_TOKENS as u64;
+        let tree = if config.prefix_cache { config.max_seqs as u64 * rule.decode_blocks() as u64 * bs as u64 } else { 0 };
+        (running + tree).min(config.pool_tokens.div_ceil(bs) as u64 * bs as u64).min(u32::MAX as u64) as u32
     }
 
     pub fn block_size(&self) -> u32 {
@@ -116,38 +200,112 @@ impl KvCache {
         self.seqs.get(id.0 as usize).and_then(|s| s.as_ref()).ok_or(KvError::UnknownSequence(id.0))
     }
 
+    fn seq_mut(&mut self, id: SeqId) -> Result<&mut Sequence, KvError> {
+        self.seqs.get_mut(id.0 as usize).and_then(|s| s.as_mut()).ok_or(KvError::UnknownSequence(id.0))
+    }
+
+    fn free_slot(&self) -> Result<usize, KvError> {
+        self.seqs.iter().position(|s| s.is_none()).ok_or(KvError::TooManySequences(self.seqs.len() as u32))
+    }
+
+    /// Writes a sequence's table rows (both groups) from logical block `from_block` on.
     fn upload_table(&self, id: SeqId, from_block: usize) {
-        if let Ok(seq) = self.seq(id) {
-            if from_block < seq.blocks.len() {
-                let offset = (id.0 as u64 * self.max_blocks_per_seq as u64 + from_block as u64) * 4;
-                self.ctx.queue.write_buffer(&self.table_buffer, offset, bytemuck::cast_slice(&seq.blocks[from_block..]));
+        let Ok(seq) = self.seq(id) else { return };
+        let offset = (id.0 as u64 * self.max_blocks_per_seq as u64 + from_block as u64) * 4;
+        if from_block < seq.blocks.len() {
+            self.ctx.queue.write_buffer(&self.table_buffer, offset, bytemuck::cast_slice(&seq.blocks[from_block..]));
+        }
+        if let Some(local) = &self.local {
+            if from_block < seq.local.len() {
+                self.ctx.queue.write_buffer(&local.table_buffer, offset, bytemuck::cast_slice(&seq.local[from_block..]));
             }
         }
     }
 
-    /// `n` free blocks, evicting cached prefixes (least recently used first) if the free list is
-    /// short. On failure nothing is taken.
-    /// Copies block `src` into `dst` (copy-on-write) in a submission of its own, queued before
-    /// any later step's writes to `dst`.
-    fn copy_block_now(&self, src: u32, dst: u32, label: &'static str) {
+    /// Copies block `src` into `dst` (copy-on-write) of one group's pool in a submission of its
+    /// own, queued before any later step's writes to `dst`.
+    fn copy_block_now(&self, local: bool, src: u32, dst: u32, label: &'static str) {
+        let pool = match (&self.local, local) {
+            (Some(group), true) => &group.pool,
+            _ => &self.pool,
+        };
         let mut encoder = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
-        self.pool.copy_block(&mut encoder, src, dst);
+        pool.copy_block(&mut encoder, src, dst);
         self.ctx.queue.submit(Some(encoder.finish()));
     }
 
+    /// The tree and the allocators of both groups, borrowed together.
+    fn tree_and_allocs(&mut self) -> (&mut RadixTree, Allocators<'_>) {
+        let allocs = Allocators { global: &mut self.pool.alloc, local: self.local.as_mut().map(|g| &mut g.pool.alloc) };
+        (&mut self.radix, allocs)
+    }
+
+    /// `n` free global blocks, evicting cached prefixes (least recently used first) if the free
+    /// list is short. On failure nothing is taken.
     fn take_blocks(&mut self, n: u32) -> Result<Vec<u32>, KvError> {
         if self.pool.alloc.free_count() < n {
-            self.radix.evict(&mut self.pool.alloc, n)?;
+            let (radix, mut allocs) = self.tree_and_allocs();
+            radix.evict_groups(&mut allocs, n)?;
         }
         Ok(self.pool.alloc.alloc(n)?)
     }
 
+    /// `n` free local blocks, evicting the tree's local blocks if the free list is short.
+    fn take_local(&mut self, n: u32) -> Result<Vec<u32>, KvError> {
+        let group = self.local.as_mut().ok_or_else(|| KvError::Internal("no local block group".into()))?;
+        if group.pool.alloc.free_count() < n {
+            self.radix.evict_local(&mut group.pool.alloc, n)?;
+        }
+        Ok(group.pool.alloc.alloc(n)?)
+    }
+
+    /// `n` fresh blocks in both groups (local ones only when windowed); all or nothing.
+    fn take_both(&mut self, n: u32) -> Result<(Vec<u32>, Vec<u32>), KvError> {
+        let global = self.take_blocks(n)?;
+        if self.local.is_none() || n == 0 {
+            return Ok((global, Vec::new()));
+        }
+        match self.take_local(n) {
+            Ok(local) => Ok((global, local)),
+            Err(e) => {
+                self.release(&global, &[])?;
+                Err(e)
+            }
+        }
+    }
+
+    /// One reference fewer on each held block of both groups (`NO_BLOCK` skipped).
+    fn release(&mut self, global: &[u32], local: &[u32]) -> Result<(), KvError> {
+        for &b in global {
+            self.pool.alloc.release(b)?;
+        }
+        if let Some(group) = self.local.as_mut() {
+            for &b in local.iter().filter(|&&b| b != NO_BLOCK) {
+                group.pool.alloc.release(b)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One reference more on each held block of both groups (`NO_BLOCK` skipped).
+    fn retain(&mut self, global: &[u32], local: &[u32]) -> Result<(), KvError> {
+        for &b in global {
+            self.pool.alloc.retain(b)?;
+        }
+        if let Some(group) = self.local.as_mut() {
+            for &b in local.iter().filter(|&&b| b != NO_BLOCK) {
+                group.pool.alloc.retain(b)?;
+            }
+        }
+        Ok(())
+    }
+
     /// A new, empty sequence. The contiguous layout reserves its whole maximum length now.
     pub fn allocate(&mut self) -> Result<SeqId, KvError> {
-        let slot = self.seqs.iter().position(|s| s.is_none()).ok_or(KvError::TooManySequences(self.seqs.len() as u32))?;
+        let slot = self.free_slot()?;
         let mut seq = Sequence::default();
         if self.layout == KvLayout::Contiguous {
-            seq.blocks = self.take_blocks(1)?;
+            (seq.blocks, seq.local) = self.take_both(1)?;
         }
         self.seqs[slot] = Some(seq);
         let id = SeqId(slot as u32);
@@ -155,9 +313,26 @@ impl KvCache {
         Ok(id)
     }
 
+    /// Moves the sequence's step start to `step_start` (never back) and frees the local blocks
+    /// that no query from there on can see (the window rule); their table entries become
+    /// `u32::MAX`.
+    fn slide(&mut self, id: SeqId, step_start: u32) -> Result<(), KvError> {
+        let Some(rule) = self.local.as_ref().map(|g| g.rule) else { return Ok(()) };
+        let seq = self.seq_mut(id)?;
+        seq.step_start = seq.step_start.max(step_start);
+        let to = (rule.first_needed_block(seq.step_start) as usize).min(seq.local.len());
+        let Some(from) = seq.local[..to].iter().position(|&b| b != NO_BLOCK) else { return Ok(()) };
+        let freed: Vec<u32> = seq.local[from..to].iter_mut().map(|b| std::mem::replace(b, NO_BLOCK)).collect();
+        self.release(&[], &freed)?;
+        self.upload_table(id, from);
+        Ok(())
+    }
+
     /// Makes room for `n` more tokens and returns the position of the first. Blocks are taken
-    /// one at a time as needed; on exhaustion nothing changes and the error says so (no other
-    /// sequence's blocks are touched).
+    /// one at a time as needed; on exhaustion the error says so and no other sequence's blocks
+    /// are touched (this one's local blocks out of the window may have been freed already, which
+    /// changes nothing it can read). With windowed layers, local blocks that the step's queries
+    /// can no longer see go back to the local pool first.
     pub fn append(&mut self, id: SeqId, n: u32) -> Result<u32, KvError> {
         let bs = self.pool.block_size;
         let max_len = self.max_seq_len;
@@ -167,77 +342,108 @@ impl KvCache {
             needed: start as u64 + n as u64,
             limit: max_len,
         })?;
-        let have = seq.blocks.len();
+        if n > 0 {
+            self.slide(id, start)?;
+        }
+        let have = self.seq(id)?.blocks.len();
         let need = new_len.div_ceil(bs) as usize;
         if need > have {
-            let fresh = self.take_blocks((need - have) as u32)?;
-            let seq = self.seqs[id.0 as usize].as_mut().expect("checked above");
+            let (fresh, fresh_local) = self.take_both((need - have) as u32)?;
+            let seq = self.seq_mut(id)?;
             seq.blocks.extend(fresh);
+            seq.local.extend(fresh_local);
         }
-        self.seqs[id.0 as usize].as_mut().expect("checked above").len = new_len;
+        self.seq_mut(id)?.len = new_len;
         self.upload_table(id, have);
         Ok(start)
     }
 
+    /// Gives a sequence its own copy of logical block `i` of one group if another holder (a
+    /// fork, the prefix cache) shares it.
+    fn unshare(&mut self, id: SeqId, local: bool, i: usize, label: &'static str) -> Result<(), KvError> {
+        let seq = self.seq(id)?;
+        let shared = if local { seq.local[i] } else { seq.blocks[i] };
+        let alloc = if local { &self.local.as_ref().expect("local blocks imply a local group").pool.alloc } else { &self.pool.alloc };
+        if shared == NO_BLOCK || alloc.refcount(shared) <= 1 {
+            return Ok(());
+        }
+        let fresh = if local { self.take_local(1)?[0] } else { self.take_blocks(1)?[0] };
+        self.copy_block_now(local, shared, fresh, label);
+        let seq = self.seq_mut(id)?;
+        if local {
+            seq.local[i] = fresh;
+            self.release(&[], &[shared])
+        } else {
+            seq.blocks[i] = fresh;
+            self.release(&[shared], &[])
+        }
+    }
+
     /// Forgets the last tokens (positions `len..`) of a sequence, returning blocks it no longer
     /// needs. A kept, now partly filled last block that is shared is copied first (copy-on-write),
-    /// so the sequence's next tokens never overwrite K/V that another holder reads.
+    /// so the sequence's next tokens never overwrite K/V that another holder reads. With
+    /// windowed layers, rewinding behind what the local layers already freed is refused
+    /// ([`KvError::WindowFreed`]) before anything changes.
     pub fn truncate(&mut self, id: SeqId, len: u32) -> Result<(), KvError> {
         let bs = self.pool.block_size;
         let contiguous = self.layout == KvLayout::Contiguous;
-        let seq = self.seqs.get_mut(id.0 as usize).and_then(|s| s.as_mut()).ok_or(KvError::UnknownSequence(id.0))?;
+        let seq = self.seq(id)?;
         if len >= seq.len {
             return Ok(());
         }
         let keep = if contiguous { 1 } else { len.div_ceil(bs) as usize };
+        if let Some(rule) = self.local.as_ref().map(|g| g.rule) {
+            let first = rule.first_needed_block(len) as usize;
+            if seq.local[..keep].iter().skip(first).any(|&b| b == NO_BLOCK) {
+                let freed_before = seq.local.iter().rposition(|&b| b == NO_BLOCK).map_or(0, |i| i + 1) as u32 * bs;
+                return Err(KvError::WindowFreed { seq: id.0, len, freed_before });
+            }
+        }
         // The sequence will write into its new last block from `len % bs` on: if another holder
         // (a fork, the prefix cache) shares that block, it gets its own copy first.
-        let last = (!contiguous && len % bs != 0).then(|| seq.blocks[keep - 1]).filter(|&b| self.pool.alloc.refcount(b) > 1);
-        if let Some(shared) = last {
-            let fresh = self.take_blocks(1)?[0];
-            self.copy_block_now(shared, fresh, "kv.truncate_cow");
-            self.pool.alloc.release(shared)?;
-            self.seqs[id.0 as usize].as_mut().expect("checked above").blocks[keep - 1] = fresh;
+        if !contiguous && len % bs != 0 {
+            self.unshare(id, false, keep - 1, "kv.truncate_cow")?;
+            if self.local.is_some() {
+                self.unshare(id, true, keep - 1, "kv.truncate_cow")?;
+            }
         }
-        let seq = self.seqs[id.0 as usize].as_mut().expect("checked above");
+        let seq = self.seq_mut(id)?;
         seq.len = len;
+        seq.step_start = seq.step_start.min(len);
         let dropped: Vec<u32> = seq.blocks.drain(keep.min(seq.blocks.len())..).collect();
-        for b in dropped {
-            self.pool.alloc.release(b)?;
-        }
+        let dropped_local: Vec<u32> = seq.local.drain(keep.min(seq.local.len())..).collect();
+        self.release(&dropped, &dropped_local)?;
+        // A window of one position may need none of the kept local blocks.
+        self.slide(id, 0)?;
         self.upload_table(id, 0);
         Ok(())
     }
 
     /// A new sequence with the same first `len` tokens. Paged: full blocks are shared (one more
-    /// reference each); a partly filled last block is copied (copy-on-write happens here, at fork
-    /// time, since the new sequence will write into it). Contiguous: the whole reservation is copied.
+    /// reference each, in both groups; freed local blocks stay freed); a partly filled last
+    /// block is copied (copy-on-write happens here, at fork time, since the new sequence will
+    /// write into it). Contiguous: the whole reservation is copied.
     pub fn fork(&mut self, src: SeqId) -> Result<SeqId, KvError> {
         let source = self.seq(src)?.clone();
         let bs = self.pool.block_size;
-        let slot = self.seqs.iter().position(|s| s.is_none()).ok_or(KvError::TooManySequences(self.seqs.len() as u32))?;
+        let slot = self.free_slot()?;
         let full = (source.len / bs) as usize;
         let partial = source.len % bs != 0 || self.layout == KvLayout::Contiguous;
         let copy_from = if partial { source.blocks.get(full).copied() } else { None };
-        let mut blocks = Vec::with_capacity(source.blocks.len());
-        if let Some(_) = copy_from {
-            // Allocate first so that failure leaves everything unchanged.
-            let fresh = self.take_blocks(1)?;
-            for &b in &source.blocks[..full] {
-                self.pool.alloc.retain(b)?;
+        // Allocate first so that failure leaves everything unchanged.
+        let (fresh, fresh_local) = self.take_both(copy_from.map_or(0, |_| 1))?;
+        let shared_local = &source.local[..full.min(source.local.len())];
+        self.retain(&source.blocks[..full], shared_local)?;
+        let mut seq = Sequence { blocks: source.blocks[..full].to_vec(), local: shared_local.to_vec(), ..source.clone() };
+        if let Some(from) = copy_from {
+            self.copy_block_now(false, from, fresh[0], "kv.fork");
+            if let Some(&to) = fresh_local.first() {
+                self.copy_block_now(true, source.local[full], to, "kv.fork");
             }
-            blocks.extend_from_slice(&source.blocks[..full]);
-            blocks.extend(fresh);
-        } else {
-            for &b in &source.blocks[..full] {
-                self.pool.alloc.retain(b)?;
-            }
-            blocks.extend_from_slice(&source.blocks[..full]);
+            seq.blocks.extend(fresh);
+            seq.local.extend(fresh_local);
         }
-        if let (Some(from), Some(&to)) = (copy_from, blocks.last()) {
-            self.copy_block_now(from, to, "kv.fork");
-        }
-        self.seqs[slot] = Some(Sequence { blocks, len: source.len });
+        self.seqs[slot] = Some(seq);
         let id = SeqId(slot as u32);
         self.upload_table(id, 0);
         Ok(id)
@@ -246,22 +452,25 @@ impl KvCache {
     /// Ends a sequence: every block it holds loses one reference.
     pub fn free(&mut self, id: SeqId) -> Result<(), KvError> {
         let seq = self.seqs.get_mut(id.0 as usize).and_then(|s| s.take()).ok_or(KvError::UnknownSequence(id.0))?;
-        for b in seq.blocks {
-            self.pool.alloc.release(b)?;
-        }
-        Ok(())
+        self.release(&seq.blocks, &seq.local)
     }
 
     pub fn len(&self, id: SeqId) -> Result<u32, KvError> {
         Ok(self.seq(id)?.len)
     }
 
-    /// The sequence's physical blocks in logical order.
+    /// The sequence's physical blocks in logical order (the global group's).
     pub fn blocks(&self, id: SeqId) -> Result<&[u32], KvError> {
         Ok(&self.seq(id)?.blocks)
     }
 
-    /// Offset (in u32 entries) of a sequence's row in `table_buffer`.
+    /// The sequence's local-group blocks in logical order, `u32::MAX` where freed (empty
+    /// without windowed layers).
+    pub fn local_blocks(&self, id: SeqId) -> Result<&[u32], KvError> {
+        Ok(&self.seq(id)?.local)
+    }
+
+    /// Offset (in u32 entries) of a sequence's row in `table_buffer` (and in the local group's).
     pub fn table_base(&self, id: SeqId) -> u32 {
         id.0 * self.max_blocks_per_seq
     }
@@ -271,12 +480,79 @@ impl KvCache {
         self.seqs.iter().enumerate().filter(|(_, s)| s.is_some()).map(|(i, _)| SeqId(i as u32)).collect()
     }
 
+    /// The pool holding layer `l`'s K/V (its block group's).
+    fn layer_pool(&self, l: usize) -> (&KvPool, usize) {
+        match (self.layer_slots[l], &self.local) {
+            ((true, i), Some(group)) => (&group.pool, i),
+            ((_, i), _) => (&self.pool, i),
+        }
+    }
+
+    /// Layer `l`'s K and V buffers and the block table of its group, as the kernels bind them.
+    pub fn layer_buffers(&self, l: usize) -> PoolBuffers<'_> {
+        let (pool, i) = self.layer_pool(l);
+        let block_table = match (self.layer_slots[l].0, &self.local) {
+            (true, Some(group)) => &group.table_buffer,
+            _ => &self.table_buffer,
+        };
+        PoolBuffers { k: &pool.k[i], v: &pool.v[i], block_table }
+    }
+
+    /// Physical blocks of layer `l`'s group (the kernels' `n_blocks` for that layer).
+    pub fn layer_blocks(&self, l: usize) -> u32 {
+        self.layer_pool(l).0.n_blocks
+    }
+
+    /// Layer `l`'s sliding window, `None` for a global layer.
+    pub fn window(&self, l: usize) -> Option<u32> {
+        self.shape.layer_window(l as u32)
+    }
+
+    /// The KV dtype of every group.
+    pub fn dtype(&self) -> KvDtype {
+        self.pool.dtype
+    }
+
+    /// The local group's pool (its layers' buffers and allocator); `None` without windowed layers.
+    pub fn local_pool(&self) -> Option<&KvPool> {
+        self.local.as_ref().map(|g| &g.pool)
+    }
+
+    /// GPU bytes of every group's pool.
+    pub fn bytes_total(&self) -> u64 {
+        self.pool.bytes_total() + self.local.as_ref().map_or(0, |g| g.pool.bytes_total())
+    }
+
+    /// K/V bytes of one token over all layers, what it costs before window-aware freeing.
+    pub fn bytes_per_token(&self) -> u64 {
+        self.pool.bytes_per_token() + self.local.as_ref().map_or(0, |g| g.pool.bytes_per_token())
+    }
+
+    /// K/V bytes of the blocks a sequence's tables reference (both groups, slots not yet
+    /// written included).
+    pub fn bytes_held(&self, id: SeqId) -> Result<u64, KvError> {
+        let seq = self.seq(id)?;
+        let local = self.local.as_ref().map_or(0, |g| seq.local.iter().filter(|&&b| b != NO_BLOCK).count() as u64 * g.pool.bytes_per_block());
+        Ok(seq.blocks.len() as u64 * self.pool.bytes_per_block() + local)
+    }
+
     pub fn stats(&self) -> PoolStats {
         let live_tokens: u64 = self.seqs.iter().flatten().map(|s| s.len as u64).sum();
         let held = self.pool.alloc.used_count();
         let cached = self.radix.blocks().iter().filter(|&&b| self.pool.alloc.refcount(b) == 1).count() as u32;
         let used = held - cached;
         let slots = used as u64 * self.pool.block_size as u64;
+        let local = self.local.as_ref().map(|g| {
+            let cached = self.radix.local_blocks().iter().filter(|&&b| g.pool.alloc.refcount(b) == 1).count() as u32;
+            GroupStats {
+                blocks_total: g.pool.n_blocks,
+                blocks_used: g.pool.alloc.used_count() - cached,
+                blocks_free: g.pool.alloc.free_count(),
+                blocks_cached: cached,
+                bytes_total: g.pool.bytes_total(),
+            }
+        });
+        let local_held = self.local.as_ref().map_or(0, |g| g.pool.alloc.used_count() as u64 * g.pool.bytes_per_block());
         PoolStats {
             kv_dtype: self.pool.dtype.name(),
             block_size: self.pool.block_size,
@@ -284,10 +560,12 @@ impl KvCache {
             blocks_used: used,
             blocks_free: self.pool.alloc.free_count(),
             blocks_cached: cached,
-            bytes_total: self.pool.bytes_total(),
-            bytes_per_token: self.pool.bytes_per_token() as f64,
+            bytes_total: self.bytes_total(),
+            bytes_per_token: self.bytes_per_token() as f64,
             live_tokens,
             internal_fragmentation: slots.saturating_sub(live_tokens),
+            bytes_held: held as u64 * self.pool.bytes_per_block() + local_held,
+            local,
         }
     }
 
@@ -296,8 +574,10 @@ impl KvCache {
     /// tree's reference plus `external[b]` (holders outside the cache), no table holds a block
     /// twice, each table has exactly the blocks its length needs, and no block a sequence holds
     /// hangs in the tree below one that only the tree holds (which eviction could not reach).
+    /// With windowed layers the same holds in the local group (`external` counts global blocks
+    /// only), and each sequence holds exactly the local blocks the window rule keeps.
     pub fn check_integrity_with(&self, external: &dyn Fn(u32) -> u32) -> Result<(), IntegrityError> {
-        self.check_with(external).map_err(IntegrityError)
+        self.check_with(external).and_then(|()| self.check_local()).map_err(IntegrityError)
     }
 
     fn check_with(&self, external: &dyn Fn(u32) -> u32) -> Result<(), String> {
@@ -320,15 +600,7 @@ impl KvCache {
             if seq.len > self.max_seq_len {
                 return Err(format!("sequence {i} has {} tokens, over the maximum {}", seq.len, self.max_seq_len));
             }
-            let mut seen = seq.blocks.clone();
-            seen.sort_unstable();
-            if seen.windows(2).any(|w| w[0] == w[1]) {
-                return Err(format!("sequence {i} holds a block twice"));
-            }
-            for &b in &seq.blocks {
-                let h = holders.get_mut(b as usize).ok_or_else(|| format!("sequence {i} holds block {b}, past the pool"))?;
-                *h += 1;
-            }
+            count_holders(&mut holders, &seq.blocks, &format!("sequence {i}"))?;
         }
         for (b, &h) in holders.iter().enumerate() {
             let want = h + in_tree[b] + external(b as u32);
@@ -345,6 +617,45 @@ impl KvCache {
                 if holders[b as usize] > 0 && holders[p as usize] == 0 {
                     return Err(format!("block {b}, held by a sequence, hangs below block {p}, which only the prefix cache holds"));
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// The local group's part of [`KvCache::check_integrity_with`].
+    fn check_local(&self) -> Result<(), String> {
+        let Some(group) = &self.local else {
+            return match self.seqs.iter().flatten().any(|s| !s.local.is_empty()) || !self.radix.local_blocks().is_empty() {
+                true => Err("local blocks are held without a local group".into()),
+                false => Ok(()),
+            };
+        };
+        group.pool.alloc.check().map_err(|e| format!("local group: {e}"))?;
+        let mut holders = vec![0u32; group.pool.n_blocks as usize];
+        for b in self.radix.local_blocks() {
+            *holders.get_mut(b as usize).ok_or_else(|| format!("the prefix cache holds local block {b}, past the pool"))? += 1;
+        }
+        for (i, seq) in self.seqs.iter().enumerate() {
+            let Some(seq) = seq else { continue };
+            if seq.local.len() != seq.blocks.len() || seq.step_start > seq.len {
+                return Err(format!("sequence {i} has {} local entries for {} blocks (step start {}, length {})", seq.local.len(), seq.blocks.len(), seq.step_start, seq.len));
+            }
+            let kept = match self.layout {
+                KvLayout::Paged => group.rule.held_blocks(seq.step_start, seq.len),
+                KvLayout::Contiguous => 0..seq.local.len() as u32,
+            };
+            for (b, &block) in seq.local.iter().enumerate() {
+                if kept.contains(&(b as u32)) == (block == NO_BLOCK) {
+                    return Err(format!("sequence {i}: local block {b} is {} but the window keeps blocks {kept:?}", if block == NO_BLOCK { "freed" } else { "held" }));
+                }
+            }
+            let held: Vec<u32> = seq.local.iter().copied().filter(|&b| b != NO_BLOCK).collect();
+            count_holders(&mut holders, &held, &format!("sequence {i}'s local table"))?;
+        }
+        for (b, &want) in holders.iter().enumerate() {
+            let rc = group.pool.alloc.refcount(b as u32);
+            if rc != want {
+                return Err(format!("local block {b} has refcount {rc} but {want} holders"));
             }
         }
         Ok(())
@@ -371,17 +682,18 @@ impl KvCache {
             return Err(KvError::Config("the prefix cache needs the paged layout".into()));
         }
         if !enabled {
-            self.radix.clear(&mut self.pool.alloc)?;
+            self.reset_prefix_cache()?;
         }
         self.radix.set_enabled(enabled);
         Ok(())
     }
 
     /// A new sequence for `prompt` that already holds the longest cached prefix of
-    /// `prompt[..len - 1]` (the last prompt token is always computed, so that its logits exist).
-    /// Full cached blocks are shared; a block matched only in part is copied (copy-on-write)
-    /// into a fresh block, which the sequence then writes its next tokens into. Returns the
-    /// sequence and the number of prompt tokens whose K/V it already has (prefill starts there).
+    /// `prompt[..len - 1]` whose K/V every layer still has (the last prompt token is always
+    /// computed, so that its logits exist; see [`RadixTree`] for the local layers' rule). Full
+    /// cached blocks are shared; a block matched only in part is copied (copy-on-write) into a
+    /// fresh block, which the sequence then writes its next tokens into. Returns the sequence
+    /// and the number of prompt tokens whose K/V it already has (prefill starts there).
     pub fn allocate_for_prompt(&mut self, prompt: &[u32]) -> Result<(SeqId, u32), KvError> {
         if !self.radix.enabled() || prompt.len() < 2 {
             let id = self.allocate()?;
@@ -390,40 +702,41 @@ impl KvCache {
             }
             return Ok((id, 0));
         }
-        let slot = self.seqs.iter().position(|s| s.is_none()).ok_or(KvError::TooManySequences(self.seqs.len() as u32))?;
+        let slot = self.free_slot()?;
         let limit = (prompt.len() - 1).min(self.max_seq_len as usize);
         let m = self.radix.match_prefix(&self.key, &prompt[..limit])?;
-        // Hold what was matched before taking a fresh block, which may evict.
-        for &b in &m.blocks {
-            self.pool.alloc.retain(b)?;
-        }
-        let mut blocks = m.blocks.clone();
+        // Hold what was matched before taking fresh blocks, which may evict.
+        self.retain(&m.blocks, &m.local)?;
+        let (mut blocks, mut local) = (m.blocks.clone(), m.local.clone());
         if let Some((src, _)) = m.partial {
-            self.pool.alloc.retain(src)?;
-            let fresh = self.take_blocks(1);
-            let release = self.pool.alloc.release(src);
-            let fresh = match fresh {
+            let src_local: Vec<u32> = m.partial_local.into_iter().collect();
+            self.retain(&[src], &src_local)?;
+            let fresh = self.take_both(1);
+            let release = self.release(&[src], &src_local);
+            let (fresh, fresh_local) = match fresh {
                 Ok(f) => f,
                 Err(e) => {
-                    for &b in &m.blocks {
-                        self.pool.alloc.release(b)?;
-                    }
+                    self.release(&m.blocks, &m.local)?;
                     return Err(e);
                 }
             };
             release?;
-            self.copy_block_now(src, fresh[0], "kv.prefix_cow");
+            self.copy_block_now(false, src, fresh[0], "kv.prefix_cow");
+            if let (Some(&from), Some(&to)) = (src_local.first(), fresh_local.first()) {
+                self.copy_block_now(true, from, to, "kv.prefix_cow");
+            }
             blocks.extend(fresh);
+            local.extend(fresh_local);
         }
         self.radix.record_request(prompt.len() as u32, m.tokens);
-        self.seqs[slot] = Some(Sequence { blocks, len: m.tokens });
+        self.seqs[slot] = Some(Sequence { blocks, local, len: m.tokens, step_start: m.tokens });
         let id = SeqId(slot as u32);
         self.upload_table(id, 0);
         Ok((id, m.tokens))
     }
 
-    /// How many leading tokens of `tokens` the prefix cache holds (0 when it is off), without
-    /// marking anything as recently used.
+    /// How many leading tokens of `tokens` the prefix cache would give (0 when it is off),
+    /// without marking anything as recently used.
     pub fn peek_prefix(&self, tokens: &[u32]) -> u32 {
         if self.radix.enabled() {
             self.radix.peek(&self.key, tokens)
@@ -437,7 +750,8 @@ impl KvCache {
     /// still running reuse them instead of computing them again. Only full blocks are published:
     /// the sequence never writes into them again ([`KvCache::truncate`] copies a shared block
     /// before the sequence could), whereas its partly filled last block is still being written.
-    /// A no-op with the prefix cache off.
+    /// Local blocks go with them where the sequence still holds them. A no-op with the prefix
+    /// cache off.
     pub fn publish(&mut self, id: SeqId, tokens: &[u32]) -> Result<(), KvError> {
         let seq = self.seq(id)?;
         if !self.radix.enabled() {
@@ -452,12 +766,15 @@ impl KvCache {
             return Ok(());
         }
         let blocks = seq.blocks[..full].to_vec();
-        self.radix.publish(&self.key, &tokens[..full * self.pool.block_size as usize], &blocks, &mut self.pool.alloc)
+        let local = seq.local[..full.min(seq.local.len())].to_vec();
+        let (key, tokens) = (self.key, &tokens[..full * self.pool.block_size as usize]);
+        let (radix, mut allocs) = self.tree_and_allocs();
+        radix.publish_groups(&key, (tokens, &blocks, &local), &mut allocs)
     }
 
     /// Ends a sequence whose K/V hold `tokens` (at least its length; extra trailing ids, such as
     /// a sampled token never fed back, are ignored): with the prefix cache on, its blocks go to
-    /// the tree for later prompts; then the sequence is freed.
+    /// the tree for later prompts (local ones where still held); then the sequence is freed.
     pub fn finish(&mut self, id: SeqId, tokens: &[u32]) -> Result<(), KvError> {
         let seq = self.seq(id)?;
         if self.radix.enabled() && seq.len > 0 {
@@ -465,48 +782,72 @@ impl KvCache {
             if tokens.len() < len {
                 return Err(KvError::Internal(format!("sequence {} holds {len} tokens, {} ids given", id.0, tokens.len())));
             }
-            let blocks = seq.blocks.clone();
-            self.radix.insert(&self.key, &tokens[..len], &blocks, &mut self.pool.alloc)?;
+            let (blocks, local, key) = (seq.blocks.clone(), seq.local.clone(), self.key);
+            let (radix, mut allocs) = self.tree_and_allocs();
+            radix.insert_groups(&key, (&tokens[..len], &blocks, &local), &mut allocs)?;
         }
         self.free(id)
     }
 
     /// Drops every cached prefix; blocks that no sequence holds return to the free list.
     pub fn reset_prefix_cache(&mut self) -> Result<(), KvError> {
-        self.radix.clear(&mut self.pool.alloc)
+        let (radix, mut allocs) = self.tree_and_allocs();
+        radix.clear_groups(&mut allocs)
     }
 
-    /// Evicts cached prefixes until `free` blocks are free (or nothing more can go); returns the
-    /// blocks evicted.
+    /// Evicts cached prefixes until `free` global blocks are free (or nothing more can go);
+    /// returns the blocks evicted.
     pub fn evict(&mut self, free: u32) -> Result<u32, KvError> {
-        self.radix.evict(&mut self.pool.alloc, free)
+        let (radix, mut allocs) = self.tree_and_allocs();
+        radix.evict_groups(&mut allocs, free)
     }
 
     pub fn prefix_stats(&self) -> PrefixStats {
         self.radix.stats()
     }
 
-    /// Per physical block: 0 free, 1 held by a live sequence, 2 held only by the prefix cache.
+    /// Per physical block: 0 free, 1 held by a live sequence, 2 held only by the prefix cache;
+    /// the global group's blocks, then the local group's.
     pub fn block_states(&self) -> Vec<u8> {
         let mut states = vec![0u8; self.pool.n_blocks as usize];
+        let mut local_states = vec![0u8; self.local.as_ref().map_or(0, |g| g.pool.n_blocks) as usize];
         for b in self.radix.blocks() {
             states[b as usize] = 2;
+        }
+        for b in self.radix.local_blocks() {
+            local_states[b as usize] = 2;
         }
         for seq in self.seqs.iter().flatten() {
             for &b in &seq.blocks {
                 states[b as usize] = 1;
             }
+            for &b in seq.local.iter().filter(|&&b| b != NO_BLOCK) {
+                local_states[b as usize] = 1;
+            }
         }
+        states.extend(local_states);
         states
     }
 
-    /// Per physical block, its reference count.
+    /// Per physical block, its reference count (global group, then local group).
     pub fn refcounts(&self) -> Vec<u32> {
-        (0..self.pool.n_blocks).map(|b| self.pool.alloc.refcount(b)).collect()
+        let local = self.local.iter().flat_map(|g| (0..g.pool.n_blocks).map(|b| g.pool.alloc.refcount(b)));
+        (0..self.pool.n_blocks).map(|b| self.pool.alloc.refcount(b)).chain(local).collect()
+    }
+
+    /// Each layer's pool, buffer and the given blocks of its group, for snapshots.
+    fn layer_blocks_of<'a>(&'a self, blocks: &'a [u32], local: &'a [u32]) -> Vec<LayerBlocks<'a>> {
+        (0..self.shape.n_layers as usize)
+            .map(|l| {
+                let (pool, buffer) = self.layer_pool(l);
+                LayerBlocks { pool, buffer, blocks: if self.layer_slots[l].0 { local } else { blocks } }
+            })
+            .collect()
     }
 
     /// Serializes the K/V of `tokens` (all of them must be cached: see
-    /// [`KvCache::peek_prefix`]) as a snapshot ([`super::snapshot`]).
+    /// [`KvCache::peek_prefix`]) as a snapshot ([`super::snapshot`]); with windowed layers only
+    /// the local blocks a query after the last token can see.
     pub async fn export_prefix(&mut self, tokens: &[u32]) -> Result<Vec<u8>, KvError> {
         if tokens.is_empty() {
             return Err(KvError::Config("nothing to export: no tokens".into()));
@@ -520,31 +861,56 @@ impl KvCache {
         }
         let mut blocks = m.blocks.clone();
         blocks.extend(m.partial.map(|(b, _)| b));
-        super::snapshot::export(&self.ctx, &self.pool, &self.key, tokens, &blocks).await
+        let mut local = m.local.clone();
+        local.extend(m.partial_local);
+        super::snapshot::export(&self.ctx, &self.layer_blocks_of(&blocks, &local), &self.key, &self.shape, tokens).await
     }
 
     /// Loads a snapshot into the prefix cache: its blocks are allocated (evicting cached
     /// prefixes if needed), uploaded and inserted under its tokens, so the next prompt that
-    /// starts with them hits. Returns the tokens. A snapshot of another model or cache format,
-    /// or a damaged one, is refused before anything changes.
+    /// starts with them hits. Returns the tokens. A snapshot of another model or cache format
+    /// (window included), or a damaged one, is refused before anything changes.
     pub fn import(&mut self, bytes: &[u8], vocab: u32) -> Result<Vec<u32>, KvError> {
         if !self.radix.enabled() {
             return Err(KvError::Config("snapshots need the prefix cache (paged layout)".into()));
         }
-        let snap = super::snapshot::parse(bytes, &self.pool, &self.key, vocab)?;
-        if snap.tokens.len() as u32 > self.max_seq_len {
-            return Err(KvError::SequenceTooLong { needed: snap.tokens.len() as u64, limit: self.max_seq_len });
+        let snap = super::snapshot::parse(bytes, &self.pool, &self.key, &self.shape, vocab)?;
+        let n = snap.tokens.len() as u32;
+        if n > self.max_seq_len {
+            return Err(KvError::SequenceTooLong { needed: n as u64, limit: self.max_seq_len });
         }
-        let id = self.allocate()?;
-        if let Err(e) = self.append(id, snap.tokens.len() as u32) {
-            self.free(id)?;
-            return Err(e);
+        // A sequence holding what the window keeps after the last token: the local blocks
+        // before it are never taken.
+        let slot = self.free_slot()?;
+        let n_blocks = n.div_ceil(self.pool.block_size);
+        let blocks = self.take_blocks(n_blocks)?;
+        let mut local = Vec::new();
+        if let Some(rule) = self.local.as_ref().map(|g| g.rule) {
+            let first = rule.first_needed_block(n).min(n_blocks);
+            match self.take_local(n_blocks - first) {
+                Ok(kept) => local = std::iter::repeat(NO_BLOCK).take(first as usize).chain(kept).collect(),
+                Err(e) => {
+                    self.release(&blocks, &[])?;
+                    return Err(e);
+                }
+            }
         }
-        let blocks = self.blocks(id)?.to_vec();
-        for (i, &b) in blocks.iter().enumerate() {
-            snap.upload_block(&self.ctx, &self.pool, i as u32, b);
-        }
-        self.finish(id, &snap.tokens)?;
+        snap.upload(&self.ctx, &self.layer_blocks_of(&blocks, &local))?;
+        self.seqs[slot] = Some(Sequence { blocks, local, len: n, step_start: n });
+        self.finish(SeqId(slot as u32), &snap.tokens)?;
         Ok(snap.tokens)
     }
+}
+
+/// Counts one table's blocks into `holders`, refusing a block past the pool or held twice.
+fn count_holders(holders: &mut [u32], blocks: &[u32], who: &str) -> Result<(), String> {
+    let mut seen = blocks.to_vec();
+    seen.sort_unstable();
+    if seen.windows(2).any(|w| w[0] == w[1]) {
+        return Err(format!("{who} holds a block twice"));
+    }
+    for &b in blocks {
+        *holders.get_mut(b as usize).ok_or_else(|| format!("{who} holds block {b}, past the pool"))? += 1;
+    }
+    Ok(())
 }

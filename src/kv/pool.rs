@@ -36,13 +36,30 @@ pub struct PoolStats {
     pub blocks_free: u32,
     /// Blocks held only by the prefix cache (evictable).
     pub blocks_cached: u32,
-    /// GPU bytes of the whole pool (K and V, all layers).
+    /// GPU bytes of the whole cache (K and V, all layers, both block groups).
     pub bytes_total: u64,
+    /// K/V bytes of one token over all layers (before window-aware freeing).
     pub bytes_per_token: f64,
     /// Tokens whose K/V live sequences hold.
     pub live_tokens: u64,
     /// Allocated token slots minus live tokens (slots reserved but not yet written).
     pub internal_fragmentation: u64,
+    /// K/V bytes of every held block (sequences and prefix cache), both block groups.
+    pub bytes_held: u64,
+    /// The local (sliding-window) layers' block group; `None` without windowed layers. The
+    /// fields above other than the byte figures describe the global group.
+    pub local: Option<GroupStats>,
+}
+
+/// Occupancy of one block group.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct GroupStats {
+    pub blocks_total: u32,
+    pub blocks_used: u32,
+    pub blocks_free: u32,
+    /// Blocks held only by the prefix cache.
+    pub blocks_cached: u32,
+    pub bytes_total: u64,
 }
 
 pub struct KvPool {
@@ -156,6 +173,11 @@ impl KvPool {
     /// Bytes of K and V for one token over all layers (f32: 46,080 for SmolLM2, INT8: 12,240).
     pub fn bytes_per_token(&self) -> u64 {
         self.n_layers as u64 * self.n_kv_heads as u64 * Self::bytes_per_head(self.dtype, self.head_dim) * 2
+    }
+
+    /// Bytes of one block's K and V over the pool's layers.
+    pub fn bytes_per_block(&self) -> u64 {
+        self.block_bytes * 2 * self.n_layers as u64
     }
 
     /// GPU bytes of the whole pool (K and V, all layers, INT8 padding included).

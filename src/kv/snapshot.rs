@@ -8,11 +8,13 @@
 //! version  u32      1
 //! hlen     u32      length of the header
 //! header   hlen     JSON: {model (fingerprint, 16 hex digits), dtype, layout, block_size,
-//!                          n_layers, n_kv_heads, head_dim, n_tokens, n_blocks, block_bytes}
+//!                          n_layers, n_kv_heads, head_dim, n_tokens, n_blocks, block_bytes,
+//!                          window and local_layers (only when the model has windowed layers)}
 //! tokens   4 · n_tokens   u32 ids
-//! data     n_blocks · n_layers · 2 · block_bytes: per block, per layer, K then V, each the
-//!          block's regions of that layer's buffer in the pool's own encoding (f32 values, or
-//!          INT8 codes then scales)
+//! data     per block, per layer, K then V, each the block's regions of that layer's buffer in
+//!          the pool's own encoding (f32 values, or INT8 codes then scales), block_bytes each;
+//!          a local (windowed) layer's blocks before `WindowRule::first_needed_block(n_tokens)`
+//!          are left out: the cache no longer holds them and no later query reads them
 //! checksum u64      FNV-1a of every byte before it
 //! ```
 //! A block is the unit: the last one may be partly filled (its unused slots travel as they are
@@ -23,8 +25,9 @@
 use crate::gpu::Context;
 
 use super::pool::KvPool;
-use super::radix::CacheKey;
-use super::{KvDtype, KvError, KvLayout};
+use super::radix::{CacheKey, NO_BLOCK};
+use super::window::WindowRule;
+use super::{KvDtype, KvError, KvLayout, KvShape};
 
 const MAGIC: &[u8; 8] = b"PGLMKV\0\x01";
 pub const VERSION: u32 = 1;
@@ -58,15 +61,37 @@ struct Header {
     n_tokens: u32,
     n_blocks: u32,
     block_bytes: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    window: u32,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    local_layers: u64,
+}
+
+fn is_zero<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+
+/// One layer's K/V as a snapshot reads or writes it: the pool of the layer's block group, the
+/// layer's buffer index in that pool, and the sequence's blocks in that group in logical order
+/// ([`NO_BLOCK`] where the group no longer holds one).
+pub struct LayerBlocks<'a> {
+    pub pool: &'a KvPool,
+    pub buffer: usize,
+    pub blocks: &'a [u32],
+}
+
+/// The (layer, physical block) pairs whose K/V a snapshot carries, in its order: block-major,
+/// then layer, skipping blocks a group does not hold.
+fn units<'a>(layers: &'a [LayerBlocks<'a>]) -> impl Iterator<Item = (&'a LayerBlocks<'a>, u32)> + 'a {
+    let n_blocks = layers.first().map_or(0, |l| l.blocks.len());
+    (0..n_blocks).flat_map(move |i| layers.iter().map(move |l| (l, l.blocks[i]))).filter(|&(_, b)| b != NO_BLOCK)
 }
 
 /// A parsed, verified snapshot.
 pub struct Snapshot<'a> {
     pub tokens: Vec<u32>,
-    /// `[n_blocks][n_layers][K, V][block_bytes]`.
+    /// The K and V regions of each unit (see [`units`]), `block_bytes` each.
     data: &'a [u8],
-    block_bytes: u64,
-    n_layers: u32,
 }
 
 /// The byte ranges of one block in one layer's K (or V) buffer, in order.
@@ -93,40 +118,60 @@ fn fnv(bytes: &[u8]) -> u64 {
     h
 }
 
-fn header_for(pool: &KvPool, key: &CacheKey, n_layers: u32, n_tokens: u32, n_blocks: u32) -> Header {
+fn header_for(pool: &KvPool, key: &CacheKey, shape: &KvShape, n_tokens: u32, n_blocks: u32) -> Header {
     Header {
         model: format!("{:016x}", key.model),
         dtype: key.dtype,
         layout: key.layout,
         block_size: key.block_size,
-        n_layers,
+        n_layers: shape.n_layers,
         n_kv_heads: pool.n_kv_heads,
         head_dim: pool.head_dim,
         n_tokens,
         n_blocks,
         block_bytes: block_bytes(pool),
+        window: if shape.windowed() { shape.window } else { 0 },
+        local_layers: if shape.windowed() { shape.local_layers } else { 0 },
     }
 }
 
-/// Reads `blocks` (holding `tokens`, in order) back from the GPU and serializes them: one copy
-/// of every region into one staging buffer, one map.
-pub async fn export(ctx: &Context, pool: &KvPool, key: &CacheKey, tokens: &[u32], blocks: &[u32]) -> Result<Vec<u8>, KvError> {
-    let n_layers = pool.k.len() as u32;
-    if blocks.len() as u64 != (tokens.len() as u64).div_ceil(pool.block_size as u64) {
-        return Err(KvError::Internal(format!("{} tokens cannot live in {} blocks of {}", tokens.len(), blocks.len(), pool.block_size)));
+/// How many (layer, block) units a snapshot of `n_tokens` carries for `shape`.
+fn unit_count(shape: &KvShape, block_size: u32, n_tokens: u32) -> u64 {
+    let n_blocks = n_tokens.div_ceil(block_size) as u64;
+    let n_local = shape.n_local() as u64;
+    let local_blocks = if n_local == 0 {
+        0
+    } else {
+        let rule = WindowRule { window: shape.window, block_size };
+        n_blocks - (rule.first_needed_block(n_tokens) as u64).min(n_blocks)
+    };
+    n_blocks * (shape.n_layers as u64 - n_local) + local_blocks * n_local
+}
+
+/// Reads the blocks of `layers` (holding `tokens`, in order) back from the GPU and serializes
+/// them: copies of every region into staging buffers, one map each.
+pub async fn export(ctx: &Context, layers: &[LayerBlocks<'_>], key: &CacheKey, shape: &KvShape, tokens: &[u32]) -> Result<Vec<u8>, KvError> {
+    let pool = layers.first().map(|l| l.pool).ok_or_else(|| KvError::Internal("a snapshot of no layers".into()))?;
+    let n_blocks = (tokens.len() as u64).div_ceil(pool.block_size as u64);
+    if layers.iter().any(|l| l.blocks.len() as u64 != n_blocks) {
+        return Err(KvError::Internal(format!("{} tokens cannot live in the layers' blocks of {}", tokens.len(), pool.block_size)));
     }
     let bb = block_bytes(pool);
     if bb == 0 {
         return Err(KvError::NotAvailable(format!("snapshots of a {} pool", pool.dtype.name())));
     }
-    let total = blocks.len() as u64 * n_layers as u64 * 2 * bb;
+    let all: Vec<(&LayerBlocks<'_>, u32)> = units(layers).collect();
+    if all.len() as u64 != unit_count(shape, pool.block_size, tokens.len() as u32) {
+        return Err(KvError::Internal(format!("{} layer blocks held where the window rule wants {}", all.len(), unit_count(shape, pool.block_size, tokens.len() as u32))));
+    }
+    let total = all.len() as u64 * 2 * bb;
     let mut data = Vec::with_capacity(total as usize);
     if total > 0 {
         // Stage in pieces no larger than the device allows for one buffer.
-        let limit = (ctx.limits.max_buffer_size / 2).max(bb * 2 * n_layers as u64);
-        let per_piece = (limit / (bb * 2 * n_layers as u64)).max(1) as usize;
-        for piece in blocks.chunks(per_piece) {
-            let size = piece.len() as u64 * n_layers as u64 * 2 * bb;
+        let limit = (ctx.limits.max_buffer_size / 2).max(bb * 2);
+        let per_piece = (limit / (bb * 2)).max(1) as usize;
+        for piece in all.chunks(per_piece) {
+            let size = piece.len() as u64 * 2 * bb;
             let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("kv.snapshot.staging"),
                 size,
@@ -135,13 +180,11 @@ pub async fn export(ctx: &Context, pool: &KvPool, key: &CacheKey, tokens: &[u32]
             });
             let mut encoder = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kv.export") });
             let mut at = 0u64;
-            for &b in piece {
-                for l in 0..n_layers as usize {
-                    for buf in [&pool.k[l], &pool.v[l]] {
-                        for (offset, len) in block_regions(pool, b) {
-                            encoder.copy_buffer_to_buffer(buf, offset, &staging, at, len);
-                            at += len;
-                        }
+            for &(layer, b) in piece {
+                for buf in [&layer.pool.k[layer.buffer], &layer.pool.v[layer.buffer]] {
+                    for (offset, len) in block_regions(layer.pool, b) {
+                        encoder.copy_buffer_to_buffer(buf, offset, &staging, at, len);
+                        at += len;
                     }
                 }
             }
@@ -150,7 +193,7 @@ pub async fn export(ctx: &Context, pool: &KvPool, key: &CacheKey, tokens: &[u32]
             data.extend_from_slice(&bytes);
         }
     }
-    let header = serde_json::to_vec(&header_for(pool, key, n_layers, tokens.len() as u32, blocks.len() as u32))
+    let header = serde_json::to_vec(&header_for(pool, key, shape, tokens.len() as u32, n_blocks as u32))
         .map_err(|e| KvError::Internal(e.to_string()))?;
     let mut out = Vec::with_capacity(24 + header.len() + tokens.len() * 4 + data.len() + 8);
     out.extend_from_slice(MAGIC);
@@ -164,8 +207,9 @@ pub async fn export(ctx: &Context, pool: &KvPool, key: &CacheKey, tokens: &[u32]
     Ok(out)
 }
 
-/// Parses and verifies `bytes` against the importing pool and its cache key.
-pub fn parse<'a>(bytes: &'a [u8], pool: &KvPool, key: &CacheKey, vocab: u32) -> Result<Snapshot<'a>, SnapshotError> {
+/// Parses and verifies `bytes` against the importing cache: a pool of it (dtype and block
+/// format), its cache key and its shape (layers and window).
+pub fn parse<'a>(bytes: &'a [u8], pool: &KvPool, key: &CacheKey, shape: &KvShape, vocab: u32) -> Result<Snapshot<'a>, SnapshotError> {
     if bytes.len() < 8 || &bytes[..8] != MAGIC {
         return Err(SnapshotError::NotASnapshot);
     }
@@ -184,8 +228,8 @@ pub fn parse<'a>(bytes: &'a [u8], pool: &KvPool, key: &CacheKey, vocab: u32) -> 
     let hlen = u32_at(12) as usize;
     let header_end = 16usize.checked_add(hlen).filter(|&e| e <= body.len()).ok_or_else(|| SnapshotError::Length("the header runs past the end".into()))?;
     let h: Header = serde_json::from_slice(&body[16..header_end]).map_err(|e| SnapshotError::Header(e.to_string()))?;
-    let want = header_for(pool, key, pool.k.len() as u32, h.n_tokens, h.n_blocks);
-    let checks: [(&'static str, String, String); 8] = [
+    let want = header_for(pool, key, shape, h.n_tokens, h.n_blocks);
+    let checks: [(&'static str, String, String); 10] = [
         ("model", h.model.clone(), want.model.clone()),
         ("KV dtype", h.dtype.name().into(), want.dtype.name().into()),
         ("KV layout", format!("{:?}", h.layout).to_lowercase(), format!("{:?}", want.layout).to_lowercase()),
@@ -194,6 +238,8 @@ pub fn parse<'a>(bytes: &'a [u8], pool: &KvPool, key: &CacheKey, vocab: u32) -> 
         ("KV head count", h.n_kv_heads.to_string(), want.n_kv_heads.to_string()),
         ("head dimension", h.head_dim.to_string(), want.head_dim.to_string()),
         ("block bytes", h.block_bytes.to_string(), want.block_bytes.to_string()),
+        ("sliding window", h.window.to_string(), want.window.to_string()),
+        ("local layer mask", format!("{:#x}", h.local_layers), format!("{:#x}", want.local_layers)),
     ];
     for (what, got, want) in checks {
         if got != want {
@@ -208,28 +254,30 @@ pub fn parse<'a>(bytes: &'a [u8], pool: &KvPool, key: &CacheKey, vocab: u32) -> 
     if let Some(t) = tokens.iter().find(|&&t| t >= vocab) {
         return Err(SnapshotError::Header(format!("token id {t} is outside the vocabulary of {vocab}")));
     }
-    let data_len = h.n_blocks as u64 * h.n_layers as u64 * 2 * h.block_bytes;
+    let data_len = unit_count(shape, h.block_size, h.n_tokens) * 2 * h.block_bytes;
     if (body.len() - tokens_end) as u64 != data_len {
         return Err(SnapshotError::Length(format!("{} bytes of K/V where {data_len} were expected", body.len() - tokens_end)));
     }
-    Ok(Snapshot { tokens, data: &body[tokens_end..], block_bytes: h.block_bytes, n_layers: h.n_layers })
+    Ok(Snapshot { tokens, data: &body[tokens_end..] })
 }
 
 impl Snapshot<'_> {
-    pub fn n_blocks(&self) -> u32 {
-        (self.data.len() as u64 / (self.n_layers as u64 * 2 * self.block_bytes.max(1))) as u32
-    }
-
-    /// Uploads snapshot block `i` into pool block `dst`.
-    pub fn upload_block(&self, ctx: &Context, pool: &KvPool, i: u32, dst: u32) {
-        let mut at = (i as u64 * self.n_layers as u64 * 2 * self.block_bytes) as usize;
-        for l in 0..self.n_layers as usize {
-            for buf in [&pool.k[l], &pool.v[l]] {
-                for (offset, len) in block_regions(pool, dst) {
-                    ctx.queue.write_buffer(buf, offset, &self.data[at..at + len as usize]);
+    /// Uploads the snapshot's K/V into the blocks of `layers` (a sequence holding exactly the
+    /// blocks the window rule keeps for its tokens, as [`parse`] checked the data has).
+    pub fn upload(&self, ctx: &Context, layers: &[LayerBlocks<'_>]) -> Result<(), KvError> {
+        let mut at = 0usize;
+        for (layer, b) in units(layers) {
+            for buf in [&layer.pool.k[layer.buffer], &layer.pool.v[layer.buffer]] {
+                for (offset, len) in block_regions(layer.pool, b) {
+                    let bytes = self.data.get(at..at + len as usize).ok_or_else(|| KvError::Internal("the snapshot holds fewer blocks than the sequence".into()))?;
+                    ctx.queue.write_buffer(buf, offset, bytes);
                     at += len as usize;
                 }
             }
         }
+        if at != self.data.len() {
+            return Err(KvError::Internal("the snapshot holds more blocks than the sequence".into()));
+        }
+        Ok(())
     }
 }

@@ -117,7 +117,15 @@ pub struct ModelConfig {
 impl ModelConfig {
     /// What the KV cache needs of the model: its pool shape and identity.
     pub fn kv_shape(&self) -> crate::kv::KvShape {
-        crate::kv::KvShape { n_layers: self.n_layers, n_kv_heads: self.n_kv_heads, head_dim: self.head_dim, fingerprint: self.fingerprint }
+        let local_layers = (0..self.n_layers).filter(|&l| self.layer_window(l).is_some()).fold(0u64, |m, l| m | 1 << l);
+        crate::kv::KvShape {
+            n_layers: self.n_layers,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+            fingerprint: self.fingerprint,
+            window: self.sliding_window.unwrap_or(0),
+            local_layers,
+        }
     }
 
     /// The window of layer `l`'s attention: Some(w) for a local layer, None for a global one.
@@ -205,6 +213,9 @@ impl ModelConfig {
             (true, Some(_)) => Some(gguf.get_u32(&key("attention.sliding_window"))?).filter(|&w| w > 0),
             _ => None,
         };
+        if sliding_window.is_some() && n_layers > 64 {
+            return Err(ModelError::Unsupported(format!("{n_layers} layers with a sliding window (the KV cache marks local layers in 64 bits)")));
+        }
         if gemma && n_layers == 62 {
             // llama.cpp scales Gemma 3 27B's queries by 1/√(hidden / n_heads), not 1/√head_dim.
             return Err(ModelError::Unsupported("Gemma 3 27B's attention scale".into()));

@@ -217,7 +217,9 @@ impl ForwardGraph {
         l: usize,
     ) -> Result<(), ModelError> {
         let (n, hidden, lw) = (self.max_rows, cfg.hidden, &weights.layers[l]);
-        let pool = PoolShape { window: cfg.layer_window(l as u32).unwrap_or(0), ..*attention.pool() };
+        // The layer's window and its block group's size (local layers hold fewer blocks).
+        let window = cfg.layer_window(l as u32).unwrap_or(0);
+        let pool = PoolShape { window, n_blocks: kv.layer_blocks(l), ..*attention.pool() };
         let pool = &pool;
         let nodes = &mut self.layers;
         nodes.push(Node::Kernel(norm::rms_norm(ctx, &a.x, &lw.attn_norm, &a.h, n, hidden, cfg.rms_eps)?));
@@ -232,7 +234,7 @@ impl ForwardGraph {
         nodes.push(Node::Kernel(rope::rope(ctx, &a.qkv, &self.positions, &RopeShape::fused_qkv(pool, n, rope_of))?));
         // The pool's dtype picks the kernels' variant: INT8 quantizes here and is dequantized
         // inside attention.
-        let pool_buffers = PoolBuffers { k: &kv.pool.k[l], v: &kv.pool.v[l], block_table: &kv.table_buffer };
+        let pool_buffers = kv.layer_buffers(l);
         let write = KvWriteBuffers { qkv: &a.qkv, pool: pool_buffers, positions: &self.positions, row_tables: &self.row_tables };
         nodes.push(Node::Kernel(kv_write::write_paged(ctx, &write, pool, n)?));
         let layer = LayerBuffers { qkv: &a.qkv, pool: pool_buffers, positions: &self.positions, step: &self.step, out: &a.attn };
@@ -442,9 +444,11 @@ impl AttentionBuilder {
             n_kv_heads: cfg.n_kv_heads,
             head_dim: cfg.head_dim,
             max_len: kv.max_seq_len,
-            block_size: kv.pool.block_size,
-            n_blocks: kv.pool.n_blocks,
-            dtype: kv.pool.dtype, window: 0,
+            block_size: kv.block_size(),
+            // Layer 0's group; each layer takes its own group's count and window (push_layer).
+            n_blocks: kv.layer_blocks(0),
+            dtype: kv.dtype(),
+            window: 0,
         };
         match kind {
             AttentionKind::Sequence => AttentionBuilder::Sequence(pool),
