@@ -139,3 +139,59 @@ gpu_test! {
         }
     }
 }
+
+/// Greedy `tokens` after `prompt` follow the recompute's argmax (up to near-ties).
+fn assert_greedy(gguf: &Gguf<'_>, cfg: &ModelConfig, prompt: &[u32], tokens: &[u32], what: &str) {
+    let all = [prompt, tokens].concat();
+    let reference = forward_cpu(gguf, cfg, &all).unwrap();
+    for (i, &t) in tokens.iter().enumerate() {
+        let row = &reference[prompt.len() - 1 + i];
+        let best = argmax(row);
+        let margin = row[best as usize] - row[t as usize];
+        assert!(margin <= 2.0 * LOGIT_TOL, "{what}: token {i} is {t}, the recompute's argmax {best} (margin {margin})");
+    }
+}
+
+gpu_test! {
+    async fn prefix_hits_and_snapshots_across_the_window_reuse_only_what_is_still_there() {
+        // A window of 9 in blocks of 4: a finished sequence's local K/V is kept only where the
+        // prefix tree still holds it, and a hit is taken only where every layer's K/V for the
+        // next query is there (tests/kv_window.rs checks the rule block by block); whatever the
+        // hit, the continuation must equal the recompute.
+        let synth = gemma(9, 32, 7);
+        let bytes = tiny_llama_gguf(&synth);
+        let gguf = Gguf::parse(&bytes).unwrap();
+        let cfg = ModelConfig::from_gguf(&gguf).unwrap();
+        let opts = EngineOptions { max_context: 128, block_size: 4, prefill_chunk: 16, ..Default::default() };
+        let mut engine = Engine::load(&bytes, opts.clone()).await.unwrap();
+        let mut rng = Rng::new(9);
+        let a = random_ids(&mut rng, 40, cfg.vocab);
+        let request = GenerateRequest { max_tokens: 8, ignore_eos: true, ..Default::default() };
+        let first = engine.generate(&a, &request, &mut |_| true).await.unwrap();
+        assert_greedy(&gguf, &cfg, &a, &first.tokens, "first prompt");
+        engine.kv_cache().check_integrity().unwrap();
+
+        // An early prefix (30 of the 48 positions).
+        let b = [&a[..30], &random_ids(&mut rng, 10, cfg.vocab)[..]].concat();
+        let early = engine.generate(&b, &request, &mut |_| true).await.unwrap();
+        assert!(early.prefix_hit_tokens <= 30, "a hit of {} past the shared prefix", early.prefix_hit_tokens);
+        assert_greedy(&gguf, &cfg, &b, &early.tokens, "early prefix");
+
+        // The whole history and more: the local tail is there, the hit covers nearly all of it.
+        let history = [&a[..], &first.tokens[..]].concat();
+        let c = [&history[..], &random_ids(&mut rng, 6, cfg.vocab)[..]].concat();
+        let late = engine.generate(&c, &request, &mut |_| true).await.unwrap();
+        assert!(late.prefix_hit_tokens >= 40, "the history's hit is only {}", late.prefix_hit_tokens);
+        assert_greedy(&gguf, &cfg, &c, &late.tokens, "whole history");
+        engine.kv_cache().check_integrity().unwrap();
+
+        // A snapshot of the history into a fresh engine serves the same continuation.
+        let snapshot = engine.export_snapshot(&history).await.unwrap();
+        let mut fresh = Engine::load(&bytes, opts).await.unwrap();
+        assert_eq!(fresh.import_snapshot(&snapshot).unwrap(), history);
+        let again = fresh.generate(&c, &request, &mut |_| true).await.unwrap();
+        assert!(again.prefix_hit_tokens >= 40, "the snapshot's hit is only {}", again.prefix_hit_tokens);
+        assert_greedy(&gguf, &cfg, &c, &again.tokens, "from the snapshot");
+        fresh.kv_cache().check_integrity().unwrap();
+    }
+}
