@@ -26,6 +26,8 @@ pub struct ModelConfig {
     /// A 64-bit hash of the file's metadata, tensor table and samples of every tensor's data:
     /// the identity of the model for anything derived from it (the prefix cache, KV snapshots).
     pub fingerprint: u64,
+    /// Tokens a local (sliding-window) attention layer sees, or `None` when every layer is global.
+    pub sliding_window: Option<u32>,
 }
 
 impl ModelConfig {
@@ -105,6 +107,7 @@ impl ModelConfig {
             rope_base,
             rms_eps,
             fingerprint: fingerprint(gguf),
+            sliding_window: None,
         })
     }
 
