@@ -151,8 +151,8 @@ async function loadModel(model, label) {
     ui.progress.dataset.source = engine.load.source;
     const m = state.info.model;
     const slidingWindow = m.sliding_window ? ` · window ${m.sliding_window}` : "";
-    ui.modelName.textContent = `${label} · ${m.architecture}${slidingWindow} · ${weightTypesText(m.weight_types)} · KV ${state.info.kv_dtype} · blocks of ${state.info.block_size}`;
-    ui.modelName.title = "Architecture and sliding window, tensors of each weight type in the file, then the KV cache's format";
+    ui.modelName.textContent = `${label} · ${weightTypesText(m.weight_types)} · KV ${state.info.kv_dtype} · blocks of ${state.info.block_size} · ${m.architecture}${slidingWindow}`;
+    ui.modelName.title = "Tensors of each weight type in the file, the KV cache's format, then the architecture and its sliding window";
     setMode(m.chat_template ? "chat" : "completion");
     // Browsers often hide the adapter's name; say at least what kind of device runs the model.
     const name = state.info.adapter.split(" (")[0].trim();
