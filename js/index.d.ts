@@ -92,6 +92,23 @@ export interface ChatCompletionCreateParams {
   signal?: AbortSignal;
 }
 
+/** Completion mode (`engine.completions.create`): one raw-text prompt, no chat template. */
+export interface CompletionCreateParams {
+  /** Raw text; special tokens written in it become their ids, BOS is added when the model asks for it. */
+  prompt: string;
+  stream?: boolean;
+  stream_options?: { include_usage?: boolean };
+  max_tokens?: number;
+  /** 0 = greedy. */
+  temperature?: number;
+  top_p?: number;
+  top_k?: number;
+  repetition_penalty?: number;
+  seed?: number;
+  stop?: string | string[];
+  signal?: AbortSignal;
+}
+
 export interface CompletionUsage {
   prompt_tokens: number;
   completion_tokens: number;
@@ -136,11 +153,48 @@ export interface ChatCompletionChunk {
   pagedlm?: GenerationDetails;
 }
 
+/** Where a request stands (queued behind others, running, done) and its token counts so far. */
+export interface RequestProgress {
+  request: number;
+  state: "queued" | "running" | "done";
+  prompt_tokens: number;
+  completion_tokens: number;
+}
+
 export interface ChatCompletionStream extends AsyncIterable<ChatCompletionChunk> {
   abort(): void;
   finalCompletion(): Promise<ChatCompletion>;
-  /** Where the request stands (queued behind others, running, done) and its token counts so far. */
-  progress(): { request: number; state: "queued" | "running" | "done"; prompt_tokens: number; completion_tokens: number };
+  progress(): RequestProgress;
+}
+
+/** What completion mode returns (OpenAI's legacy completions shape). */
+export interface Completion {
+  id: string;
+  object: "text_completion";
+  created: number;
+  model: string;
+  /** `text`: the continuation only, not the prompt. */
+  choices: { index: 0; text: string; logprobs: null; finish_reason: "stop" | "length" }[];
+  usage: CompletionUsage;
+  pagedlm: GenerationDetails;
+}
+
+export interface CompletionChunk {
+  id: string;
+  object: "text_completion";
+  created: number;
+  model: string;
+  choices: { index: 0; text: string; logprobs: null; finish_reason: "stop" | "length" | null }[];
+  /** Only on the last chunk, with stream_options.include_usage. */
+  usage?: CompletionUsage;
+  /** Only on the chunk that carries finish_reason. */
+  pagedlm?: GenerationDetails;
+}
+
+export interface CompletionStream extends AsyncIterable<CompletionChunk> {
+  abort(): void;
+  finalCompletion(): Promise<Completion>;
+  progress(): RequestProgress;
 }
 
 export interface PoolStats {
@@ -207,10 +261,21 @@ export interface EngineInfo {
   max_context: number;
   model: {
     arch: string; name: string; n_layers: number; hidden: number; n_heads: number; n_kv_heads: number; head_dim: number; vocab: number; context_length: number;
+    /** `general.architecture` of the file. */
+    architecture: "llama" | "gemma3" | string;
+    /** Tokens a local (sliding-window) attention layer sees; null when every layer is global. */
+    sliding_window: number | null;
+    /**
+     * The chat format `chat.completions.create` renders: null for a base model without a chat
+     * template, which takes `completions.create({prompt})` only (chat is INVALID_ARGUMENT).
+     */
+    chat_template: "chatml" | "gemma" | null;
     /** Tensors of each weight type the file holds, by ggml's type name, e.g. {"F32": 61, "Q4_1": 210, "Q8_0": 1}. */
     weight_types: Record<string, number>;
   };
   memory: { weights_bytes: number; kv_bytes: number };
+  /** K and V bytes one token takes in the KV cache, all layers together. */
+  kv: { bytes_per_token: number };
 }
 
 export declare class Engine {
@@ -223,6 +288,12 @@ export declare class Engine {
       create(params: ChatCompletionCreateParams & { stream?: false }): Promise<ChatCompletion>;
       create(params: ChatCompletionCreateParams): Promise<ChatCompletion | ChatCompletionStream>;
     };
+  };
+  /** Completion mode: raw text in, its continuation out (for base models; works on chat models too). */
+  readonly completions: {
+    create(params: CompletionCreateParams & { stream: true }): Promise<CompletionStream>;
+    create(params: CompletionCreateParams & { stream?: false }): Promise<Completion>;
+    create(params: CompletionCreateParams): Promise<Completion | CompletionStream>;
   };
   stats(): Promise<EngineStats>;
   resetCache(): Promise<PoolSnapshot>;

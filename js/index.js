@@ -5,6 +5,8 @@
 //   for await (const chunk of await engine.chat.completions.create({ messages, stream: true })) {
 //     out.textContent += chunk.choices[0]?.delta?.content ?? "";
 //   }
+//   // A base model (engine.info.model.chat_template === null) completes raw text instead:
+//   const { choices } = await engine.completions.create({ prompt: "Once upon a time", max_tokens: 32 });
 //
 // Everything heavy happens in js/worker.js; this module only turns calls into messages and
 // messages back into promises and async iterables; the messages are those of js/protocol.js.
@@ -115,13 +117,44 @@ function abortError(signal) {
   return new PagedlmError("ABORTED", `the request was aborted${why}`);
 }
 
+function checkPrompt(prompt) {
+  if (typeof prompt !== "string") throw invalid("prompt must be a string (completion mode takes one raw-text prompt)");
+  return prompt;
+}
+
 let completionCounter = 0;
+
+/**
+ * The OpenAI shapes of one kind of request: chat (`chat.completion`, text in `delta.content`
+ * and `message.content`) or completion mode (`text_completion`, text in `text`).
+ */
+const SHAPES = Object.freeze({
+  chat: {
+    idPrefix: "chatcmpl",
+    chunkObject: "chat.completion.chunk",
+    object: "chat.completion",
+    /** The choice of the chunk before the first token, or null for none. */
+    first: () => ({ delta: { role: "assistant", content: "" } }),
+    /** The choice of a chunk carrying `text` (undefined: none, as on the last chunk). */
+    choice: (text) => (text === undefined ? { delta: {} } : { delta: { content: text } }),
+    final: (text) => ({ message: { role: "assistant", content: text } }),
+  },
+  completion: {
+    idPrefix: "cmpl",
+    chunkObject: "text_completion",
+    object: "text_completion",
+    first: () => null,
+    choice: (text) => ({ text: text ?? "" }),
+    final: (text) => ({ text }),
+  },
+});
 
 /** One `create` call in flight: gathers chunks for the stream and the final completion. */
 class Request {
-  constructor(engine, params) {
+  constructor(engine, params, shape = SHAPES.chat) {
     this.model = engine.model;
-    this.id = `chatcmpl-${Date.now().toString(36)}${(completionCounter++).toString(36)}`;
+    this.shape = shape;
+    this.id = `${shape.idPrefix}-${Date.now().toString(36)}${(completionCounter++).toString(36)}`;
     this.created = Math.floor(Date.now() / 1000);
     this.includeUsage = !!params.stream_options?.include_usage;
     this.content = "";
@@ -136,13 +169,18 @@ class Request {
     this.state = "queued";
   }
 
-  chunk(delta, finishReason = null, extra = {}) {
+  /** A stream chunk carrying `text` (undefined: none, as on the last chunk). */
+  chunk(text, finishReason = null, extra = {}) {
+    return this.chunkOf(this.shape.choice(text), finishReason, extra);
+  }
+
+  chunkOf(choice, finishReason = null, extra = {}) {
     return {
       id: this.id,
-      object: "chat.completion.chunk",
+      object: this.shape.chunkObject,
       created: this.created,
       model: this.model,
-      choices: [{ index: 0, delta, logprobs: null, finish_reason: finishReason }],
+      choices: [{ index: 0, ...choice, logprobs: null, finish_reason: finishReason }],
       ...extra,
     };
   }
@@ -162,12 +200,13 @@ class Request {
       this.promptTokens = data.prompt_tokens;
     } else if (data.type === "start") {
       this.promptTokens = data.prompt_tokens;
-      this.push(this.chunk({ role: "assistant", content: "" }));
+      const first = this.shape.first();
+      if (first) this.push(this.chunkOf(first));
     } else if (data.type === "token") {
       this.completionTokens += 1;
       if (data.text) {
         this.content += data.text;
-        this.push(this.chunk({ content: data.text }));
+        this.push(this.chunk(data.text));
       }
     }
   }
@@ -197,16 +236,16 @@ class Request {
     }
     this.completion = {
       id: this.id,
-      object: "chat.completion",
+      object: this.shape.object,
       created: this.created,
       model: this.model,
-      choices: [{ index: 0, message: { role: "assistant", content: r.text }, logprobs: null, finish_reason: r.finish_reason }],
+      choices: [{ index: 0, ...this.shape.final(r.text), logprobs: null, finish_reason: r.finish_reason }],
       usage,
       pagedlm: details,
     };
     // Text that a stop string cut off was streamed already; the completion's text is the truth.
-    this.push(this.chunk({}, r.finish_reason, { pagedlm: details }));
-    if (this.includeUsage) this.push({ ...this.chunk({}), choices: [], usage });
+    this.push(this.chunk(undefined, r.finish_reason, { pagedlm: details }));
+    if (this.includeUsage) this.push({ ...this.chunk(undefined), choices: [], usage });
     this.end();
   }
 
@@ -288,24 +327,27 @@ export class Engine {
     /** How the model was loaded: {source: "network"|"cache"|"file"|"buffer", bytes, download_ms, engine_ms}. */
     this.load = loaded.load;
     this.model = loaded.info?.model?.name || "pagedlm";
-    this.chat = { completions: { create: (params) => this.#create(params) } };
+    this.chat = { completions: { create: (params) => this.#create(params, SHAPES.chat) } };
+    /** Completion mode (OpenAI's legacy completions): raw text in, its continuation out. */
+    this.completions = { create: (params) => this.#create(params, SHAPES.completion) };
   }
 
   #alive() {
     if (this.#disposed) throw new PagedlmError("DISPOSED", "this engine was disposed");
   }
 
-  #create(params) {
+  #create(params, shape) {
     try {
       this.#alive();
       if (!params || typeof params !== "object") throw invalid("create(params): params must be an object");
-      const messages = checkMessages(params.messages);
-      const options = requestOptions(params);
+      const message = shape === SHAPES.chat
+        ? toWorker.create(checkMessages(params.messages), requestOptions(params))
+        : toWorker.complete(checkPrompt(params.prompt), requestOptions(params));
       const { signal } = params;
       if (signal?.aborted) throw abortError(signal);
 
-      const request = new Request(this, params);
-      const sent = this.#channel.send(toWorker.create(messages, options), (data) => request.onMessage(data));
+      const request = new Request(this, params, shape);
+      const sent = this.#channel.send(message, (data) => request.onMessage(data));
       request.channelId = sent.id;
       let onAbort = null;
       const cancel = () => this.#worker.postMessage(toWorker.abort(sent.id));

@@ -5,16 +5,18 @@
 // Page -> worker: every message carries the `id` the page's channel gives it; replies and a
 // request's stream carry the same id. Worker -> page: `result` and `error` answer a message;
 // `progress` streams a load; `queued`, `begin`, `start`, `token` then `done` (or `error`)
-// stream one chat request.
+// stream one request (chat or completion).
 
 /** Options of `createEngine` that go to the wasm engine (`WebEngine.load`). */
 export const ENGINE_OPTIONS = Object.freeze(["kvDtype", "kvLayout", "blockSize", "poolTokens", "maxContext", "prefillChunk", "prefixCache", "maxBatch", "stepTokens", "maxBindingMib"]);
 /** Options of `createEngine` that js/index.js handles itself. */
 export const PACKAGE_OPTIONS = Object.freeze(["onProgress", "cache", "cacheName", "workerUrl"]);
-/** Parameters of `chat.completions.create` that go to the wasm engine (`WebEngine.submit`). */
+/** Parameters of `chat.completions.create` and `completions.create` that go to the wasm engine (`WebEngine.submit`, `submitPrompt`). */
 export const REQUEST_OPTIONS = Object.freeze(["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "repetition_penalty"]);
 /** Parameters of `chat.completions.create` that js/index.js handles itself. */
 export const REQUEST_PARAMS = Object.freeze(["messages", "stream", "stream_options", "signal"]);
+/** Parameters of `completions.create` (completion mode) that js/index.js handles itself. */
+export const COMPLETION_PARAMS = Object.freeze(["prompt", "stream", "stream_options", "signal"]);
 
 /** The engine's share of `params`: the `REQUEST_OPTIONS` that are set. */
 export function requestOptions(params) {
@@ -31,13 +33,14 @@ export function requestOptions(params) {
  *
  * @typedef {{type: "load", model: string | ArrayBuffer | ArrayBufferView | Blob, options: object, cache: CacheOptions}} LoadMessage
  * @typedef {{type: "create", messages: ChatMessage[], options: object}} CreateMessage
+ * @typedef {{type: "complete", prompt: string, options: object}} CompleteMessage  raw text, no chat template
  * @typedef {{type: "abort", id: number}} AbortMessage  `id`: the `create` message's
  * @typedef {{type: "stats"}} StatsMessage
  * @typedef {{type: "resetCache"}} ResetCacheMessage
  * @typedef {{type: "dispose"}} DisposeMessage
  * @typedef {{type: "exportConversation", messages: ChatMessage[]}} ExportConversationMessage
  * @typedef {{type: "importConversation", bytes: Uint8Array}} ImportConversationMessage
- * @typedef {(LoadMessage | CreateMessage | AbortMessage | StatsMessage | ResetCacheMessage | DisposeMessage
+ * @typedef {(LoadMessage | CreateMessage | CompleteMessage | AbortMessage | StatsMessage | ResetCacheMessage | DisposeMessage
  *   | ExportConversationMessage | ImportConversationMessage) & {id?: number}} ToWorkerMessage
  */
 
@@ -47,7 +50,9 @@ export const toWorker = Object.freeze({
   load: (model, options, cache) => ({ type: "load", model, options, cache }),
   /** @returns {CreateMessage} */
   create: (messages, options) => ({ type: "create", messages, options }),
-  /** Stops the request that `create` message `id` started. @returns {AbortMessage} */
+  /** @returns {CompleteMessage} */
+  complete: (prompt, options) => ({ type: "complete", prompt, options }),
+  /** Stops the request that `create` (or `complete`) message `id` started. @returns {AbortMessage} */
   abort: (id) => ({ type: "abort", id }),
   /** @returns {StatsMessage} */
   stats: () => ({ type: "stats" }),

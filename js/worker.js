@@ -1,6 +1,6 @@
 // The engine's home: a dedicated Web Worker that owns the WebGPU device and the wasm engine, so
 // the page never blocks. It downloads the model (with progress, through the Cache API), loads
-// it, runs every chat request through the engine's continuous-batching scheduler, and streams
+// it, runs every request (chat, or raw-text completion) through the engine's continuous-batching scheduler, and streams
 // tokens back. Its messages, in and out, are those of js/protocol.js.
 import init, { WebEngine } from "../pkg/pagedlm.js";
 import { fromWorker } from "./protocol.js";
@@ -217,7 +217,9 @@ async function applyInbox() {
       const { request } = item;
       try {
         if (!engine) throw fail("DISPOSED", "the engine was disposed");
-        const { id, prompt_tokens } = engine.submit(request.messages, request.options);
+        const { id, prompt_tokens } = request.prompt !== undefined
+          ? engine.submitPrompt(request.prompt, request.options)
+          : engine.submit(request.messages, request.options);
         Object.assign(request, { engineId: id, prompt_tokens, tokens: 0, state: "queued" });
         requests.set(id, request);
         post(fromWorker.queued(request.id, prompt_tokens));
@@ -331,6 +333,7 @@ function dispose() {
 const handlers = {
   load: (data, reply) => reply(() => load(data, (progress) => post(fromWorker.progress(data.id, progress)))),
   create: ({ id, messages, options }) => enqueue({ id, messages, options }),
+  complete: ({ id, prompt, options }) => enqueue({ id, prompt, options }),
   abort: ({ id }) => abort(id),
   stats: (_, reply) => reply(async () => stats()),
   resetCache: (_, reply) => reply(async () => {

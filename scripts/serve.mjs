@@ -1,5 +1,6 @@
-// Static server for the chat page: www/ at "/", the wasm package at "/pkg/", the model at "/models/".
-// Binds 127.0.0.1 only. PORT overrides 8080.
+// Static server for the chat page: www/ at "/", the wasm package at "/pkg/", the models at "/models/".
+// Binds 127.0.0.1 only. PORT overrides 8080; PAGEDLM_MODELS_DIR serves another folder at "/models/"
+// (the page's picker says how to fetch a model the folder lacks).
 import { createServer } from "node:http";
 import { createReadStream, statSync } from "node:fs";
 import { extname, join, normalize, resolve } from "node:path";
@@ -13,13 +14,13 @@ const types = {
   ".css": "text/css; charset=utf-8", ".wasm": "application/wasm", ".json": "application/json", ".svg": "image/svg+xml",
   ".png": "image/png", ".gguf": "application/octet-stream", ".ts": "text/plain; charset=utf-8",
 };
-const mounts = [["/pkg/", "pkg"], ["/models/", "models"], ["/js/", "js"], ["/", "www"]];
+const mounts = [["/pkg/", "pkg"], ["/models/", process.env.PAGEDLM_MODELS_DIR || "models"], ["/js/", "js"], ["/", "www"]];
 
 function resolvePath(urlPath) {
   for (const [prefix, dir] of mounts) {
     if (urlPath.startsWith(prefix)) {
       const rel = normalize(decodeURIComponent(urlPath.slice(prefix.length))).replace(/^(\.\.[/\\])+/, "");
-      const base = join(root, dir);
+      const base = resolve(root, dir);
       const full = join(base, rel || "index.html");
       return full.startsWith(base) ? full : null;
     }

@@ -26,7 +26,7 @@ pub use crate::model::ModelConfig;
 pub use crate::request::{Event, FinishReason, GenerateRequest, Generation, RequestId, TokenEvent};
 pub use crate::sampler::SamplingParams;
 pub use crate::sched::{RunningInfo, SchedConfig, SchedStats};
-pub use crate::tokenizer::ChatMessage;
+pub use crate::tokenizer::{ChatFormatKind, ChatMessage};
 
 #[derive(Clone, Debug)]
 pub struct EngineOptions {

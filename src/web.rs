@@ -1,5 +1,5 @@
 //! The JavaScript surface of the engine (wasm-bindgen): load a model from bytes, submit chat
-//! requests and step the continuous-batching scheduler (or run one `chat` with a token
+//! requests (or raw-text completions, for base models without a chat template) and step the continuous-batching scheduler (or run one `chat` with a token
 //! callback), report the KV pool. Thin on purpose: every decision lives in [`Engine`]; this
 //! module only converts values and errors at the boundary. The Web Worker's step loop, abort
 //! signals and the model download live in JS (`js/worker.js`).
@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 
 use crate::engine::{
-    ChatMessage, Engine, EngineError, EngineOptions, EngineStats, ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout,
+    ChatFormatKind, ChatMessage, Engine, EngineError, EngineOptions, EngineStats, ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout,
     RequestId, SamplingParams, SchedStats, TokenEvent,
 };
 
@@ -217,6 +217,13 @@ struct ModelInfo {
     #[serde(flatten)]
     config: ModelConfigView,
     fingerprint: String,
+    /// `general.architecture`: "llama" or "gemma3" (the same as `arch`).
+    architecture: String,
+    /// Tokens a local (sliding-window) layer attends to; null when every layer is global.
+    sliding_window: Option<u32>,
+    /// The chat format the prompt of `chat`/`submit` is rendered in: "chatml", "gemma", or null
+    /// for a base model (no chat template), which only completes raw text (`submitPrompt`).
+    chat_template: Option<&'static str>,
     /// Tensors of each weight type in the file: `{"F32": 61, "Q4_1": 210, "Q8_0": 1}`.
     weight_types: BTreeMap<String, u32>,
 }
@@ -238,7 +245,7 @@ struct ModelConfigView {
 }
 
 impl ModelInfo {
-    fn of(engine: &Engine) -> ModelInfo {
+    fn of(engine: &Engine, chat_template: Option<&'static str>) -> ModelInfo {
         let c = engine.config();
         ModelInfo {
             config: ModelConfigView {
@@ -256,6 +263,9 @@ impl ModelInfo {
                 rms_eps: c.rms_eps,
             },
             fingerprint: format!("{:016x}", c.fingerprint),
+            architecture: c.arch.clone(),
+            sliding_window: c.sliding_window,
+            chat_template,
             weight_types: engine.weight_types().clone(),
         }
     }
@@ -273,10 +283,17 @@ struct Info {
     max_context: u32,
     model: ModelInfo,
     memory: Memory,
+    kv: KvInfo,
+}
+
+/// The KV cache's cost: bytes of K and V one token takes, summed over all layers.
+#[derive(Serialize)]
+struct KvInfo {
+    bytes_per_token: u64,
 }
 
 impl Info {
-    fn of(engine: &Engine) -> Info {
+    fn of(engine: &Engine, chat_template: Option<&'static str>) -> Info {
         let (weights_bytes, kv_bytes) = engine.memory();
         let kv = engine.kv_cache();
         Info {
@@ -286,8 +303,9 @@ impl Info {
             kv_dtype: kv.dtype().name(),
             block_size: kv.block_size(),
             max_context: engine.max_context(),
-            model: ModelInfo::of(engine),
+            model: ModelInfo::of(engine, chat_template),
             memory: Memory { weights_bytes, kv_bytes },
+            kv: KvInfo { bytes_per_token: kv.bytes_per_token() },
         }
     }
 }
@@ -342,6 +360,16 @@ fn request_id(id: f64) -> Result<RequestId, WebError> {
     }
 }
 
+/// The chat format the tokenizer renders, as `info().model.chat_template` names it: null for a
+/// base model (no template).
+fn chat_template(engine: &Engine) -> Option<&'static str> {
+    match engine.tokenizer().chat_format() {
+        ChatFormatKind::ChatMl => Some("chatml"),
+        ChatFormatKind::Gemma => Some("gemma"),
+        ChatFormatKind::None => None,
+    }
+}
+
 fn parse_messages(messages: JsValue) -> Result<Vec<ChatMessage>, WebError> {
     serde_wasm_bindgen::from_value(messages).map_err(|e| conversion_error("invalid messages (want [{role, content}])", e))
 }
@@ -385,16 +413,19 @@ fn field_names<T: for<'de> Deserialize<'de>>() -> &'static [&'static str] {
     names
 }
 
-/// The option names `WebEngine.load` and `WebEngine.chat`/`submit` accept: `{load: [...], chat:
-/// [...]}`. For the package's tests, which check them against `js/index.d.ts` and `js/index.js`.
+/// The option names `WebEngine.load`, `WebEngine.chat`/`submit` and `submitPrompt` accept:
+/// `{load: [...], chat: [...], completion: [...]}`. For the package's tests, which check them
+/// against `js/index.d.ts` and `js/index.js`.
 #[wasm_bindgen(js_name = optionNames)]
 pub fn option_names() -> Result<JsValue, WebError> {
     #[derive(Serialize)]
     struct OptionNames {
         load: &'static [&'static str],
         chat: &'static [&'static str],
+        completion: &'static [&'static str],
     }
-    to_js(&OptionNames { load: field_names::<LoadOptions>(), chat: field_names::<ChatOptions>() })
+    let request = field_names::<ChatOptions>();
+    to_js(&OptionNames { load: field_names::<LoadOptions>(), chat: request, completion: request })
 }
 
 /// Parses an optional JS options object: `undefined` and `null` mean "all defaults".
@@ -452,6 +483,22 @@ pub struct WebEngine {
     info: Info,
 }
 
+impl WebEngine {
+    /// The prompt of a chat request: the chat template's (a base model's refusal,
+    /// `INVALID_ARGUMENT`, comes from the tokenizer).
+    fn chat_prompt(&self, engine: &Engine, messages: &[ChatMessage]) -> Result<Vec<u32>, WebError> {
+        Ok(engine.chat_prompt(messages)?)
+    }
+
+    /// Queues `prompt` with `options` (those of `chat`) for [`WebEngine::step`].
+    fn submit_tokens(engine: &mut Engine, prompt: Vec<u32>, options: JsValue) -> Result<JsValue, WebError> {
+        let request = self::options::<ChatOptions>(options, "chat options")?.request();
+        let prompt_tokens = prompt.len() as u32;
+        let id = engine.submit(prompt, request)?;
+        to_js(&Submitted { id, prompt_tokens })
+    }
+}
+
 #[wasm_bindgen]
 impl WebEngine {
     /// Creates a WebGPU context and loads a GGUF model.
@@ -460,7 +507,7 @@ impl WebEngine {
     pub async fn load(bytes: Vec<u8>, options: JsValue) -> Result<WebEngine, WebError> {
         let opts: LoadOptions = self::options(options, "load options")?;
         let engine = Engine::load(&bytes, opts.engine_options()).await?;
-        let info = Info::of(&engine);
+        let info = Info::of(&engine, chat_template(&engine));
         Ok(WebEngine { inner: Rc::new(RefCell::new(engine)), info })
     }
 
@@ -479,7 +526,7 @@ impl WebEngine {
         let request = self::options::<ChatOptions>(options, "chat options")?.request();
         let inner = Rc::clone(&self.inner);
         let mut engine = inner.try_borrow_mut().map_err(|_| busy())?;
-        let prompt = engine.chat_prompt(&messages)?;
+        let prompt = self.chat_prompt(&engine, &messages)?;
         let prompt_len = JsValue::from(prompt.len() as u32);
         let mut thrown: Option<String> = None;
         let mut callback = |event: &TokenEvent<'_>| match on_token.call2(&JsValue::NULL, &JsValue::from_str(event.text), &prompt_len) {
@@ -499,14 +546,23 @@ impl WebEngine {
     /// Queues a chat request for [`WebEngine::step`] (continuous batching: every queued request
     /// runs in the same steps). `options` as for `chat`. Returns `{id, prompt_tokens}`; a bad
     /// option, a prompt over the context or bad sampling parameters fail here.
+    /// A model without a chat template refuses it with `INVALID_ARGUMENT` (use `submitPrompt`).
     pub fn submit(&self, messages: JsValue, options: JsValue) -> Result<JsValue, WebError> {
         let messages = parse_messages(messages)?;
-        let request = self::options::<ChatOptions>(options, "chat options")?.request();
         let mut engine = self.inner.try_borrow_mut().map_err(|_| busy())?;
-        let prompt = engine.chat_prompt(&messages)?;
-        let prompt_tokens = prompt.len() as u32;
-        let id = engine.submit(prompt, request)?;
-        to_js(&Submitted { id, prompt_tokens })
+        let prompt = self.chat_prompt(&engine, &messages)?;
+        Self::submit_tokens(&mut engine, prompt, options)
+    }
+
+    /// Queues a raw-text completion for [`WebEngine::step`] (completion mode: no chat
+    /// template; special tokens written in `prompt` become their ids, BOS comes first when the
+    /// model asks for it). `options` and the result as for `submit`; the events name it by id
+    /// like any request.
+    #[wasm_bindgen(js_name = submitPrompt)]
+    pub fn submit_prompt(&self, prompt: String, options: JsValue) -> Result<JsValue, WebError> {
+        let mut engine = self.inner.try_borrow_mut().map_err(|_| busy())?;
+        let ids = engine.text_prompt(&prompt)?;
+        Self::submit_tokens(&mut engine, ids, options)
     }
 
     /// Runs one scheduling step over every submitted request: admits waiting ones, computes one
@@ -595,7 +651,8 @@ impl WebEngine {
     }
 
     /// What the engine holds: `{adapter, is_cpu, kv_layout, kv_dtype, block_size, max_context,
-    /// model, memory: {weights_bytes, kv_bytes}}`. Works while a generation runs.
+    /// model: {arch, architecture, sliding_window, chat_template, name, n_layers, ...},
+    /// memory: {weights_bytes, kv_bytes}, kv: {bytes_per_token}}`. Works while a generation runs.
     pub fn info(&self) -> Result<JsValue, WebError> {
         to_js(&self.info)
     }

@@ -363,6 +363,7 @@ fn trace_continues_conversations_and_prints_the_summary() {
     let rows = lines(&out);
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[1]["tokens"], 50);
+    assert!(rows.iter().all(|r| r["architecture"] == "llama"), "the rows name the file's architecture: {rows:?}");
     assert!(rows[1]["snapshot_bytes"].as_u64().unwrap() > rows[0]["snapshot_bytes"].as_u64().unwrap());
     assert_eq!(plain[3]["summary"]["pool"]["blocks_cached"], 0);
 }

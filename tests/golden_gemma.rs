@@ -1,3 +1,4 @@
+#![cfg(not(target_arch = "wasm32"))]
 //! Golden tests of Gemma 3 270M (Q4_K_M) against llama.cpp's outputs (tests/data/gemma3/, copied
 //! from the team's reference set), teacher-forced over each base-model prompt plus llama.cpp's
 //! greedy completion, through the decode and the prefill paths, with f32 and INT8 K/V. One prompt

@@ -497,3 +497,85 @@ async fn a_failed_forward_step_ends_its_requests_with_gpu_error() {
     assert!(!engine.has_work().expect("hasWork"), "the failed request is over");
     assert_eq!(num(&engine.stats().expect("stats"), "pool.blocks_used"), 0.0, "its blocks are released");
 }
+
+/// Where the value of metadata `key` starts in a GGUF file: after the key's length, its bytes
+/// and the value's type id.
+fn meta_value_at(bytes: &[u8], key: &str) -> usize {
+    let mut needle = (key.len() as u64).to_le_bytes().to_vec();
+    needle.extend(key.as_bytes());
+    let at = bytes.windows(needle.len()).position(|w| w == needle.as_slice()).unwrap_or_else(|| panic!("no {key} in the file"));
+    at + needle.len() + 4
+}
+
+/// The tiny model as a base model: its `tokenizer.chat_template` key renamed (same length, so
+/// the file stays well-formed), so the file has no chat template.
+fn tiny_base() -> Vec<u8> {
+    let mut bytes = tiny();
+    let key = "tokenizer.chat_template";
+    let at = meta_value_at(&bytes, key) - 4 - key.len();
+    bytes[at..at + key.len()].copy_from_slice(b"tokenizer.xxxx_template");
+    bytes
+}
+
+#[wasm_bindgen_test]
+async fn info_names_the_architecture_window_chat_format_and_kv_bytes_per_token() {
+    let cfg = SynthConfig::tiny();
+    let info = engine().await.info().expect("info");
+    assert_eq!(text(&info, "model.architecture"), text(&info, "model.arch"));
+    assert_eq!(text(&info, "model.architecture"), "llama", "the synthetic file's general.architecture");
+    assert!(get(&info, "model.sliding_window").is_null(), "a llama has no local layers");
+    assert_eq!(text(&info, "model.chat_template"), "chatml", "the synthetic file carries SmolLM2's ChatML template");
+    // f32 K and V, every layer and KV head.
+    let per_token = cfg.n_layers * cfg.n_kv_heads * cfg.head_dim() * 2 * 4;
+    assert_eq!(num(&info, "kv.bytes_per_token"), per_token as f64);
+    let int8 = load(tiny(), r#"{"kvDtype": "int8"}"#).await;
+    if let Ok(int8) = int8 {
+        assert!(num(&int8.info().expect("info"), "kv.bytes_per_token") < per_token as f64 / 2.0, "int8 K/V take under half of f32's");
+    }
+    let base = load(tiny_base(), "{}").await.expect("the base model loads").info().expect("info");
+    assert!(get(&base, "model.chat_template").is_null(), "no chat template: completion mode");
+}
+
+#[wasm_bindgen_test]
+async fn a_base_model_completes_raw_text_and_refuses_chat() {
+    let engine = load(tiny_base(), "{}").await.expect("the base model loads");
+    let options = json(r#"{"max_tokens": 5, "temperature": 0}"#);
+    for refused in [
+        engine.submit(json(HELLO), options.clone()).map(|_| ()),
+        engine.chat(json(HELLO), options.clone(), Counter::new(None).function()).await.map(|_| ()),
+    ] {
+        let message = expect_code("chat on a base model", refused, ErrorCode::InvalidArgument);
+        assert!(message.contains("completion mode") && message.contains("chat template"), "{message}");
+    }
+    let prompt = "Once upon a time, in a land far away";
+    let first = engine.submit_prompt(prompt.into(), options.clone()).expect("submitPrompt");
+    // The synthetic vocabulary has no merges and the file no BOS: one token per byte, as written.
+    assert_eq!(num(&first, "prompt_tokens"), prompt.len() as f64, "the raw text, no template, no BOS");
+    let done = run_steps(&engine).await;
+    assert_eq!(done.len(), 1);
+    let (id, streamed, result) = &done[0];
+    assert_eq!(*id, num(&first, "id"));
+    assert!((1..=5).contains(&len(result, "tokens")), "{result:?}");
+    if text(result, "finish_reason") == "length" {
+        assert_eq!(streamed, &text(result, "text"), "the token events spell the completion");
+    }
+    // The same prompt again: its full blocks come from the prefix cache, the completion is the same.
+    engine.submit_prompt(prompt.into(), options.clone()).expect("submitPrompt");
+    let again = run_steps(&engine).await;
+    assert_eq!(text(&again[0].2, "text"), text(result, "text"), "greedy: the same completion");
+    assert!(num(&again[0].2, "prefix_hit_tokens") > 0.0, "{:?}", again[0].2);
+    expect_code("an empty prompt", engine.submit_prompt(String::new(), options.clone()), ErrorCode::InvalidArgument);
+    expect_code("a bad option", engine.submit_prompt(prompt.into(), json(r#"{"max_token": 3}"#)), ErrorCode::InvalidArgument);
+
+    // A file that asks for BOS gets it before the text.
+    let mut bos = tiny_base();
+    let at = meta_value_at(&bos, "tokenizer.ggml.add_bos_token");
+    assert_eq!(bos[at], 0, "the synthetic file says false");
+    bos[at] = 1;
+    let engine = load(bos, "{}").await.expect("loads");
+    let submitted = engine.submit_prompt(prompt.into(), options).expect("submitPrompt");
+    assert_eq!(num(&submitted, "prompt_tokens"), prompt.len() as f64 + 1.0, "BOS, then the text");
+    let done = run_steps(&engine).await;
+    let bos_id = 1.0; // tokenizer.ggml.bos_token_id of the synthetic file
+    assert_eq!(js_sys::Array::from(&get(&done[0].2, "prompt_tokens")).get(0).as_f64(), Some(bos_id));
+}

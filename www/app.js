@@ -1,10 +1,16 @@
 // The chat page on the pagedlm package: the engine runs in its Web Worker, this page only draws.
 // Several conversations, streamed replies with a stop button, and a live map of the KV pool.
+// A model picker switches models; a base model (no chat template) runs in text-completion mode:
+// the same text box, the completion streamed after the prompt.
 // User and model text always go through textContent, never HTML.
 import { createEngine } from "/js/index.js";
 import { loadConversations, saveConversation } from "./store.js";
 
-const MODEL_URL = "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+/** The models the picker offers (the first is the default), with the command that fetches each. */
+const MODELS = [
+  { id: "smollm2-135m", label: "SmolLM2-135M-Instruct", url: "/models/SmolLM2-135M-Instruct.Q4_1.gguf", fetch: "npm run fetch-model" },
+  { id: "gemma3-270m", label: "Gemma 3 270M (base)", url: "/models/gemma-3-270m-q4_k_m.gguf", fetch: "npm run fetch-model -- gemma3-270m" },
+];
 const params = new URLSearchParams(location.search);
 
 const $ = (id) => document.getElementById(id);
@@ -14,6 +20,7 @@ const ui = {
   errorPanel: $("error-panel"), errorTitle: $("error-title"), errorMessage: $("error-message"), errorHint: $("error-hint"),
   messages: $("messages"), empty: $("empty"), composer: $("composer"), input: $("chat-input"),
   send: $("send-button"), stop: $("stop-button"), newConversation: $("new-conversation"), adapter: $("adapter"),
+  picker: $("model-picker"),
   modelName: $("model-name"), modelFile: $("model-file"), dropOverlay: $("drop-overlay"),
   conversations: $("conversations"), systemPrompt: $("system-prompt"),
   maxTokens: $("max-tokens"), temperature: $("temperature"), topP: $("top-p"), kvDtype: $("kv-dtype"),
@@ -37,6 +44,8 @@ const PALETTE = ["#6366f1", "#0ea5a4", "#f97316", "#db2777", "#0284c7", "#65a30d
 const state = {
   engine: null,
   info: null,
+  /** "chat", or "completion" for a model without a chat template. */
+  mode: "chat",
   /** The last pool snapshot (EngineStats). */
   stats: null,
   conversations: [],
@@ -73,11 +82,13 @@ const ERROR_TITLES = {
   WEBGPU_UNAVAILABLE: ["WebGPU is not available", "Use a browser with WebGPU enabled: a recent Chrome, Edge or Safari. In Chromium without a GPU, start it with --enable-unsafe-webgpu."],
   MODEL_FORMAT: ["This file is not a model pagedlm can run", "pagedlm runs llama-architecture GGUF files with Q4_1/Q8_0 weights, such as SmolLM2-135M-Instruct.Q4_1.gguf."],
   MODEL_DOWNLOAD: ["The model could not be downloaded", "Run `npm run fetch-model` to place the model next to the page, then reload."],
+  MODEL_MISSING: ["This model is not on the server", ""],
   UNSUPPORTED: ["Not available yet", "Choose f32 as the KV precision in the settings."],
 };
 
 function showError(e) {
-  const [title, hint] = ERROR_TITLES[e?.code] ?? ["The model failed to load", ""];
+  const [title, fallbackHint] = ERROR_TITLES[e?.code] ?? ["The model failed to load", ""];
+  const hint = e?.hint ?? fallbackHint;
   ui.errorTitle.textContent = title;
   ui.errorMessage.textContent = errorText(e);
   ui.errorHint.textContent = hint;
@@ -138,14 +149,16 @@ async function loadModel(model, label) {
     ui.progress.classList.add("done");
     ui.progress.dataset.done = "true";
     ui.progress.dataset.source = engine.load.source;
-    ui.modelName.textContent = `${label} · ${weightTypesText(state.info.model.weight_types)} · KV ${state.info.kv_dtype} · blocks of ${state.info.block_size}`;
-    ui.modelName.title = "Tensors of each weight type in the file, then the KV cache's format";
+    const m = state.info.model;
+    const slidingWindow = m.sliding_window ? ` · window ${m.sliding_window}` : "";
+    ui.modelName.textContent = `${label} · ${weightTypesText(m.weight_types)} · KV ${state.info.kv_dtype} · blocks of ${state.info.block_size} · ${m.architecture}${slidingWindow}`;
+    ui.modelName.title = "Tensors of each weight type in the file, the KV cache's format, then the architecture and its sliding window";
+    setMode(m.chat_template ? "chat" : "completion");
     // Browsers often hide the adapter's name; say at least what kind of device runs the model.
     const name = state.info.adapter.split(" (")[0].trim();
     ui.adapter.textContent = `${name || "WebGPU"} · ${state.info.is_cpu ? "software GPU" : "GPU"}`;
     ui.adapter.title = `WebGPU adapter: ${state.info.adapter}`;
     ui.input.disabled = false;
-    ui.input.placeholder = "Ask something…";
     ui.newConversation.disabled = false;
     ui.resetCache.disabled = false;
     state.claims.clear();
@@ -161,15 +174,68 @@ async function loadModel(model, label) {
   }
 }
 
+/** Stops every reply and frees the engine, before another model loads. */
+async function disposeEngine() {
+  if (!state.engine) return;
+  const old = state.engine;
+  state.engine = null;
+  for (const c of state.conversations) c.controller?.abort();
+  await old.dispose();
+}
+
 async function openFile(file) {
   if (!file) return;
-  if (state.engine) {
-    const old = state.engine;
-    state.engine = null;
-    for (const c of state.conversations) c.controller?.abort();
-    await old.dispose();
-  }
+  await disposeEngine();
+  pickerShows("file", file.name);
   await loadModel(file, file.name.replace(/\.gguf$/i, ""));
+}
+
+/** Whether `url` is on the server or in the browser's model cache (a 404 means not fetched). */
+async function modelPresent(url) {
+  try {
+    const cache = typeof caches === "undefined" ? null : await caches.open("pagedlm-models-v1");
+    if (await cache?.match(new URL(url, location.href).href)) return true;
+  } catch { /* no Cache API here: ask the server */ }
+  try {
+    return (await fetch(url, { method: "HEAD" })).status !== 404;
+  } catch {
+    // The download itself will say what is wrong.
+    return true;
+  }
+}
+
+/** Loads a model of the picker (`MODELS`), or says how to fetch it when the server lacks it. */
+async function chooseModel(entry) {
+  await disposeEngine();
+  pickerShows(entry.id);
+  if (!(await modelPresent(entry.url))) {
+    clearKv();
+    ui.input.disabled = true;
+    updateButtons();
+    showError(Object.assign(new Error(`${entry.label} is not on this server: ${entry.url.replace(/^\//, "")} was not found.`),
+      { code: "MODEL_MISSING", hint: `Run \`${entry.fetch}\` in the pagedlm folder, then choose it again.` }));
+    return;
+  }
+  await loadModel(entry.url, entry.label);
+}
+
+/** Selects picker option `id`, adding it first for a model from elsewhere (a file, ?model=URL). */
+function pickerShows(id, label = id) {
+  if (![...ui.picker.options].some((o) => o.value === id)) ui.picker.append(new Option(label, id));
+  ui.picker.value = id;
+}
+
+/** Chat, or text completion for a model without a chat template; the page follows. */
+function setMode(mode) {
+  state.mode = mode;
+  ui.picker.dataset.mode = mode;
+  document.body.dataset.mode = mode;
+  const completion = mode === "completion";
+  ui.input.placeholder = completion ? "Write the start of a text; the model continues it…" : "Ask something…";
+  ui.input.setAttribute("aria-label", completion ? "Prompt" : "Message");
+  ui.send.title = completion ? "Complete the text (Enter)" : "Send (Enter)";
+  ui.send.firstChild.textContent = completion ? "Complete" : "Send";
+  ui.systemPrompt.disabled = completion || !!state.active?.started;
 }
 
 // ---- Conversations -------------------------------------------------------------------------------
@@ -282,7 +348,7 @@ function activate(conv) {
   for (const el of [...ui.messages.querySelectorAll(".thread")]) el.remove();
   ui.messages.append(conv.view);
   ui.empty.hidden = conv.history.length > 0 || conv.busy;
-  ui.systemPrompt.disabled = conv.started;
+  ui.systemPrompt.disabled = conv.started || state.mode === "completion";
   ui.systemPrompt.value = conv.started ? (conv.system ?? "") : ui.systemPrompt.dataset.draft ?? ui.systemPrompt.value;
   updateButtons();
   scrollToEnd(true);
@@ -345,6 +411,7 @@ function requestOptions() {
 }
 
 async function send() {
+  if (state.mode === "completion") return complete();
   const conv = state.active;
   const text = ui.input.value.trim();
   if (!text || !conv || conv.busy || !state.engine) return;
@@ -431,6 +498,84 @@ async function send() {
     renderConversationItem(conv);
     updateButtons();
     if (conv === state.active) scrollToEnd();
+    if (!ui.input.disabled && conv === state.active) ui.input.focus();
+  }
+}
+
+/**
+ * Completion mode: the prompt as written (not trimmed: a trailing space or newline matters to a
+ * base model), then its continuation streamed after it in one `message-assistant` block. Each
+ * completion stands alone: no history, no snapshot.
+ */
+async function complete() {
+  const conv = state.active;
+  const prompt = ui.input.value;
+  if (!prompt.trim() || !conv || conv.busy || !state.engine) return;
+  ui.input.value = "";
+  autosize();
+  if (!conv.started) {
+    conv.started = true;
+    conv.title = prompt.length > 48 ? `${prompt.slice(0, 47)}…` : prompt;
+  }
+  const bubble = addMessage(conv, "assistant", "");
+  const body = bubble.querySelector(".body");
+  const promptEl = document.createElement("span");
+  promptEl.className = "prompt";
+  promptEl.textContent = prompt;
+  const out = document.createElement("span");
+  out.className = "completion";
+  body.append(promptEl, out);
+  bubble.classList.add("streaming", "completion");
+  conv.bubble = bubble;
+  conv.busy = true;
+  conv.controller = new AbortController();
+  updateButtons();
+  renderConversationItem(conv);
+  startRefresh();
+  const t0 = performance.now();
+  let outcome = "done";
+  try {
+    conv.stream = await state.engine.completions.create({ prompt, stream: true, signal: conv.controller.signal, ...requestOptions() });
+    for await (const chunk of conv.stream) {
+      const piece = chunk.choices[0]?.text;
+      if (piece) {
+        out.textContent += piece;
+        if (conv === state.active) scrollToEnd();
+      }
+      requestRefresh();
+    }
+    const completion = await conv.stream.finalCompletion();
+    out.textContent = completion.choices[0].text;
+    finishTurn(conv, bubble, completion.usage, completion.pagedlm, performance.now() - t0);
+  } catch (e) {
+    if (e.code === "ABORTED" || e.code === "DISPOSED") {
+      outcome = "stopped";
+      bubble.classList.add("stopped");
+      if (e.partial) {
+        out.textContent = e.partial.content;
+        finishTurn(conv, bubble, e.partial.usage, e.partial.pagedlm, performance.now() - t0);
+      } else {
+        Object.assign(bubble.dataset, { finishReason: "abort", tokens: "0" });
+      }
+    } else {
+      outcome = "failed";
+      console.error(e);
+      bubble.classList.add("failed");
+      const err = document.createElement("div");
+      err.className = "message-error";
+      err.textContent = `${errorText(e)}${e.code ? ` (${e.code})` : ""}`;
+      bubble.append(err);
+    }
+  } finally {
+    bubble.classList.remove("streaming", "queued");
+    bubble.dataset.outcome = outcome;
+    conv.busy = false;
+    conv.stream = null;
+    conv.controller = null;
+    await refreshStats();
+    bubble.dataset.done = "true";
+    renderConversationItem(conv);
+    updateButtons();
     if (!ui.input.disabled && conv === state.active) ui.input.focus();
   }
 }
@@ -757,7 +902,21 @@ window.addEventListener("drop", (e) => {
   openFile(file);
 });
 
+for (const m of MODELS) ui.picker.append(new Option(m.label, m.id));
+ui.picker.addEventListener("change", () => {
+  const entry = MODELS.find((m) => m.id === ui.picker.value);
+  if (entry) chooseModel(entry);
+});
+
 newConversation();
 // Saved conversations come back while the model loads; their snapshots are imported on use.
 await restoreConversations();
-loadModel(params.get("model") || MODEL_URL, "SmolLM2-135M-Instruct");
+// ?model=URL loads any file; ?pick=ID one of the picker's models; else the first (SmolLM2).
+const wanted = params.get("model");
+const known = MODELS.find((m) => m.url === wanted || m.id === (params.get("pick") ?? MODELS[0].id));
+if (wanted && !MODELS.some((m) => m.url === wanted)) {
+  pickerShows("url", wanted.split("/").pop());
+  loadModel(wanted, wanted.split("/").pop().replace(/\.gguf$/i, ""));
+} else {
+  chooseModel(known ?? MODELS[0]);
+}

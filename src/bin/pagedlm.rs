@@ -498,6 +498,7 @@ mod cli {
             "decode_ms": ms,
             "steps": engine.sched_stats().steps,
             "kv_dtype": engine.kv_cache().dtype().name(),
+            "architecture": engine.config().arch,
         }))
     }
 
@@ -533,6 +534,7 @@ mod cli {
             print_line(&json!({
                 "tokens": n,
                 "kv_dtype": source.kv_cache().dtype().name(),
+                "architecture": source.config().arch,
                 "snapshot_bytes": snapshot.len(),
                 "bytes_per_token": snapshot.len() as f64 / n as f64,
                 "recompute_ms": t1 - t0,
@@ -665,6 +667,7 @@ mod cli {
             "kv_layout": engine.kv_cache().layout,
             "block_size": engine.kv_cache().block_size(),
             "kv_dtype": engine.kv_cache().dtype().name(),
+            "architecture": engine.config().arch,
             "weights_bytes": weights,
             "kv_bytes": kv,
         }))

@@ -28,11 +28,11 @@ export function freePort() {
   });
 }
 
-/** Starts scripts/serve.mjs (the chat page); resolves once it listens. */
-export async function startServer() {
+/** Starts scripts/serve.mjs (the chat page) with `env` added; resolves once it listens. */
+export async function startServer(env = {}) {
   const port = await freePort();
   const child = spawn(process.execPath, [join(root, "scripts/serve.mjs")], {
-    env: { ...process.env, PORT: String(port) },
+    env: { ...process.env, ...env, PORT: String(port) },
     stdio: ["ignore", "pipe", "pipe"],
   });
   let log = "";

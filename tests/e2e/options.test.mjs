@@ -1,4 +1,5 @@
-// The option names agree on every side: what `createEngine` and `chat.completions.create` accept
+// The option names agree on every side: what `createEngine`, `chat.completions.create` and
+// `completions.create` accept
 // in js/index.js (through js/protocol.js), what js/index.d.ts declares, and what the wasm engine
 // reads (`optionNames()` from src/web.rs, the fields serde deserializes). A name one side gains
 // and another lacks fails here with the difference. Runs in node: no browser, no model.
@@ -7,7 +8,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { root } from "./helpers.mjs";
-import { ENGINE_OPTIONS, PACKAGE_OPTIONS, REQUEST_OPTIONS, REQUEST_PARAMS, requestOptions } from "../../js/protocol.js";
+import { COMPLETION_PARAMS, ENGINE_OPTIONS, PACKAGE_OPTIONS, REQUEST_OPTIONS, REQUEST_PARAMS, requestOptions } from "../../js/protocol.js";
 import { createEngine } from "../../js/index.js";
 
 /** The top-level member names of `interface name` in TypeScript declarations. */
@@ -70,6 +71,16 @@ describe("option names", () => {
     assert.deepEqual(clash, [], "a package parameter is not also an engine option");
     sameNames({ "js REQUEST_OPTIONS + REQUEST_PARAMS": [...REQUEST_OPTIONS, ...REQUEST_PARAMS] },
       { "index.d.ts ChatCompletionCreateParams": interfaceFields(dts, "ChatCompletionCreateParams") }, "create params");
+  });
+
+  it("completions.create: js/protocol.js, the wasm engine and index.d.ts CompletionCreateParams agree", () => {
+    sameNames({ "js REQUEST_OPTIONS": [...REQUEST_OPTIONS] }, { "wasm completion options": wasm.completion }, "completion options");
+    const clash = COMPLETION_PARAMS.filter((n) => REQUEST_OPTIONS.includes(n));
+    assert.deepEqual(clash, [], "a package parameter is not also an engine option");
+    sameNames({ "js REQUEST_OPTIONS + COMPLETION_PARAMS": [...REQUEST_OPTIONS, ...COMPLETION_PARAMS] },
+      { "index.d.ts CompletionCreateParams": interfaceFields(dts, "CompletionCreateParams") }, "completion params");
+    const params = Object.fromEntries(interfaceFields(dts, "CompletionCreateParams").map((n) => [n, 1]));
+    sameNames({ "what completions.create sends": Object.keys(requestOptions(params)) }, { "wasm completion options": wasm.completion }, "sent completion options");
   });
 
   it("createEngine accepts every declared option and refuses another", async () => {

@@ -120,6 +120,41 @@ describe("npm package", () => {
     assert.ok(out.stats.prefix.hit_tokens > 0);
   });
 
+  it("completes raw text (completion mode) streaming and not, and info names the architecture and KV cost", { timeout: TIMEOUT }, async () => {
+    const out = await page.evaluate(async () => {
+      const { createEngine } = window.pagedlm;
+      const engine = await createEngine("/model.gguf");
+      const opts = { prompt: "The capital of France is", max_tokens: 4, temperature: 0 };
+      const plain = await engine.completions.create(opts);
+      const chunks = [];
+      for await (const chunk of await engine.completions.create({ ...opts, stream: true, stream_options: { include_usage: true } })) chunks.push(chunk);
+      const badPrompt = await engine.completions.create({ messages: [{ role: "user", content: "Hi" }] }).then(() => "resolved", (e) => e.code);
+      const info = engine.info;
+      await engine.dispose();
+      return { plain, chunks, badPrompt, info };
+    });
+    const c = out.plain;
+    assert.equal(c.object, "text_completion");
+    assert.match(c.id, /^cmpl-/);
+    assert.equal(typeof c.choices[0].text, "string");
+    assert.ok(c.choices[0].text.length > 0, "a completion");
+    assert.equal(c.choices[0].message, undefined, "no chat message in completion mode");
+    assert.ok(["stop", "length"].includes(c.choices[0].finish_reason));
+    assert.ok(c.usage.prompt_tokens > 0 && c.usage.completion_tokens >= 1 && c.usage.completion_tokens <= 4);
+    assert.equal(c.usage.total_tokens, c.usage.prompt_tokens + c.usage.completion_tokens);
+    assert.ok(out.chunks.every((ch) => ch.object === "text_completion"), "every chunk is a text_completion");
+    assert.equal(out.chunks.filter((ch) => ch.choices.length > 0).map((ch) => ch.choices[0].text).join(""), c.choices[0].text, "greedy: the stream spells the same text");
+    assert.deepEqual(out.chunks.at(-1).choices, [], "include_usage: a last chunk with usage only");
+    assert.equal(out.chunks.at(-1).usage.prompt_tokens, c.usage.prompt_tokens);
+    assert.equal(out.badPrompt, "INVALID_ARGUMENT", "completion mode wants a prompt");
+
+    const m = out.info.model;
+    assert.equal(m.architecture, m.arch);
+    assert.equal(m.sliding_window, null, "SmolLM2 has no sliding window");
+    assert.equal(m.chat_template, "chatml");
+    assert.equal(out.info.kv.bytes_per_token, m.n_layers * m.n_kv_heads * m.head_dim * 2 * 4, "f32 K and V over all layers");
+  });
+
   it("aborts, rejects bad input with codes, resets the cache and disposes", { timeout: TIMEOUT }, async () => {
     const out = await page.evaluate(async () => {
       const { createEngine } = window.pagedlm;

@@ -1,6 +1,6 @@
 // Compiled by tests/e2e/types.test.mjs with `tsc --noEmit --strict`: what a TypeScript user of
 // the package writes must type-check against js/index.d.ts, and misuse must not.
-import { createEngine, PagedlmError, type ChatCompletionChunk, type EngineStats } from "pagedlm";
+import { createEngine, PagedlmError, type ChatCompletionChunk, type CompletionChunk, type EngineStats } from "pagedlm";
 
 async function main(file: File): Promise<string> {
   const engine = await createEngine("/models/model.gguf", {
@@ -26,6 +26,15 @@ async function main(file: File): Promise<string> {
   }
   const completion = await engine.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], max_tokens: 4 });
   const hit: number = completion.usage.prefix_hit_tokens;
+  if (engine.info.model.chat_template === null) text += engine.info.model.architecture;
+  const window: number | null = engine.info.model.sliding_window;
+  const perToken: number = engine.info.kv.bytes_per_token;
+  for await (const chunk of await engine.completions.create({ prompt: "Once upon a time", stream: true, max_tokens: 4 })) {
+    const c: CompletionChunk = chunk;
+    text += c.choices[0]?.text ?? "";
+  }
+  const plain = await engine.completions.create({ prompt: "Once", max_tokens: 2, seed: 1 });
+  text += plain.choices[0].text + plain.usage.completion_tokens + (window ?? perToken);
   const stats: EngineStats = await engine.stats();
   const cells: number[] = stats.block_states;
   await engine.resetCache();
@@ -47,5 +56,9 @@ async function main(file: File): Promise<string> {
 createEngine("/m.gguf", { kvDtype: "f16" });
 // @ts-expect-error: messages are required
 createEngine("/m.gguf").then((e) => e.chat.completions.create({ max_tokens: 1 }));
+// @ts-expect-error: completion mode takes a prompt, not messages
+createEngine("/m.gguf").then((e) => e.completions.create({ messages: [{ role: "user", content: "Hi" }] }));
+// @ts-expect-error: a completion has text, not a message
+createEngine("/m.gguf").then(async (e) => (await e.completions.create({ prompt: "x" })).choices[0].message);
 
 export { main };
