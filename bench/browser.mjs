@@ -79,18 +79,23 @@ try {
     out.load_source_second = engine.load.source;
     await caches.delete("pagedlm-bench");
 
+    // A chat model is asked through chat, a base model (no chat template) through completions.
+    const ask = (text, max_tokens) =>
+      engine.info.model.chat_template
+        ? engine.chat.completions.create({ messages: [user(text)], max_tokens, ...greedy })
+        : engine.completions.create({ prompt: text, max_tokens, ...greedy });
     // The first request compiles the pipelines; time it apart from the steady state.
     t0 = performance.now();
-    await engine.chat.completions.create({ messages: [user("Hi")], max_tokens: 2, ...greedy });
+    await ask("Hi", 2);
     out.first_request_ms = performance.now() - t0;
 
     const words = "the quick brown fox jumps over the lazy dog near a quiet river bank".split(" ");
     const long = Array.from({ length: prefillWords }, (_, i) => words[i % words.length]).join(" ");
-    const prefill = await engine.chat.completions.create({ messages: [user(`Summarize: ${long}`)], max_tokens: 1, ...greedy });
+    const prefill = await ask(`Summarize: ${long}`, 1);
     out.prefill_tokens = prefill.pagedlm.prefill_tokens;
     out.prefill_tok_s = prefill.pagedlm.prefill_tokens / (prefill.pagedlm.prefill_ms / 1000);
 
-    const decode = await engine.chat.completions.create({ messages: [user("Write a long story about a dragon who learns to paint.")], max_tokens: decodeTokens, ...greedy });
+    const decode = await ask("Write a long story about a dragon who learns to paint.", decodeTokens);
     out.decode_tokens = decode.usage.completion_tokens;
     out.decode_tok_s = (decode.usage.completion_tokens - 1) / (decode.pagedlm.decode_ms / 1000);
     if (onlySpeed) {

@@ -346,6 +346,7 @@ pub fn tiny_llama_gguf(cfg: &SynthConfig) -> Vec<u8> {
 }
 
 /// [`tiny_llama_gguf`], returning a config error instead of panicking.
+// Long: the whole file, metadata then tensors in the real file's order.
 pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
     cfg.validate()?;
     let mut rng = Rng::new(cfg.seed);

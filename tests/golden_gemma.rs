@@ -89,13 +89,14 @@ async fn check(engine: &mut Engine, item: &Item, mode: ScoreMode, stats: &mut St
     }
 }
 
-/// The golden check through one path and one K/V dtype; `clear_rate`: the share of llama.cpp's
-/// clear steps that must agree.
-async fn golden(mode: ScoreMode, kv_dtype: KvDtype, clear_rate: f64) {
+/// The golden check through one path and one K/V dtype over the prompts `long` selects (the
+/// long prompt or the short ones: on lavapipe its prefill alone takes minutes); `clear_rate`: the
+/// share of llama.cpp's clear steps that must agree.
+async fn golden(mode: ScoreMode, kv_dtype: KvDtype, long: bool, clear_rate: f64) {
     let opts = EngineOptions { max_context: 1280, kv_layout: KvLayout::Paged, kv_dtype, ..Default::default() };
     let mut engine = Engine::load(&gemma_bytes(), opts).await.unwrap();
     let mut stats = Stats::default();
-    for item in items() {
+    for item in items().into_iter().filter(|i| long || i.from < 512) {
         check(&mut engine, &item, mode, &mut stats).await;
         engine.kv_cache().check_integrity().unwrap();
     }
@@ -113,16 +114,18 @@ async fn golden(mode: ScoreMode, kv_dtype: KvDtype, clear_rate: f64) {
 }
 
 #[test]
-fn gemma_decode_path_matches_llamacpp() {
-    pollster::block_on(golden(ScoreMode::Decode, KvDtype::F32, 1.0));
+fn gemma_decode_path_matches_llamacpp_on_every_prompt() {
+    // The long prompt's prefill (through the sequence kernels, past the window) and then its
+    // completion decoded token by token at positions 1,163 and on.
+    pollster::block_on(golden(ScoreMode::Decode, KvDtype::F32, true, 1.0));
 }
 
 #[test]
-fn gemma_prefill_path_matches_llamacpp() {
-    pollster::block_on(golden(ScoreMode::Prefill, KvDtype::F32, 1.0));
+fn gemma_prefill_path_matches_llamacpp_on_the_short_prompts() {
+    pollster::block_on(golden(ScoreMode::Prefill, KvDtype::F32, false, 1.0));
 }
 
 #[test]
-fn gemma_prefill_path_with_int8_kv_matches_llamacpp() {
-    pollster::block_on(golden(ScoreMode::Prefill, KvDtype::Int8, 0.98));
+fn gemma_with_int8_kv_matches_llamacpp_on_the_short_prompts() {
+    pollster::block_on(golden(ScoreMode::Decode, KvDtype::Int8, false, 0.98));
 }

@@ -293,18 +293,21 @@ fn default_system_prompt_extraction() {
 }
 
 #[test]
-fn missing_or_foreign_template_falls_back_to_plain_chatml() {
-    for template in [
-        None,
-        Some("{{ bos_token }}[INST] {{ messages[0]['content'] }} [/INST]".to_string()),
-    ] {
-        let mut spec = spec().clone();
-        spec.chat_template = template.clone();
-        let tok = Tokenizer::from_spec(spec).unwrap();
-        assert_eq!(tok.default_system_prompt(), None, "template {template:?}");
-        let prompt = tok.apply_chat_template(&[user("Hi")], true).unwrap();
-        assert_eq!(prompt, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
-    }
+fn a_foreign_template_falls_back_to_plain_chatml_and_none_is_a_base_model() {
+    let mut foreign = spec().clone();
+    foreign.chat_template = Some("{{ bos_token }}[INST] {{ messages[0]['content'] }} [/INST]".to_string());
+    let tok = Tokenizer::from_spec(foreign).unwrap();
+    assert_eq!(tok.default_system_prompt(), None);
+    let prompt = tok.apply_chat_template(&[user("Hi")], true).unwrap();
+    assert_eq!(prompt, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    // No template at all: a base model (even with ChatML's tokens in its vocabulary, as
+    // SmolLM2's base models have), which completes text and refuses chat.
+    let mut base = spec().clone();
+    base.chat_template = None;
+    let tok = Tokenizer::from_spec(base).unwrap();
+    assert_eq!(tok.chat_format(), pagedlm::tokenizer::ChatFormatKind::None);
+    let err = tok.apply_chat_template(&[user("Hi")], true).unwrap_err();
+    assert!(err.to_string().contains("completion mode"), "{err}");
 }
 
 #[test]

@@ -21,13 +21,13 @@ pub enum ChatFormatKind {
 
 impl ChatFormatKind {
     /// The format of a template: Gemma's turn markers, else ChatML's. A file without a
-    /// template is ChatML when its vocabulary has the ChatML markers (`has_chatml_tokens`),
-    /// else a base model. A template of another family is rendered as plain ChatML.
-    pub(super) fn detect(template: Option<&str>, has_chatml_tokens: bool) -> ChatFormatKind {
+    /// template is a base model, whatever its vocabulary holds (SmolLM2's base models share the
+    /// instruct models' ChatML tokens): it completes text and does not chat. A template of
+    /// another family is rendered as plain ChatML.
+    pub(super) fn detect(template: Option<&str>) -> ChatFormatKind {
         match template {
             Some(t) if t.contains(START_OF_TURN) => ChatFormatKind::Gemma,
             Some(_) => ChatFormatKind::ChatMl,
-            None if has_chatml_tokens => ChatFormatKind::ChatMl,
             None => ChatFormatKind::None,
         }
     }

@@ -247,8 +247,7 @@ impl Tokenizer {
             add_bos: spec.add_bos,
             chat: ChatFormat { kind: ChatFormatKind::None, default_system: None },
         };
-        let has_chatml_tokens = [chat::IM_START, chat::IM_END].iter().all(|t| tokenizer.token_to_id(t).is_some());
-        let kind = ChatFormatKind::detect(spec.chat_template.as_deref(), has_chatml_tokens);
+        let kind = ChatFormatKind::detect(spec.chat_template.as_deref());
         tokenizer.chat = ChatFormat {
             kind,
             default_system: match kind {
@@ -387,8 +386,7 @@ impl Tokenizer {
     ///
     /// The GGUF's Jinja template is not executed: a template containing `<start_of_turn>` is
     /// Gemma's, any other is taken to be ChatML and only its literal default system prompt is
-    /// read out of it. A file with no template renders plain ChatML when its vocabulary has the
-    /// ChatML markers, and is otherwise a base model: [`TokenizerError::NoChatTemplate`].
+    /// read out of it. A file with no template is a base model: [`TokenizerError::NoChatTemplate`].
     /// Message contents are not escaped: special-token text inside them is encoded as special
     /// tokens, as in llama.cpp.
     pub fn apply_chat_template(
