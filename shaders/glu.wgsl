@@ -24,12 +24,13 @@ fn silu(g: f32) -> f32 {
     return g * sigmoid;
 }
 
-// tanh through exp(-2|u|) only: finite for any u, exactly ±1 far out.
+// g/2 · (1 + tanh(u)) written as g · sigmoid(2u), through exp(-2|u|) only: no cancellation where
+// tanh(u) is near -1 (a plain 1 + tanh loses most digits there), finite for any g.
 fn gelu_tanh(g: f32) -> f32 {
     let u = 0.7978845608028654 * (g + 0.044715 * g * g * g);
     let e = exp(-2.0 * abs(u));
-    let t = sign(u) * (1.0 - e) / (1.0 + e);
-    return 0.5 * g * (1.0 + t);
+    let sigmoid = select(e / (1.0 + e), 1.0 / (1.0 + e), u >= 0.0);
+    return g * sigmoid;
 }
 
 fn act(g: f32) -> f32 {
