@@ -86,7 +86,7 @@ override INT8: bool = false;
 // window longer than the keys).
 fn window_low(lim: vec4<u32>) -> vec4<u32> {
     let w = vec4<u32>(params.window);
-    return select(vec4<u32>(0u), lim - w, lim > w & vec4<bool>(params.window > 0u));
+    return select(vec4<u32>(0u), lim - w, (lim > w) & vec4<bool>(params.window > 0u));
 }
 
 // Below any score; exp(NEG_BIG - s) is exactly 0 and NEG_BIG - s stays finite.
@@ -363,7 +363,7 @@ fn attend(keys: Keys, out: Out) -> Softmax {
                 + k_times_q(row, 30u, q30)
                 + k_times_q(row, 31u, q31);
         }
-        let visible = select(vec4<bool>(false), vec4<u32>(j) < keys.lim & vec4<u32>(j) >= keys.low, block_ok);
+        let visible = select(vec4<bool>(false), (vec4<u32>(j) < keys.lim) & (vec4<u32>(j) >= keys.low), block_ok);
         if (INT8) {
             s *= bitcast<f32>(k_word(scale_row + j));
         }
