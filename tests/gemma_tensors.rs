@@ -15,7 +15,7 @@
 
 mod common;
 
-use common::report;
+use common::{gemma_model_bytes, report};
 use pagedlm::gguf::{GgmlType, Gguf, TensorInfo};
 use pagedlm::gpu::ops::embed::{embedding, embedding_cpu};
 use pagedlm::gpu::ops::matmul::{matmul, matmul_cpu, QuantMatrix};
@@ -29,14 +29,6 @@ use std::time::Instant;
 const LIMIT: u64 = 128 << 20;
 const REL_TOL: f64 = 1e-5;
 const EMBEDDING: &str = "token_embd.weight";
-
-/// The file's bytes, from `PAGEDLM_GEMMA_MODEL` or `models/` in the crate; missing, the test
-/// fails saying how to fetch it.
-fn gemma_bytes() -> Vec<u8> {
-    let path = std::env::var("PAGEDLM_GEMMA_MODEL")
-        .unwrap_or_else(|_| format!("{}/models/gemma-3-270m-q4_k_m.gguf", env!("CARGO_MANIFEST_DIR")));
-    std::fs::read(&path).unwrap_or_else(|e| panic!("Gemma 3 270M is needed at {path} ({e}): run `bash scripts/fetch-gemma.sh`"))
-}
 
 /// A context whose storage-binding and buffer limits are at most [`LIMIT`].
 async fn lowered_context() -> Context {
@@ -129,7 +121,7 @@ async fn check_matmul(ctx: &Context, gguf: &Gguf<'_>, info: &TensorInfo, w: &Qua
 #[test]
 fn one_real_matrix_of_every_gemma_weight_type_matches_the_cpu() {
     pollster::block_on(async {
-        let bytes = gemma_bytes();
+        let bytes = gemma_model_bytes();
         let gguf = Gguf::parse(&bytes).unwrap();
         let all_types: BTreeSet<String> = gguf.tensor_type_counts().into_keys().collect();
         let want_all: BTreeSet<String> = ["F32", "Q4_K", "Q5_0", "Q6_K", "Q8_0"].map(String::from).into();
@@ -198,7 +190,7 @@ async fn check_embedding(ctx: &Context, t: GgmlType, table: &QuantMatrix, raw: &
 #[test]
 fn the_gemma_embedding_over_a_128_mib_binding_is_split_and_matches_the_cpu() {
     pollster::block_on(async {
-        let bytes = gemma_bytes();
+        let bytes = gemma_model_bytes();
         let gguf = Gguf::parse(&bytes).unwrap();
         let info = gguf.tensor(EMBEDDING).unwrap_or_else(|| panic!("{EMBEDDING} is missing"));
         let (rows, cols) = shape(info);

@@ -11,7 +11,7 @@ mod common;
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-use common::{real_model_bytes, report};
+use common::{llamacpp_items, real_model_bytes, report, LlamaCppItem};
 use pagedlm::engine::{Engine, EngineOptions, KvLayout, ScoreMode};
 use pagedlm::sampler::argmax;
 use serde_json::Value;
@@ -27,43 +27,26 @@ const LLAMACPP_LOGIT_TOL: f32 = 1.5;
 const NUMPY_LOGIT_TOL: f32 = 0.01;
 
 struct Item {
-    id: String,
-    ids: Vec<u32>,
-    from: usize,
-    /// llama.cpp: (token, logit, margin) per step.
-    steps: Vec<(u32, f32, f32)>,
+    llamacpp: LlamaCppItem,
     /// numpy: top-5 (id, logit) per position.
     numpy: Vec<Vec<(u32, f32)>>,
 }
 
 fn items() -> Vec<Item> {
-    let l: Value = serde_json::from_str(LLAMACPP).unwrap();
     let n: Value = serde_json::from_str(NUMPY).unwrap();
     let ids = |v: &Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
-    l["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            let id = r["id"].as_str().unwrap().to_string();
-            let prompt = ids(&r["prompt_ids"]);
-            let completion = ids(&r["completion_ids"]);
-            let steps = r["greedy_steps"]["steps"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|s| (s[0].as_u64().unwrap() as u32, s[1].as_f64().unwrap() as f32, s[2].as_f64().unwrap() as f32))
-                .collect();
-            let np = n["results"].as_array().unwrap().iter().find(|x| x["id"] == r["id"]).expect("numpy result for prompt");
-            assert_eq!(ids(&np["prompt_ids"]), prompt, "{id}: numpy and llama.cpp prompts differ");
+    llamacpp_items(LLAMACPP)
+        .into_iter()
+        .map(|l| {
+            let np = n["results"].as_array().unwrap().iter().find(|x| x["id"] == l.id.as_str()).expect("numpy result for prompt");
+            assert_eq!(ids(&np["prompt_ids"]), l.ids[..l.from], "{}: numpy and llama.cpp prompts differ", l.id);
             let numpy = np["top5_per_position"]
                 .as_array()
                 .unwrap()
                 .iter()
                 .map(|pos| pos.as_array().unwrap().iter().map(|p| (p[0].as_u64().unwrap() as u32, p[1].as_f64().unwrap() as f32)).collect())
                 .collect();
-            let from = prompt.len();
-            Item { id, ids: [prompt, completion].concat(), from, steps, numpy }
+            Item { llamacpp: l, numpy }
         })
         .collect()
 }
@@ -77,6 +60,7 @@ struct Stats {
 }
 
 async fn check(engine: &mut Engine, item: &Item, mode: ScoreMode, stats: &mut Stats) {
+    let (numpy, item) = (&item.numpy, &item.llamacpp);
     let rows = engine.score_logits(&item.ids, item.from, mode).await.unwrap();
     assert_eq!(rows.len(), item.ids.len() - item.from + 1, "{}: one row per position", item.id);
     for (i, row) in rows.iter().enumerate() {
@@ -96,7 +80,7 @@ async fn check(engine: &mut Engine, item: &Item, mode: ScoreMode, stats: &mut St
             stats.max_llamacpp_diff = stats.max_llamacpp_diff.max(d);
             assert!(d <= LLAMACPP_LOGIT_TOL, "{} ({mode:?}) step {i}: logit of {tok} is {} vs llama.cpp {logit}", item.id, row[tok as usize]);
         }
-        if let Some(top5) = item.numpy.get(i) {
+        if let Some(top5) = numpy.get(i) {
             for &(tok, logit) in top5 {
                 let d = (row[tok as usize] - logit).abs();
                 stats.max_numpy_diff = stats.max_numpy_diff.max(d);
@@ -134,7 +118,7 @@ async fn golden(mode: ScoreMode, layout: KvLayout, only: Option<&[&str]>) {
     let mut stats = Stats::default();
     let mut checked = 0;
     for item in items() {
-        if only.is_some_and(|ids| !ids.contains(&item.id.as_str())) {
+        if only.is_some_and(|ids| !ids.contains(&item.llamacpp.id.as_str())) {
             continue;
         }
         check(&mut engine, &item, mode, &mut stats).await;

@@ -12,10 +12,9 @@
 //! out of the repository.
 mod common;
 
-use common::report;
+use common::{gemma_model_bytes, llamacpp_items, report, LlamaCppItem};
 use pagedlm::engine::{Engine, EngineOptions, KvDtype, KvLayout, ScoreMode};
 use pagedlm::sampler::argmax;
-use serde_json::Value;
 
 const LLAMACPP: &str = include_str!("data/gemma3/llamacpp_public.json");
 
@@ -24,40 +23,9 @@ const CLEAR_MARGIN: f32 = 0.5;
 /// Largest allowed |our logit − llama.cpp's| on llama.cpp's token.
 const LLAMACPP_LOGIT_TOL: f32 = 2.5;
 
-/// The file's bytes, from `PAGEDLM_GEMMA_MODEL` or `models/` in the crate.
-fn gemma_bytes() -> Vec<u8> {
-    let path = std::env::var("PAGEDLM_GEMMA_MODEL")
-        .unwrap_or_else(|_| format!("{}/models/gemma-3-270m-q4_k_m.gguf", env!("CARGO_MANIFEST_DIR")));
-    std::fs::read(&path).unwrap_or_else(|e| panic!("Gemma 3 270M is needed at {path} ({e}): run `npm run fetch-model -- gemma3-270m`"))
-}
-
-struct Item {
-    id: String,
-    ids: Vec<u32>,
-    from: usize,
-    /// llama.cpp: (token, logit, margin) per step.
-    steps: Vec<(u32, f32, f32)>,
-}
-
-fn items() -> Vec<Item> {
-    let l: Value = serde_json::from_str(LLAMACPP).unwrap();
-    let ids = |v: &Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
-    let items: Vec<Item> = l["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            let prompt = ids(&r["prompt_ids"]);
-            let steps = r["greedy_steps"]["steps"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|s| (s[0].as_u64().unwrap() as u32, s[1].as_f64().unwrap() as f32, s[2].as_f64().unwrap() as f32))
-                .collect();
-            let from = prompt.len();
-            Item { id: r["id"].as_str().unwrap().to_string(), ids: [prompt, ids(&r["completion_ids"])].concat(), from, steps }
-        })
-        .collect();
+/// The public prompts, one of them past twice the window.
+fn items() -> Vec<LlamaCppItem> {
+    let items = llamacpp_items(LLAMACPP);
     assert!(items.iter().any(|i| i.from > 1024), "the reference must hold a prompt past twice the window");
     items
 }
@@ -71,7 +39,7 @@ struct Stats {
     max_diff: f32,
 }
 
-async fn check(engine: &mut Engine, item: &Item, mode: ScoreMode, stats: &mut Stats) {
+async fn check(engine: &mut Engine, item: &LlamaCppItem, mode: ScoreMode, stats: &mut Stats) {
     let rows = engine.score_logits(&item.ids, item.from, mode).await.unwrap();
     assert_eq!(rows.len(), item.ids.len() - item.from + 1, "{}: one row per position", item.id);
     for (i, row) in rows.iter().enumerate() {
@@ -94,7 +62,7 @@ async fn check(engine: &mut Engine, item: &Item, mode: ScoreMode, stats: &mut St
 /// share of llama.cpp's clear steps that must agree.
 async fn golden(mode: ScoreMode, kv_dtype: KvDtype, long: bool, clear_rate: f64) {
     let opts = EngineOptions { max_context: 1280, kv_layout: KvLayout::Paged, kv_dtype, ..Default::default() };
-    let mut engine = Engine::load(&gemma_bytes(), opts).await.unwrap();
+    let mut engine = Engine::load(&gemma_model_bytes(), opts).await.unwrap();
     let mut stats = Stats::default();
     for item in items().into_iter().filter(|i| long || i.from < 512) {
         check(&mut engine, &item, mode, &mut stats).await;

@@ -16,10 +16,9 @@ mod common;
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-use common::{real_model_bytes, report};
+use common::{llamacpp_items, real_model_bytes, report, LlamaCppItem};
 use pagedlm::engine::{Engine, EngineOptions, KvDtype, ScoreMode};
 use pagedlm::sampler::argmax;
-use serde_json::Value;
 
 const LLAMACPP: &str = include_str!("data/llamacpp_public.json");
 
@@ -49,37 +48,8 @@ const PPL_TOKENS: usize = 2048;
 #[cfg(not(target_arch = "wasm32"))]
 const MAX_PPL_RATIO: f64 = 1.01;
 
-struct Item {
-    id: String,
-    ids: Vec<u32>,
-    from: usize,
-    /// llama.cpp: (token, logit, margin to the runner-up) per step.
-    steps: Vec<(u32, f32, f32)>,
-}
-
-fn items() -> Vec<Item> {
-    let l: Value = serde_json::from_str(LLAMACPP).unwrap();
-    let ids = |v: &Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
-    l["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            let prompt = ids(&r["prompt_ids"]);
-            let steps = r["greedy_steps"]["steps"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|s| (s[0].as_u64().unwrap() as u32, s[1].as_f64().unwrap() as f32, s[2].as_f64().unwrap() as f32))
-                .collect();
-            Item {
-                id: r["id"].as_str().unwrap().to_string(),
-                from: prompt.len(),
-                ids: [prompt, ids(&r["completion_ids"])].concat(),
-                steps,
-            }
-        })
-        .collect()
+fn items() -> Vec<LlamaCppItem> {
+    llamacpp_items(LLAMACPP)
 }
 
 /// log softmax in f64.

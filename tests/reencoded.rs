@@ -18,14 +18,13 @@ mod common;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use common::{real_model_bytes, report};
+use common::{llamacpp_items, real_model_bytes, report};
 use pagedlm::engine::{Engine, EngineOptions, ScoreMode};
 use pagedlm::gguf::{GgmlType, Gguf};
 use pagedlm::model::reference::forward_cpu_from;
 use pagedlm::model::ModelConfig;
 use pagedlm::sampler::{argmax, top_k};
 use pagedlm::synth::requantize_gguf;
-use serde_json::Value;
 
 const LLAMACPP: &str = include_str!("data/llamacpp_public.json");
 
@@ -94,17 +93,13 @@ async fn model_bytes(ty: GgmlType) -> Vec<u8> {
 
 /// The public prompts this test runs: token ids (prompt + kept completion) and where scoring starts.
 fn items() -> Vec<(String, Vec<u32>, usize, ScoreMode)> {
-    let l: Value = serde_json::from_str(LLAMACPP).unwrap();
-    let ids = |v: &Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
+    let all = llamacpp_items(LLAMACPP);
     PROMPTS
         .iter()
         .map(|&(id, keep, mode)| {
-            let r = l["results"].as_array().unwrap().iter().find(|r| r["id"] == id).unwrap_or_else(|| panic!("prompt {id} in llamacpp_public.json"));
-            let prompt = ids(&r["prompt_ids"]);
-            let completion = ids(&r["completion_ids"]);
-            let from = prompt.len();
-            let all = [prompt, completion[..keep.min(completion.len())].to_vec()].concat();
-            (id.to_string(), all, from, mode)
+            let r = all.iter().find(|r| r.id == id).unwrap_or_else(|| panic!("prompt {id} in llamacpp_public.json"));
+            let end = (r.from + keep).min(r.ids.len());
+            (id.to_string(), r.ids[..end].to_vec(), r.from, mode)
         })
         .collect()
 }

@@ -2,8 +2,8 @@
 //! tests/data/gemma3/, copied from ../shared/reference by scripts/gemma3-tokens.py), synthetic
 //! vocabularies for each rule of llama.cpp's SPM tokenizer, and the Gemma chat format.
 #![cfg(not(target_arch = "wasm32"))]
+mod common;
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -36,17 +36,7 @@ fn reference() -> Reference {
 fn gemma_spec() -> &'static TokenizerSpec {
     static SPEC: OnceLock<TokenizerSpec> = OnceLock::new();
     SPEC.get_or_init(|| {
-        let path = match std::env::var_os("PAGEDLM_GEMMA_MODEL") {
-            Some(path) => PathBuf::from(path),
-            None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/gemma-3-270m-q4_k_m.gguf"),
-        };
-        let bytes = std::fs::read(&path).unwrap_or_else(|e| {
-            panic!(
-                "cannot read the Gemma 3 model {}: {e}. Run `scripts/fetch-gemma.sh` (or `npm run \
-                 fetch-model -- gemma3-270m`) to download it, or point PAGEDLM_GEMMA_MODEL at a copy",
-                path.display()
-            )
-        });
+        let bytes = common::gemma_model_bytes();
         let gguf = Gguf::parse(&bytes).expect("the Gemma file parses");
         TokenizerSpec::from_gguf(&gguf).expect("the Gemma file has tokenizer metadata")
     })

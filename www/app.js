@@ -61,6 +61,15 @@ const mb = (bytes) => `${(bytes / 1e6).toFixed(1)} MB`;
 const plural = (k, word) => `${k} ${word}${k === 1 ? "" : "s"}`;
 const errorText = (e) => (e && e.message) || String(e);
 
+/** Marks a reply bubble failed and shows the error (and its code) under it. */
+function markFailed(bubble, e) {
+  bubble.classList.add("failed");
+  const err = document.createElement("div");
+  err.className = "message-error";
+  err.textContent = `${errorText(e)}${e.code ? ` (${e.code})` : ""}`;
+  bubble.append(err);
+}
+
 // ---- Loading -------------------------------------------------------------------------------------
 
 function setProgress(label, fraction, detail = "") {
@@ -478,12 +487,8 @@ async function send() {
       console.error(e);
       // The turn failed: drop it so the next turn starts from a consistent history.
       conv.history.pop();
-      bubble.classList.add("failed");
       body.textContent = streamed;
-      const err = document.createElement("div");
-      err.className = "message-error";
-      err.textContent = `${errorText(e)}${e.code ? ` (${e.code})` : ""}`;
-      bubble.append(err);
+      markFailed(bubble, e);
     }
   } finally {
     bubble.classList.remove("streaming", "queued");
@@ -560,11 +565,7 @@ async function complete() {
     } else {
       outcome = "failed";
       console.error(e);
-      bubble.classList.add("failed");
-      const err = document.createElement("div");
-      err.className = "message-error";
-      err.textContent = `${errorText(e)}${e.code ? ` (${e.code})` : ""}`;
-      bubble.append(err);
+      markFailed(bubble, e);
     }
   } finally {
     bubble.classList.remove("streaming", "queued");

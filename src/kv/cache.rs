@@ -36,6 +36,7 @@ use std::sync::Arc;
 use crate::gpu::ops::pool::PoolBuffers;
 use crate::gpu::Context;
 
+use super::alloc::{AllocError, BlockAllocator};
 use super::pool::{GroupStats, KvPool, PoolStats};
 use super::radix::{Allocators, CacheKey, PrefixStats, RadixTree, NO_BLOCK};
 use super::snapshot::LayerBlocks;
@@ -276,25 +277,27 @@ impl KvCache {
 
     /// One reference fewer on each held block of both groups (`NO_BLOCK` skipped).
     fn release(&mut self, global: &[u32], local: &[u32]) -> Result<(), KvError> {
-        for &b in global {
-            self.pool.alloc.release(b)?;
-        }
-        if let Some(group) = self.local.as_mut() {
-            for &b in local.iter().filter(|&&b| b != NO_BLOCK) {
-                group.pool.alloc.release(b)?;
-            }
-        }
-        Ok(())
+        self.each_held(global, local, |alloc, b| alloc.release(b).map(drop))
     }
 
     /// One reference more on each held block of both groups (`NO_BLOCK` skipped).
     fn retain(&mut self, global: &[u32], local: &[u32]) -> Result<(), KvError> {
+        self.each_held(global, local, BlockAllocator::retain)
+    }
+
+    /// `op` on each global block and each held local block, with its group's allocator.
+    fn each_held(
+        &mut self,
+        global: &[u32],
+        local: &[u32],
+        op: impl Fn(&mut BlockAllocator, u32) -> Result<(), AllocError>,
+    ) -> Result<(), KvError> {
         for &b in global {
-            self.pool.alloc.retain(b)?;
+            op(&mut self.pool.alloc, b)?;
         }
         if let Some(group) = self.local.as_mut() {
             for &b in local.iter().filter(|&&b| b != NO_BLOCK) {
-                group.pool.alloc.retain(b)?;
+                op(&mut group.pool.alloc, b)?;
             }
         }
         Ok(())
@@ -324,7 +327,11 @@ impl KvCache {
         let Some(from) = seq.local[..to].iter().position(|&b| b != NO_BLOCK) else { return Ok(()) };
         let freed: Vec<u32> = seq.local[from..to].iter_mut().map(|b| std::mem::replace(b, NO_BLOCK)).collect();
         self.release(&[], &freed)?;
-        self.upload_table(id, from);
+        // Only the local table's freed slots change (now NO_BLOCK).
+        if let Some(local) = &self.local {
+            let offset = (id.0 as u64 * self.max_blocks_per_seq as u64 + from as u64) * 4;
+            self.ctx.queue.write_buffer(&local.table_buffer, offset, bytemuck::cast_slice(&self.seq(id)?.local[from..to]));
+        }
         Ok(())
     }
 

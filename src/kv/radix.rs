@@ -400,15 +400,7 @@ impl RadixTree {
         let mut evicted = 0;
         while allocs.global.free_count() < free {
             let alloc = &*allocs.global;
-            let victim = self
-                .nodes
-                .iter()
-                .enumerate()
-                .skip(1)
-                .filter_map(|(i, n)| n.as_ref().map(|n| (i, n)))
-                .filter(|(_, n)| n.children.is_empty() && alloc.refcount(n.block) == 1)
-                .min_by_key(|(_, n)| n.last_used)
-                .map(|(i, _)| i);
+            let victim = self.oldest(|n| n.children.is_empty() && alloc.refcount(n.block) == 1, |n| (n.last_used, 0));
             let Some(v) = victim else { break };
             self.remove_leaf(v, allocs)?;
             evicted += 1;
@@ -417,21 +409,19 @@ impl RadixTree {
         Ok(evicted)
     }
 
+    /// The node (not the root) that `evictable` accepts with the smallest `age`: the eviction victim.
+    fn oldest(&self, evictable: impl Fn(&Node) -> bool, age: impl Fn(&Node) -> (u64, u32)) -> Option<usize> {
+        let nodes = self.nodes.iter().enumerate().skip(1).filter_map(|(i, n)| n.as_ref().map(|n| (i, n)));
+        nodes.filter(|(_, n)| evictable(n)).min_by_key(|(_, n)| age(n)).map(|(i, _)| i)
+    }
+
     /// Evicts local blocks that only the tree holds, from any node (least recently used, then
     /// earliest positions first), until `free` local blocks are free or none can go. The nodes
     /// stay (their global blocks still serve longer prefixes). Returns the blocks evicted.
     pub fn evict_local(&mut self, local: &mut BlockAllocator, free: u32) -> Result<u32, KvError> {
         let mut evicted = 0;
         while local.free_count() < free {
-            let victim = self
-                .nodes
-                .iter()
-                .enumerate()
-                .skip(1)
-                .filter_map(|(i, n)| n.as_ref().map(|n| (i, n)))
-                .filter(|(_, n)| n.local != NO_BLOCK && local.refcount(n.local) == 1)
-                .min_by_key(|(_, n)| (n.last_used, n.start))
-                .map(|(i, _)| i);
+            let victim = self.oldest(|n| n.local != NO_BLOCK && local.refcount(n.local) == 1, |n| (n.last_used, n.start));
             let Some(v) = victim else { break };
             let block = std::mem::replace(&mut self.node_mut(v).local, NO_BLOCK);
             local.release(block)?;

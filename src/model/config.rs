@@ -28,10 +28,11 @@ impl Architecture {
         }
     }
 
-    /// The `{arch}.` metadata keys pagedlm understands for this architecture. Any other key under
-    /// the prefix names a feature it does not implement (RoPE scaling, soft-capping, experts...)
-    /// and the file is refused with that key's name rather than run wrongly.
-    fn known_keys(self) -> &'static [&'static str] {
+    /// Whether pagedlm understands the `{arch}.` metadata key `key` (the part after the prefix)
+    /// for this architecture. Any other key under the prefix names a feature it does not
+    /// implement (RoPE scaling, soft-capping, experts...) and the file is refused with that key's
+    /// name rather than run wrongly.
+    fn knows_key(self, key: &str) -> bool {
         const COMMON: &[&str] = &[
             "block_count",
             "context_length",
@@ -46,25 +47,7 @@ impl Architecture {
             "rope.dimension_count",
             "vocab_size",
         ];
-        const GEMMA3: &[&str] = &[
-            "block_count",
-            "context_length",
-            "embedding_length",
-            "feed_forward_length",
-            "attention.head_count",
-            "attention.head_count_kv",
-            "attention.layer_norm_rms_epsilon",
-            "attention.key_length",
-            "attention.value_length",
-            "rope.freq_base",
-            "rope.dimension_count",
-            "vocab_size",
-            "attention.sliding_window",
-        ];
-        match self {
-            Architecture::Llama => COMMON,
-            Architecture::Gemma3 => GEMMA3,
-        }
+        COMMON.contains(&key) || (self == Architecture::Gemma3 && key == "attention.sliding_window")
     }
 }
 
@@ -150,8 +133,7 @@ impl ModelConfig {
             ModelError::Unsupported(format!("architecture '{arch}': pagedlm runs the llama and gemma3 architectures"))
         })?;
         let prefix = format!("{arch}.");
-        let known = architecture.known_keys();
-        if let Some((key, _)) = gguf.metadata.iter().find(|(k, _)| k.strip_prefix(&prefix).is_some_and(|rest| !known.contains(&rest))) {
+        if let Some((key, _)) = gguf.metadata.iter().find(|(k, _)| k.strip_prefix(&prefix).is_some_and(|rest| !architecture.knows_key(rest))) {
             return Err(ModelError::Unsupported(format!("metadata key '{key}': a {arch} feature pagedlm does not implement")));
         }
         let key = |k: &str| format!("{arch}.{k}");

@@ -101,3 +101,45 @@ pub fn tiny_config(seed: u64) -> pagedlm::model::ModelConfig {
     let bytes = tiny_model(seed);
     pagedlm::model::ModelConfig::from_gguf(&pagedlm::gguf::Gguf::parse(&bytes).unwrap()).unwrap()
 }
+
+/// One prompt of a llama.cpp reference file (`llamacpp_public.json`): its prompt plus llama.cpp's
+/// greedy completion, teacher-forced from `from` on.
+pub struct LlamaCppItem {
+    pub id: String,
+    /// prompt_ids then completion_ids.
+    pub ids: Vec<u32>,
+    /// The prompt's length: the first position scored.
+    pub from: usize,
+    /// llama.cpp: (token, logit, margin to the runner-up) per greedy step.
+    pub steps: Vec<(u32, f32, f32)>,
+}
+
+/// Every result of a llama.cpp reference file (the JSON text).
+pub fn llamacpp_items(json: &str) -> Vec<LlamaCppItem> {
+    let l: serde_json::Value = serde_json::from_str(json).unwrap();
+    let ids = |v: &serde_json::Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
+    let step = |s: &serde_json::Value| (s[0].as_u64().unwrap() as u32, s[1].as_f64().unwrap() as f32, s[2].as_f64().unwrap() as f32);
+    l["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let prompt = ids(&r["prompt_ids"]);
+            LlamaCppItem {
+                id: r["id"].as_str().unwrap().to_string(),
+                from: prompt.len(),
+                ids: [prompt, ids(&r["completion_ids"])].concat(),
+                steps: r["greedy_steps"]["steps"].as_array().unwrap().iter().map(step).collect(),
+            }
+        })
+        .collect()
+}
+
+/// Gemma 3 270M Q4_K_M's bytes, from `PAGEDLM_GEMMA_MODEL` or `models/` in the crate; missing,
+/// the test fails with the command that fetches it.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn gemma_model_bytes() -> Vec<u8> {
+    let path = std::env::var("PAGEDLM_GEMMA_MODEL")
+        .unwrap_or_else(|_| format!("{}/models/gemma-3-270m-q4_k_m.gguf", env!("CARGO_MANIFEST_DIR")));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("Gemma 3 270M is needed at {path} ({e}): run `npm run fetch-model -- gemma3-270m`"))
+}
