@@ -1,6 +1,6 @@
 // The prelude of the quantized matmul kernels (matmul_q4_1.wgsl, matmul_q8_0.wgsl, and
 // matmul_blocks.wgsl after quant_common.wgsl and a quant_<type>.wgsl for every other type),
-// prepended to each body when its module is created (src/gpu/shaders.rs):
+// prepended to each body, after act_common.wgsl, when its module is created (src/gpu/shaders.rs):
 // y[a, row_base + n] = Σ_k x[a, k] · W[n, k] for a < n_rows and n < rows, with W (one part of a
 // QuantMatrix, src/gpu/ops/matmul/) repacked at upload so that the G rows of a row group lie side
 // by side (G = 4, 8 for Q8_0; each body or quant prelude documents its block layout).
@@ -15,6 +15,12 @@
 // memory; CPU adapters use KSPLIT = 1, where the barriers are compiled out. INT8 multiplies the
 // quants with int8 activations through dot4I8Packed (llama.cpp's trick): faster, but activations
 // carry a rounding error of up to half a step of their block's scale.
+//
+// EPILOGUE says what is done with a result (store4), so that the kernel after a matmul need not
+// run: 0 stores it; 1 adds it to y (the residual add, y = x of the block); 2 is the gated FFN:
+// the part holds gate and up rows interleaved in fours (rows 4c..4c+3 = gate rows 2c, 2c+1, then
+// up rows 2c, 2c+1; QuantMatrix::upload_gated), and y[a, (row_base + n) / 2 + j] = act(gate_j) ·
+// up_j (act_common.wgsl, GELU picks the activation), y_stride being the FFN width.
 
 struct Params {
     rows: u32,          // output features written (≤ G · groups)
@@ -36,6 +42,7 @@ override KSPLIT: u32 = 1u;  // invocations sharing one group
 override TM: u32 = 1u;      // activation rows per invocation, ≤ MAX_TM
 override SCALE_AFTER: bool = true;  // apply the block scale per block (small TM) or per value (large TM)
 override INT8: bool = false;        // x holds int8-quantized activations
+override EPILOGUE: u32 = 0u;        // 0 store, 1 add into y, 2 gated activation (see above)
 const MAX_TM: u32 = 16u;
 
 var<workgroup> partial: array<vec4<f32>, WG>;
@@ -99,12 +106,27 @@ fn ksplit_sum(lid: u32, lane: u32, v: vec4<f32>) -> vec4<f32> {
     return sum;
 }
 
-// Stores output rows row0..row0+3 of activation row a (those below params.rows).
+// Stores output rows row0..row0+3 of activation row a (those below params.rows) as EPILOGUE says;
+// row0 is a multiple of 4.
 fn store4(a: u32, row0: u32, v: vec4<f32>) {
+    if (EPILOGUE == 2u) {
+        // (gate 2c, gate 2c+1, up 2c, up 2c+1) with 2c = (row_base + row0) / 2: rows come in whole
+        // fours (an even FFN width), so all four are real when row0 is.
+        if (row0 < params.rows) {
+            let out = a * params.y_stride + (params.row_base + row0) / 2u;
+            y[out] = act(v.x) * v.z;
+            y[out + 1u] = act(v.y) * v.w;
+        }
+        return;
+    }
     let out = a * params.y_stride + params.row_base + row0;
     for (var r = 0u; r < 4u; r++) {
         if (row0 + r < params.rows) {
-            y[out + r] = v[r];
+            if (EPILOGUE == 1u) {
+                y[out + r] += v[r];
+            } else {
+                y[out + r] = v[r];
+            }
         }
     }
 }

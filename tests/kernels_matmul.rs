@@ -24,8 +24,10 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 use common::gpu;
 use pagedlm::gpu::ops::embed::{embedding, embedding_cpu};
 use pagedlm::gguf::GgmlType;
+use pagedlm::gpu::ops::act::Activation;
 use pagedlm::gpu::ops::matmul::{
-    int8_error_bound, matmul, matmul_cpu, matmul_int8_cpu, matmul_with, MatmulConfig, QuantMatrix, MAX_TILE_ROWS,
+    int8_error_bound, matmul, matmul_configured, matmul_cpu, matmul_int8_cpu, matmul_into, matmul_with, Epilogue, MatmulConfig, QuantMatrix,
+    MAX_TILE_ROWS,
 };
 use pagedlm::gpu::{Context, Recorder};
 use pagedlm::quant::{dequantize, quantize_q4_1, quantize_q8_0};
@@ -315,6 +317,102 @@ gpu_test! {
                 offset += rows as usize;
             }
         }
+    }
+}
+
+/// Runs `w` with `epilogue` and `config` over x into a y that starts as `y0` and returns y.
+async fn run_epilogue(ctx: &Context, w: &QuantMatrix, (x, y0): (&[f32], &[f32]), n_rows: u32, config: MatmulConfig, epilogue: Epilogue) -> Vec<f32> {
+    let xb = ctx.storage_init("x", bytemuck::cast_slice(x));
+    let yb = ctx.storage_init("y", bytemuck::cast_slice(y0));
+    let kernels = matmul_configured(ctx, w, (&xb, &yb), n_rows, config, epilogue).unwrap();
+    let mut rec = Recorder::new(ctx, "test");
+    rec.dispatch_all(&kernels);
+    rec.submit();
+    ctx.read_f32(&yb, 0, y0.len() as u64).await.unwrap()
+}
+
+/// The fused epilogues against the plain matmul of the same variant followed by the CPU doing
+/// what they fuse: both sum every output in the same order, so only the epilogue's own rounding
+/// may differ (the add: exact to one rounding; the activation: f32 against f64, ~1e-7 relative).
+async fn check_epilogues(ctx: &Context, rng: &mut Rng, kind: GgmlKind, (ffn, cols): (u32, u32), n_rows: u32, config: MatmulConfig, acts: &[Activation]) {
+    let gate = random_matrix(rng, kind, ffn, cols);
+    let up = random_matrix(rng, kind, ffn, cols);
+    let x = rng.vec_uniform((n_rows * cols) as usize, -1.0, 1.0);
+    let stacked = QuantMatrix::upload_stacked(ctx, "gate|up", &[(kind, &gate, ffn), (kind, &up, ffn)], cols).unwrap();
+    let plain = run_epilogue(ctx, &stacked, (&x, &vec![0.0; (n_rows * 2 * ffn) as usize]), n_rows, config, Epilogue::Store).await;
+    let what = format!("{kind:?} {cols}→2×{ffn}, {n_rows} rows, {config:?}");
+
+    // y0 + y: the residual add.
+    let y0 = rng.vec_uniform(plain.len(), -4.0, 4.0);
+    let got = run_epilogue(ctx, &stacked, (&x, &y0), n_rows, config, Epilogue::Accumulate).await;
+    let want: Vec<f32> = y0.iter().zip(&plain).map(|(a, b)| a + b).collect();
+    assert_eq!(got, want, "{what}: the accumulating epilogue must add the plain result to y");
+
+    // act(gate) · up, from the interleaved upload.
+    let gated = QuantMatrix::upload_gated(ctx, "gate_up", (kind, &gate), (kind, &up), ffn, cols).unwrap().expect("one type, an even ffn");
+    assert!(gated.gated && gated.rows == 2 * ffn);
+    for &act in acts {
+        let got = run_epilogue(ctx, &gated, (&x, &vec![f32::NAN; (n_rows * ffn) as usize]), n_rows, config, Epilogue::Gated(act)).await;
+        for a in 0..n_rows as usize {
+            for j in 0..ffn as usize {
+                let (g, u) = (plain[a * 2 * ffn as usize + j] as f64, plain[a * 2 * ffn as usize + ffn as usize + j] as f64);
+                let want = act.apply(g) * u;
+                let gotv = got[a * ffn as usize + j] as f64;
+                assert!((gotv - want).abs() <= 1e-6 * want.abs() + 1e-6 * u.abs(), "{what}, {act:?}: row {a} column {j}: {gotv} vs {want}");
+            }
+        }
+    }
+}
+
+gpu_test! {
+    async fn fused_epilogues_match_the_plain_matmul() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(23);
+        // 102 gate rows: 204 interleaved rows, a partial last group for Q8_0's groups of 8. Every
+        // pipeline is a shader compile (seconds on lavapipe), so one batch size per type, and
+        // GELU (the activation itself is glu's test) on one type.
+        for (t, cols) in every_type() {
+            let acts: &[Activation] = if t == GgmlKind::Q4_1 { &[Activation::Silu, Activation::GeluTanh] } else { &[Activation::Silu] };
+            check_epilogues(&ctx, &mut rng, t, (102, cols), 5, MatmulConfig::for_device(&ctx, 5), acts).await;
+        }
+        // The variants of the two bodies of their own: split rows (real GPUs), int8 activations.
+        let c = |tile_rows, k_split, workgroup, int8_activations| MatmulConfig { tile_rows, k_split, workgroup, scale_after: true, int8_activations };
+        for config in [c(1, 8, 64, false), c(3, 4, 16, true)] {
+            for t in [GgmlKind::Q4_1, GgmlKind::Q8_0] {
+                check_epilogues(&ctx, &mut rng, t, (64, 320), 9, config, &[Activation::Silu]).await;
+            }
+        }
+    }
+}
+
+gpu_test! {
+    async fn epilogues_refuse_the_wrong_matrix() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(24);
+        let (ffn, cols) = (32u32, 64u32);
+        let g = random_matrix(&mut rng, GgmlKind::Q4_1, ffn, cols);
+        let u8_0 = random_matrix(&mut rng, GgmlKind::Q8_0, ffn, cols);
+        // Two types, or an odd width, cannot interleave: the caller stacks them instead.
+        assert!(QuantMatrix::upload_gated(&ctx, "gu", (GgmlKind::Q4_1, &g), (GgmlKind::Q8_0, &u8_0), ffn, cols).unwrap().is_none());
+        let odd = random_matrix(&mut rng, GgmlKind::Q4_1, 31, cols);
+        assert!(QuantMatrix::upload_gated(&ctx, "gu", (GgmlKind::Q4_1, &odd), (GgmlKind::Q4_1, &odd), 31, cols).unwrap().is_none());
+        let e = QuantMatrix::upload_gated(&ctx, "gu", (GgmlKind::Q4_1, &g), (GgmlKind::Q4_1, &g[1..]), ffn, cols).err().expect("short up");
+        assert!(e.to_string().contains("up"), "{e}");
+        let gated = QuantMatrix::upload_gated(&ctx, "gu", (GgmlKind::Q4_1, &g), (GgmlKind::Q4_1, &g), ffn, cols).unwrap().unwrap();
+        let plain = QuantMatrix::upload(&ctx, "w", GgmlKind::Q4_1, &g, ffn, cols).unwrap();
+        let x = ctx.storage_zeroed("x", (cols * 4) as u64);
+        let y = ctx.storage_zeroed("y", (2 * ffn * 4) as u64);
+        let merr = |r: Result<Vec<pagedlm::gpu::Kernel>, pagedlm::gpu::GpuError>| r.err().expect("must be refused").to_string();
+        let e = merr(matmul_into(&ctx, &gated, (&x, &y), 1, Epilogue::Store));
+        assert!(e.contains("without"), "{e}");
+        let e = merr(matmul_into(&ctx, &plain, (&x, &y), 1, Epilogue::Gated(Activation::Silu)));
+        assert!(e.contains("interleaved"), "{e}");
+        let e = merr(matmul_into(&ctx, &plain, (&x, &x), 1, Epilogue::Accumulate));
+        assert!(e.contains("different buffer"), "{e}");
+        let y_short = ctx.storage_zeroed("y", (ffn * 4 - 4) as u64);
+        let e = merr(matmul_into(&ctx, &gated, (&x, &y_short), 1, Epilogue::Gated(Activation::Silu)));
+        assert!(e.contains("y needs"), "{e}");
+        assert!(matmul_into(&ctx, &gated, (&x, &y), 1, Epilogue::Gated(Activation::GeluTanh)).is_ok());
     }
 }
 

@@ -1,4 +1,4 @@
-//! rms_norm, head_norm, rope, glu, argmax and kv_write against their CPU references, natively
+//! rms_norm, residual_norm, head_norm, rope, glu, argmax and kv_write against their CPU references, natively
 //! (lavapipe) and in the browser (SwiftShader).
 mod common;
 
@@ -83,6 +83,48 @@ gpu_test! {
         expect_shape_err(norm::rms_norm(&ctx, &x, &w, &out, 0, 576, 1e-5), "at least 1");
         expect_shape_err(norm::rms_norm(&ctx, &x, &w, &out, 2, 576, f32::NAN), "eps");
         expect_shape_err(norm::rms_norm(&ctx, &x, &w, &x, 2, 576, 1e-5), "different buffer");
+    }
+}
+
+gpu_test! {
+    async fn residual_norm_matches_cpu() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(13);
+        // Gemma 3's hidden size in decode and in a prefill chunk, an odd size; with and without
+        // the next norm (the last layer has none).
+        for (n_rows, dim) in [(1u32, 640u32), (37, 640), (3, 7)] {
+            for with_next in [true, false] {
+                let n = (n_rows * dim) as usize;
+                let x = normals(&mut rng, n, 1.0);
+                let delta = normals(&mut rng, n, 30.0);
+                let post = rng.vec_uniform(dim as usize, 0.2, 2.0);
+                let weight = rng.vec_uniform(dim as usize, 0.2, 2.0);
+                let (xb, db, pb, wb) = (f32_buffer(&ctx, &x), f32_buffer(&ctx, &delta), f32_buffer(&ctx, &post), f32_buffer(&ctx, &weight));
+                let ob = ctx.storage_zeroed("out", n as u64 * 4);
+                let next = with_next.then_some((&wb, &ob));
+                let k = norm::residual_norm(&ctx, (&xb, &db), &pb, next, (n_rows, dim, 1e-6)).unwrap();
+                run(&ctx, &[&k]);
+                let normed = norm::rms_norm_cpu(&delta, &post, n_rows as usize, dim as usize, 1e-6);
+                let want_x: Vec<f32> = x.iter().zip(&normed).map(|(a, b)| a + b).collect();
+                let got_x = ctx.read_f32(&xb, 0, n as u64).await.unwrap();
+                let what = format!("residual_norm {n_rows}x{dim} next {with_next}");
+                // Errors of a few units of RMS_REL_TOL of |normed| ~ 1 remain where x and normed cancel.
+                assert_close(&format!("{what}: x"), &got_x, &want_x, 5e-5, RMS_REL_TOL);
+                let got_out = ctx.read_f32(&ob, 0, n as u64).await.unwrap();
+                if with_next {
+                    let want_out = norm::rms_norm_cpu(&want_x, &weight, n_rows as usize, dim as usize, 1e-6);
+                    assert_close(&format!("{what}: out"), &got_out, &want_out, 5e-5, RMS_REL_TOL * 10.0);
+                } else {
+                    assert!(got_out.iter().all(|&v| v == 0.0), "{what}: out must not be written without a next norm");
+                }
+            }
+        }
+        let x = ctx.storage_zeroed("x", 2 * 64 * 4);
+        let d = ctx.storage_zeroed("d", 2 * 64 * 4);
+        let w = ctx.storage_zeroed("w", 64 * 4);
+        expect_shape_err(norm::residual_norm(&ctx, (&x, &d), &w, None, (3, 64, 1e-6)), "x needs");
+        expect_shape_err(norm::residual_norm(&ctx, (&x, &x), &w, None, (2, 64, 1e-6)), "different buffers");
+        expect_shape_err(norm::residual_norm(&ctx, (&x, &d), &w, Some((&w, &d)), (2, 64, 1e-6)), "different buffers");
     }
 }
 

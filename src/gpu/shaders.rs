@@ -3,9 +3,10 @@
 //! A kernel family shares its common code through a prelude file prepended to each kernel's
 //! body (WGSL has no includes): `attention_common` before `attention` and `attention_batch`,
 //! `attention_reduce_common` before their reduce kernels, `rms_common` before `rms_norm` and
-//! `head_norm`, `matmul_common` before `matmul_q4_1`
-//! and `matmul_q8_0`. The quantized-weight family is one body per shape with the block format as
-//! a prelude: `matmul_<type>` is `matmul_common` + `quant_common` + `quant_<type>` +
+//! `head_norm` and `residual_norm`, `act_common` before `glu` and every matmul, `matmul_common`
+//! after it before `matmul_q4_1` and `matmul_q8_0`. The quantized-weight family is one body per
+//! shape with the block format as a prelude: `matmul_<type>` is `act_common` + `matmul_common` +
+//! `quant_common` + `quant_<type>` +
 //! `matmul_blocks` (for every type but Q4_1 and Q8_0, which have bodies of their own), and
 //! `embed_<type>` is `quant_common` + `quant_<type>` + `embed`. The concatenation happens at
 //! compile time, so every source stays a `&'static str`.
@@ -30,7 +31,7 @@ macro_rules! quant_family {
     ($name:expr, matmul: [$($m:literal),*], embed: [$($e:literal),*]) => {
         match $name {
             $(concat!("matmul_", $m) => concat!(
-                wgsl!("matmul_common"), "\n", wgsl!("quant_common"), "\n", include_str!(concat!("../../shaders/quant_", $m, ".wgsl")), "\n", wgsl!("matmul_blocks")
+                wgsl!("act_common"), "\n", wgsl!("matmul_common"), "\n", wgsl!("quant_common"), "\n", include_str!(concat!("../../shaders/quant_", $m, ".wgsl")), "\n", wgsl!("matmul_blocks")
             ),)*
             $(concat!("embed_", $e) => concat!(wgsl!("quant_common"), "\n", include_str!(concat!("../../shaders/quant_", $e, ".wgsl")), "\n", wgsl!("embed")),)*
             _ => return None,
@@ -48,9 +49,10 @@ pub fn source(name: &str) -> Option<&'static str> {
         "rms_norm" => with_prelude!("rms_common", "rms_norm"),
         "head_norm" => with_prelude!("rms_common", "head_norm"),
         "rope" => wgsl!("rope"),
-        "glu" => wgsl!("glu"),
-        "matmul_q4_1" => with_prelude!("matmul_common", "matmul_q4_1"),
-        "matmul_q8_0" => with_prelude!("matmul_common", "matmul_q8_0"),
+        "glu" => with_prelude!("act_common", "glu"),
+        "residual_norm" => with_prelude!("rms_common", "residual_norm"),
+        "matmul_q4_1" => concat!(wgsl!("act_common"), "\n", with_prelude!("matmul_common", "matmul_q4_1")),
+        "matmul_q8_0" => concat!(wgsl!("act_common"), "\n", with_prelude!("matmul_common", "matmul_q8_0")),
         "attention" => with_prelude!("attention_common", "attention"),
         "attention_reduce" => with_prelude!("attention_reduce_common", "attention_reduce"),
         "attention_batch" => with_prelude!("attention_common", "attention_batch"),

@@ -19,6 +19,12 @@
 //! read back between layers: a step ends with the argmax (and, when asked, the logits) copied
 //! into one staging buffer.
 //!
+//! Dispatches are fused where the arithmetic allows it unchanged: the residual adds are the
+//! accumulating epilogue of the matmul before them (`x += a · Woᵀ`), the activation is the gated
+//! epilogue of the gate/up matmul (when gate and up share a type), and a post-normed residual
+//! runs in one kernel with the next pre-norm ([`norm::residual_norm`]); so every layer but the
+//! first starts with its pre-norm already done by the layer before.
+//!
 //! Every row is a token at an absolute position of a sequence, found through that sequence's
 //! row of the block-table buffer. Matmuls, norms, RoPE and the MLP run over all rows at once
 //! (the weights are read once per step, whatever the batch) and the KV write puts each row's K/V
@@ -36,7 +42,8 @@ use crate::gpu::ops::kv_write::KvWriteBuffers;
 use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
 use crate::gpu::ops::norm::HeadNormShape;
 use crate::gpu::ops::rope::RopeShape;
-use crate::gpu::ops::{act, argmax, elementwise, embed, kv_write, matmul, norm, rope};
+use crate::gpu::ops::matmul::Epilogue;
+use crate::gpu::ops::{act, argmax, embed, kv_write, matmul, norm, rope};
 use crate::gpu::{Context, Kernel, Recorder};
 use crate::kv::KvCache;
 
@@ -100,6 +107,7 @@ struct Activations {
     h: wgpu::Buffer,
     qkv: wgpu::Buffer,
     attn: wgpu::Buffer,
+    /// The stacked gate/up matmul's output (a placeholder when every layer's is gated).
     gate_up: wgpu::Buffer,
     act: wgpu::Buffer,
     /// The post-norms' output (models with `post_norms` only; else a placeholder).
@@ -107,14 +115,15 @@ struct Activations {
 }
 
 impl Activations {
-    fn new(ctx: &Context, cfg: &ModelConfig, rows: u64) -> Activations {
+    /// `gated`: every layer's FFN activation runs in its gate/up matmul (no `gate_up` needed).
+    fn new(ctx: &Context, cfg: &ModelConfig, rows: u64, gated: bool) -> Activations {
         let f = 4u64;
         Activations {
             x: ctx.storage_zeroed("graph.x", rows * cfg.hidden as u64 * f),
             h: ctx.storage_zeroed("graph.h", rows * cfg.hidden as u64 * f),
             qkv: ctx.storage_zeroed("graph.qkv", rows * cfg.qkv_width() as u64 * f),
             attn: ctx.storage_zeroed("graph.attn", rows * cfg.q_width() as u64 * f),
-            gate_up: ctx.storage_zeroed("graph.gate_up", rows * 2 * cfg.ffn as u64 * f),
+            gate_up: ctx.storage_zeroed("graph.gate_up", if gated { 4 } else { rows * 2 * cfg.ffn as u64 * f }),
             act: ctx.storage_zeroed("graph.act", rows * cfg.ffn as u64 * f),
             post: ctx.storage_zeroed("graph.post", if cfg.post_norms { rows * cfg.hidden as u64 * f } else { 4 }),
         }
@@ -166,7 +175,7 @@ impl ForwardGraph {
         let ids = ctx.storage_zeroed("graph.ids", n * 4);
         let positions = ctx.storage_zeroed("graph.positions", n * 4);
         let row_tables = ctx.storage_zeroed("graph.row_tables", n * 4);
-        let a = Activations::new(ctx, cfg, n);
+        let a = Activations::new(ctx, cfg, n, weights.layers.iter().all(|l| l.w_gate_up.gated));
         let x_last = ctx.storage_zeroed("graph.x_last", rows * cfg.hidden as u64 * f);
         let h_last = ctx.storage_zeroed("graph.h_last", rows * cfg.hidden as u64 * f);
         let logits = ctx.storage_zeroed("graph.logits", rows * cfg.vocab as u64 * f);
@@ -222,7 +231,10 @@ impl ForwardGraph {
         let pool = PoolShape { window, n_blocks: kv.layer_blocks(l), ..*attention.pool() };
         let pool = &pool;
         let nodes = &mut self.layers;
-        nodes.push(Node::Kernel(norm::rms_norm(ctx, &a.x, &lw.attn_norm, &a.h, n, hidden, cfg.rms_eps)?));
+        // Later layers' pre-norms ran at the end of the layer before (with its residual).
+        if l == 0 {
+            nodes.push(Node::Kernel(norm::rms_norm(ctx, &a.x, &lw.attn_norm, &a.h, n, hidden, cfg.rms_eps)?));
+        }
         nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.wqkv, &a.h, &a.qkv, n)?));
         if let Some([q_norm, k_norm]) = &lw.qk_norm {
             let (row_stride, hd) = (cfg.qkv_width(), cfg.head_dim);
@@ -241,32 +253,36 @@ impl ForwardGraph {
         self.attention.push(attention.layer(ctx, &layer, pool, n)?);
         let nodes = &mut self.layers;
         nodes.push(Node::Attention(self.attention.len() - 1));
-        nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.wo, &a.attn, &a.h, n)?));
+        // The residual adds ride on the matmuls that produce them (their accumulating epilogue);
+        // a post-normed residual (Gemma 3) is one kernel with the next pre-norm.
         let post = lw.post_norms.as_ref();
-        Self::residual(ctx, nodes, (a, post.map(|[attn, _]| attn)), (n, hidden, cfg.rms_eps))?;
-        nodes.push(Node::Kernel(norm::rms_norm(ctx, &a.x, &lw.ffn_norm, &a.h, n, hidden, cfg.rms_eps)?));
-        nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.w_gate_up, &a.h, &a.gate_up, n)?));
-        nodes.push(Node::Kernel(act::glu(ctx, (&a.gate_up, &a.act), n, cfg.ffn, cfg.activation)?));
-        nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.w_down, &a.act, &a.h, n)?));
-        Self::residual(ctx, nodes, (a, post.map(|[_, ffn]| ffn)), (n, hidden, cfg.rms_eps))?;
-        Ok(())
-    }
-
-    /// `x += h`, or `x += rms_norm(h) · post_norm` with a post-norm.
-    fn residual(
-        ctx: &Context,
-        nodes: &mut Vec<Node>,
-        (a, post_norm): (&Activations, Option<&wgpu::Buffer>),
-        (n, hidden, eps): (u32, u32, f32),
-    ) -> Result<(), ModelError> {
-        let delta = match post_norm {
-            Some(weight) => {
-                nodes.push(Node::Kernel(norm::rms_norm(ctx, &a.h, weight, &a.post, n, hidden, eps)?));
-                &a.post
+        let last = l + 1 == cfg.n_layers as usize;
+        let residual = |nodes: &mut Vec<Node>, w: &matmul::QuantMatrix, input: &wgpu::Buffer, post: Option<&wgpu::Buffer>, next: Option<&wgpu::Buffer>| -> Result<(), ModelError> {
+            match post {
+                None => {
+                    nodes.push(Node::Kernels(matmul::matmul_into(ctx, w, (input, &a.x), n, Epilogue::Accumulate)?));
+                    if let Some(norm) = next {
+                        nodes.push(Node::Kernel(norm::rms_norm(ctx, &a.x, norm, &a.h, n, hidden, cfg.rms_eps)?));
+                    }
+                }
+                Some(post) => {
+                    nodes.push(Node::Kernels(matmul::matmul(ctx, w, input, &a.post, n)?));
+                    let next = next.map(|norm| (norm, &a.h));
+                    nodes.push(Node::Kernel(norm::residual_norm(ctx, (&a.x, &a.post), post, next, (n, hidden, cfg.rms_eps))?));
+                }
             }
-            None => &a.h,
+            Ok(())
         };
-        nodes.push(Node::Kernel(elementwise::add(ctx, &a.x, delta, n * hidden)?));
+        residual(nodes, &lw.wo, &a.attn, post.map(|[attn, _]| attn), Some(&lw.ffn_norm))?;
+        if lw.w_gate_up.gated {
+            nodes.push(Node::Kernels(matmul::matmul_into(ctx, &lw.w_gate_up, (&a.h, &a.act), n, Epilogue::Gated(cfg.activation))?));
+        } else {
+            nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.w_gate_up, &a.h, &a.gate_up, n)?));
+            nodes.push(Node::Kernel(act::glu(ctx, (&a.gate_up, &a.act), n, cfg.ffn, cfg.activation)?));
+        }
+        // The next layer's pre-norm follows here (the head norms its own rows).
+        let next = if last { None } else { Some(&weights.layers[l + 1].attn_norm) };
+        residual(nodes, &lw.w_down, &a.act, post.map(|[_, ffn]| ffn), next)?;
         Ok(())
     }
 

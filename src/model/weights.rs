@@ -17,7 +17,8 @@ pub struct LayerWeights {
     pub wo: QuantMatrix,
     /// [hidden] f32
     pub ffn_norm: wgpu::Buffer,
-    /// [2 · ffn, hidden]: gate, then up.
+    /// [2 · ffn, hidden]: gate and up, interleaved for the matmul's gated epilogue
+    /// ([`QuantMatrix::upload_gated`]) when they share a type, else gate then up (`gated` false).
     pub w_gate_up: QuantMatrix,
     /// [hidden, ffn]
     pub w_down: QuantMatrix,
@@ -73,6 +74,18 @@ fn norm(ctx: &Context, gguf: &Gguf<'_>, name: &str, dim: u32) -> Result<wgpu::Bu
     Ok(ctx.storage_init(name, data))
 }
 
+/// Layer `l`'s gate and up projections (`p` names its tensors): interleaved when they can be,
+/// else stacked.
+fn gate_up(ctx: &Context, gguf: &Gguf<'_>, p: &dyn Fn(&str) -> String, cfg: &ModelConfig) -> Result<QuantMatrix, ModelError> {
+    let (gate, up) = (p("ffn_gate.weight"), p("ffn_up.weight"));
+    let (g, gt) = matrix(gguf, &gate, cfg.hidden, cfg.ffn)?;
+    let (u, ut) = matrix(gguf, &up, cfg.hidden, cfg.ffn)?;
+    match QuantMatrix::upload_gated(ctx, &p("ffn_gate_up"), (gt, g), (ut, u), cfg.ffn, cfg.hidden)? {
+        Some(m) => Ok(m),
+        None => stacked(ctx, gguf, &p("ffn_gate_up"), &[(gate, cfg.ffn), (up, cfg.ffn)], cfg.hidden),
+    }
+}
+
 fn stacked(
     ctx: &Context,
     gguf: &Gguf<'_>,
@@ -120,13 +133,7 @@ impl Weights {
                     QuantMatrix::upload(ctx, &p("attn_output"), k, data, cfg.hidden, q_width)?
                 },
                 ffn_norm: norm(ctx, gguf, &p("ffn_norm.weight"), cfg.hidden)?,
-                w_gate_up: stacked(
-                    ctx,
-                    gguf,
-                    &p("ffn_gate_up"),
-                    &[(p("ffn_gate.weight"), cfg.ffn), (p("ffn_up.weight"), cfg.ffn)],
-                    cfg.hidden,
-                )?,
+                w_gate_up: gate_up(ctx, gguf, &p, cfg)?,
                 w_down: {
                     let (data, k) = matrix(gguf, &p("ffn_down.weight"), cfg.ffn, cfg.hidden)?;
                     QuantMatrix::upload(ctx, &p("ffn_down"), k, data, cfg.hidden, cfg.ffn)?

@@ -59,6 +59,64 @@ pub fn rms_norm(
     Ok(kernel.owning(params))
 }
 
+/// `x += rms_norm(delta) · post`, then, with `next = Some((weight, out))`,
+/// `out = rms_norm(x) · weight`: a post-normed residual add and the next pre-norm in one
+/// dispatch (Gemma 3), the same arithmetic as [`rms_norm`] and an add in their order.
+/// x, delta, out: [n_rows, dim] f32, three different buffers; post, weight: [dim] f32.
+/// `n_rows` and `dim` must be at least 1, `eps` finite and >= 0.
+pub fn residual_norm(
+    ctx: &Context,
+    (x, delta): (&wgpu::Buffer, &wgpu::Buffer),
+    post: &wgpu::Buffer,
+    next: Option<(&wgpu::Buffer, &wgpu::Buffer)>,
+    (n_rows, dim, eps): (u32, u32, f32),
+) -> Result<Kernel, GpuError> {
+    const OP: &str = "residual_norm";
+    if n_rows == 0 || dim == 0 {
+        return Err(shape_err(OP, format!("n_rows ({n_rows}) and dim ({dim}) must be at least 1")));
+    }
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(shape_err(OP, format!("eps must be finite and >= 0, got {eps}")));
+    }
+    // Without a next norm its bindings still need buffers: post stands in for the weight and a
+    // word of scratch (kept alive by the bind group) for out.
+    let scratch;
+    let (weight, out) = match next {
+        Some(next) => next,
+        None => {
+            scratch = ctx.storage_zeroed("residual_norm.unused", 4);
+            (post, &scratch)
+        }
+    };
+    if x == delta || x == out || delta == out {
+        return Err(shape_err(OP, "x, delta and out must be three different buffers"));
+    }
+    let elems = n_rows as u64 * dim as u64;
+    check_size(OP, "x", x, elems * 4)?;
+    check_size(OP, "delta", delta, elems * 4)?;
+    check_size(OP, "post", post, dim as u64 * 4)?;
+    if next.is_some() {
+        check_size(OP, "weight", weight, dim as u64 * 4)?;
+        check_size(OP, "out", out, elems * 4)?;
+    }
+    for (what, buffer) in [("x", x), ("delta", delta), ("post", post), ("weight", weight), ("out", out)] {
+        check_binding(ctx, OP, what, buffer.size())?;
+    }
+    let params = RmsNormParams { n_rows, dim, eps, _pad: 0 };
+    let params = ctx.uniform_init("residual_norm.params", bytemuck::bytes_of(&params));
+    let norm = if next.is_some() { 1.0 } else { 0.0 };
+    let pipeline = ctx.pipeline("residual_norm", "main", &[("WG", RMS_NORM_WG as f64), ("NORM", norm)])?;
+    let kernel = Kernel::new(
+        ctx,
+        OP,
+        pipeline,
+        &[whole(x), whole(delta), whole(post), whole(weight), whole(out), whole(&params)],
+        grid(ctx, n_rows as u64, RMS_NORM_WG),
+        None,
+    );
+    Ok(kernel.owning(params))
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct HeadNormParams {

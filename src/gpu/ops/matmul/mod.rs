@@ -31,6 +31,7 @@ pub(crate) mod layout;
 #[cfg(feature = "testing")]
 mod reference;
 
+use super::act::Activation;
 use super::{check_binding, check_size, whole};
 use crate::gguf::GgmlType;
 use crate::gpu::kernel::split_workgroups;
@@ -66,6 +67,22 @@ pub struct QuantMatrix {
     pub rows: u32,
     pub cols: u32,
     pub parts: Vec<Part>,
+    /// The rows are a gate and an up matrix interleaved for [`Epilogue::Gated`]
+    /// ([`QuantMatrix::upload_gated`]); such a matrix runs with that epilogue only.
+    pub gated: bool,
+}
+
+/// What a matmul does with its results, fused into its stores (`EPILOGUE` in
+/// `shaders/matmul_common.wgsl`) so that no kernel runs after it for that.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Epilogue {
+    /// y = x · Wᵀ.
+    Store,
+    /// y += x · Wᵀ: the residual add.
+    Accumulate,
+    /// y = act(x · Gᵀ) ⊙ (x · Uᵀ) for a matrix from [`QuantMatrix::upload_gated`] (gate G and
+    /// up U): the gated FFN's activation; y: [n_rows, rows / 2].
+    Gated(Activation),
 }
 
 /// The layout of `t`, or an error naming it.
@@ -77,6 +94,37 @@ impl QuantMatrix {
     /// raw: GGUF bytes of a `t` matrix with ne0 = cols, ne1 = rows (row after row of blocks).
     pub fn upload(ctx: &Context, label: &str, t: GgmlType, raw: &[u8], rows: u32, cols: u32) -> Result<QuantMatrix, GpuError> {
         QuantMatrix::upload_stacked(ctx, label, &[(t, raw, rows)], cols)
+    }
+
+    /// The gate and up matrices of a gated FFN ([ffn, cols] each, GGUF bytes of one type `t`),
+    /// their rows interleaved in fours (gate 2c, 2c+1, up 2c, 2c+1) so that every group of the
+    /// kernel holds both operands of its outputs, for [`Epilogue::Gated`]. `None` when that
+    /// layout does not apply: the two differ in type or `ffn` is odd (stack them instead, and
+    /// run the activation as a kernel of its own).
+    pub fn upload_gated(
+        ctx: &Context,
+        label: &str,
+        (gate_type, gate): (GgmlType, &[u8]),
+        (up_type, up): (GgmlType, &[u8]),
+        ffn: u32,
+        cols: u32,
+    ) -> Result<Option<QuantMatrix>, GpuError> {
+        if gate_type != up_type || ffn % 2 != 0 {
+            return Ok(None);
+        }
+        let layout = layout_of("QuantMatrix::upload_gated", gate_type)?;
+        for (what, bytes) in [("gate", gate), ("up", up)] {
+            layout.check_raw(bytes, ffn, cols).map_err(|e| shape_err("QuantMatrix::upload_gated", format!("{label} {what}: {e}")))?;
+        }
+        let row = layout.row_bytes(cols) as usize;
+        let mut raw = Vec::with_capacity(gate.len() + up.len());
+        for (g, u) in gate.chunks(2 * row).zip(up.chunks(2 * row)) {
+            raw.extend_from_slice(g);
+            raw.extend_from_slice(u);
+        }
+        let mut m = QuantMatrix::upload(ctx, label, gate_type, &raw, 2 * ffn, cols)?;
+        m.gated = true;
+        Ok(Some(m))
     }
 
     /// Several matrices with the same cols stacked along rows (fused q|k|v, fused gate|up):
@@ -121,7 +169,7 @@ impl QuantMatrix {
             upload_run(ctx, Run { label, layout, raw: &raw, row0, rows, cols, max }, &mut out)?;
             row0 += rows;
         }
-        Ok(QuantMatrix { rows, cols, parts: out })
+        Ok(QuantMatrix { rows, cols, parts: out, gated: false })
     }
 
     /// GPU bytes held.
@@ -246,7 +294,12 @@ struct MatmulParams {
 /// Builds the kernels once (the uniforms they read are allocated here); the caller records them
 /// every step: one per part, plus the activation quantization with `int8_activations`.
 pub fn matmul(ctx: &Context, w: &QuantMatrix, x: &wgpu::Buffer, y: &wgpu::Buffer, n_rows: u32) -> Result<Vec<Kernel>, GpuError> {
-    matmul_with(ctx, w, x, y, n_rows, MatmulConfig::for_device(ctx, n_rows))
+    matmul_into(ctx, w, (x, y), n_rows, Epilogue::Store)
+}
+
+/// [`matmul`] with an [`Epilogue`]: y += x · Wᵀ, or the gated activation (y: [n_rows, rows / 2]).
+pub fn matmul_into(ctx: &Context, w: &QuantMatrix, (x, y): (&wgpu::Buffer, &wgpu::Buffer), n_rows: u32, epilogue: Epilogue) -> Result<Vec<Kernel>, GpuError> {
+    matmul_configured(ctx, w, (x, y), n_rows, MatmulConfig::for_device(ctx, n_rows), epilogue)
 }
 
 /// [`matmul`] with an explicit kernel variant.
@@ -258,7 +311,26 @@ pub fn matmul_with(
     n_rows: u32,
     config: MatmulConfig,
 ) -> Result<Vec<Kernel>, GpuError> {
+    matmul_configured(ctx, w, (x, y), n_rows, config, Epilogue::Store)
+}
+
+/// [`matmul_into`] with an explicit kernel variant.
+pub fn matmul_configured(
+    ctx: &Context,
+    w: &QuantMatrix,
+    (x, y): (&wgpu::Buffer, &wgpu::Buffer),
+    n_rows: u32,
+    config: MatmulConfig,
+    epilogue: Epilogue,
+) -> Result<Vec<Kernel>, GpuError> {
     const OP: &str = "matmul";
+    if w.gated != matches!(epilogue, Epilogue::Gated(_)) {
+        return Err(shape_err(OP, format!("{epilogue:?} needs a matrix {} interleaved gate and up rows", if w.gated { "without" } else { "of" })));
+    }
+    if x == y {
+        return Err(shape_err(OP, "y must be a different buffer from x"));
+    }
+    let y_width = if w.gated { w.rows / 2 } else { w.rows };
     let MatmulConfig { tile_rows, k_split, workgroup, int8_activations, .. } = config;
     if !(1..=MAX_TILE_ROWS).contains(&tile_rows) || k_split == 0 || workgroup == 0 || workgroup % k_split != 0 {
         return Err(shape_err(OP, format!("invalid kernel configuration {config:?}")));
@@ -270,7 +342,7 @@ pub fn matmul_with(
         return Err(shape_err(OP, "n_rows must be positive"));
     }
     check_size(OP, "x", x, n_rows as u64 * w.cols as u64 * 4)?;
-    check_size(OP, "y", y, n_rows as u64 * w.rows as u64 * 4)?;
+    check_size(OP, "y", y, n_rows as u64 * y_width as u64 * 4)?;
     check_binding(ctx, OP, "x", x.size())?;
     check_binding(ctx, OP, "y", y.size())?;
     let nb = w.cols / QK as u32;
@@ -289,7 +361,7 @@ pub fn matmul_with(
     for part in &w.parts {
         let int8 = xq.is_some() && part.layout.has_int8_path();
         let input = if int8 { xq.as_ref().unwrap_or(x) } else { x };
-        kernels.push(part_kernel(ctx, w, part, input, y, n_rows, MatmulConfig { int8_activations: int8, ..config })?);
+        kernels.push(part_kernel(ctx, (w, part), (input, y), n_rows, MatmulConfig { int8_activations: int8, ..config }, epilogue)?);
     }
     Ok(kernels)
 }
@@ -297,12 +369,11 @@ pub fn matmul_with(
 /// The kernel of one part: its rows of y, from x (or the quantized x with `int8_activations`).
 fn part_kernel(
     ctx: &Context,
-    w: &QuantMatrix,
-    part: &Part,
-    x: &wgpu::Buffer,
-    y: &wgpu::Buffer,
+    (w, part): (&QuantMatrix, &Part),
+    (x, y): (&wgpu::Buffer, &wgpu::Buffer),
     n_rows: u32,
     config: MatmulConfig,
+    epilogue: Epilogue,
 ) -> Result<Kernel, GpuError> {
     let MatmulConfig { tile_rows, k_split, workgroup, scale_after, int8_activations } = config;
     let wgs_per_tile = part.groups.div_ceil(workgroup / k_split);
@@ -315,8 +386,13 @@ fn part_kernel(
         groups: part.groups,
         wgs_per_tile,
         tiles,
-        y_stride: w.rows,
+        y_stride: if w.gated { w.rows / 2 } else { w.rows },
         row_base: part.row0,
+    };
+    let (epilogue, gelu) = match epilogue {
+        Epilogue::Store => (0.0, 0.0),
+        Epilogue::Accumulate => (1.0, 0.0),
+        Epilogue::Gated(act) => (2.0, if act == Activation::GeluTanh { 1.0 } else { 0.0 }),
     };
     let uniform = ctx.uniform_init("matmul.params", bytemuck::bytes_of(&params));
     let name = part.layout.matmul_shader();
@@ -329,6 +405,8 @@ fn part_kernel(
             ("TM", tile_rows as f64),
             ("SCALE_AFTER", if scale_after { 1.0 } else { 0.0 }),
             ("INT8", if int8_activations { 1.0 } else { 0.0 }),
+            ("EPILOGUE", epilogue),
+            ("GELU", gelu),
         ],
     )?;
     let kernel = Kernel::new(ctx, name, pipeline, &[whole(&part.buffer), whole(x), whole(y), whole(&uniform)], workgroups, None);
