@@ -8,15 +8,15 @@
 //! the scheduler commits their outputs. [`Engine::generate`] is one submitted request stepped
 //! to its end: there is one token loop.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use crate::gguf::Gguf;
 use crate::gpu::{Context, ContextOptions};
 use crate::kv::{CacheConfig, KvCache, KvPool, PoolStats, PrefixStats, SeqId};
-use crate::model::{Logits, Model, ModelError, Runner, StepRow, Weights};
+use crate::model::{Logits, Model, ModelError, PendingStep, Runner, StepRow, Weights};
 use crate::sampler::{top_k, Sampler};
-use crate::sched::Scheduler;
+use crate::sched::{Plan, Scheduler};
 use crate::tokenizer::{Tokenizer, TokenizerSpec};
 
 // The engine's public surface: everything a caller (the CLI, web.rs, tests) needs comes from here.
@@ -113,6 +113,9 @@ pub struct Engine {
     /// Events of other requests that a [`Engine::generate`] call stepped past; the next
     /// [`Engine::step`] returns them first.
     backlog: Vec<Event>,
+    /// Steps on the GPU whose outputs are not read yet, oldest first (two while a decode step
+    /// planned ahead runs behind the one before it).
+    in_flight: VecDeque<(Plan, PendingStep)>,
 }
 
 impl Engine {
@@ -133,9 +136,9 @@ impl Engine {
         let weights = Weights::upload(&ctx, &gguf, &config)?;
         let kv = KvCache::new(&ctx, &config.kv_shape(), cache_config(&ctx, &config, &options))?;
         let sched = Scheduler::new(options.sched.clone(), options.prefill_chunk)?;
-        let runner = Runner::new(options.prefill_chunk)?;
+        let runner = Runner::new(&ctx, options.prefill_chunk, kv.max_seqs())?;
         let weight_types = gguf.tensor_type_counts();
-        Ok(Engine { ctx, model: Model { config, weights }, tokenizer, kv, options, runner, sched, weight_types, backlog: Vec::new() })
+        Ok(Engine { ctx, model: Model { config, weights }, tokenizer, kv, options, runner, sched, weight_types, backlog: Vec::new(), in_flight: VecDeque::new() })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -252,7 +255,7 @@ impl Engine {
 
     /// Whether any submitted request has not finished (or has events not yet returned).
     pub fn has_work(&self) -> bool {
-        !self.sched.is_idle() || !self.backlog.is_empty()
+        !self.sched.is_idle() || !self.backlog.is_empty() || !self.in_flight.is_empty()
     }
 
     /// Ends a request now, wherever it is: its computed K/V go to the prefix cache and its
@@ -277,15 +280,22 @@ impl Engine {
     }
 
     async fn step_once(&mut self) -> Result<Vec<Event>, EngineError> {
-        let mut events = self.sched.admit(&mut self.kv);
-        let plan = self.sched.reserve(&mut self.kv, &mut events)?;
-        if plan.rows().is_empty() {
-            return Ok(events);
+        let mut events = Vec::new();
+        if self.in_flight.is_empty() {
+            events.extend(self.sched.admit(&mut self.kv));
+            let plan = self.sched.reserve(&mut self.kv, &mut events)?;
+            if plan.rows().is_empty() {
+                return Ok(events);
+            }
+            self.launch(plan, &mut events)?;
         }
-        let rows: Vec<StepRow> =
-            plan.rows().iter().map(|r| StepRow { token: r.token, position: r.position, table_base: self.kv.table_base(r.seq) }).collect();
-        let read = if plan.full_logits() { Logits::Full } else { Logits::Argmax };
-        match self.runner.run(&self.ctx, &self.model, &self.kv, &rows, &plan.logit_rows(), read).await {
+        // The next decode step goes to the GPU before this one's tokens come back, fed with
+        // them there; this one's tokens are read behind it.
+        if let Some(plan) = self.sched.plan_ahead(&mut self.kv)? {
+            self.launch(plan, &mut events)?;
+        }
+        let Some((plan, pending)) = self.in_flight.pop_front() else { return Ok(events) };
+        match pending.read(&self.ctx).await {
             Ok(outputs) => {
                 self.verify()?;
                 events.extend(self.sched.commit(&mut self.kv, &plan, outputs, &self.tokenizer.eos_ids())?);
@@ -294,6 +304,22 @@ impl Engine {
             Err(e) => events.extend(self.sched.fail(&mut self.kv, &plan, &e.into())?),
         }
         Ok(events)
+    }
+
+    /// Submits a planned step (its rows' K/V slots reserved) and queues it for reading; a step
+    /// that cannot be submitted fails its requests.
+    fn launch(&mut self, plan: Plan, events: &mut Vec<Event>) -> Result<(), EngineError> {
+        let rows: Vec<StepRow> = plan
+            .rows()
+            .iter()
+            .map(|r| StepRow { token: r.token.unwrap_or(StepRow::FED), position: r.position, table_base: self.kv.table_base(r.seq), slot: r.seq.0 })
+            .collect();
+        let read = if plan.full_logits() { Logits::Full } else { Logits::Argmax };
+        match self.runner.submit(&self.ctx, &self.model, &self.kv, (&rows, &plan.logit_rows()), read) {
+            Ok(pending) => self.in_flight.push_back((plan, pending)),
+            Err(e) => events.extend(self.sched.fail(&mut self.kv, &plan, &e.into())?),
+        }
+        Ok(())
     }
 
     /// Runs steps until every submitted request has finished, calling `on_event` for each event.
@@ -410,22 +436,22 @@ impl Engine {
         self.scratch_sequence(async |e: &mut Self, seq| Ok(e.runner.profile(&e.ctx, &e.model, &mut e.kv, seq, &tokens).await?)).await
     }
 
-    /// For benchmarks: prefills `prompt`, then decodes exactly `n` greedy tokens whatever they are
-    /// (end-of-generation tokens included). Returns (tokens decoded, decode milliseconds).
+    /// For benchmarks: generates from `prompt` through the scheduler, like any request, the
+    /// first token and then exactly `n` greedy tokens whatever they are (end-of-generation tokens
+    /// included; fewer at the context limit). Returns (tokens decoded after the first, their
+    /// milliseconds).
     pub async fn generate_ignoring_eos(&mut self, prompt: &[u32], n: u32) -> Result<(u32, f64), EngineError> {
-        self.check_tokens(prompt)?;
-        self.scratch_sequence(async |e: &mut Self, seq| {
-            let (ids, _) = e.prefill(seq, prompt, 0, prompt.len() as u32 - 1, Logits::Argmax).await?;
-            let mut next = ids[ids.len() - 1];
-            let t0 = crate::time::now_ms();
-            let mut done = 0;
-            while done < n && e.kv.len(seq)? < e.kv.max_seq_len {
-                next = e.decode(seq, next, Logits::Argmax).await?.0;
-                done += 1;
+        let request = GenerateRequest { max_tokens: n.saturating_add(1), ignore_eos: true, ..Default::default() };
+        let (mut first, mut decoded) = (None, 0u32);
+        self.generate(prompt, &request, &mut |_| {
+            match first {
+                None => first = Some(crate::time::now_ms()),
+                Some(_) => decoded += 1,
             }
-            Ok((done, crate::time::now_ms() - t0))
+            true
         })
-        .await
+        .await?;
+        Ok((decoded, first.map_or(0.0, |t0| crate::time::now_ms() - t0)))
     }
 
     /// Teacher forcing: reads `ids` and, for every position p from `from - 1` to `len - 1`,

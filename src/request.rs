@@ -176,6 +176,13 @@ impl Request {
         self.pending
     }
 
+    /// Whether the token it gets next ends it by its token limit or at `max_len` computed
+    /// tokens ([`Request::accept`]'s length test, one token early): a step planned ahead has
+    /// no row for it.
+    pub fn ends_with_next(&self, max_len: u32) -> bool {
+        self.generated.len() + 1 >= self.params.max_tokens as usize || self.computed + 1 >= max_len
+    }
+
     /// Whether its next token needs the full logits (sampling) rather than the argmax.
     pub fn samples(&self) -> bool {
         !self.params.sampling.is_greedy()

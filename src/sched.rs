@@ -47,11 +47,14 @@ pub struct SchedConfig {
     pub cache_aware: bool,
     /// A request that has waited this many steps is admitted next whatever its prefix.
     pub age_limit: u64,
+    /// Plan the next decode step while the one before is still on the GPU
+    /// ([`Scheduler::plan_ahead`]), so that the GPU need not wait for the CPU between steps.
+    pub lookahead: bool,
 }
 
 impl Default for SchedConfig {
     fn default() -> Self {
-        SchedConfig { max_batch: 8, step_tokens: 256, cache_aware: true, age_limit: 64 }
+        SchedConfig { max_batch: 8, step_tokens: 256, cache_aware: true, age_limit: 64, lookahead: true }
     }
 }
 
@@ -59,7 +62,9 @@ impl Default for SchedConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Row {
     pub seq: SeqId,
-    pub token: u32,
+    /// `None` in a step planned ahead: the token the step before produces for this sequence,
+    /// which the GPU hands over itself.
+    pub token: Option<u32>,
     pub position: u32,
 }
 
@@ -119,6 +124,8 @@ pub struct SchedStats {
     pub running: u32,
     pub waiting: u32,
     pub steps: u64,
+    /// Steps planned ahead, while the step before was still on the GPU.
+    pub steps_ahead: u64,
     pub preemptions: u64,
     pub finished: u64,
     pub aborted: u64,
@@ -143,6 +150,9 @@ pub(crate) struct Scheduler {
     running: Vec<Request>,
     stats: SchedStats,
     next_id: u64,
+    /// Steps planned and not yet committed (or failed): 1 while the engine runs a step, 2 while
+    /// it runs one planned ahead behind it.
+    in_flight: u32,
 }
 
 impl Scheduler {
@@ -150,7 +160,7 @@ impl Scheduler {
         if config.max_batch == 0 || config.step_tokens == 0 || max_chunk == 0 {
             return Err(EngineError::InvalidArgument("max_batch, step_tokens and prefill_chunk must be at least 1".into()));
         }
-        Ok(Scheduler { config, max_chunk, waiting: VecDeque::new(), running: Vec::new(), stats: SchedStats::default(), next_id: 0 })
+        Ok(Scheduler { config, max_chunk, waiting: VecDeque::new(), running: Vec::new(), stats: SchedStats::default(), next_id: 0, in_flight: 0 })
     }
 
     /// Queues a request (its prompt and parameters already checked); returns its id.
@@ -167,6 +177,12 @@ impl Scheduler {
 
     fn running_index(&self, id: RequestId) -> usize {
         self.running.iter().position(|r| r.id == id).expect("planned requests are running")
+    }
+
+    /// The running request `id`, if it still runs: a step planned ahead may carry rows of
+    /// requests that ended when the step before it committed (or were aborted meanwhile).
+    fn still_running(&self, id: RequestId) -> Option<usize> {
+        self.running.iter().position(|r| r.id == id)
     }
 
     /// Picks the waiting request to admit next: an over-age one if any (oldest first), else the
@@ -289,7 +305,7 @@ impl Scheduler {
         for r in &self.running {
             if !r.in_prefill() {
                 if let (Some(token), Some(seq)) = (r.pending(), r.seq) {
-                    plan.rows.push(Row { seq, token, position: r.computed });
+                    plan.rows.push(Row { seq, token: Some(token), position: r.computed });
                     plan.decode.push(r.id);
                     plan.full_logits |= r.samples();
                 }
@@ -303,7 +319,7 @@ impl Scheduler {
             let seq = r.seq.expect("running requests have a sequence");
             let first = plan.rows.len();
             for p in r.computed..r.computed + n {
-                plan.rows.push(Row { seq, token: r.token_at(p), position: p });
+                plan.rows.push(Row { seq, token: Some(r.token_at(p)), position: p });
             }
             // After a preemption a request may hold a pending token (sampled and streamed, not
             // yet fed): its next decode row feeds it, so the prefill that rebuilds its context
@@ -320,6 +336,9 @@ impl Scheduler {
     /// grow ends with the error, and a sequence at the context limit ends with what it has
     /// (both reported in `events`). An empty plan means there is nothing to run.
     pub fn reserve(&mut self, kv: &mut KvCache, events: &mut Vec<Event>) -> Result<Plan, EngineError> {
+        if self.in_flight != 0 {
+            return Err(EngineError::InvalidArgument(format!("a step was planned with {} steps not committed", self.in_flight)));
+        }
         loop {
             let plan = self.plan();
             let bs = kv.block_size();
@@ -352,6 +371,7 @@ impl Scheduler {
                 }
                 if !plan.rows.is_empty() {
                     self.stats.steps += 1;
+                    self.in_flight += 1;
                 }
                 return Ok(plan);
             }
@@ -362,6 +382,56 @@ impl Scheduler {
                 self.finish_running(kv, keep, Err(err.into()), events)?;
             }
         }
+    }
+
+    /// Plans the step after the one in flight, before that one's tokens are known: the next row
+    /// of every running sequence, each fed on the GPU with the token the step in flight produces
+    /// for it ([`Row::token`] `None`). Only in steady decoding, with exactly one step in flight:
+    /// no request waits for a free place in the batch, no sequence is reading its context or sampling on the CPU,
+    /// and the pool holds the new rows without preempting; otherwise `None`, and the engine
+    /// commits the step in flight and plans as usual. A sequence whose step in flight reaches
+    /// its token or context limit gets no row (it ends when that step commits); one that ends
+    /// otherwise (end of generation, a stop string, an abort) has its extra row undone when it
+    /// ends (its sequence is cut back to what was committed, [`Scheduler::finish_running`]), so
+    /// what it returns and what the prefix cache keeps are as without lookahead.
+    pub fn plan_ahead(&mut self, kv: &mut KvCache) -> Result<Option<Plan>, EngineError> {
+        let could_admit = !self.waiting.is_empty() && self.running.len() < self.config.max_batch as usize;
+        if !self.config.lookahead || self.in_flight != 1 || could_admit {
+            return Ok(None);
+        }
+        if self.running.iter().any(|r| r.in_prefill() || r.samples() || r.pending().is_none()) {
+            return Ok(None);
+        }
+        let bs = kv.block_size();
+        let mut plan = Plan::default();
+        let mut need = 0u32;
+        for r in self.running.iter().filter(|r| !r.ends_with_next(kv.max_seq_len)) {
+            let seq = r.seq.expect("running requests have a sequence");
+            let len = kv.len(seq)?;
+            if len >= kv.max_seq_len {
+                continue;
+            }
+            need += (len + 1).div_ceil(bs).saturating_sub(kv.blocks(seq)?.len() as u32);
+            plan.rows.push(Row { seq, token: None, position: len });
+            plan.decode.push(r.id);
+        }
+        let stats = kv.stats();
+        if plan.rows.is_empty() || (need > stats.blocks_free + stats.blocks_cached && kv.layout != KvLayout::Contiguous) {
+            return Ok(None);
+        }
+        for (i, row) in plan.rows.iter().enumerate() {
+            if kv.append(row.seq, 1).is_err() {
+                // Short of blocks after all (a windowed group): undo and plan as usual.
+                for done in &plan.rows[..i] {
+                    kv.truncate(done.seq, done.position)?;
+                }
+                return Ok(None);
+            }
+        }
+        self.stats.steps += 1;
+        self.stats.steps_ahead += 1;
+        self.in_flight += 1;
+        Ok(Some(plan))
     }
 
     /// Preempts the most recently admitted running request other than `keep`: its computed K/V
@@ -392,9 +462,11 @@ impl Scheduler {
     /// (requests arriving while this one runs can share them from now on), and every request
     /// that got logits handles its next token. Returns the tokens and finished requests.
     pub fn commit(&mut self, kv: &mut KvCache, plan: &Plan, outputs: Vec<(u32, Option<Vec<f32>>)>, eos: &[u32]) -> Result<Vec<Event>, EngineError> {
+        self.in_flight = self.in_flight.saturating_sub(1);
         for &id in &plan.decode {
-            let i = self.running_index(id);
-            self.running[i].computed_rows(1, false, false);
+            if let Some(i) = self.still_running(id) {
+                self.running[i].computed_rows(1, false, false);
+            }
         }
         let mut wants = plan.decode.clone();
         if let Some(c) = plan.prefill {
@@ -412,7 +484,7 @@ impl Scheduler {
         let mut events = Vec::new();
         let mut done = Vec::new();
         for (id, (argmax, mut logits)) in wants.into_iter().zip(outputs) {
-            let i = self.running_index(id);
+            let Some(i) = self.still_running(id) else { continue };
             let accepted = self.running[i].accept(argmax, logits.as_deref_mut(), eos, kv.max_seq_len);
             if let Some((token, text)) = accepted.token {
                 events.push(Event::Token { id, token, text });
@@ -428,11 +500,23 @@ impl Scheduler {
     /// A step failed as a whole: every request in it ends with (a copy of) the error, and
     /// their K/V, which the step may have half written, are not cached.
     pub fn fail(&mut self, kv: &mut KvCache, plan: &Plan, err: &EngineError) -> Result<Vec<Event>, EngineError> {
+        self.in_flight = self.in_flight.saturating_sub(1);
         let mut events = Vec::new();
         for id in plan.requests() {
-            self.finish_running(kv, id, Err(err.step_failure()), &mut events)?;
+            if self.still_running(id).is_some() {
+                self.finish_running(kv, id, Err(err.step_failure()), &mut events)?;
+            }
         }
         Ok(events)
+    }
+
+    /// Cuts `seq` back to the K/V its request has committed: a row planned ahead for it
+    /// ([`Scheduler::plan_ahead`]) whose step has not committed is undone, its slot freed.
+    fn undo_ahead(kv: &mut KvCache, seq: SeqId, r: &Request) -> Result<(), EngineError> {
+        if kv.len(seq)? > r.computed {
+            kv.truncate(seq, r.computed)?;
+        }
+        Ok(())
     }
 
     /// Ends running request `id` with `result`: finished, its computed K/V go to the prefix
@@ -440,6 +524,7 @@ impl Scheduler {
     fn finish_running(&mut self, kv: &mut KvCache, id: RequestId, result: Result<FinishReason, EngineError>, events: &mut Vec<Event>) -> Result<(), EngineError> {
         let mut r = self.running.remove(self.running_index(id));
         let seq = r.seq.take().expect("running requests have a sequence");
+        Self::undo_ahead(kv, seq, &r)?;
         let result = match result {
             Ok(reason) => {
                 let blocks = kv.blocks(seq)?.to_vec();
@@ -466,6 +551,7 @@ impl Scheduler {
         } else if let Some(i) = self.running.iter().position(|r| r.id == id) {
             let mut r = self.running.remove(i);
             let seq = r.seq.take().expect("running requests have a sequence");
+            Self::undo_ahead(kv, seq, &r)?;
             let blocks = kv.blocks(seq)?.to_vec();
             kv.finish(seq, &r.tokens())?;
             (r, blocks)

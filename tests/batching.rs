@@ -319,3 +319,77 @@ fn real_model_batched_requests_give_their_solo_tokens() {
         engine.kv_cache().check_integrity().unwrap();
     });
 }
+
+/// One lookahead-equivalence workload on `engine`: every request submitted at once, one of them
+/// aborted after `abort_after` steps. Returns each request's (tokens, text, finish reason,
+/// prefix hit) in submission order, and the pool's and prefix cache's counters at the end.
+/// Also returns the scheduler's (steps, steps planned ahead).
+async fn lookahead_run(engine: &mut Engine, prompts: &[(Vec<u32>, GenerateRequest)], abort_after: u32) -> (Vec<(Vec<u32>, String, FinishReason, u32)>, String, (u64, u64)) {
+    let order: Vec<RequestId> = prompts.iter().map(|(p, r)| engine.submit(p.clone(), r.clone()).unwrap()).collect();
+    let mut done: HashMap<RequestId, pagedlm::engine::Generation> = HashMap::new();
+    let mut steps = 0;
+    while engine.has_work() {
+        if steps == abort_after {
+            if let Some(g) = engine.abort(order[1]).unwrap() {
+                done.insert(order[1], g);
+            }
+        }
+        for e in engine.step().await.unwrap() {
+            if let Event::Finished { id, result } = e {
+                done.insert(id, result.unwrap_or_else(|e| panic!("{id:?} failed: {e}")));
+            }
+        }
+        engine.kv_cache().check_integrity().unwrap();
+        steps += 1;
+    }
+    let out = order.iter().map(|id| {
+        let g = &done[id];
+        (g.tokens.clone(), g.text.clone(), g.finish_reason, g.prefix_hit_tokens)
+    });
+    let stats = engine.stats();
+    let counters = format!("pool {:?} prefix {:?}", (stats.pool.blocks_free, stats.pool.blocks_cached, stats.pool.blocks_total), stats.prefix);
+    let sched = engine.sched_stats();
+    (out.collect(), counters, (sched.steps, sched.steps_ahead))
+}
+
+gpu_test! {
+    async fn planning_ahead_changes_no_output_and_no_cache_state() {
+        // The decode step planned while the one before is on the GPU, fed its token there, must
+        // leave every generation and the cache as stepping one at a time does: requests that end
+        // at their token limit, at a stop string (found from a first run), at the context limit,
+        // by an abort while a step planned ahead is in flight, alone and batched, f32 and INT8.
+        let bytes = tiny_model(35);
+        let mut rng = Rng::new(6);
+        let probe = ids(&mut rng, 9);
+        let mut first = Engine::load(&bytes, EngineOptions { max_context: 64, ..Default::default() }).await.unwrap();
+        let seen = first.generate(&probe, &GenerateRequest { max_tokens: 6, ignore_eos: true, ..Default::default() }, &mut |_| true).await.unwrap();
+        let stop = first.tokenizer().decode(&seen.tokens[2..3]).unwrap_or_default();
+        assert!(!stop.is_empty(), "the probe's third token has no text: {:?}", seen.tokens);
+        let mut prompts = vec![(probe.clone(), GenerateRequest { max_tokens: 20, stop: vec![stop], ..Default::default() })];
+        for k in 0..5 {
+            let n = 3 + rng.below(20) as usize;
+            let max_tokens = [1, 4, 9, 17, 40][k];
+            prompts.push((ids(&mut rng, n), GenerateRequest { max_tokens, ignore_eos: k % 2 == 0, ..Default::default() }));
+        }
+        for (max_batch, kv_dtype, block_size) in [(1u32, KvDtype::F32, 4u32), (4, KvDtype::F32, 8), (6, KvDtype::Int8, 5)] {
+            let mut results = Vec::new();
+            for lookahead in [false, true] {
+                let sched = SchedConfig { max_batch, step_tokens: 32, lookahead, ..Default::default() };
+                let opts = EngineOptions { max_context: 48, block_size, kv_dtype, sched, check_integrity: true, ..Default::default() };
+                let mut engine = Engine::load(&bytes, opts).await.unwrap();
+                results.push(lookahead_run(&mut engine, &prompts, 7).await);
+            }
+            let what = format!("batch {max_batch}, {}, blocks of {block_size}", kv_dtype.name());
+            for (k, (off, on)) in results[0].0.iter().zip(&results[1].0).enumerate() {
+                assert_eq!(off, on, "{what}: request {k} differs with lookahead");
+            }
+            assert_eq!(results[0].1, results[1].1, "{what}: the cache ends differently with lookahead");
+            let ((steps_off, ahead_off), (steps_on, ahead_on)) = (results[0].2, results[1].2);
+            assert_eq!(ahead_off, 0, "{what}: planned ahead with lookahead off");
+            // Most decode steps go ahead; the rows undone at each end cost a step or so each.
+            assert!(ahead_on * 2 > steps_on && steps_on <= steps_off + prompts.len() as u64, "{what}: {ahead_on} of {steps_on} steps planned ahead ({steps_off} without)");
+            let reasons: Vec<FinishReason> = results[1].0.iter().map(|r| r.2).collect();
+            assert!(reasons.contains(&FinishReason::Stop) && reasons.contains(&FinishReason::Length), "{what}: the workload must end both ways: {reasons:?}");
+        }
+    }
+}

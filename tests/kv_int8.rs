@@ -288,7 +288,7 @@ async fn decode_after(
     for t in prefix..prefix + steps {
         let pos = kv.append(seq, 1).unwrap();
         assert_eq!(pos as usize, t);
-        let row = pagedlm::model::StepRow { token: ids[t], position: t as u32, table_base: base };
+        let row = pagedlm::model::StepRow { token: ids[t], position: t as u32, table_base: base, slot: seq.0 };
         let mut out = decode.run(ctx, &[row], &[0], pagedlm::model::Logits::Full).await.unwrap();
         rows.push(out.remove(0).1.unwrap());
     }
@@ -323,7 +323,7 @@ fn granularity_is_measured_on_real_kv() {
         kv.append(seq, PREFIX as u32).unwrap();
         let base = kv.table_base(seq);
         let mut prefill = ForwardGraph::build(&ctx, (&cfg, &weights), &kv, AttentionKind::Sequence, PREFIX as u32, 1).unwrap();
-        let rows: Vec<StepRow> = (0..PREFIX).map(|t| StepRow { token: ids[t], position: t as u32, table_base: base }).collect();
+        let rows: Vec<StepRow> = (0..PREFIX).map(|t| StepRow { token: ids[t], position: t as u32, table_base: base, slot: seq.0 }).collect();
         prefill.run(&ctx, &rows, &[], Logits::Argmax).await.unwrap();
         let len = kv.pool.k[0].size() / 4;
         let mut k_pools = Vec::new();

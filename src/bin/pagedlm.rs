@@ -31,7 +31,7 @@ fn main() {
 #[cfg(not(target_arch = "wasm32"))]
 const USAGE: &str = "usage: pagedlm <tokenize|score|generate|bench|trace|profile> [options]
   common:   --model PATH  --kv-layout contiguous|paged  --kv-dtype f32|int8  --block-size N  --pool-tokens N
-            --max-context N  --prefill-chunk N  --max-batch N  --step-tokens N  --no-prefix-cache  --no-cache-aware
+            --max-context N  --prefill-chunk N  --max-batch N  --step-tokens N  --no-prefix-cache  --no-cache-aware  --no-lookahead
             --max-binding-mib N   (run as on a device whose largest buffer binding is N MiB)
             (every command takes them; tokenize reads only --model)
   tokenize  --texts FILE.json
@@ -120,6 +120,7 @@ mod cli {
                 max_batch: args.count("max-batch", SchedConfig::default().max_batch),
                 step_tokens: args.count("step-tokens", SchedConfig::default().step_tokens),
                 cache_aware: !args.flag("no-cache-aware"),
+                lookahead: !args.flag("no-lookahead"),
                 ..SchedConfig::default()
             },
             max_binding_bytes: args.given("max-binding-mib").then(|| u64::from(args.count("max-binding-mib", 0)) << 20),

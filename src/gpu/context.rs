@@ -256,24 +256,19 @@ impl Context {
 
     /// Maps the first `size` bytes of a filled MAP_READ buffer and returns them.
     pub async fn map_staging_range(&self, staging: &wgpu::Buffer, size: u64) -> Result<Vec<u8>, GpuError> {
-        let slice = staging.slice(..size);
+        self.map_after(staging, size, None).bytes(self).await
+    }
+
+    /// Starts mapping the first `size` bytes of a MAP_READ buffer that submission `index` fills
+    /// (`None`: the work submitted so far), without waiting: the GPU may run on through later
+    /// submissions while the caller does other work, and [`Mapping::bytes`] waits for `index`
+    /// alone.
+    pub fn map_after(&self, staging: &wgpu::Buffer, size: u64, index: Option<wgpu::SubmissionIndex>) -> Mapping {
         let (tx, rx) = futures_channel::oneshot::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
+        staging.slice(..size).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        #[cfg(not(target_arch = "wasm32"))]
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| GpuError::Readback(e.to_string()))?;
-        rx.await
-            .map_err(|_| GpuError::Readback("the map callback was dropped".into()))?
-            .map_err(|e| GpuError::Readback(e.to_string()))?;
-        let data = slice
-            .get_mapped_range()
-            .map_err(|e| GpuError::Readback(e.to_string()))?
-            .to_vec();
-        staging.unmap();
-        Ok(data)
+        Mapping { staging: staging.clone(), size, index, rx }
     }
 
     /// Reads `len` f32 values starting at element `start`.
@@ -286,5 +281,35 @@ impl Context {
     pub async fn read_u32(&self, buffer: &wgpu::Buffer, start: u64, len: u64) -> Result<Vec<u32>, GpuError> {
         let bytes = self.read_bytes(buffer, start * 4, len * 4).await?;
         Ok(bytemuck::cast_slice(&bytes).to_vec())
+    }
+}
+
+/// A map in flight ([`Context::map_after`]).
+pub struct Mapping {
+    staging: wgpu::Buffer,
+    size: u64,
+    index: Option<wgpu::SubmissionIndex>,
+    rx: futures_channel::oneshot::Receiver<Result<(), wgpu::BufferAsyncError>>,
+}
+
+impl Mapping {
+    /// Waits until the buffer is mapped (natively by polling the device until the submission is
+    /// done; on the web the browser's event loop completes the map) and returns its bytes; the
+    /// buffer is unmapped again, ready to be filled by a later step.
+    pub async fn bytes(self, ctx: &Context) -> Result<Vec<u8>, GpuError> {
+        #[cfg(not(target_arch = "wasm32"))]
+        ctx.device
+            .poll(wgpu::PollType::Wait { submission_index: self.index.clone(), timeout: None })
+            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        #[cfg(target_arch = "wasm32")]
+        let _ = (ctx, &self.index);
+        self.rx
+            .await
+            .map_err(|_| GpuError::Readback("the map callback was dropped".into()))?
+            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        let slice = self.staging.slice(..self.size);
+        let data = slice.get_mapped_range().map_err(|e| GpuError::Readback(e.to_string()))?.to_vec();
+        self.staging.unmap();
+        Ok(data)
     }
 }

@@ -477,6 +477,11 @@ impl KvCache {
         Ok(&self.seq(id)?.local)
     }
 
+    /// Sequence slots: every live `SeqId.0` is below this.
+    pub fn max_seqs(&self) -> u32 {
+        self.seqs.len() as u32
+    }
+
     /// Offset (in u32 entries) of a sequence's row in `table_buffer` (and in the local group's).
     pub fn table_base(&self, id: SeqId) -> u32 {
         id.0 * self.max_blocks_per_seq

@@ -37,6 +37,8 @@
 //!   than the graph holds; the rest are padding (position `u32::MAX`, which the KV write skips,
 //!   and `kv_len` 0, which attention skips).
 
+use std::sync::{Arc, Mutex};
+
 use crate::gpu::ops::attention::{Attention, AttentionBatch, AttentionBuffers, BatchBuffers, BatchPlan, BatchRow, BatchStep};
 use crate::gpu::ops::kv_write::KvWriteBuffers;
 use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
@@ -70,11 +72,58 @@ pub enum AttentionKind {
 /// One row of a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StepRow {
+    /// The token, or [`StepRow::FED`].
     pub token: u32,
     /// Absolute position in its sequence.
     pub position: u32,
     /// The sequence's row in the block-table buffer ([`KvCache::table_base`]).
     pub table_base: u32,
+    /// The sequence's index (`SeqId.0`): its entry in a step's [`Feed`].
+    pub slot: u32,
+}
+
+impl StepRow {
+    /// The token is the one the sequence's last step produced, still on the GPU (in the
+    /// [`Feed`]): consecutive decode steps need no round trip through the CPU.
+    pub const FED: u32 = u32::MAX;
+}
+
+/// The tokens steps hand to each other on the GPU: `[n_slots] u32`, entry `slot` the token
+/// the last step with a logit row of that sequence produced (its argmax). A step copies the
+/// entries of its [`StepRow::FED`] rows into its inputs before it runs and its logit rows'
+/// tokens into the entries after; copies, not kernels, ordered with the steps on the queue.
+pub struct Feed<'a> {
+    pub tokens: &'a wgpu::Buffer,
+}
+
+/// A submitted step whose outputs are still on their way back ([`ForwardGraph::submit`]);
+/// [`PendingStep::read`] waits for them. Dropped unread, its staging buffer is simply not reused.
+pub struct PendingStep {
+    mapping: crate::gpu::Mapping,
+    staging: wgpu::Buffer,
+    free: Arc<Mutex<Vec<wgpu::Buffer>>>,
+    /// Logit rows read, and whether the caller asked for none (the step's end only).
+    rows: usize,
+    none_asked: bool,
+    full: bool,
+    vocab: usize,
+}
+
+impl PendingStep {
+    /// Waits for the step and returns, for each logit row, its argmax and (with
+    /// [`Logits::Full`]) its logits.
+    pub async fn read(self, ctx: &Context) -> Result<Vec<RowOutput>, ModelError> {
+        let bytes = self.mapping.bytes(ctx).await?;
+        self.free.lock().unwrap_or_else(|p| p.into_inner()).push(self.staging);
+        if self.none_asked {
+            return Ok(Vec::new());
+        }
+        let m = self.rows;
+        let ids: &[u32] = bytemuck::cast_slice(&bytes[..m * 4]);
+        let vocab = self.vocab;
+        let logits: Option<&[f32]> = self.full.then(|| bytemuck::cast_slice(&bytes[m * 4..]));
+        Ok(ids.iter().enumerate().map(|(k, &id)| (id, logits.map(|l| l[k * vocab..(k + 1) * vocab].to_vec()))).collect())
+    }
 }
 
 /// What one logit row of a step gives: its argmax and, with [`Logits::Full`], its logits.
@@ -152,7 +201,11 @@ pub struct ForwardGraph {
     x_last: wgpu::Buffer,
     argmax_out: wgpu::Buffer,
     logits: wgpu::Buffer,
-    staging: wgpu::Buffer,
+    /// Staging buffers not in use by a [`PendingStep`]: as many as steps were ever in flight at
+    /// once, then reused (no buffer is created per step in steady state).
+    staging: Arc<Mutex<Vec<wgpu::Buffer>>>,
+    /// Bytes of one staging buffer: the argmaxes and the logits of every logit row.
+    staging_bytes: u64,
     layers: Vec<Node>,
     head: Vec<Node>,
     attention: Vec<LayerAttention>,
@@ -188,12 +241,8 @@ impl ForwardGraph {
             max_logits,
             vocab: cfg.vocab,
             hidden: cfg.hidden,
-            staging: ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("graph.staging"),
-                size: rows * 4 + rows * cfg.vocab as u64 * f,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            }),
+            staging: Arc::new(Mutex::new(Vec::new())),
+            staging_bytes: rows * 4 + rows * cfg.vocab as u64 * f,
             layers: vec![Node::Kernels(embed::embedding(ctx, &weights.token_embd, (&ids, &a.x), max_rows, cfg.embedding_scale)?)],
             head: vec![
                 Node::Kernel(norm::rms_norm(ctx, &x_last, &weights.output_norm, &h_last, max_logits, cfg.hidden, cfg.rms_eps)?),
@@ -289,8 +338,12 @@ impl ForwardGraph {
     /// Checks `rows` and `logit_rows` against the graph's contract: 1..=max_rows rows (exactly
     /// max_rows, all of one sequence at consecutive positions, for [`AttentionKind::Sequence`]),
     /// at most max_logits logit rows, each an index into `rows`.
-    fn check(&self, rows: &[StepRow], logit_rows: &[u32]) -> Result<(), ModelError> {
+    fn check(&self, rows: &[StepRow], logit_rows: &[u32], feed: Option<&Feed<'_>>) -> Result<(), ModelError> {
         let n = rows.len();
+        let slots = feed.map_or(0, |f| f.tokens.size() / 4);
+        if let Some(r) = rows.iter().find(|r| (r.token == StepRow::FED || feed.is_some()) && r.slot as u64 >= slots) {
+            return Err(ModelError::Format(format!("row of slot {} (token {}) needs a feed of more than {slots} entries", r.slot, r.token)));
+        }
         let bad = |what: String| Err(ModelError::Format(format!("a {:?} graph of {} rows and {} logit rows {what}", self.kind, self.max_rows, self.max_logits)));
         if n == 0 || n > self.max_rows as usize || logit_rows.len() > self.max_logits as usize {
             return bad(format!("was given {n} rows and {} logit rows", logit_rows.len()));
@@ -359,12 +412,25 @@ impl ForwardGraph {
     /// with [`Logits::Full`], the logits predicting the next position. With no logit rows
     /// (a prefill chunk that does not end its prompt) nothing is read but the step's end.
     pub async fn run(&mut self, ctx: &Context, rows: &[StepRow], logit_rows: &[u32], read: Logits) -> Result<Vec<RowOutput>, ModelError> {
-        self.check(rows, logit_rows)?;
+        self.submit(ctx, (rows, logit_rows), read, None)?.read(ctx).await
+    }
+
+    /// Records and submits one step ([`ForwardGraph::run`]) without waiting for it: its outputs
+    /// come back through the returned [`PendingStep`], while later steps may already be
+    /// submitted behind it. With a `feed`, [`StepRow::FED`] rows take their tokens from it and
+    /// the logit rows' argmaxes go into it (see [`Feed`]).
+    pub fn submit(&mut self, ctx: &Context, (rows, logit_rows): (&[StepRow], &[u32]), read: Logits, feed: Option<&Feed<'_>>) -> Result<PendingStep, ModelError> {
+        self.check(rows, logit_rows, feed)?;
         self.prepare(ctx, rows)?;
         // The head needs a row: with none asked for, the last one stands in and is not returned.
         let stand_in = [rows.len() as u32 - 1];
         let (gather, read) = if logit_rows.is_empty() { (&stand_in[..], Logits::Argmax) } else { (logit_rows, read) };
         let mut rec = Recorder::new(ctx, "step");
+        if let Some(feed) = feed {
+            for (r, row) in rows.iter().enumerate().filter(|(_, row)| row.token == StepRow::FED) {
+                rec.copy(feed.tokens, row.slot as u64 * 4, &self.ids, r as u64 * 4, 4);
+            }
+        }
         self.record(&mut rec, &self.layers);
         let row_bytes = self.hidden as u64 * 4;
         // Runs of consecutive rows (a prefill chunk's last rows) gather in one copy.
@@ -375,29 +441,36 @@ impl ForwardGraph {
             k += run;
         }
         self.record(&mut rec, &self.head);
+        if let (Some(feed), false) = (feed, logit_rows.is_empty()) {
+            for (k, &r) in logit_rows.iter().enumerate() {
+                rec.copy(&self.argmax_out, k as u64 * 4, feed.tokens, rows[r as usize].slot as u64 * 4, 4);
+            }
+        }
         let m = gather.len() as u64;
-        rec.copy(&self.argmax_out, 0, &self.staging, 0, m * 4);
+        let staging = self.staging.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_else(|| {
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("graph.staging"),
+                size: self.staging_bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        });
+        rec.copy(&self.argmax_out, 0, &staging, 0, m * 4);
         let logit_bytes = m * self.vocab as u64 * 4;
         let full = read == Logits::Full;
         if full {
-            rec.copy(&self.logits, 0, &self.staging, m * 4, logit_bytes);
+            rec.copy(&self.logits, 0, &staging, m * 4, logit_bytes);
         }
-        rec.submit();
-        let bytes = ctx.map_staging_range(&self.staging, if full { m * 4 + logit_bytes } else { m * 4 }).await?;
-        if logit_rows.is_empty() {
-            return Ok(Vec::new());
-        }
-        let ids: &[u32] = bytemuck::cast_slice(&bytes[..m as usize * 4]);
-        let vocab = self.vocab as usize;
-        let logits: Option<&[f32]> = full.then(|| bytemuck::cast_slice(&bytes[m as usize * 4..]));
-        Ok(ids.iter().enumerate().map(|(k, &id)| (id, logits.map(|l| l[k * vocab..(k + 1) * vocab].to_vec()))).collect())
+        let index = rec.submit();
+        let mapping = ctx.map_after(&staging, if full { m * 4 + logit_bytes } else { m * 4 }, Some(index));
+        Ok(PendingStep { mapping, staging, free: self.staging.clone(), rows: m as usize, none_asked: logit_rows.is_empty(), full, vocab: self.vocab as usize })
     }
 
     /// Runs the layers of one step submitting every kernel on its own and waiting for it, and
     /// returns the GPU time spent per kernel name (milliseconds, summed over layers). For finding
     /// where a step's time goes; the results of the step are discarded.
     pub async fn profile(&mut self, ctx: &Context, rows: &[StepRow]) -> Result<Vec<(String, f64)>, ModelError> {
-        self.check(rows, &[])?;
+        self.check(rows, &[], None)?;
         self.prepare(ctx, rows)?;
         let mut totals: Vec<(String, f64)> = Vec::new();
         for node in self.layers.iter().chain(&self.head) {

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use crate::gpu::Context;
 use crate::kv::{KvCache, SeqId};
 
-use super::graph::{AttentionKind, ForwardGraph, Logits, RowOutput, StepRow};
+use super::graph::{AttentionKind, Feed, ForwardGraph, Logits, PendingStep, RowOutput, StepRow};
 use super::{ModelConfig, ModelError, Weights};
 
 /// The loaded model: its configuration and its weights on the device.
@@ -56,10 +56,13 @@ pub struct Runner {
     decode: GraphCache,
     sequence: GraphCache,
     batch: GraphCache,
+    /// The tokens steps hand to each other on the GPU, one per sequence slot ([`Feed`]).
+    feed: wgpu::Buffer,
 }
 
 impl Runner {
-    pub fn new(prefill_chunk: u32) -> Result<Runner, ModelError> {
+    /// `max_seqs`: the KV cache's sequence slots (the rows' `slot`s are below it).
+    pub fn new(ctx: &Context, prefill_chunk: u32, max_seqs: u32) -> Result<Runner, ModelError> {
         if prefill_chunk == 0 {
             return Err(ModelError::Format("prefill_chunk must be at least 1".into()));
         }
@@ -68,13 +71,24 @@ impl Runner {
             decode: GraphCache::new(AttentionKind::Sequence, 1),
             sequence: GraphCache::new(AttentionKind::Sequence, 4),
             batch: GraphCache::new(AttentionKind::Batch, 6),
+            feed: ctx.storage_zeroed("runner.feed", max_seqs as u64 * 4),
         })
     }
 
     /// Runs one step over `rows` (their K/V slots already appended to their sequences) and
     /// returns one output per entry of `logit_rows` (indices into `rows`), in order.
     pub async fn run(&mut self, ctx: &Context, model: &Model, kv: &KvCache, rows: &[StepRow], logit_rows: &[u32], read: Logits) -> Result<Vec<RowOutput>, ModelError> {
-        let Some(first) = rows.first() else { return Ok(Vec::new()) };
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.submit(ctx, model, kv, (rows, logit_rows), read)?.read(ctx).await
+    }
+
+    /// [`Runner::run`] without waiting: the step is on the GPU when this returns and its
+    /// outputs come through the [`PendingStep`]. Rows may be [`StepRow::FED`]: their token is
+    /// the last one their sequence's earlier steps produced, handed over on the GPU.
+    pub fn submit(&mut self, ctx: &Context, model: &Model, kv: &KvCache, (rows, logit_rows): (&[StepRow], &[u32]), read: Logits) -> Result<PendingStep, ModelError> {
+        let Some(first) = rows.first() else { return Err(ModelError::Format("a step needs at least one row".into())) };
         let one_sequence = rows.iter().enumerate().all(|(i, r)| r.table_base == first.table_base && r.position == first.position + i as u32);
         let n = rows.len() as u32;
         let graph = if one_sequence && n == 1 && logit_rows.len() <= 1 {
@@ -86,7 +100,7 @@ impl Runner {
             let capacity = n.next_power_of_two();
             self.batch.get(ctx, model, kv, capacity, logits.min(capacity))?
         };
-        graph.run(ctx, rows, logit_rows, read).await
+        graph.submit(ctx, (rows, logit_rows), read, Some(&Feed { tokens: &self.feed }))
     }
 
     /// Runs `tokens` at positions `start..` of `seq` (appending their K/V slots) through
@@ -123,7 +137,7 @@ impl Runner {
         let at = kv.append(seq, tokens.len() as u32)?;
         debug_assert_eq!(at, start);
         let table_base = kv.table_base(seq);
-        Ok(tokens.iter().enumerate().map(|(i, &token)| StepRow { token, position: start + i as u32, table_base }).collect())
+        Ok(tokens.iter().enumerate().map(|(i, &token)| StepRow { token, position: start + i as u32, table_base, slot: seq.0 }).collect())
     }
 
     /// Per-kernel GPU time (ms) of one prefill step over `tokens` and of one decode step after

@@ -52,6 +52,7 @@ const ENGINE: &[Opt] = &[
     opt("step-tokens", Kind::Count),
     opt("no-prefix-cache", Kind::Flag),
     opt("no-cache-aware", Kind::Flag),
+    opt("no-lookahead", Kind::Flag),
     opt("max-binding-mib", Kind::Count),
 ];
 
