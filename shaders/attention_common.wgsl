@@ -47,7 +47,8 @@
 // dst:         the kernel's output records (see each body): SPLIT, one unnormalized record
 //              ((m, l, 0, 0), acc[head_dim/4]) per split and head; else the normalized output.
 
-// The uniform of both kernels; fields marked with one kernel are unused by the other.
+// The parameters of both kernels (read-only storage, see Context::params_init); fields marked
+// with one kernel are unused by the other.
 struct Params {
     rows: u32,            // query rows qkv and the output hold (single: n_tokens; batch: max_rows)
     n_heads: u32,
@@ -71,7 +72,7 @@ struct Params {
 @group(0) @binding(1) var<storage, read> k_pool: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> v_pool: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> block_table: array<u32>;
-@group(0) @binding(4) var<uniform> params: Params;
+@group(0) @binding(4) var<storage, read> params: Params;
 @group(0) @binding(5) var<storage, read_write> dst: array<vec4<f32>>;
 
 override D4: u32 = 16u;      // head_dim / 4

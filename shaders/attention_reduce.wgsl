@@ -15,7 +15,7 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read> positions: array<u32>;
-@group(0) @binding(3) var<uniform> params: Params;
+@group(0) @binding(3) var<storage, read> params: Params;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {

@@ -17,7 +17,7 @@ struct Params {
 
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
 @group(0) @binding(2) var<storage, read_write> out: array<vec4<f32>>;
-@group(0) @binding(3) var<uniform> params: Params;
+@group(0) @binding(3) var<storage, read> params: Params;
 
 override WG: u32 = 32u;
 

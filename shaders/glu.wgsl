@@ -10,7 +10,7 @@ struct Params { n_rows: u32, ffn: u32 }
 
 @group(0) @binding(0) var<storage, read> gu: array<f32>;
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;
-@group(0) @binding(2) var<uniform> params: Params;
+@group(0) @binding(2) var<storage, read> params: Params;
 
 override WG: u32 = 64u;
 override PER: u32 = 4u;

@@ -35,7 +35,7 @@ struct Params {
 
 @group(0) @binding(1) var<storage, read> x: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<uniform> params: Params;
+@group(0) @binding(3) var<storage, read> params: Params;
 
 override WG: u32 = 16u;     // invocations per workgroup (a multiple of KSPLIT)
 override KSPLIT: u32 = 1u;  // invocations sharing one group

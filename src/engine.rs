@@ -7,6 +7,12 @@
 //! ([`crate::kv`]). A step is: the scheduler admits and plans, the runner runs the plan's rows,
 //! the scheduler commits their outputs. [`Engine::generate`] is one submitted request stepped
 //! to its end: there is one token loop.
+//!
+//! In steady decoding the loop keeps the GPU ahead of the CPU: before a step's tokens are read,
+//! the next decode step is planned ([`crate::sched::Scheduler::plan_ahead`]) and submitted, its
+//! input tokens handed over on the GPU ([`crate::model::Feed`]); end of generation, stop strings
+//! and token limits are found in the tokens read behind it, and the row planned past an end is
+//! undone through the KV cache, so nothing a caller sees or the cache keeps changes.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;

@@ -211,6 +211,22 @@ impl Context {
         })
     }
 
+    /// A kernel's parameters: a read-only storage buffer holding `data` (declared
+    /// `var<storage, read> params` in the shader), rewritable with `queue.write_buffer`. Not a
+    /// uniform buffer: lavapipe (Mesa 22) specializes a shader on the uniform values that steer
+    /// its control flow and compiles it again whenever they differ from the last dispatch's, which
+    /// layers of different shapes sharing a pipeline (and a kv_len that grows every step) would
+    /// pay on every dispatch.
+    pub fn params_init(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
+        let mut padded = data.to_vec();
+        padded.resize(data.len().div_ceil(16).max(1) * 16, 0);
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: &padded,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        })
+    }
+
     /// A uniform buffer holding `data` (a `#[repr(C)]` Pod struct padded to 16 bytes by the caller
     /// or by this function), writable later with `queue.write_buffer`.
     pub fn uniform_init(&self, label: &str, data: &[u8]) -> wgpu::Buffer {

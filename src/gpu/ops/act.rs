@@ -53,7 +53,7 @@ pub fn glu(ctx: &Context, (gu, out): (&wgpu::Buffer, &wgpu::Buffer), n_rows: u32
     check_size(OP, "out", out, out_elems * 4)?;
     check_binding(ctx, OP, "gu", gu.size())?;
     check_binding(ctx, OP, "out", out.size())?;
-    let params = ctx.uniform_init("glu.params", bytemuck::bytes_of(&GluParams { n_rows, ffn }));
+    let params = ctx.params_init("glu.params", bytemuck::bytes_of(&GluParams { n_rows, ffn }));
     let gelu = if act == Activation::GeluTanh { 1.0 } else { 0.0 };
     let pipeline = ctx.pipeline("glu", "main", &[("WG", GLU_WG as f64), ("PER", GLU_PER as f64), ("GELU", gelu)])?;
     let items = n_rows as u64 * (ffn as u64).div_ceil(GLU_PER);

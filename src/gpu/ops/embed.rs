@@ -49,7 +49,7 @@ pub fn embedding(
     for (i, part) in table.parts.iter().enumerate() {
         let zero_from = if i == last { table.rows } else { u32::MAX };
         let params = EmbedParams { n, nb, row0: part.row0, rows: part.rows, zero_from, scale, _pad: [0; 2] };
-        let uniform = ctx.uniform_init("embedding.params", bytemuck::bytes_of(&params));
+        let uniform = ctx.params_init("embedding.params", bytemuck::bytes_of(&params));
         let name = part.layout.embed_shader();
         let pipeline = ctx.pipeline(name, "main", &[("WG", EMBED_WG as f64)])?;
         let kernel = Kernel::new(ctx, name, pipeline, &[whole(&part.buffer), whole(ids), whole(out), whole(&uniform)], workgroups, None);

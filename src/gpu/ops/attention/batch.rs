@@ -217,7 +217,7 @@ impl AttentionBatch {
         let single = main("attention_batch.single", false, plan.single_pass_max_keys.max(1), b.out)?;
         let splits = main("attention_batch.splits", true, plan.chunk, scratch)?;
         let reduce_params = ReduceParams { max_rows, n_heads: pool.n_heads, max_len: pool.max_len, _pad: 0 };
-        let reduce_buf = ctx.uniform_init("attention_batch.reduce.params", bytemuck::bytes_of(&reduce_params));
+        let reduce_buf = ctx.params_init("attention_batch.reduce.params", bytemuck::bytes_of(&reduce_params));
         let reduce = Kernel::new(
             ctx,
             "attention_batch.reduce",

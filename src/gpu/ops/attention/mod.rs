@@ -225,7 +225,7 @@ fn main_kernel(
     bindings: &MainBindings<'_>,
     params: &MainParams,
 ) -> Kernel {
-    let params_buf = ctx.uniform_init(name, bytemuck::bytes_of(params));
+    let params_buf = ctx.params_init(name, bytemuck::bytes_of(params));
     let b = bindings;
     let mut resources = vec![
         whole(b.qkv),

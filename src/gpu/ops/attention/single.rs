@@ -280,7 +280,7 @@ impl Built<'_> {
             max_len: pool.max_len,
             max_splits: self.params.max_splits,
         };
-        let reduce_buf = ctx.uniform_init("attention.reduce.params", bytemuck::bytes_of(&reduce_params));
+        let reduce_buf = ctx.params_init("attention.reduce.params", bytemuck::bytes_of(&reduce_params));
         let max = ctx.limits.max_compute_workgroups_per_dimension.max(1);
         let reduce = Kernel::new(
             ctx,

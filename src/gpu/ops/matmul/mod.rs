@@ -394,7 +394,7 @@ fn part_kernel(
         Epilogue::Accumulate => (1.0, 0.0),
         Epilogue::Gated(act) => (2.0, if act == Activation::GeluTanh { 1.0 } else { 0.0 }),
     };
-    let uniform = ctx.uniform_init("matmul.params", bytemuck::bytes_of(&params));
+    let uniform = ctx.params_init("matmul.params", bytemuck::bytes_of(&params));
     let name = part.layout.matmul_shader();
     let pipeline = ctx.pipeline(
         name,
