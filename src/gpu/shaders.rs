@@ -3,7 +3,9 @@
 //! A kernel family shares its common code through a prelude file prepended to each kernel's
 //! body (WGSL has no includes): `attention_common` before `attention` and `attention_batch`,
 //! `attention_reduce_common` before their reduce kernels, `rms_common` before `rms_norm` and
-//! `head_norm` and `residual_norm`, `act_common` before `glu` and every matmul, `matmul_common`
+//! `head_norm` and `residual_norm`, `rope_common` before `rope`, `kv_common` before `kv_write`,
+//! all three (`rms_common` + `rope_common` + `kv_common`) before `qkv_heads`, which fuses
+//! head_norm, rope and kv_write, `act_common` before `glu` and every matmul, `matmul_common`
 //! after it before `matmul_q4_1` and `matmul_q8_0`. The quantized-weight family is one body per
 //! shape with the block format as a prelude: `matmul_<type>` is `act_common` + `matmul_common` +
 //! `quant_common` + `quant_<type>` +
@@ -45,10 +47,11 @@ pub fn source(name: &str) -> Option<&'static str> {
     Some(match name {
         "add" => wgsl!("add"),
         "argmax" => wgsl!("argmax"),
-        "kv_write" => wgsl!("kv_write"),
+        "kv_write" => with_prelude!("kv_common", "kv_write"),
         "rms_norm" => with_prelude!("rms_common", "rms_norm"),
         "head_norm" => with_prelude!("rms_common", "head_norm"),
-        "rope" => wgsl!("rope"),
+        "rope" => with_prelude!("rope_common", "rope"),
+        "qkv_heads" => concat!(wgsl!("rms_common"), "\n", wgsl!("rope_common"), "\n", with_prelude!("kv_common", "qkv_heads")),
         "glu" => with_prelude!("act_common", "glu"),
         "residual_norm" => with_prelude!("rms_common", "residual_norm"),
         "matmul_q4_1" => concat!(wgsl!("act_common"), "\n", with_prelude!("matmul_common", "matmul_q4_1")),

@@ -42,10 +42,9 @@ use std::sync::{Arc, Mutex};
 use crate::gpu::ops::attention::{Attention, AttentionBatch, AttentionBuffers, BatchBuffers, BatchPlan, BatchRow, BatchStep};
 use crate::gpu::ops::kv_write::KvWriteBuffers;
 use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
-use crate::gpu::ops::norm::HeadNormShape;
-use crate::gpu::ops::rope::RopeShape;
+use crate::gpu::ops::qkv_heads::QkNorm;
 use crate::gpu::ops::matmul::Epilogue;
-use crate::gpu::ops::{act, argmax, embed, kv_write, matmul, norm, rope};
+use crate::gpu::ops::{act, argmax, embed, matmul, norm, qkv_heads};
 use crate::gpu::{Context, Kernel, Recorder};
 use crate::kv::KvCache;
 
@@ -285,19 +284,13 @@ impl ForwardGraph {
             nodes.push(Node::Kernel(norm::rms_norm(ctx, &a.x, &lw.attn_norm, &a.h, n, hidden, cfg.rms_eps)?));
         }
         nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.wqkv, &a.h, &a.qkv, n)?));
-        if let Some([q_norm, k_norm]) = &lw.qk_norm {
-            let (row_stride, hd) = (cfg.qkv_width(), cfg.head_dim);
-            let heads = |first, n_heads| HeadNormShape { n_rows: n, row_stride, first, n_heads, head_dim: hd, eps: cfg.rms_eps };
-            nodes.push(Node::Kernel(norm::head_norm(ctx, &a.qkv, q_norm, &heads(0, cfg.n_heads))?));
-            nodes.push(Node::Kernel(norm::head_norm(ctx, &a.qkv, k_norm, &heads(cfg.q_width(), cfg.n_kv_heads))?));
-        }
+        // One kernel for the q/k norms, RoPE and the KV write. The pool's dtype picks its
+        // variant: INT8 quantizes here and is dequantized inside attention.
+        let qk_norm = lw.qk_norm.as_ref().map(|[q, k]| QkNorm { q, k, eps: cfg.rms_eps });
         let rope_of = (cfg.layer_rope_base(l as u32), cfg.rope_pairing);
-        nodes.push(Node::Kernel(rope::rope(ctx, &a.qkv, &self.positions, &RopeShape::fused_qkv(pool, n, rope_of))?));
-        // The pool's dtype picks the kernels' variant: INT8 quantizes here and is dequantized
-        // inside attention.
         let pool_buffers = kv.layer_buffers(l);
         let write = KvWriteBuffers { qkv: &a.qkv, pool: pool_buffers, positions: &self.positions, row_tables: &self.row_tables };
-        nodes.push(Node::Kernel(kv_write::write_paged(ctx, &write, pool, n)?));
+        nodes.push(Node::Kernel(qkv_heads::qkv_heads(ctx, &write, qk_norm, pool, n, rope_of)?));
         let layer = LayerBuffers { qkv: &a.qkv, pool: pool_buffers, positions: &self.positions, step: &self.step, out: &a.attn };
         self.attention.push(attention.layer(ctx, &layer, pool, n)?);
         let nodes = &mut self.layers;

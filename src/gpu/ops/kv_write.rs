@@ -50,20 +50,8 @@ pub fn write_paged(
     pool: &PoolShape,
     n_tokens: u32,
 ) -> Result<Kernel, GpuError> {
-    pool.check(OP)?;
-    if n_tokens == 0 {
-        return Err(shape_err(OP, "n_tokens must be at least 1"));
-    }
+    let scale_base = check_write(ctx, OP, buffers, pool, n_tokens)?;
     let b = buffers;
-    if b.pool.k == b.pool.v {
-        return Err(shape_err(OP, "k_pool and v_pool must be different buffers"));
-    }
-    check_size(OP, "qkv", b.qkv, n_tokens as u64 * pool.qkv_row() * 4)?;
-    let scale_base = pool.check_buffers(ctx, OP, &b.pool)?;
-    check_size(OP, "positions", b.positions, n_tokens as u64 * 4)?;
-    check_size(OP, "row_tables", b.row_tables, n_tokens as u64 * 4)?;
-    check_binding(ctx, OP, "qkv", b.qkv.size())?;
-    check_binding(ctx, OP, "positions", b.positions.size())?;
     let params = KvWriteParams {
         n_tokens,
         n_heads: pool.n_heads,
@@ -91,6 +79,32 @@ pub fn write_paged(
     ];
     let kernel = Kernel::new(ctx, OP, pipeline, &resources, grid(ctx, items, KV_WRITE_WG), None);
     Ok(kernel.owning(params))
+}
+
+/// Checks what every KV write needs (the pool's shape, at least one token, two pool buffers,
+/// the buffers' sizes and bindings); returns the word where an INT8 pool's scales start.
+pub(super) fn check_write(
+    ctx: &Context,
+    op: &'static str,
+    b: &KvWriteBuffers<'_>,
+    pool: &PoolShape,
+    n_tokens: u32,
+) -> Result<u32, GpuError> {
+    pool.check(op)?;
+    if n_tokens == 0 {
+        return Err(shape_err(op, "n_tokens must be at least 1"));
+    }
+    if b.pool.k == b.pool.v {
+        return Err(shape_err(op, "k_pool and v_pool must be different buffers"));
+    }
+    check_size(op, "qkv", b.qkv, n_tokens as u64 * pool.qkv_row() * 4)?;
+    let scale_base = pool.check_buffers(ctx, op, &b.pool)?;
+    check_size(op, "positions", b.positions, n_tokens as u64 * 4)?;
+    check_size(op, "row_tables", b.row_tables, n_tokens as u64 * 4)?;
+    check_binding(ctx, op, "qkv", b.qkv.size())?;
+    check_binding(ctx, op, "positions", b.positions.size())?;
+    check_binding(ctx, op, "row_tables", b.row_tables.size())?;
+    Ok(scale_base)
 }
 
 /// The (token, physical block, slot) of every token of `positions` the kernel writes: tokens

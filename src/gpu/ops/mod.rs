@@ -13,6 +13,7 @@ pub mod kv_write;
 pub mod matmul;
 pub mod norm;
 pub mod pool;
+pub mod qkv_heads;
 pub mod rope;
 
 /// Checks that `buffer` holds at least `bytes` bytes.

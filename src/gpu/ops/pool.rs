@@ -1,6 +1,7 @@
 //! The paged KV pool of one layer as the kernels see it: its shape ([`PoolShape`]) and its
-//! buffers ([`PoolBuffers`]), shared by the KV write ([`super::kv_write`]) and both attention
-//! kernels ([`super::attention`]), with the checks they all make before binding a pool.
+//! buffers ([`PoolBuffers`]), shared by the KV writes ([`super::kv_write`], [`super::qkv_heads`])
+//! and both attention kernels ([`super::attention`]), with the checks they all make before
+//! binding a pool.
 
 use super::{check_binding, check_size};
 use crate::gpu::{shape_err, Context, GpuError};

@@ -9,8 +9,8 @@ const OP: &str = "rope";
 const ROPE_WG: u64 = 64;
 /// Pairs the shader's turn table holds (`array<vec4<u32>, 128>`, two pairs per vec4).
 const MAX_PAIRS: u32 = 256;
-/// u32 words of the uniform: 4 header words, then 4 per table entry.
-const PARAM_WORDS: usize = 4 + MAX_PAIRS as usize * 2;
+/// u32 words of the uniform: 4 header words, then the turn table.
+const PARAM_WORDS: usize = 4 + TURN_TABLE_WORDS;
 
 /// Which rows and heads a [`rope`] rotates, and how.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -68,20 +68,42 @@ impl RopeShape {
         if n_tokens == 0 || n_heads == 0 {
             return Err(shape_err(OP, format!("n_tokens ({n_tokens}) and n_heads ({n_heads}) must be at least 1")));
         }
-        if head_dim == 0 || head_dim % 2 != 0 || head_dim / 2 > MAX_PAIRS {
-            return Err(shape_err(OP, format!("head_dim must be even and in 2..={}, got {head_dim}", MAX_PAIRS * 2)));
-        }
+        check_rope(OP, head_dim, base)?;
         if n_heads as u64 * head_dim as u64 > row_stride as u64 {
             return Err(shape_err(
                 OP,
                 format!("{n_heads} heads of {head_dim} do not fit in a row of {row_stride} floats"),
             ));
         }
-        if !(base.is_finite() && base > 0.0) {
-            return Err(shape_err(OP, format!("base must be finite and > 0, got {base}")));
-        }
         Ok(())
     }
+}
+
+/// What every RoPE kernel needs of its heads and base: head_dim even and in 2..=512 (the turn
+/// table's size), the base finite and > 0.
+pub(super) fn check_rope(op: &'static str, head_dim: u32, base: f32) -> Result<(), GpuError> {
+    if head_dim == 0 || head_dim % 2 != 0 || head_dim / 2 > MAX_PAIRS {
+        return Err(shape_err(op, format!("head_dim must be even and in 2..={}, got {head_dim}", MAX_PAIRS * 2)));
+    }
+    if !(base.is_finite() && base > 0.0) {
+        return Err(shape_err(op, format!("base must be finite and > 0, got {base}")));
+    }
+    Ok(())
+}
+
+/// u32 words of rope_common.wgsl's turn table (`array<vec4<u32>, 128>`).
+pub(super) const TURN_TABLE_WORDS: usize = MAX_PAIRS as usize * 2;
+
+/// rope_common.wgsl's turn table for `base` and `head_dim` (checked by [`check_rope`]): pair i's
+/// (fraction, remainder bits) at words 2i, 2i + 1; the pairs past head_dim / 2 are 0.
+pub(super) fn turn_table(base: f32, head_dim: u32) -> [u32; TURN_TABLE_WORDS] {
+    let mut words = [0u32; TURN_TABLE_WORDS];
+    for pair in 0..head_dim / 2 {
+        let (fraction, remainder) = turns_per_position(base, head_dim, pair);
+        words[pair as usize * 2] = fraction;
+        words[pair as usize * 2 + 1] = remainder.to_bits();
+    }
+    words
 }
 
 /// Rotates, in place, the first `shape.n_heads` heads of each token row by the token's position.
@@ -100,12 +122,7 @@ pub fn rope(ctx: &Context, x: &wgpu::Buffer, positions: &wgpu::Buffer, shape: &R
 
     let mut words = vec![0u32; PARAM_WORDS];
     words[..4].copy_from_slice(&[n_tokens, row_stride, n_heads, head_dim]);
-    for pair in 0..head_dim / 2 {
-        let (fraction, remainder) = turns_per_position(base, head_dim, pair);
-        let at = 4 + pair as usize * 2;
-        words[at] = fraction;
-        words[at + 1] = remainder.to_bits();
-    }
+    words[4..].copy_from_slice(&turn_table(base, head_dim));
     let params = ctx.uniform_init("rope.params", bytemuck::cast_slice(&words));
     let neox = if pairing == RopePairing::Neox { 1.0 } else { 0.0 };
     let pipeline = ctx.pipeline("rope", "main", &[("WG", ROPE_WG as f64), ("NEOX", neox)])?;
