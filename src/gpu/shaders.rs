@@ -3,7 +3,7 @@
 //! A kernel family shares its common code through a prelude file prepended to each kernel's
 //! body (WGSL has no includes): `attention_common` before `attention` and `attention_batch`,
 //! `attention_reduce_common` before their reduce kernels, `rms_common` before `rms_norm` and
-//! `head_norm`, `order_key` before `argmax`, `matmul_common` before `matmul_q4_1`
+//! `head_norm`, `order_key` before `argmax` and `sample`, `matmul_common` before `matmul_q4_1`
 //! and `matmul_q8_0`. The quantized-weight family is one body per shape with the block format as
 //! a prelude: `matmul_<type>` is `matmul_common` + `quant_common` + `quant_<type>` +
 //! `matmul_blocks` (for every type but Q4_1 and Q8_0, which have bodies of their own), and
@@ -44,6 +44,7 @@ pub fn source(name: &str) -> Option<&'static str> {
     Some(match name {
         "add" => wgsl!("add"),
         "argmax" => with_prelude!("order_key", "argmax"),
+        "sample" => with_prelude!("order_key", "sample"),
         "kv_write" => wgsl!("kv_write"),
         "rms_norm" => with_prelude!("rms_common", "rms_norm"),
         "head_norm" => with_prelude!("rms_common", "head_norm"),
