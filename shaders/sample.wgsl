@@ -9,7 +9,7 @@
 //   (argmax.wgsl)  the argmax of each penalized row, into scratch[row]: greedy's answer, the max
 //   step × STEPS   each advances every row's search by one phase (below); dispatched indirectly,
 //                  with 0 workgroups once no row has work left
-//   finish         out[...] = the argmax (greedy) or the drawn token
+//   finish         out[...] = the argmax (greedy) or the drawn token (and into the history ring)
 //
 // Every row runs three searches (stages) in turn, each for the first member of its set in ranking
 // order (key descending, then id ascending) whose cumulative weight reaches a goal:
@@ -60,7 +60,8 @@
 //              lavapipe (Mesa 22) inlines uniform values that steer control flow into the shader
 //              and recompiles it at every dispatch whose uniforms differ from the last one's
 //              (~5-10 ms each here); it never does so for storage buffers.
-//   history:   [n_rows, history_cap] u32, a ring per row (RowParams.history_head, history_len)
+//   history:   [n_rows, history_cap] u32, a ring per row (RowParams.history_head, history_len);
+//              finish writes the token at the head of rows flagged FLAG_APPEND_HISTORY
 //   out:       u32, the token of row r at out_offset + r * out_stride
 //   next_args: the indirect arguments [x, y, z] of the next step (steps alternate between two
 //              buffers, args_even and args_odd, as a dispatch may not write its own)
@@ -105,7 +106,7 @@ struct RowParams {
 @group(0) @binding(2) var<storage, read_write> work: array<atomic<u32>>;
 @group(0) @binding(3) var<storage, read_write> scratch: array<u32>;
 @group(0) @binding(4) var<storage, read> shape: Shape;
-@group(0) @binding(5) var<storage, read> history: array<u32>;
+@group(0) @binding(5) var<storage, read_write> history: array<u32>;
 @group(0) @binding(6) var<storage, read_write> out: array<u32>;
 @group(0) @binding(7) var<storage, read_write> next_args: array<atomic<u32>>;
 @group(0) @binding(8) var<storage, read_write> args_even: array<u32>;
@@ -116,6 +117,7 @@ override WG: u32 = 64u;
 override CAP: u32 = 512u;
 
 const FLAG_ACTIVE: u32 = 1u;
+const FLAG_APPEND_HISTORY: u32 = 2u;
 const BUCKETS: u32 = 16u;
 const STAGES: u32 = 3u;
 const STEPS: u32 = 33u;
@@ -802,4 +804,8 @@ fn finish(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
         token = drawn.z;
     }
     out[shape.out_offset + row * shape.out_stride] = token;
+    let cap = shape.history_cap;
+    if (((params[row].flags & FLAG_APPEND_HISTORY) != 0u) & (cap != 0u)) {
+        history[row * cap + params[row].history_head % cap] = token;
+    }
 }

@@ -77,14 +77,18 @@ fn normals(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
 }
 
 /// Runs one step and the CPU reference on the same inputs; returns (gpu, cpu) tokens of the
-/// active rows, and checks the penalized logits are the reference's bit for bit.
+/// active rows, and checks the penalized logits and the rings (appended to) are the reference's.
 async fn gpu_and_cpu(ctx: &Context, op: &Sampling, logits: &[f32], params: &[RowParams], history: &[u32]) -> (Vec<u32>, Vec<u32>) {
     let out = op.step(ctx, logits, params, history).await;
     let mut penalized = logits.to_vec();
-    let want = sample_cpu(&mut penalized, params, history, &op.shape);
+    let mut rings = history.to_vec();
+    let want = sample_cpu(&mut penalized, params, &mut rings, &op.shape);
     let got_logits = ctx.read_f32(&op.logits, 0, logits.len() as u64).await.unwrap();
     for (i, (g, w)) in got_logits.iter().zip(&penalized).enumerate() {
         assert_eq!(g.to_bits(), w.to_bits(), "penalized logit {i}: GPU {g} vs CPU {w}");
+    }
+    if !history.is_empty() {
+        assert_eq!(ctx.read_u32(&op.history, 0, history.len() as u64).await.unwrap(), rings, "history rings after the step");
     }
     let mut gpu_tokens = Vec::new();
     let mut cpu_tokens = Vec::new();
@@ -204,7 +208,7 @@ gpu_test! {
         assert_eq!(got, want);
         // The reference itself, on row 0: each distinct token scaled once, the ones outside untouched.
         let mut penalized_row = logits[..vocab as usize].to_vec();
-        sample_cpu(&mut penalized_row, &params[..1], &history[..16], &shape(1, vocab, cap));
+        sample_cpu(&mut penalized_row, &params[..1], &mut history[..16].to_vec(), &shape(1, vocab, cap));
         for t in 0..vocab as usize {
             let (before, after) = (logits[t], penalized_row[t]);
             let expected = if ring0.contains(&(t as u32)) { if before > 0.0 { before * (1.0 / 1.7) } else { before * 1.7 } } else { before };
@@ -392,12 +396,13 @@ gpu_test! {
         let logits: Vec<f32> = normals(&mut rng, n * vocab as usize, 2.0);
         let history: Vec<u32> = (0..n * cap as usize).map(|_| rng.below(vocab as u64) as u32).collect();
         let ring = HistoryRing { head: 2, len: 8 };
+        let appending = |p: RowParams| RowParams { flags: p.flags | RowParams::APPEND_HISTORY, ..p };
         let params = vec![
             RowParams::new(&SamplingParams::greedy(), 0, ring).unwrap(),
-            RowParams::new(&sampling(1.0, 0, 1.0, 1), 10, ring).unwrap(),
+            appending(RowParams::new(&sampling(1.0, 0, 1.0, 1), 10, ring).unwrap()),
             RowParams::INACTIVE,
             RowParams::new(&SamplingParams { repetition_penalty: 1.5, ..sampling(0.8, 10, 0.9, 2) }, 11, ring).unwrap(),
-            RowParams::new(&SamplingParams { repetition_penalty: 2.0, ..SamplingParams::greedy() }, 12, ring).unwrap(),
+            appending(RowParams::new(&SamplingParams { repetition_penalty: 2.0, ..SamplingParams::greedy() }, 12, ring).unwrap()),
             RowParams::new(&sampling(0.5, 2, 0.5, 3), 13, ring).unwrap(),
         ];
         // Tokens land at 3, 5, 7, ...: the slots between stay untouched.
@@ -409,6 +414,13 @@ gpu_test! {
         for (i, &v) in out.iter().enumerate() {
             let written = i >= 3 && (i - 3) % 2 == 0 && (i - 3) / 2 != 2;
             assert_eq!(v == UNTOUCHED, !written, "out slot {i} = {v:#x}");
+        }
+        // Rows 1 and 4 appended their token at their ring's head; the others left their rings.
+        let rings = ctx.read_u32(&op.history, 0, history.len() as u64).await.unwrap();
+        for r in 0..n {
+            let slot = r * cap as usize + 2;
+            let want = if r == 1 || r == 4 { op.token(&out, r) } else { history[slot] };
+            assert_eq!(rings[slot], want, "row {r}'s ring head");
         }
     }
 }
@@ -437,6 +449,7 @@ gpu_test! {
         expect_shape_err(sample(&ctx, SampleBuffers { params: &small_params, ..buffers() }, ok), "params needs");
         expect_shape_err(sample(&ctx, SampleBuffers { out: &logits, ..buffers() }, ok), "different buffers");
         expect_shape_err(sample(&ctx, SampleBuffers { history: &logits, ..buffers() }, ok), "different buffers");
+        expect_shape_err(sample(&ctx, SampleBuffers { out: &history, ..buffers() }, ok), "different buffers");
     }
 }
 
@@ -480,7 +493,7 @@ gpu_test! {
                 }
                 times.sort_by(|a, b| a.total_cmp(b));
                 let mut penalized = logits.clone();
-                let want = sample_cpu(&mut penalized, &params, &history, &op.shape);
+                let want = sample_cpu(&mut penalized, &params, &mut history.clone(), &op.shape);
                 let bad = (0..n).filter(|&r| Some(tokens[r]) != want[r]).count();
                 assert!(bad * 8 <= n, "{what}: {bad} of {n} rows differ from the CPU");
                 report(&format!("sample vocab {vocab:>7} x {n} rows {what:28}: min {:6.2} ms, median {:6.2} ms", times[0], times[4]));

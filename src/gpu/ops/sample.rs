@@ -10,6 +10,8 @@
 //! of each row: `history[row * history_capacity + slot]`, the newest token at slot
 //! `(history_head - 1) mod history_capacity`, `history_len` valid tokens before it (going
 //! backwards). The penalty looks at the last `min(repetition_window, history_len)` of them.
+//! With [`RowParams::APPEND_HISTORY`] the op also writes the chosen token at slot
+//! `history_head`, so a GPU-resident loop only advances head and length in the next step's params.
 //! The penalty is applied to `logits` in place, as [`crate::sampler::Sampler::sample`] does.
 //!
 //! **Algorithm** (details in `shaders/sample.wgsl`). After the penalty and the two-pass argmax
@@ -94,6 +96,8 @@ pub struct HistoryRing {
 impl RowParams {
     /// `flags` bit of a row to sample.
     pub const ACTIVE: u32 = 1;
+    /// `flags` bit of a row whose token is also written to its history ring at `history_head`.
+    pub const APPEND_HISTORY: u32 = 2;
     /// A row not sampled this step: its `out` slot is left alone.
     pub const INACTIVE: RowParams = RowParams {
         flags: 0,
@@ -155,9 +159,9 @@ pub struct SampleBuffers<'a> {
     pub logits: &'a wgpu::Buffer,
     /// [n_rows] [`RowParams`].
     pub params: &'a wgpu::Buffer,
-    /// [n_rows, history_capacity] u32 rings (at least 4 bytes when the capacity is 0).
+    /// [n_rows, history_capacity] u32 rings (at least 4 bytes when the capacity is 0), read-write.
     pub history: &'a wgpu::Buffer,
-    /// u32, at least `out_offset + (n_rows - 1) * out_stride + 1` of them. May be `history`.
+    /// u32, at least `out_offset + (n_rows - 1) * out_stride + 1` of them.
     pub out: &'a wgpu::Buffer,
 }
 
@@ -209,8 +213,9 @@ pub fn sample(ctx: &Context, buffers: SampleBuffers<'_>, shape: SampleShape) -> 
     if n_rows > 1 && out_stride == 0 {
         return Err(shape_err(OP, "out_stride 0 would write every row's token to one slot"));
     }
-    if out == logits || out == params || params == logits || history == logits {
-        return Err(shape_err(OP, "logits, params and out must be different buffers, and history not logits"));
+    let distinct = [logits, params, history, out];
+    if (0..4).any(|i| (i + 1..4).any(|j| distinct[i] == distinct[j])) {
+        return Err(shape_err(OP, "logits, params, history and out must be different buffers"));
     }
     let n = n_rows as u64;
     let work_bytes = n * WORK_ROW as u64 * 4;
@@ -285,7 +290,7 @@ pub fn sample(ctx: &Context, buffers: SampleBuffers<'_>, shape: SampleShape) -> 
         kernel.indirect = Some((args_of(i).clone(), (i / 2) as u64 * 12));
         kernels.push(kernel);
     }
-    let bindings = [(0, b(logits)), (1, b(params)), (2, b(&work)), (3, b(&scratch)), (4, shape_at(STEPS + 1)), (6, b(out))];
+    let bindings = [(0, b(logits)), (1, b(params)), (2, b(&work)), (3, b(&scratch)), (4, shape_at(STEPS + 1)), (5, b(history)), (6, b(out))];
     kernels.push(Kernel::with_bindings(ctx, "sample.finish", finish, &bindings, grid(ctx, n, WG as u64)).owning(scratch.clone()));
     // The bind groups hold the scratch buffers; the kernels keep handles to them too.
     kernels[3].params = Some(shapes);
@@ -294,10 +299,10 @@ pub fn sample(ctx: &Context, buffers: SampleBuffers<'_>, shape: SampleShape) -> 
 
 #[cfg(feature = "testing")]
 /// CPU reference of [`sample`]: [`crate::sampler::sample_row`] on each active row with its
-/// window decoded from the ring, penalizing `logits` in place as the GPU does. Returns each
-/// row's token (`None` for an inactive row). logits: [n_rows, vocab], history:
-/// [n_rows, history_capacity].
-pub fn sample_cpu(logits: &mut [f32], params: &[RowParams], history: &[u32], shape: &SampleShape) -> Vec<Option<u32>> {
+/// window decoded from the ring, penalizing `logits` in place and appending to the rings of
+/// [`RowParams::APPEND_HISTORY`] rows as the GPU does. Returns each row's token (`None` for an
+/// inactive row). logits: [n_rows, vocab], history: [n_rows, history_capacity].
+pub fn sample_cpu(logits: &mut [f32], params: &[RowParams], history: &mut [u32], shape: &SampleShape) -> Vec<Option<u32>> {
     let (vocab, cap) = (shape.vocab as usize, shape.history_capacity);
     (0..shape.n_rows as usize)
         .map(|r| {
@@ -305,10 +310,10 @@ pub fn sample_cpu(logits: &mut [f32], params: &[RowParams], history: &[u32], sha
             if p.flags & RowParams::ACTIVE == 0 {
                 return None;
             }
+            let ring = r * cap as usize;
             let n = p.window.min(p.history_len.min(cap));
-            let window: Vec<u32> = (0..n)
-                .map(|i| history[r * cap as usize + ((p.history_head % cap + cap - 1 - i) % cap) as usize])
-                .collect();
+            let window: Vec<u32> =
+                (0..n).map(|i| history[ring + ((p.history_head % cap + cap - 1 - i) % cap) as usize]).collect();
             let sampling = SamplingParams {
                 temperature: p.temperature,
                 top_k: p.top_k,
@@ -317,7 +322,11 @@ pub fn sample_cpu(logits: &mut [f32], params: &[RowParams], history: &[u32], sha
                 repetition_window: n,
                 seed: (p.seed_hi as u64) << 32 | p.seed_lo as u64,
             };
-            Some(crate::sampler::sample_row(&sampling, &mut logits[r * vocab..(r + 1) * vocab], &window, p.counter))
+            let token = crate::sampler::sample_row(&sampling, &mut logits[r * vocab..(r + 1) * vocab], &window, p.counter);
+            if p.flags & RowParams::APPEND_HISTORY != 0 && cap != 0 {
+                history[ring + (p.history_head % cap) as usize] = token;
+            }
+            Some(token)
         })
         .collect()
 }
