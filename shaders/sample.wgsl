@@ -30,14 +30,15 @@
 //   GATHER     once the bucket holds at most CAP members: they are appended to a list, or, when
 //              the members above the range are few enough too, the whole ranking prefix down to
 //              lo (a "prefix list", which holds every member of the later stages' sets: those
-//              stages then skip to RESOLVE on the list without reading the row)
-//   RESOLVE    each list entry's invocation sums the weight of the members ranked at or before
-//              it (no sort, no barrier); the one that reaches the goal is the cut
+//              stages then run on the list without reading the row). A list of more than SMALL
+//              entries is refined further by REFINEs over the list's entries instead of the row's.
+//   RESOLVE    each of at most SMALL entries (or one tied key's) sums the weight of the members
+//              ranked at or before it (no sort, no barrier); the one that reaches the goal is the cut
 //   TIE_COUNT  a bucket of one key with more than CAP members (ties) is resolved by id: the
 //   TIE_FIND   members are counted per part (contiguous ids), then the j-th found by prefix
-// After its first REFINE a range of up to 2^32 keys shrinks 16x per REFINE (bucket widths are
-// powers of two under the range's width), so a stage takes at most 1 + 8 REFINEs and two more
-// phases: STEPS = 3 * 11 always suffice. The usual case takes 3-4 steps per stage that reads the
+// After its first REFINE a range of up to 2^32 keys shrinks 16x per REFINE, on the row or on the
+// list (bucket widths are powers of two under the range's width), so a stage takes at most
+// 1 + 8 REFINEs and two more phases: STEPS = 3 * 11 always suffice. The usual case takes 3-4 steps per stage that reads the
 // row, 1 per stage that resolves on a prefix list, and the steps after the last request nothing.
 //
 // Why this shape: on the CPU adapters (lavapipe, SwiftShader) barriers and workgroup memory cost
@@ -47,7 +48,8 @@
 // lane has work left); a dispatch costs 0.1-0.5 ms even when its invocations return at once, and
 // an indirect dispatch of 0 workgroups ~7 us, so finished steps are dispatched empty. lavapipe
 // also ends every loop of an invocation after 65,535 back-edges in all: an invocation scans at
-// most vocab / n_parts ids (<= 1,024 + block overhead) and ranks at most CAP / 32 list entries.
+// most vocab / n_parts ids (<= 1,024 + block overhead) and visits at most CAP / 32 list entries,
+// each against the whole list.
 //
 // Bindings (not every entry point uses all; the launcher binds what each uses):
 //   logits:    [n_rows, vocab] f32 as bits, read_write: the penalty is applied in place
@@ -115,6 +117,8 @@ struct RowParams {
 override WG: u32 = 64u;
 // Largest list a search ranks (src/gpu/ops/sample.rs sizes scratch with it).
 override CAP: u32 = 512u;
+// Most list entries RESOLVE ranks pairwise (a longer list is refined first, on the list).
+const SMALL: u32 = 64u;
 
 const FLAG_ACTIVE: u32 = 1u;
 const FLAG_APPEND_HISTORY: u32 = 2u;
@@ -124,7 +128,7 @@ const STEPS: u32 = 33u;
 const MAX_PARTS: u32 = 256u;
 const BIN_WORDS: u32 = 5u; // count, weight lo, weight hi, largest key, inverted smallest key
 const BIN_SETS: u32 = 3u;
-const STATE_WORDS: u32 = 14u;
+const STATE_WORDS: u32 = 16u;
 const BINS_ROW: u32 = BIN_SETS * BUCKETS * BIN_WORDS;
 const WORK_ROW: u32 = BINS_ROW + 1u + STAGES * 3u;
 const X_MIN: f32 = -27.5;
@@ -151,10 +155,15 @@ struct Search {
     tie_j: u32,
     prefix: bool,      // GATHER: list the whole prefix down to lo; RESOLVE: the list holds it
     from_list: bool,   // RESOLVE: the goal is still to compute from the list (stage begun on it)
+    on_list: bool,     // REFINE: bucket the list's entries, not the row's
+    count: u32,        // GATHER: entries it lists
 }
 
-// The facts of a row every kernel after the argmax needs.
+// The facts of a row every kernel after the argmax needs (with the shape's sizes in registers:
+// loops that also store would reload them from the storage buffer at every iteration).
 struct Row {
+    vocab: u32,
+    n_parts: u32,
     base: u32,
     key_max: u32,
     max: f32,
@@ -229,7 +238,9 @@ fn top_p_fraction(top_p: f32) -> u32 {
 fn row_context(row: u32) -> Row {
     let p = params[row];
     var r: Row;
-    r.base = row * shape.vocab;
+    r.vocab = shape.vocab;
+    r.n_parts = shape.n_parts;
+    r.base = row * r.vocab;
     let bits = logits[r.base + scratch[row]];
     r.key_max = order_key(bits);
     r.max = bitcast<f32>(bits);
@@ -307,10 +318,10 @@ const BLOCK: u32 = 32u;
 fn block_mask(r: Row, cuts: Cuts, lo: u32, hi: u32, first: u32, test_member: bool) -> u32 {
     var mask = 0u;
     for (var i = 0u; i < BLOCK; i += 1u) {
-        let id = first + i * shape.n_parts;
-        let bits = logits[r.base + min(id, shape.vocab - 1u)];
+        let id = first + i * r.n_parts;
+        let bits = logits[r.base + min(id, r.vocab - 1u)];
         let key = order_key(bits);
-        var inside = (id < shape.vocab) & (key >= lo) & (key <= hi) & (key != KEY_NAN);
+        var inside = (id < r.vocab) & (key >= lo) & (key <= hi) & (key != KEY_NAN);
         if (test_member) {
             inside = inside & member(key, id, scaled_gap(bits, key, r), cuts);
         }
@@ -364,6 +375,8 @@ fn load_state(row: u32, slot: u32) -> Search {
     st.tie_j = scratch[at + 11u];
     st.prefix = scratch[at + 12u] != 0u;
     st.from_list = scratch[at + 13u] != 0u;
+    st.on_list = scratch[at + 14u] != 0u;
+    st.count = scratch[at + 15u];
     return st;
 }
 
@@ -383,6 +396,8 @@ fn store_state(row: u32, slot: u32, st: Search) {
     scratch[at + 11u] = st.tie_j;
     scratch[at + 12u] = select(0u, 1u, st.prefix);
     scratch[at + 13u] = select(0u, 1u, st.from_list);
+    scratch[at + 14u] = select(0u, 1u, st.on_list);
+    scratch[at + 15u] = st.count;
 }
 
 // ---------------------------------------------------------------- the state machine
@@ -409,7 +424,7 @@ fn goal_of(stage: u32, total: vec2<u32>, p: RowParams) -> vec2<u32> {
 
 // The first stage from `stage` on that the row asks for, begun: on the row, or on the list when
 // `list_has_all` (the last list is a prefix list holding every member of the stage's set).
-fn begin_stage(stage: u32, list_has_all: bool, p: RowParams, r: Row) -> Search {
+fn begin_stage(row: u32, stage: u32, list_has_all: bool, p: RowParams, r: Row) -> Search {
     var st: Search;
     st.stage = stage;
     while (st.stage < DONE) {
@@ -420,9 +435,21 @@ fn begin_stage(stage: u32, list_has_all: bool, p: RowParams, r: Row) -> Search {
         st.stage += 1u;
     }
     if (list_has_all) {
-        st.phase = RESOLVE;
-        st.prefix = true;
-        st.from_list = true;
+        // Every member of the stage's set is on the list (with entries ranked after the earlier
+        // cuts, which membership tests leave out): a short list is ranked at once, a longer one
+        // refined on the list, its first round's bins giving the total as on the row.
+        st.hi = r.key_max;
+        if (atomicLoad(&work[list_len_at(row)]) <= SMALL) {
+            st.phase = RESOLVE;
+            st.prefix = true;
+            st.from_list = true;
+        } else {
+            st.phase = REFINE;
+            st.first = true;
+            st.on_list = true;
+            st.shift = 28u;
+            st.hi = r.key_max;
+        }
     } else {
         // Every candidate key is at most key_max; the first REFINE buckets by x.
         st.phase = REFINE;
@@ -438,7 +465,13 @@ fn advance(st_in: Search, row: u32, bin_set: u32, r: Row) -> Search {
     let p = params[row];
     switch st.phase {
         case GATHER: {
-            st.phase = RESOLVE;
+            if (st.count <= SMALL) {
+                st.phase = RESOLVE;
+            } else {
+                st.phase = REFINE;
+                st.on_list = true;
+                st.shift = max(32u - countLeadingZeros(st.hi - st.lo), 4u) - 4u;
+            }
             return st;
         }
         case TIE_COUNT: {
@@ -446,10 +479,10 @@ fn advance(st_in: Search, row: u32, bin_set: u32, r: Row) -> Search {
             return st;
         }
         case RESOLVE: {
-            return begin_stage(st.stage + 1u, st.prefix, p, r);
+            return begin_stage(row, st.stage + 1u, st.prefix, p, r);
         }
         case TIE_FIND: {
-            return begin_stage(st.stage + 1u, false, p, r);
+            return begin_stage(row, st.stage + 1u, false, p, r);
         }
         default: {}
     }
@@ -461,7 +494,7 @@ fn advance(st_in: Search, row: u32, bin_set: u32, r: Row) -> Search {
             total = add64(total, bin_weight(bin_at(row, bin_set, b), st.stage));
         }
         if ((st.stage == 0u) & (total.y == 0u) & (total.x <= p.top_k)) {
-            return begin_stage(1u, false, p, r); // k keeps every candidate: no cut
+            return begin_stage(row, 1u, false, p, r); // k keeps every candidate: no cut
         }
         st.goal = goal_of(st.stage, total, p);
     }
@@ -477,12 +510,17 @@ fn advance(st_in: Search, row: u32, bin_set: u32, r: Row) -> Search {
             st.lo = lo;
             st.hi = hi;
             st.first = false;
-            if (count <= CAP) {
+            if (st.on_list & ((count <= SMALL) | (lo == hi))) {
+                st.phase = RESOLVE;
+            } else if (!st.on_list & (count <= CAP)) {
                 st.phase = GATHER;
                 st.prefix = st.above_count + count <= CAP;
+                st.count = count;
                 if (st.prefix) {
+                    st.count += st.above_count;
                     st.above = vec2<u32>(0u, 0u);
                     st.above_count = 0u;
+                    st.hi = r.key_max;
                 }
             } else if (lo == hi) {
                 st.phase = TIE_COUNT;
@@ -529,7 +567,7 @@ fn step_state(row: u32, step: u32, r: Row) -> Search {
             done.stage = DONE;
             return done;
         }
-        return begin_stage(0u, false, params[row], r);
+        return begin_stage(row, 0u, false, params[row], r);
     }
     let st = load_state(row, (step + 1u) % 2u);
     if (st.stage >= DONE) {
@@ -614,8 +652,8 @@ fn search_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
         for (var w = 0u; w < BUCKETS * BIN_WORDS; w += 1u) {
             atomicStore(&work[bin_at(row, (step + 1u) % BIN_SETS, 0u) + w], 0u);
         }
-        if ((st.stage < DONE) & (st.phase == REFINE)) {
-            atomicStore(&work[list_len_at(row)], 0u); // a GATHER always follows a REFINE
+        if ((st.stage < DONE) & (st.phase == REFINE) & !st.on_list) {
+            atomicStore(&work[list_len_at(row)], 0u); // a GATHER always follows a row's REFINE
         }
         if ((st.stage < DONE) & (step + 1u < STEPS)) {
             atomicMax(&next_args[3u * ((step + 1u) / 2u)], shape.step_workgroups);
@@ -627,14 +665,17 @@ fn search_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     let cuts = load_cuts(row, st.stage);
     switch st.phase {
         case REFINE: {
-            histogram(row, bin_set, st, r, cuts, part);
+            if (st.on_list) {
+                histogram_list(row, bin_set, st, cuts, part);
+            } else {
+                histogram(row, bin_set, st, r, cuts, part);
+            }
         }
         case GATHER: {
-            let hi = select(st.hi, 0xffffffffu, st.prefix);
-            for (var first = part; first < shape.vocab; first += BLOCK * shape.n_parts) {
-                var mask = block_mask(r, cuts, st.lo, hi, first, false);
+            for (var first = part; first < r.vocab; first += BLOCK * r.n_parts) {
+                var mask = block_mask(r, cuts, st.lo, st.hi, first, false);
                 while (mask != 0u) {
-                    let id = first + firstTrailingBit(mask) * shape.n_parts;
+                    let id = first + firstTrailingBit(mask) * r.n_parts;
                     mask &= mask - 1u;
                     let bits = logits[r.base + id];
                     let key = order_key(bits);
@@ -710,10 +751,10 @@ fn histogram(row: u32, bin_set: u32, st: Search, r: Row, cuts: Cuts, part: u32) 
     for (var b = 0u; b < BUCKETS; b += 1u) {
         key_lo[b] = 0xffffffffu;
     }
-    for (var first = part; first < shape.vocab; first += BLOCK * shape.n_parts) {
+    for (var first = part; first < r.vocab; first += BLOCK * r.n_parts) {
         var mask = block_mask(r, cuts, st.lo, st.hi, first, st.first);
         while (mask != 0u) {
-            let id = first + firstTrailingBit(mask) * shape.n_parts;
+            let id = first + firstTrailingBit(mask) * r.n_parts;
             mask &= mask - 1u;
             let bits = logits[r.base + id];
             let key = order_key(bits);
@@ -733,16 +774,53 @@ fn histogram(row: u32, bin_set: u32, st: Search, r: Row, cuts: Cuts, part: u32) 
             }
         }
     }
+    flush_bins(row, bin_set, &count, &weight_lo, &weight_hi, &key_hi, &key_lo);
+}
+
+// histogram() over the list's entries in [st.lo, st.hi] (by key only: the range is narrow, or,
+// in a stage begun on the list, its first round's shift of 28 splits all keys up to key_max).
+fn histogram_list(row: u32, bin_set: u32, st: Search, cuts: Cuts, part: u32) {
+    var count: array<u32, BUCKETS>;
+    var weight_lo: array<u32, BUCKETS>;
+    var weight_hi: array<u32, BUCKETS>;
+    var key_hi: array<u32, BUCKETS>;
+    var key_lo: array<u32, BUCKETS>;
     for (var b = 0u; b < BUCKETS; b += 1u) {
-        if (count[b] == 0u) {
+        key_lo[b] = 0xffffffffu;
+    }
+    let n = min(atomicLoad(&work[list_len_at(row)]), CAP);
+    for (var i = part; i < n; i += shape.n_parts) {
+        let at = list_at(row, i);
+        let key = scratch[at];
+        let id = scratch[at + 1u];
+        if ((key < st.lo) | (key > st.hi) | !(before_cut(key, id, cuts.top_k) & before_cut(key, id, cuts.top_p))) {
+            continue;
+        }
+        let b = (st.hi - key) >> st.shift;
+        let w = entry_weight(at, st.stage);
+        count[b] += 1u;
+        key_hi[b] = max(key_hi[b], key);
+        key_lo[b] = min(key_lo[b], key);
+        let lo = weight_lo[b] + w.x;
+        weight_hi[b] += w.y + select(0u, 1u, lo < w.x);
+        weight_lo[b] = lo;
+    }
+    flush_bins(row, bin_set, &count, &weight_lo, &weight_hi, &key_hi, &key_lo);
+}
+
+// Adds an invocation's non-empty buckets to the step's global bins.
+fn flush_bins(row: u32, bin_set: u32, count: ptr<function, array<u32, BUCKETS>>, weight_lo: ptr<function, array<u32, BUCKETS>>,
+              weight_hi: ptr<function, array<u32, BUCKETS>>, key_hi: ptr<function, array<u32, BUCKETS>>, key_lo: ptr<function, array<u32, BUCKETS>>) {
+    for (var b = 0u; b < BUCKETS; b += 1u) {
+        if ((*count)[b] == 0u) {
             continue;
         }
         let at = bin_at(row, bin_set, b);
-        atomicAdd(&work[at], count[b]);
-        let old = atomicAdd(&work[at + 1u], weight_lo[b]);
-        atomicAdd(&work[at + 2u], weight_hi[b] + select(0u, 1u, old + weight_lo[b] < old));
-        atomicMax(&work[at + 3u], key_hi[b]);
-        atomicMax(&work[at + 4u], ~key_lo[b]);
+        atomicAdd(&work[at], (*count)[b]);
+        let old = atomicAdd(&work[at + 1u], (*weight_lo)[b]);
+        atomicAdd(&work[at + 2u], (*weight_hi)[b] + select(0u, 1u, old + (*weight_lo)[b] < old));
+        atomicMax(&work[at + 3u], (*key_hi)[b]);
+        atomicMax(&work[at + 4u], ~(*key_lo)[b]);
     }
 }
 
@@ -773,7 +851,7 @@ fn resolve(row: u32, st: Search, cuts: Cuts, part: u32) {
         let mine = list_at(row, i);
         let key = scratch[mine];
         let id = scratch[mine + 1u];
-        if (!(before_cut(key, id, cuts.top_k) & before_cut(key, id, cuts.top_p))) {
+        if ((key < st.lo) | (key > st.hi) | !(before_cut(key, id, cuts.top_k) & before_cut(key, id, cuts.top_p))) {
             continue;
         }
         var reach = st.above;
@@ -782,7 +860,7 @@ fn resolve(row: u32, st: Search, cuts: Cuts, part: u32) {
             let other = scratch[at];
             let other_id = scratch[at + 1u];
             let ranked_before = (other > key) | ((other == key) & (other_id <= id));
-            if (ranked_before & before_cut(other, other_id, cuts.top_k) & before_cut(other, other_id, cuts.top_p)) {
+            if (ranked_before & (other <= st.hi) & before_cut(other, other_id, cuts.top_k) & before_cut(other, other_id, cuts.top_p)) {
                 reach = add64(reach, entry_weight(at, st.stage));
             }
         }
