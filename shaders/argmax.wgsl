@@ -1,8 +1,8 @@
 // Greedy sampling: out[r] = the index of the largest logit of row r, in two passes.
 // Order: numbers compare as usual (-0 == +0); NaN ranks below every number, -inf included;
 // ties go to the lowest index. A row of only NaNs gives 0.
-// Comparisons run on integer keys built from the float bits, so a compiler that assumes
-// no NaNs (WGSL allows it) cannot change the result.
+// Comparisons run on integer keys built from the float bits (order_key, the prelude), so a
+// compiler that assumes no NaNs (WGSL allows it) cannot change the result.
 //
 // Pass `scan_parts`: invocation p of row r scans columns p, p + n_parts, p + 2 n_parts, ... (adjacent
 //   invocations read adjacent logits, which the CPU "GPUs" vectorise) and keeps its best (key, index).
@@ -21,14 +21,7 @@ struct Params { n_rows: u32, vocab: u32, n_parts: u32, _pad: u32 }
 
 override WG: u32 = 64u;
 
-// A u32 whose order is the float order above: NaN -> 0, both zeros -> one key, negatives
-// bit-inverted (larger magnitude, smaller key), positives above them.
-fn order_key(bits: u32) -> u32 {
-    let magnitude = bits & 0x7fffffffu;
-    let signed_key = select(bits | 0x80000000u, ~bits, bits >= 0x80000000u);
-    let number_key = select(signed_key, 0x80000000u, magnitude == 0u);
-    return select(number_key, 0u, magnitude > 0x7f800000u);
-}
+// order_key() comes from the order_key prelude (shared with sample.wgsl).
 
 @compute @workgroup_size(WG)
 fn scan_parts(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {

@@ -221,8 +221,9 @@ impl Request {
     pub fn accept(&mut self, argmax: u32, logits: Option<&mut [f32]>, eos: &[u32], max_len: u32) -> Accepted {
         let next = match logits {
             Some(l) if self.samples() => {
+                // The counter is the position predicted, so a recomputed step draws the same token.
                 let history = self.tokens();
-                self.sampler.sample(l, &history)
+                self.sampler.sample(l, &history, history.len() as u32)
             }
             _ => argmax,
         };

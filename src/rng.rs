@@ -1,5 +1,24 @@
-//! A small seeded random number generator (SplitMix64), the same on every target, for the
-//! sampler and for tests' random data. Not cryptographic.
+//! SplitMix64, the same on every target: [`counter_u24`], the sampler's counter-based draws (CPU
+//! and GPU alike), and [`Rng`], a sequential generator for tests' random data. Not cryptographic.
+
+/// SplitMix64's increment (the golden ratio in 64 bits).
+const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// SplitMix64's output function.
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The sampler's uniform for draw `counter` of stream `seed`, as a 24-bit integer (the uniform
+/// is this / 2^24): the top 24 bits of SplitMix64's output number `counter + 1` from state
+/// `seed`, i.e. `mix64(seed + (counter + 1) * GAMMA)`. A pure function of (seed, counter), so a
+/// draw replays exactly whenever the same position is predicted again (steps undone, a preempted
+/// sequence recomputed). `shaders/sample.wgsl` computes the same with u32 pairs.
+pub fn counter_u24(seed: u64, counter: u32) -> u32 {
+    (mix64(seed.wrapping_add((counter as u64 + 1).wrapping_mul(GAMMA))) >> 40) as u32
+}
 
 #[derive(Clone, Debug)]
 pub struct Rng {
@@ -8,27 +27,24 @@ pub struct Rng {
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng { state: seed ^ 0x9E37_79B9_7F4A_7C15 }
+        Rng { state: seed ^ GAMMA }
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.state = self.state.wrapping_add(GAMMA);
+        mix64(self.state)
     }
+}
 
+/// Test data: the shipped library samples through [`counter_u24`] alone, so these are built only
+/// for tests (the `testing` feature, or this crate's own unit tests).
+#[cfg(any(test, feature = "testing"))]
+impl Rng {
     /// Uniform in [0, 1).
     pub fn next_f32(&mut self) -> f32 {
         (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
     }
-}
 
-/// Test data: the shipped library samples through `next_f32` alone, so these are built only for
-/// tests (the `testing` feature, or this crate's own unit tests).
-#[cfg(any(test, feature = "testing"))]
-impl Rng {
     pub fn next_u32(&mut self) -> u32 {
         (self.next_u64() >> 32) as u32
     }

@@ -1,10 +1,37 @@
-//! Token sampling: greedy, temperature, top-k, top-p and repetition penalty with a seeded RNG.
+//! Token sampling: greedy, temperature, top-k, top-p and repetition penalty, with seeded
+//! counter-based draws. The definition below is the one both implementations follow: this
+//! module on the CPU ([`sample_row`]) and `shaders/sample.wgsl` on the GPU
+//! ([`crate::gpu::ops::sample`]), so that a sequence samples the same tokens wherever it runs.
 //!
-//! Greedy decoding never reads the logits back: the engine takes the GPU's argmax. The other
-//! modes read one row of logits and sample here, on the CPU, where the sort for top-k/top-p is cheap.
+//! For one row of logits, the tokens of the penalty window, and a counter (the position being
+//! predicted):
+//! 1. **Penalty**: each distinct window token `t < vocab` once: `l[t] *= 1/penalty` if `l[t] > 0`,
+//!    else `l[t] *= penalty` (in place; `1/penalty` is one f32 reciprocal, so this is the division
+//!    up to one rounding, and the same bits on both implementations).
+//! 2. **Ranking**: tokens ordered by [`order_key`] descending (the float order, NaN below
+//!    everything, -0 == +0), ties by lower id. NaNs are never chosen. The first is the argmax;
+//!    `temperature == 0` returns it (0 for a row of NaNs).
+//! 3. **Weights**: `x = (l[t] - l_max) * (1/temperature)` in f32 (0 for a token whose key equals
+//!    the maximum's, which also covers infinite maxima; excluded for `-inf` logits or a `+inf`
+//!    maximum otherwise). Candidates are the tokens with `x >= -27.5`, a prefix of the ranking;
+//!    their weight is `q = floor(m * 2^40)` with `m = exp(x)` in f32 (`m = 1` for `x = 0`), an
+//!    integer from 1 to 2^40 (e^-27.5 > 2^-40), so every sum below is an exact integer. A
+//!    non-candidate's probability under the full softmax is below 2^-39.7 (V·e^-27.5 < 3e-7 in all
+//!    for a 262,144 vocabulary); it is never drawn.
+//! 4. **top-k** (`k >= 1`): K is the first `k` candidates in the ranking (all when `k = 0` or
+//!    `k >= ` their number).
+//! 5. **top-p**: with `P = floor(top_p * 2^24)` and `Z_K` the weight of K, N is the shortest
+//!    prefix of K whose weight reaches `max(1, floor(Z_K * P / 2^24))` (N = K when `top_p = 1`).
+//! 6. **Draw**: with `u = counter_u24(seed, counter)` ([`crate::rng::counter_u24`]) and `Z_N` the
+//!    weight of N, the token is the first of N in the ranking whose cumulative weight reaches
+//!    `floor(Z_N * u / 2^24) + 1`: token t is drawn with probability `q_t / Z_N` up to the 2^-24
+//!    resolution of u.
+//!
+//! Float rounding enters only through `exp` (the GPU's is a few ulp from the CPU's), so the two
+//! implementations can differ only where a cumulative weight lies within that rounding of the
+//! draw's target or of a top-p target.
 
-use crate::rng::Rng;
-
+use crate::rng::counter_u24;
 /// Sampling parameters. `temperature == 0` means greedy.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
@@ -62,81 +89,151 @@ impl SamplingParams {
     }
 }
 
-/// A sampler for one sequence: the parameters plus the RNG state.
+/// A sampler for one sequence: its validated parameters. Stateless: a draw is a function of
+/// the seed and the counter passed to [`Sampler::sample`].
 #[derive(Clone, Debug)]
 pub struct Sampler {
     params: SamplingParams,
-    rng: Rng,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Sampler, SamplingError> {
         params.validate()?;
-        let rng = Rng::new(params.seed);
-        Ok(Sampler { params, rng })
+        Ok(Sampler { params })
     }
 
     pub fn params(&self) -> &SamplingParams {
         &self.params
     }
 
-    /// Chooses the next token from one row of logits. `history` is the sequence so far
-    /// (prompt and generated tokens), used by the repetition penalty.
-    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
-        let p = &self.params;
-        if p.repetition_penalty != 1.0 {
-            let start = history.len().saturating_sub(p.repetition_window as usize);
-            let mut seen: Vec<u32> = history[start..].to_vec();
-            seen.sort_unstable();
-            seen.dedup();
-            for &t in &seen {
-                if let Some(l) = logits.get_mut(t as usize) {
-                    *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
-                }
-            }
-        }
-        if p.temperature == 0.0 {
-            return argmax(logits);
-        }
-        // Candidates sorted by logit, highest first; NaNs never win.
-        let mut idx: Vec<u32> = (0..logits.len() as u32).filter(|&i| !logits[i as usize].is_nan()).collect();
-        if idx.is_empty() {
-            return 0;
-        }
-        let k = if p.top_k == 0 { idx.len() } else { (p.top_k as usize).min(idx.len()) };
-        if k < idx.len() {
-            idx.select_nth_unstable_by(k - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
-            idx.truncate(k);
-        }
-        idx.sort_unstable_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
-        let max = logits[idx[0] as usize];
-        let mut probs: Vec<f64> = idx.iter().map(|&i| (((logits[i as usize] - max) / p.temperature) as f64).exp()).collect();
-        let total: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|q| *q /= total);
-        if p.top_p < 1.0 {
-            let mut cum = 0.0;
-            let mut keep = probs.len();
-            for (n, q) in probs.iter().enumerate() {
-                cum += q;
-                if cum >= p.top_p as f64 {
-                    keep = n + 1;
-                    break;
-                }
-            }
-            probs.truncate(keep);
-            let total: f64 = probs.iter().sum();
-            probs.iter_mut().for_each(|q| *q /= total);
-        }
-        let r = self.rng.next_f32() as f64;
-        let mut cum = 0.0;
-        for (n, q) in probs.iter().enumerate() {
-            cum += q;
-            if r < cum {
-                return idx[n];
-            }
-        }
-        idx[probs.len() - 1]
+    /// Chooses the next token from one row of logits (penalized in place). `history` is the
+    /// sequence so far (prompt and generated tokens), whose last `repetition_window` tokens the
+    /// penalty looks at; `counter` numbers the draw, by convention the position being predicted
+    /// (`history.len()`), so that predicting a position again draws the same token.
+    pub fn sample(&self, logits: &mut [f32], history: &[u32], counter: u32) -> u32 {
+        let start = history.len().saturating_sub(self.params.repetition_window as usize);
+        sample_row(&self.params, logits, &history[start..], counter)
     }
+}
+
+/// The lower bound of a candidate's scaled gap `x` (module docs, step 3).
+pub const X_MIN: f32 = -27.5;
+/// A candidate's weight is `floor(exp(x) * 2^WEIGHT_BITS)`.
+pub const WEIGHT_BITS: u32 = 40;
+
+/// A u32 whose order is the float order: NaN -> 0 (below everything), both zeros -> one key,
+/// negatives bit-inverted (larger magnitude, smaller key), positives above them. The same
+/// function as `order_key` in `shaders/order_key.wgsl`.
+pub fn order_key(v: f32) -> u32 {
+    let bits = v.to_bits();
+    let magnitude = bits & 0x7fff_ffff;
+    if magnitude > 0x7f80_0000 {
+        0
+    } else if magnitude == 0 {
+        0x8000_0000
+    } else if bits >= 0x8000_0000 {
+        !bits
+    } else {
+        bits | 0x8000_0000
+    }
+}
+
+/// `top_p` as the 24-bit fraction of step 5; 2^24 (no cut) for `top_p >= 1`.
+pub fn top_p_fraction(top_p: f32) -> u32 {
+    ((top_p.clamp(0.0, 1.0) * (1u32 << 24) as f32) as u32).min(1 << 24)
+}
+
+/// The scaled gap of step 3 (`-inf` for a token excluded outright).
+pub fn scaled_gap(v: f32, max: f32, inv_temperature: f32) -> f32 {
+    if order_key(v) == order_key(max) {
+        0.0
+    } else if v == f32::NEG_INFINITY || max == f32::INFINITY {
+        f32::NEG_INFINITY
+    } else {
+        (v - max) * inv_temperature
+    }
+}
+
+/// The integer weight of a candidate with scaled gap `x >= X_MIN` (step 3).
+pub fn weight(x: f32) -> u64 {
+    let m = if x == 0.0 { 1.0f32 } else { x.exp() };
+    (m as f64 * (1u64 << WEIGHT_BITS) as f64) as u64
+}
+
+/// `floor(a * b / 2^24)` without overflow.
+fn scale24(a: u64, b: u32) -> u64 {
+    ((a as u128 * b as u128) >> 24) as u64
+}
+
+/// Index of the first entry whose running total of `weights` reaches `target` (>= 1).
+fn first_reaching(weights: impl Iterator<Item = u64>, target: u64) -> Option<usize> {
+    let mut cum = 0u64;
+    for (i, w) in weights.enumerate() {
+        cum += w;
+        if cum >= target {
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// The token the definition (module docs) chooses from `logits`, penalized in place for the
+/// distinct tokens of `window` (the last `repetition_window` tokens of the history, in any
+/// order). Exact integer sums; candidates sorted, so O(V log V) in the worst case.
+pub fn sample_row(params: &SamplingParams, logits: &mut [f32], window: &[u32], counter: u32) -> u32 {
+    if params.repetition_penalty != 1.0 {
+        let inv_penalty = 1.0 / params.repetition_penalty;
+        let mut seen = window.to_vec();
+        seen.sort_unstable();
+        seen.dedup();
+        for &t in &seen {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l *= if *l > 0.0 { inv_penalty } else { params.repetition_penalty };
+            }
+        }
+    }
+    // The argmax by key: the first strictly larger key wins, so ties keep the lowest id.
+    let mut top = 0usize;
+    let mut key_max = 0u32;
+    for (i, &v) in logits.iter().enumerate() {
+        let key = order_key(v);
+        if key > key_max {
+            top = i;
+            key_max = key;
+        }
+    }
+    if params.temperature == 0.0 || key_max == 0 {
+        return top as u32;
+    }
+    let max = logits[top];
+    let inv_temperature = 1.0 / params.temperature;
+    // (key, id, weight) of every candidate, then in ranking order.
+    let mut ranked: Vec<(u32, u32, u64)> = logits
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &v)| {
+            let x = scaled_gap(v, max, inv_temperature);
+            (!v.is_nan() && x >= X_MIN).then(|| (order_key(v), i as u32, weight(x)))
+        })
+        .collect();
+    let rank = |a: &(u32, u32, u64), b: &(u32, u32, u64)| b.0.cmp(&a.0).then(a.1.cmp(&b.1));
+    let k = params.top_k as usize;
+    if k > 0 && k < ranked.len() {
+        ranked.select_nth_unstable_by(k - 1, rank);
+        ranked.truncate(k);
+    }
+    ranked.sort_unstable_by(rank);
+    let p = top_p_fraction(params.top_p);
+    if p < 1 << 24 {
+        let z_k: u64 = ranked.iter().map(|c| c.2).sum();
+        let target = scale24(z_k, p).max(1);
+        let keep = first_reaching(ranked.iter().map(|c| c.2), target).map_or(ranked.len(), |i| i + 1);
+        ranked.truncate(keep);
+    }
+    let z_n: u64 = ranked.iter().map(|c| c.2).sum();
+    let target = scale24(z_n, counter_u24(params.seed, counter)) + 1;
+    let chosen = first_reaching(ranked.iter().map(|c| c.2), target).unwrap_or(ranked.len() - 1);
+    ranked[chosen].1
 }
 
 /// Index of the largest value (lowest index on ties; NaN never wins).
@@ -173,11 +270,21 @@ mod tests {
         SamplingParams { temperature, top_k, top_p, seed: 42, ..Default::default() }
     }
 
+    /// Tokens drawn from `logits` at counters `0..n`.
+    fn draws(s: &Sampler, logits: &[f32], history: &[u32], n: u32) -> Vec<u32> {
+        (0..n).map(|c| s.sample(&mut logits.to_vec(), history, c)).collect()
+    }
+
     #[test]
-    fn greedy_picks_the_maximum() {
-        let mut s = Sampler::new(SamplingParams::greedy()).unwrap();
-        let mut logits = vec![0.1, 3.0, -1.0, 3.0, 2.9];
-        assert_eq!(s.sample(&mut logits, &[]), 1);
+    fn greedy_picks_the_maximum_and_skips_nans() {
+        let s = Sampler::new(SamplingParams::greedy()).unwrap();
+        assert_eq!(s.sample(&mut [0.1, 3.0, -1.0, 3.0, 2.9], &[], 0), 1, "ties go to the lowest id");
+        assert_eq!(s.sample(&mut [f32::NAN, -1.0, f32::NAN], &[], 0), 1, "NaN never wins");
+        assert_eq!(s.sample(&mut [f32::NAN, f32::NEG_INFINITY], &[], 0), 1, "-inf ranks above NaN");
+        assert_eq!(s.sample(&mut [f32::NAN; 3], &[], 0), 0, "a row of NaNs gives 0");
+        // Sampling falls back to the same order: NaNs are never drawn.
+        let hot = Sampler::new(params(100.0, 0, 1.0)).unwrap();
+        assert!(draws(&hot, &[f32::NAN, 0.0, f32::NAN, 0.5], &[], 300).iter().all(|&t| t == 1 || t == 3));
     }
 
     #[test]
@@ -191,49 +298,71 @@ mod tests {
 
     #[test]
     fn top_k_one_is_greedy_whatever_the_temperature() {
-        let mut s = Sampler::new(params(5.0, 1, 1.0)).unwrap();
-        for _ in 0..100 {
-            let mut logits = vec![0.0, 1.0, 0.5, 0.9];
-            assert_eq!(s.sample(&mut logits, &[]), 1);
+        let s = Sampler::new(params(5.0, 1, 1.0)).unwrap();
+        let logits = [0.0, 1.0, 0.5, 1.0 - f32::EPSILON, 1.0];
+        assert!(draws(&s, &logits, &[], 200).iter().all(|&t| t == 1));
+    }
+
+    #[test]
+    fn top_k_and_top_p_keep_only_their_sets() {
+        // probabilities ~ [0.64, 0.24, 0.09, 0.03]: top_p 0.7 keeps the first two, top_k 3 the first three.
+        let base = [3.0f32, 2.0, 1.0, 0.0];
+        let nucleus = draws(&Sampler::new(params(1.0, 0, 0.7)).unwrap(), &base, &[], 500);
+        assert!(nucleus.iter().all(|&t| t <= 1), "a token outside the nucleus");
+        assert!(nucleus.contains(&1), "the nucleus's second token is never drawn");
+        let top3 = draws(&Sampler::new(params(1.0, 3, 1.0)).unwrap(), &base, &[], 2000);
+        assert!(top3.iter().all(|&t| t <= 2), "a token outside the top 3");
+        assert!(top3.contains(&2), "the third token is never drawn");
+    }
+
+    #[test]
+    fn draws_are_a_function_of_seed_and_counter() {
+        let base = [1.0f32, 0.0, 2.0, 0.5];
+        let seeded = |seed| Sampler::new(SamplingParams { temperature: 1.0, seed, ..Default::default() }).unwrap();
+        let a = draws(&seeded(1), &base, &[], 400);
+        assert_eq!(a, draws(&seeded(1), &base, &[], 400), "the same seed must give the same draws");
+        assert_ne!(a, draws(&seeded(2), &base, &[], 400), "another seed must give other draws");
+        // Out of order and repeated, each counter gives its own draw again.
+        let s = seeded(1);
+        for c in [399u32, 7, 7, 0, 123] {
+            assert_eq!(s.sample(&mut base.to_vec(), &[], c), a[c as usize], "counter {c}");
+        }
+        assert!(a.windows(2).any(|w| w[0] != w[1]), "different counters must vary");
+    }
+
+    #[test]
+    fn temperature_sampling_follows_the_softmax() {
+        let base = [1.0f32, 0.0, 2.0];
+        for temperature in [1.0f32, 0.5] {
+            let s = Sampler::new(SamplingParams { temperature, seed: 9, ..Default::default() }).unwrap();
+            let a = draws(&s, &base, &[], 6000);
+            let z: f64 = base.iter().map(|&l| (l as f64 / temperature as f64).exp()).sum();
+            for t in 0..3u32 {
+                let freq = a.iter().filter(|&&x| x == t).count() as f64 / a.len() as f64;
+                let p = (base[t as usize] as f64 / temperature as f64).exp() / z;
+                // 4.5 standard deviations of a frequency over 6000 draws is at most 0.029.
+                assert!((freq - p).abs() < 0.03, "T={temperature} token {t}: frequency {freq} vs probability {p}");
+            }
         }
     }
 
     #[test]
-    fn top_p_keeps_only_the_nucleus() {
-        // probabilities ~ [0.64, 0.24, 0.09, 0.03]: top_p 0.7 keeps the first two.
-        let mut s = Sampler::new(params(1.0, 0, 0.7)).unwrap();
-        let base = vec![3.0f32, 2.0, 1.0, 0.0];
-        for _ in 0..500 {
-            let mut logits = base.clone();
-            let t = s.sample(&mut logits, &[]);
-            assert!(t == 0 || t == 1, "token {t} is outside the nucleus");
-        }
+    fn repetition_penalty_demotes_each_seen_token_once() {
+        let s = Sampler::new(SamplingParams { repetition_penalty: 2.0, repetition_window: 3, ..Default::default() }).unwrap();
+        let mut logits = vec![3.0f32, 2.0, -1.0, 0.5];
+        // Token 3 is outside the window of 3, tokens 0 and 2 repeat inside it, 9 is past the vocabulary.
+        assert_eq!(s.sample(&mut logits, &[3, 0, 2, 0, 9, 2, 0], 0), 1);
+        assert_eq!(logits, vec![1.5, 2.0, -2.0, 0.5]);
     }
 
     #[test]
-    fn temperature_sampling_follows_the_distribution_and_the_seed() {
-        let base = vec![1.0f32, 0.0, 2.0];
-        let draw = |seed| {
-            let mut s = Sampler::new(SamplingParams { temperature: 1.0, seed, ..Default::default() }).unwrap();
-            (0..4000).map(|_| s.sample(&mut base.clone(), &[])).collect::<Vec<u32>>()
-        };
-        let a = draw(1);
-        assert_eq!(a, draw(1), "the same seed must give the same draws");
-        assert_ne!(a, draw(2));
-        let z: f64 = base.iter().map(|&l| (l as f64).exp()).sum();
-        for t in 0..3u32 {
-            let freq = a.iter().filter(|&&x| x == t).count() as f64 / a.len() as f64;
-            let p = (base[t as usize] as f64).exp() / z;
-            assert!((freq - p).abs() < 0.03, "token {t}: frequency {freq} vs probability {p}");
-        }
-    }
-
-    #[test]
-    fn repetition_penalty_demotes_seen_tokens() {
-        let mut s = Sampler::new(SamplingParams { repetition_penalty: 2.0, ..Default::default() }).unwrap();
-        let mut logits = vec![3.0f32, 2.0, -1.0];
-        assert_eq!(s.sample(&mut logits, &[0]), 1);
-        assert_eq!(logits, vec![1.5, 2.0, -1.0]);
+    fn weights_are_monotone_and_bounded() {
+        assert_eq!(weight(0.0), 1 << WEIGHT_BITS);
+        assert!(weight(X_MIN) >= 1, "every candidate weighs at least 1");
+        let xs: Vec<f32> = (0..=275).map(|i| -(i as f32) / 10.0).collect();
+        assert!(xs.windows(2).all(|w| weight(w[0]) >= weight(w[1])));
+        assert_eq!(top_p_fraction(1.0), 1 << 24);
+        assert!(top_p_fraction(0.5) == 1 << 23 && top_p_fraction(1e-9) <= 1);
     }
 
     #[test]

@@ -362,7 +362,7 @@ fn dispatches_per_decode_step() {
                     let seq = kv.allocate().unwrap();
                     kv.append(seq, context).unwrap();
                     let mut decode = ForwardGraph::build(&ctx, (&cfg, &weights), &kv, AttentionKind::Sequence, 1, 1).unwrap();
-                    let row = StepRow { token: 1, position: context - 1, table_base: kv.table_base(seq) };
+                    let row = StepRow { token: 1, position: context - 1, table_base: kv.table_base(seq), slot: seq.0 };
                     decode.run(&ctx, &[row], &[0], Logits::Argmax).await.unwrap();
                     let n = decode.dispatch_count();
                     common::report(&format!(

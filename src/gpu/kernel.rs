@@ -13,6 +13,9 @@ pub struct Kernel {
     pub workgroups: [u32; 3],
     /// Uniform buffers the kernel owns (kept alive with it; rewritable through the queue).
     pub params: Option<wgpu::Buffer>,
+    /// When set, the workgroup count is read on the GPU from this buffer at this byte offset
+    /// (three u32, written by an earlier kernel) and `workgroups` is only its largest value.
+    pub indirect: Option<(wgpu::Buffer, u64)>,
 }
 
 impl Kernel {
@@ -25,18 +28,31 @@ impl Kernel {
         workgroups: [u32; 3],
         params: Option<wgpu::Buffer>,
     ) -> Kernel {
+        let bindings: Vec<(u32, wgpu::BindingResource<'_>)> =
+            resources.iter().enumerate().map(|(i, r)| (i as u32, r.clone())).collect();
+        let mut kernel = Kernel::with_bindings(ctx, name, pipeline, &bindings, workgroups);
+        kernel.params = params;
+        kernel
+    }
+
+    /// Builds a kernel binding each `(binding, resource)` of group 0: for an entry point that
+    /// uses only some of its module's bindings (the "auto" layout holds only those it uses).
+    pub fn with_bindings(
+        ctx: &Context,
+        name: &'static str,
+        pipeline: Arc<wgpu::ComputePipeline>,
+        bindings: &[(u32, wgpu::BindingResource<'_>)],
+        workgroups: [u32; 3],
+    ) -> Kernel {
         let layout = pipeline.get_bind_group_layout(0);
-        let entries: Vec<wgpu::BindGroupEntry<'_>> = resources
-            .iter()
-            .enumerate()
-            .map(|(i, r)| wgpu::BindGroupEntry { binding: i as u32, resource: r.clone() })
-            .collect();
+        let entries: Vec<wgpu::BindGroupEntry<'_>> =
+            bindings.iter().map(|(binding, r)| wgpu::BindGroupEntry { binding: *binding, resource: r.clone() }).collect();
         let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(name),
             layout: &layout,
             entries: &entries,
         });
-        Kernel { name, pipeline, bind_group, workgroups, params }
+        Kernel { name, pipeline, bind_group, workgroups, params: None, indirect: None }
     }
 
     /// Keeps `params` alive with the kernel (a uniform the kernel reads).
@@ -49,7 +65,10 @@ impl Kernel {
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>) {
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &self.bind_group, &[]);
-        pass.dispatch_workgroups(self.workgroups[0], self.workgroups[1], self.workgroups[2]);
+        match &self.indirect {
+            Some((buffer, offset)) => pass.dispatch_workgroups_indirect(buffer, *offset),
+            None => pass.dispatch_workgroups(self.workgroups[0], self.workgroups[1], self.workgroups[2]),
+        }
     }
 }
 

@@ -5,10 +5,10 @@
 //! `attention_reduce_common` before their reduce kernels, `rms_common` before `rms_norm` and
 //! `head_norm` and `residual_norm`, `rope_common` before `rope`, `kv_common` before `kv_write`,
 //! all three (`rms_common` + `rope_common` + `kv_common`) before `qkv_heads`, which fuses
-//! head_norm, rope and kv_write, `act_common` before `glu` and every matmul, `matmul_common`
-//! after it before `matmul_q4_1` and `matmul_q8_0`. The quantized-weight family is one body per
-//! shape with the block format as a prelude: `matmul_<type>` is `act_common` + `matmul_common` +
-//! `quant_common` + `quant_<type>` +
+//! head_norm, rope and kv_write, `order_key` before `argmax` and `sample`, `act_common` before
+//! `glu` and every matmul, `matmul_common` after it before `matmul_q4_1` and `matmul_q8_0`. The
+//! quantized-weight family is one body per shape with the block format as a prelude:
+//! `matmul_<type>` is `act_common` + `matmul_common` + `quant_common` + `quant_<type>` +
 //! `matmul_blocks` (for every type but Q4_1 and Q8_0, which have bodies of their own), and
 //! `embed_<type>` is `quant_common` + `quant_<type>` + `embed`. The concatenation happens at
 //! compile time, so every source stays a `&'static str`.
@@ -46,7 +46,8 @@ macro_rules! quant_family {
 pub fn source(name: &str) -> Option<&'static str> {
     Some(match name {
         "add" => wgsl!("add"),
-        "argmax" => wgsl!("argmax"),
+        "argmax" => with_prelude!("order_key", "argmax"),
+        "sample" => with_prelude!("order_key", "sample"),
         "kv_write" => with_prelude!("kv_common", "kv_write"),
         "rms_norm" => with_prelude!("rms_common", "rms_norm"),
         "head_norm" => with_prelude!("rms_common", "head_norm"),

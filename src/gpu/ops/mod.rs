@@ -15,6 +15,7 @@ pub mod norm;
 pub mod pool;
 pub mod qkv_heads;
 pub mod rope;
+pub mod sample;
 
 /// Checks that `buffer` holds at least `bytes` bytes.
 pub(crate) fn check_size(op: &'static str, what: &str, buffer: &wgpu::Buffer, bytes: u64) -> Result<(), GpuError> {
