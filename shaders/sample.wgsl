@@ -62,8 +62,9 @@
 //              lavapipe (Mesa 22) inlines uniform values that steer control flow into the shader
 //              and recompiles it at every dispatch whose uniforms differ from the last one's
 //              (~5-10 ms each here); it never does so for storage buffers.
-//   history:   [n_rows, history_cap] u32, a ring per row (RowParams.history_head, history_len);
-//              finish writes the token at the head of rows flagged FLAG_APPEND_HISTORY
+//   history:   [n_rings, history_cap] u32 rings (RowParams.history_ring, history_head, history_len:
+//              a ring per sequence, whatever row it takes in a step); finish writes the token at
+//              the head of rows flagged FLAG_APPEND_HISTORY; a ring index >= n_rings is no ring
 //   out:       u32, the token of row r at out_offset + r * out_stride
 //   next_args: the indirect arguments [x, y, z] of the next step (steps alternate between two
 //              buffers, args_even and args_odd, as a dispatch may not write its own)
@@ -79,7 +80,7 @@ struct Shape {
     step: u32,
     prep_width: u32,
     step_workgroups: u32,
-    _pad0: u32,
+    n_rings: u32,
     _pad1: u32,
 }
 
@@ -98,7 +99,7 @@ struct RowParams {
     seed_lo: u32,
     seed_hi: u32,
     counter: u32,
-    _pad0: u32,
+    history_ring: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -613,12 +614,12 @@ fn prepare(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     let p = params[row];
     let cap = shape.history_cap;
     let n = min(p.window, min(p.history_len, cap));
-    if (((p.flags & FLAG_ACTIVE) == 0u) | (p.penalty == 1.0) | (i >= n)) {
+    if (((p.flags & FLAG_ACTIVE) == 0u) | (p.penalty == 1.0) | (i >= n) | (p.history_ring >= shape.n_rings)) {
         return;
     }
     // Slot of the i-th most recent token: the ring's newest is just before its head.
     let head = p.history_head % cap;
-    let ring = row * cap;
+    let ring = p.history_ring * cap;
     let token = history[ring + (head + cap - 1u - i) % cap];
     if (token >= shape.vocab) {
         return;
@@ -883,7 +884,8 @@ fn finish(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     }
     out[shape.out_offset + row * shape.out_stride] = token;
     let cap = shape.history_cap;
-    if (((params[row].flags & FLAG_APPEND_HISTORY) != 0u) & (cap != 0u)) {
-        history[row * cap + params[row].history_head % cap] = token;
+    let ring = params[row].history_ring;
+    if (((params[row].flags & FLAG_APPEND_HISTORY) != 0u) & (cap != 0u) & (ring < shape.n_rings)) {
+        history[ring * cap + params[row].history_head % cap] = token;
     }
 }

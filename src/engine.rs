@@ -20,8 +20,9 @@ use std::sync::Arc;
 use crate::gguf::Gguf;
 use crate::gpu::{Context, ContextOptions};
 use crate::kv::{CacheConfig, KvCache, KvPool, PoolStats, PrefixStats, SeqId};
-use crate::model::{Logits, Model, ModelError, PendingStep, Runner, StepRow, Weights};
-use crate::sampler::{top_k, Sampler};
+use crate::gpu::ops::sample::{HistoryRing, RowParams};
+use crate::model::{Choose, Logits, Model, ModelError, PendingStep, Runner, StepRow, Weights};
+use crate::sampler::{top_k, Sampler, MAX_REPETITION_WINDOW};
 use crate::sched::{Plan, Scheduler};
 use crate::tokenizer::{Tokenizer, TokenizerSpec};
 
@@ -122,6 +123,8 @@ pub struct Engine {
     /// Steps on the GPU whose outputs are not read yet, oldest first (two while a decode step
     /// planned ahead runs behind the one before it).
     in_flight: VecDeque<(Plan, PendingStep)>,
+    /// Where each sequence slot's penalty ring stands on the GPU ([`Engine::row_params`]).
+    rings: Vec<HistoryRing>,
 }
 
 impl Engine {
@@ -143,8 +146,9 @@ impl Engine {
         let kv = KvCache::new(&ctx, &config.kv_shape(), cache_config(&ctx, &config, &options))?;
         let sched = Scheduler::new(options.sched.clone(), options.prefill_chunk)?;
         let runner = Runner::new(&ctx, options.prefill_chunk, kv.max_seqs())?;
+        let rings = vec![HistoryRing::default(); kv.max_seqs() as usize];
         let weight_types = gguf.tensor_type_counts();
-        Ok(Engine { ctx, model: Model { config, weights }, tokenizer, kv, options, runner, sched, weight_types, backlog: Vec::new(), in_flight: VecDeque::new() })
+        Ok(Engine { ctx, model: Model { config, weights }, tokenizer, kv, options, runner, sched, weight_types, backlog: Vec::new(), in_flight: VecDeque::new(), rings })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -312,6 +316,36 @@ impl Engine {
         Ok(events)
     }
 
+    /// The sampler's parameters of a step's logit rows, `None` when all are greedy. Writes the
+    /// penalty windows the plan carries into their sequences' rings and keeps where each ring
+    /// stands: a row appends its token at its ring's head on the GPU, so the next step's ring is
+    /// one longer without the CPU knowing the token.
+    fn row_params(&mut self, plan: &Plan, rows: &[StepRow], logit_rows: &[u32]) -> Result<Option<Vec<RowParams>>, EngineError> {
+        if plan.sampling().iter().all(Option::is_none) {
+            return Ok(None);
+        }
+        let cap = MAX_REPETITION_WINDOW;
+        let mut params = Vec::with_capacity(logit_rows.len());
+        for (&r, sampling) in logit_rows.iter().zip(plan.sampling()) {
+            let slot = rows[r as usize].slot;
+            let counter = rows[r as usize].position + 1;
+            let Some(s) = sampling else {
+                params.push(RowParams::new(&SamplingParams::greedy(), counter, HistoryRing { head: 0, len: 0, ring: slot })?);
+                continue;
+            };
+            let ring = &mut self.rings[slot as usize];
+            if let Some(window) = &s.window {
+                self.runner.write_history(&self.ctx, slot, window)?;
+                *ring = HistoryRing { head: window.len() as u32 % cap, len: window.len() as u32, ring: slot };
+            }
+            let mut row = RowParams::new(&s.params, s.counter, *ring)?;
+            row.flags |= RowParams::APPEND_HISTORY;
+            params.push(row);
+            *ring = HistoryRing { head: (ring.head + 1) % cap, len: (ring.len + 1).min(cap), ring: slot };
+        }
+        Ok(Some(params))
+    }
+
     /// Submits a planned step (its rows' K/V slots reserved) and queues it for reading; a step
     /// that cannot be submitted fails its requests.
     fn launch(&mut self, plan: Plan, events: &mut Vec<Event>) -> Result<(), EngineError> {
@@ -320,8 +354,19 @@ impl Engine {
             .iter()
             .map(|r| StepRow { token: r.token.unwrap_or(StepRow::FED), position: r.position, table_base: self.kv.table_base(r.seq), slot: r.seq.0 })
             .collect();
-        let read = if plan.full_logits() { Logits::Full } else { Logits::Argmax };
-        match self.runner.submit(&self.ctx, &self.model, &self.kv, (&rows, &plan.logit_rows()), read) {
+        let logit_rows = plan.logit_rows();
+        let params = match self.row_params(&plan, &rows, &logit_rows) {
+            Ok(params) => params,
+            Err(e) => {
+                events.extend(self.sched.fail(&mut self.kv, &plan, &e)?);
+                return Ok(());
+            }
+        };
+        let choose = match &params {
+            Some(p) => Choose::Sample(p),
+            None => Choose::Argmax,
+        };
+        match self.runner.submit(&self.ctx, &self.model, &self.kv, (&rows, &logit_rows), (Logits::Argmax, choose)) {
             Ok(pending) => self.in_flight.push_back((plan, pending)),
             Err(e) => events.extend(self.sched.fail(&mut self.kv, &plan, &e.into())?),
         }

@@ -75,6 +75,17 @@ pub enum Event {
     Finished { id: RequestId, result: Result<Generation, EngineError> },
 }
 
+/// A logit row that samples: the request's parameters, the draw's counter (the position
+/// predicted, so that a recomputed step draws the same token) and the penalty window to write to
+/// its sequence's ring first (`None`: the ring as the step before left it, with that step's token
+/// appended on the GPU: a step planned ahead).
+#[derive(Clone, Debug)]
+pub(crate) struct RowSampling {
+    pub params: SamplingParams,
+    pub counter: u32,
+    pub window: Option<Vec<u32>>,
+}
+
 /// What a request did with a token it was given ([`Request::accept`]).
 #[derive(Debug, Default, PartialEq)]
 pub(crate) struct Accepted {
@@ -176,6 +187,24 @@ impl Request {
         self.pending
     }
 
+    /// How its logit row predicting position `counter` chooses the token: `None` for greedy
+    /// without a penalty; else its parameters and, with `write_window`, the penalty window (the
+    /// last `repetition_window` tokens of the sequence; none without a penalty).
+    pub fn row_sampling(&self, counter: u32, write_window: bool) -> Option<RowSampling> {
+        let params = self.sampler.params();
+        if params.is_greedy() {
+            return None;
+        }
+        let window = write_window.then(|| {
+            if params.repetition_penalty == 1.0 {
+                return Vec::new();
+            }
+            let all = self.tokens();
+            all[all.len().saturating_sub(params.repetition_window as usize)..].to_vec()
+        });
+        Some(RowSampling { params: params.clone(), counter, window })
+    }
+
     /// Whether the token it gets next ends it by its token limit or at `max_len` computed
     /// tokens ([`Request::accept`]'s length test, one token early): a step planned ahead has
     /// no row for it.
@@ -183,10 +212,6 @@ impl Request {
         self.generated.len() + 1 >= self.params.max_tokens as usize || self.computed + 1 >= max_len
     }
 
-    /// Whether its next token needs the full logits (sampling) rather than the argmax.
-    pub fn samples(&self) -> bool {
-        !self.params.sampling.is_greedy()
-    }
 
     /// Called when the scheduler (re)admits it on `seq` with `hit` tokens already cached;
     /// returns the [`Event::Admitted`] of its first admission.
@@ -213,20 +238,12 @@ impl Request {
         }
     }
 
-    /// The one place a request handles a new token: `argmax`, or with `logits` and sampling a
-    /// sampled token. Ends the request at an end-of-generation token (`eos`, unless
+    /// The one place a request handles a new token (the argmax, or the token its row sampled on
+    /// the GPU). Ends the request at an end-of-generation token (`eos`, unless
     /// `ignore_eos`), at a stop string (the text is cut before it and the token not streamed),
     /// at `max_tokens`, or when its sequence holds `max_len` tokens; otherwise the token becomes
     /// pending, for the next decode row to feed.
-    pub fn accept(&mut self, argmax: u32, logits: Option<&mut [f32]>, eos: &[u32], max_len: u32) -> Accepted {
-        let next = match logits {
-            Some(l) if self.samples() => {
-                // The counter is the position predicted, so a recomputed step draws the same token.
-                let history = self.tokens();
-                self.sampler.sample(l, &history, history.len() as u32)
-            }
-            _ => argmax,
-        };
+    pub fn accept(&mut self, next: u32, eos: &[u32], max_len: u32) -> Accepted {
         self.first_token_ms.get_or_insert(now_ms());
         let stop = Accepted { token: None, finish: Some(FinishReason::Stop) };
         if self.params.max_tokens == 0 {

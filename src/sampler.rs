@@ -32,6 +32,9 @@
 //! draw's target or of a top-p target.
 
 use crate::rng::counter_u24;
+/// The longest repetition window: the GPU keeps each sequence's last tokens in a ring this long.
+pub const MAX_REPETITION_WINDOW: u32 = 1024;
+
 /// Sampling parameters. `temperature == 0` means greedy.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
@@ -63,6 +66,8 @@ pub enum SamplingError {
     TopP(f32),
     #[error("repetition_penalty must be a finite number > 0 (1 = off), got {0}")]
     RepetitionPenalty(f32),
+    #[error("repetition_window must be at most {MAX_REPETITION_WINDOW} tokens, got {0}")]
+    RepetitionWindow(u32),
 }
 
 impl SamplingParams {
@@ -79,6 +84,9 @@ impl SamplingParams {
         }
         if !self.repetition_penalty.is_finite() || self.repetition_penalty <= 0.0 {
             return Err(SamplingError::RepetitionPenalty(self.repetition_penalty));
+        }
+        if self.repetition_window > MAX_REPETITION_WINDOW {
+            return Err(SamplingError::RepetitionWindow(self.repetition_window));
         }
         Ok(())
     }

@@ -32,7 +32,7 @@ use std::collections::{HashMap, VecDeque};
 
 use crate::error::EngineError;
 use crate::kv::{KvCache, KvError, KvLayout, SeqId};
-use crate::request::{Event, FinishReason, GenerateRequest, Generation, Request, RequestId};
+use crate::request::{Event, FinishReason, GenerateRequest, Generation, Request, RequestId, RowSampling};
 use crate::sampler::Sampler;
 use crate::tokenizer::StreamDecoder;
 
@@ -88,9 +88,11 @@ pub(crate) struct Plan {
     /// The request of each decode row, in row order.
     decode: Vec<RequestId>,
     prefill: Option<Chunk>,
-    /// Some request of a logit row samples, so the step must read full logits.
-    full_logits: bool,
+    /// How each logit row chooses its token, in [`Plan::logit_rows`] order: `None` greedy (the
+    /// argmax), else sampled on the GPU.
+    sampling: Vec<Option<RowSampling>>,
 }
+
 
 impl Plan {
     pub fn rows(&self) -> &[Row] {
@@ -107,9 +109,10 @@ impl Plan {
         rows
     }
 
-    /// Whether the logit rows need full logits (a request samples) or only their argmax.
-    pub fn full_logits(&self) -> bool {
-        self.full_logits
+    /// How each logit row chooses its token ([`Plan::logit_rows`] order); all `None` when
+    /// every row is greedy.
+    pub fn sampling(&self) -> &[Option<RowSampling>] {
+        &self.sampling
     }
 
     /// The requests with rows in this step.
@@ -307,7 +310,7 @@ impl Scheduler {
                 if let (Some(token), Some(seq)) = (r.pending(), r.seq) {
                     plan.rows.push(Row { seq, token: Some(token), position: r.computed });
                     plan.decode.push(r.id);
-                    plan.full_logits |= r.samples();
+                    plan.sampling.push(r.row_sampling(r.computed + 1, true));
                 }
             }
         }
@@ -325,7 +328,9 @@ impl Scheduler {
             // yet fed): its next decode row feeds it, so the prefill that rebuilds its context
             // must not predict a token again.
             let completes = r.computed + n == end && r.pending().is_none();
-            plan.full_logits |= completes && r.samples();
+            if completes {
+                plan.sampling.push(r.row_sampling(end, true));
+            }
             plan.prefill = Some(Chunk { id: r.id, first, rows: n, completes });
         }
         plan
@@ -399,7 +404,7 @@ impl Scheduler {
         if !self.config.lookahead || self.in_flight != 1 || could_admit {
             return Ok(None);
         }
-        if self.running.iter().any(|r| r.in_prefill() || r.samples() || r.pending().is_none()) {
+        if self.running.iter().any(|r| r.in_prefill() || r.pending().is_none()) {
             return Ok(None);
         }
         let bs = kv.block_size();
@@ -414,6 +419,7 @@ impl Scheduler {
             need += (len + 1).div_ceil(bs).saturating_sub(kv.blocks(seq)?.len() as u32);
             plan.rows.push(Row { seq, token: None, position: len });
             plan.decode.push(r.id);
+            plan.sampling.push(r.row_sampling(len + 1, false));
         }
         let stats = kv.stats();
         if plan.rows.is_empty() || (need > stats.blocks_free + stats.blocks_cached && kv.layout != KvLayout::Contiguous) {
@@ -483,9 +489,9 @@ impl Scheduler {
         }
         let mut events = Vec::new();
         let mut done = Vec::new();
-        for (id, (argmax, mut logits)) in wants.into_iter().zip(outputs) {
+        for (id, (token, _)) in wants.into_iter().zip(outputs) {
             let Some(i) = self.still_running(id) else { continue };
-            let accepted = self.running[i].accept(argmax, logits.as_deref_mut(), eos, kv.max_seq_len);
+            let accepted = self.running[i].accept(token, eos, kv.max_seq_len);
             if let Some((token, text)) = accepted.token {
                 events.push(Event::Token { id, token, text });
             }

@@ -61,7 +61,7 @@ impl Sampling {
 }
 
 fn shape(n_rows: u32, vocab: u32, history_capacity: u32) -> SampleShape {
-    SampleShape { n_rows, vocab, history_capacity, out_offset: 0, out_stride: 1 }
+    SampleShape { n_rows, vocab, history_capacity, n_rings: n_rows, out_offset: 0, out_stride: 1 }
 }
 
 fn sampling(temperature: f32, top_k: u32, top_p: f32, seed: u64) -> SamplingParams {
@@ -198,10 +198,10 @@ gpu_test! {
         }
         let penalized = |window| SamplingParams { repetition_penalty: 1.7, repetition_window: window, ..Default::default() };
         let params = vec![
-            RowParams::new(&penalized(64), 0, HistoryRing { head: 5, len: 16 }).unwrap(),
-            RowParams::new(&SamplingParams { temperature: 0.8, seed: 3, ..penalized(6) }, 9, HistoryRing { head: 11, len: 14 }).unwrap(),
-            RowParams::new(&penalized(64), 0, HistoryRing { head: 0, len: 0 }).unwrap(),
-            RowParams::new(&SamplingParams { repetition_penalty: 1.0, ..penalized(64) }, 0, HistoryRing { head: 3, len: 16 }).unwrap(),
+            RowParams::new(&penalized(64), 0, HistoryRing { head: 5, len: 16, ring: 0 }).unwrap(),
+            RowParams::new(&SamplingParams { temperature: 0.8, seed: 3, ..penalized(6) }, 9, HistoryRing { head: 11, len: 14, ring: 1 }).unwrap(),
+            RowParams::new(&penalized(64), 0, HistoryRing { head: 0, len: 0, ring: 2 }).unwrap(),
+            RowParams::new(&SamplingParams { repetition_penalty: 1.0, ..penalized(64) }, 0, HistoryRing { head: 3, len: 16, ring: 3 }).unwrap(),
         ];
         let op = Sampling::new(&ctx, shape(n as u32, vocab, cap));
         let (got, want) = gpu_and_cpu(&ctx, &op, &logits, &params, &history).await;
@@ -330,7 +330,7 @@ async fn agreement(ctx: &Context, vocab: u32, n: usize, seed: u64) -> (usize, us
     let logits: Vec<f32> = (0..n).flat_map(|r| normals(&mut rng, vocab as usize, [3.0, 1.0, 6.0][r % 3])).collect();
     let history: Vec<u32> = (0..n * cap as usize).map(|_| rng.below(vocab as u64) as u32).collect();
     let params: Vec<RowParams> = (0..n)
-        .map(|r| RowParams::new(&settings[r % settings.len()], 1000 + r as u32, HistoryRing { head: r as u32 % cap, len: cap }).unwrap())
+        .map(|r| RowParams::new(&settings[r % settings.len()], 1000 + r as u32, HistoryRing { head: r as u32 % cap, len: cap, ring: r as u32 }).unwrap())
         .collect();
     let op = Sampling::new(ctx, shape(n as u32, vocab, cap));
     let (got, want) = gpu_and_cpu(ctx, &op, &logits, &params, &history).await;
@@ -395,18 +395,19 @@ gpu_test! {
         let (n, vocab, cap) = (6usize, 3000u32, 8u32);
         let logits: Vec<f32> = normals(&mut rng, n * vocab as usize, 2.0);
         let history: Vec<u32> = (0..n * cap as usize).map(|_| rng.below(vocab as u64) as u32).collect();
-        let ring = HistoryRing { head: 2, len: 8 };
+        // Rings in reverse row order: a row reads and appends to the ring it names, not its own.
+        let ring = |row: u32| HistoryRing { head: 2, len: 8, ring: n as u32 - 1 - row };
         let appending = |p: RowParams| RowParams { flags: p.flags | RowParams::APPEND_HISTORY, ..p };
         let params = vec![
-            RowParams::new(&SamplingParams::greedy(), 0, ring).unwrap(),
-            appending(RowParams::new(&sampling(1.0, 0, 1.0, 1), 10, ring).unwrap()),
+            RowParams::new(&SamplingParams::greedy(), 0, ring(0)).unwrap(),
+            appending(RowParams::new(&sampling(1.0, 0, 1.0, 1), 10, ring(1)).unwrap()),
             RowParams::INACTIVE,
-            RowParams::new(&SamplingParams { repetition_penalty: 1.5, ..sampling(0.8, 10, 0.9, 2) }, 11, ring).unwrap(),
-            appending(RowParams::new(&SamplingParams { repetition_penalty: 2.0, ..SamplingParams::greedy() }, 12, ring).unwrap()),
-            RowParams::new(&sampling(0.5, 2, 0.5, 3), 13, ring).unwrap(),
+            RowParams::new(&SamplingParams { repetition_penalty: 1.5, ..sampling(0.8, 10, 0.9, 2) }, 11, ring(3)).unwrap(),
+            appending(RowParams::new(&SamplingParams { repetition_penalty: 2.0, ..SamplingParams::greedy() }, 12, ring(4)).unwrap()),
+            RowParams::new(&sampling(0.5, 2, 0.5, 3), 13, ring(5)).unwrap(),
         ];
         // Tokens land at 3, 5, 7, ...: the slots between stay untouched.
-        let op = Sampling::new(&ctx, SampleShape { n_rows: n as u32, vocab, history_capacity: cap, out_offset: 3, out_stride: 2 });
+        let op = Sampling::new(&ctx, SampleShape { n_rows: n as u32, vocab, history_capacity: cap, n_rings: n as u32, out_offset: 3, out_stride: 2 });
         let out = op.step(&ctx, &logits, &params, &history).await;
         let (got, want) = gpu_and_cpu(&ctx, &op, &logits, &params, &history).await;
         assert_eq!(got, want);
@@ -418,7 +419,7 @@ gpu_test! {
         // Rows 1 and 4 appended their token at their ring's head; the others left their rings.
         let rings = ctx.read_u32(&op.history, 0, history.len() as u64).await.unwrap();
         for r in 0..n {
-            let slot = r * cap as usize + 2;
+            let slot = (n - 1 - r) * cap as usize + 2;
             let want = if r == 1 || r == 4 { op.token(&out, r) } else { history[slot] };
             assert_eq!(rings[slot], want, "row {r}'s ring head");
         }
@@ -483,7 +484,7 @@ gpu_test! {
                 ("T=0.8 k=40 p=0.95 pen=1.1", SamplingParams { repetition_penalty: 1.1, ..sampling(0.8, 40, 0.95, 2) }),
                 ("T=1 p=0.9", sampling(1.0, 0, 0.9, 3)),
             ] {
-                let params: Vec<RowParams> = (0..n as u32).map(|r| RowParams::new(&p, r, HistoryRing { head: 0, len: 64 }).unwrap()).collect();
+                let params: Vec<RowParams> = (0..n as u32).map(|r| RowParams::new(&p, r, HistoryRing { head: 0, len: 64, ring: r }).unwrap()).collect();
                 let mut times = Vec::new();
                 let mut tokens = Vec::new();
                 for _ in 0..9 {

@@ -44,6 +44,7 @@ use crate::gpu::ops::kv_write::KvWriteBuffers;
 use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
 use crate::gpu::ops::qkv_heads::QkNorm;
 use crate::gpu::ops::matmul::Epilogue;
+use crate::gpu::ops::sample::{self, RowParams, SampleBuffers, SampleShape};
 use crate::gpu::ops::{act, argmax, embed, matmul, norm, qkv_heads};
 use crate::gpu::{Context, Kernel, Recorder};
 use crate::kv::KvCache;
@@ -91,8 +92,23 @@ impl StepRow {
 /// the last step with a logit row of that sequence produced (its argmax). A step copies the
 /// entries of its [`StepRow::FED`] rows into its inputs before it runs and its logit rows'
 /// tokens into the entries after; copies, not kernels, ordered with the steps on the queue.
+///
+/// `history` holds the sampler's penalty windows, a ring of `history_capacity` tokens per slot
+/// ([`crate::gpu::ops::sample`]): a sampled step reads its rows' rings and appends their tokens.
 pub struct Feed<'a> {
     pub tokens: &'a wgpu::Buffer,
+    pub history: &'a wgpu::Buffer,
+    pub history_capacity: u32,
+}
+
+/// How a step chooses its logit rows' tokens.
+#[derive(Clone, Copy, Debug)]
+pub enum Choose<'a> {
+    /// The argmax of every row (greedy without a penalty).
+    Argmax,
+    /// On the GPU with [`crate::gpu::ops::sample`], one [`RowParams`] per logit row (rings of
+    /// the step's [`Feed`]).
+    Sample(&'a [RowParams]),
 }
 
 /// A submitted step whose outputs are still on their way back ([`ForwardGraph::submit`]);
@@ -205,6 +221,10 @@ pub struct ForwardGraph {
     staging: Arc<Mutex<Vec<wgpu::Buffer>>>,
     /// Bytes of one staging buffer: the argmaxes and the logits of every logit row.
     staging_bytes: u64,
+    /// The sampling head ([`Choose::Sample`]), built at the first sampled step: its kernels and
+    /// the [max_logits] RowParams they read, written per step.
+    sampler: Option<(Vec<Kernel>, wgpu::Buffer)>,
+    argmax: Vec<Kernel>,
     layers: Vec<Node>,
     head: Vec<Node>,
     attention: Vec<LayerAttention>,
@@ -246,8 +266,9 @@ impl ForwardGraph {
             head: vec![
                 Node::Kernel(norm::rms_norm(ctx, &x_last, &weights.output_norm, &h_last, max_logits, cfg.hidden, cfg.rms_eps)?),
                 Node::Kernels(matmul::matmul(ctx, weights.lm_head(), &h_last, &logits, max_logits)?),
-                Node::Kernels(argmax::argmax(ctx, &logits, &argmax_out, max_logits, cfg.vocab)?),
             ],
+            argmax: argmax::argmax(ctx, &logits, &argmax_out, max_logits, cfg.vocab)?,
+            sampler: None,
             attention: Vec::new(),
             ids,
             positions,
@@ -391,6 +412,18 @@ impl ForwardGraph {
         Ok(())
     }
 
+    /// Builds the sampling head over `feed`'s rings at its first use.
+    fn build_sampler(&mut self, ctx: &Context, feed: &Feed<'_>) -> Result<(), ModelError> {
+        if self.sampler.is_none() {
+            let params = ctx.storage_zeroed("graph.sample_params", self.max_logits as u64 * std::mem::size_of::<RowParams>() as u64);
+            let n_rings = (feed.tokens.size() / 4) as u32;
+            let shape = SampleShape { n_rows: self.max_logits, vocab: self.vocab, history_capacity: feed.history_capacity, n_rings, out_offset: 0, out_stride: 1 };
+            let buffers = SampleBuffers { logits: &self.logits, params: &params, history: feed.history, out: &self.argmax_out };
+            self.sampler = Some((sample::sample(ctx, buffers, shape)?, params));
+        }
+        Ok(())
+    }
+
     fn record(&self, rec: &mut Recorder, nodes: &[Node]) {
         for node in nodes {
             match node {
@@ -405,15 +438,28 @@ impl ForwardGraph {
     /// with [`Logits::Full`], the logits predicting the next position. With no logit rows
     /// (a prefill chunk that does not end its prompt) nothing is read but the step's end.
     pub async fn run(&mut self, ctx: &Context, rows: &[StepRow], logit_rows: &[u32], read: Logits) -> Result<Vec<RowOutput>, ModelError> {
-        self.submit(ctx, (rows, logit_rows), read, None)?.read(ctx).await
+        self.submit(ctx, (rows, logit_rows), (read, Choose::Argmax), None)?.read(ctx).await
     }
 
     /// Records and submits one step ([`ForwardGraph::run`]) without waiting for it: its outputs
     /// come back through the returned [`PendingStep`], while later steps may already be
     /// submitted behind it. With a `feed`, [`StepRow::FED`] rows take their tokens from it and
-    /// the logit rows' argmaxes go into it (see [`Feed`]).
-    pub fn submit(&mut self, ctx: &Context, (rows, logit_rows): (&[StepRow], &[u32]), read: Logits, feed: Option<&Feed<'_>>) -> Result<PendingStep, ModelError> {
+    /// the logit rows' tokens go into it (see [`Feed`]). With [`Choose::Sample`] (which needs
+    /// the feed's rings) the tokens returned as each row's "argmax" are the sampled ones.
+    pub fn submit(
+        &mut self,
+        ctx: &Context,
+        (rows, logit_rows): (&[StepRow], &[u32]),
+        (read, choose): (Logits, Choose<'_>),
+        feed: Option<&Feed<'_>>,
+    ) -> Result<PendingStep, ModelError> {
         self.check(rows, logit_rows, feed)?;
+        if let Choose::Sample(params) = choose {
+            match feed {
+                Some(feed) if params.len() == logit_rows.len() => self.build_sampler(ctx, feed)?,
+                _ => return Err(ModelError::Format(format!("a sampled step needs a feed and one RowParams per logit row ({} for {})", params.len(), logit_rows.len()))),
+            }
+        }
         self.prepare(ctx, rows)?;
         // The head needs a row: with none asked for, the last one stands in and is not returned.
         let stand_in = [rows.len() as u32 - 1];
@@ -434,6 +480,16 @@ impl ForwardGraph {
             k += run;
         }
         self.record(&mut rec, &self.head);
+        match (choose, feed) {
+            (Choose::Sample(params), Some(_)) => {
+                let (kernels, params_buffer) = self.sampler.as_ref().expect("built by build_sampler");
+                let mut all = vec![RowParams::INACTIVE; self.max_logits as usize];
+                all[..params.len()].copy_from_slice(params);
+                ctx.queue.write_buffer(params_buffer, 0, bytemuck::cast_slice(&all));
+                rec.dispatch_all(kernels);
+            }
+            _ => rec.dispatch_all(&self.argmax),
+        }
         if let (Some(feed), false) = (feed, logit_rows.is_empty()) {
             for (k, &r) in logit_rows.iter().enumerate() {
                 rec.copy(&self.argmax_out, k as u64 * 4, feed.tokens, rows[r as usize].slot as u64 * 4, 4);

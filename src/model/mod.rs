@@ -9,7 +9,7 @@ pub mod runner;
 pub mod weights;
 
 pub use config::{Architecture, ModelConfig};
-pub use graph::{AttentionKind, Feed, ForwardGraph, Logits, PendingStep, RowOutput, StepRow};
+pub use graph::{AttentionKind, Choose, Feed, ForwardGraph, Logits, PendingStep, RowOutput, StepRow};
 pub use runner::{Model, Runner};
 pub use weights::Weights;
 

@@ -13,7 +13,8 @@ use std::collections::HashMap;
 use crate::gpu::Context;
 use crate::kv::{KvCache, SeqId};
 
-use super::graph::{AttentionKind, Feed, ForwardGraph, Logits, PendingStep, RowOutput, StepRow};
+use super::graph::{AttentionKind, Choose, Feed, ForwardGraph, Logits, PendingStep, RowOutput, StepRow};
+use crate::sampler::MAX_REPETITION_WINDOW;
 use super::{ModelConfig, ModelError, Weights};
 
 /// The loaded model: its configuration and its weights on the device.
@@ -58,6 +59,8 @@ pub struct Runner {
     batch: GraphCache,
     /// The tokens steps hand to each other on the GPU, one per sequence slot ([`Feed`]).
     feed: wgpu::Buffer,
+    /// The sampler's penalty windows: a ring of [`MAX_REPETITION_WINDOW`] tokens per slot.
+    history: wgpu::Buffer,
 }
 
 impl Runner {
@@ -72,6 +75,7 @@ impl Runner {
             sequence: GraphCache::new(AttentionKind::Sequence, 4),
             batch: GraphCache::new(AttentionKind::Batch, 6),
             feed: ctx.storage_zeroed("runner.feed", max_seqs as u64 * 4),
+            history: ctx.storage_zeroed("runner.history", max_seqs as u64 * MAX_REPETITION_WINDOW as u64 * 4),
         })
     }
 
@@ -81,13 +85,22 @@ impl Runner {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        self.submit(ctx, model, kv, (rows, logit_rows), read)?.read(ctx).await
+        self.submit(ctx, model, kv, (rows, logit_rows), (read, Choose::Argmax))?.read(ctx).await
     }
 
     /// [`Runner::run`] without waiting: the step is on the GPU when this returns and its
     /// outputs come through the [`PendingStep`]. Rows may be [`StepRow::FED`]: their token is
-    /// the last one their sequence's earlier steps produced, handed over on the GPU.
-    pub fn submit(&mut self, ctx: &Context, model: &Model, kv: &KvCache, (rows, logit_rows): (&[StepRow], &[u32]), read: Logits) -> Result<PendingStep, ModelError> {
+    /// the last one their sequence's earlier steps produced, handed over on the GPU. With
+    /// [`Choose::Sample`] the logit rows' tokens are sampled on the GPU, each row's penalty window
+    /// in its slot's ring (of [`MAX_REPETITION_WINDOW`] tokens).
+    pub fn submit(
+        &mut self,
+        ctx: &Context,
+        model: &Model,
+        kv: &KvCache,
+        (rows, logit_rows): (&[StepRow], &[u32]),
+        (read, choose): (Logits, Choose<'_>),
+    ) -> Result<PendingStep, ModelError> {
         let Some(first) = rows.first() else { return Err(ModelError::Format("a step needs at least one row".into())) };
         let one_sequence = rows.iter().enumerate().all(|(i, r)| r.table_base == first.table_base && r.position == first.position + i as u32);
         let n = rows.len() as u32;
@@ -100,7 +113,8 @@ impl Runner {
             let capacity = n.next_power_of_two();
             self.batch.get(ctx, model, kv, capacity, logits.min(capacity))?
         };
-        graph.submit(ctx, (rows, logit_rows), read, Some(&Feed { tokens: &self.feed }))
+        let feed = Feed { tokens: &self.feed, history: &self.history, history_capacity: MAX_REPETITION_WINDOW };
+        graph.submit(ctx, (rows, logit_rows), (read, choose), Some(&feed))
     }
 
     /// Runs `tokens` at positions `start..` of `seq` (appending their K/V slots) through
@@ -138,6 +152,19 @@ impl Runner {
         debug_assert_eq!(at, start);
         let table_base = kv.table_base(seq);
         Ok(tokens.iter().enumerate().map(|(i, &token)| StepRow { token, position: start + i as u32, table_base, slot: seq.0 }).collect())
+    }
+
+    /// Writes `tokens` (at most [`MAX_REPETITION_WINDOW`], oldest first) as the penalty ring of
+    /// sequence slot `slot`, from the ring's start: a step sampling for it then names the ring
+    /// with head and length `tokens.len()` (queued, so steps already submitted keep their view).
+    pub fn write_history(&self, ctx: &Context, slot: u32, tokens: &[u32]) -> Result<(), ModelError> {
+        if tokens.len() > MAX_REPETITION_WINDOW as usize || slot as u64 >= self.feed.size() / 4 {
+            return Err(ModelError::Format(format!("a penalty ring of {} tokens for slot {slot}", tokens.len())));
+        }
+        if !tokens.is_empty() {
+            ctx.queue.write_buffer(&self.history, slot as u64 * MAX_REPETITION_WINDOW as u64 * 4, bytemuck::cast_slice(tokens));
+        }
+        Ok(())
     }
 
     /// Per-kernel GPU time (ms) of one prefill step over `tokens` and of one decode step after

@@ -7,7 +7,8 @@
 //! and bind groups, and are recorded as they are every step. Per step the caller writes one
 //! [`RowParams`] per row into the `params` buffer (a row whose `flags` lack
 //! [`RowParams::ACTIVE`] is skipped and its `out` slot left alone) and keeps the `history` ring
-//! of each row: `history[row * history_capacity + slot]`, the newest token at slot
+//! of each row: `history[ring * history_capacity + slot]` (the row's `history_ring`, e.g. its
+//! sequence's slot), the newest token at slot
 //! `(history_head - 1) mod history_capacity`, `history_len` valid tokens before it (going
 //! backwards). The penalty looks at the last `min(repetition_window, history_len)` of them.
 //! With [`RowParams::APPEND_HISTORY`] the op also writes the chosen token at slot
@@ -88,7 +89,9 @@ pub struct RowParams {
     pub seed_lo: u32,
     pub seed_hi: u32,
     pub counter: u32,
-    pub _pad: [u32; 3],
+    /// The ring of `history` this row's penalty window lives in ([`HistoryRing::ring`]).
+    pub history_ring: u32,
+    pub _pad: [u32; 2],
 }
 
 /// Where a row's history ring stands: the slot the next token goes to, and how many tokens it
@@ -97,6 +100,9 @@ pub struct RowParams {
 pub struct HistoryRing {
     pub head: u32,
     pub len: u32,
+    /// Which ring of the `history` buffer (below [`SampleShape::n_rings`]): a sequence keeps its
+    /// ring whatever row it takes in a step.
+    pub ring: u32,
 }
 
 impl RowParams {
@@ -119,7 +125,8 @@ impl RowParams {
         seed_lo: 0,
         seed_hi: 0,
         counter: 0,
-        _pad: [0; 3],
+        history_ring: 0,
+        _pad: [0; 2],
     };
 
     /// The row of a sequence sampling with `sampling`, drawing number `counter` (by convention
@@ -141,7 +148,8 @@ impl RowParams {
             seed_lo: sampling.seed as u32,
             seed_hi: (sampling.seed >> 32) as u32,
             counter,
-            _pad: [0; 3],
+            history_ring: history.ring,
+            _pad: [0; 2],
         })
     }
 }
@@ -152,8 +160,10 @@ pub struct SampleShape {
     /// Logit rows (the graph's `max_logits`); rows are switched on per step by their params.
     pub n_rows: u32,
     pub vocab: u32,
-    /// Tokens of each row's history ring (the longest penalty window it can serve; 0: none).
+    /// Tokens of each history ring (the longest penalty window it can serve; 0: none).
     pub history_capacity: u32,
+    /// Rings in `history` (one per sequence slot, say); a row names its own.
+    pub n_rings: u32,
     /// Row r's token goes to `out[out_offset + r * out_stride]`.
     pub out_offset: u32,
     pub out_stride: u32,
@@ -165,7 +175,7 @@ pub struct SampleBuffers<'a> {
     pub logits: &'a wgpu::Buffer,
     /// [n_rows] [`RowParams`].
     pub params: &'a wgpu::Buffer,
-    /// [n_rows, history_capacity] u32 rings (at least 4 bytes when the capacity is 0), read-write.
+    /// [n_rings, history_capacity] u32 rings (at least 4 bytes when the capacity is 0), read-write.
     pub history: &'a wgpu::Buffer,
     /// u32, at least `out_offset + (n_rows - 1) * out_stride + 1` of them.
     pub out: &'a wgpu::Buffer,
@@ -185,7 +195,8 @@ struct ShapeSlot {
     step: u32,
     prep_width: u32,
     step_workgroups: u32,
-    _pad: [u32; 2],
+    n_rings: u32,
+    _pad: u32,
 }
 
 /// Parts per row and ids per part.
@@ -208,10 +219,10 @@ fn args_buffer(ctx: &Context, label: &str, steps: u32) -> wgpu::Buffer {
 /// step after `logits` is computed and `params` (and the rings) written. See the module docs for
 /// the contract; shapes are checked here, never at dispatch.
 /// logits: [n_rows, vocab] f32 (read-write), params: [n_rows] RowParams,
-/// history: [n_rows, history_capacity] u32, out: u32 (see [`SampleBuffers`]).
+/// history: [n_rings, history_capacity] u32, out: u32 (see [`SampleBuffers`]).
 pub fn sample(ctx: &Context, buffers: SampleBuffers<'_>, shape: SampleShape) -> Result<Vec<Kernel>, GpuError> {
     const OP: &str = "sample";
-    let SampleShape { n_rows, vocab, history_capacity, out_offset, out_stride } = shape;
+    let SampleShape { n_rows, vocab, history_capacity, n_rings, out_offset, out_stride } = shape;
     let SampleBuffers { logits, params, history, out } = buffers;
     if n_rows == 0 || vocab == 0 {
         return Err(shape_err(OP, format!("n_rows ({n_rows}) and vocab ({vocab}) must be at least 1")));
@@ -229,7 +240,7 @@ pub fn sample(ctx: &Context, buffers: SampleBuffers<'_>, shape: SampleShape) -> 
     check_binding(ctx, OP, &format!("the scratch of {n_rows} rows"), work_bytes.max(scratch_bytes))?;
     check_size(OP, "logits", logits, n * vocab as u64 * 4)?;
     check_size(OP, "params", params, n * std::mem::size_of::<RowParams>() as u64)?;
-    check_size(OP, "history", history, (n * history_capacity as u64 * 4).max(4))?;
+    check_size(OP, "history", history, (n_rings as u64 * history_capacity as u64 * 4).max(4))?;
     check_size(OP, "out", out, (out_offset as u64 + (n - 1) * out_stride as u64 + 1) * 4)?;
     for (what, buffer) in [("logits", logits), ("params", params), ("history", history), ("out", out)] {
         check_binding(ctx, OP, what, buffer.size())?;
@@ -261,7 +272,8 @@ pub fn sample(ctx: &Context, buffers: SampleBuffers<'_>, shape: SampleShape) -> 
         step: 0,
         prep_width,
         step_workgroups: step_workgroups as u32,
-        _pad: [0; 2],
+        n_rings,
+        _pad: 0,
     };
     for slot in 0..STEPS + 2 {
         let at = (slot as u64 * SHAPE_SLOT) as usize;
@@ -316,8 +328,9 @@ pub fn sample_cpu(logits: &mut [f32], params: &[RowParams], history: &mut [u32],
             if p.flags & RowParams::ACTIVE == 0 {
                 return None;
             }
-            let ring = r * cap as usize;
-            let n = p.window.min(p.history_len.min(cap));
+            let has_ring = p.history_ring < shape.n_rings;
+            let ring = p.history_ring as usize * cap as usize;
+            let n = if has_ring { p.window.min(p.history_len.min(cap)) } else { 0 };
             let window: Vec<u32> =
                 (0..n).map(|i| history[ring + ((p.history_head % cap + cap - 1 - i) % cap) as usize]).collect();
             let sampling = SamplingParams {
@@ -329,7 +342,7 @@ pub fn sample_cpu(logits: &mut [f32], params: &[RowParams], history: &mut [u32],
                 seed: (p.seed_hi as u64) << 32 | p.seed_lo as u64,
             };
             let token = crate::sampler::sample_row(&sampling, &mut logits[r * vocab..(r + 1) * vocab], &window, p.counter);
-            if p.flags & RowParams::APPEND_HISTORY != 0 && cap != 0 {
+            if p.flags & RowParams::APPEND_HISTORY != 0 && cap != 0 && has_ring {
                 history[ring + (p.history_head % cap) as usize] = token;
             }
             Some(token)
