@@ -220,6 +220,8 @@ fn args_buffer(ctx: &Context, label: &str, steps: u32) -> wgpu::Buffer {
 /// the contract; shapes are checked here, never at dispatch.
 /// logits: [n_rows, vocab] f32 (read-write), params: [n_rows] RowParams,
 /// history: [n_rings, history_capacity] u32, out: u32 (see [`SampleBuffers`]).
+// Long: the shape checks, then the op's scratch, shape slots and its 37 kernels in recording
+// order; they share the buffers built here.
 pub fn sample(ctx: &Context, buffers: SampleBuffers<'_>, shape: SampleShape) -> Result<Vec<Kernel>, GpuError> {
     const OP: &str = "sample";
     let SampleShape { n_rows, vocab, history_capacity, n_rings, out_offset, out_stride } = shape;
