@@ -272,7 +272,21 @@ impl Engine {
     /// sequence's blocks are released before this returns. Returns its generation so far
     /// (finish reason `abort`), or `None` for an unknown or already finished id.
     pub fn abort(&mut self, id: RequestId) -> Result<Option<Generation>, EngineError> {
-        self.sched.abort(&mut self.kv, id)
+        let generation = self.sched.abort(&mut self.kv, id)?;
+        self.drop_orphan_steps()?;
+        Ok(generation)
+    }
+
+    /// Forgets the steps in flight once no request is left to take their tokens (the last one
+    /// ended or was aborted while a step planned ahead ran): nothing waits on them, and the GPU
+    /// finishes them before anything submitted later. Their staging buffers are not reused.
+    fn drop_orphan_steps(&mut self) -> Result<(), EngineError> {
+        while self.sched.is_idle() {
+            let Some((plan, _pending)) = self.in_flight.pop_front() else { break };
+            // No request of the plan runs any more: this only settles the scheduler's count.
+            self.sched.fail(&mut self.kv, &plan, &EngineError::InvalidArgument("a step planned ahead outlived its requests".into()))?;
+        }
+        Ok(())
     }
 
     /// Running and waiting requests, preemptions and each running sequence's block table.
@@ -313,6 +327,7 @@ impl Engine {
             // The step failed as a whole: every request in it ends with the error.
             Err(e) => events.extend(self.sched.fail(&mut self.kv, &plan, &e.into())?),
         }
+        self.drop_orphan_steps()?;
         Ok(events)
     }
 

@@ -438,3 +438,30 @@ gpu_test! {
         assert!(differ <= 1, "{differ} of {checked} GPU-sampled tokens differ from the CPU definition");
     }
 }
+
+gpu_test! {
+    async fn aborting_the_last_request_leaves_no_work_behind_a_step_planned_ahead() {
+        // A step planned ahead is on the GPU when the only request is aborted: the engine has
+        // nothing left to do, its blocks are free at once, and a new request runs as usual.
+        let bytes = tiny_model(37);
+        let mut engine = Engine::load(&bytes, EngineOptions { max_context: 64, check_integrity: true, ..Default::default() }).await.unwrap();
+        let prompt = ids(&mut Rng::new(8), 7);
+        let request = GenerateRequest { max_tokens: 30, ignore_eos: true, ..Default::default() };
+        let id = engine.submit(prompt.clone(), request.clone()).unwrap();
+        for _ in 0..4 {
+            engine.step().await.unwrap();
+        }
+        assert!(engine.sched_stats().steps_ahead > 0, "the decode steps should go ahead");
+        let g = engine.abort(id).unwrap().expect("running");
+        assert_eq!(g.finish_reason, FinishReason::Abort);
+        assert!(!engine.has_work(), "nothing to step after the last request was aborted");
+        let pool = engine.stats().pool;
+        assert_eq!(pool.blocks_free + pool.blocks_cached, pool.blocks_total, "its blocks are released at once");
+        engine.kv_cache().check_integrity().unwrap();
+        let again = engine.generate(&prompt, &GenerateRequest { max_tokens: 5, ..request }, &mut |_| true).await.unwrap();
+        assert_eq!(again.tokens.len(), 5);
+        let k = g.tokens.len().min(5);
+        assert!(k > 0, "the aborted request had streamed tokens");
+        assert_eq!(&again.tokens[..k], &g.tokens[..k], "greedy: the same first tokens again");
+    }
+}
