@@ -14,7 +14,19 @@ const types = {
   ".css": "text/css; charset=utf-8", ".wasm": "application/wasm", ".json": "application/json", ".svg": "image/svg+xml",
   ".png": "image/png", ".gguf": "application/octet-stream", ".ts": "text/plain; charset=utf-8",
 };
-const mounts = [["/pkg/", "pkg"], ["/models/", process.env.PAGEDLM_MODELS_DIR || "models"], ["/js/", "js"], ["/", "www"]];
+// PAGEDLM_SERVE_PEERS=1 (bench/peers.sh) also serves the benchmark peers' browser builds from
+// node_modules (wllama 2.x and 3.x: ES module and wasm), so a benchmark fetches nothing from elsewhere.
+const peerMounts = process.env.PAGEDLM_SERVE_PEERS === "1"
+  ? [["/peers/wllama-2/", "node_modules/wllama-v2/esm"], ["/peers/wllama-3/", "node_modules/@wllama/wllama/esm"]]
+  : [];
+const mounts = [...peerMounts, ["/pkg/", "pkg"], ["/models/", process.env.PAGEDLM_MODELS_DIR || "models"], ["/js/", "js"], ["/", "www"]];
+// Cross-origin isolation (SharedArrayBuffer, so wasm threads) on every response, the 404 too: the
+// benchmarks run in a blank page at an unknown path.
+const isolation = {
+  "cross-origin-opener-policy": "same-origin",
+  "cross-origin-embedder-policy": "require-corp",
+  "cross-origin-resource-policy": "cross-origin",
+};
 
 function resolvePath(urlPath) {
   for (const [prefix, dir] of mounts) {
@@ -33,14 +45,12 @@ const server = createServer((req, res) => {
   let file = resolvePath(url.pathname);
   let st;
   try { st = file && statSync(file); if (st && st.isDirectory()) { file = join(file, "index.html"); st = statSync(file); } } catch { st = null; }
-  if (!st) { res.writeHead(404, { "content-type": "text/plain" }); res.end("not found"); return; }
+  if (!st) { res.writeHead(404, { "content-type": "text/plain", ...isolation }); res.end("not found"); return; }
   res.writeHead(200, {
     "content-type": types[extname(file)] || "application/octet-stream",
     "content-length": st.size,
     "cache-control": "no-cache",
-    "cross-origin-opener-policy": "same-origin",
-    "cross-origin-embedder-policy": "require-corp",
-    "cross-origin-resource-policy": "cross-origin",
+    ...isolation,
     "access-control-allow-origin": "*",
   });
   if (req.method === "HEAD") { res.end(); return; }
