@@ -63,6 +63,13 @@ export interface EngineOptions {
    * device offers; WebGPU guarantees 128). For testing that big matrices are split across bindings.
    */
   maxBindingMib?: number;
+  /**
+   * Tune the kernels as for this kind of adapter (default: the adapter's own). For comparing
+   * variants; every variant computes the same results.
+   */
+  adapterClass?: "cpu" | "integrated" | "discrete";
+  /** Use the adapter's optional WebGPU features (subgroups, shader-f16) where offered (default true). */
+  optionalFeatures?: boolean;
   onProgress?: (progress: LoadProgress) => void;
   /** Keep a downloaded model in the Cache API so a reload does not download it again (default true). */
   cache?: boolean;
@@ -255,6 +262,8 @@ export interface EngineStats extends PoolSnapshot {
 export interface EngineInfo {
   adapter: string;
   is_cpu: boolean;
+  /** The kernel variants in use: adapter class and optional features, e.g. "cpu" or "discrete+f16". */
+  variant: string;
   kv_layout: "paged" | "contiguous";
   kv_dtype: "f32" | "int8";
   block_size: number;

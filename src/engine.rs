@@ -28,6 +28,7 @@ use crate::tokenizer::{Tokenizer, TokenizerSpec};
 
 // The engine's public surface: everything a caller (the CLI, web.rs, tests) needs comes from here.
 pub use crate::error::{EngineError, ErrorKind};
+pub use crate::gpu::AdapterClass;
 pub use crate::kv::{KvDtype, KvLayout};
 pub use crate::model::ModelConfig;
 pub use crate::request::{Event, FinishReason, GenerateRequest, Generation, RequestId, TokenEvent};
@@ -59,6 +60,11 @@ pub struct EngineOptions {
     /// [`Engine::load`], which creates the context; a context handed to
     /// [`Engine::load_with_context`] has its limits already.
     pub max_binding_bytes: Option<u64>,
+    /// Tune the kernels as for this kind of adapter ([`ContextOptions::class`]); `None` = the
+    /// adapter's own. Like `max_binding_bytes`, used by [`Engine::load`].
+    pub adapter_class: Option<AdapterClass>,
+    /// Use the adapter's optional features where offered ([`ContextOptions::optional_features`]).
+    pub optional_features: bool,
 }
 
 impl Default for EngineOptions {
@@ -74,6 +80,8 @@ impl Default for EngineOptions {
             check_integrity: false,
             sched: SchedConfig::default(),
             max_binding_bytes: None,
+            adapter_class: None,
+            optional_features: true,
         }
     }
 }
@@ -130,7 +138,12 @@ pub struct Engine {
 impl Engine {
     /// Creates a GPU context and loads a GGUF model from its bytes.
     pub async fn load(bytes: &[u8], options: EngineOptions) -> Result<Engine, EngineError> {
-        let ctx = Arc::new(Context::new(ContextOptions { max_storage_binding: options.max_binding_bytes, ..Default::default() }).await?);
+        let ctx = Arc::new(Context::new(ContextOptions {
+            max_storage_binding: options.max_binding_bytes,
+            class: options.adapter_class,
+            optional_features: options.optional_features,
+            ..Default::default()
+        }).await?);
         Engine::load_with_context(ctx, bytes, options)
     }
 

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 
 use crate::engine::{
-    ChatFormatKind, ChatMessage, Engine, EngineError, EngineOptions, EngineStats, ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout,
+    AdapterClass, ChatFormatKind, ChatMessage, Engine, EngineError, EngineOptions, EngineStats, ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout,
     RequestId, SamplingParams, SchedStats, TokenEvent,
 };
 
@@ -140,10 +140,14 @@ struct LoadOptions {
     step_tokens: Option<u32>,
     /// Run as on a device whose largest storage binding (and buffer) is this many MiB.
     max_binding_mib: Option<u32>,
+    /// Tune the kernels as for `"cpu"`, `"integrated"` or `"discrete"` adapters; absent = the adapter's own.
+    adapter_class: Option<String>,
+    /// Use the adapter's optional features (subgroups, shader-f16) where offered (default true).
+    optional_features: Option<bool>,
 }
 
 impl LoadOptions {
-    fn engine_options(self) -> EngineOptions {
+    fn engine_options(self) -> Result<EngineOptions, WebError> {
         let mut o = EngineOptions::default();
         o.max_context = self.max_context.unwrap_or(o.max_context);
         o.prefill_chunk = self.prefill_chunk.unwrap_or(o.prefill_chunk);
@@ -155,7 +159,17 @@ impl LoadOptions {
         o.sched.max_batch = self.max_batch.unwrap_or(o.sched.max_batch);
         o.sched.step_tokens = self.step_tokens.unwrap_or(o.sched.step_tokens);
         o.max_binding_bytes = self.max_binding_mib.map(|mib| u64::from(mib) << 20);
-        o
+        o.adapter_class = match self.adapter_class.as_deref() {
+            None => None,
+            Some(name) => Some(AdapterClass::parse(name).ok_or_else(|| {
+                WebError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("adapterClass must be \"cpu\", \"integrated\" or \"discrete\", not {name:?}"),
+                )
+            })?),
+        };
+        o.optional_features = self.optional_features.unwrap_or(o.optional_features);
+        Ok(o)
     }
 }
 
@@ -277,6 +291,8 @@ struct Info {
     adapter: String,
     /// True on a software GPU (SwiftShader, lavapipe).
     is_cpu: bool,
+    /// The kernel variants in use (`Context::variant_name`).
+    variant: String,
     kv_layout: KvLayout,
     kv_dtype: &'static str,
     block_size: u32,
@@ -299,6 +315,7 @@ impl Info {
         Info {
             adapter: engine.context().adapter_name(),
             is_cpu: engine.context().is_cpu(),
+            variant: engine.context().variant_name(),
             kv_layout: kv.layout,
             kv_dtype: kv.dtype().name(),
             block_size: kv.block_size(),
@@ -506,7 +523,7 @@ impl WebEngine {
     /// blockSize?, poolTokens?, prefixCache?, maxBatch?, stepTokens?, maxBindingMib?}` or undefined.
     pub async fn load(bytes: Vec<u8>, options: JsValue) -> Result<WebEngine, WebError> {
         let opts: LoadOptions = self::options(options, "load options")?;
-        let engine = Engine::load(&bytes, opts.engine_options()).await?;
+        let engine = Engine::load(&bytes, opts.engine_options()?).await?;
         let info = Info::of(&engine, chat_template(&engine));
         Ok(WebEngine { inner: Rc::new(RefCell::new(engine)), info })
     }

@@ -585,3 +585,24 @@ gpu_test! {
         expect_shape_err(w(&k, &v, 2, 3, 25, 0), "at least 1");
     }
 }
+
+gpu_test!(
+    async fn adapter_class_and_optional_features_follow_the_options() {
+        use pagedlm::gpu::{AdapterClass, ContextOptions};
+        let own = gpu().await;
+        for class in [AdapterClass::Cpu, AdapterClass::Integrated, AdapterClass::Discrete] {
+            let ctx = common::gpu_with(ContextOptions { class: Some(class), ..Default::default() }).await;
+            assert_eq!(ctx.class(), class);
+            assert_eq!(ctx.is_cpu(), class == AdapterClass::Cpu);
+            assert!(ctx.variant_name().starts_with(class.name()), "{}", ctx.variant_name());
+            // The features requested are those the adapter offers, whatever the class.
+            assert_eq!(ctx.has_f16(), own.has_f16());
+            assert_eq!(ctx.has_subgroups(1), own.has_subgroups(1));
+            let plain = common::gpu_with(ContextOptions { class: Some(class), optional_features: false, ..Default::default() }).await;
+            assert!(!plain.has_f16() && !plain.has_subgroups(1), "{}", plain.variant_name());
+            assert_eq!(plain.variant_name(), class.name());
+        }
+        assert_eq!(own.class(), AdapterClass::of(own.info.device_type));
+        assert_eq!(common::variant_contexts().await.len(), if own.has_f16() || own.has_subgroups(1) { 6 } else { 3 });
+    }
+);

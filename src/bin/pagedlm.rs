@@ -33,6 +33,8 @@ const USAGE: &str = "usage: pagedlm <tokenize|score|generate|bench|trace|profile
   common:   --model PATH  --kv-layout contiguous|paged  --kv-dtype f32|int8  --block-size N  --pool-tokens N
             --max-context N  --prefill-chunk N  --max-batch N  --step-tokens N  --no-prefix-cache  --no-cache-aware  --no-lookahead
             --max-binding-mib N   (run as on a device whose largest buffer binding is N MiB)
+            --adapter-class cpu|integrated|discrete   (tune the kernels as for that kind of adapter)
+            --no-optional-features   (the variants for adapters without subgroups and shader-f16)
             (every command takes them; tokenize reads only --model)
   tokenize  --texts FILE.json
   score     --input FILE.json [--mode decode|prefill]
@@ -54,6 +56,7 @@ mod cli {
     use pagedlm::engine::SchedConfig;
     use pagedlm::engine::{Engine, EngineOptions, Event, GenerateRequest, Generation, KvDtype, KvLayout, RequestId, ScoreMode};
     use pagedlm::gguf::Gguf;
+    use pagedlm::engine::AdapterClass;
     use pagedlm::sampler::SamplingParams;
     use pagedlm::tokenizer::{ChatMessage, Tokenizer, TokenizerSpec};
     use serde_json::{json, Value};
@@ -124,6 +127,9 @@ mod cli {
                 ..SchedConfig::default()
             },
             max_binding_bytes: args.given("max-binding-mib").then(|| u64::from(args.count("max-binding-mib", 0)) << 20),
+            // The parser admits only the names in args::ADAPTER_CLASSES.
+            adapter_class: args.text("adapter-class").and_then(AdapterClass::parse),
+            optional_features: !args.flag("no-optional-features"),
         }
     }
 
@@ -443,7 +449,7 @@ mod cli {
         let mut engine = Engine::load(&bytes, opts).await?;
         engine.profile(n.min(16)).await?;
         let (prefill, decode) = engine.profile(n).await?;
-        print_line(&json!({ "adapter": engine.context().adapter_name(), "prompt_tokens": n, "prefill_ms": prefill, "decode_ms": decode }))
+        print_line(&json!({ "adapter": engine.context().adapter_name(), "variant": engine.context().variant_name(), "prompt_tokens": n, "prefill_ms": prefill, "decode_ms": decode }))
     }
 
     /// Aggregate decode throughput of `batch` sequences decoding together: every request gets its
@@ -490,7 +496,7 @@ mod cli {
         }
         let ms = t1.unwrap_or_else(pagedlm::time::now_ms) - t0.unwrap_or(0.0);
         print_line(&json!({
-            "adapter": engine.context().adapter_name(),
+            "adapter": engine.context().adapter_name(), "variant": engine.context().variant_name(),
             "batch": batch,
             "context": context,
             "decode_tok_s": tokens as f64 / (ms / 1000.0),
@@ -606,7 +612,7 @@ mod cli {
         gaps.sort_by(|a, b| a.total_cmp(b));
         let pct = |q: f64| gaps.get(((gaps.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
         print_line(&json!({
-            "adapter": engine.context().adapter_name(),
+            "adapter": engine.context().adapter_name(), "variant": engine.context().variant_name(),
             "step_tokens": opts.sched.step_tokens,
             "long_prompt_tokens": long,
             "long_prompt_ms": prefill_ms,
@@ -656,7 +662,7 @@ mod cli {
         decode.0 = decode.0.max(1);
         let (weights, kv) = engine.memory();
         print_line(&json!({
-            "adapter": engine.context().adapter_name(),
+            "adapter": engine.context().adapter_name(), "variant": engine.context().variant_name(),
             "prefill_tok_s": prompt_tokens as f64 / (prefill.prefill_ms / 1000.0),
             "decode_tok_s": decode.0 as f64 / (decode.1 / 1000.0),
             "prompt_tokens": prompt_tokens,

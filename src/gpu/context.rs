@@ -21,13 +21,70 @@ pub struct ContextOptions {
     /// default, so [`Context::limits`] reports the lowered values and everything that sizes a
     /// buffer or a binding reads them there. `min_storage_binding` is then capped to it too.
     pub max_storage_binding: Option<u64>,
+    /// Tune the kernels as for this kind of adapter instead of the one found ([`Context::class`]):
+    /// tests run the real-GPU variants on the software GPUs this way, benchmarks compare them.
+    pub class: Option<AdapterClass>,
+    /// Use the adapter's optional features (`subgroups`, `shader-f16`) where it has them; `false`
+    /// runs the variants written for adapters without them (tests, benchmarks).
+    pub optional_features: bool,
 }
 
 impl Default for ContextOptions {
     fn default() -> Self {
-        ContextOptions { min_storage_binding: 64 << 20, force_fallback_adapter: false, max_storage_binding: None }
+        ContextOptions {
+            min_storage_binding: 64 << 20,
+            force_fallback_adapter: false,
+            max_storage_binding: None,
+            class: None,
+            optional_features: true,
+        }
     }
 }
+
+/// The kind of adapter the kernels are tuned for ([`Context::class`]): it picks workgroup sizes,
+/// tiles and reductions (`KERNELS.md`). Every variant is correct on every adapter; this only
+/// chooses which one is expected to be fastest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AdapterClass {
+    /// A CPU emulation (lavapipe, SwiftShader): few wide invocations, registers over barriers.
+    Cpu,
+    /// A GPU sharing memory with the CPU (laptops, phones): moderate workgroups.
+    Integrated,
+    /// A discrete GPU (and any other real GPU): large workgroups, split reductions.
+    Discrete,
+}
+
+impl AdapterClass {
+    /// The class wgpu's device type suggests; unknown and virtual devices count as integrated.
+    pub fn of(device_type: wgpu::DeviceType) -> AdapterClass {
+        match device_type {
+            wgpu::DeviceType::Cpu => AdapterClass::Cpu,
+            wgpu::DeviceType::DiscreteGpu => AdapterClass::Discrete,
+            _ => AdapterClass::Integrated,
+        }
+    }
+
+    /// Parses `cpu`, `integrated` or `discrete` (the CLI's and the package's spelling).
+    pub fn parse(name: &str) -> Option<AdapterClass> {
+        match name {
+            "cpu" => Some(AdapterClass::Cpu),
+            "integrated" => Some(AdapterClass::Integrated),
+            "discrete" => Some(AdapterClass::Discrete),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AdapterClass::Cpu => "cpu",
+            AdapterClass::Integrated => "integrated",
+            AdapterClass::Discrete => "discrete",
+        }
+    }
+}
+
+/// The optional features requested where the adapter offers them.
+const OPTIONAL_FEATURES: wgpu::Features = wgpu::Features::SUBGROUP.union(wgpu::Features::SHADER_F16);
 
 /// Bindings and buffers below this size are refused as a limit: no real device is that small, and
 /// a few of pagedlm's fixed-size buffers would not fit.
@@ -59,6 +116,8 @@ pub struct Context {
     pub limits: wgpu::Limits,
     /// Features the adapter offers (probed, not all requested: `shader-f16` is never required).
     pub adapter_features: wgpu::Features,
+    /// [`ContextOptions::class`], or the adapter's own.
+    class: AdapterClass,
     modules: Mutex<HashMap<String, Arc<wgpu::ShaderModule>>>,
     pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
 }
@@ -105,7 +164,8 @@ impl Context {
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("pagedlm"),
-                required_features: wgpu::Features::empty(),
+                // The optional features the kernels have variants for, where offered; none is required.
+                required_features: if options.optional_features { adapter_features & OPTIONAL_FEATURES } else { wgpu::Features::empty() },
                 required_limits: lowered(adapter_limits.clone(), options.max_storage_binding),
                 experimental_features: wgpu::ExperimentalFeatures::disabled(),
                 memory_hints: wgpu::MemoryHints::Performance,
@@ -114,7 +174,9 @@ impl Context {
             .await
             .map_err(|e| GpuError::Device(e.to_string()))?;
         let limits = lowered(device.limits(), options.max_storage_binding);
+        let class = options.class.unwrap_or(AdapterClass::of(info.device_type));
         Ok(Context {
+            class,
             device,
             queue,
             info,
@@ -133,7 +195,37 @@ impl Context {
     /// True when the "GPU" is a CPU emulation (lavapipe, SwiftShader): kernels choose
     /// register-heavy, barrier-free variants there (see KERNELS.md).
     pub fn is_cpu(&self) -> bool {
-        self.info.device_type == wgpu::DeviceType::Cpu
+        self.class == AdapterClass::Cpu
+    }
+
+    /// The kind of adapter the kernels are tuned for: the adapter's own, or the one
+    /// [`ContextOptions::class`] asked for.
+    pub fn class(&self) -> AdapterClass {
+        self.class
+    }
+
+    /// True when shaders may use subgroup operations (`enable subgroups;`) and every subgroup has
+    /// at least `lanes` invocations (lavapipe: 8; wgpu does not expose subgroups in browsers yet).
+    pub fn has_subgroups(&self, lanes: u32) -> bool {
+        self.device.features().contains(wgpu::Features::SUBGROUP) && self.info.subgroup_min_size >= lanes
+    }
+
+    /// True when shaders may compute in f16 (`enable f16;`). Never required: SwiftShader has no
+    /// `shader-f16`, so every kernel has an f32 form.
+    pub fn has_f16(&self) -> bool {
+        self.device.features().contains(wgpu::Features::SHADER_F16)
+    }
+
+    /// The variant choices a profile or benchmark line reports: class and optional features used.
+    pub fn variant_name(&self) -> String {
+        let mut name = self.class.name().to_string();
+        if self.device.features().contains(wgpu::Features::SUBGROUP) {
+            name += &format!("+subgroups({}-{})", self.info.subgroup_min_size, self.info.subgroup_max_size);
+        }
+        if self.has_f16() {
+            name += "+f16";
+        }
+        name
     }
 
     fn module(&self, shader: &str) -> Result<Arc<wgpu::ShaderModule>, GpuError> {

@@ -11,7 +11,7 @@ mod kernel;
 pub mod ops;
 pub mod shaders;
 
-pub use context::{Context, ContextOptions, Mapping};
+pub use context::{AdapterClass, Context, ContextOptions, Mapping};
 pub use kernel::{Kernel, Recorder};
 
 /// Errors of the GPU layer.

@@ -3,14 +3,36 @@
 //! (SwiftShader, through wasm-bindgen-test), and tolerance checks.
 #![allow(dead_code)]
 
-use pagedlm::gpu::{Context, ContextOptions};
+use pagedlm::gpu::{AdapterClass, Context, ContextOptions};
 
 /// The GPU context for a test. A missing adapter is a failure that says why, never a skip.
 pub async fn gpu() -> Context {
-    match Context::new(ContextOptions::default()).await {
+    gpu_with(ContextOptions::default()).await
+}
+
+/// [`gpu`] with options (a forced adapter class, optional features off).
+pub async fn gpu_with(options: ContextOptions) -> Context {
+    match Context::new(options).await {
         Ok(ctx) => ctx,
         Err(e) => panic!("this test needs a WebGPU/Vulkan adapter and found none: {e}"),
     }
+}
+
+/// One context per kernel variant family a real adapter would get, all on this machine's adapter:
+/// each adapter class with the optional features the adapter has (subgroups, shader-f16) and, where
+/// it has any, each class without them too. A variant test runs its kernels on every one of them,
+/// so the real-GPU variants are checked on the software GPUs.
+pub async fn variant_contexts() -> Vec<Context> {
+    let mut out = Vec::new();
+    for class in [AdapterClass::Cpu, AdapterClass::Integrated, AdapterClass::Discrete] {
+        let with = gpu_with(ContextOptions { class: Some(class), ..Default::default() }).await;
+        let has_optional = with.has_subgroups(1) || with.has_f16();
+        out.push(with);
+        if has_optional {
+            out.push(gpu_with(ContextOptions { class: Some(class), optional_features: false, ..Default::default() }).await);
+        }
+    }
+    out
 }
 
 /// Defines an async test that runs in both runtimes.

@@ -36,6 +36,7 @@ const fn opt(name: &'static str, kind: Kind) -> Opt {
 
 pub const KV_LAYOUTS: &[&str] = &["contiguous", "paged"];
 pub const KV_DTYPES: &[&str] = &["f32", "int8"];
+pub const ADAPTER_CLASSES: &[&str] = &["cpu", "integrated", "discrete"];
 pub const SCORE_MODES: &[&str] = &["decode", "prefill"];
 
 /// The engine's options, which every command takes (CONTRACTS.md calls them common; `tokenize`
@@ -54,6 +55,8 @@ const ENGINE: &[Opt] = &[
     opt("no-cache-aware", Kind::Flag),
     opt("no-lookahead", Kind::Flag),
     opt("max-binding-mib", Kind::Count),
+    opt("adapter-class", Kind::Choice(ADAPTER_CLASSES)),
+    opt("no-optional-features", Kind::Flag),
 ];
 
 /// The commands, for dispatching without matching on names.
