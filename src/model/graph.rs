@@ -179,12 +179,7 @@ impl ForwardGraph {
             max_logits,
             vocab: cfg.vocab,
             hidden: cfg.hidden,
-            staging: ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("graph.staging"),
-                size: rows * 4 + rows * cfg.vocab as u64 * f,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            }),
+            staging: ctx.staging("graph.staging", rows * 4 + rows * cfg.vocab as u64 * f),
             layers: vec![Node::Kernels(embed::embedding(ctx, &weights.token_embd, (&ids, &a.x), max_rows, cfg.embedding_scale)?)],
             head: vec![
                 Node::Kernel(norm::rms_norm(ctx, &x_last, &weights.output_norm, &h_last, max_logits, cfg.hidden, cfg.rms_eps)?),
