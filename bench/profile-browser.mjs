@@ -45,6 +45,8 @@ function table(p) {
   lines.push("".padEnd(26) + `prefill ${pf.tokens}`.padStart(16) + `decode @${d.context}`.padStart(16));
   row("wall ms", pf.wall_ms, d.wall_ms, 2);
   row("GPU ms (sum of kernels)", pf.gpu_ms, d.gpu_ms, 2);
+  const span = (s) => (s.gpu_span_ms == null ? "n/a" : s.gpu_span_ms.toFixed(2));
+  lines.push("GPU span ms (first..last)".padEnd(26) + span(pf).padStart(16) + span(d).padStart(16));
   row("host ms (record+submit)", pf.host_ms, d.host_ms, 3);
   row("dispatches", pf.dispatches, d.dispatches, 0);
   row("submits", pf.submits, d.submits, 0);

@@ -305,6 +305,8 @@ export interface StepProfile {
   wall_ms: number;
   /** Sum of `kernels[].ms`. */
   gpu_ms: number;
+  /** With timestamps: from the first dispatch's beginning to the last one's end (gaps included); else null. */
+  gpu_span_ms: number | null;
   /** Slowest first. */
   kernels: KernelTime[];
 }

@@ -23,7 +23,7 @@ use crate::tokenizer::{Tokenizer, TokenizerSpec};
 pub use crate::error::{EngineError, ErrorKind};
 pub use crate::kv::{KvDtype, KvLayout};
 pub use crate::model::ModelConfig;
-pub use crate::profile::{ColdStep, Profile, ProfileSummary, StepProfile};
+pub use crate::profile::{ColdStep, Profile, ProfileSummary, StepProfile, TimedRun};
 pub use crate::request::{Event, FinishReason, GenerateRequest, Generation, RequestId, TokenEvent};
 pub use crate::sampler::SamplingParams;
 pub use crate::sched::{RunningInfo, SchedConfig, SchedStats};
@@ -480,10 +480,10 @@ impl Engine {
             TimingMethod::WallClockPerKernel => {
                 let pos = self.kv.append(seq, 1)?;
                 let rows = Runner::rows_of(&self.kv, seq, &[next], pos);
-                self.runner.time_kernels(&self.ctx, &self.model, &self.kv, &rows).await?
+                TimedRun { dispatches: self.runner.time_kernels(&self.ctx, &self.model, &self.kv, &rows).await?, span_ms: None }
             }
         };
-        Ok((cold, StepProfile::new(1, context, &counters, wall, &times)))
+        Ok((cold, StepProfile::new(1, context, (&counters, wall), &times)))
     }
 
     /// A warm prefill of `tokens` measured on one scratch sequence, timed per kernel on another.
@@ -506,19 +506,19 @@ impl Engine {
                 TimingMethod::WallClockPerKernel => {
                     e.kv.append(seq, n)?;
                     let rows = Runner::rows_of(&e.kv, seq, tokens, 0);
-                    Ok(e.runner.time_kernels(&e.ctx, &e.model, &e.kv, &rows).await?)
+                    Ok(TimedRun { dispatches: e.runner.time_kernels(&e.ctx, &e.model, &e.kv, &rows).await?, span_ms: None })
                 }
             })
             .await?;
-        Ok(StepProfile::new(n, n, &counters, wall, &times))
+        Ok(StepProfile::new(n, n, (&counters, wall), &times))
     }
 
     /// Ends the armed capture after the captured work: its times, or the work's error (the
     /// capture is ended either way, so the next profile can arm one).
-    async fn end_capture<T>(&self, work: Result<T, EngineError>) -> Result<Vec<(&'static str, f64)>, EngineError> {
-        let times = self.ctx.end_capture().await;
+    async fn end_capture<T>(&self, work: Result<T, EngineError>) -> Result<TimedRun, EngineError> {
+        let captured = self.ctx.end_capture().await;
         work?;
-        Ok(times?)
+        Ok(captured?.into())
     }
 
     /// The counters and the clock now, for [`Engine::since`].

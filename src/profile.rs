@@ -8,7 +8,7 @@
 
 use serde::Serialize;
 
-use crate::gpu::{Counters, KernelTime, TimingMethod};
+use crate::gpu::{Captured, Counters, KernelTime, TimingMethod};
 
 /// One measured step (a decode step) or run of steps (a prefill of several chunks).
 #[derive(Clone, Debug, Serialize)]
@@ -35,15 +35,19 @@ pub struct StepProfile {
     pub wall_ms: f64,
     /// Sum of [`StepProfile::kernels`]' times (from the captured or per-kernel run).
     pub gpu_ms: f64,
+    /// With timestamps: the captured run's GPU timeline, from its first dispatch's beginning to
+    /// its last one's end (gaps between dispatches included); `gpu_ms` is the busy part of it.
+    pub gpu_span_ms: Option<f64>,
     /// Per kernel name, slowest first.
     pub kernels: Vec<KernelTime>,
 }
 
 impl StepProfile {
     /// The figures of a step of `tokens` tokens ending at length `context`, from the counters
-    /// around it, its wall time and the per-dispatch times of its timed run.
-    pub fn new(tokens: u32, context: u32, counters: &Counters, wall_ms: f64, dispatch_times: &[(&'static str, f64)]) -> StepProfile {
-        let kernels = KernelTime::by_name(dispatch_times);
+    /// around it, its wall time and its timed run (per-dispatch times, and their span when
+    /// captured).
+    pub fn new(tokens: u32, context: u32, (counters, wall_ms): (&Counters, f64), timed: &TimedRun) -> StepProfile {
+        let kernels = KernelTime::by_name(&timed.dispatches);
         StepProfile {
             tokens,
             context,
@@ -58,8 +62,23 @@ impl StepProfile {
             host_ms: counters.record_submit_ms(),
             wall_ms,
             gpu_ms: kernels.iter().map(|k| k.ms).sum(),
+            gpu_span_ms: timed.span_ms,
             kernels,
         }
+    }
+}
+
+/// The per-kernel run of a step: each dispatch's `(kernel name, ms)` and, from a capture, their
+/// GPU span.
+#[derive(Clone, Debug)]
+pub struct TimedRun {
+    pub dispatches: Vec<(&'static str, f64)>,
+    pub span_ms: Option<f64>,
+}
+
+impl From<Captured> for TimedRun {
+    fn from(c: Captured) -> TimedRun {
+        TimedRun { dispatches: c.dispatches, span_ms: Some(c.span_ms) }
     }
 }
 

@@ -98,20 +98,22 @@ gpu_test!(
         ctx.begin_capture(graph.dispatch_count() as u32).unwrap();
         assert!(matches!(ctx.begin_capture(1), Err(GpuError::Timestamps(_))), "a second capture while one is armed");
         let c0 = ctx.counters();
-        let captured = graph.run(&ctx, &rows, &[n - 1], Logits::Full).await.unwrap();
+        let timed = graph.run(&ctx, &rows, &[n - 1], Logits::Full).await.unwrap();
         let step = ctx.counters().since(&c0);
-        let times = ctx.end_capture().await.unwrap();
+        let captured = ctx.end_capture().await.unwrap();
+        let times = &captured.dispatches;
         let names: Vec<&str> = times.iter().map(|t| t.0).collect();
         assert_eq!(names, graph.kernel_names(), "the capture's kernels are the graph's, in order");
         assert_eq!(step.dispatches as usize, graph.dispatch_count());
         assert_eq!((step.submits, step.readbacks, step.buffers_created, step.bind_groups_created), (1, 1, 0, 0), "{step:?}");
         assert!(times.iter().all(|t| t.1.is_finite() && t.1 >= 0.0), "{times:?}");
         // Timing changes nothing the step computes.
-        assert_eq!(captured[0].0, plain[0].0);
-        assert_eq!(captured[0].1, plain[0].1);
+        assert_eq!(timed[0].0, plain[0].0);
+        assert_eq!(timed[0].1, plain[0].1);
         assert!(matches!(ctx.end_capture().await, Err(GpuError::Timestamps(_))), "ending a capture twice");
         let total: f64 = times.iter().map(|t| t.1).sum();
-        report(&format!("{}: {} dispatches captured, {total:.3} ms of GPU time", ctx.adapter_name(), times.len()));
+        assert!(captured.span_ms >= times.iter().map(|t| t.1).fold(0.0, f64::max), "the span holds every dispatch: {captured:?}");
+        report(&format!("{}: {} dispatches captured, {total:.3} ms of GPU time in a span of {:.3} ms", ctx.adapter_name(), times.len(), captured.span_ms));
 
         // A capture armed for fewer dispatches than the step records refuses to report.
         ctx.begin_capture(3).unwrap();
@@ -129,6 +131,7 @@ fn check_accounts(what: &str, p: &Profile) {
     for (step, name) in [(&p.prefill, "prefill"), (&p.decode, "decode")] {
         let listed: u64 = step.kernels.iter().map(|k| k.dispatches as u64).sum();
         assert_eq!(listed, step.dispatches, "{what} {name}: the kernels listed cover every dispatch the step recorded");
+        assert_eq!(step.gpu_span_ms.is_some(), p.method == TimingMethod::Timestamps, "{what} {name}: a span only from a capture");
         let sum: f64 = step.kernels.iter().map(|k| k.ms).sum();
         assert!((sum - step.gpu_ms).abs() <= 1e-9 * sum.max(1.0), "{what} {name}: gpu_ms {} is the kernels' sum {sum}", step.gpu_ms);
     }
@@ -180,8 +183,9 @@ async fn per_decode_step(engine: &mut Engine, prompt: &[u32], steps: u32) -> Cou
         engine.generate_ignoring_eos(prompt, n).await.unwrap();
         engine.context().counters().since(&c0)
     };
-    let short = run(engine, 1).await;
-    let long = run(engine, 1 + steps).await;
+    // Host times differ run to run; only the counts are compared.
+    let short = Counters { record_submit_ns: 0, ..run(engine, 1).await };
+    let long = Counters { record_submit_ns: 0, ..run(engine, 1 + steps).await };
     let d = long.since(&short);
     let per = |x: u64| {
         assert_eq!(x % steps as u64, 0, "every decode step costs the same: {d:?} over {steps} steps");

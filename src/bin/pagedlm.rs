@@ -481,6 +481,10 @@ mod cli {
         ];
         for (name, a, b, digits) in rows {
             out += &format!("{name:<26}{a:>16.digits$}{b:>16.digits$}\n");
+            if name.starts_with("GPU ms") {
+                let span = |s: &StepProfile| s.gpu_span_ms.map_or("n/a".to_string(), |ms| format!("{ms:.2}"));
+                out += &format!("{:<26}{:>16}{:>16}\n", "GPU span ms (first..last)", span(pf), span(d));
+            }
         }
         let c = &p.prefill_cold;
         out += &format!(

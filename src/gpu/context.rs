@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
 
-use super::profile::{AtomicCounters, Capture, Counters};
+use super::profile::{AtomicCounters, Capture, Captured, Counters};
 use super::{shaders, GpuError};
 
 /// What the caller needs from the device.
@@ -370,10 +370,10 @@ impl Context {
     }
 
     /// Ends the armed capture: resolves its timestamps, reads them (one readback) and returns
-    /// each captured dispatch's kernel name and GPU time in milliseconds, in dispatch order.
+    /// each captured dispatch's kernel name and GPU time, in dispatch order, and their span.
     /// Refused when no capture is armed, when a recorder that took it was never submitted, or
     /// when more dispatches ran than it was armed for.
-    pub async fn end_capture(&self) -> Result<Vec<(&'static str, f64)>, GpuError> {
+    pub async fn end_capture(&self) -> Result<Captured, GpuError> {
         let capture = self
             .take_capture()
             .ok_or_else(|| GpuError::Timestamps("no capture is armed (or a recorder holding it was dropped unsubmitted)".into()))?;
@@ -385,7 +385,7 @@ impl Context {
             )));
         }
         if capture.names.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Captured { dispatches: Vec::new(), span_ms: 0.0 });
         }
         let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("profile.resolve") });
         let bytes = capture.resolve_into(&mut encoder);
@@ -393,7 +393,7 @@ impl Context {
         let data = self.map_staging_range(&capture.staging, bytes).await?;
         // A Vec<u8> need not be 8-byte aligned: read the u64s byte-wise.
         let ticks: Vec<u64> = data.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))).collect();
-        Ok(capture.durations(&ticks, self.queue.get_timestamp_period() as f64))
+        Ok(capture.read(&ticks, self.queue.get_timestamp_period() as f64))
     }
 
     /// Reads `len` f32 values starting at element `start`.

@@ -16,7 +16,7 @@ pub mod shaders;
 
 pub use context::{Context, ContextOptions};
 pub use kernel::{Kernel, Recorder};
-pub use profile::{Counters, KernelTime, TimingMethod};
+pub use profile::{Captured, Counters, KernelTime, TimingMethod};
 
 /// Errors of the GPU layer.
 #[derive(Debug, thiserror::Error)]

@@ -69,17 +69,18 @@ pub struct Counters {
 }
 
 impl Counters {
-    /// What happened between `earlier` and `self` (both snapshots of one context).
+    /// What happened between `earlier` and `self` (both snapshots of one context, `earlier`
+    /// first). Saturates at 0, so a difference of differences never panics.
     pub fn since(&self, earlier: &Counters) -> Counters {
         Counters {
-            buffers_created: self.buffers_created - earlier.buffers_created,
-            buffer_bytes_created: self.buffer_bytes_created - earlier.buffer_bytes_created,
-            bind_groups_created: self.bind_groups_created - earlier.bind_groups_created,
-            submits: self.submits - earlier.submits,
-            dispatches: self.dispatches - earlier.dispatches,
-            readbacks: self.readbacks - earlier.readbacks,
-            bytes_read_back: self.bytes_read_back - earlier.bytes_read_back,
-            record_submit_ns: self.record_submit_ns - earlier.record_submit_ns,
+            buffers_created: self.buffers_created.saturating_sub(earlier.buffers_created),
+            buffer_bytes_created: self.buffer_bytes_created.saturating_sub(earlier.buffer_bytes_created),
+            bind_groups_created: self.bind_groups_created.saturating_sub(earlier.bind_groups_created),
+            submits: self.submits.saturating_sub(earlier.submits),
+            dispatches: self.dispatches.saturating_sub(earlier.dispatches),
+            readbacks: self.readbacks.saturating_sub(earlier.readbacks),
+            bytes_read_back: self.bytes_read_back.saturating_sub(earlier.bytes_read_back),
+            record_submit_ns: self.record_submit_ns.saturating_sub(earlier.record_submit_ns),
         }
     }
 
@@ -211,15 +212,31 @@ impl Capture {
         bytes
     }
 
-    /// Each dispatch's `(name, ms)` from the resolved ticks (`period`: nanoseconds per tick). A
-    /// pair whose end reads before its beginning (a driver's clock wrapping) counts as 0.
-    pub fn durations(&self, ticks: &[u64], period: f64) -> Vec<(&'static str, f64)> {
-        self.names
-            .iter()
-            .enumerate()
-            .map(|(i, &name)| (name, ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * period / 1e6))
-            .collect()
+    /// The captured dispatches' times from the resolved ticks (`period`: nanoseconds per tick).
+    pub fn read(&self, ticks: &[u64], period: f64) -> Captured {
+        read_ticks(&self.names, ticks, period)
     }
+}
+
+/// The times of dispatches `names` from their resolved begin/end ticks (`2i`, `2i + 1`). A pair
+/// whose end reads before its beginning (a driver's clock wrapping) counts as 0.
+fn read_ticks(names: &[&'static str], ticks: &[u64], period: f64) -> Captured {
+    let ms = |t: u64| t as f64 * period / 1e6;
+    let dispatches = names.iter().enumerate().map(|(i, &name)| (name, ms(ticks[2 * i + 1].saturating_sub(ticks[2 * i])))).collect();
+    let used = &ticks[..names.len() * 2];
+    let first = used.iter().step_by(2).min().copied().unwrap_or(0);
+    let last = used.iter().skip(1).step_by(2).max().copied().unwrap_or(0);
+    Captured { dispatches, span_ms: ms(last.saturating_sub(first)) }
+}
+
+/// What a capture measured ([`super::Context::end_capture`]).
+#[derive(Clone, Debug)]
+pub struct Captured {
+    /// Each captured dispatch's kernel name and GPU time in milliseconds, in dispatch order.
+    pub dispatches: Vec<(&'static str, f64)>,
+    /// From the first dispatch's beginning to the last one's end (ms): the captured steps' GPU
+    /// timeline, gaps between dispatches (and, over several submissions, between them) included.
+    pub span_ms: f64,
 }
 
 #[cfg(test)]
@@ -234,6 +251,15 @@ mod tests {
         for (k, (name, n, ms)) in got.iter().zip(want) {
             assert_eq!((k.name.as_str(), k.dispatches, k.ms), (name, n, ms));
         }
+    }
+
+    #[test]
+    fn a_capture_reads_each_pair_and_the_span() {
+        // Ticks of 2 ns; the third pair's end reads before its beginning.
+        let ticks = [500_000u64, 1_500_000, 1_750_000, 2_000_000, 4_500_000, 4_000_000];
+        let captured = read_ticks(&["a", "b", "c"], &ticks, 2.0);
+        assert_eq!(captured.dispatches, vec![("a", 2.0), ("b", 0.5), ("c", 0.0)]);
+        assert_eq!(captured.span_ms, 7.0, "from the first beginning to the latest end");
     }
 
     #[test]
