@@ -33,8 +33,9 @@ pub use crate::tokenizer::{ChatFormatKind, ChatMessage};
 pub const PROFILE_WARMUP_DECODE: u32 = 4;
 /// Decode steps [`Engine::profile`] measures; it reports the one of median wall time.
 pub const PROFILE_DECODE_SAMPLES: u32 = 5;
-/// Context [`Engine::profile`] needs beyond its prompt: the decode steps it runs.
-pub const PROFILE_EXTRA_TOKENS: u32 = PROFILE_WARMUP_DECODE + PROFILE_DECODE_SAMPLES + 1;
+/// Context [`Engine::profile`] needs beyond its prompt: the decode steps it runs (warm-up,
+/// measured, and as many timed with timestamps).
+pub const PROFILE_EXTRA_TOKENS: u32 = PROFILE_WARMUP_DECODE + 2 * PROFILE_DECODE_SAMPLES;
 /// Dispatches a capture is armed for beyond the measured step's (a step never records more than
 /// its twin did; the slack only keeps a miscount from failing the profile).
 const PROFILE_CAPTURE_SLACK: u32 = 64;
@@ -417,8 +418,9 @@ impl Engine {
     /// (see [`crate::profile`]), through the engine's own prefill and decode paths on scratch
     /// sequences, one at a time: a first prefill (graphs built, pipelines compiled), then
     /// [`PROFILE_WARMUP_DECODE`] decode steps, [`PROFILE_DECODE_SAMPLES`] measured ones (the
-    /// median one is reported) and one timed per kernel; then a second prefill, measured, and a
-    /// third, timed per kernel. Per-kernel times come from GPU timestamps when the device has
+    /// one of median wall time is reported) and as many captured (the one of median GPU time
+    /// gives the kernels; without timestamps, one step timed per kernel); then a second prefill,
+    /// measured, and a third, timed per kernel. Per-kernel times come from GPU timestamps when the device has
     /// them and `timestamps` is true, else from each kernel run alone on the host clock.
     /// Needs an idle engine and a context of `prompt_tokens + PROFILE_EXTRA_TOKENS`.
     pub async fn profile(&mut self, prompt_tokens: u32, timestamps: bool) -> Result<Profile, EngineError> {
@@ -472,10 +474,20 @@ impl Engine {
         samples.sort_by(|a, b| a.1.total_cmp(&b.1));
         let (counters, wall, context) = samples[samples.len() / 2];
         let times = match method {
+            // One captured step is at the mercy of whatever else the machine runs: capture as many
+            // as were measured and keep the median.
             TimingMethod::Timestamps => {
-                self.ctx.begin_capture(counters.dispatches as u32 + PROFILE_CAPTURE_SLACK)?;
-                let stepped = self.decode(seq, next, Logits::Argmax).await;
-                self.end_capture(stepped).await?
+                let mut runs = Vec::new();
+                for _ in 0..PROFILE_DECODE_SAMPLES {
+                    self.ctx.begin_capture(counters.dispatches as u32 + PROFILE_CAPTURE_SLACK)?;
+                    let stepped = self.decode(seq, next, Logits::Argmax).await;
+                    // Ended whatever the step did, so that the next profile can arm one.
+                    let captured = self.ctx.end_capture().await;
+                    next = stepped?.0;
+                    runs.push(TimedRun::from(captured?));
+                }
+                runs.sort_by(|a, b| a.total_ms().total_cmp(&b.total_ms()));
+                runs.swap_remove(runs.len() / 2)
             }
             TimingMethod::WallClockPerKernel => {
                 let pos = self.kv.append(seq, 1)?;
@@ -500,8 +512,10 @@ impl Engine {
             .scratch_sequence(async |e: &mut Self, seq| match method {
                 TimingMethod::Timestamps => {
                     e.ctx.begin_capture(counters.dispatches as u32 + PROFILE_CAPTURE_SLACK)?;
-                    let stepped = e.prefill(seq, tokens, 0, last, Logits::Argmax).await.map(|_| ());
-                    e.end_capture(stepped).await
+                    let stepped = e.prefill(seq, tokens, 0, last, Logits::Argmax).await;
+                    let captured = e.ctx.end_capture().await;
+                    stepped?;
+                    Ok(TimedRun::from(captured?))
                 }
                 TimingMethod::WallClockPerKernel => {
                     e.kv.append(seq, n)?;
@@ -511,14 +525,6 @@ impl Engine {
             })
             .await?;
         Ok(StepProfile::new(n, n, (&counters, wall), &times))
-    }
-
-    /// Ends the armed capture after the captured work: its times, or the work's error (the
-    /// capture is ended either way, so the next profile can arm one).
-    async fn end_capture<T>(&self, work: Result<T, EngineError>) -> Result<TimedRun, EngineError> {
-        let captured = self.ctx.end_capture().await;
-        work?;
-        Ok(captured?.into())
     }
 
     /// The counters and the clock now, for [`Engine::since`].

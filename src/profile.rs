@@ -76,6 +76,13 @@ pub struct TimedRun {
     pub span_ms: Option<f64>,
 }
 
+impl TimedRun {
+    /// The dispatches' summed time.
+    pub fn total_ms(&self) -> f64 {
+        self.dispatches.iter().map(|d| d.1).sum()
+    }
+}
+
 impl From<Captured> for TimedRun {
     fn from(c: Captured) -> TimedRun {
         TimedRun { dispatches: c.dispatches, span_ms: Some(c.span_ms) }
@@ -122,7 +129,8 @@ pub struct Profile {
     pub prefill: StepProfile,
     /// Decode steps run after the prefill before the measured ones.
     pub decode_warmup_steps: u32,
-    /// Decode steps measured; `decode` is the one of median wall time.
+    /// Decode steps measured; `decode` is the one of median wall time, its kernels those of
+    /// the captured step of median GPU time (as many were captured).
     pub decode_samples: u32,
     pub decode: StepProfile,
 }

@@ -678,7 +678,7 @@ impl WebEngine {
     /// decode_samples, dispatches_per_decode_step, host_ms_per_decode_step,
     /// gpu_ms_per_decode_step, wall_ms_per_decode_step, blocking_readbacks_per_token}`.
     /// `options`: `{timestamps?}`. Needs an idle engine (`INVALID_ARGUMENT` while requests run,
-    /// `BUSY` during a step) and a context of `promptTokens` + 10 tokens.
+    /// `BUSY` during a step) and a context of `promptTokens` + 14 tokens.
     #[allow(clippy::await_holding_refcell_ref)]
     pub async fn profile(&self, prompt_tokens: u32, options: JsValue) -> Result<JsValue, WebError> {
         let options: ProfileOptions = self::options(options, "profile options")?;

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use common::{report, tiny_model};
-use pagedlm::engine::{Engine, EngineOptions, Event, GenerateRequest, Profile, StepProfile};
+use pagedlm::engine::{Engine, EngineOptions, Event, GenerateRequest, Profile, StepProfile, PROFILE_EXTRA_TOKENS};
 use pagedlm::gguf::Gguf;
 use pagedlm::gpu::{ops::elementwise, Counters, GpuError, Recorder, TimingMethod};
 use pagedlm::kv::{CacheConfig, KvCache, KvDtype, KvLayout};
@@ -169,8 +169,8 @@ gpu_test!(
         assert_eq!(with.decode.dispatches, without.decode.dispatches);
         report(&format!("{}: {:?}, decode {} dispatches, {:.3} ms GPU, {:.3} ms wall", with.adapter, with.method, with.decode.dispatches, with.decode.gpu_ms, with.decode.wall_ms));
 
-        // Refusals: too long for the context, and an empty prompt.
-        assert!(engine.profile(60, true).await.is_err());
+        // Refusals: one token too long for the context, and an empty prompt.
+        assert!(engine.profile(64 - PROFILE_EXTRA_TOKENS + 1, true).await.is_err());
         assert!(engine.profile(0, true).await.is_err());
     }
 );
