@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use crate::gguf::Gguf;
-use crate::gpu::{Context, ContextOptions};
+use crate::gpu::{Context, ContextOptions, Counters, TimingMethod};
 use crate::kv::{CacheConfig, KvCache, KvPool, PoolStats, PrefixStats, SeqId};
 use crate::gpu::ops::sample::{HistoryRing, RowParams};
 use crate::model::{Choose, Logits, Model, ModelError, PendingStep, Runner, StepRow, Weights};
@@ -30,10 +30,22 @@ use crate::tokenizer::{Tokenizer, TokenizerSpec};
 pub use crate::error::{EngineError, ErrorKind};
 pub use crate::kv::{KvDtype, KvLayout};
 pub use crate::model::ModelConfig;
+pub use crate::profile::{ColdStep, Profile, ProfileSummary, StepProfile, TimedRun};
 pub use crate::request::{Event, FinishReason, GenerateRequest, Generation, RequestId, TokenEvent};
 pub use crate::sampler::SamplingParams;
 pub use crate::sched::{RunningInfo, SchedConfig, SchedStats};
 pub use crate::tokenizer::{ChatFormatKind, ChatMessage};
+
+/// Decode steps [`Engine::profile`] runs before it measures (graphs built, pipelines compiled).
+pub const PROFILE_WARMUP_DECODE: u32 = 4;
+/// Decode steps [`Engine::profile`] measures; it reports the one of median wall time.
+pub const PROFILE_DECODE_SAMPLES: u32 = 5;
+/// Context [`Engine::profile`] needs beyond its prompt: the decode steps it runs (warm-up,
+/// measured, and as many timed with timestamps).
+pub const PROFILE_EXTRA_TOKENS: u32 = PROFILE_WARMUP_DECODE + 2 * PROFILE_DECODE_SAMPLES;
+/// Dispatches a capture is armed for beyond the measured step's (a step never records more than
+/// its twin did; the slack only keeps a miscount from failing the profile).
+const PROFILE_CAPTURE_SLACK: u32 = 64;
 
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
@@ -479,12 +491,127 @@ impl Engine {
         self.prefill_cached(prompt, Logits::Full).await
     }
 
-    /// Per-kernel GPU time (ms) of one prefill step of `n` tokens and one decode step at context
-    /// `n` (see [`crate::model::ForwardGraph::profile`]).
-    pub async fn profile(&mut self, n: u32) -> Result<(Vec<(String, f64)>, Vec<(String, f64)>), EngineError> {
+    /// Profiles one prefill of `prompt_tokens` tokens and one steady-state decode step after it
+    /// (see [`crate::profile`]), through the engine's own prefill and decode paths on scratch
+    /// sequences, one at a time: a first prefill (graphs built, pipelines compiled), then
+    /// [`PROFILE_WARMUP_DECODE`] decode steps, [`PROFILE_DECODE_SAMPLES`] measured ones (the
+    /// one of median wall time is reported) and as many captured (the one of median GPU time
+    /// gives the kernels; without timestamps, one step timed per kernel); then a second prefill,
+    /// measured, and a third, timed per kernel. Per-kernel times come from GPU timestamps when the device has
+    /// them and `timestamps` is true, else from each kernel run alone on the host clock.
+    /// Needs an idle engine and a context of `prompt_tokens + PROFILE_EXTRA_TOKENS`.
+    pub async fn profile(&mut self, prompt_tokens: u32, timestamps: bool) -> Result<Profile, EngineError> {
+        let n = prompt_tokens;
+        if self.has_work() {
+            return Err(EngineError::InvalidArgument("requests are running: profile when they have finished".into()));
+        }
+        if n == 0 || n + PROFILE_EXTRA_TOKENS > self.kv.max_seq_len {
+            return Err(EngineError::InvalidArgument(format!(
+                "a profile of {n} prompt tokens needs a context of {} tokens and this engine holds {} (prompt tokens must be at least 1)",
+                n + PROFILE_EXTRA_TOKENS,
+                self.kv.max_seq_len
+            )));
+        }
+        let method = if timestamps && self.ctx.has_timestamps() { TimingMethod::Timestamps } else { TimingMethod::WallClockPerKernel };
         let vocab = self.model.config.vocab;
-        let tokens: Vec<u32> = (0..n).map(|i| 100 + i % (vocab - 100)).collect();
-        self.scratch_sequence(async |e: &mut Self, seq| Ok(e.runner.profile(&e.ctx, &e.model, &mut e.kv, seq, &tokens).await?)).await
+        let tokens: Vec<u32> = (0..n).map(|i| (100 + i) % vocab).collect();
+        let (prefill_cold, decode) = self.scratch_sequence(async |e: &mut Self, seq| e.profile_decode(seq, &tokens, method).await).await?;
+        let prefill = self.profile_prefill(&tokens, method).await?;
+        Ok(Profile {
+            adapter: self.ctx.adapter_name(),
+            method,
+            prompt_tokens: n,
+            prefill_chunk: self.options.prefill_chunk,
+            prefill_cold,
+            prefill,
+            decode_warmup_steps: PROFILE_WARMUP_DECODE,
+            decode_samples: PROFILE_DECODE_SAMPLES,
+            decode,
+        })
+    }
+
+    /// On `seq`: the cold prefill of `tokens`, then the decode steps of [`Engine::profile`].
+    async fn profile_decode(&mut self, seq: SeqId, tokens: &[u32], method: TimingMethod) -> Result<(ColdStep, StepProfile), EngineError> {
+        let last = tokens.len() as u32 - 1;
+        let (pipelines, mark) = (self.ctx.pipeline_count(), self.mark());
+        let (ids, _) = self.prefill(seq, tokens, 0, last, Logits::Argmax).await?;
+        let (counters, wall) = self.since(mark);
+        let cold = ColdStep::new(&counters, wall, (self.ctx.pipeline_count() - pipelines) as u64);
+        let mut next = ids[ids.len() - 1];
+        for _ in 0..PROFILE_WARMUP_DECODE {
+            next = self.decode(seq, next, Logits::Argmax).await?.0;
+        }
+        let mut samples = Vec::new();
+        for _ in 0..PROFILE_DECODE_SAMPLES {
+            let mark = self.mark();
+            next = self.decode(seq, next, Logits::Argmax).await?.0;
+            let (counters, wall) = self.since(mark);
+            samples.push((counters, wall, self.kv.len(seq)?));
+        }
+        samples.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let (counters, wall, context) = samples[samples.len() / 2];
+        let times = match method {
+            // One captured step is at the mercy of whatever else the machine runs: capture as many
+            // as were measured and keep the median.
+            TimingMethod::Timestamps => {
+                let mut runs = Vec::new();
+                for _ in 0..PROFILE_DECODE_SAMPLES {
+                    self.ctx.begin_capture(counters.dispatches as u32 + PROFILE_CAPTURE_SLACK)?;
+                    let stepped = self.decode(seq, next, Logits::Argmax).await;
+                    // Ended whatever the step did, so that the next profile can arm one.
+                    let captured = self.ctx.end_capture().await;
+                    next = stepped?.0;
+                    runs.push(TimedRun::from(captured?));
+                }
+                runs.sort_by(|a, b| a.total_ms().total_cmp(&b.total_ms()));
+                runs.swap_remove(runs.len() / 2)
+            }
+            TimingMethod::WallClockPerKernel => {
+                let pos = self.kv.append(seq, 1)?;
+                let rows = Runner::rows_of(&self.kv, seq, &[next], pos);
+                TimedRun { dispatches: self.runner.time_kernels(&self.ctx, &self.model, &self.kv, &rows).await?, span_ms: None }
+            }
+        };
+        Ok((cold, StepProfile::new(1, context, (&counters, wall), &times)))
+    }
+
+    /// A warm prefill of `tokens` measured on one scratch sequence, timed per kernel on another.
+    async fn profile_prefill(&mut self, tokens: &[u32], method: TimingMethod) -> Result<StepProfile, EngineError> {
+        let (n, last) = (tokens.len() as u32, tokens.len() as u32 - 1);
+        let (counters, wall) = self
+            .scratch_sequence(async |e: &mut Self, seq| {
+                let mark = e.mark();
+                e.prefill(seq, tokens, 0, last, Logits::Argmax).await?;
+                Ok(e.since(mark))
+            })
+            .await?;
+        let times = self
+            .scratch_sequence(async |e: &mut Self, seq| match method {
+                TimingMethod::Timestamps => {
+                    e.ctx.begin_capture(counters.dispatches as u32 + PROFILE_CAPTURE_SLACK)?;
+                    let stepped = e.prefill(seq, tokens, 0, last, Logits::Argmax).await;
+                    let captured = e.ctx.end_capture().await;
+                    stepped?;
+                    Ok(TimedRun::from(captured?))
+                }
+                TimingMethod::WallClockPerKernel => {
+                    e.kv.append(seq, n)?;
+                    let rows = Runner::rows_of(&e.kv, seq, tokens, 0);
+                    Ok(TimedRun { dispatches: e.runner.time_kernels(&e.ctx, &e.model, &e.kv, &rows).await?, span_ms: None })
+                }
+            })
+            .await?;
+        Ok(StepProfile::new(n, n, (&counters, wall), &times))
+    }
+
+    /// The counters and the clock now, for [`Engine::since`].
+    fn mark(&self) -> (Counters, f64) {
+        (self.ctx.counters(), crate::time::now_ms())
+    }
+
+    /// What the context did and the milliseconds that passed since `mark`.
+    fn since(&self, (counters, t0): (Counters, f64)) -> (Counters, f64) {
+        (self.ctx.counters().since(&counters), crate::time::now_ms() - t0)
     }
 
     /// For benchmarks: generates from `prompt` through the scheduler, like any request, the
