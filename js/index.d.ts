@@ -287,6 +287,69 @@ export interface EngineInfo {
   kv: { bytes_per_token: number };
 }
 
+/** One kernel's share of a profiled step. */
+export interface KernelTime {
+  name: string;
+  dispatches: number;
+  ms: number;
+}
+
+/** A profiled decode step or prefill (`Engine.profile`). */
+export interface StepProfile {
+  /** Tokens computed (1 for a decode step). */
+  tokens: number;
+  /** The sequence's length after the step. */
+  context: number;
+  dispatches: number;
+  submits: number;
+  /** Buffers mapped for reading, each a wait for the GPU. */
+  readbacks: number;
+  /** Readbacks that found no later work queued: the GPU idles while the host waits. */
+  blocking_readbacks: number;
+  bytes_read_back: number;
+  bytes_read_back_per_token: number;
+  buffers_created: number;
+  buffer_bytes_created: number;
+  bind_groups_created: number;
+  /** Host time from starting to record to `queue.submit` returning. */
+  host_ms: number;
+  wall_ms: number;
+  /** Sum of `kernels[].ms`. */
+  gpu_ms: number;
+  /** With timestamps: from the first dispatch's beginning to the last one's end (gaps included); else null. */
+  gpu_span_ms: number | null;
+  /** Slowest first. */
+  kernels: KernelTime[];
+}
+
+/** `Engine.profile`: one prefill and one steady-state decode step. */
+export interface Profile {
+  adapter: string;
+  /** Where per-kernel times come from: GPU timestamp queries, or each kernel alone on the host clock. */
+  method: "timestamps" | "wall_clock_per_kernel";
+  prompt_tokens: number;
+  prefill_chunk: number;
+  /** Whether decode steps are planned ahead (the default). */
+  lookahead: boolean;
+  /** The kernel variants in use, as `info.variant`. */
+  variant: string;
+  /** The first prefill of this length: graphs built, pipelines compiled. */
+  prefill_cold: { wall_ms: number; host_ms: number; buffers_created: number; buffer_bytes_created: number; bind_groups_created: number; pipelines_compiled: number };
+  prefill: StepProfile;
+  decode_warmup_steps: number;
+  decode_samples: number;
+  decode: StepProfile;
+  dispatches_per_decode_step: number;
+  host_ms_per_decode_step: number;
+  gpu_ms_per_decode_step: number;
+  wall_ms_per_decode_step: number;
+  blocking_readbacks_per_token: number;
+  /** Host record+submit time over a decode step's wall time. */
+  host_share_of_decode_step: number;
+  /** A decode step's wall time over the sum of its kernels' GPU times. */
+  decode_wall_over_gpu: number;
+}
+
 export declare class Engine {
   readonly info: EngineInfo;
   readonly load: { source: "network" | "cache" | "file" | "buffer"; bytes: number; download_ms: number; engine_ms: number };
@@ -306,6 +369,11 @@ export declare class Engine {
   };
   stats(): Promise<EngineStats>;
   resetCache(): Promise<PoolSnapshot>;
+  /**
+   * Where the time goes: one prefill of `promptTokens` tokens (default 512) and one steady-state
+   * decode step, on an idle engine (rejects with BUSY while requests run).
+   */
+  profile(promptTokens?: number, options?: { timestamps?: boolean }): Promise<Profile>;
   /**
    * A KV snapshot of a conversation, to keep it (IndexedDB, a file) or hand it to another engine.
    * A conversation is identified by its messages: `messages` (the history so far, typically

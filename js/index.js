@@ -413,6 +413,20 @@ export class Engine {
     return this.#channel.call(toWorker.importConversation(view));
   }
 
+  /**
+   * Where the time goes: one prefill of `promptTokens` tokens (default 512) and one steady-state
+   * decode step after it, measured in the worker on an idle engine (BUSY while requests run;
+   * requests sent meanwhile wait). Per-kernel GPU times come from timestamp queries where the
+   * device has them (`method: "timestamps"`), else each kernel runs alone on the host clock;
+   * `options.timestamps: false` asks for the latter. Resolves to the engine's profile, the
+   * object `pagedlm profile` prints.
+   */
+  async profile(promptTokens = 512, options = {}) {
+    this.#alive();
+    if (!Number.isInteger(promptTokens) || promptTokens < 1) throw invalid("profile(promptTokens): promptTokens must be a positive integer");
+    return this.#channel.call(toWorker.profile(promptTokens, options ?? {}));
+  }
+
   /** Drops cached prefixes; their blocks return to the free list. */
   async resetCache() {
     this.#alive();

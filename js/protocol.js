@@ -40,8 +40,9 @@ export function requestOptions(params) {
  * @typedef {{type: "dispose"}} DisposeMessage
  * @typedef {{type: "exportConversation", messages: ChatMessage[]}} ExportConversationMessage
  * @typedef {{type: "importConversation", bytes: Uint8Array}} ImportConversationMessage
+ * @typedef {{type: "profile", promptTokens: number, options: {timestamps?: boolean}}} ProfileMessage
  * @typedef {(LoadMessage | CreateMessage | CompleteMessage | AbortMessage | StatsMessage | ResetCacheMessage | DisposeMessage
- *   | ExportConversationMessage | ImportConversationMessage) & {id?: number}} ToWorkerMessage
+ *   | ExportConversationMessage | ImportConversationMessage | ProfileMessage) & {id?: number}} ToWorkerMessage
  */
 
 /** Page -> worker. The channel adds the `id`. */
@@ -64,6 +65,8 @@ export const toWorker = Object.freeze({
   exportConversation: (messages) => ({ type: "exportConversation", messages }),
   /** @returns {ImportConversationMessage} */
   importConversation: (bytes) => ({ type: "importConversation", bytes }),
+  /** @returns {ProfileMessage} */
+  profile: (promptTokens, options) => ({ type: "profile", promptTokens, options }),
 });
 
 /**

@@ -163,6 +163,8 @@ const inbox = [];
 /** engine request id -> {id (the page's), engineId, state: "queued"|"running", queuedAt, startedAt, tokens, prompt_tokens} */
 const requests = new Map();
 let looping = false;
+/** A profile holds the engine (`WebEngine.profile`): no step may start until it ends. */
+let profiling = false;
 
 function enqueue(request) {
   request.queuedAt = performance.now();
@@ -200,7 +202,7 @@ function abort(id) {
 }
 
 function kick() {
-  if (looping) return;
+  if (looping || profiling) return;
   looping = true;
   loop().finally(() => {
     looping = false;
@@ -298,7 +300,7 @@ async function loop() {
 function stats() {
   if (!engine) throw fail("DISPOSED", "the engine was disposed");
   // During a step the engine is busy: the snapshot after the last step is at most one step old.
-  if (!looping) lastStats = engine.stats();
+  if (!looping && !profiling) lastStats = engine.stats();
   const entries = [...requests.values()];
   return {
     ...lastStats,
@@ -326,7 +328,23 @@ function dispose() {
   requests.clear();
   retired = engine;
   engine = null;
-  if (!looping) freeRetired();
+  if (!looping && !profiling) freeRetired();
+}
+
+/** `WebEngine.profile` between steps, on an idle engine; requests sent meanwhile wait for it. */
+async function profile({ promptTokens, options }) {
+  if (!engine) throw fail("DISPOSED", "the engine was disposed");
+  if (looping || profiling || inbox.length > 0 || requests.size > 0) {
+    throw fail("BUSY", "requests are running: profile when they have finished");
+  }
+  profiling = true;
+  try {
+    return await engine.profile(promptTokens, options);
+  } finally {
+    profiling = false;
+    freeRetired();
+    if (inbox.length > 0) kick();
+  }
 }
 
 /** One handler per message of `toWorker` (js/protocol.js), by its type. */
@@ -338,7 +356,7 @@ const handlers = {
   stats: (_, reply) => reply(async () => stats()),
   resetCache: (_, reply) => reply(async () => {
     if (!engine) throw fail("DISPOSED", "the engine was disposed");
-    if (looping) throw fail("BUSY", "requests are running: reset the cache when they have finished");
+    if (looping || profiling) throw fail("BUSY", "requests are running: reset the cache when they have finished");
     engine.resetCache();
     lastStats = engine.stats();
     return lastStats;
@@ -346,6 +364,7 @@ const handlers = {
   dispose: (_, reply) => reply(async () => dispose()),
   exportConversation: ({ id, messages }) => snapshotOp("export", id, messages),
   importConversation: ({ id, bytes }) => snapshotOp("import", id, bytes),
+  profile: (data, reply) => reply(() => profile(data)),
 };
 
 self.onmessage = async ({ data }) => {

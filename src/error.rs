@@ -122,7 +122,7 @@ fn model_kind(e: &ModelError) -> ErrorKind {
 fn gpu_kind(e: &GpuError) -> ErrorKind {
     match e {
         GpuError::NoAdapter(_) | GpuError::Device(_) | GpuError::Limits(_) => ErrorKind::NoDevice,
-        GpuError::Readback(_) => ErrorKind::Gpu,
+        GpuError::Readback(_) | GpuError::Timestamps(_) => ErrorKind::Gpu,
         GpuError::Shape { .. } | GpuError::UnknownShader(_) => ErrorKind::Internal,
     }
 }

@@ -7,6 +7,7 @@ pub mod gguf;
 pub mod gpu;
 pub mod kv;
 pub mod model;
+pub mod profile;
 pub mod quant;
 pub mod request;
 pub mod rng;

@@ -19,7 +19,7 @@ use wasm_bindgen::prelude::*;
 
 use crate::engine::{
     AdapterClass, ChatFormatKind, ChatMessage, Engine, EngineError, EngineOptions, EngineStats, ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout,
-    RequestId, SamplingParams, SchedStats, TokenEvent,
+    Profile, ProfileSummary, RequestId, SamplingParams, SchedStats, TokenEvent,
 };
 
 /// What kind of failure an error is; JS sees it as `error.code`.
@@ -368,6 +368,25 @@ struct Stats {
     sched: SchedStats,
 }
 
+/// Options of `WebEngine.profile`; every field is optional.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct ProfileOptions {
+    /// Per-kernel times from GPU timestamps where the device has them (default true); false
+    /// times each kernel alone on the host clock.
+    timestamps: Option<bool>,
+}
+
+/// What `profile` returns: the engine's `Profile` with its summary fields beside it, the same
+/// object `pagedlm profile` prints.
+#[derive(Serialize)]
+struct ProfileView<'a> {
+    #[serde(flatten)]
+    profile: &'a Profile,
+    #[serde(flatten)]
+    summary: ProfileSummary,
+}
+
 /// A request id from JS: a non-negative integer below 2^53.
 fn request_id(id: f64) -> Result<RequestId, WebError> {
     if id.is_finite() && id >= 0.0 && id.fract() == 0.0 && id < 9_007_199_254_740_992.0 {
@@ -665,6 +684,25 @@ impl WebEngine {
     pub fn import_snapshot(&self, bytes: Vec<u8>) -> Result<Vec<u32>, WebError> {
         let mut engine = self.inner.try_borrow_mut().map_err(|_| busy())?;
         Ok(engine.import_snapshot(&bytes)?)
+    }
+
+    /// Profiles one prefill of `promptTokens` tokens and one steady-state decode step after it
+    /// (the engine's `Profile`, as `pagedlm profile` prints it): `{adapter, method
+    /// ("timestamps" | "wall_clock_per_kernel"), prompt_tokens, prefill_chunk, prefill_cold,
+    /// prefill, decode: {tokens, context, dispatches, submits, readbacks, bytes_read_back,
+    /// bytes_read_back_per_token, buffers_created, buffer_bytes_created, bind_groups_created,
+    /// host_ms, wall_ms, gpu_ms, kernels: [{name, dispatches, ms}]}, decode_warmup_steps,
+    /// decode_samples, dispatches_per_decode_step, host_ms_per_decode_step,
+    /// gpu_ms_per_decode_step, wall_ms_per_decode_step, blocking_readbacks_per_token}`.
+    /// `options`: `{timestamps?}`. Needs an idle engine (`INVALID_ARGUMENT` while requests run,
+    /// `BUSY` during a step) and a context of `promptTokens` + 14 tokens.
+    #[allow(clippy::await_holding_refcell_ref)]
+    pub async fn profile(&self, prompt_tokens: u32, options: JsValue) -> Result<JsValue, WebError> {
+        let options: ProfileOptions = self::options(options, "profile options")?;
+        let inner = Rc::clone(&self.inner);
+        let mut engine = inner.try_borrow_mut().map_err(|_| busy())?;
+        let profile = engine.profile(prompt_tokens, options.timestamps.unwrap_or(true)).await?;
+        to_js(&ProfileView { profile: &profile, summary: profile.summary() })
     }
 
     /// What the engine holds: `{adapter, is_cpu, kv_layout, kv_dtype, block_size, max_context,

@@ -145,6 +145,61 @@ fn score_and_generate_print_the_contract_shapes() {
     assert_eq!(got[1]["prompt_tokens"][0], 1);
 }
 
+/// `profile` prints one JSON line (the same with `--json`): the profile of a prefill and a decode
+/// step, the summary fields CONTRACTS names, and the per-kernel `prefill_ms`/`decode_ms` pairs
+/// it printed before; `--table` prints the same for people.
+#[test]
+fn profile_prints_one_json_line_with_the_contract_fields() {
+    let dir = temp_dir("profile");
+    let model = dir.join("tiny.gguf");
+    std::fs::write(&model, tiny_model(SynthConfig::tiny().seed)).unwrap();
+    let model = model.to_str().unwrap();
+    let args = ["profile", "--model", model, "--prompt-tokens", "20", "--prefill-chunk", "8"];
+    let plain = lines(&bin().args(args).output().unwrap());
+    let json = lines(&bin().args(args).arg("--json").output().unwrap());
+    assert_eq!((plain.len(), json.len()), (1, 1));
+    for p in [&plain[0], &json[0]] {
+        for key in ["adapter", "method", "prompt_tokens", "prefill", "decode", "prefill_cold", "prefill_ms", "decode_ms"] {
+            assert!(p.get(key).is_some(), "profile output lacks {key}: {p}");
+        }
+        let decode = &p["decode"];
+        assert_eq!(p["dispatches_per_decode_step"], decode["dispatches"]);
+        assert_eq!(p["host_ms_per_decode_step"], decode["host_ms"]);
+        assert_eq!(p["gpu_ms_per_decode_step"], decode["gpu_ms"]);
+        // Steps planned ahead (the default): each token is read while the next step runs.
+        assert_eq!(p["blocking_readbacks_per_token"], 0.0);
+        assert_eq!(p["lookahead"], true);
+        assert_eq!(decode["bytes_read_back_per_token"], 4.0);
+        for key in ["variant", "host_share_of_decode_step", "decode_wall_over_gpu"] {
+            assert!(p.get(key).is_some(), "profile output lacks {key}: {p}");
+        }
+        // The old per-kernel pairs: [name, ms] for every kernel of the step.
+        let pairs = p["decode_ms"].as_array().unwrap();
+        let kernels = decode["kernels"].as_array().unwrap();
+        assert_eq!(pairs.len(), kernels.len());
+        for (pair, k) in pairs.iter().zip(kernels) {
+            assert_eq!((&pair[0], &pair[1]), (&k["name"], &k["ms"]));
+        }
+        let dispatches: u64 = kernels.iter().map(|k| k["dispatches"].as_u64().unwrap()).sum();
+        assert_eq!(Some(dispatches), decode["dispatches"].as_u64());
+        assert_eq!(p["prefill"]["readbacks"], 3, "20 prompt tokens in passes of 8");
+    }
+    let no_timestamps = lines(&bin().args(args).arg("--no-timestamps").output().unwrap());
+    assert_eq!(no_timestamps[0]["method"], "wall_clock_per_kernel");
+    let no_lookahead = lines(&bin().args(args).arg("--no-lookahead").output().unwrap());
+    assert_eq!(no_lookahead[0]["blocking_readbacks_per_token"], 1.0);
+
+    let table = bin().args(args).arg("--table").output().unwrap();
+    assert!(table.status.success(), "{}", String::from_utf8_lossy(&table.stderr));
+    let text = String::from_utf8(table.stdout).unwrap();
+    for want in ["wall ms", "dispatches", "bytes read back / token", "decode kernel", "prefill kernel"] {
+        assert!(text.contains(want), "the table lacks {want:?}:\n{text}");
+    }
+    let first_kernel = plain[0]["decode"]["kernels"][0]["name"].as_str().unwrap();
+    assert!(text.contains(first_kernel), "the table lists the kernels:\n{text}");
+    assert!(fails(&[&args[..], &["--json", "--table"]].concat()).contains("not both"));
+}
+
 #[test]
 fn errors_go_to_stderr_with_a_nonzero_exit() {
     assert!(fails(&["generate", "--model", "/nonexistent.gguf", "--prompt", "x"]).contains("fetch-model"));

@@ -8,7 +8,9 @@
 //!   `wasm_bindgen_futures`, `serde_wasm_bindgen`);
 //! - only `engine.rs` sees the scheduler, the KV cache and the model together;
 //! - no function in `src/` runs over 80 lines unless a comment just above it says why
-//!   (`// Long: ...`).
+//!   (`// Long: ...`);
+//! - only `gpu/context.rs` creates buffers and bind groups or submits on the device and queue
+//!   (everything else goes through its methods, so its counters see every one).
 //!
 //! Each checker is also run on a small made-up source that breaks its rule, so a checker that
 //! stopped seeing anything would fail here too.
@@ -211,6 +213,19 @@ fn layer_violations(files: &[Source]) -> Vec<String> {
     out
 }
 
+/// Calls that create or submit behind the context's counters: `path: call` for each use of the
+/// device's or queue's own methods outside `gpu/context.rs`.
+fn uncounted_gpu_calls(files: &[Source]) -> Vec<String> {
+    const CALLS: [&str; 3] = ["device.create_buffer", "device.create_bind_group", "queue.submit("];
+    let mut out = Vec::new();
+    for f in files.iter().filter(|f| f.path != "gpu/context.rs") {
+        for call in CALLS.iter().filter(|c| f.code.contains(*c)) {
+            out.push(format!("{}: {call} (use the Context's method, which counts it)", f.path));
+        }
+    }
+    out
+}
+
 /// Functions longer than [`MAX_FN_LINES`] without a `// Long:` comment just above them, as
 /// `path:line name (lines)`.
 fn long_functions(files: &[Source]) -> Vec<String> {
@@ -294,6 +309,20 @@ fn layers_only_look_down() {
         ("model/runner.rs", "use crate::{kv::KvCache, sched::Plan};"),
     ]);
     assert_eq!(layer_violations(&broken).len(), 4, "{:?}", layer_violations(&broken));
+}
+
+#[test]
+fn only_the_context_creates_buffers_and_bind_groups_and_submits() {
+    let found = uncounted_gpu_calls(&sources());
+    assert!(found.is_empty(), "GPU calls the context's counters cannot see:\n{}", found.join("\n"));
+
+    let broken = made_up(&[
+        ("kv/cache.rs", "fn f(ctx: &Context) { ctx.queue.submit(Some(e.finish())); }"),
+        ("model/graph.rs", "let b = ctx.device.create_buffer_init(&desc);"),
+        ("gpu/kernel.rs", "// ctx.device.create_bind_group in a comment is no call"),
+        ("gpu/context.rs", "self.device.create_bind_group(desc)"),
+    ]);
+    assert_eq!(uncounted_gpu_calls(&broken).len(), 2, "{:?}", uncounted_gpu_calls(&broken));
 }
 
 #[test]

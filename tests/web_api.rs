@@ -579,3 +579,28 @@ async fn a_base_model_completes_raw_text_and_refuses_chat() {
     let bos_id = 1.0; // tokenizer.ggml.bos_token_id of the synthetic file
     assert_eq!(js_sys::Array::from(&get(&done[0].2, "prompt_tokens")).get(0).as_f64(), Some(bos_id));
 }
+
+#[wasm_bindgen_test]
+async fn profile_reports_the_decode_step_and_refuses_bad_calls() {
+    let engine = load(tiny(), r#"{"maxContext": 64, "prefillChunk": 8}"#).await.expect("loads");
+    let p = engine.profile(20, JsValue::UNDEFINED).await.expect("profile");
+    let method = text(&p, "method");
+    assert!(method == "timestamps" || method == "wall_clock_per_kernel", "{method}");
+    let kernels = js_sys::Array::from(&get(&p, "decode.kernels"));
+    let listed: f64 = kernels.iter().map(|k| num(&k, "dispatches")).sum();
+    assert_eq!(listed, num(&p, "decode.dispatches"), "the kernels cover every dispatch");
+    assert_eq!(num(&p, "dispatches_per_decode_step"), listed);
+    assert_eq!(num(&p, "blocking_readbacks_per_token"), 0.0, "tokens read while the next step runs");
+    assert_eq!(num(&p, "decode.bytes_read_back_per_token"), 4.0, "one greedy row: its 4-byte argmax");
+    assert_eq!(num(&p, "prefill.readbacks"), 3.0, "20 tokens in passes of 8");
+    let host = engine.profile(20, json(r#"{"timestamps": false}"#)).await.expect("profile on the host clock");
+    assert_eq!(text(&host, "method"), "wall_clock_per_kernel");
+    assert_eq!(num(&host, "decode.dispatches"), listed);
+
+    expect_code("an unknown option", engine.profile(20, json(r#"{"timestamp": false}"#)).await, ErrorCode::InvalidArgument);
+    expect_code("longer than the context", engine.profile(60, JsValue::UNDEFINED).await, ErrorCode::InvalidArgument);
+    engine.submit_prompt("hi".into(), json(r#"{"max_tokens": 2}"#)).expect("submitPrompt");
+    expect_code("while a request waits", engine.profile(20, JsValue::UNDEFINED).await, ErrorCode::InvalidArgument);
+    run_steps(&engine).await;
+    engine.profile(20, JsValue::UNDEFINED).await.expect("profile once idle again");
+}

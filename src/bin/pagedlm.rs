@@ -44,7 +44,9 @@ const USAGE: &str = "usage: pagedlm <tokenize|score|generate|bench|trace|profile
   bench     --transfer [--lengths 256,1024,4096]   (KV snapshot export/import vs recomputing the prefill)
   bench     --interference [--prompt-tokens 2048] [--step-tokens N]   (4 decoding sequences while a long prompt arrives)
   trace     --input FILE.jsonl [--max-batch N] [--no-prefix-cache] [--disaggregate] [--step-tokens N]
-  profile   [--prompt-tokens 512]
+  profile   [--prompt-tokens 512] [--json | --table] [--no-timestamps]
+            (one JSON line by default or with --json; --table prints it for people;
+             --no-timestamps times each kernel alone on the host clock even where GPU timestamps exist)
   Values follow their option (`--max-tokens 5`) or an equals sign (`--max-tokens=5`).";
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -54,7 +56,7 @@ mod cli {
 
     use anyhow::{anyhow, bail, Context as _, Result};
     use pagedlm::engine::SchedConfig;
-    use pagedlm::engine::{Engine, EngineOptions, Event, GenerateRequest, Generation, KvDtype, KvLayout, RequestId, ScoreMode};
+    use pagedlm::engine::{Engine, EngineOptions, Event, GenerateRequest, Generation, KvDtype, KvLayout, Profile, RequestId, ScoreMode, StepProfile};
     use pagedlm::gguf::Gguf;
     use pagedlm::engine::AdapterClass;
     use pagedlm::sampler::SamplingParams;
@@ -440,16 +442,75 @@ mod cli {
         }})
     }
 
-    /// Per-kernel GPU time of one prefill step and one decode step (each dispatch timed alone).
+    /// A profile of one prefill and one steady-state decode step ([`Engine::profile`]): one JSON
+    /// line (the `Profile` plus the summary fields CONTRACTS names and the per-kernel
+    /// `prefill_ms`/`decode_ms` pairs of old), or with `--table` the same for people.
     async fn profile(args: &Args) -> Result<()> {
+        if args.flag("json") && args.flag("table") {
+            bail!("profile prints JSON (--json, the default) or a table (--table), not both");
+        }
         let n = args.count("prompt-tokens", 512);
         let mut opts = engine_options(args);
-        opts.max_context = n + 2;
+        opts.max_context = opts.max_context.max(n + pagedlm::engine::PROFILE_EXTRA_TOKENS);
         let bytes = model_bytes(args)?;
         let mut engine = Engine::load(&bytes, opts).await?;
-        engine.profile(n.min(16)).await?;
-        let (prefill, decode) = engine.profile(n).await?;
-        print_line(&json!({ "adapter": engine.context().adapter_name(), "variant": engine.context().variant_name(), "prompt_tokens": n, "prefill_ms": prefill, "decode_ms": decode }))
+        let p = engine.profile(n, !args.flag("no-timestamps")).await?;
+        if args.flag("table") {
+            print!("{}", profile_table(&p));
+            return Ok(());
+        }
+        let pairs = |s: &StepProfile| -> Vec<(String, f64)> { s.kernels.iter().map(|k| (k.name.clone(), k.ms)).collect() };
+        let mut line = serde_json::to_value(&p)?;
+        if let (Value::Object(line), Value::Object(summary)) = (&mut line, serde_json::to_value(p.summary())?) {
+            line.extend(summary);
+        }
+        line["prefill_ms"] = json!(pairs(&p.prefill));
+        line["decode_ms"] = json!(pairs(&p.decode));
+        print_line(&line)
+    }
+
+    /// The profile as a table: the two steps side by side, then each step's kernels.
+    fn profile_table(p: &Profile) -> String {
+        let (pf, d) = (&p.prefill, &p.decode);
+        let mut out = format!("pagedlm profile on {}\nper-kernel times from {}\n\n", p.adapter, p.method.describe());
+        out += &format!("{:<26}{:>16}{:>16}\n", "", format!("prefill {}", pf.tokens), format!("decode @{}", d.context));
+        let rows: [(&str, f64, f64, usize); 11] = [
+            ("wall ms", pf.wall_ms, d.wall_ms, 2),
+            ("GPU ms (sum of kernels)", pf.gpu_ms, d.gpu_ms, 2),
+            ("host ms (record+submit)", pf.host_ms, d.host_ms, 3),
+            ("dispatches", pf.dispatches as f64, d.dispatches as f64, 0),
+            ("submits", pf.submits as f64, d.submits as f64, 0),
+            ("readbacks", pf.readbacks as f64, d.readbacks as f64, 0),
+            ("blocking readbacks", pf.blocking_readbacks as f64, d.blocking_readbacks as f64, 0),
+            ("bytes read back / token", pf.bytes_read_back_per_token, d.bytes_read_back_per_token, 1),
+            ("buffers created", pf.buffers_created as f64, d.buffers_created as f64, 0),
+            ("bind groups created", pf.bind_groups_created as f64, d.bind_groups_created as f64, 0),
+            ("tokens/s (wall)", pf.tokens as f64 * 1000.0 / pf.wall_ms, 1000.0 / d.wall_ms, 1),
+        ];
+        for (name, a, b, digits) in rows {
+            out += &format!("{name:<26}{a:>16.digits$}{b:>16.digits$}\n");
+            if name.starts_with("GPU ms") {
+                let span = |s: &StepProfile| s.gpu_span_ms.map_or("n/a".to_string(), |ms| format!("{ms:.2}"));
+                out += &format!("{:<26}{:>16}{:>16}\n", "GPU span ms (first..last)", span(pf), span(d));
+            }
+        }
+        let c = &p.prefill_cold;
+        out += &format!(
+            "first prefill: {:.1} ms wall, {} buffers ({:.1} MiB), {} bind groups, {} pipelines compiled\n",
+            c.wall_ms,
+            c.buffers_created,
+            c.buffer_bytes_created as f64 / (1u64 << 20) as f64,
+            c.bind_groups_created,
+            c.pipelines_compiled
+        );
+        for (what, step) in [("prefill", pf), ("decode", d)] {
+            out += &format!("\n{:<32}{:>12}{:>8}{:>8}\n", format!("{what} kernel"), "ms", "calls", "share");
+            for k in &step.kernels {
+                let share = if step.gpu_ms > 0.0 { 100.0 * k.ms / step.gpu_ms } else { 0.0 };
+                out += &format!("{:<32}{:>12.3}{:>8}{:>7.1}%\n", k.name, k.ms, k.dispatches, share);
+            }
+        }
+        out
     }
 
     /// Aggregate decode throughput of `batch` sequences decoding together: every request gets its

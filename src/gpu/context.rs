@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
 
+use super::profile::{AtomicCounters, Capture, Captured, Counters};
 use super::{shaders, GpuError};
 
 /// What the caller needs from the device.
@@ -108,7 +109,9 @@ struct PipelineKey {
     constants: Vec<(String, u64)>,
 }
 
-/// Owns device, queue, limits and every cache. Every op gets GPU resources through it.
+/// Owns device, queue, limits and every cache. Every op gets GPU resources through it: buffers,
+/// bind groups and submissions go through its methods (never `device`/`queue` directly), so that
+/// [`Context::counters`] sees them all.
 pub struct Context {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
@@ -120,6 +123,10 @@ pub struct Context {
     class: AdapterClass,
     modules: Mutex<HashMap<String, Arc<wgpu::ShaderModule>>>,
     pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
+    counters: AtomicCounters,
+    /// The armed timestamp capture ([`Context::begin_capture`]); a [`super::Recorder`] holds it
+    /// while it records and puts it back when it submits.
+    capture: Mutex<Option<Capture>>,
 }
 
 impl Context {
@@ -161,11 +168,16 @@ impl Context {
                 adapter_limits.max_compute_invocations_per_workgroup
             )));
         }
+        // Timestamp queries only where offered (profiles fall back to the host clock without); the
+        // optional features the kernels have variants for, where offered; none is required.
+        let mut required_features = adapter_features & wgpu::Features::TIMESTAMP_QUERY;
+        if options.optional_features {
+            required_features |= adapter_features & OPTIONAL_FEATURES;
+        }
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("pagedlm"),
-                // The optional features the kernels have variants for, where offered; none is required.
-                required_features: if options.optional_features { adapter_features & OPTIONAL_FEATURES } else { wgpu::Features::empty() },
+                required_features,
                 required_limits: lowered(adapter_limits.clone(), options.max_storage_binding),
                 experimental_features: wgpu::ExperimentalFeatures::disabled(),
                 memory_hints: wgpu::MemoryHints::Performance,
@@ -184,6 +196,8 @@ impl Context {
             adapter_features,
             modules: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
+            counters: AtomicCounters::default(),
+            capture: Mutex::new(None),
         })
     }
 
@@ -275,6 +289,59 @@ impl Context {
         self.pipelines.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
+    /// What this context has created, submitted and read back so far (see [`Counters`]).
+    pub fn counters(&self) -> Counters {
+        self.counters.snapshot()
+    }
+
+    /// Creates a buffer (every buffer of the crate is made here or by the helpers below, so it is
+    /// counted).
+    pub fn create_buffer(&self, desc: &wgpu::BufferDescriptor<'_>) -> wgpu::Buffer {
+        self.count_buffer(desc.size);
+        self.device.create_buffer(desc)
+    }
+
+    fn count_buffer(&self, size: u64) {
+        AtomicCounters::add(&self.counters.buffers, 1);
+        AtomicCounters::add(&self.counters.buffer_bytes, size);
+    }
+
+    /// A buffer holding `contents` with `usage`.
+    fn buffer_init(&self, label: &str, contents: &[u8], usage: wgpu::BufferUsages) -> wgpu::Buffer {
+        self.count_buffer(contents.len() as u64);
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: Some(label), contents, usage })
+    }
+
+    /// A MAP_READ buffer of `size` bytes that copies land in, for [`Context::map_staging_range`].
+    pub fn staging(&self, label: &str, size: u64) -> wgpu::Buffer {
+        self.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// Creates a bind group (counted).
+    pub fn create_bind_group(&self, desc: &wgpu::BindGroupDescriptor<'_>) -> wgpu::BindGroup {
+        AtomicCounters::add(&self.counters.bind_groups, 1);
+        self.device.create_bind_group(desc)
+    }
+
+    /// Submits command buffers (counted).
+    pub fn submit<I: IntoIterator<Item = wgpu::CommandBuffer>>(&self, command_buffers: I) -> wgpu::SubmissionIndex {
+        // Counted before the submit, so a map started after it sees its serial.
+        AtomicCounters::add(&self.counters.submits, 1);
+        self.queue.submit(command_buffers)
+    }
+
+    /// Counts what a [`super::Recorder`] recorded: its dispatches and its host time (ns) from
+    /// the start of recording to `queue.submit` returning.
+    pub(crate) fn count_recording(&self, dispatches: u64, record_submit_ns: u64) {
+        AtomicCounters::add(&self.counters.dispatches, dispatches);
+        AtomicCounters::add(&self.counters.record_submit_ns, record_submit_ns);
+    }
+
     /// A storage buffer initialised with `data` (readable and writable by kernels, copyable both ways).
     pub fn storage_init(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
         // wgpu requires buffer sizes to be multiples of 4 for copies; pad.
@@ -286,16 +353,12 @@ impl Context {
         } else {
             data
         };
-        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents: bytes,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-        })
+        self.buffer_init(label, bytes, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST)
     }
 
     /// A zero-filled storage buffer of `size` bytes (rounded up to 4).
     pub fn storage_zeroed(&self, label: &str, size: u64) -> wgpu::Buffer {
-        self.device.create_buffer(&wgpu::BufferDescriptor {
+        self.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: size.div_ceil(4).max(1) * 4,
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
@@ -312,11 +375,7 @@ impl Context {
     pub fn params_init(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
         let mut padded = data.to_vec();
         padded.resize(data.len().div_ceil(16).max(1) * 16, 0);
-        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents: &padded,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-        })
+        self.buffer_init(label, &padded, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST)
     }
 
     /// A uniform buffer holding `data` (a `#[repr(C)]` Pod struct padded to 16 bytes by the caller
@@ -324,11 +383,7 @@ impl Context {
     pub fn uniform_init(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
         let mut padded = data.to_vec();
         padded.resize(data.len().div_ceil(16).max(1) * 16, 0);
-        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents: &padded,
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-        })
+        self.buffer_init(label, &padded, wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST)
     }
 
     /// Copies `size` bytes at `offset` of `buffer` to the CPU. Submits a copy and waits through
@@ -345,15 +400,10 @@ impl Context {
         if size == 0 {
             return Ok(Vec::new());
         }
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let staging = self.staging("readback", size);
         let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
         encoder.copy_buffer_to_buffer(buffer, offset, &staging, 0, size);
-        self.queue.submit(Some(encoder.finish()));
+        self.submit(Some(encoder.finish()));
         self.map_staging(&staging).await
     }
 
@@ -362,7 +412,8 @@ impl Context {
         self.map_staging_range(staging, staging.size()).await
     }
 
-    /// Maps the first `size` bytes of a filled MAP_READ buffer and returns them.
+    /// Maps the first `size` bytes of a filled MAP_READ buffer and returns them (counted as one
+    /// readback of `size` bytes).
     pub async fn map_staging_range(&self, staging: &wgpu::Buffer, size: u64) -> Result<Vec<u8>, GpuError> {
         self.map_after(staging, size, None).bytes(self).await
     }
@@ -372,11 +423,80 @@ impl Context {
     /// submissions while the caller does other work, and [`Mapping::bytes`] waits for `index`
     /// alone.
     pub fn map_after(&self, staging: &wgpu::Buffer, size: u64, index: Option<wgpu::SubmissionIndex>) -> Mapping {
+        // The submits so far: a later one means the GPU has work queued behind this map's.
+        let submitted = self.counters.submits.load(std::sync::atomic::Ordering::Relaxed);
         let (tx, rx) = futures_channel::oneshot::channel();
         staging.slice(..size).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        Mapping { staging: staging.clone(), size, index, rx }
+        Mapping { staging: staging.clone(), size, index, submitted, rx }
+    }
+
+    // ---- Timestamp captures (see `profile`) ----------------------------------------------
+
+    /// Whether the device has timestamp queries (`timestamp-query`), so steps can be captured.
+    pub fn has_timestamps(&self) -> bool {
+        self.device.features().contains(wgpu::Features::TIMESTAMP_QUERY)
+    }
+
+    /// Arms a capture of the next steps' dispatches, at most `max_dispatches` of them: every
+    /// [`super::Recorder`] until [`Context::end_capture`] times each dispatch with a pair of GPU
+    /// timestamps. The query sets and buffers are made now, so the captured steps create nothing
+    /// more. Refused without timestamp queries or while a capture is armed.
+    pub fn begin_capture(&self, max_dispatches: u32) -> Result<(), GpuError> {
+        if !self.has_timestamps() {
+            return Err(GpuError::Timestamps(format!("{} offers no timestamp queries", self.adapter_name())));
+        }
+        let mut slot = self.capture.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_some() {
+            return Err(GpuError::Timestamps("a capture is already armed".into()));
+        }
+        let bytes = Capture::resolve_bytes(max_dispatches.max(1));
+        let resolve = self.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("profile.resolve"),
+            size: bytes,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let staging = self.staging("profile.staging", bytes);
+        *slot = Some(Capture::new(&self.device, max_dispatches.max(1), resolve, staging));
+        Ok(())
+    }
+
+    /// The armed capture, for a recorder to fill ([`Context::return_capture`] gives it back).
+    pub(crate) fn take_capture(&self) -> Option<Capture> {
+        self.capture.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    pub(crate) fn return_capture(&self, capture: Capture) {
+        *self.capture.lock().unwrap_or_else(|e| e.into_inner()) = Some(capture);
+    }
+
+    /// Ends the armed capture: resolves its timestamps, reads them (one readback) and returns
+    /// each captured dispatch's kernel name and GPU time, in dispatch order, and their span.
+    /// Refused when no capture is armed, when a recorder that took it was never submitted, or
+    /// when more dispatches ran than it was armed for.
+    pub async fn end_capture(&self) -> Result<Captured, GpuError> {
+        let capture = self
+            .take_capture()
+            .ok_or_else(|| GpuError::Timestamps("no capture is armed (or a recorder holding it was dropped unsubmitted)".into()))?;
+        if capture.overflow > 0 {
+            return Err(GpuError::Timestamps(format!(
+                "{} dispatches ran past the {} the capture was armed for",
+                capture.overflow,
+                capture.names.len()
+            )));
+        }
+        if capture.names.is_empty() {
+            return Ok(Captured { dispatches: Vec::new(), span_ms: 0.0 });
+        }
+        let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("profile.resolve") });
+        let bytes = capture.resolve_into(&mut encoder);
+        self.submit(Some(encoder.finish()));
+        let data = self.map_staging_range(&capture.staging, bytes).await?;
+        // A Vec<u8> need not be 8-byte aligned: read the u64s byte-wise.
+        let ticks: Vec<u64> = data.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))).collect();
+        Ok(capture.read(&ticks, self.queue.get_timestamp_period() as f64))
     }
 
     /// Reads `len` f32 values starting at element `start`.
@@ -397,6 +517,8 @@ pub struct Mapping {
     staging: wgpu::Buffer,
     size: u64,
     index: Option<wgpu::SubmissionIndex>,
+    /// The context's submit count when the map was started.
+    submitted: u64,
     rx: futures_channel::oneshot::Receiver<Result<(), wgpu::BufferAsyncError>>,
 }
 
@@ -405,6 +527,13 @@ impl Mapping {
     /// done; on the web the browser's event loop completes the map) and returns its bytes; the
     /// buffer is unmapped again, ready to be filled by a later step.
     pub async fn bytes(self, ctx: &Context) -> Result<Vec<u8>, GpuError> {
+        // Counted when read, so a step's counters hold the readbacks whose tokens it reports.
+        let counters = &ctx.counters;
+        AtomicCounters::add(&counters.readbacks, 1);
+        AtomicCounters::add(&counters.bytes_read_back, self.size);
+        if counters.submits.load(std::sync::atomic::Ordering::Relaxed) == self.submitted {
+            AtomicCounters::add(&counters.blocking_readbacks, 1);
+        }
         #[cfg(not(target_arch = "wasm32"))]
         ctx.device
             .poll(wgpu::PollType::Wait { submission_index: self.index.clone(), timeout: None })

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use super::profile::Capture;
 use super::Context;
 
 /// One dispatch: pipeline, bind group (group 0) and workgroup count. Built by a launcher in
@@ -47,7 +48,7 @@ impl Kernel {
         let layout = pipeline.get_bind_group_layout(0);
         let entries: Vec<wgpu::BindGroupEntry<'_>> =
             bindings.iter().map(|(binding, r)| wgpu::BindGroupEntry { binding: *binding, resource: r.clone() }).collect();
-        let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        let bind_group = ctx.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(name),
             layout: &layout,
             entries: &entries,
@@ -91,31 +92,46 @@ pub(crate) fn split_count(max_per_dim: u32, count: u32) -> [u32; 3] {
 }
 
 /// Collects the dispatches and copies of one step into a single command buffer and submission.
+///
+/// While a timestamp capture is armed ([`Context::begin_capture`]) the recorder holds it and
+/// gives every dispatch a compute pass of its own with a timestamp at its beginning and end; the
+/// step is otherwise recorded and submitted exactly as without. [`Recorder::submit`] counts the
+/// dispatches and the host time from [`Recorder::new`] to `queue.submit` returning.
 pub struct Recorder<'a> {
     ctx: &'a Context,
     encoder: wgpu::CommandEncoder,
     pass: Option<wgpu::ComputePass<'static>>,
     dispatches: usize,
+    capture: Option<Capture>,
+    started_ms: f64,
 }
 
 impl<'a> Recorder<'a> {
     pub fn new(ctx: &'a Context, label: &str) -> Recorder<'a> {
+        let started_ms = crate::time::now_ms();
         let encoder = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
-        Recorder { ctx, encoder, pass: None, dispatches: 0 }
+        Recorder { ctx, encoder, pass: None, dispatches: 0, capture: ctx.take_capture(), started_ms }
     }
 
     /// Records a kernel; consecutive kernels share one compute pass (WebGPU orders storage
-    /// writes between dispatches of a pass).
+    /// writes between dispatches of a pass), unless a capture times each in a pass of its own.
     pub fn dispatch(&mut self, kernel: &Kernel) {
-        if self.pass.is_none() {
-            let pass = self
-                .encoder
-                .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("step"), timestamp_writes: None })
-                .forget_lifetime();
-            self.pass = Some(pass);
-        }
-        if let Some(pass) = self.pass.as_mut() {
-            kernel.record(pass);
+        if let Some(capture) = self.capture.as_mut() {
+            self.pass = None;
+            let timestamp_writes = capture.next_writes(kernel.name);
+            let mut pass = self.encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes });
+            kernel.record(&mut pass);
+        } else {
+            if self.pass.is_none() {
+                let pass = self
+                    .encoder
+                    .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("step"), timestamp_writes: None })
+                    .forget_lifetime();
+                self.pass = Some(pass);
+            }
+            if let Some(pass) = self.pass.as_mut() {
+                kernel.record(pass);
+            }
         }
         self.dispatches += 1;
     }
@@ -138,9 +154,15 @@ impl<'a> Recorder<'a> {
         self.dispatches
     }
 
-    /// Finishes the command buffer and submits it.
+    /// Finishes the command buffer and submits it; hands a held capture back to the context.
     pub fn submit(mut self) -> wgpu::SubmissionIndex {
         self.pass = None;
-        self.ctx.queue.submit(Some(self.encoder.finish()))
+        let index = self.ctx.submit(Some(self.encoder.finish()));
+        let ns = ((crate::time::now_ms() - self.started_ms) * 1e6).max(0.0) as u64;
+        self.ctx.count_recording(self.dispatches as u64, ns);
+        if let Some(capture) = self.capture.take() {
+            self.ctx.return_capture(capture);
+        }
+        index
     }
 }

@@ -4,15 +4,19 @@
 //! Every kernel is a WGSL file under `shaders/`, loaded through [`shaders::source`].
 //! A launcher checks its shape contract, then builds a [`Kernel`]: a pipeline, a bind
 //! group and a workgroup count, recorded into a compute pass by the caller. Building
-//! work is separate from submitting it, so a whole forward step is one submission.
+//! work is separate from submitting it, so a whole forward step is one submission. What the
+//! layer creates, submits and reads back is counted, and steps can be timed per dispatch with
+//! GPU timestamps ([`Context::counters`], [`Context::begin_capture`]).
 
 mod context;
 mod kernel;
 pub mod ops;
+mod profile;
 pub mod shaders;
 
 pub use context::{AdapterClass, Context, ContextOptions, Mapping};
 pub use kernel::{Kernel, Recorder};
+pub use profile::{Captured, Counters, KernelTime, TimingMethod};
 
 /// Errors of the GPU layer.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +33,8 @@ pub enum GpuError {
     UnknownShader(String),
     #[error("reading back from the GPU failed: {0}")]
     Readback(String),
+    #[error("GPU timestamps: {0}")]
+    Timestamps(String),
 }
 
 /// A shape-contract failure, for launchers.

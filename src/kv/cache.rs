@@ -232,7 +232,7 @@ impl KvCache {
         };
         let mut encoder = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
         pool.copy_block(&mut encoder, src, dst);
-        self.ctx.queue.submit(Some(encoder.finish()));
+        self.ctx.submit(Some(encoder.finish()));
     }
 
     /// The tree and the allocators of both groups, borrowed together.

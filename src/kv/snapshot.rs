@@ -172,12 +172,7 @@ pub async fn export(ctx: &Context, layers: &[LayerBlocks<'_>], key: &CacheKey, s
         let per_piece = (limit / (bb * 2)).max(1) as usize;
         for piece in all.chunks(per_piece) {
             let size = piece.len() as u64 * 2 * bb;
-            let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("kv.snapshot.staging"),
-                size,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
+            let staging = ctx.staging("kv.snapshot.staging", size);
             let mut encoder = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kv.export") });
             let mut at = 0u64;
             for &(layer, b) in piece {
@@ -188,7 +183,7 @@ pub async fn export(ctx: &Context, layers: &[LayerBlocks<'_>], key: &CacheKey, s
                     }
                 }
             }
-            ctx.queue.submit(Some(encoder.finish()));
+            ctx.submit(Some(encoder.finish()));
             let bytes = ctx.map_staging_range(&staging, size).await.map_err(|e| KvError::Internal(e.to_string()))?;
             data.extend_from_slice(&bytes);
         }

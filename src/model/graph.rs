@@ -496,14 +496,7 @@ impl ForwardGraph {
             }
         }
         let m = gather.len() as u64;
-        let staging = self.staging.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_else(|| {
-            ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("graph.staging"),
-                size: self.staging_bytes,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
-        });
+        let staging = self.staging.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_else(|| ctx.staging("graph.staging", self.staging_bytes));
         rec.copy(&self.argmax_out, 0, &staging, 0, m * 4);
         let logit_bytes = m * self.vocab as u64 * 4;
         let full = read == Logits::Full;
@@ -515,46 +508,45 @@ impl ForwardGraph {
         Ok(PendingStep { mapping, staging, free: self.staging.clone(), rows: m as usize, none_asked: logit_rows.is_empty(), full, vocab: self.vocab as usize })
     }
 
-    /// Runs the layers of one step submitting every kernel on its own and waiting for it, and
-    /// returns the GPU time spent per kernel name (milliseconds, summed over layers). For finding
-    /// where a step's time goes; the results of the step are discarded.
-    pub async fn profile(&mut self, ctx: &Context, rows: &[StepRow]) -> Result<Vec<(String, f64)>, ModelError> {
+    /// Runs one step submitting every kernel on its own and waiting for it (a 4-byte readback
+    /// after each), and returns each dispatch's kernel name and host-clock time in milliseconds,
+    /// in order: the per-kernel profile of a device without timestamp queries (each time
+    /// includes a submit and a wait). The results of the step are discarded.
+    pub async fn profile(&mut self, ctx: &Context, rows: &[StepRow]) -> Result<Vec<(&'static str, f64)>, ModelError> {
         self.check(rows, &[], None)?;
         self.prepare(ctx, rows)?;
-        let mut totals: Vec<(String, f64)> = Vec::new();
-        for node in self.layers.iter().chain(&self.head) {
-            let kernels: &[Kernel] = match node {
-                Node::Kernel(k) => std::slice::from_ref(k),
-                Node::Kernels(ks) => ks,
-                Node::Attention(i) => self.attention[*i].kernels(),
-            };
-            for k in kernels {
-                let t0 = crate::time::now_ms();
-                let mut rec = Recorder::new(ctx, "profile");
-                rec.dispatch(k);
-                rec.submit();
-                ctx.read_bytes(&self.argmax_out, 0, 4).await?;
-                let ms = crate::time::now_ms() - t0;
-                match totals.iter_mut().find(|(n, _)| n == k.name) {
-                    Some(entry) => entry.1 += ms,
-                    None => totals.push((k.name.to_string(), ms)),
-                }
-            }
+        let mut times = Vec::with_capacity(self.dispatch_count());
+        for k in self.kernels() {
+            let t0 = crate::time::now_ms();
+            let mut rec = Recorder::new(ctx, "profile");
+            rec.dispatch(k);
+            rec.submit();
+            ctx.read_bytes(&self.argmax_out, 0, 4).await?;
+            times.push((k.name, crate::time::now_ms() - t0));
         }
-        Ok(totals)
+        Ok(times)
+    }
+
+    /// Every dispatch of one greedy step in order (with the current step's attention sizes; a
+    /// sampled step runs the sampler's kernels instead of the argmax).
+    fn kernels(&self) -> impl Iterator<Item = &Kernel> {
+        let nodes = self.layers.iter().chain(&self.head).flat_map(|node| match node {
+            Node::Kernel(k) => std::slice::from_ref(k),
+            Node::Kernels(ks) => ks.as_slice(),
+            Node::Attention(i) => self.attention[*i].kernels(),
+        });
+        nodes.chain(self.argmax.iter())
+    }
+
+    /// The kernel name of every dispatch one step records, in order (with the current step's
+    /// attention sizes): what a profile of the step must account for.
+    pub fn kernel_names(&self) -> Vec<&'static str> {
+        self.kernels().map(|k| k.name).collect()
     }
 
     /// Number of dispatches one step records (with the current step's attention sizes).
     pub fn dispatch_count(&self) -> usize {
-        self.layers
-            .iter()
-            .chain(&self.head)
-            .map(|n| match n {
-                Node::Kernel(_) => 1,
-                Node::Kernels(k) => k.len(),
-                Node::Attention(i) => self.attention[*i].kernels().len(),
-            })
-            .sum()
+        self.kernels().count()
     }
 }
 

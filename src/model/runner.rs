@@ -101,20 +101,33 @@ impl Runner {
         (rows, logit_rows): (&[StepRow], &[u32]),
         (read, choose): (Logits, Choose<'_>),
     ) -> Result<PendingStep, ModelError> {
-        let Some(first) = rows.first() else { return Err(ModelError::Format("a step needs at least one row".into())) };
+        if rows.is_empty() {
+            return Err(ModelError::Format("a step needs at least one row".into()));
+        }
+        let feed = Feed { tokens: &self.feed, history: &self.history, history_capacity: MAX_REPETITION_WINDOW };
+        let graph = Self::graph_for((&mut self.decode, &mut self.sequence, &mut self.batch), (ctx, model, kv), rows, logit_rows.len())?;
+        graph.submit(ctx, (rows, logit_rows), (read, choose), Some(&feed))
+    }
+
+    /// The graph a step of `rows` (not empty) with `n_logits` logit rows runs on.
+    fn graph_for<'g>(
+        (decode, sequence, batch): (&'g mut GraphCache, &'g mut GraphCache, &'g mut GraphCache),
+        (ctx, model, kv): (&Context, &Model, &KvCache),
+        rows: &[StepRow],
+        n_logits: usize,
+    ) -> Result<&'g mut ForwardGraph, ModelError> {
+        let first = rows[0];
         let one_sequence = rows.iter().enumerate().all(|(i, r)| r.table_base == first.table_base && r.position == first.position + i as u32);
         let n = rows.len() as u32;
-        let graph = if one_sequence && n == 1 && logit_rows.len() <= 1 {
-            self.decode.get(ctx, model, kv, 1, 1)?
+        if one_sequence && n == 1 && n_logits <= 1 {
+            decode.get(ctx, model, kv, 1, 1)
         } else if one_sequence {
-            self.sequence.get(ctx, model, kv, n, (logit_rows.len() as u32).max(1))?
+            sequence.get(ctx, model, kv, n, (n_logits as u32).max(1))
         } else {
-            let logits = (logit_rows.len() as u32).max(1).next_power_of_two();
+            let logits = (n_logits as u32).max(1).next_power_of_two();
             let capacity = n.next_power_of_two();
-            self.batch.get(ctx, model, kv, capacity, logits.min(capacity))?
-        };
-        let feed = Feed { tokens: &self.feed, history: &self.history, history_capacity: MAX_REPETITION_WINDOW };
-        graph.submit(ctx, (rows, logit_rows), (read, choose), Some(&feed))
+            batch.get(ctx, model, kv, capacity, logits.min(capacity))
+        }
     }
 
     /// Runs `tokens` at positions `start..` of `seq` (appending their K/V slots) through
@@ -150,8 +163,7 @@ impl Runner {
     fn append_rows(&self, kv: &mut KvCache, seq: SeqId, tokens: &[u32], start: u32) -> Result<Vec<StepRow>, ModelError> {
         let at = kv.append(seq, tokens.len() as u32)?;
         debug_assert_eq!(at, start);
-        let table_base = kv.table_base(seq);
-        Ok(tokens.iter().enumerate().map(|(i, &token)| StepRow { token, position: start + i as u32, table_base, slot: seq.0 }).collect())
+        Ok(Self::rows_of(kv, seq, tokens, start))
     }
 
     /// Writes `tokens` (at most [`MAX_REPETITION_WINDOW`], oldest first) as the penalty ring of
@@ -167,17 +179,23 @@ impl Runner {
         Ok(())
     }
 
-    /// Per-kernel GPU time (ms) of one prefill step over `tokens` and of one decode step after
-    /// them, on `seq` (see [`ForwardGraph::profile`]); the K/V written are scratch.
-    pub async fn profile(&mut self, ctx: &Context, model: &Model, kv: &mut KvCache, seq: SeqId, tokens: &[u32]) -> Result<(Vec<(String, f64)>, Vec<(String, f64)>), ModelError> {
-        let n = tokens.len() as u32;
-        let mut rows = self.append_rows(kv, seq, tokens, 0)?;
-        rows.extend(self.append_rows(kv, seq, &tokens[..1], n)?);
-        let weights = (&model.config, &model.weights);
-        let mut prefill = ForwardGraph::build(ctx, weights, kv, AttentionKind::Sequence, n, 1)?;
-        let p = prefill.profile(ctx, &rows[..n as usize]).await?;
-        let mut decode = ForwardGraph::build(ctx, weights, kv, AttentionKind::Sequence, 1, 1)?;
-        let d = decode.profile(ctx, &rows[n as usize..]).await?;
-        Ok((p, d))
+    /// Host-clock times of every dispatch (see [`ForwardGraph::profile`]) of the steps that
+    /// [`Runner::prefill`] (or, for one row, [`Runner::decode`]) runs over `rows`: consecutive
+    /// positions of one sequence whose K/V slots are appended, in chunks of `prefill_chunk`,
+    /// each on the graph its step takes. For devices without timestamp queries; the K/V the
+    /// steps write are the values already there.
+    pub async fn time_kernels(&mut self, ctx: &Context, model: &Model, kv: &KvCache, rows: &[StepRow]) -> Result<Vec<(&'static str, f64)>, ModelError> {
+        let mut times = Vec::new();
+        for piece in rows.chunks(self.prefill_chunk as usize) {
+            let graph = Self::graph_for((&mut self.decode, &mut self.sequence, &mut self.batch), (ctx, model, kv), piece, 1)?;
+            times.extend(graph.profile(ctx, piece).await?);
+        }
+        Ok(times)
+    }
+
+    /// The rows of positions `start..start + len` of `seq` (their slots appended), with `tokens`.
+    pub fn rows_of(kv: &KvCache, seq: SeqId, tokens: &[u32], start: u32) -> Vec<StepRow> {
+        let table_base = kv.table_base(seq);
+        tokens.iter().enumerate().map(|(i, &token)| StepRow { token, position: start + i as u32, table_base, slot: seq.0 }).collect()
     }
 }

@@ -179,6 +179,14 @@ describe("npm package", () => {
       r.badOption = await codeOf(createEngine("/model.gguf", { kvDtyp: "int8" }));
       r.badSampling = await codeOf(engine.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], temperature: -1, max_tokens: 1 }));
       r.reset = (await engine.resetCache()).pool;
+      // The profile runs in the worker on the idle engine; while a request runs it is BUSY.
+      const p = await engine.profile(8);
+      r.profile = { method: p.method, dispatches: p.decode.dispatches, listed: p.decode.kernels.reduce((n, k) => n + k.dispatches, 0),
+        readbacks: p.blocking_readbacks_per_token, bytes: p.decode.bytes_read_back_per_token, summary: p.dispatches_per_decode_step };
+      r.badProfile = await codeOf(engine.profile(0));
+      const running = engine.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], max_tokens: 2, temperature: 0 });
+      r.profileBusy = await codeOf(engine.profile(8));
+      await running;
       await engine.dispose();
       r.disposed = await codeOf(engine.chat.completions.create({ messages: [{ role: "user", content: "Hi" }] }));
 
@@ -213,6 +221,13 @@ describe("npm package", () => {
     assert.equal(out.badOption, "PagedlmError:INVALID_ARGUMENT:true");
     assert.equal(out.badSampling, "PagedlmError:INVALID_ARGUMENT:true");
     assert.equal(out.reset.blocks_cached, 0, "resetCache drops every cached block");
+    assert.ok(["timestamps", "wall_clock_per_kernel"].includes(out.profile.method), out.profile.method);
+    assert.equal(out.profile.listed, out.profile.dispatches, "the profile's kernels cover every decode dispatch");
+    assert.equal(out.profile.summary, out.profile.dispatches);
+    assert.equal(out.profile.readbacks, 0, "no blocking readback per greedy decode token: each is read while the next step runs");
+    assert.equal(out.profile.bytes, 4, "its 4-byte argmax");
+    assert.equal(out.badProfile, "PagedlmError:INVALID_ARGUMENT:true");
+    assert.equal(out.profileBusy, "PagedlmError:BUSY:true");
     assert.equal(out.disposed, "PagedlmError:DISPOSED:true");
     assert.equal(out.truncated, "PagedlmError:MODEL_FORMAT:true");
     assert.equal(out.missing, "PagedlmError:MODEL_DOWNLOAD:true");

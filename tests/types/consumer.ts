@@ -1,6 +1,6 @@
 // Compiled by tests/e2e/types.test.mjs with `tsc --noEmit --strict`: what a TypeScript user of
 // the package writes must type-check against js/index.d.ts, and misuse must not.
-import { createEngine, PagedlmError, type ChatCompletionChunk, type CompletionChunk, type EngineStats } from "pagedlm";
+import { createEngine, PagedlmError, type ChatCompletionChunk, type CompletionChunk, type EngineStats, type Profile } from "pagedlm";
 
 async function main(file: File): Promise<string> {
   const engine = await createEngine("/models/model.gguf", {
@@ -38,6 +38,9 @@ async function main(file: File): Promise<string> {
   const stats: EngineStats = await engine.stats();
   const cells: number[] = stats.block_states;
   await engine.resetCache();
+  const profile: Profile = await engine.profile(64, { timestamps: false });
+  const slowest: string = profile.decode.kernels[0]?.name ?? profile.method;
+  text += slowest + profile.blocking_readbacks_per_token;
   const snapshot: Uint8Array = await engine.exportConversation([{ role: "user", content: "Hi" }, { role: "assistant", content: completion.choices[0].message.content ?? "" }]);
   const restored: number = (await engine.importConversation(snapshot)).tokens;
   text += restored;
@@ -60,5 +63,7 @@ createEngine("/m.gguf").then((e) => e.chat.completions.create({ max_tokens: 1 })
 createEngine("/m.gguf").then((e) => e.completions.create({ messages: [{ role: "user", content: "Hi" }] }));
 // @ts-expect-error: a completion has text, not a message
 createEngine("/m.gguf").then(async (e) => (await e.completions.create({ prompt: "x" })).choices[0].message);
+// @ts-expect-error: profile takes a token count
+createEngine("/m.gguf").then((e) => e.profile("512"));
 
 export { main };

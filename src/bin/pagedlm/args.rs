@@ -109,7 +109,11 @@ pub const COMMANDS: &[Command] = &[
         ],
     },
     Command { name: "trace", what: Cmd::Trace, options: &[opt("input", Kind::Text), opt("disaggregate", Kind::Flag)] },
-    Command { name: "profile", what: Cmd::Profile, options: &[opt("prompt-tokens", Kind::Count)] },
+    Command {
+        name: "profile",
+        what: Cmd::Profile,
+        options: &[opt("prompt-tokens", Kind::Count), opt("json", Kind::Flag), opt("table", Kind::Flag), opt("no-timestamps", Kind::Flag)],
+    },
 ];
 
 impl Command {

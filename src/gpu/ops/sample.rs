@@ -207,7 +207,7 @@ fn parts(vocab: u32) -> (u32, u32) {
 
 /// A buffer of the steps' indirect dispatch arguments (three u32 per step), written by kernels.
 fn args_buffer(ctx: &Context, label: &str, steps: u32) -> wgpu::Buffer {
-    ctx.device.create_buffer(&wgpu::BufferDescriptor {
+    ctx.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
         size: steps as u64 * 12,
         usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::INDIRECT | wgpu::BufferUsages::COPY_SRC,
