@@ -21,11 +21,15 @@ pub struct ContextOptions {
     /// default, so [`Context::limits`] reports the lowered values and everything that sizes a
     /// buffer or a binding reads them there. `min_storage_binding` is then capped to it too.
     pub max_storage_binding: Option<u64>,
+    /// Whether the matmuls quantize their activations to int8 (llama.cpp's trick, see
+    /// `gpu::ops::matmul::MatmulConfig::int8_activations`); `None` = the adapter's default
+    /// (on for CPU adapters, where it is faster, off elsewhere).
+    pub int8_activations: Option<bool>,
 }
 
 impl Default for ContextOptions {
     fn default() -> Self {
-        ContextOptions { min_storage_binding: 64 << 20, force_fallback_adapter: false, max_storage_binding: None }
+        ContextOptions { min_storage_binding: 64 << 20, force_fallback_adapter: false, max_storage_binding: None, int8_activations: None }
     }
 }
 
@@ -59,6 +63,8 @@ pub struct Context {
     pub limits: wgpu::Limits,
     /// Features the adapter offers (probed, not all requested: `shader-f16` is never required).
     pub adapter_features: wgpu::Features,
+    /// [`ContextOptions::int8_activations`].
+    pub int8_activations: Option<bool>,
     modules: Mutex<HashMap<String, Arc<wgpu::ShaderModule>>>,
     pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
 }
@@ -105,7 +111,9 @@ impl Context {
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("pagedlm"),
-                required_features: wgpu::Features::empty(),
+                // Subgroups when the adapter has them (kernels pick variants that use them through
+                // [`Context::has_subgroups`]); nothing is required.
+                required_features: adapter_features & wgpu::Features::SUBGROUP,
                 required_limits: lowered(adapter_limits.clone(), options.max_storage_binding),
                 experimental_features: wgpu::ExperimentalFeatures::disabled(),
                 memory_hints: wgpu::MemoryHints::Performance,
@@ -120,6 +128,7 @@ impl Context {
             info,
             limits,
             adapter_features,
+            int8_activations: options.int8_activations,
             modules: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
         })
@@ -134,6 +143,12 @@ impl Context {
     /// register-heavy, barrier-free variants there (see KERNELS.md).
     pub fn is_cpu(&self) -> bool {
         self.info.device_type == wgpu::DeviceType::Cpu
+    }
+
+    /// True when shaders may use subgroup operations and every subgroup has at least `lanes`
+    /// invocations (lavapipe: 8; in browsers wgpu does not expose subgroups yet).
+    pub fn has_subgroups(&self, lanes: u32) -> bool {
+        self.device.features().contains(wgpu::Features::SUBGROUP) && self.info.subgroup_min_size >= lanes
     }
 
     fn module(&self, shader: &str) -> Result<Arc<wgpu::ShaderModule>, GpuError> {
