@@ -59,6 +59,9 @@ pub struct EngineOptions {
     /// [`Engine::load`], which creates the context; a context handed to
     /// [`Engine::load_with_context`] has its limits already.
     pub max_binding_bytes: Option<u64>,
+    /// Whether the matmuls quantize their activations to int8 ([`ContextOptions::int8_activations`]);
+    /// `None` = the adapter's default. Like `max_binding_bytes`, used by [`Engine::load`].
+    pub int8_activations: Option<bool>,
 }
 
 impl Default for EngineOptions {
@@ -74,6 +77,7 @@ impl Default for EngineOptions {
             check_integrity: false,
             sched: SchedConfig::default(),
             max_binding_bytes: None,
+            int8_activations: None,
         }
     }
 }
@@ -130,7 +134,9 @@ pub struct Engine {
 impl Engine {
     /// Creates a GPU context and loads a GGUF model from its bytes.
     pub async fn load(bytes: &[u8], options: EngineOptions) -> Result<Engine, EngineError> {
-        let ctx = Arc::new(Context::new(ContextOptions { max_storage_binding: options.max_binding_bytes, ..Default::default() }).await?);
+        let ctx = Arc::new(
+            Context::new(ContextOptions { max_storage_binding: options.max_binding_bytes, int8_activations: options.int8_activations, ..Default::default() }).await?,
+        );
         Engine::load_with_context(ctx, bytes, options)
     }
 

@@ -11,8 +11,8 @@
 //! (≥ 6e-4), far above the bound. The embedding is d · q + m per value in f32, as the CPU's
 //! dequantizer computes it, up to one rounding (a fused multiply-add): |Δ| ≤ 2⁻²² · (|w| + max|row|).
 //!
-//! The int8-activation variant (the default on CPU adapters, so every test that runs the device's
-//! default checks it there; f32 activations are asked for explicitly) is checked twice: against the exact reference within the
+//! The int8-activation variant (opt-in; the tests of the device's default ask for it explicitly
+//! too) is checked twice: against the exact reference within the
 //! worst case its activation rounding allows, Σ_k |d·q[n,k]| · step_k / 2 (`int8_error_bound`,
 //! step_k = max|x| / 127 of k's block), and against a CPU emulation of the same int8 arithmetic
 //! (`matmul_int8_cpu`) within the f32 tolerance above plus two quantization steps of one weight
@@ -205,12 +205,15 @@ gpu_test! {
     async fn q4_1_matches_cpu_on_model_shapes() {
         let ctx = gpu().await;
         let mut rng = Rng::new(11);
-        // The device's default (int8 activations on CPU adapters) and exact f32 activations.
-        let f32_of = |n_rows| Some(MatmulConfig { int8_activations: false, ..MatmulConfig::for_device(&ctx, n_rows) });
+        // The device's default, and its activations the other way (int8 or f32).
+        let flipped = |n_rows| {
+            let c = MatmulConfig::for_device(&ctx, n_rows);
+            Some(MatmulConfig { int8_activations: !c.int8_activations, ..c })
+        };
         for (rows, cols) in [(576, 576), (192, 576), (1536, 576), (576, 1536)] {
             for n_rows in [1, 3, 8, 16] {
                 check(&ctx, &mut rng, GgmlKind::Q4_1, rows, cols, n_rows, None).await;
-                check(&ctx, &mut rng, GgmlKind::Q4_1, rows, cols, n_rows, f32_of(n_rows)).await;
+                check(&ctx, &mut rng, GgmlKind::Q4_1, rows, cols, n_rows, flipped(n_rows)).await;
             }
         }
     }
@@ -232,8 +235,8 @@ gpu_test! {
         let ctx = gpu().await;
         let mut rng = Rng::new(12);
         // 100 rows: not a multiple of the 8-row tile.
-        let f32_of = Some(MatmulConfig { int8_activations: false, ..MatmulConfig::for_device(&ctx, 100) });
-        for config in [None, f32_of] {
+        let c = MatmulConfig::for_device(&ctx, 100);
+        for config in [None, Some(MatmulConfig { int8_activations: !c.int8_activations, ..c })] {
             check(&ctx, &mut rng, GgmlKind::Q4_1, 1536, 576, 100, config).await;
             check(&ctx, &mut rng, GgmlKind::Q4_1, 576, 1536, 100, config).await;
         }

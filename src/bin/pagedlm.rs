@@ -33,6 +33,7 @@ const USAGE: &str = "usage: pagedlm <tokenize|score|generate|bench|trace|profile
   common:   --model PATH  --kv-layout contiguous|paged  --kv-dtype f32|int8  --block-size N  --pool-tokens N
             --max-context N  --prefill-chunk N  --max-batch N  --step-tokens N  --no-prefix-cache  --no-cache-aware  --no-lookahead
             --max-binding-mib N   (run as on a device whose largest buffer binding is N MiB)
+            --activations auto|f32|int8   (the matmuls' activations; auto: f32)
             (every command takes them; tokenize reads only --model)
   tokenize  --texts FILE.json
   score     --input FILE.json [--mode decode|prefill]
@@ -98,7 +99,7 @@ mod cli {
     }
 
     fn engine_options(args: &Args) -> EngineOptions {
-        // The parser admits only the values in args::KV_LAYOUTS and args::KV_DTYPES.
+        // The parser admits only the values in args::KV_LAYOUTS, args::KV_DTYPES and args::ACTIVATIONS.
         let kv_layout = match args.text("kv-layout") {
             Some("contiguous") => KvLayout::Contiguous,
             _ => KvLayout::Paged,
@@ -124,6 +125,11 @@ mod cli {
                 ..SchedConfig::default()
             },
             max_binding_bytes: args.given("max-binding-mib").then(|| u64::from(args.count("max-binding-mib", 0)) << 20),
+            int8_activations: match args.text("activations") {
+                Some("int8") => Some(true),
+                Some("f32") => Some(false),
+                _ => None,
+            },
         }
     }
 

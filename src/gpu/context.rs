@@ -22,8 +22,8 @@ pub struct ContextOptions {
     /// buffer or a binding reads them there. `min_storage_binding` is then capped to it too.
     pub max_storage_binding: Option<u64>,
     /// Whether the matmuls quantize their activations to int8 (llama.cpp's trick, see
-    /// `gpu::ops::matmul::MatmulConfig::int8_activations`); `None` = the adapter's default
-    /// (on for CPU adapters, where it is faster, off elsewhere).
+    /// `gpu::ops::matmul::MatmulConfig::for_device`); `None` = the default, f32 activations
+    /// (int8 is faster on CPU adapters but moves the logits further than llama.cpp's do).
     pub int8_activations: Option<bool>,
 }
 

@@ -3,16 +3,17 @@
 //! A kernel family shares its common code through a prelude file prepended to each kernel's
 //! body (WGSL has no includes): `attention_common` before `attention` and `attention_batch`,
 //! `attention_reduce_common` before their reduce kernels, `rms_common` before `rms_norm` and
-//! `head_norm` and `residual_norm`, `rope_common` before `rope`, `kv_common` before `kv_write`,
-//! all three (`rms_common` + `rope_common` + `kv_common`) before `qkv_heads`, which fuses
-//! head_norm, rope and kv_write, `order_key` before `argmax` and `sample`, `act_common` before
-//! `glu` and every matmul. The quantized matmuls are `act_common` + `matmul_common` + an
-//! activation prelude (`matmul_x`, or `matmul_x_subgroup` in the `_subgroup` variant of each, for
-//! devices with subgroups) + the body: `matmul_q4_1` and `matmul_q8_0` have bodies of their own;
-//! every other type is one body per shape with the block format as a prelude, `matmul_<type>`
-//! being those preludes + `quant_common` + `quant_<type>` + `matmul_blocks`, and `embed_<type>` is
-//! `quant_common` + `quant_<type>` + `embed`. The concatenation happens at compile time, so every
-//! source stays a `&'static str`.
+//! `head_norm` and `residual_norm`, `quantize_common` before `quantize_act` and after
+//! `rms_common` before the norms that quantize (`rms_norm`, `residual_norm`), `rope_common`
+//! before `rope`, `kv_common` before `kv_write`, all three (`rms_common` + `rope_common` +
+//! `kv_common`) before `qkv_heads`, which fuses head_norm, rope and kv_write, `order_key` before
+//! `argmax` and `sample`, `act_common` before `glu` and every matmul. The quantized matmuls are
+//! `act_common` + `matmul_common` + an activation prelude (`matmul_x`, or `matmul_x_subgroup` in
+//! the `_subgroup` variant of each, for devices with subgroups) + the body: `matmul_q4_1` and
+//! `matmul_q8_0` have bodies of their own; every other type is one body per shape with the block
+//! format as a prelude, `matmul_<type>` being those preludes + `quant_common` + `quant_<type>` +
+//! `matmul_blocks`, and `embed_<type>` is `quant_common` + `quant_<type>` + `embed`. The
+//! concatenation happens at compile time, so every source stays a `&'static str`.
 
 /// The text of `shaders/NAME.wgsl`.
 macro_rules! wgsl {
@@ -63,12 +64,12 @@ pub fn source(name: &str) -> Option<&'static str> {
         "argmax" => with_prelude!("order_key", "argmax"),
         "sample" => with_prelude!("order_key", "sample"),
         "kv_write" => with_prelude!("kv_common", "kv_write"),
-        "rms_norm" => with_prelude!("rms_common", "rms_norm"),
+        "rms_norm" => concat!(wgsl!("rms_common"), "\n", with_prelude!("quantize_common", "rms_norm")),
         "head_norm" => with_prelude!("rms_common", "head_norm"),
         "rope" => with_prelude!("rope_common", "rope"),
         "qkv_heads" => concat!(wgsl!("rms_common"), "\n", wgsl!("rope_common"), "\n", with_prelude!("kv_common", "qkv_heads")),
         "glu" => with_prelude!("act_common", "glu"),
-        "residual_norm" => with_prelude!("rms_common", "residual_norm"),
+        "residual_norm" => concat!(wgsl!("rms_common"), "\n", with_prelude!("quantize_common", "residual_norm")),
         "matmul_q4_1" => matmul_body!("matmul_x", "matmul_q4_1"),
         "matmul_q4_1_subgroup" => matmul_body!("matmul_x_subgroup", "matmul_q4_1"),
         "matmul_q8_0" => matmul_body!("matmul_x", "matmul_q8_0"),
@@ -77,7 +78,7 @@ pub fn source(name: &str) -> Option<&'static str> {
         "attention_reduce" => with_prelude!("attention_reduce_common", "attention_reduce"),
         "attention_batch" => with_prelude!("attention_common", "attention_batch"),
         "attention_batch_reduce" => with_prelude!("attention_reduce_common", "attention_batch_reduce"),
-        "quantize_act" => wgsl!("quantize_act"),
+        "quantize_act" => with_prelude!("quantize_common", "quantize_act"),
         other => return quant_source(other),
     })
 }

@@ -36,6 +36,7 @@ const fn opt(name: &'static str, kind: Kind) -> Opt {
 
 pub const KV_LAYOUTS: &[&str] = &["contiguous", "paged"];
 pub const KV_DTYPES: &[&str] = &["f32", "int8"];
+pub const ACTIVATIONS: &[&str] = &["auto", "f32", "int8"];
 pub const SCORE_MODES: &[&str] = &["decode", "prefill"];
 
 /// The engine's options, which every command takes (CONTRACTS.md calls them common; `tokenize`
@@ -54,6 +55,7 @@ const ENGINE: &[Opt] = &[
     opt("no-cache-aware", Kind::Flag),
     opt("no-lookahead", Kind::Flag),
     opt("max-binding-mib", Kind::Count),
+    opt("activations", Kind::Choice(ACTIVATIONS)),
 ];
 
 /// The commands, for dispatching without matching on names.

@@ -25,8 +25,9 @@
 //! invocations split the blocks of a row and reduce through workgroup memory. All are override
 //! constants or activation preludes of the same bodies. Accumulation is f32. With f32 activations
 //! the result equals the f32 dot product of the dequantized weights up to summation order
-//! (relative error ~1e-6 of Σ|w·x|). [`MatmulConfig::int8_activations`] (the default on CPU
-//! adapters) is llama.cpp's trick instead for the Q4_1 and Q8_0 parts: activations quantized to
+//! (relative error ~1e-6 of Σ|w·x|). [`MatmulConfig::int8_activations`] (asked for through
+//! [`ContextOptions::int8_activations`](crate::gpu::ContextOptions)) is llama.cpp's trick instead
+//! for the Q4_1 and Q8_0 parts: activations quantized to
 //! int8 per 32-value block, by a dispatch of their own or by the norm that produces them
 //! ([`Input::Int8`]), products through `dot4I8Packed`; fewer words to load, within
 //! [`int8_error_bound`] of the exact result. Parts of other types keep f32 activations.
@@ -265,8 +266,15 @@ const SUBGROUP_LANES: u32 = 8;
 impl MatmulConfig {
     /// The variant for this adapter and batch. CPU adapters: register tiles of up to 16
     /// activation rows, whole rows per invocation in workgroups of 16, activation blocks shared
-    /// through subgroups where there are some, int8 activations; measured on lavapipe for a
-    /// 512-row Q4_1 prefill (576→1536) at ~3× the speed of 8-row tiles without subgroups or int8.
+    /// through subgroups where there are some (lavapipe); measured on lavapipe (medians of 5
+    /// alternating rounds, CPU time): a 512-row Q4_1 prefill (576→1536) 2.7× faster than the
+    /// 8-row tiles before, decode matvecs 1.35-1.6×. Activations stay f32 unless asked otherwise:
+    /// int8 activations are faster (with shared loads at most 5% in decode and 1.36× in prefill;
+    /// without them, SwiftShader's case, they cut the words loaded per block from 32 to 10: 2.2×
+    /// in prefill and 1.2× in decode on lavapipe's plain path), but their rounding, like
+    /// llama.cpp's, moves SmolLM2's logits by up to ~2.5 and misses 3 of llama.cpp's clear steps
+    /// in tests/golden.rs (96.0% top-1 agreement against 98.1% with f32; the fidelity bar is all
+    /// of them).
     /// Other adapters (not measured: no real GPU at hand): 8-way split rows in 64-wide
     /// workgroups, tiles of up to 4 rows, f32 activations: real GPUs are not short of load
     /// bandwidth for activations, and int8 would add a quantizing dispatch where the attention
@@ -281,9 +289,10 @@ impl MatmulConfig {
             5..=8 => 8,
             _ => MAX_TILE_ROWS,
         };
+        let subgroup = ctx.is_cpu() && ctx.has_subgroups(SUBGROUP_LANES);
         let int8_activations = ctx.int8_activations.unwrap_or(false);
         if ctx.is_cpu() {
-            MatmulConfig { tile_rows, k_split: 1, workgroup: 16, subgroup: ctx.has_subgroups(SUBGROUP_LANES), int8_activations }
+            MatmulConfig { tile_rows, k_split: 1, workgroup: 16, subgroup, int8_activations }
         } else {
             MatmulConfig { tile_rows: tile_rows.min(4), k_split: 8, workgroup: 64, subgroup: false, int8_activations }
         }
@@ -516,6 +525,24 @@ struct QuantizeParams {
 }
 
 const QUANTIZE_WG: u64 = 32;
+
+/// xq ← the int8 blocks of x for a matmul's [`Input::Int8`] (`shaders/quantize_act.wgsl`), for
+/// activations whose producer does not quantize them itself.
+/// x: [n_rows, cols] f32; xq: [`int8_bytes`]`(n_rows, cols)` bytes; cols a multiple of 32.
+pub fn quantize(ctx: &Context, x: &wgpu::Buffer, xq: &wgpu::Buffer, n_rows: u32, cols: u32) -> Result<Kernel, GpuError> {
+    const OP: &str = "quantize";
+    if n_rows == 0 || cols == 0 || cols % QK as u32 != 0 {
+        return Err(shape_err(OP, format!("{n_rows} rows of {cols}: both must be positive and cols a multiple of {QK}")));
+    }
+    if x == xq {
+        return Err(shape_err(OP, "xq must be a different buffer from x"));
+    }
+    check_size(OP, "x", x, n_rows as u64 * cols as u64 * 4)?;
+    check_size(OP, "xq", xq, int8_bytes(n_rows, cols))?;
+    check_binding(ctx, OP, "x", x.size())?;
+    check_binding(ctx, OP, "xq", xq.size())?;
+    quantize_activations(ctx, x, xq, int8_bytes(n_rows, cols) / 48)
+}
 
 /// xq ← int8 blocks of x (quantize_act.wgsl). x: [blocks · 32] f32; xq: [blocks · 3] vec4<u32>.
 fn quantize_activations(ctx: &Context, x: &wgpu::Buffer, xq: &wgpu::Buffer, blocks: u64) -> Result<Kernel, GpuError> {
