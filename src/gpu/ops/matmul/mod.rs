@@ -268,7 +268,7 @@ impl MatmulConfig {
     /// activation rows, whole rows per invocation in workgroups of 16, activation blocks shared
     /// through subgroups where there are some (lavapipe); measured on lavapipe (medians of 5
     /// alternating rounds, CPU time): a 512-row Q4_1 prefill (576→1536) 2.7× faster than the
-    /// 8-row tiles before, decode matvecs 1.35-1.6×. Activations stay f32 unless asked otherwise:
+    /// 8-row tiles before, decode matvecs 1.35-1.5×. Activations stay f32 unless asked otherwise:
     /// int8 activations are faster (with shared loads at most 5% in decode and 1.36× in prefill;
     /// without them, SwiftShader's case, they cut the words loaded per block from 32 to 10: 2.2×
     /// in prefill and 1.2× in decode on lavapipe's plain path), but their rounding, like
@@ -323,8 +323,8 @@ pub enum Input<'a> {
     /// f32 `[n_rows, cols]`; with `int8_activations`, quantized for the int8 parts by a dispatch
     /// of the matmul's own.
     F32(&'a wgpu::Buffer),
-    /// Quantized by the kernel that produced them (`norm::rms_norm_into`): `q` the int8 blocks,
-    /// [`int8_bytes`]`(n_rows, cols)`, in `shaders/quantize_act.wgsl`'s layout; `f32` the same
+    /// Quantized by the kernel that produced them (`norm::rms_norm_to`, [`quantize`]): `q` the
+    /// int8 blocks, [`int8_bytes`]`(n_rows, cols)`, in `shaders/quantize_common.wgsl`'s layout; `f32` the same
     /// activations unquantized, needed by the parts without an int8 path
     /// ([`QuantMatrix::needs_f32`]) and by a config without `int8_activations`.
     Int8 { q: &'a wgpu::Buffer, f32: Option<&'a wgpu::Buffer> },
@@ -440,7 +440,7 @@ pub fn matmul_input(
         None => None,
     };
     let mut kernels = Vec::with_capacity(w.parts.len() + 1);
-    // The quantized activations (see quantize_act.wgsl): the producer's, or quantized here into a
+    // The quantized activations (see quantize_common.wgsl): the producer's, or quantized here into a
     // scratch buffer that the bind groups keep alive as long as the kernels.
     let xq = if w.reads_int8(&config) {
         let bytes = int8_bytes(n_rows, w.cols);
