@@ -6,6 +6,10 @@
 // load costs a loop over the SIMD lanes while a broadcast is one vector instruction, and this
 // cuts the words each invocation loads per activation block from 10 to 2 (int8), 32 to 4 (f32).
 // Called in uniform control flow only (every lane of the subgroup takes part).
+// No `enable subgroups;` heads these sources: naga 30 refuses the directive ("not yet
+// implemented") and accepts the operations without it, while tint (Chromium) requires it. The
+// `_subgroup` variants run only where `Context::has_subgroups` holds, which wgpu's browser backend
+// never reports today; a browser variant would need the directive prepended on wasm32.
 
 struct Ids {
     @builtin(local_invocation_index) lid: u32,
