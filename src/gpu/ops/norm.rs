@@ -153,15 +153,17 @@ pub fn residual_norm(
     check_size(OP, "delta", delta, elems * 4)?;
     check_size(OP, "post", post, dim as u64 * 4)?;
     // Without a next norm its bindings still need buffers: post stands in for the weight, and
-    // the outputs are placeholders written by nobody (NORM off).
+    // the outputs are placeholders written by nobody (NORM off), two of them: WebGPU refuses a
+    // dispatch whose writable storage bindings overlap (Chromium drops it; wgpu natively does not
+    // check).
     let (weight, out) = match next {
         Some((weight, out)) => {
             check_size(OP, "weight", weight, dim as u64 * 4)?;
             (weight, out.bind(ctx, OP, (n_rows, dim), &[x, delta])?)
         }
         None => {
-            let placeholder = ctx.storage_zeroed("residual_norm.unused", 48);
-            (post, NormBindings { f32: placeholder.clone(), int8: placeholder, constants: [("F32_OUT", 0.0), ("QUANT", 0.0)] })
+            let (f32, int8) = (ctx.storage_zeroed("residual_norm.no_f32", 4), ctx.storage_zeroed("residual_norm.no_int8", 48));
+            (post, NormBindings { f32, int8, constants: [("F32_OUT", 0.0), ("QUANT", 0.0)] })
         }
     };
     for (what, buffer) in [("x", x), ("delta", delta), ("post", post), ("weight", weight)] {
