@@ -1,52 +1,82 @@
-// The matmul of every weight type without a body of its own, after matmul_common.wgsl,
-// quant_common.wgsl and the type's quant_<type>.wgsl: G = 4 rows per invocation, each chunk of 32
-// values decoded in registers by `decode` and used for all TM activation rows. The scale and
-// offset apply once per half chunk and activation row: Σ_k (d q_k + m) x_k = d · Σ q_k x_k + m · Σ x_k.
-// Activations are f32 (INT8 is not used by this body). Accumulation is f32.
+// The matmul of every weight type without a body of its own, after matmul_common.wgsl, an
+// activation prelude, quant_common.wgsl and the type's quant_<type>.wgsl: G = 4 rows per
+// invocation, each chunk of 32 values decoded in registers by `decode` and used for all TM
+// activation rows. The scale and offset apply once per half chunk and activation row:
+// Σ_k (d q_k + m) x_k = d · Σ q_k x_k + m · Σ x_k. Activations are f32 (INT8 is not used by this
+// body). Accumulation is f32.
+
+// The chunks of the 4 rows of a group.
+struct Chunks {
+    c0: Chunk,
+    c1: Chunk,
+    c2: Chunk,
+    c3: Chunk,
+}
+
+// Σ_k q_k x_k over the two halves (values 0..15, 16..31) of one row's chunk.
+fn halves_dot(c: Chunk, v: XF32) -> vec2<f32> {
+    return vec2<f32>((dot(c.q[0], v[0]) + dot(c.q[1], v[1])) + (dot(c.q[2], v[2]) + dot(c.q[3], v[3])),
+                     (dot(c.q[4], v[4]) + dot(c.q[5], v[5])) + (dot(c.q[6], v[6]) + dot(c.q[7], v[7])));
+}
+
+// The 4 rows' sums over chunk kc of the tile's activation row a0 + t.
+fn blocks_row(cs: Chunks, it: Tile, t: u32, kc: u32) -> vec4<f32> {
+    let v = x_f32(it, t, kc);
+    let p0 = halves_dot(cs.c0, v);
+    let p1 = halves_dot(cs.c1, v);
+    let p2 = halves_dot(cs.c2, v);
+    let p3 = halves_dot(cs.c3, v);
+    let lo = vec4<f32>(p0.x, p1.x, p2.x, p3.x);
+    let hi = vec4<f32>(p0.y, p1.y, p2.y, p3.y);
+    let s_lo = (v[0] + v[1]) + (v[2] + v[3]);
+    let s_hi = (v[4] + v[5]) + (v[6] + v[7]);
+    let d_lo = vec4<f32>(cs.c0.d.x, cs.c1.d.x, cs.c2.d.x, cs.c3.d.x);
+    let d_hi = vec4<f32>(cs.c0.d.y, cs.c1.d.y, cs.c2.d.y, cs.c3.d.y);
+    let m_lo = vec4<f32>(cs.c0.m.x, cs.c1.m.x, cs.c2.m.x, cs.c3.m.x);
+    let m_hi = vec4<f32>(cs.c0.m.y, cs.c1.m.y, cs.c2.m.y, cs.c3.m.y);
+    let one = vec4<f32>(1.0);
+    return d_lo * lo + d_hi * hi + m_lo * dot(s_lo, one) + m_hi * dot(s_hi, one);
+}
 
 @compute @workgroup_size(WG)
-fn main(@builtin(local_invocation_index) lid: u32,
-        @builtin(workgroup_id) wg: vec3<u32>,
-        @builtin(num_workgroups) nwg: vec3<u32>) {
-    let it = tile_of(lid, wg, nwg);
-    var xrow = x_rows(it);
+fn main(ids: Ids) {
+    let it = tile_of(ids);
+    // Indexed by constants only, so the tile stays in registers (see matmul_common.wgsl).
     var acc: array<vec4<f32>, MAX_TM>;
     let n0 = it.gc * 4u;
-    for (var kc = it.lane; kc < params.nb; kc += KSPLIT) {
-        let c0 = decode(n0, kc, params.nb);
-        let c1 = decode(n0 + 1u, kc, params.nb);
-        let c2 = decode(n0 + 2u, kc, params.nb);
-        let c3 = decode(n0 + 3u, kc, params.nb);
-        let d_lo = vec4<f32>(c0.d.x, c1.d.x, c2.d.x, c3.d.x);
-        let d_hi = vec4<f32>(c0.d.y, c1.d.y, c2.d.y, c3.d.y);
-        let m_lo = vec4<f32>(c0.m.x, c1.m.x, c2.m.x, c3.m.x);
-        let m_hi = vec4<f32>(c0.m.y, c1.m.y, c2.m.y, c3.m.y);
-        let xb = kc * 8u;
-        for (var t = 0u; t < TM; t++) {
-            // Zeroed explicitly: Chromium 156 (Tint, SwiftShader) does not re-zero a loop-local
-            // `var` declared without an initializer.
-            var lo = vec4<f32>(0.0);
-            var hi = vec4<f32>(0.0);
-            var xs_lo = vec4<f32>(0.0);
-            var xs_hi = vec4<f32>(0.0);
-            for (var i = 0u; i < 4u; i++) {
-                let xl = bitcast<vec4<f32>>(x[xrow[t] + xb + i]);
-                let xh = bitcast<vec4<f32>>(x[xrow[t] + xb + 4u + i]);
-                lo += vec4<f32>(dot(c0.q[i], xl), dot(c1.q[i], xl), dot(c2.q[i], xl), dot(c3.q[i], xl));
-                hi += vec4<f32>(dot(c0.q[4u + i], xh), dot(c1.q[4u + i], xh), dot(c2.q[4u + i], xh), dot(c3.q[4u + i], xh));
-                xs_lo += xl;
-                xs_hi += xh;
-            }
-            let one = vec4<f32>(1.0);
-            acc[t] += d_lo * lo + d_hi * hi + m_lo * dot(xs_lo, one) + m_hi * dot(xs_hi, one);
-        }
+    for (var kc = k_lane_of(ids); kc < params.nb; kc += KSPLIT) {
+        let cs = Chunks(decode(n0, kc, params.nb), decode(n0 + 1u, kc, params.nb), decode(n0 + 2u, kc, params.nb), decode(n0 + 3u, kc, params.nb));
+        acc[0] += blocks_row(cs, it, 0u, kc);
+        if (TM > 1u) { acc[1] += blocks_row(cs, it, 1u, kc); }
+        if (TM > 2u) { acc[2] += blocks_row(cs, it, 2u, kc); }
+        if (TM > 3u) { acc[3] += blocks_row(cs, it, 3u, kc); }
+        if (TM > 4u) { acc[4] += blocks_row(cs, it, 4u, kc); }
+        if (TM > 5u) { acc[5] += blocks_row(cs, it, 5u, kc); }
+        if (TM > 6u) { acc[6] += blocks_row(cs, it, 6u, kc); }
+        if (TM > 7u) { acc[7] += blocks_row(cs, it, 7u, kc); }
+        if (TM > 8u) { acc[8] += blocks_row(cs, it, 8u, kc); }
+        if (TM > 9u) { acc[9] += blocks_row(cs, it, 9u, kc); }
+        if (TM > 10u) { acc[10] += blocks_row(cs, it, 10u, kc); }
+        if (TM > 11u) { acc[11] += blocks_row(cs, it, 11u, kc); }
+        if (TM > 12u) { acc[12] += blocks_row(cs, it, 12u, kc); }
+        if (TM > 13u) { acc[13] += blocks_row(cs, it, 13u, kc); }
+        if (TM > 14u) { acc[14] += blocks_row(cs, it, 14u, kc); }
+        if (TM > 15u) { acc[15] += blocks_row(cs, it, 15u, kc); }
     }
-
-    for (var t = 0u; t < TM; t++) {
-        let sum = ksplit_sum(lid, it.lane, acc[t]);
-        let a = it.a0 + t;
-        if (it.live && a < params.n_rows) {
-            store4(a, n0, sum);
-        }
-    }
+    finish(it, ids.lid, 0u, n0, acc[0]);
+    if (TM > 1u) { finish(it, ids.lid, 1u, n0, acc[1]); }
+    if (TM > 2u) { finish(it, ids.lid, 2u, n0, acc[2]); }
+    if (TM > 3u) { finish(it, ids.lid, 3u, n0, acc[3]); }
+    if (TM > 4u) { finish(it, ids.lid, 4u, n0, acc[4]); }
+    if (TM > 5u) { finish(it, ids.lid, 5u, n0, acc[5]); }
+    if (TM > 6u) { finish(it, ids.lid, 6u, n0, acc[6]); }
+    if (TM > 7u) { finish(it, ids.lid, 7u, n0, acc[7]); }
+    if (TM > 8u) { finish(it, ids.lid, 8u, n0, acc[8]); }
+    if (TM > 9u) { finish(it, ids.lid, 9u, n0, acc[9]); }
+    if (TM > 10u) { finish(it, ids.lid, 10u, n0, acc[10]); }
+    if (TM > 11u) { finish(it, ids.lid, 11u, n0, acc[11]); }
+    if (TM > 12u) { finish(it, ids.lid, 12u, n0, acc[12]); }
+    if (TM > 13u) { finish(it, ids.lid, 13u, n0, acc[13]); }
+    if (TM > 14u) { finish(it, ids.lid, 14u, n0, acc[14]); }
+    if (TM > 15u) { finish(it, ids.lid, 15u, n0, acc[15]); }
 }

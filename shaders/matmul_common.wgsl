@@ -1,19 +1,28 @@
 // The prelude of the quantized matmul kernels (matmul_q4_1.wgsl, matmul_q8_0.wgsl, and
 // matmul_blocks.wgsl after quant_common.wgsl and a quant_<type>.wgsl for every other type),
-// prepended to each body, after act_common.wgsl, when its module is created (src/gpu/shaders.rs):
+// prepended to each body, after act_common.wgsl and before one of the two activation preludes
+// (matmul_x.wgsl: every invocation loads what it multiplies; matmul_x_subgroup.wgsl: 8 lanes of a
+// subgroup load an activation block together), when its module is created (src/gpu/shaders.rs):
 // y[a, row_base + n] = Σ_k x[a, k] · W[n, k] for a < n_rows and n < rows, with W (one part of a
 // QuantMatrix, src/gpu/ops/matmul/) repacked at upload so that the G rows of a row group lie side
 // by side (G = 4, 8 for Q8_0; each body or quant prelude documents its block layout).
 //
 // w (binding 0, declared by each body): the repacked part; y: [n_rows, y_stride] f32;
 // x: [n_rows, nb · 32] f32 (8 vec4 per block, as u32 bits), or with INT8 the activations quantized by
-//    quantize_act.wgsl: [n_rows · nb · 3] vec4<u32> (32 int8 quants, then the scale and the exact sum).
+//    quantize_act.wgsl (or a norm that quantizes its output): [n_rows · nb · 3] vec4<u32> (32 int8
+//    quants, then the scale and the exact sum).
 //
 // One invocation computes a tile of TM activation rows × G output rows: every weight block is
-// loaded and dequantized once per TM rows (register tiling, no shared memory). With KSPLIT > 1
-// (real GPUs) KSPLIT adjacent invocations split a group's blocks and reduce through workgroup
-// memory; CPU adapters use KSPLIT = 1, where the barriers are compiled out. INT8 multiplies the
-// quants with int8 activations through dot4I8Packed (llama.cpp's trick): faster, but activations
+// loaded and dequantized once per TM rows (register tiling, no shared memory). The tile is
+// written out row by row (`if (TM > t)` on constants) rather than as loops over t: a loop the
+// compiler does not unroll indexes the accumulators dynamically, which lavapipe turns into a
+// scatter and a gather per lane (measured 1.65× slower at TM = 8). On lavapipe (Mesa 22) every
+// storage load is a loop over the lanes of the SIMD group, each lane's words loaded one by one
+// behind a bounds check, so what a kernel costs there is mostly the words each invocation loads,
+// then the arithmetic. With KSPLIT > 1 (real GPUs) KSPLIT
+// adjacent invocations split a group's blocks and reduce through workgroup memory; CPU adapters
+// use KSPLIT = 1, where the barriers are compiled out. INT8 multiplies the quants with int8
+// activations through dot4I8Packed (llama.cpp's trick): fewer words to load, but activations
 // carry a rounding error of up to half a step of their block's scale.
 //
 // EPILOGUE says what is done with a result (store4), so that the kernel after a matmul need not
@@ -40,17 +49,34 @@ struct Params {
 override WG: u32 = 16u;     // invocations per workgroup (a multiple of KSPLIT)
 override KSPLIT: u32 = 1u;  // invocations sharing one group
 override TM: u32 = 1u;      // activation rows per invocation, ≤ MAX_TM
-override SCALE_AFTER: bool = true;  // apply the block scale per block (small TM) or per value (large TM)
 override INT8: bool = false;        // x holds int8-quantized activations
 override EPILOGUE: u32 = 0u;        // 0 store, 1 add into y, 2 gated activation (see above)
 const MAX_TM: u32 = 16u;
 
 var<workgroup> partial: array<vec4<f32>, WG>;
 
+// One 32-value block of an activation row, int8 (quantize_act.wgsl): values 0..15 in lo,
+// 16..31 in hi, 4 per word; value ≈ d · q; s is the exact sum of the 32 inputs.
+struct XInt8 {
+    lo: vec4<u32>,
+    hi: vec4<u32>,
+    d: f32,
+    s: f32,
+}
+
+// One 32-value block of an f32 activation row, 4 values per vec4 in order.
+alias XF32 = array<vec4<f32>, 8>;
+
 // Σ_j q_j · xq_j over a block of 32 int8 pairs: values 0..15 in (qlo, xlo), 16..31 in (qhi, xhi).
 fn dot_block(qlo: vec4<u32>, qhi: vec4<u32>, xlo: vec4<u32>, xhi: vec4<u32>) -> i32 {
     return dot4I8Packed(qlo.x, xlo.x) + dot4I8Packed(qlo.y, xlo.y) + dot4I8Packed(qlo.z, xlo.z) + dot4I8Packed(qlo.w, xlo.w)
          + dot4I8Packed(qhi.x, xhi.x) + dot4I8Packed(qhi.y, xhi.y) + dot4I8Packed(qhi.z, xhi.z) + dot4I8Packed(qhi.w, xhi.w);
+}
+
+// Σ of the 32 values of a block.
+fn block_sum(v: XF32) -> f32 {
+    let s = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+    return (s.x + s.y) + (s.z + s.w);
 }
 
 // What an invocation computes.
@@ -59,34 +85,33 @@ struct Tile {
     lane: u32,     // its place among the KSPLIT invocations sharing a group
     g: u32,        // its row group, possibly past the last one
     gc: u32,       // g clamped to the last group: out-of-range invocations compute on it and
-                   // store nothing (no early return, so that every one reaches the barriers)
+                   // store nothing (no early return, so that every one reaches the barriers and
+                   // the subgroup broadcasts)
     a0: u32,       // the first activation row of the (clamped) tile
     x_block: u32,  // vec4s per activation block
+    x_lane: u32,   // its lane among the 8 that load an activation block together (matmul_x_subgroup)
     live: bool,    // it stores its results
 }
 
-fn tile_of(lid: u32, wg: vec3<u32>, nwg: vec3<u32>) -> Tile {
+fn tile_of(ids: Ids) -> Tile {
     var it: Tile;
-    let linear = wg.x + wg.y * nwg.x;
+    let linear = ids.wg.x + ids.wg.y * ids.nwg.x;
     // The group index is the fast one: consecutive workgroups share an activation tile.
     it.tile = linear / params.wgs_per_tile;
-    it.lane = lid % KSPLIT;
-    it.g = (linear % params.wgs_per_tile) * (WG / KSPLIT) + lid / KSPLIT;
+    it.lane = k_lane_of(ids);
+    it.g = (linear % params.wgs_per_tile) * (WG / KSPLIT) + ids.lid / KSPLIT;
     it.gc = min(it.g, params.groups - 1u);
     it.a0 = min(it.tile, params.tiles - 1u) * TM;
     it.x_block = select(8u, 3u, INT8);
+    it.x_lane = x_lane_of(ids);
     it.live = it.g < params.groups && it.tile < params.tiles && it.lane == 0u;
     return it;
 }
 
-// Entry t: the vec4 of x where the tile's activation row a0 + t starts (clamped to the last row).
-fn x_rows(it: Tile) -> array<u32, MAX_TM> {
-    var xrow: array<u32, MAX_TM>;
-    let cols4 = params.nb * it.x_block;
-    for (var t = 0u; t < TM; t++) {
-        xrow[t] = min(it.a0 + t, params.n_rows - 1u) * cols4;
-    }
-    return xrow;
+// The vec4 of x where block b of the tile's activation row a0 + t starts (the row clamped to the
+// last one: a partial last tile computes on it and stores nothing).
+fn x_at(it: Tile, t: u32, b: u32) -> u32 {
+    return (min(it.a0 + t, params.n_rows - 1u) * params.nb + b) * it.x_block;
 }
 
 // The sum of v over the KSPLIT invocations sharing a group, valid in lane 0, through workgroup
@@ -104,6 +129,16 @@ fn ksplit_sum(lid: u32, lane: u32, v: vec4<f32>) -> vec4<f32> {
         workgroupBarrier();
     }
     return sum;
+}
+
+// Output rows row0..row0+3 of the tile's activation row a0 + t: summed over the KSPLIT lanes and
+// stored by lane 0 (every invocation must call it, see ksplit_sum).
+fn finish(it: Tile, lid: u32, t: u32, row0: u32, v: vec4<f32>) {
+    let sum = ksplit_sum(lid, it.lane, v);
+    let a = it.a0 + t;
+    if (it.live && a < params.n_rows) {
+        store4(a, row0, sum);
+    }
 }
 
 // Stores output rows row0..row0+3 of activation row a (those below params.rows) as EPILOGUE says;

@@ -1,114 +1,105 @@
-// Q4_1 weights, after matmul_common.wgsl: G = 4, the 4 rows 4g..4g+3 of group g side by side.
-// Group g, block b (columns 32b..32b+31) is 5 vec4<u32> at (g · nb + b) · 5:
+// Q4_1 weights, after matmul_common.wgsl and an activation prelude: G = 4, the 4 rows 4g..4g+3 of
+// group g side by side. Group g, block b (columns 32b..32b+31) is 5 vec4<u32> at (g · nb + b) · 5:
 //   [0]      component r: row r's f16 scale d (low half) and f16 minimum m (high half), as in GGUF;
 //   [1 + r]  row r's 16 quant bytes: byte j holds element j (low nibble) and element j + 16 (high).
-// Rows past `rows` are zero blocks. Value = d · q + m, dequantized in registers, f32 throughout.
-// INT8 is llama.cpp's Q4_1 × Q8_1: the 4-bit quants against int8 activations.
+// Rows past `rows` are zero blocks. Value = d · q + m. f32 activations: Σ_k x_k (d q_k + m) =
+// d · Σ_k q_k x_k + m · Σ_k x_k, f32 throughout. INT8 is llama.cpp's Q4_1 × Q8_1: the 4-bit quants
+// against int8 activations, the minimum against their exact sum.
 
 @group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
 
-// The low nibbles of the 4 bytes of `word`, as floats.
-fn quants(word: u32) -> vec4<f32> {
-    return vec4<f32>(unpack4xU8(word & 0x0F0F0F0Fu));
+// One block of a group: each row's 32 quants as bytes, values 0..15 in lo, 16..31 in hi (the low
+// and high nibbles of its 16 bytes), and the 4 rows' scales and minimums.
+struct Q41 {
+    lo: array<vec4<u32>, 4>,
+    hi: array<vec4<u32>, 4>,
+    d: vec4<f32>,
+    m: vec4<f32>,
 }
 
-// Σ_j q_j · xq_j over a block: the low nibbles of q pair with xlo (values 0..15), the high with xhi.
-fn dot_nibbles(q: vec4<u32>, xlo: vec4<u32>, xhi: vec4<u32>) -> i32 {
-    let lo = q & vec4<u32>(0x0F0F0F0Fu);
-    let hi = (q >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu);
-    return dot_block(lo, hi, xlo, xhi);
+const NIBBLES: vec4<u32> = vec4<u32>(0x0F0F0F0Fu);
+
+fn q4_1_block(g: u32, b: u32) -> Q41 {
+    let base = (g * params.nb + b) * 5u;
+    let sc = w[base];
+    let dm0 = unpack2x16float(sc.x);
+    let dm1 = unpack2x16float(sc.y);
+    let dm2 = unpack2x16float(sc.z);
+    let dm3 = unpack2x16float(sc.w);
+    let q0 = w[base + 1u];
+    let q1 = w[base + 2u];
+    let q2 = w[base + 3u];
+    let q3 = w[base + 4u];
+    let four = vec4<u32>(4u);
+    return Q41(array<vec4<u32>, 4>(q0 & NIBBLES, q1 & NIBBLES, q2 & NIBBLES, q3 & NIBBLES),
+               array<vec4<u32>, 4>((q0 >> four) & NIBBLES, (q1 >> four) & NIBBLES, (q2 >> four) & NIBBLES, (q3 >> four) & NIBBLES),
+               vec4<f32>(dm0.x, dm1.x, dm2.x, dm3.x), vec4<f32>(dm0.y, dm1.y, dm2.y, dm3.y));
+}
+
+// The 4 bytes of `word` (quants 0..15), as floats.
+fn quants(word: u32) -> vec4<f32> {
+    return vec4<f32>(unpack4xU8(word));
+}
+
+// Σ_k q_k x_k over one row's block.
+fn nibbles_dot(lo: vec4<u32>, hi: vec4<u32>, v: XF32) -> f32 {
+    return (dot(quants(lo.x), v[0]) + dot(quants(lo.y), v[1]) + dot(quants(lo.z), v[2]) + dot(quants(lo.w), v[3]))
+         + (dot(quants(hi.x), v[4]) + dot(quants(hi.y), v[5]) + dot(quants(hi.z), v[6]) + dot(quants(hi.w), v[7]));
+}
+
+// The 4 rows' sums over block b of the tile's activation row a0 + t.
+fn q4_1_row(wb: Q41, it: Tile, t: u32, b: u32) -> vec4<f32> {
+    if (INT8) {
+        let xq = x_int8(it, t, b);
+        let dots = vec4<f32>(f32(dot_block(wb.lo[0], wb.hi[0], xq.lo, xq.hi)), f32(dot_block(wb.lo[1], wb.hi[1], xq.lo, xq.hi)),
+                             f32(dot_block(wb.lo[2], wb.hi[2], xq.lo, xq.hi)), f32(dot_block(wb.lo[3], wb.hi[3], xq.lo, xq.hi)));
+        return wb.d * xq.d * dots + wb.m * xq.s;
+    }
+    let v = x_f32(it, t, b);
+    let qx = vec4<f32>(nibbles_dot(wb.lo[0], wb.hi[0], v), nibbles_dot(wb.lo[1], wb.hi[1], v),
+                       nibbles_dot(wb.lo[2], wb.hi[2], v), nibbles_dot(wb.lo[3], wb.hi[3], v));
+    return wb.d * qx + wb.m * block_sum(v);
 }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(local_invocation_index) lid: u32,
-        @builtin(workgroup_id) wg: vec3<u32>,
-        @builtin(num_workgroups) nwg: vec3<u32>) {
-    let it = tile_of(lid, wg, nwg);
-    let x_block = it.x_block;
-    var xrow = x_rows(it);
+fn main(ids: Ids) {
+    let it = tile_of(ids);
+    // Indexed by constants only, so the tile stays in registers (see matmul_common.wgsl).
     var acc: array<vec4<f32>, MAX_TM>;
-    // Per-block sums of the SCALE_AFTER path, zeroed explicitly per block: Chromium 156 (Tint,
-    // SwiftShader) does not re-zero a loop-local `var` declared without an initializer.
-    var qx: array<vec4<f32>, MAX_TM>;
-    var xs: array<vec4<f32>, MAX_TM>;
-    for (var b = it.lane; b < params.nb; b += KSPLIT) {
-        let base = (it.gc * params.nb + b) * 5u;
-        let sc = w[base];
-        let dm0 = unpack2x16float(sc.x);
-        let dm1 = unpack2x16float(sc.y);
-        let dm2 = unpack2x16float(sc.z);
-        let dm3 = unpack2x16float(sc.w);
-        let q0 = w[base + 1u];
-        let q1 = w[base + 2u];
-        let q2 = w[base + 3u];
-        let q3 = w[base + 4u];
-        let xb = b * x_block;
-        if (INT8) {
-            let m = vec4<f32>(dm0.y, dm1.y, dm2.y, dm3.y);
-            let d = vec4<f32>(dm0.x, dm1.x, dm2.x, dm3.x);
-            for (var t = 0u; t < TM; t++) {
-                let xlo = x[xrow[t] + xb];
-                let xhi = x[xrow[t] + xb + 1u];
-                let scale_sum = bitcast<vec2<f32>>(x[xrow[t] + xb + 2u].xy);
-                let dots = vec4<f32>(f32(dot_nibbles(q0, xlo, xhi)), f32(dot_nibbles(q1, xlo, xhi)),
-                                     f32(dot_nibbles(q2, xlo, xhi)), f32(dot_nibbles(q3, xlo, xhi)));
-                acc[t] += d * scale_sum.x * dots + m * scale_sum.y;
-            }
-        } else if (SCALE_AFTER) {
-            // Σ_k x_k (d q_k + m) = d · Σ_k x_k q_k + m · Σ_k x_k: no per-value dequantization,
-            // two multiply-adds per block and activation row instead.
-            for (var t = 0u; t < TM; t++) {
-                qx[t] = vec4<f32>(0.0);
-                xs[t] = vec4<f32>(0.0);
-            }
-            for (var i = 0u; i < 4u; i++) {
-                let lo0 = quants(q0[i]);
-                let hi0 = quants(q0[i] >> 4u);
-                let lo1 = quants(q1[i]);
-                let hi1 = quants(q1[i] >> 4u);
-                let lo2 = quants(q2[i]);
-                let hi2 = quants(q2[i] >> 4u);
-                let lo3 = quants(q3[i]);
-                let hi3 = quants(q3[i] >> 4u);
-                for (var t = 0u; t < TM; t++) {
-                    let xl = bitcast<vec4<f32>>(x[xrow[t] + xb + i]);
-                    let xh = bitcast<vec4<f32>>(x[xrow[t] + xb + 4u + i]);
-                    qx[t] += vec4<f32>(dot(lo0, xl) + dot(hi0, xh), dot(lo1, xl) + dot(hi1, xh),
-                                       dot(lo2, xl) + dot(hi2, xh), dot(lo3, xl) + dot(hi3, xh));
-                    xs[t] += xl + xh;
-                }
-            }
-            let d = vec4<f32>(dm0.x, dm1.x, dm2.x, dm3.x);
-            let m = vec4<f32>(dm0.y, dm1.y, dm2.y, dm3.y);
-            for (var t = 0u; t < TM; t++) {
-                acc[t] += d * qx[t] + m * dot(xs[t], vec4<f32>(1.0));
-            }
-        } else {
-            // Dequantize each value once and reuse it for all TM activation rows.
-            for (var i = 0u; i < 4u; i++) {
-                let lo0 = fma(quants(q0[i]), vec4<f32>(dm0.x), vec4<f32>(dm0.y));
-                let hi0 = fma(quants(q0[i] >> 4u), vec4<f32>(dm0.x), vec4<f32>(dm0.y));
-                let lo1 = fma(quants(q1[i]), vec4<f32>(dm1.x), vec4<f32>(dm1.y));
-                let hi1 = fma(quants(q1[i] >> 4u), vec4<f32>(dm1.x), vec4<f32>(dm1.y));
-                let lo2 = fma(quants(q2[i]), vec4<f32>(dm2.x), vec4<f32>(dm2.y));
-                let hi2 = fma(quants(q2[i] >> 4u), vec4<f32>(dm2.x), vec4<f32>(dm2.y));
-                let lo3 = fma(quants(q3[i]), vec4<f32>(dm3.x), vec4<f32>(dm3.y));
-                let hi3 = fma(quants(q3[i] >> 4u), vec4<f32>(dm3.x), vec4<f32>(dm3.y));
-                for (var t = 0u; t < TM; t++) {
-                    let xl = bitcast<vec4<f32>>(x[xrow[t] + xb + i]);
-                    let xh = bitcast<vec4<f32>>(x[xrow[t] + xb + 4u + i]);
-                    acc[t] += vec4<f32>(dot(lo0, xl) + dot(hi0, xh), dot(lo1, xl) + dot(hi1, xh),
-                                        dot(lo2, xl) + dot(hi2, xh), dot(lo3, xl) + dot(hi3, xh));
-                }
-            }
-        }
+    for (var b = k_lane_of(ids); b < params.nb; b += KSPLIT) {
+        let wb = q4_1_block(it.gc, b);
+        acc[0] += q4_1_row(wb, it, 0u, b);
+        if (TM > 1u) { acc[1] += q4_1_row(wb, it, 1u, b); }
+        if (TM > 2u) { acc[2] += q4_1_row(wb, it, 2u, b); }
+        if (TM > 3u) { acc[3] += q4_1_row(wb, it, 3u, b); }
+        if (TM > 4u) { acc[4] += q4_1_row(wb, it, 4u, b); }
+        if (TM > 5u) { acc[5] += q4_1_row(wb, it, 5u, b); }
+        if (TM > 6u) { acc[6] += q4_1_row(wb, it, 6u, b); }
+        if (TM > 7u) { acc[7] += q4_1_row(wb, it, 7u, b); }
+        if (TM > 8u) { acc[8] += q4_1_row(wb, it, 8u, b); }
+        if (TM > 9u) { acc[9] += q4_1_row(wb, it, 9u, b); }
+        if (TM > 10u) { acc[10] += q4_1_row(wb, it, 10u, b); }
+        if (TM > 11u) { acc[11] += q4_1_row(wb, it, 11u, b); }
+        if (TM > 12u) { acc[12] += q4_1_row(wb, it, 12u, b); }
+        if (TM > 13u) { acc[13] += q4_1_row(wb, it, 13u, b); }
+        if (TM > 14u) { acc[14] += q4_1_row(wb, it, 14u, b); }
+        if (TM > 15u) { acc[15] += q4_1_row(wb, it, 15u, b); }
     }
-
-    for (var t = 0u; t < TM; t++) {
-        let sum = ksplit_sum(lid, it.lane, acc[t]);
-        let a = it.a0 + t;
-        if (it.live && a < params.n_rows) {
-            store4(a, it.g * 4u, sum);
-        }
-    }
+    let row0 = it.g * 4u;
+    finish(it, ids.lid, 0u, row0, acc[0]);
+    if (TM > 1u) { finish(it, ids.lid, 1u, row0, acc[1]); }
+    if (TM > 2u) { finish(it, ids.lid, 2u, row0, acc[2]); }
+    if (TM > 3u) { finish(it, ids.lid, 3u, row0, acc[3]); }
+    if (TM > 4u) { finish(it, ids.lid, 4u, row0, acc[4]); }
+    if (TM > 5u) { finish(it, ids.lid, 5u, row0, acc[5]); }
+    if (TM > 6u) { finish(it, ids.lid, 6u, row0, acc[6]); }
+    if (TM > 7u) { finish(it, ids.lid, 7u, row0, acc[7]); }
+    if (TM > 8u) { finish(it, ids.lid, 8u, row0, acc[8]); }
+    if (TM > 9u) { finish(it, ids.lid, 9u, row0, acc[9]); }
+    if (TM > 10u) { finish(it, ids.lid, 10u, row0, acc[10]); }
+    if (TM > 11u) { finish(it, ids.lid, 11u, row0, acc[11]); }
+    if (TM > 12u) { finish(it, ids.lid, 12u, row0, acc[12]); }
+    if (TM > 13u) { finish(it, ids.lid, 13u, row0, acc[13]); }
+    if (TM > 14u) { finish(it, ids.lid, 14u, row0, acc[14]); }
+    if (TM > 15u) { finish(it, ids.lid, 15u, row0, acc[15]); }
 }

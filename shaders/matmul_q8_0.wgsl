@@ -1,123 +1,102 @@
-// Q8_0 weights, after matmul_common.wgsl: G = 8, the 8 rows 8g..8g+7 of group g side by side.
-// Group g, block b (columns 32b..32b+31) is 17 vec4<u32> (8 × 34 bytes, the GGUF size) at (g · nb + b) · 17:
+// Q8_0 weights, after matmul_common.wgsl and an activation prelude: G = 8, the 8 rows 8g..8g+7 of
+// group g side by side. Group g, block b (columns 32b..32b+31) is 17 vec4<u32> (8 × 34 bytes, the
+// GGUF size) at (g · nb + b) · 17:
 //   [0]               the 8 rows' f16 scales d, row r in half r % 2 of u32 r / 2;
 //   [1 + 2r, 2 + 2r]  row r's 32 signed quant bytes in order.
-// Rows past `rows` are zero blocks. Value = d · q, dequantized in registers, f32 throughout.
+// Rows past `rows` are zero blocks. Value = d · q: Σ_k x_k d q_k = d · Σ_k q_k x_k, f32 throughout,
+// or the quants against int8 activations with INT8 (llama.cpp's Q8_0 × Q8_0).
 
 @group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
 
-// The 4 signed bytes of `word` times `scale`.
-fn quants(word: u32, scale: f32) -> vec4<f32> {
-    return vec4<f32>(unpack4xI8(word)) * scale;
+// One block of a group: row r's quants in q[2r] (values 0..15) and q[2r + 1] (16..31), the
+// scales of rows 0..3 and 4..7.
+struct Q80 {
+    q: array<vec4<u32>, 16>,
+    d_lo: vec4<f32>,
+    d_hi: vec4<f32>,
+}
+
+fn q8_0_block(g: u32, b: u32) -> Q80 {
+    let base = (g * params.nb + b) * 17u;
+    let sc = w[base];
+    var out: Q80;
+    out.d_lo = vec4<f32>(unpack2x16float(sc.x), unpack2x16float(sc.y));
+    out.d_hi = vec4<f32>(unpack2x16float(sc.z), unpack2x16float(sc.w));
+    out.q = array<vec4<u32>, 16>(w[base + 1u], w[base + 2u], w[base + 3u], w[base + 4u], w[base + 5u], w[base + 6u], w[base + 7u], w[base + 8u],
+                                 w[base + 9u], w[base + 10u], w[base + 11u], w[base + 12u], w[base + 13u], w[base + 14u], w[base + 15u], w[base + 16u]);
+    return out;
+}
+
+// The 4 signed bytes of `word` as floats.
+fn quants(word: u32) -> vec4<f32> {
+    return vec4<f32>(unpack4xI8(word));
+}
+
+// Σ_k q_k x_k over one row's block (quants lo: values 0..15, hi: 16..31).
+fn bytes_dot(lo: vec4<u32>, hi: vec4<u32>, v: XF32) -> f32 {
+    return (dot(quants(lo.x), v[0]) + dot(quants(lo.y), v[1]) + dot(quants(lo.z), v[2]) + dot(quants(lo.w), v[3]))
+         + (dot(quants(hi.x), v[4]) + dot(quants(hi.y), v[5]) + dot(quants(hi.z), v[6]) + dot(quants(hi.w), v[7]));
+}
+
+// The 8 rows' sums (rows 0..3, rows 4..7) over block b of the tile's activation row a0 + t.
+fn q8_0_row(wb: Q80, it: Tile, t: u32, b: u32) -> array<vec4<f32>, 2> {
+    if (INT8) {
+        let xq = x_int8(it, t, b);
+        let lo = vec4<f32>(f32(dot_block(wb.q[0], wb.q[1], xq.lo, xq.hi)), f32(dot_block(wb.q[2], wb.q[3], xq.lo, xq.hi)),
+                           f32(dot_block(wb.q[4], wb.q[5], xq.lo, xq.hi)), f32(dot_block(wb.q[6], wb.q[7], xq.lo, xq.hi)));
+        let hi = vec4<f32>(f32(dot_block(wb.q[8], wb.q[9], xq.lo, xq.hi)), f32(dot_block(wb.q[10], wb.q[11], xq.lo, xq.hi)),
+                           f32(dot_block(wb.q[12], wb.q[13], xq.lo, xq.hi)), f32(dot_block(wb.q[14], wb.q[15], xq.lo, xq.hi)));
+        return array<vec4<f32>, 2>(wb.d_lo * xq.d * lo, wb.d_hi * xq.d * hi);
+    }
+    let v = x_f32(it, t, b);
+    let lo = vec4<f32>(bytes_dot(wb.q[0], wb.q[1], v), bytes_dot(wb.q[2], wb.q[3], v), bytes_dot(wb.q[4], wb.q[5], v), bytes_dot(wb.q[6], wb.q[7], v));
+    let hi = vec4<f32>(bytes_dot(wb.q[8], wb.q[9], v), bytes_dot(wb.q[10], wb.q[11], v), bytes_dot(wb.q[12], wb.q[13], v), bytes_dot(wb.q[14], wb.q[15], v));
+    return array<vec4<f32>, 2>(wb.d_lo * lo, wb.d_hi * hi);
 }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(local_invocation_index) lid: u32,
-        @builtin(workgroup_id) wg: vec3<u32>,
-        @builtin(num_workgroups) nwg: vec3<u32>) {
-    let it = tile_of(lid, wg, nwg);
-    let x_block = it.x_block;
-    var xrow = x_rows(it);
-    // Rows 0..3 and 4..7 of the group.
+fn main(ids: Ids) {
+    let it = tile_of(ids);
+    // Rows 0..3 and 4..7 of the group, indexed by constants only (see matmul_common.wgsl).
     var acc_lo: array<vec4<f32>, MAX_TM>;
     var acc_hi: array<vec4<f32>, MAX_TM>;
-    // Per-block sums, zeroed explicitly per block: Chromium 156 (Tint, SwiftShader) does not
-    // re-zero a loop-local `var` declared without an initializer.
-    var qx_lo: array<vec4<f32>, MAX_TM>;
-    var qx_hi: array<vec4<f32>, MAX_TM>;
-    for (var b = it.lane; b < params.nb; b += KSPLIT) {
-        let base = (it.gc * params.nb + b) * 17u;
-        let sc = w[base];
-        let d01 = unpack2x16float(sc.x);
-        let d23 = unpack2x16float(sc.y);
-        let d45 = unpack2x16float(sc.z);
-        let d67 = unpack2x16float(sc.w);
-        let xb = b * x_block;
-        let d_lo = vec4<f32>(d01, d23);
-        let d_hi = vec4<f32>(d45, d67);
-        if (INT8) {
-            // Row r's 32 quants: w[base + 1 + 2r] (values 0..15) and w[base + 2 + 2r] (16..31).
-            let q0 = w[base + 1u];
-            let q1 = w[base + 3u];
-            let q2 = w[base + 5u];
-            let q3 = w[base + 7u];
-            let q4 = w[base + 9u];
-            let q5 = w[base + 11u];
-            let q6 = w[base + 13u];
-            let q7 = w[base + 15u];
-            let r0 = w[base + 2u];
-            let r1 = w[base + 4u];
-            let r2 = w[base + 6u];
-            let r3 = w[base + 8u];
-            let r4 = w[base + 10u];
-            let r5 = w[base + 12u];
-            let r6 = w[base + 14u];
-            let r7 = w[base + 16u];
-            for (var t = 0u; t < TM; t++) {
-                let xlo = x[xrow[t] + xb];
-                let xhi = x[xrow[t] + xb + 1u];
-                let xd = bitcast<f32>(x[xrow[t] + xb + 2u].x);
-                let lo = vec4<f32>(f32(dot_block(q0, r0, xlo, xhi)), f32(dot_block(q1, r1, xlo, xhi)),
-                                   f32(dot_block(q2, r2, xlo, xhi)), f32(dot_block(q3, r3, xlo, xhi)));
-                let hi = vec4<f32>(f32(dot_block(q4, r4, xlo, xhi)), f32(dot_block(q5, r5, xlo, xhi)),
-                                   f32(dot_block(q6, r6, xlo, xhi)), f32(dot_block(q7, r7, xlo, xhi)));
-                acc_lo[t] = fma(d_lo * xd, lo, acc_lo[t]);
-                acc_hi[t] = fma(d_hi * xd, hi, acc_hi[t]);
-            }
-            continue;
-        }
-        // Σ_k x_k d q_k = d · Σ_k x_k q_k: one scale per block and row (SCALE_AFTER), or one per
-        // value reused for all TM activation rows.
-        let s_lo = select(d_lo, vec4<f32>(1.0), SCALE_AFTER);
-        let s_hi = select(d_hi, vec4<f32>(1.0), SCALE_AFTER);
-        for (var t = 0u; t < TM; t++) {
-            qx_lo[t] = vec4<f32>(0.0);
-            qx_hi[t] = vec4<f32>(0.0);
-        }
-        // Two halves of 16 values: vec4 h of row r is w[base + 1 + 2r + h].
-        for (var h = 0u; h < 2u; h++) {
-            let q0 = w[base + 1u + h];
-            let q1 = w[base + 3u + h];
-            let q2 = w[base + 5u + h];
-            let q3 = w[base + 7u + h];
-            let q4 = w[base + 9u + h];
-            let q5 = w[base + 11u + h];
-            let q6 = w[base + 13u + h];
-            let q7 = w[base + 15u + h];
-            for (var i = 0u; i < 4u; i++) {
-                let v0 = quants(q0[i], s_lo.x);
-                let v1 = quants(q1[i], s_lo.y);
-                let v2 = quants(q2[i], s_lo.z);
-                let v3 = quants(q3[i], s_lo.w);
-                let v4 = quants(q4[i], s_hi.x);
-                let v5 = quants(q5[i], s_hi.y);
-                let v6 = quants(q6[i], s_hi.z);
-                let v7 = quants(q7[i], s_hi.w);
-                for (var t = 0u; t < TM; t++) {
-                    let xv = bitcast<vec4<f32>>(x[xrow[t] + xb + 4u * h + i]);
-                    qx_lo[t] += vec4<f32>(dot(v0, xv), dot(v1, xv), dot(v2, xv), dot(v3, xv));
-                    qx_hi[t] += vec4<f32>(dot(v4, xv), dot(v5, xv), dot(v6, xv), dot(v7, xv));
-                }
-            }
-        }
-        for (var t = 0u; t < TM; t++) {
-            if (SCALE_AFTER) {
-                acc_lo[t] = fma(d_lo, qx_lo[t], acc_lo[t]);
-                acc_hi[t] = fma(d_hi, qx_hi[t], acc_hi[t]);
-            } else {
-                acc_lo[t] += qx_lo[t];
-                acc_hi[t] += qx_hi[t];
-            }
-        }
+    for (var b = k_lane_of(ids); b < params.nb; b += KSPLIT) {
+        let wb = q8_0_block(it.gc, b);
+        let r0 = q8_0_row(wb, it, 0u, b);
+        acc_lo[0] += r0[0];
+        acc_hi[0] += r0[1];
+        if (TM > 1u) { let r = q8_0_row(wb, it, 1u, b); acc_lo[1] += r[0]; acc_hi[1] += r[1]; }
+        if (TM > 2u) { let r = q8_0_row(wb, it, 2u, b); acc_lo[2] += r[0]; acc_hi[2] += r[1]; }
+        if (TM > 3u) { let r = q8_0_row(wb, it, 3u, b); acc_lo[3] += r[0]; acc_hi[3] += r[1]; }
+        if (TM > 4u) { let r = q8_0_row(wb, it, 4u, b); acc_lo[4] += r[0]; acc_hi[4] += r[1]; }
+        if (TM > 5u) { let r = q8_0_row(wb, it, 5u, b); acc_lo[5] += r[0]; acc_hi[5] += r[1]; }
+        if (TM > 6u) { let r = q8_0_row(wb, it, 6u, b); acc_lo[6] += r[0]; acc_hi[6] += r[1]; }
+        if (TM > 7u) { let r = q8_0_row(wb, it, 7u, b); acc_lo[7] += r[0]; acc_hi[7] += r[1]; }
+        if (TM > 8u) { let r = q8_0_row(wb, it, 8u, b); acc_lo[8] += r[0]; acc_hi[8] += r[1]; }
+        if (TM > 9u) { let r = q8_0_row(wb, it, 9u, b); acc_lo[9] += r[0]; acc_hi[9] += r[1]; }
+        if (TM > 10u) { let r = q8_0_row(wb, it, 10u, b); acc_lo[10] += r[0]; acc_hi[10] += r[1]; }
+        if (TM > 11u) { let r = q8_0_row(wb, it, 11u, b); acc_lo[11] += r[0]; acc_hi[11] += r[1]; }
+        if (TM > 12u) { let r = q8_0_row(wb, it, 12u, b); acc_lo[12] += r[0]; acc_hi[12] += r[1]; }
+        if (TM > 13u) { let r = q8_0_row(wb, it, 13u, b); acc_lo[13] += r[0]; acc_hi[13] += r[1]; }
+        if (TM > 14u) { let r = q8_0_row(wb, it, 14u, b); acc_lo[14] += r[0]; acc_hi[14] += r[1]; }
+        if (TM > 15u) { let r = q8_0_row(wb, it, 15u, b); acc_lo[15] += r[0]; acc_hi[15] += r[1]; }
     }
-
-    for (var t = 0u; t < TM; t++) {
-        let lo = ksplit_sum(lid, it.lane, acc_lo[t]);
-        let hi = ksplit_sum(lid, it.lane, acc_hi[t]);
-        let a = it.a0 + t;
-        if (it.live && a < params.n_rows) {
-            store4(a, it.g * 8u, lo);
-            store4(a, it.g * 8u + 4u, hi);
-        }
-    }
+    let row0 = it.g * 8u;
+    finish(it, ids.lid, 0u, row0, acc_lo[0]);
+    finish(it, ids.lid, 0u, row0 + 4u, acc_hi[0]);
+    if (TM > 1u) { finish(it, ids.lid, 1u, row0, acc_lo[1]); finish(it, ids.lid, 1u, row0 + 4u, acc_hi[1]); }
+    if (TM > 2u) { finish(it, ids.lid, 2u, row0, acc_lo[2]); finish(it, ids.lid, 2u, row0 + 4u, acc_hi[2]); }
+    if (TM > 3u) { finish(it, ids.lid, 3u, row0, acc_lo[3]); finish(it, ids.lid, 3u, row0 + 4u, acc_hi[3]); }
+    if (TM > 4u) { finish(it, ids.lid, 4u, row0, acc_lo[4]); finish(it, ids.lid, 4u, row0 + 4u, acc_hi[4]); }
+    if (TM > 5u) { finish(it, ids.lid, 5u, row0, acc_lo[5]); finish(it, ids.lid, 5u, row0 + 4u, acc_hi[5]); }
+    if (TM > 6u) { finish(it, ids.lid, 6u, row0, acc_lo[6]); finish(it, ids.lid, 6u, row0 + 4u, acc_hi[6]); }
+    if (TM > 7u) { finish(it, ids.lid, 7u, row0, acc_lo[7]); finish(it, ids.lid, 7u, row0 + 4u, acc_hi[7]); }
+    if (TM > 8u) { finish(it, ids.lid, 8u, row0, acc_lo[8]); finish(it, ids.lid, 8u, row0 + 4u, acc_hi[8]); }
+    if (TM > 9u) { finish(it, ids.lid, 9u, row0, acc_lo[9]); finish(it, ids.lid, 9u, row0 + 4u, acc_hi[9]); }
+    if (TM > 10u) { finish(it, ids.lid, 10u, row0, acc_lo[10]); finish(it, ids.lid, 10u, row0 + 4u, acc_hi[10]); }
+    if (TM > 11u) { finish(it, ids.lid, 11u, row0, acc_lo[11]); finish(it, ids.lid, 11u, row0 + 4u, acc_hi[11]); }
+    if (TM > 12u) { finish(it, ids.lid, 12u, row0, acc_lo[12]); finish(it, ids.lid, 12u, row0 + 4u, acc_hi[12]); }
+    if (TM > 13u) { finish(it, ids.lid, 13u, row0, acc_lo[13]); finish(it, ids.lid, 13u, row0 + 4u, acc_hi[13]); }
+    if (TM > 14u) { finish(it, ids.lid, 14u, row0, acc_lo[14]); finish(it, ids.lid, 14u, row0 + 4u, acc_hi[14]); }
+    if (TM > 15u) { finish(it, ids.lid, 15u, row0, acc_lo[15]); finish(it, ids.lid, 15u, row0 + 4u, acc_hi[15]); }
 }

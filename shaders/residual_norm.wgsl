@@ -1,9 +1,11 @@
 // A post-normed residual add and the next pre-norm in one pass (Gemma 3's sandwich norms), after
-// rms_common.wgsl:
+// rms_common.wgsl and quantize_common.wgsl:
 //   x[r]   += delta[r] / sqrt(mean(delta[r]²) + eps) * post     (the block's post-norm)
 //   out[r]  = x[r] / sqrt(mean(x[r]²) + eps) * weight           (NORM only: the next pre-norm)
 // x: [n_rows, dim] f32, read and written (the residual stream); delta: [n_rows, dim] f32 (the
-// block's output); post, weight: [dim] f32; out: [n_rows, dim] f32 (written with NORM only).
+// block's output); post, weight: [dim] f32; out: [n_rows, dim] f32 (written with NORM and
+// F32_OUT); with NORM and QUANT out's values also go, quantized per 32-value block, into xq
+// ([n_rows · dim / 32 · 3] vec4<u32>, quantize_common.wgsl's layout) for the next matmul.
 // The arithmetic of rms_norm, add and rms_norm in their order, so the fusion changes no bit.
 // One invocation per row, as rms_norm.
 
@@ -15,9 +17,12 @@ struct Params { n_rows: u32, dim: u32, eps: f32, _pad: u32 }
 @group(0) @binding(3) var<storage, read> weight: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<uniform> params: Params;
+@group(0) @binding(6) var<storage, read_write> xq: array<vec4<u32>>;
 
 override WG: u32 = 64u;
 override NORM: bool = true;
+override F32_OUT: bool = true;
+override QUANT: bool = false;
 
 // inv_rms (rms_common.wgsl) over delta: the same four running sums.
 fn inv_rms_delta(base: u32, dim: u32, eps: f32) -> f32 {
@@ -49,8 +54,26 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
     if (NORM) {
         let scale = inv_rms(base, dim, params.eps);
-        for (var k = 0u; k < dim; k += 1u) {
-            out[base + k] = x[base + k] * scale * weight[k];
+        if (F32_OUT) {
+            for (var k = 0u; k < dim; k += 1u) {
+                out[base + k] = x[base + k] * scale * weight[k];
+            }
+        }
+        if (QUANT) {
+            // The same products, per block of 32 (dim is a multiple of 32 here), as rms_norm.wgsl.
+            for (var b = 0u; b < dim / 32u; b++) {
+                var v: array<vec4<f32>, 8>;
+                for (var i = 0u; i < 8u; i++) {
+                    let k = base + 32u * b + 4u * i;
+                    let c = 32u * b + 4u * i;
+                    v[i] = vec4<f32>(x[k], x[k + 1u], x[k + 2u], x[k + 3u]) * scale * vec4<f32>(weight[c], weight[c + 1u], weight[c + 2u], weight[c + 3u]);
+                }
+                let q = quantize_block(v);
+                let at = (base / 32u + b) * 3u;
+                xq[at] = q[0];
+                xq[at + 1u] = q[1];
+                xq[at + 2u] = q[2];
+            }
         }
     }
 }

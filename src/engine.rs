@@ -78,6 +78,9 @@ pub struct EngineOptions {
     pub adapter_class: Option<AdapterClass>,
     /// Use the adapter's optional features where offered ([`ContextOptions::optional_features`]).
     pub optional_features: bool,
+    /// Whether the matmuls quantize their activations to int8 ([`ContextOptions::int8_activations`]);
+    /// `None` = the adapter's default. Like `max_binding_bytes`, used by [`Engine::load`].
+    pub int8_activations: Option<bool>,
 }
 
 impl Default for EngineOptions {
@@ -95,6 +98,7 @@ impl Default for EngineOptions {
             max_binding_bytes: None,
             adapter_class: None,
             optional_features: true,
+            int8_activations: None,
         }
     }
 }
@@ -155,6 +159,7 @@ impl Engine {
             max_storage_binding: options.max_binding_bytes,
             class: options.adapter_class,
             optional_features: options.optional_features,
+            int8_activations: options.int8_activations,
             ..Default::default()
         }).await?);
         Engine::load_with_context(ctx, bytes, options)

@@ -19,6 +19,10 @@ use pagedlm::synth::{tiny_llama_gguf, SynthConfig, SynthGemma};
 /// |GPU f32 − CPU f64| on every logit (as tests/tiny_model.rs).
 const LOGIT_TOL: f32 = 2e-3;
 
+/// The matmuls multiply the activations themselves in the tests held to LOGIT_TOL (the default,
+/// asked for explicitly; int8 activations have a test of their own).
+const EXACT: Option<bool> = Some(false);
+
 /// 7 layers (local 0-4 and 6, global 5), 4 query heads over 1 KV head, a window of `window`.
 fn gemma(window: usize, head_dim: usize, seed: u64) -> SynthConfig {
     SynthConfig {
@@ -77,7 +81,7 @@ async fn check_against_recompute(synth: &SynthConfig, len: usize, dtypes: &[KvDt
             &[(KvLayout::Paged, 16), (KvLayout::Paged, 4), (KvLayout::Contiguous, 16)]
         };
         for &(kv_layout, block_size) in layouts {
-            let opts = EngineOptions { max_context: 128, prefill_chunk: 7, kv_layout, block_size, kv_dtype, ..Default::default() };
+            let opts = EngineOptions { max_context: 128, prefill_chunk: 7, kv_layout, block_size, kv_dtype, int8_activations: EXACT, ..Default::default() };
             let mut engine = Engine::load(&bytes, opts).await.unwrap();
             for (mode, from) in [(ScoreMode::Prefill, 1), (ScoreMode::Decode, len / 2)] {
                 let rows = engine.score_logits(&ids, from, mode).await.unwrap();
@@ -110,10 +114,22 @@ gpu_test! {
 }
 
 gpu_test! {
+    async fn int8_activations_stay_within_their_rounding_of_the_recompute() {
+        // The sandwich norms quantize the next matmul's input too (residual_norm).
+        let synth = gemma(16, 32, 10);
+        let bytes = tiny_llama_gguf(&synth);
+        let vocab = ModelConfig::from_gguf(&Gguf::parse(&bytes).unwrap()).unwrap().vocab;
+        let ids = random_ids(&mut Rng::new(10), 40, vocab);
+        let opts = EngineOptions { max_context: 64, prefill_chunk: 16, block_size: 4, ..Default::default() };
+        common::assert_int8_within_rounding("gemma", &bytes, &ids, opts).await;
+    }
+}
+
+gpu_test! {
     async fn concurrent_requests_decode_in_a_batch_like_the_recompute() {
         let synth = gemma(9, 32, 6);
         let bytes = tiny_llama_gguf(&synth);
-        let opts = EngineOptions { max_context: 96, block_size: 4, ..Default::default() };
+        let opts = EngineOptions { max_context: 96, block_size: 4, int8_activations: EXACT, ..Default::default() };
         let mut engine = Engine::load(&bytes, opts).await.unwrap();
         let vocab = engine.config().vocab;
         let mut rng = Rng::new(8);
@@ -169,7 +185,7 @@ gpu_test! {
         let bytes = tiny_llama_gguf(&synth);
         let gguf = Gguf::parse(&bytes).unwrap();
         let cfg = ModelConfig::from_gguf(&gguf).unwrap();
-        let opts = EngineOptions { max_context: 128, block_size: 4, prefill_chunk: 16, ..Default::default() };
+        let opts = EngineOptions { max_context: 128, block_size: 4, prefill_chunk: 16, int8_activations: EXACT, ..Default::default() };
         let mut engine = Engine::load(&bytes, opts.clone()).await.unwrap();
         let mut rng = Rng::new(9);
         let a = random_ids(&mut rng, 40, cfg.vocab);

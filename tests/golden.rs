@@ -6,6 +6,13 @@
 //! in its Q4_1 dot products, and the greedy path has near-ties (margins down to 0.0003), so two
 //! correct implementations diverge in free-running text; compared step by step on the same
 //! history, they must agree wherever the decision is clear.
+//!
+//! The engine runs as it does by default, its matmuls multiplying f32 activations, its logits held
+//! to numpy within NUMPY_LOGIT_TOL. Int8 activations (opt-in) round as llama.cpp's do, turning
+//! f32-sized differences into whole steps that carry through the layers, so their logits may stray
+//! from numpy's about as far as llama.cpp's own do (up to ~1.0 on llama.cpp's tokens in the
+//! reference files; allowed: twice that); natively they are measured, not checked (`--ignored`):
+//! they miss 3 of llama.cpp's clear steps.
 mod common;
 
 #[cfg(target_arch = "wasm32")]
@@ -13,6 +20,7 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 use common::{llamacpp_items, real_model_bytes, report, LlamaCppItem};
 use pagedlm::engine::{Engine, EngineOptions, KvLayout, ScoreMode};
+use pagedlm::gpu::ops::matmul::MatmulConfig;
 use pagedlm::sampler::argmax;
 use serde_json::Value;
 
@@ -23,8 +31,23 @@ const NUMPY: &str = include_str!("data/numpy_f64_public.json");
 const CLEAR_MARGIN: f32 = 0.5;
 /// Largest allowed |our logit - llama.cpp's| on llama.cpp's token (llama.cpp quantizes activations).
 const LLAMACPP_LOGIT_TOL: f32 = 1.5;
-/// Largest allowed |our logit - numpy f64| on the reference's top-5 tokens (measured: 1e-4 natively).
+/// Largest allowed |our logit - numpy f64| on the reference's top-5 tokens with exact f32
+/// activations (measured: 1e-4 natively).
 const NUMPY_LOGIT_TOL: f32 = 0.01;
+
+/// The largest |llama.cpp's logit − numpy's| over llama.cpp's tokens that numpy's top-5 holds: how
+/// far int8 activations move llama.cpp from the f64 reference.
+fn llamacpp_numpy_distance(items: &[Item]) -> f32 {
+    let mut worst = 0f32;
+    for item in items {
+        for (&(tok, logit, _), top5) in item.llamacpp.steps.iter().zip(&item.numpy) {
+            if let Some(&(_, np)) = top5.iter().find(|(t, _)| *t == tok) {
+                worst = worst.max((logit - np).abs());
+            }
+        }
+    }
+    worst
+}
 
 struct Item {
     llamacpp: LlamaCppItem,
@@ -57,9 +80,15 @@ struct Stats {
     agree: usize,
     max_llamacpp_diff: f32,
     max_numpy_diff: f32,
+    /// Clear llama.cpp steps predicted otherwise (a failure unless measuring), and the largest
+    /// llama.cpp margin of a step predicted otherwise.
+    clear_missed: usize,
+    missed_margin_max: f32,
 }
 
-async fn check(engine: &mut Engine, item: &Item, mode: ScoreMode, stats: &mut Stats) {
+/// numpy_tol: the largest |our logit − numpy's| allowed on numpy's top-5. With `strict` off (a
+/// measurement) a clear step we miss is counted instead of failing, and no logit is asserted.
+async fn check(engine: &mut Engine, item: &Item, (mode, numpy_tol, strict): (ScoreMode, f32, bool), stats: &mut Stats) {
     let (numpy, item) = (&item.numpy, &item.llamacpp);
     let rows = engine.score_logits(&item.ids, item.from, mode).await.unwrap();
     assert_eq!(rows.len(), item.ids.len() - item.from + 1, "{}: one row per position", item.id);
@@ -70,22 +99,24 @@ async fn check(engine: &mut Engine, item: &Item, mode: ScoreMode, stats: &mut St
             if ours == tok {
                 stats.agree += 1;
             } else {
+                stats.clear_missed += usize::from(margin >= CLEAR_MARGIN);
+                stats.missed_margin_max = stats.missed_margin_max.max(margin);
                 assert!(
-                    margin < CLEAR_MARGIN,
+                    !strict || margin < CLEAR_MARGIN,
                     "{} ({mode:?}) step {i}: we predict {ours} but llama.cpp predicts {tok} with margin {margin}",
                     item.id
                 );
             }
             let d = (row[tok as usize] - logit).abs();
             stats.max_llamacpp_diff = stats.max_llamacpp_diff.max(d);
-            assert!(d <= LLAMACPP_LOGIT_TOL, "{} ({mode:?}) step {i}: logit of {tok} is {} vs llama.cpp {logit}", item.id, row[tok as usize]);
+            assert!(!strict || d <= LLAMACPP_LOGIT_TOL, "{} ({mode:?}) step {i}: logit of {tok} is {} vs llama.cpp {logit}", item.id, row[tok as usize]);
         }
         if let Some(top5) = numpy.get(i) {
             for &(tok, logit) in top5 {
                 let d = (row[tok as usize] - logit).abs();
                 stats.max_numpy_diff = stats.max_numpy_diff.max(d);
                 assert!(
-                    d <= NUMPY_LOGIT_TOL,
+                    !strict || d <= numpy_tol,
                     "{} ({mode:?}) position {i}: logit of {tok} is {} vs numpy f64 {logit}",
                     item.id,
                     row[tok as usize]
@@ -110,26 +141,33 @@ async fn speed(engine: &mut Engine) -> String {
     )
 }
 
-/// The golden check through one path and one KV layout.
-async fn golden(mode: ScoreMode, layout: KvLayout, only: Option<&[&str]>) {
+/// The golden check through one path and one KV layout, the matmuls' activations as the device's
+/// default has them (`int8_activations` None) or as asked; `strict` off only reports.
+async fn golden(mode: ScoreMode, layout: KvLayout, only: Option<&[&str]>, (int8_activations, strict): (Option<bool>, bool)) {
     let bytes = real_model_bytes().await;
-    let opts = EngineOptions { max_context: 1024, kv_layout: layout, ..Default::default() };
+    let opts = EngineOptions { max_context: 1024, kv_layout: layout, int8_activations, ..Default::default() };
     let mut engine = Engine::load(&bytes, opts).await.unwrap();
+    let items = items();
+    let int8 = MatmulConfig::for_device(engine.context(), 1).int8_activations;
+    let numpy_tol = if int8 { 2.0 * llamacpp_numpy_distance(&items) } else { NUMPY_LOGIT_TOL };
     let mut stats = Stats::default();
     let mut checked = 0;
-    for item in items() {
+    for item in &items {
         if only.is_some_and(|ids| !ids.contains(&item.llamacpp.id.as_str())) {
             continue;
         }
-        check(&mut engine, &item, mode, &mut stats).await;
+        check(&mut engine, item, (mode, numpy_tol, strict), &mut stats).await;
         checked += 1;
     }
     assert!(checked > 0, "no prompt was checked");
     let rate = stats.agree as f64 / stats.steps as f64;
+    let acts = if int8 { "int8" } else { "f32" };
     let line = format!(
-        "golden {mode:?} {layout:?}: {checked} prompts, {} steps, top-1 agreement with llama.cpp {:.1}%, max |Δlogit| vs llama.cpp {:.3}, vs numpy f64 {:.4}",
+        "golden {mode:?} {layout:?} {acts} activations: {checked} prompts, {} steps, top-1 agreement with llama.cpp {:.1}% ({} clear steps missed, largest margin missed {:.3}), max |Δlogit| vs llama.cpp {:.3}, vs numpy f64 {:.4} (allowed {numpy_tol:.3})",
         stats.steps,
         rate * 100.0,
+        stats.clear_missed,
+        stats.missed_margin_max,
         stats.max_llamacpp_diff,
         stats.max_numpy_diff
     );
@@ -137,24 +175,35 @@ async fn golden(mode: ScoreMode, layout: KvLayout, only: Option<&[&str]>) {
     report(&line);
     #[cfg(target_arch = "wasm32")]
     report(&format!("{line}\n{}", speed(&mut engine).await));
-    assert!(rate >= 0.95, "top-1 agreement {rate} is under 95%");
+    assert!(!strict || rate >= 0.95, "top-1 agreement {rate} is under 95%");
 }
 
 #[cfg(not(target_arch = "wasm32"))]
 #[test]
 fn golden_decode_path_paged_matches_llamacpp_and_numpy() {
-    pollster::block_on(golden(ScoreMode::Decode, KvLayout::Paged, None));
+    pollster::block_on(golden(ScoreMode::Decode, KvLayout::Paged, None, (None, true)));
 }
 
 #[cfg(not(target_arch = "wasm32"))]
 #[test]
 fn golden_prefill_path_contiguous_matches_llamacpp_and_numpy() {
-    pollster::block_on(golden(ScoreMode::Prefill, KvLayout::Contiguous, None));
+    pollster::block_on(golden(ScoreMode::Prefill, KvLayout::Contiguous, None, (None, true)));
+}
+
+/// Int8 activations natively, both paths: a measurement (`cargo test --release --test golden --
+/// --ignored --nocapture`), not a check.
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+#[ignore]
+fn golden_with_int8_activations_is_measured() {
+    for mode in [ScoreMode::Decode, ScoreMode::Prefill] {
+        pollster::block_on(golden(mode, KvLayout::Paged, None, (Some(true), false)));
+    }
 }
 
 /// In the browser: two short prompts through the decode path (SwiftShader is slow).
 #[cfg(target_arch = "wasm32")]
 #[wasm_bindgen_test::wasm_bindgen_test]
 async fn golden_in_browser_on_two_prompts() {
-    golden(ScoreMode::Decode, KvLayout::Paged, Some(&["pub_raw_capital", "pub_raw_numbers"])).await;
+    golden(ScoreMode::Decode, KvLayout::Paged, Some(&["pub_raw_capital", "pub_raw_numbers"]), (None, true)).await;
 }

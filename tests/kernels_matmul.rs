@@ -11,7 +11,8 @@
 //! (≥ 6e-4), far above the bound. The embedding is d · q + m per value in f32, as the CPU's
 //! dequantizer computes it, up to one rounding (a fused multiply-add): |Δ| ≤ 2⁻²² · (|w| + max|row|).
 //!
-//! The int8-activation variant (opt-in) is checked twice: against the exact reference within the
+//! The int8-activation variant (opt-in; the tests of the device's default ask for it explicitly
+//! too) is checked twice: against the exact reference within the
 //! worst case its activation rounding allows, Σ_k |d·q[n,k]| · step_k / 2 (`int8_error_bound`,
 //! step_k = max|x| / 127 of k's block), and against a CPU emulation of the same int8 arithmetic
 //! (`matmul_int8_cpu`) within the f32 tolerance above plus two quantization steps of one weight
@@ -167,33 +168,52 @@ async fn run_matmul(ctx: &Context, w: &QuantMatrix, x: &[f32], n_rows: u32, conf
     ctx.read_f32(&yb, 0, n_rows as u64 * w.rows as u64).await.unwrap()
 }
 
-/// Checks one shape and batch against the CPU reference.
+/// Checks one shape and batch against the CPU reference (`config` None: the device's default).
 async fn check(ctx: &Context, rng: &mut Rng, kind: GgmlKind, rows: u32, cols: u32, n_rows: u32, config: Option<MatmulConfig>) {
     let raw = random_matrix(rng, kind, rows, cols);
     let x = rng.vec_uniform(n_rows as usize * cols as usize, -1.0, 1.0);
     let w = QuantMatrix::upload(ctx, "w", kind, &raw, rows, cols).unwrap();
     let got = run_matmul(ctx, &w, &x, n_rows, config).await;
-    let want = matmul_cpu(kind, &raw, rows, cols, &x, n_rows).unwrap();
-    let scale = magnitudes(kind, &raw, rows, cols, &x, n_rows);
-    let what = format!("{kind:?} {cols}→{rows}, {n_rows} rows, {config:?}");
-    if !config.is_some_and(|c| c.int8_activations) || !has_int8_path(kind) {
-        assert_matmul_close(&what, &got, &want, &scale, &[]);
+    let effective = config.unwrap_or(MatmulConfig::for_device(ctx, n_rows));
+    let what = format!("{kind:?} {cols}→{rows}, {n_rows} rows, {effective:?}");
+    assert_reference(&what, (kind, &raw, rows, cols), (&x, n_rows), effective.int8_activations, &got);
+}
+
+/// Asserts that `got` is x · Wᵀ (raw: GGUF [rows, cols]; x: [n_rows, cols]) as the kernels compute
+/// it: within the f32 tolerance of the exact reference, or, with `int8` activations (for types
+/// with an int8 body), within the int8 bound of it and close to the CPU emulation of int8.
+fn assert_reference(what: &str, (kind, raw, rows, cols): (GgmlKind, &[u8], u32, u32), (x, n_rows): (&[f32], u32), int8: bool, got: &[f32]) {
+    let want = matmul_cpu(kind, raw, rows, cols, x, n_rows).unwrap();
+    let scale = magnitudes(kind, raw, rows, cols, x, n_rows);
+    if !int8 || !has_int8_path(kind) {
+        assert_matmul_close(what, got, &want, &scale, &[]);
         return;
     }
-    let bound = int8_error_bound(kind, &raw, rows, cols, &x, n_rows).unwrap();
-    assert_matmul_close(&format!("{what} vs exact"), &got, &want, &scale, &bound);
-    let emulated = matmul_int8_cpu(kind, &raw, rows, cols, &x, n_rows).unwrap();
-    let flips = vec![2.0 * max_weight_step(kind, &raw, rows, cols, &x); got.len()];
-    assert_matmul_close(&format!("{what} vs int8 emulation"), &got, &emulated, &scale, &flips);
+    let bound = int8_error_bound(kind, raw, rows, cols, x, n_rows).unwrap();
+    assert_matmul_close(&format!("{what} vs exact"), got, &want, &scale, &bound);
+    let emulated = matmul_int8_cpu(kind, raw, rows, cols, x, n_rows).unwrap();
+    let flips = vec![2.0 * max_weight_step(kind, raw, rows, cols, x); got.len()];
+    assert_matmul_close(&format!("{what} vs int8 emulation"), got, &emulated, &scale, &flips);
+}
+
+/// Whether the device's default matmul for `n_rows` rows uses int8 activations.
+fn default_int8(ctx: &Context, n_rows: u32) -> bool {
+    MatmulConfig::for_device(ctx, n_rows).int8_activations
 }
 
 gpu_test! {
     async fn q4_1_matches_cpu_on_model_shapes() {
         let ctx = gpu().await;
         let mut rng = Rng::new(11);
+        // The device's default, and its activations the other way (int8 or f32).
+        let flipped = |n_rows| {
+            let c = MatmulConfig::for_device(&ctx, n_rows);
+            Some(MatmulConfig { int8_activations: !c.int8_activations, ..c })
+        };
         for (rows, cols) in [(576, 576), (192, 576), (1536, 576), (576, 1536)] {
             for n_rows in [1, 3, 8, 16] {
                 check(&ctx, &mut rng, GgmlKind::Q4_1, rows, cols, n_rows, None).await;
+                check(&ctx, &mut rng, GgmlKind::Q4_1, rows, cols, n_rows, flipped(n_rows)).await;
             }
         }
     }
@@ -215,8 +235,11 @@ gpu_test! {
         let ctx = gpu().await;
         let mut rng = Rng::new(12);
         // 100 rows: not a multiple of the 8-row tile.
-        check(&ctx, &mut rng, GgmlKind::Q4_1, 1536, 576, 100, None).await;
-        check(&ctx, &mut rng, GgmlKind::Q4_1, 576, 1536, 100, None).await;
+        let c = MatmulConfig::for_device(&ctx, 100);
+        for config in [None, Some(MatmulConfig { int8_activations: !c.int8_activations, ..c })] {
+            check(&ctx, &mut rng, GgmlKind::Q4_1, 1536, 576, 100, config).await;
+            check(&ctx, &mut rng, GgmlKind::Q4_1, 576, 1536, 100, config).await;
+        }
     }
 }
 
@@ -254,9 +277,7 @@ gpu_test! {
             let got = ctx.read_f32(&yb, 0, sentinel.len() as u64).await.unwrap();
             let n_out = (n_rows * rows) as usize;
             assert!(got[n_out..].iter().all(|&v| v == 7.5), "{kind:?}: wrote past the output: {:?}", &got[n_out..]);
-            let want = matmul_cpu(kind, &raw, rows, cols, &x, n_rows).unwrap();
-            let scale = magnitudes(kind, &raw, rows, cols, &x, n_rows);
-            assert_matmul_close(&format!("{kind:?} 13 rows into a larger y"), &got[..n_out], &want, &scale, &[]);
+            assert_reference(&format!("{kind:?} 13 rows into a larger y"), (kind, &raw, rows, cols), (&x, n_rows), default_int8(&ctx, n_rows), &got[..n_out]);
         }
     }
 }
@@ -265,12 +286,16 @@ gpu_test! {
     async fn every_kernel_variant_matches_cpu() {
         let ctx = gpu().await;
         let mut rng = Rng::new(15);
-        // The split-row variant (real GPUs) runs here too, so it is tested on CPU adapters.
+        // The split-row variant (real GPUs) runs here too, so it is tested on CPU adapters; the
+        // shared-load variant wherever the device has subgroups of 8.
         let mut configs = Vec::new();
-        for (scale_after, int8_activations) in [(false, false), (true, false), (true, true)] {
-            let c = |tile_rows, k_split, workgroup| MatmulConfig { tile_rows, k_split, workgroup, scale_after, int8_activations };
-            configs.extend([c(1, 8, 64), c(4, 8, 64), c(3, 4, 16)]);
-            configs.extend([1, 2, 5, 8, MAX_TILE_ROWS].map(|tile_rows| c(tile_rows, 1, 16)));
+        let shared: &[bool] = if ctx.has_subgroups(8) { &[false, true] } else { &[false] };
+        for int8_activations in [false, true] {
+            let c = |tile_rows, k_split, workgroup, subgroup| MatmulConfig { tile_rows, k_split, workgroup, subgroup, int8_activations };
+            configs.extend([c(1, 8, 64, false), c(4, 8, 64, false), c(3, 4, 16, false)]);
+            for &subgroup in shared {
+                configs.extend([1, 3, 8, MAX_TILE_ROWS].map(|tile_rows| c(tile_rows, 1, 16, subgroup)));
+            }
         }
         for config in configs {
             check(&ctx, &mut rng, GgmlKind::Q4_1, 96, 320, 19, Some(config)).await;
@@ -308,12 +333,11 @@ gpu_test! {
             let got = run_matmul(&ctx, &stacked, &x, n_rows, None).await;
             let mut offset = 0usize;
             for ((raw, rows), &kind) in raws.iter().zip(part_rows).zip(&types) {
-                let want = matmul_cpu(kind, raw, rows, cols, &x, n_rows).unwrap();
-                let scale = magnitudes(kind, raw, rows, cols, &x, n_rows);
                 let got_part: Vec<f32> = (0..n_rows as usize)
                     .flat_map(|a| got[a * total as usize + offset..][..rows as usize].to_vec())
                     .collect();
-                assert_matmul_close(&format!("{kind:?} stacked part at row {offset}"), &got_part, &want, &scale, &[]);
+                let what = format!("{kind:?} stacked part at row {offset}");
+                assert_reference(&what, (kind, raw, rows, cols), (&x, n_rows), default_int8(&ctx, n_rows), &got_part);
                 offset += rows as usize;
             }
         }
@@ -376,7 +400,7 @@ gpu_test! {
             check_epilogues(&ctx, &mut rng, t, (102, cols), 5, MatmulConfig::for_device(&ctx, 5), acts).await;
         }
         // The variants of the two bodies of their own: split rows (real GPUs), int8 activations.
-        let c = |tile_rows, k_split, workgroup, int8_activations| MatmulConfig { tile_rows, k_split, workgroup, scale_after: true, int8_activations };
+        let c = |tile_rows, k_split, workgroup, int8_activations| MatmulConfig { tile_rows, k_split, workgroup, subgroup: false, int8_activations };
         for config in [c(1, 8, 64, false), c(3, 4, 16, true)] {
             for t in [GgmlKind::Q4_1, GgmlKind::Q8_0] {
                 check_epilogues(&ctx, &mut rng, t, (64, 320), 9, config, &[Activation::Silu]).await;
@@ -526,9 +550,8 @@ gpu_test! {
             for n_rows in [1, 9] {
                 let x = rng.vec_uniform((n_rows * cols) as usize, -1.0, 1.0);
                 let got = run_matmul(&ctx, &w, &x, n_rows, None).await;
-                let want = matmul_cpu(t, &raw, rows, cols, &x, n_rows).unwrap();
-                let scale = magnitudes(t, &raw, rows, cols, &x, n_rows);
-                assert_matmul_close(&format!("{} split in {} parts", t.name(), w.parts.len()), &got, &want, &scale, &[]);
+                let what = format!("{} split in {} parts", t.name(), w.parts.len());
+                assert_reference(&what, (t, &raw, rows, cols), (&x, n_rows), default_int8(&ctx, n_rows), &got);
             }
             // Ids in every part, at both sides of each boundary, and past the vocabulary.
             let mut ids: Vec<u32> = w.parts.iter().flat_map(|p| [p.row0, p.row0 + p.rows - 1]).collect();
@@ -594,39 +617,41 @@ gpu_test! {
 }
 
 /// Timing of the matmul variants on the native adapter (not a test: run with
-/// `cargo test --release --test kernels_matmul -- --ignored --nocapture bench`). Each case records
-/// `REPS` dispatches in one submission and times submit + a 4-byte readback; weights rotate over
-/// enough copies (> 96 MB) that decode streams them from memory, as a model's layers would.
+/// `cargo test --release --test kernels_matmul -- --ignored --nocapture bench`, `BENCH_CASE=prefill`
+/// to run the cases whose name holds it). Each case records up to `REPS` dispatches in one
+/// submission and times submit + a 4-byte readback, its variants alternating `ROUNDS` times;
+/// weights rotate over enough copies (> 96 MB) that decode streams them from memory, as a model's
+/// layers would.
 #[cfg(not(target_arch = "wasm32"))]
 #[test]
 #[ignore]
 fn bench_matmul() {
     pollster::block_on(async {
         const REPS: usize = 100;
+        const ROUNDS: usize = 5;
         let ctx = gpu().await;
         println!("adapter: {}", ctx.adapter_name());
         let mut rng = Rng::new(99);
-        let cpu = |tile_rows| MatmulConfig {
-            tile_rows,
-            k_split: 1,
-            workgroup: 16,
-            scale_after: true,
-            int8_activations: false,
-        };
+        let sg = ctx.has_subgroups(8);
+        let cpu = |tile_rows| MatmulConfig { tile_rows, k_split: 1, workgroup: 16, subgroup: false, int8_activations: false };
         let split = |tile_rows| MatmulConfig { k_split: 8, workgroup: 64, ..cpu(tile_rows) };
-        let flip = |c: MatmulConfig| MatmulConfig { scale_after: !c.scale_after, ..c };
         let int8 = |c: MatmulConfig| MatmulConfig { int8_activations: true, ..c };
+        let shared = |c: MatmulConfig| MatmulConfig { subgroup: sg, ..c };
+        // Per shape: the old default (f32, no sharing) and the variants around the new one.
+        let around = |t: u32| vec![cpu(t), shared(cpu(t)), int8(cpu(t)), int8(shared(cpu(t)))];
         // (name, kind, rows, cols, n_rows, variants)
         type Case = (String, GgmlKind, u32, u32, u32, Vec<MatmulConfig>);
         let mut cases: Vec<Case> = vec![
-            ("decode Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 1, vec![cpu(1), flip(cpu(1)), split(1), int8(cpu(1)), MatmulConfig { workgroup: 8, ..cpu(1) }]),
-            ("decode Q4_1 1536→576".into(), GgmlKind::Q4_1, 576, 1536, 1, vec![cpu(1), flip(cpu(1)), split(1), int8(cpu(1))]),
-            ("decode Q8_0 576→49152".into(), GgmlKind::Q8_0, 49152, 576, 1, vec![cpu(1), flip(cpu(1)), split(1), int8(cpu(1))]),
-            ("batch 4 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 4, vec![cpu(1), cpu(4), flip(cpu(4)), int8(cpu(4))]),
-            ("batch 8 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 8, vec![cpu(1), cpu(8), flip(cpu(8)), int8(cpu(8))]),
-            ("batch 16 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 16, vec![cpu(1), cpu(8), cpu(16), int8(cpu(8))]),
-            ("batch 8 Q8_0 576→49152".into(), GgmlKind::Q8_0, 49152, 576, 8, vec![cpu(1), cpu(8), flip(cpu(8)), int8(cpu(8))]),
-            ("prefill 512 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 512, vec![cpu(1), split(4), cpu(2), cpu(4), flip(cpu(4)), cpu(8), int8(cpu(4)), int8(cpu(8))]),
+            ("decode Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 1, [around(1), vec![split(1), int8(shared(MatmulConfig { workgroup: 8, ..cpu(1) }))]].concat()),
+            ("decode Q4_1 1536→576".into(), GgmlKind::Q4_1, 576, 1536, 1, around(1)),
+            ("decode Q8_0 576→49152".into(), GgmlKind::Q8_0, 49152, 576, 1, around(1)),
+            ("batch 4 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 4, around(4)),
+            ("batch 8 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 8, around(8)),
+            ("batch 16 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 16, [around(16), vec![int8(shared(cpu(8)))]].concat()),
+            ("batch 8 Q8_0 576→49152".into(), GgmlKind::Q8_0, 49152, 576, 8, around(8)),
+            ("prefill 512 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 512, [vec![cpu(8)], around(16), vec![split(4), int8(shared(cpu(8))), int8(shared(MatmulConfig { workgroup: 8, ..cpu(16) }))]].concat()),
+            ("prefill 512 Q4_1 1536→576".into(), GgmlKind::Q4_1, 576, 1536, 512, [vec![cpu(8)], around(16)].concat()),
+            ("prefill 512 Q8_0 576→1536".into(), GgmlKind::Q8_0, 1536, 576, 512, [vec![cpu(8)], around(16)].concat()),
         ];
         // Every type in decode: 576 → 1536 (not the K-quants: 576 is not a whole number of their
         // 256-value blocks) and 1536 → 576.
@@ -634,7 +659,8 @@ fn bench_matmul() {
             if t.block_size().unwrap().0 != 256 {
                 cases.push((format!("type {} 576→1536", t.name()), t, 1536, 576, 1, vec![cpu(1)]));
             }
-            cases.push((format!("type {} 1536→576", t.name()), t, 576, 1536, 1, vec![cpu(1)]));
+            cases.push((format!("type {} 1536→576", t.name()), t, 576, 1536, 1, vec![cpu(1), shared(cpu(1))]));
+            cases.push((format!("prefill 512 type {} 1536→576", t.name()), t, 576, 1536, 512, vec![cpu(8), shared(cpu(16))]));
         }
         let filter = std::env::var("BENCH_CASE").unwrap_or_default();
         for (name, kind, rows, cols, n_rows, configs) in cases {
@@ -650,33 +676,49 @@ fn bench_matmul() {
             let xb = ctx.storage_init("x", bytemuck::cast_slice(&x));
             let yb = ctx.storage_zeroed("y", n_rows as u64 * rows as u64 * 4);
             let flops = 2.0 * n_rows as f64 * rows as f64 * cols as f64;
-            for config in configs {
-                let kernels: Vec<_> = mats.iter().map(|m| matmul_with(&ctx, m, &xb, &yb, n_rows, config).unwrap()).collect();
-                let (mut best, mut best_cpu) = (f64::INFINITY, f64::INFINITY);
-                for _ in 0..3 {
+            // About 0.2 GFLOP per timed submission: a prefill case runs a few dispatches, not REPS.
+            let reps = ((2e8 / flops) as usize).clamp(2, REPS);
+            // The variants alternate, ROUNDS times: on a shared machine a neighbour's burst then
+            // hits every variant alike. Printed: the median over rounds (wall and CPU time).
+            let kernels: Vec<Vec<_>> = configs.iter().map(|&c| mats.iter().map(|m| matmul_with(&ctx, m, &xb, &yb, n_rows, c).unwrap()).collect()).collect();
+            // One dispatch each first: lavapipe compiles a pipeline when it first runs.
+            let mut rec = Recorder::new(&ctx, "warm-up");
+            kernels.iter().for_each(|variant| rec.dispatch_all(&variant[0]));
+            rec.submit();
+            ctx.read_f32(&yb, 0, 1).await.unwrap();
+            let mut times: Vec<Vec<(f64, f64)>> = vec![Vec::new(); configs.len()];
+            for _ in 0..ROUNDS {
+                for (k, variant) in kernels.iter().enumerate() {
                     let start = std::time::Instant::now();
                     let cpu_start = cpu_seconds();
                     let mut rec = Recorder::new(&ctx, "bench");
-                    for i in 0..REPS {
-                        rec.dispatch_all(&kernels[i % copies]);
+                    for i in 0..reps {
+                        rec.dispatch_all(&variant[i % copies]);
                     }
                     rec.submit();
                     ctx.read_f32(&yb, 0, 1).await.unwrap();
-                    best = best.min(start.elapsed().as_secs_f64() / REPS as f64);
-                    best_cpu = best_cpu.min((cpu_seconds() - cpu_start) / REPS as f64);
+                    times[k].push((start.elapsed().as_secs_f64() / reps as f64, (cpu_seconds() - cpu_start) / reps as f64));
                 }
+            }
+            for (config, t) in configs.iter().zip(&mut times) {
+                let median = |v: &mut Vec<f64>| {
+                    v.sort_by(f64::total_cmp);
+                    v[v.len() / 2]
+                };
+                let wall = median(&mut t.iter().map(|p| p.0).collect());
+                let cpu = median(&mut t.iter().map(|p| p.1).collect());
                 println!(
-                    "{name:26} {:7.1} KB tile {:2} split {} wg {:2} scale_after {:5} int8 {:5}: {:9.1} µs wall {:9.1} µs CPU  {:6.2} GFLOP/s  {:5.2} GB/s (wall)",
+                    "{name:30} {:7.1} KB tile {:2} split {} wg {:2} subgroup {:5} int8 {:5}: {:9.1} µs wall {:9.1} µs CPU  {:6.2} GFLOP/s  {:5.2} GB/s (wall)",
                     raw.len() as f64 / 1e3,
                     config.tile_rows,
                     config.k_split,
                     config.workgroup,
-                    config.scale_after,
+                    config.subgroup,
                     config.int8_activations,
-                    best * 1e6,
-                    best_cpu * 1e6,
-                    flops / best / 1e9,
-                    raw.len() as f64 / best / 1e9
+                    wall * 1e6,
+                    cpu * 1e6,
+                    flops / wall / 1e9,
+                    raw.len() as f64 / wall / 1e9
                 );
             }
         }

@@ -1,4 +1,4 @@
-//! rms_norm, residual_norm, head_norm, rope, glu, argmax and kv_write against their CPU references, natively
+//! rms_norm (and its int8 output), residual_norm, head_norm, rope, glu, argmax and kv_write against their CPU references, natively
 //! (lavapipe) and in the browser (SwiftShader).
 mod common;
 
@@ -10,6 +10,7 @@ use pagedlm::gpu::ops::kv_write::KvWriteBuffers;
 use pagedlm::gpu::ops::pool::{PoolBuffers, PoolShape};
 use pagedlm::gpu::ops::rope::{RopePairing, RopeShape};
 use pagedlm::gpu::ops::act::Activation;
+use pagedlm::gpu::ops::norm::NormOut;
 use pagedlm::gpu::ops::{act, argmax, kv_write, norm, rope};
 use pagedlm::gpu::{Context, GpuError, Kernel, Recorder};
 use pagedlm::kv::KvDtype;
@@ -86,6 +87,71 @@ gpu_test! {
     }
 }
 
+/// Asserts that `words` (int8 blocks, shaders/quantize_common.wgsl's layout) quantize `values`:
+/// each block's scale is max|v| / 127 and its sum Σv (f32, up to rounding), every quant within
+/// half a step (plus rounding) of v / scale. A wrong block, value or scale misses by far more.
+fn assert_int8_blocks(what: &str, words: &[u32], values: &[f32]) {
+    assert_eq!(words.len() / 12, values.len() / 32, "{what}: block count");
+    for (b, (blk, v)) in words.chunks_exact(12).zip(values.chunks_exact(32)).enumerate() {
+        let d = v.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0;
+        let (got_d, got_s) = (f32::from_bits(blk[8]), f32::from_bits(blk[9]));
+        assert!((got_d - d).abs() <= 1e-5 * d, "{what}: block {b} scale {got_d} vs {d}");
+        let (s, mag) = (v.iter().sum::<f32>(), v.iter().map(|x| x.abs()).sum::<f32>());
+        assert!((got_s - s).abs() <= 1e-5 * mag, "{what}: block {b} sum {got_s} vs {s}");
+        for (j, &x) in v.iter().enumerate() {
+            let q = (blk[j / 4] >> (8 * (j % 4))) as u8 as i8 as f32;
+            let want = if d > 0.0 { x / d } else { 0.0 };
+            assert!((q - want).abs() <= 0.5 + 1e-3, "{what}: block {b} value {j}: quant {q} for {want}");
+        }
+    }
+}
+
+gpu_test! {
+    async fn norms_quantize_their_output_for_the_next_matmul() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(14);
+        // SmolLM2's and Gemma 3's hidden sizes, decode and a prefill chunk.
+        for (n_rows, dim) in [(1u32, 576u32), (37, 640)] {
+            let n = (n_rows * dim) as usize;
+            let x = normals(&mut rng, n, 3.0);
+            let delta = normals(&mut rng, n, 30.0);
+            let weight = rng.vec_uniform(dim as usize, 0.2, 2.0);
+            let post = rng.vec_uniform(dim as usize, 0.2, 2.0);
+            let (xb, wb, db, pb) = (f32_buffer(&ctx, &x), f32_buffer(&ctx, &weight), f32_buffer(&ctx, &delta), f32_buffer(&ctx, &post));
+            let q_bytes = pagedlm::gpu::ops::matmul::int8_bytes(n_rows, dim);
+            let want = norm::rms_norm_cpu(&x, &weight, n_rows as usize, dim as usize, 1e-5);
+            // Both outputs, then int8 alone.
+            let ob = ctx.storage_zeroed("out", n as u64 * 4);
+            let qb = ctx.storage_zeroed("q", q_bytes);
+            let k = norm::rms_norm_to(&ctx, &xb, &wb, NormOut { f32: Some(&ob), int8: Some(&qb) }, n_rows, dim, 1e-5).unwrap();
+            run(&ctx, &[&k]);
+            let got = ctx.read_f32(&ob, 0, n as u64).await.unwrap();
+            assert_close(&format!("rms_norm {n_rows}x{dim} with int8"), &got, &want, RMS_ABS_TOL, RMS_REL_TOL);
+            assert_int8_blocks(&format!("rms_norm {n_rows}x{dim}"), &ctx.read_u32(&qb, 0, q_bytes / 4).await.unwrap(), &want);
+            let qb = ctx.storage_zeroed("q", q_bytes);
+            let k = norm::rms_norm_to(&ctx, &xb, &wb, NormOut { f32: None, int8: Some(&qb) }, n_rows, dim, 1e-5).unwrap();
+            run(&ctx, &[&k]);
+            assert_int8_blocks(&format!("rms_norm {n_rows}x{dim} int8 only"), &ctx.read_u32(&qb, 0, q_bytes / 4).await.unwrap(), &want);
+            // The post-normed residual, then the next pre-norm quantized.
+            let qb = ctx.storage_zeroed("q", q_bytes);
+            let k = norm::residual_norm(&ctx, (&xb, &db), &pb, Some((&wb, NormOut { f32: None, int8: Some(&qb) })), (n_rows, dim, 1e-6)).unwrap();
+            run(&ctx, &[&k]);
+            let normed = norm::rms_norm_cpu(&delta, &post, n_rows as usize, dim as usize, 1e-6);
+            let sum: Vec<f32> = x.iter().zip(&normed).map(|(a, b)| a + b).collect();
+            let want_next = norm::rms_norm_cpu(&sum, &weight, n_rows as usize, dim as usize, 1e-6);
+            assert_int8_blocks(&format!("residual_norm {n_rows}x{dim}"), &ctx.read_u32(&qb, 0, q_bytes / 4).await.unwrap(), &want_next);
+        }
+        let (x, w) = (ctx.storage_zeroed("x", 2 * 64 * 4), ctx.storage_zeroed("w", 64 * 4));
+        let q = ctx.storage_zeroed("q", pagedlm::gpu::ops::matmul::int8_bytes(2, 64));
+        expect_shape_err(norm::rms_norm_to(&ctx, &x, &w, NormOut { f32: None, int8: None }, 2, 64, 1e-5), "an f32 or an int8 output");
+        expect_shape_err(norm::rms_norm_to(&ctx, &x, &w, NormOut { f32: None, int8: Some(&q) }, 3, 64, 1e-5), "x needs");
+        let q_short = ctx.storage_zeroed("q", pagedlm::gpu::ops::matmul::int8_bytes(2, 64) - 16);
+        expect_shape_err(norm::rms_norm_to(&ctx, &x, &w, NormOut { f32: None, int8: Some(&q_short) }, 2, 64, 1e-5), "int8 out needs");
+        expect_shape_err(norm::rms_norm_to(&ctx, &x, &w, NormOut { f32: None, int8: Some(&q) }, 2, 48, 1e-5), "multiple of 32");
+        expect_shape_err(norm::rms_norm_to(&ctx, &x, &w, NormOut { f32: Some(&q), int8: Some(&q) }, 2, 64, 1e-5), "different buffer");
+    }
+}
+
 gpu_test! {
     async fn residual_norm_matches_cpu() {
         let ctx = gpu().await;
@@ -101,7 +167,7 @@ gpu_test! {
                 let weight = rng.vec_uniform(dim as usize, 0.2, 2.0);
                 let (xb, db, pb, wb) = (f32_buffer(&ctx, &x), f32_buffer(&ctx, &delta), f32_buffer(&ctx, &post), f32_buffer(&ctx, &weight));
                 let ob = ctx.storage_zeroed("out", n as u64 * 4);
-                let next = with_next.then_some((&wb, &ob));
+                let next = with_next.then_some((&wb, NormOut::f32(&ob)));
                 let k = norm::residual_norm(&ctx, (&xb, &db), &pb, next, (n_rows, dim, 1e-6)).unwrap();
                 run(&ctx, &[&k]);
                 let normed = norm::rms_norm_cpu(&delta, &post, n_rows as usize, dim as usize, 1e-6);
@@ -124,7 +190,7 @@ gpu_test! {
         let w = ctx.storage_zeroed("w", 64 * 4);
         expect_shape_err(norm::residual_norm(&ctx, (&x, &d), &w, None, (3, 64, 1e-6)), "x needs");
         expect_shape_err(norm::residual_norm(&ctx, (&x, &x), &w, None, (2, 64, 1e-6)), "different buffers");
-        expect_shape_err(norm::residual_norm(&ctx, (&x, &d), &w, Some((&w, &d)), (2, 64, 1e-6)), "different buffers");
+        expect_shape_err(norm::residual_norm(&ctx, (&x, &d), &w, Some((&w, NormOut::f32(&d))), (2, 64, 1e-6)), "different buffers");
     }
 }
 

@@ -35,6 +35,7 @@ const USAGE: &str = "usage: pagedlm <tokenize|score|generate|bench|trace|profile
             --max-binding-mib N   (run as on a device whose largest buffer binding is N MiB)
             --adapter-class cpu|integrated|discrete   (tune the kernels as for that kind of adapter)
             --no-optional-features   (the variants for adapters without subgroups and shader-f16)
+            --activations auto|f32|int8   (the matmuls' activations; auto: f32)
             (every command takes them; tokenize reads only --model)
   tokenize  --texts FILE.json
   score     --input FILE.json [--mode decode|prefill]
@@ -103,7 +104,7 @@ mod cli {
     }
 
     fn engine_options(args: &Args) -> EngineOptions {
-        // The parser admits only the values in args::KV_LAYOUTS and args::KV_DTYPES.
+        // The parser admits only the values in args::KV_LAYOUTS, args::KV_DTYPES and args::ACTIVATIONS.
         let kv_layout = match args.text("kv-layout") {
             Some("contiguous") => KvLayout::Contiguous,
             _ => KvLayout::Paged,
@@ -132,6 +133,11 @@ mod cli {
             // The parser admits only the names in args::ADAPTER_CLASSES.
             adapter_class: args.text("adapter-class").and_then(AdapterClass::parse),
             optional_features: !args.flag("no-optional-features"),
+            int8_activations: match args.text("activations") {
+                Some("int8") => Some(true),
+                Some("f32") => Some(false),
+                _ => None,
+            },
         }
     }
 

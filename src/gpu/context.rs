@@ -28,6 +28,10 @@ pub struct ContextOptions {
     /// Use the adapter's optional features (`subgroups`, `shader-f16`) where it has them; `false`
     /// runs the variants written for adapters without them (tests, benchmarks).
     pub optional_features: bool,
+    /// Whether the matmuls quantize their activations to int8 (llama.cpp's trick, see
+    /// `gpu::ops::matmul::MatmulConfig::for_device`); `None` = the default, f32 activations
+    /// (int8 is faster on CPU adapters but moves the logits further than llama.cpp's do).
+    pub int8_activations: Option<bool>,
 }
 
 impl Default for ContextOptions {
@@ -38,6 +42,7 @@ impl Default for ContextOptions {
             max_storage_binding: None,
             class: None,
             optional_features: true,
+            int8_activations: None,
         }
     }
 }
@@ -121,6 +126,8 @@ pub struct Context {
     pub adapter_features: wgpu::Features,
     /// [`ContextOptions::class`], or the adapter's own.
     class: AdapterClass,
+    /// [`ContextOptions::int8_activations`].
+    pub int8_activations: Option<bool>,
     modules: Mutex<HashMap<String, Arc<wgpu::ShaderModule>>>,
     pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
     counters: AtomicCounters,
@@ -194,6 +201,7 @@ impl Context {
             info,
             limits,
             adapter_features,
+            int8_activations: options.int8_activations,
             modules: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
             counters: AtomicCounters::default(),
@@ -238,6 +246,9 @@ impl Context {
         }
         if self.has_f16() {
             name += "+f16";
+        }
+        if self.int8_activations == Some(true) {
+            name += "+int8-activations";
         }
         name
     }

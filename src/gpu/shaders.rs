@@ -3,15 +3,17 @@
 //! A kernel family shares its common code through a prelude file prepended to each kernel's
 //! body (WGSL has no includes): `attention_common` before `attention` and `attention_batch`,
 //! `attention_reduce_common` before their reduce kernels, `rms_common` before `rms_norm` and
-//! `head_norm` and `residual_norm`, `rope_common` before `rope`, `kv_common` before `kv_write`,
-//! all three (`rms_common` + `rope_common` + `kv_common`) before `qkv_heads`, which fuses
-//! head_norm, rope and kv_write, `order_key` before `argmax` and `sample`, `act_common` before
-//! `glu` and every matmul, `matmul_common` after it before `matmul_q4_1` and `matmul_q8_0`. The
-//! quantized-weight family is one body per shape with the block format as a prelude:
-//! `matmul_<type>` is `act_common` + `matmul_common` + `quant_common` + `quant_<type>` +
-//! `matmul_blocks` (for every type but Q4_1 and Q8_0, which have bodies of their own), and
-//! `embed_<type>` is `quant_common` + `quant_<type>` + `embed`. The concatenation happens at
-//! compile time, so every source stays a `&'static str`.
+//! `head_norm` and `residual_norm`, `quantize_common` before `quantize_act` and after
+//! `rms_common` before the norms that quantize (`rms_norm`, `residual_norm`), `rope_common`
+//! before `rope`, `kv_common` before `kv_write`, all three (`rms_common` + `rope_common` +
+//! `kv_common`) before `qkv_heads`, which fuses head_norm, rope and kv_write, `order_key` before
+//! `argmax` and `sample`, `act_common` before `glu` and every matmul. The quantized matmuls are
+//! `act_common` + `matmul_common` + an activation prelude (`matmul_x`, or `matmul_x_subgroup` in
+//! the `_subgroup` variant of each, for devices with subgroups) + the body: `matmul_q4_1` and
+//! `matmul_q8_0` have bodies of their own; every other type is one body per shape with the block
+//! format as a prelude, `matmul_<type>` being those preludes + `quant_common` + `quant_<type>` +
+//! `matmul_blocks`, and `embed_<type>` is `quant_common` + `quant_<type>` + `embed`. The
+//! concatenation happens at compile time, so every source stays a `&'static str`.
 
 /// The text of `shaders/NAME.wgsl`.
 macro_rules! wgsl {
@@ -27,17 +29,30 @@ macro_rules! with_prelude {
     };
 }
 
-/// The `matmul_<type>` and `embed_<type>` sources of the quantized-weight family, for each type
-/// named by its `quant_<type>` prelude; `None` for any other name.
+/// The `matmul_<type>`, `matmul_<type>_subgroup` and `embed_<type>` sources of the
+/// quantized-weight family, for each type named by its `quant_<type>` prelude; `None` for any
+/// other name.
 macro_rules! quant_family {
     ($name:expr, matmul: [$($m:literal),*], embed: [$($e:literal),*]) => {
         match $name {
             $(concat!("matmul_", $m) => concat!(
-                wgsl!("act_common"), "\n", wgsl!("matmul_common"), "\n", wgsl!("quant_common"), "\n", include_str!(concat!("../../shaders/quant_", $m, ".wgsl")), "\n", wgsl!("matmul_blocks")
+                wgsl!("act_common"), "\n", wgsl!("matmul_common"), "\n", wgsl!("matmul_x"), "\n", wgsl!("quant_common"), "\n",
+                include_str!(concat!("../../shaders/quant_", $m, ".wgsl")), "\n", wgsl!("matmul_blocks")
+            ),)*
+            $(concat!("matmul_", $m, "_subgroup") => concat!(
+                wgsl!("act_common"), "\n", wgsl!("matmul_common"), "\n", wgsl!("matmul_x_subgroup"), "\n", wgsl!("quant_common"), "\n",
+                include_str!(concat!("../../shaders/quant_", $m, ".wgsl")), "\n", wgsl!("matmul_blocks")
             ),)*
             $(concat!("embed_", $e) => concat!(wgsl!("quant_common"), "\n", include_str!(concat!("../../shaders/quant_", $e, ".wgsl")), "\n", wgsl!("embed")),)*
             _ => return None,
         }
+    };
+}
+
+/// A matmul body of its own with the activation prelude `$x`.
+macro_rules! matmul_body {
+    ($x:literal, $body:literal) => {
+        concat!(wgsl!("act_common"), "\n", wgsl!("matmul_common"), "\n", wgsl!($x), "\n", wgsl!($body))
     };
 }
 
@@ -49,19 +64,21 @@ pub fn source(name: &str) -> Option<&'static str> {
         "argmax" => with_prelude!("order_key", "argmax"),
         "sample" => with_prelude!("order_key", "sample"),
         "kv_write" => with_prelude!("kv_common", "kv_write"),
-        "rms_norm" => with_prelude!("rms_common", "rms_norm"),
+        "rms_norm" => concat!(wgsl!("rms_common"), "\n", with_prelude!("quantize_common", "rms_norm")),
         "head_norm" => with_prelude!("rms_common", "head_norm"),
         "rope" => with_prelude!("rope_common", "rope"),
         "qkv_heads" => concat!(wgsl!("rms_common"), "\n", wgsl!("rope_common"), "\n", with_prelude!("kv_common", "qkv_heads")),
         "glu" => with_prelude!("act_common", "glu"),
-        "residual_norm" => with_prelude!("rms_common", "residual_norm"),
-        "matmul_q4_1" => concat!(wgsl!("act_common"), "\n", with_prelude!("matmul_common", "matmul_q4_1")),
-        "matmul_q8_0" => concat!(wgsl!("act_common"), "\n", with_prelude!("matmul_common", "matmul_q8_0")),
+        "residual_norm" => concat!(wgsl!("rms_common"), "\n", with_prelude!("quantize_common", "residual_norm")),
+        "matmul_q4_1" => matmul_body!("matmul_x", "matmul_q4_1"),
+        "matmul_q4_1_subgroup" => matmul_body!("matmul_x_subgroup", "matmul_q4_1"),
+        "matmul_q8_0" => matmul_body!("matmul_x", "matmul_q8_0"),
+        "matmul_q8_0_subgroup" => matmul_body!("matmul_x_subgroup", "matmul_q8_0"),
         "attention" => with_prelude!("attention_common", "attention"),
         "attention_reduce" => with_prelude!("attention_reduce_common", "attention_reduce"),
         "attention_batch" => with_prelude!("attention_common", "attention_batch"),
         "attention_batch_reduce" => with_prelude!("attention_reduce_common", "attention_batch_reduce"),
-        "quantize_act" => wgsl!("quantize_act"),
+        "quantize_act" => with_prelude!("quantize_common", "quantize_act"),
         other => return quant_source(other),
     })
 }

@@ -23,7 +23,11 @@
 //! accumulating epilogue of the matmul before them (`x += a · Woᵀ`), the activation is the gated
 //! epilogue of the gate/up matmul (when gate and up share a type), and a post-normed residual
 //! runs in one kernel with the next pre-norm ([`norm::residual_norm`]); so every layer but the
-//! first starts with its pre-norm already done by the layer before.
+//! first starts with its pre-norm already done by the layer before. With int8 activations
+//! (`MatmulConfig::int8_activations`, opt-in) the norms before the qkv, gate/up and output
+//! matmuls write their rows as int8 blocks in the same pass (and as f32 where a part of the
+//! matrix has no int8 body), and the attention output and the FFN activation are quantized by a
+//! dispatch of their own before the matmuls that read them.
 //!
 //! Every row is a token at an absolute position of a sequence, found through that sequence's
 //! row of the block-table buffer. Matmuls, norms, RoPE and the MLP run over all rows at once
@@ -43,7 +47,8 @@ use crate::gpu::ops::attention::{Attention, AttentionBatch, AttentionBuffers, Ba
 use crate::gpu::ops::kv_write::KvWriteBuffers;
 use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
 use crate::gpu::ops::qkv_heads::QkNorm;
-use crate::gpu::ops::matmul::Epilogue;
+use crate::gpu::ops::matmul::{Epilogue, Input, MatmulConfig, QuantMatrix};
+use crate::gpu::ops::norm::NormOut;
 use crate::gpu::ops::sample::{self, RowParams, SampleBuffers, SampleShape};
 use crate::gpu::ops::{act, argmax, embed, matmul, norm, qkv_heads};
 use crate::gpu::{Context, Kernel, Recorder};
@@ -176,21 +181,60 @@ struct Activations {
     act: wgpu::Buffer,
     /// The post-norms' output (models with `post_norms` only; else a placeholder).
     post: wgpu::Buffer,
+    /// h, attn and act as int8 blocks for matmuls with int8 activations (placeholders without):
+    /// h quantized by the norm that writes it, attn and act by a quantize dispatch of their own.
+    hq: wgpu::Buffer,
+    attn_q: wgpu::Buffer,
+    act_q: wgpu::Buffer,
+    /// The matmuls' kernel variant for this many rows.
+    matmul: MatmulConfig,
 }
 
 impl Activations {
     /// `gated`: every layer's FFN activation runs in its gate/up matmul (no `gate_up` needed).
-    fn new(ctx: &Context, cfg: &ModelConfig, rows: u64, gated: bool) -> Activations {
-        let f = 4u64;
+    fn new(ctx: &Context, cfg: &ModelConfig, rows: u32, gated: bool) -> Activations {
+        let (f, n) = (4u64, rows as u64);
+        let matmul = MatmulConfig::for_device(ctx, rows);
+        let int8 = |label, cols| ctx.storage_zeroed(label, if matmul.int8_activations { matmul::int8_bytes(rows, cols) } else { 48 });
         Activations {
-            x: ctx.storage_zeroed("graph.x", rows * cfg.hidden as u64 * f),
-            h: ctx.storage_zeroed("graph.h", rows * cfg.hidden as u64 * f),
-            qkv: ctx.storage_zeroed("graph.qkv", rows * cfg.qkv_width() as u64 * f),
-            attn: ctx.storage_zeroed("graph.attn", rows * cfg.q_width() as u64 * f),
-            gate_up: ctx.storage_zeroed("graph.gate_up", if gated { 4 } else { rows * 2 * cfg.ffn as u64 * f }),
-            act: ctx.storage_zeroed("graph.act", rows * cfg.ffn as u64 * f),
-            post: ctx.storage_zeroed("graph.post", if cfg.post_norms { rows * cfg.hidden as u64 * f } else { 4 }),
+            x: ctx.storage_zeroed("graph.x", n * cfg.hidden as u64 * f),
+            h: ctx.storage_zeroed("graph.h", n * cfg.hidden as u64 * f),
+            qkv: ctx.storage_zeroed("graph.qkv", n * cfg.qkv_width() as u64 * f),
+            attn: ctx.storage_zeroed("graph.attn", n * cfg.q_width() as u64 * f),
+            gate_up: ctx.storage_zeroed("graph.gate_up", if gated { 4 } else { n * 2 * cfg.ffn as u64 * f }),
+            act: ctx.storage_zeroed("graph.act", n * cfg.ffn as u64 * f),
+            post: ctx.storage_zeroed("graph.post", if cfg.post_norms { n * cfg.hidden as u64 * f } else { 4 }),
+            hq: int8("graph.hq", cfg.hidden),
+            attn_q: int8("graph.attn_q", cfg.q_width()),
+            act_q: int8("graph.act_q", cfg.ffn),
+            matmul,
         }
+    }
+
+    /// What a norm writing h for the matmul over `w` writes: f32 rows where some part of `w`
+    /// reads them, int8 blocks where some part takes int8 activations.
+    fn h_out(&self, w: &QuantMatrix) -> NormOut<'_> {
+        NormOut { f32: w.needs_f32(&self.matmul).then_some(&self.h), int8: w.reads_int8(&self.matmul).then_some(&self.hq) }
+    }
+
+    /// The input of the matmul over `w` reading h (as [`Activations::h_out`] wrote it).
+    fn h_in(&self, w: &QuantMatrix) -> Input<'_> {
+        match self.h_out(w) {
+            NormOut { int8: Some(q), f32, .. } => Input::Int8 { q, f32 },
+            _ => Input::F32(&self.h),
+        }
+    }
+
+    /// The matmul over `w` reading the f32 `x` (attn or act, `w.cols` wide): with int8
+    /// activations, a quantize dispatch into `xq` first.
+    fn quantized_matmul(&self, ctx: &Context, w: &QuantMatrix, (x, xq, y): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer), n: u32, epilogue: Epilogue) -> Result<Vec<Kernel>, ModelError> {
+        if !w.reads_int8(&self.matmul) {
+            return Ok(matmul::matmul_input(ctx, w, (Input::F32(x), y), n, self.matmul, epilogue)?);
+        }
+        let mut kernels = vec![matmul::quantize(ctx, x, xq, n, w.cols)?];
+        let f32 = w.needs_f32(&self.matmul).then_some(x);
+        kernels.extend(matmul::matmul_input(ctx, w, (Input::Int8 { q: xq, f32 }, y), n, self.matmul, epilogue)?);
+        Ok(kernels)
     }
 }
 
@@ -247,9 +291,18 @@ impl ForwardGraph {
         let ids = ctx.storage_zeroed("graph.ids", n * 4);
         let positions = ctx.storage_zeroed("graph.positions", n * 4);
         let row_tables = ctx.storage_zeroed("graph.row_tables", n * 4);
-        let a = Activations::new(ctx, cfg, n, weights.layers.iter().all(|l| l.w_gate_up.gated));
+        let a = Activations::new(ctx, cfg, max_rows, weights.layers.iter().all(|l| l.w_gate_up.gated));
         let x_last = ctx.storage_zeroed("graph.x_last", rows * cfg.hidden as u64 * f);
         let h_last = ctx.storage_zeroed("graph.h_last", rows * cfg.hidden as u64 * f);
+        // The head's norm quantizes for the output matmul as a layer's norm does for its matmuls.
+        let head = MatmulConfig::for_device(ctx, max_logits);
+        let lm_head = weights.lm_head();
+        let h_last_q = ctx.storage_zeroed("graph.h_last_q", if lm_head.reads_int8(&head) { matmul::int8_bytes(max_logits, cfg.hidden) } else { 48 });
+        let head_out = NormOut { f32: lm_head.needs_f32(&head).then_some(&h_last), int8: lm_head.reads_int8(&head).then_some(&h_last_q) };
+        let head_in = match head_out {
+            NormOut { int8: Some(q), f32 } => Input::Int8 { q, f32 },
+            _ => Input::F32(&h_last),
+        };
         let logits = ctx.storage_zeroed("graph.logits", rows * cfg.vocab as u64 * f);
         let argmax_out = ctx.storage_zeroed("graph.argmax", rows * 4);
         let attention = AttentionBuilder::new(ctx, cfg, kv, kind, max_rows);
@@ -264,8 +317,8 @@ impl ForwardGraph {
             staging_bytes: rows * 4 + rows * cfg.vocab as u64 * f,
             layers: vec![Node::Kernels(embed::embedding(ctx, &weights.token_embd, (&ids, &a.x), max_rows, cfg.embedding_scale)?)],
             head: vec![
-                Node::Kernel(norm::rms_norm(ctx, &x_last, &weights.output_norm, &h_last, max_logits, cfg.hidden, cfg.rms_eps)?),
-                Node::Kernels(matmul::matmul(ctx, weights.lm_head(), &h_last, &logits, max_logits)?),
+                Node::Kernel(norm::rms_norm_to(ctx, &x_last, &weights.output_norm, head_out, max_logits, cfg.hidden, cfg.rms_eps)?),
+                Node::Kernels(matmul::matmul_input(ctx, lm_head, (head_in, &logits), max_logits, head, Epilogue::Store)?),
             ],
             argmax: argmax::argmax(ctx, &logits, &argmax_out, max_logits, cfg.vocab)?,
             sampler: None,
@@ -302,9 +355,9 @@ impl ForwardGraph {
         let nodes = &mut self.layers;
         // Later layers' pre-norms ran at the end of the layer before (with its residual).
         if l == 0 {
-            nodes.push(Node::Kernel(norm::rms_norm(ctx, &a.x, &lw.attn_norm, &a.h, n, hidden, cfg.rms_eps)?));
+            nodes.push(Node::Kernel(norm::rms_norm_to(ctx, &a.x, &lw.attn_norm, a.h_out(&lw.wqkv), n, hidden, cfg.rms_eps)?));
         }
-        nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.wqkv, &a.h, &a.qkv, n)?));
+        nodes.push(Node::Kernels(matmul::matmul_input(ctx, &lw.wqkv, (a.h_in(&lw.wqkv), &a.qkv), n, a.matmul, Epilogue::Store)?));
         // One kernel for the q/k norms, RoPE and the KV write. The pool's dtype picks its
         // variant: INT8 quantizes here and is dequantized inside attention.
         let qk_norm = lw.qk_norm.as_ref().map(|[q, k]| QkNorm { q, k, eps: cfg.rms_eps });
@@ -320,32 +373,37 @@ impl ForwardGraph {
         // a post-normed residual (Gemma 3) is one kernel with the next pre-norm.
         let post = lw.post_norms.as_ref();
         let last = l + 1 == cfg.n_layers as usize;
-        let residual = |nodes: &mut Vec<Node>, w: &matmul::QuantMatrix, input: &wgpu::Buffer, post: Option<&wgpu::Buffer>, next: Option<&wgpu::Buffer>| -> Result<(), ModelError> {
+        // The matmul's input is (f32 x, its int8 blocks); `next` the next norm's weight and the
+        // matrix its output feeds (whose types say whether it writes f32, int8 or both).
+        type Next<'w> = Option<(&'w wgpu::Buffer, &'w matmul::QuantMatrix)>;
+        let residual = |nodes: &mut Vec<Node>, w: &matmul::QuantMatrix, input: (&wgpu::Buffer, &wgpu::Buffer), post: Option<&wgpu::Buffer>, next: Next<'_>| -> Result<(), ModelError> {
+            let (x, xq) = input;
             match post {
                 None => {
-                    nodes.push(Node::Kernels(matmul::matmul_into(ctx, w, (input, &a.x), n, Epilogue::Accumulate)?));
-                    if let Some(norm) = next {
-                        nodes.push(Node::Kernel(norm::rms_norm(ctx, &a.x, norm, &a.h, n, hidden, cfg.rms_eps)?));
+                    nodes.push(Node::Kernels(a.quantized_matmul(ctx, w, (x, xq, &a.x), n, Epilogue::Accumulate)?));
+                    if let Some((norm, consumer)) = next {
+                        nodes.push(Node::Kernel(norm::rms_norm_to(ctx, &a.x, norm, a.h_out(consumer), n, hidden, cfg.rms_eps)?));
                     }
                 }
                 Some(post) => {
-                    nodes.push(Node::Kernels(matmul::matmul(ctx, w, input, &a.post, n)?));
-                    let next = next.map(|norm| (norm, &a.h));
+                    nodes.push(Node::Kernels(a.quantized_matmul(ctx, w, (x, xq, &a.post), n, Epilogue::Store)?));
+                    let next = next.map(|(norm, consumer)| (norm, a.h_out(consumer)));
                     nodes.push(Node::Kernel(norm::residual_norm(ctx, (&a.x, &a.post), post, next, (n, hidden, cfg.rms_eps))?));
                 }
             }
             Ok(())
         };
-        residual(nodes, &lw.wo, &a.attn, post.map(|[attn, _]| attn), Some(&lw.ffn_norm))?;
+        residual(nodes, &lw.wo, (&a.attn, &a.attn_q), post.map(|[attn, _]| attn), Some((&lw.ffn_norm, &lw.w_gate_up)))?;
+        let gate_up_in = a.h_in(&lw.w_gate_up);
         if lw.w_gate_up.gated {
-            nodes.push(Node::Kernels(matmul::matmul_into(ctx, &lw.w_gate_up, (&a.h, &a.act), n, Epilogue::Gated(cfg.activation))?));
+            nodes.push(Node::Kernels(matmul::matmul_input(ctx, &lw.w_gate_up, (gate_up_in, &a.act), n, a.matmul, Epilogue::Gated(cfg.activation))?));
         } else {
-            nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.w_gate_up, &a.h, &a.gate_up, n)?));
+            nodes.push(Node::Kernels(matmul::matmul_input(ctx, &lw.w_gate_up, (gate_up_in, &a.gate_up), n, a.matmul, Epilogue::Store)?));
             nodes.push(Node::Kernel(act::glu(ctx, (&a.gate_up, &a.act), n, cfg.ffn, cfg.activation)?));
         }
         // The next layer's pre-norm follows here (the head norms its own rows).
-        let next = if last { None } else { Some(&weights.layers[l + 1].attn_norm) };
-        residual(nodes, &lw.w_down, &a.act, post.map(|[_, ffn]| ffn), next)?;
+        let next = if last { None } else { Some((&weights.layers[l + 1].attn_norm, &weights.layers[l + 1].wqkv)) };
+        residual(nodes, &lw.w_down, (&a.act, &a.act_q), post.map(|[_, ffn]| ffn), next)?;
         Ok(())
     }
 

@@ -20,11 +20,28 @@ use crate::gpu::ops::rope::RopePairing;
 
 use super::{ModelConfig, ModelError};
 
+/// What the recompute's matmuls multiply the weights with: the exact activations, or what the
+/// GPU's int8 activations (`MatmulConfig::int8_activations`) make of them, the yardstick of how
+/// far int8 rounding alone moves the logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activations {
+    /// The activations themselves.
+    F32,
+    /// For Q4_1 and Q8_0 weights, the activations quantized per 32-value block as
+    /// `shaders/quantize_common.wgsl` does (from their f32 value), Q4_1's minimum times the exact
+    /// sum of the block; every other type multiplies the activations themselves.
+    Int8,
+}
+
 /// A weight matrix `[rows, cols]` row-major (GGUF `ne0 = cols`), dequantized.
 struct Matrix {
     values: Vec<f32>,
     rows: usize,
     cols: usize,
+    /// The kernels multiply this type with int8 activations when asked to (Q4_1, Q8_0).
+    int8_body: bool,
+    /// Q4_1's minimum of each 32-value block, `[rows][cols / 32]` (empty for other types).
+    mins: Vec<f32>,
 }
 
 impl Matrix {
@@ -40,7 +57,31 @@ fn dequant(gguf: &Gguf<'_>, name: &str) -> Result<Matrix, ModelError> {
     let cols = info.dims.first().copied().unwrap_or(1) as usize;
     let mut values = vec![0f32; n];
     dequantize(info.ggml_type, data, &mut values).map_err(|e| ModelError::Format(format!("tensor {name}: {e}")))?;
-    Ok(Matrix { values, rows: n / cols.max(1), cols })
+    let int8_body = crate::gpu::ops::matmul::layout::Layout::of(info.ggml_type).is_some_and(|l| l.has_int8_path());
+    let mins = if info.ggml_type == GgmlType::Q4_1 {
+        data.chunks_exact(crate::quant::Q4_1_BLOCK_BYTES).map(|b| half::f16::from_le_bytes([b[2], b[3]]).to_f32()).collect()
+    } else {
+        Vec::new()
+    };
+    Ok(Matrix { values, rows: n / cols.max(1), cols, int8_body, mins })
+}
+
+/// `x` as the int8 kernels see it: each 32-value block quantized from its f32 value as
+/// `shaders/quantize_common.wgsl` does (d = max|x| / 127, q = round(x / d)) and dequantized, and
+/// per block the exact sum minus the sum of the dequantized values (what Q4_1's minimum
+/// multiplies on top of the dequantized values).
+fn int8_view(x: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let mut view = Vec::with_capacity(x.len());
+    let mut corrections = Vec::with_capacity(x.len() / 32);
+    for block in x.chunks(32) {
+        let v: Vec<f32> = block.iter().map(|&v| v as f32).collect();
+        let d = v.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0;
+        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let deq: Vec<f64> = v.iter().map(|&x| f64::from(d) * f64::from((x * inv).round_ties_even())).collect();
+        corrections.push(v.iter().map(|&x| f64::from(x)).sum::<f64>() - deq.iter().sum::<f64>());
+        view.extend(deq);
+    }
+    (view, corrections)
 }
 
 fn vector(gguf: &Gguf<'_>, name: &str) -> Result<Vec<f64>, ModelError> {
@@ -69,8 +110,27 @@ fn threads() -> usize {
     return 1;
 }
 
+/// `Y[t] = W · xs[t]` for every position t: `[positions][rows]`, with the activations the GPU
+/// multiplies this matrix with.
+fn matmul(w: &Matrix, xs: &[Vec<f64>], act: Activations) -> Vec<Vec<f64>> {
+    if act == Activations::Int8 && w.int8_body {
+        let (views, corrections): (Vec<Vec<f64>>, Vec<Vec<f64>>) = xs.iter().map(|x| int8_view(x)).unzip();
+        let mut y = dense_matmul(w, &views);
+        if !w.mins.is_empty() {
+            let nb = w.cols / 32;
+            for (yt, ct) in y.iter_mut().zip(&corrections) {
+                for (r, v) in yt.iter_mut().enumerate() {
+                    *v += w.mins[r * nb..(r + 1) * nb].iter().zip(ct).map(|(m, c)| f64::from(*m) * c).sum::<f64>();
+                }
+            }
+        }
+        return y;
+    }
+    dense_matmul(w, xs)
+}
+
 /// `Y[t] = W · xs[t]` for every position t: `[positions][rows]`.
-fn matmul(w: &Matrix, xs: &[Vec<f64>]) -> Vec<Vec<f64>> {
+fn dense_matmul(w: &Matrix, xs: &[Vec<f64>]) -> Vec<Vec<f64>> {
     let positions = xs.len();
     // [row][position], so that each thread owns a contiguous run of rows.
     let mut by_row = vec![0f64; w.rows * positions];
@@ -177,7 +237,7 @@ fn residual(gguf: &Gguf<'_>, cfg: &ModelConfig, name: &str, x: &mut [Vec<f64>], 
 
 // Long: one block, step by step as the module documentation of graph.rs writes it.
 /// One block over every position of `x` (the residual stream), in place.
-fn layer(gguf: &Gguf<'_>, cfg: &ModelConfig, l: u32, x: &mut [Vec<f64>]) -> Result<(), ModelError> {
+fn layer(gguf: &Gguf<'_>, cfg: &ModelConfig, l: u32, x: &mut [Vec<f64>], act: Activations) -> Result<(), ModelError> {
     let (nq, nkv, hd) = (cfg.n_heads as usize, cfg.n_kv_heads as usize, cfg.head_dim as usize);
     let eps = cfg.rms_eps as f64;
     let rope_of = (cfg.layer_rope_base(l) as f64, cfg.rope_pairing);
@@ -186,9 +246,9 @@ fn layer(gguf: &Gguf<'_>, cfg: &ModelConfig, l: u32, x: &mut [Vec<f64>]) -> Resu
 
     let attn_norm = norm("attn_norm.weight")?;
     let h: Vec<Vec<f64>> = x.iter().map(|xt| rms_norm(xt, &attn_norm, eps)).collect();
-    let mut q = matmul(&m("attn_q.weight")?, &h);
-    let mut k = matmul(&m("attn_k.weight")?, &h);
-    let v = matmul(&m("attn_v.weight")?, &h);
+    let mut q = matmul(&m("attn_q.weight")?, &h, act);
+    let mut k = matmul(&m("attn_k.weight")?, &h, act);
+    let v = matmul(&m("attn_v.weight")?, &h, act);
     if cfg.qk_norm {
         let (qn, kn) = (norm("attn_q_norm.weight")?, norm("attn_k_norm.weight")?);
         q.iter_mut().for_each(|qt| head_norm(qt, hd, &qn, eps));
@@ -199,26 +259,32 @@ fn layer(gguf: &Gguf<'_>, cfg: &ModelConfig, l: u32, x: &mut [Vec<f64>]) -> Resu
         rope(kt, (nkv, hd), pos, rope_of);
     }
     let att = attention(cfg, cfg.layer_window(l), &q, &k, &v);
-    residual(gguf, cfg, &format!("blk.{l}.post_attention_norm.weight"), x, matmul(&m("attn_output.weight")?, &att))?;
+    residual(gguf, cfg, &format!("blk.{l}.post_attention_norm.weight"), x, matmul(&m("attn_output.weight")?, &att, act))?;
 
     let ffn_norm = norm("ffn_norm.weight")?;
     let h: Vec<Vec<f64>> = x.iter().map(|xt| rms_norm(xt, &ffn_norm, eps)).collect();
-    let gate = matmul(&m("ffn_gate.weight")?, &h);
-    let up = matmul(&m("ffn_up.weight")?, &h);
-    let act: Vec<Vec<f64>> =
+    let gate = matmul(&m("ffn_gate.weight")?, &h, act);
+    let up = matmul(&m("ffn_up.weight")?, &h, act);
+    let glu: Vec<Vec<f64>> =
         gate.iter().zip(&up).map(|(g, u)| g.iter().zip(u).map(|(g, u)| cfg.activation.apply(*g) * u).collect()).collect();
-    residual(gguf, cfg, &format!("blk.{l}.post_ffw_norm.weight"), x, matmul(&m("ffn_down.weight")?, &act))?;
+    residual(gguf, cfg, &format!("blk.{l}.post_ffw_norm.weight"), x, matmul(&m("ffn_down.weight")?, &glu, act))?;
     Ok(())
 }
 
-/// Logits (`[ids.len()][vocab]`) for every position of `ids`, recomputed from scratch.
+/// Logits (`[ids.len()][vocab]`) for every position of `ids`, recomputed from scratch, the
+/// matmuls multiplying the activations themselves.
 pub fn forward_cpu(gguf: &Gguf<'_>, cfg: &ModelConfig, ids: &[u32]) -> Result<Vec<Vec<f32>>, ModelError> {
-    forward_cpu_from(gguf, cfg, ids, 0)
+    forward_cpu_with(gguf, cfg, ids, 0, Activations::F32)
 }
 
 /// Logits for the positions `first_logit..ids.len()` of `ids` only (`[ids.len() - first_logit][vocab]`),
 /// recomputed from scratch: the output projection runs only for those positions.
 pub fn forward_cpu_from(gguf: &Gguf<'_>, cfg: &ModelConfig, ids: &[u32], first_logit: usize) -> Result<Vec<Vec<f32>>, ModelError> {
+    forward_cpu_with(gguf, cfg, ids, first_logit, Activations::F32)
+}
+
+/// [`forward_cpu_from`] with the matmuls' [`Activations`] (those of the engine compared with).
+pub fn forward_cpu_with(gguf: &Gguf<'_>, cfg: &ModelConfig, ids: &[u32], first_logit: usize, act: Activations) -> Result<Vec<Vec<f32>>, ModelError> {
     let embd = dequant(gguf, "token_embd.weight")?;
     if let Some(&id) = ids.iter().find(|&&id| id as usize >= embd.rows) {
         return Err(ModelError::Format(format!("token {id} is outside the embedding's {} rows", embd.rows)));
@@ -227,10 +293,10 @@ pub fn forward_cpu_from(gguf: &Gguf<'_>, cfg: &ModelConfig, ids: &[u32], first_l
     let scale = cfg.embedding_scale;
     let mut x: Vec<Vec<f64>> = ids.iter().map(|&t| embd.row(t as usize).iter().map(|&v| f64::from(v * scale)).collect()).collect();
     for l in 0..cfg.n_layers {
-        layer(gguf, cfg, l, &mut x)?;
+        layer(gguf, cfg, l, &mut x, act)?;
     }
     let out_norm = vector(gguf, "output_norm.weight")?;
     let h: Vec<Vec<f64>> = x[first_logit.min(x.len())..].iter().map(|xt| rms_norm(xt, &out_norm, cfg.rms_eps as f64)).collect();
     let out_w = if gguf.tensor("output.weight").is_some() { dequant(gguf, "output.weight")? } else { embd };
-    Ok(matmul(&out_w, &h).into_iter().map(|row| row.into_iter().map(|v| v as f32).collect()).collect())
+    Ok(matmul(&out_w, &h, act).into_iter().map(|row| row.into_iter().map(|v| v as f32).collect()).collect())
 }

@@ -165,3 +165,35 @@ pub fn gemma_model_bytes() -> Vec<u8> {
         .unwrap_or_else(|_| format!("{}/models/gemma-3-270m-q4_k_m.gguf", env!("CARGO_MANIFEST_DIR")));
     std::fs::read(&path).unwrap_or_else(|e| panic!("Gemma 3 270M is needed at {path} ({e}): run `npm run fetch-model -- gemma3-270m`"))
 }
+
+/// The engine with int8 activations against the f64 recompute, prefill and decode: int8 rounding
+/// moves logits by more than LOGIT_TOL, so the yardstick is how far it moves the recompute itself
+/// (the recompute with its matmul inputs quantized as the GPU quantizes them, `Activations::Int8`).
+/// The engine's own rounding is another draw of the same noise (one f32-sized difference in an
+/// activation rounds it to the other int8 value, and that carries through the layers), so it may
+/// be a few times further; a wrong scale, block or buffer moves the logits by their whole spread
+/// (~2). `what` names the model.
+pub async fn assert_int8_within_rounding(what: &str, bytes: &[u8], ids: &[u32], opts: pagedlm::engine::EngineOptions) {
+    use pagedlm::engine::{Engine, EngineOptions, ScoreMode};
+    use pagedlm::gguf::Gguf;
+    use pagedlm::model::reference::{forward_cpu_with, Activations};
+    use pagedlm::model::ModelConfig;
+    // |GPU f32 − CPU f64| of the exact path (tests/tiny_model.rs).
+    const LOGIT_TOL: f32 = 2e-3;
+    let max_diff = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+    let gguf = Gguf::parse(bytes).unwrap();
+    let cfg = ModelConfig::from_gguf(&gguf).unwrap();
+    let exact = forward_cpu_with(&gguf, &cfg, ids, 0, Activations::F32).unwrap();
+    let rounded = forward_cpu_with(&gguf, &cfg, ids, 0, Activations::Int8).unwrap();
+    let effect = exact.iter().zip(&rounded).map(|(a, b)| max_diff(a, b)).fold(0.0, f32::max);
+    assert!(effect > LOGIT_TOL, "{what}: int8 rounding moves the recompute by only {effect}: the test would not see it");
+    let tol = 3.0 * effect + LOGIT_TOL;
+    // Asked for explicitly (the default is f32), checked on every adapter.
+    let mut engine = Engine::load(bytes, EngineOptions { int8_activations: Some(true), ..opts }).await.unwrap();
+    for (mode, from) in [(ScoreMode::Prefill, 1), (ScoreMode::Decode, ids.len() / 2)] {
+        let rows = engine.score_logits(ids, from, mode).await.unwrap();
+        let worst = rows.iter().enumerate().map(|(i, row)| max_diff(row, &exact[from - 1 + i])).fold(0.0, f32::max);
+        assert!(worst <= tol, "{what} {mode:?}: int8 logits differ from the recompute by {worst}, int8 rounding alone by {effect}");
+    }
+}
+

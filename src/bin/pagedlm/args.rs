@@ -37,6 +37,7 @@ const fn opt(name: &'static str, kind: Kind) -> Opt {
 pub const KV_LAYOUTS: &[&str] = &["contiguous", "paged"];
 pub const KV_DTYPES: &[&str] = &["f32", "int8"];
 pub const ADAPTER_CLASSES: &[&str] = &["cpu", "integrated", "discrete"];
+pub const ACTIVATIONS: &[&str] = &["auto", "f32", "int8"];
 pub const SCORE_MODES: &[&str] = &["decode", "prefill"];
 
 /// The engine's options, which every command takes (CONTRACTS.md calls them common; `tokenize`
@@ -57,6 +58,7 @@ const ENGINE: &[Opt] = &[
     opt("max-binding-mib", Kind::Count),
     opt("adapter-class", Kind::Choice(ADAPTER_CLASSES)),
     opt("no-optional-features", Kind::Flag),
+    opt("activations", Kind::Choice(ACTIVATIONS)),
 ];
 
 /// The commands, for dispatching without matching on names.

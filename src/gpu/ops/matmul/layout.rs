@@ -66,22 +66,28 @@ impl Layout {
         Some(Layout { ggml_type: t, block_values, block_bytes, group_rows, group_block_words, pad })
     }
 
-    /// The matmul shader of this type (src/gpu/shaders.rs).
-    pub fn matmul_shader(&self) -> &'static str {
-        match self.ggml_type {
-            GgmlType::F32 => "matmul_f32",
-            GgmlType::F16 => "matmul_f16",
-            GgmlType::BF16 => "matmul_bf16",
-            GgmlType::Q4_0 => "matmul_q4_0",
-            GgmlType::Q4_1 => "matmul_q4_1",
-            GgmlType::Q5_0 => "matmul_q5_0",
-            GgmlType::Q5_1 => "matmul_q5_1",
-            GgmlType::Q8_0 => "matmul_q8_0",
-            GgmlType::Q2_K => "matmul_q2_k",
-            GgmlType::Q3_K => "matmul_q3_k",
-            GgmlType::Q4_K => "matmul_q4_k",
-            GgmlType::Q5_K => "matmul_q5_k",
-            GgmlType::Q6_K | GgmlType::Other(_) => "matmul_q6_k",
+    /// The matmul shader of this type (src/gpu/shaders.rs), in its `_subgroup` variant (activation
+    /// blocks shared through subgroup broadcasts) or not.
+    pub fn matmul_shader(&self, subgroup: bool) -> &'static str {
+        let (plain, shared) = match self.ggml_type {
+            GgmlType::F32 => ("matmul_f32", "matmul_f32_subgroup"),
+            GgmlType::F16 => ("matmul_f16", "matmul_f16_subgroup"),
+            GgmlType::BF16 => ("matmul_bf16", "matmul_bf16_subgroup"),
+            GgmlType::Q4_0 => ("matmul_q4_0", "matmul_q4_0_subgroup"),
+            GgmlType::Q4_1 => ("matmul_q4_1", "matmul_q4_1_subgroup"),
+            GgmlType::Q5_0 => ("matmul_q5_0", "matmul_q5_0_subgroup"),
+            GgmlType::Q5_1 => ("matmul_q5_1", "matmul_q5_1_subgroup"),
+            GgmlType::Q8_0 => ("matmul_q8_0", "matmul_q8_0_subgroup"),
+            GgmlType::Q2_K => ("matmul_q2_k", "matmul_q2_k_subgroup"),
+            GgmlType::Q3_K => ("matmul_q3_k", "matmul_q3_k_subgroup"),
+            GgmlType::Q4_K => ("matmul_q4_k", "matmul_q4_k_subgroup"),
+            GgmlType::Q5_K => ("matmul_q5_k", "matmul_q5_k_subgroup"),
+            GgmlType::Q6_K | GgmlType::Other(_) => ("matmul_q6_k", "matmul_q6_k_subgroup"),
+        };
+        if subgroup {
+            shared
+        } else {
+            plain
         }
     }
 

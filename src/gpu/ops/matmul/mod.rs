@@ -18,13 +18,18 @@
 //! One kernel per format serves decode (1 activation row), small batches and prefill: an
 //! invocation computes TM activation rows × G output rows, TM chosen from `n_rows` (register
 //! tiling: every weight block is dequantized once per TM rows). On CPU adapters each invocation
-//! walks a whole row (no shared memory, no barriers, see KERNELS.md); on other adapters KSPLIT
-//! invocations split the blocks of a row and reduce through workgroup memory. Both are override
-//! constants of the same shader. Accumulation is f32 and, by default, activations stay f32, so the
-//! result equals the f32 dot product of the dequantized weights up to summation order (relative
-//! error ~1e-6 of Σ|w·x|). [`MatmulConfig::int8_activations`] opts into llama.cpp's trick instead
-//! for the Q4_1 and Q8_0 parts: activations quantized to int8 per 32-value block by a first
-//! dispatch, products through `dot4I8Packed`; faster on the software GPUs, within
+//! walks a whole row (no shared memory, no barriers, see KERNELS.md) and, where the device has
+//! subgroups of 8 or more, the 8 lanes of a subgroup load each activation block together and
+//! broadcast it ([`MatmulConfig::subgroup`]): on lavapipe every storage load is a loop over the
+//! SIMD lanes, so the words an invocation loads are what a matmul costs. On other adapters KSPLIT
+//! invocations split the blocks of a row and reduce through workgroup memory. All are override
+//! constants or activation preludes of the same bodies. Accumulation is f32. With f32 activations
+//! the result equals the f32 dot product of the dequantized weights up to summation order
+//! (relative error ~1e-6 of Σ|w·x|). [`MatmulConfig::int8_activations`] (asked for through
+//! [`ContextOptions::int8_activations`](crate::gpu::ContextOptions)) is llama.cpp's trick instead
+//! for the Q4_1 and Q8_0 parts: activations quantized to
+//! int8 per 32-value block, by a dispatch of their own or by the norm that produces them
+//! ([`Input::Int8`]), products through `dot4I8Packed`; fewer words to load, within
 //! [`int8_error_bound`] of the exact result. Parts of other types keep f32 activations.
 
 pub(crate) mod layout;
@@ -243,36 +248,104 @@ pub struct MatmulConfig {
     pub k_split: u32,
     /// Invocations per workgroup, a multiple of `k_split`.
     pub workgroup: u32,
-    /// Apply the block scale (and Q4_1 minimum) once per block and activation row, after an
-    /// integer-valued dot product, instead of dequantizing every value once for all `tile_rows`.
-    pub scale_after: bool,
-    /// Quantize the activations to int8 per 32-value block first (one more dispatch) and multiply
-    /// with `dot4I8Packed`, as llama.cpp does. Not exact: see [`int8_error_bound`].
+    /// Load each activation block once per 8 lanes of a subgroup and broadcast it
+    /// (`shaders/matmul_x_subgroup.wgsl`): needs [`Context::has_subgroups`]`(8)`, `k_split` 1 and
+    /// a workgroup of a multiple of 8.
+    pub subgroup: bool,
+    /// Multiply int8-quantized activations (per 32-value block) with `dot4I8Packed`, as llama.cpp
+    /// does, in the parts with an int8 body (Q4_1, Q8_0). Not exact: see [`int8_error_bound`].
     pub int8_activations: bool,
 }
 
 /// The largest `tile_rows` the shaders hold registers for (`MAX_TM` in WGSL).
 pub const MAX_TILE_ROWS: u32 = 16;
 
+/// Lanes of a subgroup that load an activation block together (`matmul_x_subgroup.wgsl`).
+const SUBGROUP_LANES: u32 = 8;
+
 impl MatmulConfig {
-    /// The variant for this adapter and batch: register tiles of up to 8 activation rows and whole
-    /// rows per invocation on CPU adapters (KERNELS.md), 8-way split rows in 64-wide workgroups elsewhere
-    /// (not measured: no real GPU at hand). Activations stay f32, so results match the f32 reference;
-    /// `int8_activations` is faster (1.4-1.6× on lavapipe) but adds activation rounding, callers opt in.
+    /// The variant for this adapter and batch. CPU adapters: register tiles of up to 16
+    /// activation rows, whole rows per invocation in workgroups of 16, activation blocks shared
+    /// through subgroups where there are some (lavapipe); measured on lavapipe (medians of 5
+    /// alternating rounds, CPU time): a 512-row Q4_1 prefill (576→1536) 2.7× faster than the
+    /// 8-row tiles before, decode matvecs 1.35-1.5×. Activations stay f32 unless asked otherwise:
+    /// int8 activations are faster (with shared loads at most 5% in decode and 1.36× in prefill;
+    /// without them, SwiftShader's case, they cut the words loaded per block from 32 to 10: 2.2×
+    /// in prefill and 1.2× in decode on lavapipe's plain path), but their rounding, like
+    /// llama.cpp's, moves SmolLM2's logits by up to ~2.5 and misses 3 of llama.cpp's clear steps
+    /// in tests/golden.rs (96.0% top-1 agreement against 98.1% with f32; the fidelity bar is all
+    /// of them).
+    /// Other adapters (not measured: no real GPU at hand): 8-way split rows in 64-wide
+    /// workgroups, tiles of up to 4 rows, f32 activations: real GPUs are not short of load
+    /// bandwidth for activations, and int8 would add a quantizing dispatch where the attention
+    /// output and the FFN activation feed a matmul, where per-dispatch overhead is what small
+    /// models pay for. [`ContextOptions::int8_activations`](crate::gpu::ContextOptions) overrides
+    /// the int8 choice on any adapter.
     pub fn for_device(ctx: &Context, n_rows: u32) -> MatmulConfig {
         let tile_rows = match n_rows {
             0..=1 => 1,
             2 => 2,
             3..=4 => 4,
-            _ => 8,
+            5..=8 => 8,
+            _ => MAX_TILE_ROWS,
         };
-        // Per-block scaling measured ~10% faster for decode on lavapipe and even for larger tiles.
-        let scale_after = true;
+        let subgroup = ctx.is_cpu() && ctx.has_subgroups(SUBGROUP_LANES);
+        let int8_activations = ctx.int8_activations.unwrap_or(false);
         if ctx.is_cpu() {
-            MatmulConfig { tile_rows, k_split: 1, workgroup: 16, scale_after, int8_activations: false }
+            MatmulConfig { tile_rows, k_split: 1, workgroup: 16, subgroup, int8_activations }
         } else {
-            MatmulConfig { tile_rows: tile_rows.min(4), k_split: 8, workgroup: 64, scale_after, int8_activations: false }
+            MatmulConfig { tile_rows: tile_rows.min(4), k_split: 8, workgroup: 64, subgroup: false, int8_activations }
         }
+    }
+
+    /// Checks the variant against the shaders' limits and the device, describing what is wrong.
+    fn check(&self, ctx: &Context) -> Result<(), String> {
+        let MatmulConfig { tile_rows, k_split, workgroup, subgroup, .. } = *self;
+        if !(1..=MAX_TILE_ROWS).contains(&tile_rows) || k_split == 0 || workgroup == 0 || workgroup % k_split != 0 {
+            return Err(format!("invalid kernel configuration {self:?}"));
+        }
+        if workgroup > ctx.limits.max_compute_invocations_per_workgroup {
+            return Err(format!("workgroup of {workgroup} exceeds the device's {}", ctx.limits.max_compute_invocations_per_workgroup));
+        }
+        if subgroup && (k_split != 1 || workgroup % SUBGROUP_LANES != 0) {
+            return Err(format!("invalid kernel configuration {self:?}: shared activation loads need k_split 1 and a workgroup of a multiple of {SUBGROUP_LANES}"));
+        }
+        if subgroup && !ctx.has_subgroups(SUBGROUP_LANES) {
+            return Err(format!("kernel configuration {self:?} needs subgroups of at least {SUBGROUP_LANES} invocations, which this device lacks"));
+        }
+        Ok(())
+    }
+}
+
+/// Where a matmul's activations come from.
+#[derive(Clone, Copy, Debug)]
+pub enum Input<'a> {
+    /// f32 `[n_rows, cols]`; with `int8_activations`, quantized for the int8 parts by a dispatch
+    /// of the matmul's own.
+    F32(&'a wgpu::Buffer),
+    /// Quantized by the kernel that produced them (`norm::rms_norm_to`, [`quantize`]): `q` the
+    /// int8 blocks, [`int8_bytes`]`(n_rows, cols)`, in `shaders/quantize_common.wgsl`'s layout; `f32` the same
+    /// activations unquantized, needed by the parts without an int8 path
+    /// ([`QuantMatrix::needs_f32`]) and by a config without `int8_activations`.
+    Int8 { q: &'a wgpu::Buffer, f32: Option<&'a wgpu::Buffer> },
+}
+
+/// Bytes of the int8 blocks of `n_rows` activation rows of `cols` values: 3 vec4<u32> (48 bytes)
+/// per 32 values.
+pub fn int8_bytes(n_rows: u32, cols: u32) -> u64 {
+    n_rows as u64 * (cols / QK as u32) as u64 * 48
+}
+
+impl QuantMatrix {
+    /// Whether a matmul with `config` over this matrix reads f32 activations: some part has no
+    /// int8 body, or the config has no `int8_activations`.
+    pub fn needs_f32(&self, config: &MatmulConfig) -> bool {
+        !config.int8_activations || self.parts.iter().any(|p| !p.layout.has_int8_path())
+    }
+
+    /// Whether a matmul with `config` over this matrix reads int8 activations.
+    pub fn reads_int8(&self, config: &MatmulConfig) -> bool {
+        config.int8_activations && self.parts.iter().any(|p| p.layout.has_int8_path())
     }
 }
 
@@ -323,44 +396,77 @@ pub fn matmul_configured(
     config: MatmulConfig,
     epilogue: Epilogue,
 ) -> Result<Vec<Kernel>, GpuError> {
+    matmul_input(ctx, w, (Input::F32(x), y), n_rows, config, epilogue)
+}
+
+/// The most general matmul: activations from an [`Input`] (f32, or quantized by their producer),
+/// an explicit kernel variant and an [`Epilogue`]. y: [n_rows, rows] f32 ([n_rows, rows / 2] gated).
+pub fn matmul_input(
+    ctx: &Context,
+    w: &QuantMatrix,
+    (input, y): (Input<'_>, &wgpu::Buffer),
+    n_rows: u32,
+    config: MatmulConfig,
+    epilogue: Epilogue,
+) -> Result<Vec<Kernel>, GpuError> {
     const OP: &str = "matmul";
     if w.gated != matches!(epilogue, Epilogue::Gated(_)) {
         return Err(shape_err(OP, format!("{epilogue:?} needs a matrix {} interleaved gate and up rows", if w.gated { "without" } else { "of" })));
     }
-    if x == y {
-        return Err(shape_err(OP, "y must be a different buffer from x"));
-    }
-    let y_width = if w.gated { w.rows / 2 } else { w.rows };
-    let MatmulConfig { tile_rows, k_split, workgroup, int8_activations, .. } = config;
-    if !(1..=MAX_TILE_ROWS).contains(&tile_rows) || k_split == 0 || workgroup == 0 || workgroup % k_split != 0 {
-        return Err(shape_err(OP, format!("invalid kernel configuration {config:?}")));
-    }
-    if workgroup > ctx.limits.max_compute_invocations_per_workgroup {
-        return Err(shape_err(OP, format!("workgroup of {workgroup} exceeds the device's {}", ctx.limits.max_compute_invocations_per_workgroup)));
-    }
+    config.check(ctx).map_err(|e| shape_err(OP, e))?;
     if n_rows == 0 {
         return Err(shape_err(OP, "n_rows must be positive"));
     }
-    check_size(OP, "x", x, n_rows as u64 * w.cols as u64 * 4)?;
+    let (x, given_q) = match input {
+        Input::F32(x) => (Some(x), None),
+        Input::Int8 { q, f32 } => (f32, Some(q)),
+    };
+    if [x, given_q].into_iter().flatten().any(|b| b == y) {
+        return Err(shape_err(OP, "y must be a different buffer from x"));
+    }
+    let y_width = if w.gated { w.rows / 2 } else { w.rows };
     check_size(OP, "y", y, n_rows as u64 * y_width as u64 * 4)?;
-    check_binding(ctx, OP, "x", x.size())?;
     check_binding(ctx, OP, "y", y.size())?;
-    let nb = w.cols / QK as u32;
+    let x = match x {
+        Some(x) => {
+            check_size(OP, "x", x, n_rows as u64 * w.cols as u64 * 4)?;
+            check_binding(ctx, OP, "x", x.size())?;
+            Some(x)
+        }
+        None if w.needs_f32(&config) => {
+            let types: Vec<String> = w.types().iter().map(|t| t.name()).collect();
+            return Err(shape_err(OP, format!("a {} matrix with {config:?} needs f32 activations, none were given", types.join("|"))));
+        }
+        None => None,
+    };
     let mut kernels = Vec::with_capacity(w.parts.len() + 1);
-    // The quantized activations: 3 vec4<u32> per 32-value block (see quantize_act.wgsl). The
-    // bind groups keep this scratch buffer alive as long as the kernels.
-    let xq = if int8_activations && w.parts.iter().any(|p| p.layout.has_int8_path()) {
-        let blocks = n_rows as u64 * nb as u64;
-        check_binding(ctx, OP, "quantized x", blocks * 48)?;
-        let xq = ctx.storage_zeroed("matmul.xq", blocks * 48);
-        kernels.push(quantize_activations(ctx, x, &xq, blocks)?);
-        Some(xq)
+    // The quantized activations (see quantize_common.wgsl): the producer's, or quantized here into a
+    // scratch buffer that the bind groups keep alive as long as the kernels.
+    let xq = if w.reads_int8(&config) {
+        let bytes = int8_bytes(n_rows, w.cols);
+        check_binding(ctx, OP, "quantized x", bytes)?;
+        match (given_q, x) {
+            (Some(q), _) => {
+                check_size(OP, "quantized x", q, bytes)?;
+                Some(q.clone())
+            }
+            (None, Some(x)) => {
+                let xq = ctx.storage_zeroed("matmul.xq", bytes);
+                kernels.push(quantize_activations(ctx, x, &xq, bytes / 48)?);
+                Some(xq)
+            }
+            (None, None) => return Err(shape_err(OP, "int8 activations need either their quantized blocks or f32 values")),
+        }
     } else {
         None
     };
     for part in &w.parts {
-        let int8 = xq.is_some() && part.layout.has_int8_path();
-        let input = if int8 { xq.as_ref().unwrap_or(x) } else { x };
+        let int8 = config.int8_activations && part.layout.has_int8_path();
+        let input = match (int8, &xq, x) {
+            (true, Some(q), _) => q,
+            (_, _, Some(x)) => x,
+            _ => return Err(shape_err(OP, format!("{} part without activations for {config:?}", part.ggml_type.name()))),
+        };
         kernels.push(part_kernel(ctx, (w, part), (input, y), n_rows, MatmulConfig { int8_activations: int8, ..config }, epilogue)?);
     }
     Ok(kernels)
@@ -375,7 +481,7 @@ fn part_kernel(
     config: MatmulConfig,
     epilogue: Epilogue,
 ) -> Result<Kernel, GpuError> {
-    let MatmulConfig { tile_rows, k_split, workgroup, scale_after, int8_activations } = config;
+    let MatmulConfig { tile_rows, k_split, workgroup, subgroup, int8_activations } = config;
     let wgs_per_tile = part.groups.div_ceil(workgroup / k_split);
     let tiles = n_rows.div_ceil(tile_rows);
     let workgroups = linear_grid(ctx, "matmul", wgs_per_tile as u64 * tiles as u64)?;
@@ -395,7 +501,7 @@ fn part_kernel(
         Epilogue::Gated(act) => (2.0, if act == Activation::GeluTanh { 1.0 } else { 0.0 }),
     };
     let uniform = ctx.params_init("matmul.params", bytemuck::bytes_of(&params));
-    let name = part.layout.matmul_shader();
+    let name = part.layout.matmul_shader(subgroup);
     let pipeline = ctx.pipeline(
         name,
         "main",
@@ -403,7 +509,6 @@ fn part_kernel(
             ("WG", workgroup as f64),
             ("KSPLIT", k_split as f64),
             ("TM", tile_rows as f64),
-            ("SCALE_AFTER", if scale_after { 1.0 } else { 0.0 }),
             ("INT8", if int8_activations { 1.0 } else { 0.0 }),
             ("EPILOGUE", epilogue),
             ("GELU", gelu),
@@ -420,6 +525,24 @@ struct QuantizeParams {
 }
 
 const QUANTIZE_WG: u64 = 32;
+
+/// xq ← the int8 blocks of x for a matmul's [`Input::Int8`] (`shaders/quantize_act.wgsl`), for
+/// activations whose producer does not quantize them itself.
+/// x: [n_rows, cols] f32; xq: [`int8_bytes`]`(n_rows, cols)` bytes; cols a multiple of 32.
+pub fn quantize(ctx: &Context, x: &wgpu::Buffer, xq: &wgpu::Buffer, n_rows: u32, cols: u32) -> Result<Kernel, GpuError> {
+    const OP: &str = "quantize";
+    if n_rows == 0 || cols == 0 || cols % QK as u32 != 0 {
+        return Err(shape_err(OP, format!("{n_rows} rows of {cols}: both must be positive and cols a multiple of {QK}")));
+    }
+    if x == xq {
+        return Err(shape_err(OP, "xq must be a different buffer from x"));
+    }
+    check_size(OP, "x", x, n_rows as u64 * cols as u64 * 4)?;
+    check_size(OP, "xq", xq, int8_bytes(n_rows, cols))?;
+    check_binding(ctx, OP, "x", x.size())?;
+    check_binding(ctx, OP, "xq", xq.size())?;
+    quantize_activations(ctx, x, xq, int8_bytes(n_rows, cols) / 48)
+}
 
 /// xq ← int8 blocks of x (quantize_act.wgsl). x: [blocks · 32] f32; xq: [blocks · 3] vec4<u32>.
 fn quantize_activations(ctx: &Context, x: &wgpu::Buffer, xq: &wgpu::Buffer, blocks: u64) -> Result<Kernel, GpuError> {
