@@ -5,7 +5,7 @@
 #
 # Needs: the release binary (`cargo build --release`, or carried in as target/release/pagedlm),
 # the model file(s) under models/ (`npm run fetch-model`; MODELS= to choose), a Vulkan driver.
-# Nothing is downloaded. Usage: bash bench/device.sh   (GEN=, PROMPT=, CONTEXTS=, MODELS= to change)
+# Nothing is downloaded. Usage: bash bench/device.sh   (GEN=, PROMPT=, CONTEXTS=, MODELS=, CLASSES= to change)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-$(mktemp -d)}
@@ -36,6 +36,13 @@ for model in $MODELS; do
   figure decode_batch8 "$model" bench --batch 8 --context 128 --gen-tokens "$GEN"
   figure decode_no_lookahead "$model" bench --prompt-tokens 16 --context 128 --gen-tokens "$GEN" --no-lookahead
   figure decode_int8_kv "$model" bench --prompt-tokens 16 --context 128 --gen-tokens "$GEN" --kv-dtype int8
+  figure decode_int8_activations "$model" bench --prompt-tokens 16 --context 128 --gen-tokens "$GEN" --activations int8
+  # The kernel variants side by side: the adapter's own class is in every line's "variant"; each
+  # class forced, and without the optional features (subgroups, shader-f16).
+  for class in ${CLASSES:-cpu integrated discrete}; do
+    figure "variant_${class}_prefill_and_decode" "$model" bench --prompt-tokens "$PROMPT" --gen-tokens "$GEN" --adapter-class "$class"
+  done
+  figure variant_no_optional_features "$model" bench --prompt-tokens "$PROMPT" --gen-tokens "$GEN" --no-optional-features
 done
 if [ "${BROWSER:-0}" = 1 ] && [ -f pkg/pagedlm_bg.wasm ]; then
   echo "{\"figure\": \"browser\", \"result\": $(BENCH_ONLY_SPEED=1 node bench/browser.mjs)}"
