@@ -17,7 +17,7 @@ struct Params { n_rows: u32, vocab: u32, n_parts: u32, _pad: u32 }
 
 @group(0) @binding(0) var<storage, read_write> partials: array<vec2<u32>>;
 @group(0) @binding(1) var<storage, read_write> io: array<u32>;
-@group(0) @binding(2) var<uniform> params: Params;
+@group(0) @binding(2) var<storage, read> params: Params;
 
 override WG: u32 = 64u;
 

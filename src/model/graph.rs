@@ -307,7 +307,7 @@ impl ForwardGraph {
         nodes.push(Node::Kernels(matmul::matmul(ctx, &lw.wqkv, &a.h, &a.qkv, n)?));
         // One kernel for the q/k norms, RoPE and the KV write. The pool's dtype picks its
         // variant: INT8 quantizes here and is dequantized inside attention.
-        let qk_norm = lw.qk_norm.as_ref().map(|[q, k]| QkNorm { q, k, eps: cfg.rms_eps });
+        let qk_norm = lw.qk_norm.as_ref().map(|weights| QkNorm { weights, eps: cfg.rms_eps });
         let rope_of = (cfg.layer_rope_base(l as u32), cfg.rope_pairing);
         let pool_buffers = kv.layer_buffers(l);
         let write = KvWriteBuffers { qkv: &a.qkv, pool: pool_buffers, positions: &self.positions, row_tables: &self.row_tables };

@@ -48,7 +48,7 @@ pub fn argmax(
 
     let partials = ctx.storage_zeroed("argmax.partials", partial_bytes);
     let params = ArgmaxParams { n_rows, vocab, n_parts, _pad: 0 };
-    let params = ctx.uniform_init("argmax.params", bytemuck::bytes_of(&params));
+    let params = ctx.params_init("argmax.params", bytemuck::bytes_of(&params));
     let constants = [("WG", ARGMAX_WG as f64)];
     let scan = ctx.pipeline("argmax", "scan_parts", &constants)?;
     let pick = ctx.pipeline("argmax", "pick_best", &constants)?;
