@@ -591,7 +591,7 @@ impl AttentionBuilder {
         match kind {
             AttentionKind::Sequence => AttentionBuilder::Sequence(pool),
             AttentionKind::Batch => {
-                let plan = BatchPlan::auto(ctx);
+                let plan = BatchPlan::auto(ctx, &pool);
                 let scratch = ctx.storage_zeroed("graph.attention_scratch", AttentionBatch::scratch_bytes(&pool, max_rows, &plan));
                 AttentionBuilder::Batch { pool, plan, scratch }
             }
