@@ -544,9 +544,11 @@ impl ForwardGraph {
         Ok(totals)
     }
 
-    /// Number of dispatches one step records (with the current step's attention sizes).
+    /// Number of dispatches one greedy step records (with the current step's attention sizes),
+    /// its argmax included; a sampled step records the sampler's kernels instead of the argmax.
     pub fn dispatch_count(&self) -> usize {
-        self.layers
+        let nodes: usize = self
+            .layers
             .iter()
             .chain(&self.head)
             .map(|n| match n {
@@ -554,7 +556,8 @@ impl ForwardGraph {
                 Node::Kernels(k) => k.len(),
                 Node::Attention(i) => self.attention[*i].kernels().len(),
             })
-            .sum()
+            .sum();
+        nodes + self.argmax.len()
     }
 }
 
