@@ -396,13 +396,16 @@ gpu_test! {
 async fn bench_attention_body() {
     let ctx = gpu().await;
     report(&format!("adapter: {}", ctx.adapter_name()));
-    for block_size in [8192u32, 16] {
+    for block_size in [16u32, 8192] {
         let decode = paged(1, (9, 3, 64), 8192, block_size);
         let inputs = Inputs::new(&ctx, decode, 3, 1.0);
+        let wg = AttentionPlan::auto(&ctx, 1, &decode.pool).workgroup_size;
+        let records = Some(AttentionPlan { path: AttentionPath::SplitK, chunk: 128, workgroup_size: wg, one_dispatch_max_keys: 8192, subgroups: false });
         let plans = [
-            ("auto: one pass to 256 keys, then split-K 128", None),
-            ("split-K, 64-key splits", plan(AttentionPath::SplitK, 64)),
-            ("split-K, 256-key splits", plan(AttentionPath::SplitK, 256)),
+            ("auto (one dispatch on CPU adapters)", None),
+            ("one dispatch, records, no subgroups", records),
+            ("split-K 128 + reduce", plan(AttentionPath::SplitK, 128)),
+            ("split-K 256 + reduce", plan(AttentionPath::SplitK, 256)),
             ("one invocation per KV head (baseline)", plan(AttentionPath::Passes, 8192)),
         ];
         let mut attentions: Vec<Attention> = plans.iter().map(|(_, plan)| inputs.attention(&ctx, *plan)).collect();

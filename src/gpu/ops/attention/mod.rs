@@ -25,6 +25,13 @@
 //! (integrated) or 128 (discrete) and, past a few thousand keys, splits over workgroups with a
 //! reduce (more parallelism than one workgroup per KV head gives them).
 //!
+//! No variant computes in f16 (`shader-f16`): neither software adapter would run it faster
+//! (lavapipe offers the feature but LLVM computes f16 on x86 as f32 with conversions around it;
+//! SwiftShader lacks it), so no such variant can be measured here; and on a real GPU decode
+//! attention at these sizes waits on dispatches and K/V bytes, not on arithmetic: an f16 product
+//! with f32 accumulation saves nothing there unless the pools themselves hold f16 (a KV dtype of
+//! its own, not a kernel variant), while INT8 codes times their scale are exact in f32 already.
+//!
 //! The kernels are large (their key loop is written out, see the prelude): a new pipeline
 //! compiles at its first dispatch in about 0.8 s on lavapipe and 2-4 s on SwiftShader (head_dim
 //! 64). Build attentions at load time and run them once there, never first in the decode loop.
