@@ -8,29 +8,37 @@
 // writes its unnormalized online-softmax state (max, sum, acc) for attention_reduce.wgsl to combine.
 // Without SPLIT (passes, for prefill): one dispatch per CHUNK keys starting at params.pass_begin,
 // in order; each merges its keys into the normalized output and the per-row state.
+// WG_SPLIT (decode and short prefill chunks, one dispatch): a workgroup per item (rows quad, KV
+// head, slice), its invocations splitting all the item's keys and combining them in the
+// workgroup (attention_common.wgsl); no reduce follows.
+// No invocation returns before attend(): with WG_SPLIT it holds a barrier and subgroup
+// reductions, and WGSL's uniformity analysis does not follow override constants, so every mode
+// keeps its control flow uniform up to there (an invocation with nothing to do attends no keys
+// and writes nothing).
 //
 // positions: [n_tokens] u32; token t attends keys 0..=positions[t] (clamped to max_len - 1), only
 //            the last params.window of them with a sliding window
 // dst:       SPLIT: [n_tokens * n_heads * max_splits, 1 + head_dim/4] vec4, record (row, split) =
 //                   ((m, l, 0, 0), acc[head_dim/4]) with row = t * n_heads + h
 //            else:  out [n_tokens, n_heads * head_dim] f32
-// state:     passes: [n_tokens * n_heads * slices] (m, l) of the keys merged so far (each slice its
-//            own copy: the slices of a row run side by side); unused with SPLIT
+// state:     passes: [n_tokens * n_heads * slices] (m, l, 0, 0) of the keys merged so far (each
+//            slice its own copy: the slices of a row run side by side); WG_SPLIT: the records
+//            (attention_common.wgsl); unused with SPLIT
 // (params.rows is n_tokens.)
 
 struct Step { table_base: u32 } // the sequence's first entry in block_table, set per step
 
 @group(0) @binding(6) var<storage, read> positions: array<u32>;
-@group(0) @binding(7) var<storage, read_write> state: array<vec2<f32>>;
 @group(0) @binding(8) var<uniform> step: Step;
 
 @compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let item = gid.x + gid.y * nwg.x * WG;
+fn main(ids: Ids) {
+    let wg_index = ids.wg.x + ids.wg.y * ids.nwg.x;
+    // WG_SPLIT: the workgroup's item, every invocation one of WG parts of its keys.
+    let item = select(wg_index * WG + ids.lid, wg_index, WG_SPLIT);
     let split = item / params.items_per_split;
-    if ((SPLIT && split >= params.max_splits) || (!SPLIT && split > 0u)) {
-        return;
-    }
+    // Invocations past the dispatch's items (it is rounded up to whole workgroups) attend nothing.
+    let busy = !((SPLIT && split >= params.max_splits) || (!SPLIT && split > 0u));
     // items_per_split = slices * n_kv_heads * quads, the slice slowest.
     let rest = item % params.items_per_split;
     let per_slice = params.quads * params.n_kv_heads;
@@ -41,7 +49,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let i = vec4<u32>(0u, 1u, 2u, 3u) + 4u * quad;
     let t = i / params.group;
     let h = kv_head * params.group + i % params.group;
-    let valid = t < vec4<u32>(params.rows);
+    let valid = (t < vec4<u32>(params.rows)) & vec4<bool>(busy);
     let tc = min(t, vec4<u32>(params.rows - 1u));
     let pos = vec4<u32>(positions[tc.x], positions[tc.y], positions[tc.z], positions[tc.w]);
     // Keys below lim are visible to a row; 0 for rows past the batch.
@@ -52,10 +60,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     if (SPLIT) {
         key_begin = split * CHUNK;
     }
-    let key_end = min(max(max(lim.x, lim.y), max(lim.z, lim.w)), key_begin + CHUNK);
-    if (key_begin >= key_end) {
-        return;
+    var key_end = min(max(max(lim.x, lim.y), max(lim.z, lim.w)), key_begin + CHUNK);
+    if (WG_SPLIT) {
+        key_end = max(max(lim.x, lim.y), max(lim.z, lim.w));
     }
+    // Nothing to attend (no valid lane sees a key here): an empty key range, and no lane writes.
+    key_end = max(key_end, key_begin);
 
     // Rows that see a key of this split or pass write; the others keep what they have.
     let write = lim > vec4<u32>(key_begin);
@@ -70,10 +80,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         out.merge = key_begin > 0u;
         if (out.merge) {
             let idx = select(vec4<u32>(0u), out_row * params.slices + slice, write);
-            let s0 = state[idx.x];
-            let s1 = state[idx.y];
-            let s2 = state[idx.z];
-            let s3 = state[idx.w];
+            let s0 = state[idx.x].xy;
+            let s1 = state[idx.y].xy;
+            let s2 = state[idx.z].xy;
+            let s3 = state[idx.w].xy;
             out.m_old = vec4<f32>(s0.x, s1.x, s2.x, s3.x);
             out.l_old = vec4<f32>(s0.y, s1.y, s2.y, s3.y);
         }
@@ -83,13 +93,22 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     // later passes read only what this step wrote.
     let low = window_low(lim);
     let low_valid = select(vec4<u32>(0xffffffffu), low, valid);
-    let first = max(key_begin, min(min(low_valid.x, low_valid.y), min(low_valid.z, low_valid.w)));
-    let keys = Keys(q_base, valid, low, lim, step.table_base, kv_head, min(first, key_end), key_end, slice * D4S);
+    let first = min(max(key_begin, min(min(low_valid.x, low_valid.y), min(low_valid.z, low_valid.w))), key_end);
+    var begin = first;
+    var end = key_end;
+    if (WG_SPLIT) {
+        // Part lid of WG: contiguous, so that each reads the block table once per block.
+        let per = (key_end - first + WG - 1u) / WG;
+        begin = min(first + ids.lid * per, key_end);
+        end = min(begin + per, key_end);
+    }
+    let leader = group_leader(ids);
+    let keys = Keys(q_base, valid, low, lim, step.table_base, kv_head, begin, end, slice * D4S, item, ids.lid, leader);
     let merged = attend(keys, out);
-    if (!SPLIT) {
+    if (!SPLIT && !WG_SPLIT) {
         for (var r = 0u; r < 4u; r++) {
             if (write[r]) {
-                state[out_row[r] * params.slices + slice] = vec2<f32>(merged.m[r], merged.l[r]);
+                state[out_row[r] * params.slices + slice] = vec4<f32>(merged.m[r], merged.l[r], 0.0, 0.0);
             }
         }
     }

@@ -17,6 +17,11 @@
 // attention_batch_reduce.wgsl.
 // Without SPLIT (single pass, for steps whose every row has at most CHUNK keys): one invocation
 // per (row, KV head, quad) over keys 0..kv_len, writing the normalized output.
+// WG_SPLIT (one dispatch at any context): a workgroup per (row, KV head, quad, slice), its
+// invocations splitting the row's keys and combining them in the workgroup
+// (attention_common.wgsl), writing the normalized output; no reduce follows.
+// No invocation returns before attend() (see attention.wgsl): one with nothing to do attends no
+// keys and writes nothing.
 //
 // Loop budget (see attention_common.wgsl): at most CHUNK (key loop) + log2(max_rows) + 1 (row
 // search) + 4 (write-out) back-edges.
@@ -31,6 +36,8 @@
 // dst:         SPLIT: [total_splits * n_heads, 1 + head_dim/4] vec4, record (global split, head)
 //                     = ((m, l, 0, 0), acc[head_dim/4])
 //              else:  out [max_rows, n_heads * head_dim] f32, rows 0..n_rows written
+// state:       WG_SPLIT: the records (attention_common.wgsl), [max_rows * items_per_split] items;
+//              else unused
 // (params.rows is max_rows.)
 
 @group(0) @binding(6) var<storage, read> batch: array<vec4<u32>>;
@@ -56,8 +63,10 @@ fn find_row(work: u32, n_rows: u32) -> u32 {
 }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let item = gid.x + gid.y * nwg.x * WG;
+fn main(ids: Ids) {
+    let wg_index = ids.wg.x + ids.wg.y * ids.nwg.x;
+    // WG_SPLIT: the workgroup's item, every invocation one of WG parts of its keys.
+    let item = select(wg_index * WG + ids.lid, wg_index, WG_SPLIT);
     // SPLIT: the global split; else the row.
     let work = item / params.items_per_split;
     // items_per_split = slices * n_kv_heads * quads, the slice slowest.
@@ -71,24 +80,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     if (SPLIT) {
         row = find_row(work, n_rows);
     }
-    if (row >= n_rows) {
-        return;
-    }
-    let row_info = batch[1u + row];
-    let kv_len = min(row_info.y, params.max_len);
+    // Rows past the step's attend nothing (n_rows is 0 only when nothing runs).
+    var busy = row < n_rows;
+    let row_info = batch[1u + min(row, max(n_rows, 1u) - 1u)];
+    let kv_len = select(0u, min(row_info.y, params.max_len), busy);
     var key_begin = 0u;
     if (SPLIT) {
         key_begin = (work - row_info.z) * CHUNK;
         // Past the row's last split: the dispatch is rounded up to whole workgroups.
-        if (key_begin >= kv_len) {
-            return;
-        }
+        busy = busy && key_begin < kv_len;
+        key_begin = min(key_begin, kv_len);
     }
-    let key_end = min(kv_len, key_begin + CHUNK);
+    var key_end = min(kv_len, key_begin + CHUNK);
+    if (WG_SPLIT) {
+        key_end = kv_len;
+    }
 
     // Head of each lane within the group; lanes past the group idle (q = 0, never written).
     let lane = vec4<u32>(0u, 1u, 2u, 3u) + 4u * quad;
-    let valid = lane < vec4<u32>(params.group);
+    let valid = (lane < vec4<u32>(params.group)) & vec4<bool>(busy);
     let h = kv_head * params.group + lane;
     let q_base = select(vec4<u32>(0u), row * params.qkv_stride4 + h * D4, valid);
 
@@ -101,6 +111,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     // a split before the window still writes its (empty) record for the reduce.
     let lim = vec4<u32>(kv_len);
     let low = window_low(lim);
-    let keys = Keys(q_base, valid, low, lim, row_info.x, kv_head, min(max(key_begin, low.x), key_end), key_end, slice * D4S);
+    var begin = min(max(key_begin, low.x), key_end);
+    var end = key_end;
+    if (WG_SPLIT) {
+        // Part lid of WG: contiguous, so that each reads the block table once per block.
+        let first = begin;
+        let per = (key_end - first + WG - 1u) / WG;
+        begin = min(first + ids.lid * per, key_end);
+        end = min(begin + per, key_end);
+    }
+    let keys = Keys(q_base, valid, low, lim, row_info.x, kv_head, begin, end, slice * D4S, item, ids.lid, group_leader(ids));
     attend(keys, Out(base, valid, false, vec4<f32>(0.0), vec4<f32>(0.0)));
 }

@@ -1,8 +1,20 @@
 // The prelude of the two attention kernels (attention.wgsl: one sequence per dispatch;
 // attention_batch.wgsl: a sequence per row), prepended to each kernel's body when its module is
-// created (src/gpu/shaders.rs). It holds what both run: the bindings they share, the q and K/V
-// loads (f32 or INT8), the key loop over the paged pool with its online softmax, and the
-// write-out. A kernel's body says only which lanes, keys and output records an invocation takes.
+// created (src/gpu/shaders.rs), after attention_group.wgsl or attention_group_subgroup.wgsl (the
+// invocation ids and the in-register group reductions). It holds what both run: the bindings they
+// share, the q and K/V loads (f32 or INT8), the key loop over the paged pool with its online
+// softmax, and the write-out. A kernel's body says only which lanes, keys and output records an
+// invocation takes.
+//
+// WG_SPLIT (decode, one dispatch at any context): a workgroup owns one item (4 lanes of one KV
+// head, one slice) and its WG invocations split the item's keys into WG contiguous parts. They
+// combine their online-softmax states in the workgroup, so that no reduce kernel follows: first
+// in registers per group (a subgroup, with subgroup reductions, or each invocation alone), then
+// each group's leader writes a record (per lane (m, l) and acc) to `state`, a storage barrier, and
+// every invocation normalizes some of the item's output vec4 from the records. ONE_GROUP (the
+// workgroup is one subgroup) needs neither records nor barrier: the leader writes the output. The
+// body calls attend() in uniform control flow (no return before it depends on the invocation),
+// as the barrier and the subgroup reductions require.
 //
 // One invocation owns 4 lanes (the components of a vec4: 4 query rows, or 4 query heads, of one
 // KV head) and a range of at most CHUNK keys of one sequence. Each K/V vec4 it loads serves all 4
@@ -46,6 +58,11 @@
 //              the table's end or a block >= n_blocks masks those keys.
 // dst:         the kernel's output records (see each body): SPLIT, one unnormalized record
 //              ((m, l, 0, 0), acc[head_dim/4]) per split and head; else the normalized output.
+// state:       WG_SPLIT: [items, WG, 2 + 4 * D4S] vec4, the record of invocation s of workgroup g
+//              at ((g * WG + s) * (2 + 4 * D4S)): per lane m, per lane l, then for each vec4 i of
+//              the slice's head dims the 4 lanes' accumulators (acc[i] of lane r at 2 + 4 * i + r),
+//              unnormalized; a record with l = 0 holds no keys (its accumulators are never read).
+//              Without WG_SPLIT see each body.
 
 // The parameters of both kernels (read-only storage, see Context::params_init); fields marked
 // with one kernel are unused by the other.
@@ -74,6 +91,7 @@ struct Params {
 @group(0) @binding(3) var<storage, read> block_table: array<u32>;
 @group(0) @binding(4) var<storage, read> params: Params;
 @group(0) @binding(5) var<storage, read_write> dst: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> state: array<vec4<f32>>;
 
 override D4: u32 = 16u;      // head_dim / 4
 override D4S: u32 = 16u;     // vec4 of head dims one invocation accumulates: D4, or 32 with SLICED
@@ -82,6 +100,14 @@ override SPLIT: bool = false;
 override CHUNK: u32 = 128u;  // keys per invocation
 override WG: u32 = 8u;
 override INT8: bool = false;
+override WG_SPLIT: bool = false;
+override ONE_GROUP: bool = false; // WG_SPLIT with subgroups where the workgroup is one subgroup
+
+// vec4 of one WG_SPLIT record in `state`.
+const REC_HEAD: u32 = 2u;
+fn record_len() -> u32 {
+    return REC_HEAD + 4u * D4S;
+}
 
 // The first key a query whose keys end below `lim` sees: lim - window, or 0 (no window, or a
 // window longer than the keys).
@@ -199,6 +225,57 @@ fn emit(base: u32, dim0: u32, i: u32, acc: vec4<f32>, w_old: f32, w_acc: f32, me
     dst[base + d] = value;
 }
 
+// WG_SPLIT: a's columns (lanes) scaled by w and summed over the invocation's group, for head dims
+// vec4 i of the slice.
+fn group_scaled(a: mat4x4<f32>, i: u32, w: vec4<f32>) -> mat4x4<f32> {
+    if (i >= D4S) {
+        return a;
+    }
+    return mat4x4<f32>(group_sum(a[0] * w.x), group_sum(a[1] * w.y), group_sum(a[2] * w.z), group_sum(a[3] * w.w));
+}
+
+// WG_SPLIT: the 4 lanes' accumulators of head dims vec4 i into the record at `rec`.
+fn put_record(rec: u32, i: u32, a: mat4x4<f32>) {
+    if (i >= D4S) {
+        return;
+    }
+    let at = rec + REC_HEAD + 4u * i;
+    state[at] = a[0];
+    state[at + 1u] = a[1];
+    state[at + 2u] = a[2];
+    state[at + 3u] = a[3];
+}
+
+// WG_SPLIT, after the barrier: the workgroup's records combined into the normalized output, each
+// invocation taking the output vec4 o = lid, lid + WG, ... of the item's 4 * D4S (lane o % 4,
+// head dims vec4 o / 4 of the slice). Zeros for a lane that saw no visible key. Loop budget:
+// (4 * D4S / WG + 1) * (2 * WG + 1).
+fn combine_records(keys: Keys, out: Out) {
+    let first = keys.item * WG * record_len();
+    for (var o = keys.lid; o < 4u * D4S; o += WG) {
+        let r = o % 4u;
+        let i = o / 4u;
+        if (!out.write[r]) {
+            continue;
+        }
+        var m = NEG_BIG;
+        for (var s = 0u; s < WG; s++) {
+            m = max(m, state[first + s * record_len()][r]);
+        }
+        var l = 0.0;
+        var acc = vec4<f32>(0.0);
+        for (var s = 0u; s < WG; s++) {
+            let rec = first + s * record_len();
+            let l_s = state[rec + 1u][r];
+            let w = exp(state[rec][r] - m);
+            l += l_s * w;
+            // select, not a product: a record without keys holds stale accumulators.
+            acc += select(vec4<f32>(0.0), state[rec + REC_HEAD + 4u * i + r] * w, l_s > 0.0);
+        }
+        dst[out.base[r] + keys.dim0 + i] = select(acc / l, vec4<f32>(0.0), l == 0.0);
+    }
+}
+
 // What one invocation attends: its 4 lanes over keys begin..end of one sequence.
 struct Keys {
     q_base: vec4<u32>,  // vec4 index of each lane's q head in qkv
@@ -210,6 +287,11 @@ struct Keys {
     begin: u32,
     end: u32,
     dim0: u32,          // the first vec4 of head dims this invocation accumulates (its slice)
+    // WG_SPLIT only: the workgroup's item (its records), the invocation in it, and whether it
+    // leads its group.
+    item: u32,
+    lid: u32,
+    leader: bool,
 }
 
 // Where an invocation writes its lanes.
@@ -412,6 +494,93 @@ fn attend(keys: Keys, out: Out) -> Softmax {
         a31 = accumulate(a31, row, keys.dim0, 31u, corr, p);
     }
 
+    var write = out.write;
+    if (WG_SPLIT) {
+        // The group's state, each invocation's rescaled to the group's max first. An invocation
+        // without keys has m = NEG_BIG, l = 0 and zero accumulators: it adds nothing.
+        let m_group = group_max(m);
+        let w = exp(m - m_group);
+        m = m_group;
+        l = group_sum(l * w);
+        a0 = group_scaled(a0, 0u, w);
+        a1 = group_scaled(a1, 1u, w);
+        a2 = group_scaled(a2, 2u, w);
+        a3 = group_scaled(a3, 3u, w);
+        a4 = group_scaled(a4, 4u, w);
+        a5 = group_scaled(a5, 5u, w);
+        a6 = group_scaled(a6, 6u, w);
+        a7 = group_scaled(a7, 7u, w);
+        a8 = group_scaled(a8, 8u, w);
+        a9 = group_scaled(a9, 9u, w);
+        a10 = group_scaled(a10, 10u, w);
+        a11 = group_scaled(a11, 11u, w);
+        a12 = group_scaled(a12, 12u, w);
+        a13 = group_scaled(a13, 13u, w);
+        a14 = group_scaled(a14, 14u, w);
+        a15 = group_scaled(a15, 15u, w);
+        a16 = group_scaled(a16, 16u, w);
+        a17 = group_scaled(a17, 17u, w);
+        a18 = group_scaled(a18, 18u, w);
+        a19 = group_scaled(a19, 19u, w);
+        a20 = group_scaled(a20, 20u, w);
+        a21 = group_scaled(a21, 21u, w);
+        a22 = group_scaled(a22, 22u, w);
+        a23 = group_scaled(a23, 23u, w);
+        a24 = group_scaled(a24, 24u, w);
+        a25 = group_scaled(a25, 25u, w);
+        a26 = group_scaled(a26, 26u, w);
+        a27 = group_scaled(a27, 27u, w);
+        a28 = group_scaled(a28, 28u, w);
+        a29 = group_scaled(a29, 29u, w);
+        a30 = group_scaled(a30, 30u, w);
+        a31 = group_scaled(a31, 31u, w);
+        if (!ONE_GROUP) {
+            let rec = (keys.item * WG + keys.lid) * record_len();
+            // A record with l = 0 adds nothing: only the leader's accumulators are written.
+            state[rec] = select(vec4<f32>(NEG_BIG), m, keys.leader);
+            state[rec + 1u] = select(vec4<f32>(0.0), l, keys.leader);
+            if (keys.leader) {
+                put_record(rec, 0u, a0);
+                put_record(rec, 1u, a1);
+                put_record(rec, 2u, a2);
+                put_record(rec, 3u, a3);
+                put_record(rec, 4u, a4);
+                put_record(rec, 5u, a5);
+                put_record(rec, 6u, a6);
+                put_record(rec, 7u, a7);
+                put_record(rec, 8u, a8);
+                put_record(rec, 9u, a9);
+                put_record(rec, 10u, a10);
+                put_record(rec, 11u, a11);
+                put_record(rec, 12u, a12);
+                put_record(rec, 13u, a13);
+                put_record(rec, 14u, a14);
+                put_record(rec, 15u, a15);
+                put_record(rec, 16u, a16);
+                put_record(rec, 17u, a17);
+                put_record(rec, 18u, a18);
+                put_record(rec, 19u, a19);
+                put_record(rec, 20u, a20);
+                put_record(rec, 21u, a21);
+                put_record(rec, 22u, a22);
+                put_record(rec, 23u, a23);
+                put_record(rec, 24u, a24);
+                put_record(rec, 25u, a25);
+                put_record(rec, 26u, a26);
+                put_record(rec, 27u, a27);
+                put_record(rec, 28u, a28);
+                put_record(rec, 29u, a29);
+                put_record(rec, 30u, a30);
+                put_record(rec, 31u, a31);
+            }
+            storageBarrier();
+            combine_records(keys, out);
+            return Softmax(m, l);
+        }
+        // One group: its sums are the workgroup's; the leader writes them.
+        write = write & vec4<bool>(keys.leader);
+    }
+
     var w_old = vec4<f32>(0.0);
     var w_acc = vec4<f32>(1.0);
     let merge = !SPLIT && out.merge;
@@ -431,7 +600,7 @@ fn attend(keys: Keys, out: Out) -> Softmax {
         w_acc *= inv;
     }
     for (var r = 0u; r < 4u; r++) {
-        if (!out.write[r]) {
+        if (!write[r]) {
             continue;
         }
         let base = out.base[r];

@@ -7,7 +7,7 @@ struct Params { n_rows: u32, row_stride: u32, first: u32, n_heads: u32, head_dim
 
 @group(0) @binding(0) var<storage, read_write> x: array<f32>;
 @group(0) @binding(1) var<storage, read> weight: array<f32>;
-@group(0) @binding(2) var<uniform> params: Params;
+@group(0) @binding(2) var<storage, read> params: Params;
 
 override WG: u32 = 64u;
 

@@ -3,7 +3,7 @@
 // (src/gpu/shaders.rs), so both find the slot and quantize with the same code. It declares the
 // bindings both share; each body declares binding 0, `x` (the fused qkv rows the values are
 // read from, [n_tokens, (n_heads + 2 * n_kv_heads) * head_dim] f32, each row q heads, k heads,
-// v heads), and binding 4, its uniform.
+// v heads), and binding 4, its parameters (read-only storage, see Context::params_init).
 //
 // k_pool, v_pool (bound as u32 words for both dtypes):
 //      f32:  [n_blocks, n_kv_heads, block_size, head_dim] f32: element (b, h, s, d) at

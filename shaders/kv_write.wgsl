@@ -16,7 +16,7 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(4) var<uniform> params: Params;
+@group(0) @binding(4) var<storage, read> params: Params;
 
 override WG: u32 = 64u;
 override PER: u32 = 4u;

@@ -29,10 +29,11 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read_write> x: array<f32>;
-@group(0) @binding(4) var<uniform> params: Params;
-// [head_dim] f32 each, read only with QK_NORM (without it any buffer stands in).
-@group(0) @binding(7) var<storage, read> q_norm: array<f32>;
-@group(0) @binding(8) var<storage, read> k_norm: array<f32>;
+@group(0) @binding(4) var<storage, read> params: Params;
+// [2, head_dim] f32: the q heads' norm weights, then the k heads' (one buffer: with params in
+// storage the kernel binds WebGPU's default 8 storage buffers per stage). Read only with QK_NORM
+// (without it any buffer stands in).
+@group(0) @binding(7) var<storage, read> qk_norm: array<f32>;
 
 override WG: u32 = 64u;
 override QK_NORM: bool = false;
@@ -55,9 +56,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     if (head < n_q + n_kv) {
         if (QK_NORM) {
             let scale = inv_rms(base, dim, params.eps);
-            let is_k = head >= n_q;
+            let weight = select(0u, dim, head >= n_q);
             for (var d = 0u; d < dim; d += 1u) {
-                x[base + d] = x[base + d] * scale * select(q_norm[d], k_norm[d], is_k);
+                x[base + d] = x[base + d] * scale * qk_norm[weight + d];
             }
         }
         let pos = positions[token];

@@ -16,7 +16,7 @@ struct Params {
 
 @group(0) @binding(0) var<storage, read_write> x: array<f32>;
 @group(0) @binding(1) var<storage, read> positions: array<u32>;
-@group(0) @binding(2) var<uniform> params: Params;
+@group(0) @binding(2) var<storage, read> params: Params;
 
 override WG: u32 = 64u;
 

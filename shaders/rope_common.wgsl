@@ -1,7 +1,7 @@
 // The prelude of the kernels that apply rotary position embeddings (rope.wgsl: one invocation
 // per (token, pair); qkv_heads.wgsl: one per (token, head)), prepended to each body
 // (src/gpu/shaders.rs), so both rotate with the same arithmetic. Each body declares `x`
-// (read_write, the rows rotated in place) and a uniform turn table (see below).
+// (read_write, the rows rotated in place) and a turn table in its parameters (see below).
 //
 // Pair i of a head is (x[2i], x[2i+1]) (NORM) or (x[i], x[i + head_dim/2]) (NEOX, Gemma's) and
 // rotates by pos * theta_i, theta_i = base^(-2i/head_dim).

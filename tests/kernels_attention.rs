@@ -7,7 +7,7 @@ mod common;
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-use common::{assert_close, gpu, now_ms, report};
+use common::{assert_close, gpu, now_ms, report, variant_contexts};
 use pagedlm::gpu::ops::attention::{attention_cpu, Attention, AttentionBuffers, AttentionPath, AttentionPlan, MAX_CHUNK};
 use pagedlm::gpu::ops::pool::{PoolBuffers, PoolShape};
 use pagedlm::gpu::{Context, Recorder};
@@ -154,7 +154,7 @@ impl Inputs {
 }
 
 fn plan(path: AttentionPath, chunk: u32) -> Option<AttentionPlan> {
-    Some(AttentionPlan { path, chunk, workgroup_size: 8, single_pass_max_keys: 0 })
+    Some(AttentionPlan { path, chunk, workgroup_size: 8, one_dispatch_max_keys: 0, subgroups: false })
 }
 
 /// (n_heads, n_kv_heads, head_dim): MHA, MQA, SmolLM2's GQA, and a wide-head GQA.
@@ -180,8 +180,8 @@ gpu_test! {
             // and one pass over everything (the baseline).
             let plans = [
                 None,
-                Some(AttentionPlan { path: AttentionPath::SplitK, chunk: 32, workgroup_size: 64, single_pass_max_keys: 0 }),
-                Some(AttentionPlan { path: AttentionPath::SplitK, chunk: 128, workgroup_size: 8, single_pass_max_keys: 64 }),
+                Some(AttentionPlan { path: AttentionPath::SplitK, chunk: 32, workgroup_size: 64, one_dispatch_max_keys: 0, subgroups: false }),
+                Some(AttentionPlan { path: AttentionPath::SplitK, chunk: 128, workgroup_size: 8, one_dispatch_max_keys: 64, subgroups: false }),
                 plan(AttentionPath::Passes, 512),
                 plan(AttentionPath::Passes, 8192),
             ];
@@ -190,6 +190,38 @@ gpu_test! {
                 // The same object across steps, longest first: stale split states must not leak.
                 for &kv_len in lengths {
                     inputs.check(&ctx, &mut attention, &[kv_len - 1], "decode").await;
+                }
+            }
+        }
+    }
+}
+
+gpu_test! {
+    async fn every_adapter_class_variant_matches_cpu() {
+        // The auto plan of every adapter class, with and without subgroups where the adapter has
+        // them (natively lavapipe: subgroups of 8; in Chromium none): workgroups of 8, 64 and 128
+        // combining their splits in registers, through records, or both; past 2,048 keys the
+        // real-GPU classes switch to splits and a reduce. SmolLM2's heads, and Gemma 3's (sliced,
+        // a local layer's window) natively.
+        let shapes: &[((u32, u32, u32), u32)] =
+            if cfg!(target_arch = "wasm32") { &[((9, 3, 64), 0)] } else { &[((9, 3, 64), 0), ((4, 1, 256), 40)] };
+        for ctx in variant_contexts().await {
+            for (i, &(heads, window)) in shapes.iter().enumerate() {
+                let mut one = paged(1, heads, 3000, 16);
+                one.pool.window = window;
+                let decode = Inputs::new(&ctx, one, 500 + i as u64, 1.0);
+                let mut attention = decode.attention(&ctx, None);
+                for kv_len in [3000u32, 1, 17, 300, 2048, 2049] {
+                    decode.check(&ctx, &mut attention, &[kv_len - 1], &format!("{} decode", ctx.variant_name())).await;
+                }
+                // A short prefill chunk (split-K up to 16 rows), lanes of 4 rows at their own positions.
+                let mut chunk = paged(7, heads, 3000, 16);
+                chunk.pool.window = window;
+                let prefill = Inputs::new(&ctx, chunk, 600 + i as u64, 1.0);
+                let mut attention = prefill.attention(&ctx, None);
+                for start in [0u32, 2900] {
+                    let positions: Vec<u32> = (start..start + 7).collect();
+                    prefill.check(&ctx, &mut attention, &positions, &format!("{} prefill", ctx.variant_name())).await;
                 }
             }
         }
@@ -276,7 +308,7 @@ gpu_test! {
             (plan(AttentionPath::SplitK, 0), "chunk 0"),
             (plan(AttentionPath::Passes, MAX_CHUNK + 1), "lavapipe's loop budget"),
             (
-                Some(AttentionPlan { path: AttentionPath::SplitK, chunk: 64, workgroup_size: 0, single_pass_max_keys: 0 }),
+                Some(AttentionPlan { path: AttentionPath::SplitK, chunk: 64, workgroup_size: 0, one_dispatch_max_keys: 0, subgroups: false }),
                 "workgroup size 0",
             ),
         ] {
@@ -364,13 +396,16 @@ gpu_test! {
 async fn bench_attention_body() {
     let ctx = gpu().await;
     report(&format!("adapter: {}", ctx.adapter_name()));
-    for block_size in [8192u32, 16] {
+    for block_size in [16u32, 8192] {
         let decode = paged(1, (9, 3, 64), 8192, block_size);
         let inputs = Inputs::new(&ctx, decode, 3, 1.0);
+        let wg = AttentionPlan::auto(&ctx, 1, &decode.pool).workgroup_size;
+        let records = Some(AttentionPlan { path: AttentionPath::SplitK, chunk: 128, workgroup_size: wg, one_dispatch_max_keys: 8192, subgroups: false });
         let plans = [
-            ("auto: one pass to 256 keys, then split-K 128", None),
-            ("split-K, 64-key splits", plan(AttentionPath::SplitK, 64)),
-            ("split-K, 256-key splits", plan(AttentionPath::SplitK, 256)),
+            ("auto (one dispatch on CPU adapters)", None),
+            ("one dispatch, records, no subgroups", records),
+            ("split-K 128 + reduce", plan(AttentionPath::SplitK, 128)),
+            ("split-K 256 + reduce", plan(AttentionPath::SplitK, 256)),
             ("one invocation per KV head (baseline)", plan(AttentionPath::Passes, 8192)),
         ];
         let mut attentions: Vec<Attention> = plans.iter().map(|(_, plan)| inputs.attention(&ctx, *plan)).collect();

@@ -11,7 +11,7 @@ mod common;
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-use common::{assert_close, gpu, now_ms, report};
+use common::{assert_close, gpu, now_ms, report, variant_contexts};
 use pagedlm::gpu::ops::attention::{
     attention_batch_cpu, Attention, AttentionBatch, AttentionBuffers, BatchBuffers, BatchPlan, BatchRow, BatchStep,
 };
@@ -209,15 +209,15 @@ const HEAD_SHAPES: [(u32, u32, u32); 2] = [(9, 3, 64), (4, 2, 16)];
 
 fn plans() -> Vec<Option<BatchPlan>> {
     let mut plans = vec![
-        // Auto: 128-key splits, a single pass up to 256 keys.
+        // Auto: one dispatch of workgroup splits at every length on CPU adapters.
         None,
         // Small splits, GPU-sized workgroups, always split.
-        Some(BatchPlan { chunk: 32, workgroup_size: 64, single_pass_max_keys: 0 }),
+        Some(BatchPlan { chunk: 32, workgroup_size: 64, one_dispatch_max_keys: 0, subgroups: false }),
     ];
     if !cfg!(target_arch = "wasm32") {
-        // One pass over everything (every row in one invocation), and odd-sized splits.
-        plans.push(Some(BatchPlan { chunk: 128, workgroup_size: 8, single_pass_max_keys: 2048 }));
-        plans.push(Some(BatchPlan { chunk: 100, workgroup_size: 4, single_pass_max_keys: 100 }));
+        // One dispatch up to 2048 keys, and odd-sized splits in small workgroups.
+        plans.push(Some(BatchPlan { chunk: 128, workgroup_size: 8, one_dispatch_max_keys: 2048, subgroups: false }));
+        plans.push(Some(BatchPlan { chunk: 100, workgroup_size: 4, one_dispatch_max_keys: 100, subgroups: false }));
     }
     plans
 }
@@ -289,6 +289,30 @@ gpu_test! {
 gpu_test! {
     async fn int8_mixed_rows_match_cpu() {
         mixed_rows(KvDtype::Int8, &[16, 7]).await;
+    }
+}
+
+gpu_test! {
+    async fn every_adapter_class_variant_matches_cpu() {
+        // The auto plan of every adapter class, with and without subgroups where the adapter has
+        // them: one dispatch of workgroup splits (8, 64 or 128 invocations), and for the real-GPU
+        // classes splits and a reduce once a row passes 2,048 keys (the long rows of the mixed
+        // steps). f32 and INT8 (natively) over SmolLM2's heads.
+        let dtypes: &[KvDtype] = if cfg!(target_arch = "wasm32") { &[KvDtype::F32] } else { &[KvDtype::F32, KvDtype::Int8] };
+        for ctx in variant_contexts().await {
+            for &dtype in dtypes {
+                let shared = 112u32.div_ceil(16);
+                let mut pool = Pool::new(&ctx, spec((9, 3, 64), 16, 3000, 10, 5, shared), 71, 1.0);
+                if dtype == KvDtype::Int8 {
+                    pool = pool.int8(&ctx);
+                }
+                let batch = Batch::new(&ctx, &pool, 72, 1.0);
+                let mut attention = batch.attention(&ctx, &pool, None);
+                for rows in &mixed_steps(&pool) {
+                    batch.check(&ctx, &pool, &mut attention, rows, &format!("{} {dtype:?}", ctx.variant_name())).await;
+                }
+            }
+        }
     }
 }
 
@@ -381,7 +405,7 @@ gpu_test! {
         let batch = Batch::new(&ctx, &pool, 9, 5.5);
         let seq = &pool.seqs;
         let rows = [row(seq[0], 1100), row(seq[1], 37), row(seq[2], 600), row(seq[0], 993)];
-        let plans = [None, Some(BatchPlan { chunk: 32, workgroup_size: 8, single_pass_max_keys: 0 })];
+        let plans = [None, Some(BatchPlan { chunk: 32, workgroup_size: 8, one_dispatch_max_keys: 0, subgroups: false })];
         for plan in plans {
             let mut attention = batch.attention(&ctx, &pool, plan);
             batch.check(&ctx, &pool, &mut attention, &rows, "large scores").await;
@@ -414,8 +438,8 @@ gpu_test! {
         expect(make(s, 0, None), "empty shape");
         expect(make(PoolShape { n_blocks: s.n_blocks + 1, ..s }, max_rows, None), "k_pool needs");
         expect(make(PoolShape { head_dim: 60, dtype: KvDtype::Int8, ..s }, max_rows, None), "multiple of 16");
-        expect(make(s, max_rows, Some(BatchPlan { chunk: 0, workgroup_size: 8, single_pass_max_keys: 0 })), "chunk 0");
-        expect(make(s, max_rows, Some(BatchPlan { chunk: 70_000, workgroup_size: 8, single_pass_max_keys: 0 })), "loop budget");
+        expect(make(s, max_rows, Some(BatchPlan { chunk: 0, workgroup_size: 8, one_dispatch_max_keys: 0, subgroups: false })), "chunk 0");
+        expect(make(s, max_rows, Some(BatchPlan { chunk: 70_000, workgroup_size: 8, one_dispatch_max_keys: 0, subgroups: false })), "loop budget");
         let small_batch = ctx.storage_zeroed("batch", 16);
         let small = BatchBuffers { batch: &small_batch, ..batch.buffers(&pool) };
         expect(AttentionBatch::new(&ctx, &small, s, max_rows, None), "batch needs");
@@ -429,7 +453,7 @@ gpu_test! {
         assert!(err.to_string().contains("kv_len 101"), "{err}");
         let err = attention.step(&[row(0, 1); 4]).expect_err("4 rows in a batch of 3");
         assert!(err.to_string().contains("4 rows"), "{err}");
-        let other = make(s, max_rows, Some(BatchPlan { chunk: 32, workgroup_size: 8, single_pass_max_keys: 0 })).unwrap();
+        let other = make(s, max_rows, Some(BatchPlan { chunk: 32, workgroup_size: 8, one_dispatch_max_keys: 0, subgroups: false })).unwrap();
         let foreign = other.step(&[row(0, 50)]).unwrap();
         assert!(attention.set_step(&foreign).is_err(), "a step encoded for another chunk must be refused");
 
@@ -488,8 +512,8 @@ async fn bench_body() {
     let pool = Pool::new(&ctx, spec((9, 3, 64), 16, max_len, 16, 16, 0), 3, 1.0);
     let batch = Batch::new(&ctx, &pool, 3, 1.0);
     let s = pool.shape;
-    let wg = BatchPlan::auto(&ctx).workgroup_size;
-    let plan = |chunk, single_pass_max_keys| Some(BatchPlan { chunk, workgroup_size: wg, single_pass_max_keys });
+    let wg = BatchPlan::auto(&ctx, &s).workgroup_size;
+    let plan = |chunk, single_pass_max_keys| Some(BatchPlan { chunk, workgroup_size: wg, one_dispatch_max_keys: single_pass_max_keys, subgroups: false });
     let mut batched: Vec<(&str, AttentionBatch)> =
         [("auto", None), ("split 64", plan(64, 256)), ("split 256", plan(256, 256)), ("one pass", plan(128, max_len))]
             .into_iter()

@@ -5,12 +5,13 @@ mod common;
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-use common::{assert_close, gpu};
+use common::{assert_close, gpu, variant_contexts};
 use pagedlm::gpu::ops::kv_write::KvWriteBuffers;
 use pagedlm::gpu::ops::pool::{PoolBuffers, PoolShape};
 use pagedlm::gpu::ops::rope::{RopePairing, RopeShape};
 use pagedlm::gpu::ops::act::Activation;
 use pagedlm::gpu::ops::norm::NormOut;
+use pagedlm::gpu::ops::argmax::ArgmaxPlan;
 use pagedlm::gpu::ops::{act, argmax, kv_write, norm, rope};
 use pagedlm::gpu::{Context, GpuError, Kernel, Recorder};
 use pagedlm::kv::KvDtype;
@@ -429,30 +430,49 @@ gpu_test! {
 
 // ---------------------------------------------------------------- argmax
 
-async fn gpu_argmax(ctx: &Context, logits: &[f32], n_rows: u32, vocab: u32) -> Vec<u32> {
+async fn gpu_argmax(ctx: &Context, logits: &[f32], n_rows: u32, vocab: u32, plan: ArgmaxPlan) -> Vec<u32> {
     let lb = f32_buffer(ctx, logits);
     let ob = ctx.storage_init("out", &vec![0xAAu8; n_rows as usize * 4]);
-    let kernels = argmax::argmax(ctx, &lb, &ob, n_rows, vocab).unwrap();
+    let kernels = argmax::argmax_with(ctx, (&lb, &ob), n_rows, vocab, plan).unwrap();
     run(ctx, &kernels.iter().collect::<Vec<_>>());
     ctx.read_u32(&ob, 0, n_rows as u64).await.unwrap()
 }
 
+/// Every argmax plan to check on `ctx`: its class's own (for SmolLM2's vocab), the two passes,
+/// and one dispatch in a small workgroup (more columns per invocation).
+fn argmax_plans(ctx: &Context) -> [ArgmaxPlan; 3] {
+    [ArgmaxPlan::auto(ctx, 49_152), ArgmaxPlan::TwoPasses, ArgmaxPlan::OneDispatch(8)]
+}
+
 gpu_test! {
     async fn argmax_matches_cpu_on_random_rows() {
-        let ctx = gpu().await;
-        let mut rng = Rng::new(41);
-        // SmolLM2's vocab, vocabs off the 256 partials, smaller than them, a single logit.
-        for (n_rows, vocab) in [(1u32, 49_152u32), (4, 49_152), (3, 49_153), (2, 1000), (5, 255), (2, 257), (3, 1), (1, 7)] {
-            let logits = normals(&mut rng, (n_rows * vocab) as usize, 3.0);
-            let got = gpu_argmax(&ctx, &logits, n_rows, vocab).await;
-            assert_eq!(got, argmax::argmax_cpu(&logits, n_rows as usize, vocab as usize), "argmax {n_rows}x{vocab}");
+        for ctx in variant_contexts().await {
+            let mut rng = Rng::new(41);
+            // SmolLM2's vocab, vocabs off the 256 partials, smaller than them, a single logit.
+            for (n_rows, vocab) in [(1u32, 49_152u32), (4, 49_152), (3, 49_153), (2, 1000), (5, 255), (2, 257), (3, 1), (1, 7)] {
+                let logits = normals(&mut rng, (n_rows * vocab) as usize, 3.0);
+                for plan in argmax_plans(&ctx) {
+                    let got = gpu_argmax(&ctx, &logits, n_rows, vocab, plan).await;
+                    let what = format!("{} {plan:?} argmax {n_rows}x{vocab}", ctx.variant_name());
+                    assert_eq!(got, argmax::argmax_cpu(&logits, n_rows as usize, vocab as usize), "{what}");
+                }
+            }
         }
     }
 }
 
 gpu_test! {
     async fn argmax_edge_cases() {
-        let ctx = gpu().await;
+        for ctx in variant_contexts().await {
+            for plan in argmax_plans(&ctx) {
+                argmax_edge_cases_with(&ctx, plan).await;
+            }
+        }
+    }
+}
+
+async fn argmax_edge_cases_with(ctx: &Context, plan: ArgmaxPlan) {
+    {
         let mut rng = Rng::new(42);
         let vocab = 49_152usize;
         let mut rows: Vec<(&str, Vec<f32>)> = Vec::new();
@@ -494,10 +514,10 @@ gpu_test! {
         zeros[100] = -0.0;
         rows.push(("-0 ties +0", zeros));
         let logits: Vec<f32> = rows.iter().flat_map(|(_, r)| r.iter().copied()).collect();
-        let got = gpu_argmax(&ctx, &logits, rows.len() as u32, vocab as u32).await;
+        let got = gpu_argmax(ctx, &logits, rows.len() as u32, vocab as u32, plan).await;
         let want = argmax::argmax_cpu(&logits, rows.len(), vocab);
         for (i, (what, _)) in rows.iter().enumerate() {
-            assert_eq!(got[i], want[i], "argmax: {what}");
+            assert_eq!(got[i], want[i], "{} {plan:?} argmax: {what}", ctx.variant_name());
         }
         // The reference itself on the cases whose answer is known by construction.
         assert_eq!(want[0] as usize, vocab - 1);
@@ -511,6 +531,42 @@ gpu_test! {
         assert_eq!(want[8], 20_000);
         assert_eq!(want[9], 100);
     }
+}
+
+/// Time of one argmax (µs) per plan on SmolLM2's and Gemma 3's vocabularies, 1 and 8 rows,
+/// natively: `cargo test --test kernels_ops -- --ignored --nocapture argmax_time`. A figure.
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+#[ignore = "measurement: argmax plans"]
+fn argmax_time() {
+    pollster::block_on(async {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(43);
+        for (n_rows, vocab) in [(1u32, 49_152u32), (8, 49_152), (1, 262_144), (8, 262_144)] {
+            let lb = f32_buffer(&ctx, &normals(&mut rng, (n_rows * vocab) as usize, 3.0));
+            let ob = ctx.storage_zeroed("out", n_rows as u64 * 4);
+            let mut line = format!("argmax {n_rows} x {vocab}:");
+            let plans = [ArgmaxPlan::TwoPasses, ArgmaxPlan::OneDispatch(64), ArgmaxPlan::OneDispatch(256)];
+            let kernels: Vec<Vec<Kernel>> = plans.iter().map(|&p| argmax::argmax_with(&ctx, (&lb, &ob), n_rows, vocab, p).unwrap()).collect();
+            let mut best = [f64::INFINITY; 3];
+            for _ in 0..7 {
+                for (k, b) in kernels.iter().zip(best.iter_mut()) {
+                    let t0 = common::now_ms();
+                    let mut rec = pagedlm::gpu::Recorder::new(&ctx, "time");
+                    for _ in 0..20 {
+                        rec.dispatch_all(k);
+                    }
+                    rec.submit();
+                    ctx.read_u32(&ob, 0, 1).await.unwrap();
+                    *b = b.min((common::now_ms() - t0) * 1e3 / 20.0);
+                }
+            }
+            for (p, b) in plans.iter().zip(best) {
+                line += &format!("  {p:?} {b:.1} µs");
+            }
+            common::report(&line);
+        }
+    })
 }
 
 gpu_test! {

@@ -185,7 +185,8 @@ async fn check(ctx: &Context, rng: &mut Rng, heads: &Heads, (dtype, block_size):
     // The fused kernel.
     let (qkv_b, k_b, v_b) = (floats(ctx, &qkv), words(ctx, &k0), words(ctx, &v0));
     let write_b = KvWriteBuffers { qkv: &qkv_b, pool: PoolBuffers { k: &k_b, v: &v_b, block_table: &table }, positions: &positions, row_tables: &row_tables };
-    let norms = heads.qk_norm.then_some(QkNorm { q: &q_norm, k: &k_norm, eps: 1e-6 });
+    let qk_weights = floats(ctx, &[&q_w[..], &k_w[..]].concat());
+    let norms = heads.qk_norm.then_some(QkNorm { weights: &qk_weights, eps: 1e-6 });
     let fused = qkv_heads::qkv_heads(ctx, &write_b, norms, &pool, n as u32, rope_of).unwrap();
     run(ctx, &[&fused]);
 
@@ -296,10 +297,10 @@ gpu_test! {
         let k = ctx.storage_zeroed("k", 3 * 100 * 64 * 4);
         let v = ctx.storage_zeroed("v", 3 * 100 * 64 * 4);
         let (p, t, rt) = (ctx.storage_zeroed("p", 8), ctx.storage_zeroed("t", 16), ctx.storage_zeroed("row_tables", 8));
-        let (w, short) = (ctx.storage_zeroed("w", 64 * 4), ctx.storage_zeroed("short", 63 * 4));
+        let (w, short) = (ctx.storage_zeroed("w", 2 * 64 * 4), ctx.storage_zeroed("short", (2 * 64 - 1) * 4));
         let pool = PoolShape { n_heads: 9, n_kv_heads: 3, head_dim: 64, max_len: 100, block_size: 25, n_blocks: 4, dtype: KvDtype::F32, window: 0 };
         let buffers = |qkv, k, v| KvWriteBuffers { qkv, pool: PoolBuffers { k, v, block_table: &t }, positions: &p, row_tables: &rt };
-        let norms = |q, eps| Some(QkNorm { q, k: &w, eps });
+        let norms = |weights, eps| Some(QkNorm { weights, eps });
         let launch = |b: &KvWriteBuffers<'_>, n: Option<QkNorm<'_>>, pool: PoolShape, n_tokens, base| {
             qkv_heads::qkv_heads(&ctx, b, n, &pool, n_tokens, (base, RopePairing::Norm))
         };
@@ -313,7 +314,7 @@ gpu_test! {
         expect_shape_err(launch(&buffers(&k, &k, &v), None, pool, 1, 1e4), "buffer of its own");
         expect_shape_err(launch(&good, None, pool, 2, -1.0), "base");
         expect_shape_err(launch(&good, None, pool, 2, f32::NAN), "base");
-        expect_shape_err(launch(&good, norms(&short, 1e-6), pool, 2, 1e4), "q_norm needs");
+        expect_shape_err(launch(&good, norms(&short, 1e-6), pool, 2, 1e4), "norm weights needs");
         expect_shape_err(launch(&good, norms(&w, f32::NAN), pool, 2, 1e4), "eps");
         expect_shape_err(launch(&good, norms(&qkv, 1e-6), pool, 2, 1e4), "buffer of its own");
         // An odd head_dim for RoPE (f32 pools take it), and one past the turn table.
@@ -422,7 +423,8 @@ fn fused_against_composition_time() {
                     }
                     composed.push(rope::rope(&ctx, &qkv, &positions, &RopeShape::fused_qkv(&pool, n, rope_of)).unwrap());
                     composed.push(kv_write::write_paged(&ctx, &write, &pool, n).unwrap());
-                    let norms = heads.qk_norm.then_some(QkNorm { q: &weight, k: &weight, eps: 1e-6 });
+                    let qk_weights = floats(&ctx, &rng.vec_uniform(2 * heads.head_dim as usize, 0.2, 2.0));
+                    let norms = heads.qk_norm.then_some(QkNorm { weights: &qk_weights, eps: 1e-6 });
                     let fused = [qkv_heads::qkv_heads(&ctx, &write, norms, &pool, n, rope_of).unwrap()];
                     let (mut c, mut f) = (f64::INFINITY, f64::INFINITY);
                     for _ in 0..5 {

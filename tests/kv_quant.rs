@@ -297,7 +297,7 @@ impl Int8Inputs {
 }
 
 fn plan(path: AttentionPath, chunk: u32) -> Option<AttentionPlan> {
-    Some(AttentionPlan { path, chunk, workgroup_size: 8, single_pass_max_keys: 0 })
+    Some(AttentionPlan { path, chunk, workgroup_size: 8, one_dispatch_max_keys: 0, subgroups: false })
 }
 
 /// (n_heads, n_kv_heads, head_dim): MHA, MQA, SmolLM2's GQA, a wide-head GQA.
@@ -319,7 +319,7 @@ gpu_test! {
                 let inputs = Int8Inputs::new(&ctx, shape, 500 + i as u64 * 11 + block_size as u64);
                 let plans = [
                     None,
-                    Some(AttentionPlan { path: AttentionPath::SplitK, chunk: 32, workgroup_size: 64, single_pass_max_keys: 0 }),
+                    Some(AttentionPlan { path: AttentionPath::SplitK, chunk: 32, workgroup_size: 64, one_dispatch_max_keys: 0, subgroups: false }),
                     plan(AttentionPath::Passes, 8192),
                 ];
                 for plan in plans {

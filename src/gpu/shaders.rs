@@ -1,7 +1,8 @@
 //! Every WGSL source of the crate, by file name (without `.wgsl`).
 //!
 //! A kernel family shares its common code through a prelude file prepended to each kernel's
-//! body (WGSL has no includes): `attention_common` before `attention` and `attention_batch`,
+//! body (WGSL has no includes): `attention_group` (in the `_subgroup` variants, for devices with
+//! subgroups, `attention_group_subgroup`) + `attention_common` before `attention` and `attention_batch`,
 //! `attention_reduce_common` before their reduce kernels, `rms_common` before `rms_norm` and
 //! `head_norm` and `residual_norm`, `quantize_common` before `quantize_act` and after
 //! `rms_common` before the norms that quantize (`rms_norm`, `residual_norm`), `rope_common`
@@ -74,9 +75,11 @@ pub fn source(name: &str) -> Option<&'static str> {
         "matmul_q4_1_subgroup" => matmul_body!("matmul_x_subgroup", "matmul_q4_1"),
         "matmul_q8_0" => matmul_body!("matmul_x", "matmul_q8_0"),
         "matmul_q8_0_subgroup" => matmul_body!("matmul_x_subgroup", "matmul_q8_0"),
-        "attention" => with_prelude!("attention_common", "attention"),
+        "attention" => concat!(wgsl!("attention_group"), "\n", with_prelude!("attention_common", "attention")),
+        "attention_subgroup" => concat!(wgsl!("attention_group_subgroup"), "\n", with_prelude!("attention_common", "attention")),
         "attention_reduce" => with_prelude!("attention_reduce_common", "attention_reduce"),
-        "attention_batch" => with_prelude!("attention_common", "attention_batch"),
+        "attention_batch" => concat!(wgsl!("attention_group"), "\n", with_prelude!("attention_common", "attention_batch")),
+        "attention_batch_subgroup" => concat!(wgsl!("attention_group_subgroup"), "\n", with_prelude!("attention_common", "attention_batch")),
         "attention_batch_reduce" => with_prelude!("attention_reduce_common", "attention_batch_reduce"),
         "quantize_act" => with_prelude!("quantize_common", "quantize_act"),
         other => return quant_source(other),

@@ -360,7 +360,7 @@ impl ForwardGraph {
         nodes.push(Node::Kernels(matmul::matmul_input(ctx, &lw.wqkv, (a.h_in(&lw.wqkv), &a.qkv), n, a.matmul, Epilogue::Store)?));
         // One kernel for the q/k norms, RoPE and the KV write. The pool's dtype picks its
         // variant: INT8 quantizes here and is dequantized inside attention.
-        let qk_norm = lw.qk_norm.as_ref().map(|[q, k]| QkNorm { q, k, eps: cfg.rms_eps });
+        let qk_norm = lw.qk_norm.as_ref().map(|weights| QkNorm { weights, eps: cfg.rms_eps });
         let rope_of = (cfg.layer_rope_base(l as u32), cfg.rope_pairing);
         let pool_buffers = kv.layer_buffers(l);
         let write = KvWriteBuffers { qkv: &a.qkv, pool: pool_buffers, positions: &self.positions, row_tables: &self.row_tables };
@@ -602,7 +602,8 @@ impl ForwardGraph {
         self.kernels().map(|k| k.name).collect()
     }
 
-    /// Number of dispatches one step records (with the current step's attention sizes).
+    /// Number of dispatches one greedy step records (with the current step's attention sizes),
+    /// its argmax included; a sampled step records the sampler's kernels instead of the argmax.
     pub fn dispatch_count(&self) -> usize {
         self.kernels().count()
     }
@@ -641,7 +642,7 @@ impl AttentionBuilder {
         match kind {
             AttentionKind::Sequence => AttentionBuilder::Sequence(pool),
             AttentionKind::Batch => {
-                let plan = BatchPlan::auto(ctx);
+                let plan = BatchPlan::auto(ctx, &pool);
                 let scratch = ctx.storage_zeroed("graph.attention_scratch", AttentionBatch::scratch_bytes(&pool, max_rows, &plan));
                 AttentionBuilder::Batch { pool, plan, scratch }
             }

@@ -22,8 +22,9 @@ pub struct LayerWeights {
     pub w_gate_up: QuantMatrix,
     /// [hidden, ffn]
     pub w_down: QuantMatrix,
-    /// With `ModelConfig::qk_norm`: the per-head norms of q and of k, [head_dim] f32 each.
-    pub qk_norm: Option<[wgpu::Buffer; 2]>,
+    /// With `ModelConfig::qk_norm`: the per-head norms of q and of k in one buffer, [2, head_dim]
+    /// f32, q's first (the layout `qkv_heads` binds, [`crate::gpu::ops::qkv_heads::QkNorm`]).
+    pub qk_norm: Option<wgpu::Buffer>,
     /// With `ModelConfig::post_norms`: the norms of the attention output and of the FFN output
     /// before their residual adds, [hidden] f32 each.
     pub post_norms: Option<[wgpu::Buffer; 2]>,
@@ -67,11 +68,20 @@ pub fn check_types(gguf: &Gguf<'_>) -> Result<(), ModelError> {
 }
 
 fn norm(ctx: &Context, gguf: &Gguf<'_>, name: &str, dim: u32) -> Result<wgpu::Buffer, ModelError> {
-    let (info, data) = gguf.require_tensor(name, &[GgmlType::F32])?;
-    if info.dims.as_slice() != [dim as u64] {
-        return Err(ModelError::Format(format!("{name} has dims {:?}, expected [{dim}]", info.dims)));
+    norms(ctx, gguf, name, &[name], dim)
+}
+
+/// The norm weights `names` ([dim] f32 each) one after the other in one buffer.
+fn norms(ctx: &Context, gguf: &Gguf<'_>, label: &str, names: &[&str], dim: u32) -> Result<wgpu::Buffer, ModelError> {
+    let mut bytes = Vec::with_capacity(names.len() * dim as usize * 4);
+    for name in names {
+        let (info, data) = gguf.require_tensor(name, &[GgmlType::F32])?;
+        if info.dims.as_slice() != [dim as u64] {
+            return Err(ModelError::Format(format!("{name} has dims {:?}, expected [{dim}]", info.dims)));
+        }
+        bytes.extend_from_slice(data);
     }
-    Ok(ctx.storage_init(name, data))
+    Ok(ctx.storage_init(label, &bytes))
 }
 
 /// Layer `l`'s gate and up projections (`p` names its tensors): interleaved when they can be,
@@ -139,10 +149,7 @@ impl Weights {
                     QuantMatrix::upload(ctx, &p("ffn_down"), k, data, cfg.hidden, cfg.ffn)?
                 },
                 qk_norm: match cfg.qk_norm {
-                    true => Some([
-                        norm(ctx, gguf, &p("attn_q_norm.weight"), cfg.head_dim)?,
-                        norm(ctx, gguf, &p("attn_k_norm.weight"), cfg.head_dim)?,
-                    ]),
+                    true => Some(norms(ctx, gguf, &p("attn_qk_norm"), &[&p("attn_q_norm.weight"), &p("attn_k_norm.weight")], cfg.head_dim)?),
                     false => None,
                 },
                 post_norms: match cfg.post_norms {
@@ -168,7 +175,7 @@ impl Weights {
             .layers
             .iter()
             .map(|l| {
-                let extra = l.qk_norm.iter().chain(&l.post_norms).flatten().map(|b| b.size()).sum::<u64>();
+                let extra = l.qk_norm.iter().chain(l.post_norms.iter().flatten()).map(|b| b.size()).sum::<u64>();
                 l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes() + l.attn_norm.size() + l.ffn_norm.size() + extra
             })
             .sum();

@@ -61,7 +61,7 @@ pub fn write_paged(
         n_blocks: pool.n_blocks,
         scale_base,
     };
-    let params = ctx.uniform_init("kv_write.params", bytemuck::bytes_of(&params));
+    let params = ctx.params_init("kv_write.params", bytemuck::bytes_of(&params));
     let int8 = pool.dtype == KvDtype::Int8;
     // INT8: one invocation per group, whose scale needs all of it.
     let per = if int8 { pool.head_dim as u64 } else { KV_WRITE_PER };

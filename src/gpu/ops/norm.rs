@@ -232,7 +232,7 @@ pub fn head_norm(ctx: &Context, x: &wgpu::Buffer, weight: &wgpu::Buffer, shape: 
     check_binding(ctx, OP, "x", x.size())?;
     check_binding(ctx, OP, "weight", weight.size())?;
     let params = HeadNormParams { n_rows, row_stride, first, n_heads, head_dim, eps, _pad: [0; 2] };
-    let params = ctx.uniform_init("head_norm.params", bytemuck::bytes_of(&params));
+    let params = ctx.params_init("head_norm.params", bytemuck::bytes_of(&params));
     let pipeline = ctx.pipeline("head_norm", "main", &[("WG", RMS_NORM_WG as f64)])?;
     let items = n_rows as u64 * n_heads as u64;
     let kernel = Kernel::new(ctx, OP, pipeline, &[whole(x), whole(weight), whole(&params)], grid(ctx, items, RMS_NORM_WG), None);

@@ -14,16 +14,16 @@ use crate::quant::KvDtype;
 const OP: &str = "qkv_heads";
 /// One invocation per (token, head), 64 per workgroup.
 const QKV_HEADS_WG: u64 = 64;
-/// u32 words of the uniform: 8 header words, then rope_common.wgsl's turn table.
+/// u32 words of the parameters: 8 header words, then rope_common.wgsl's turn table.
 const PARAM_WORDS: usize = 8 + TURN_TABLE_WORDS;
 
 /// Per-head RMSNorm weights of the q and k heads (Gemma 3's `attn_q_norm`, `attn_k_norm`).
 #[derive(Clone, Copy)]
 pub struct QkNorm<'a> {
-    /// [head_dim] f32, shared by every q head.
-    pub q: &'a wgpu::Buffer,
-    /// [head_dim] f32, shared by every k head.
-    pub k: &'a wgpu::Buffer,
+    /// [2, head_dim] f32: the weights every q head shares, then those every k head shares. One
+    /// buffer, not two: with its parameters in storage the kernel binds WebGPU's default limit of
+    /// 8 storage buffers per stage.
+    pub weights: &'a wgpu::Buffer,
     /// Finite and >= 0.
     pub eps: f32,
 }
@@ -40,7 +40,7 @@ pub struct QkNorm<'a> {
 ///   [`super::kv_write::write_paged`]; `pool.window` and `pool.max_len` play no part).
 ///
 /// Shape contract: `pool` valid ([`PoolShape`]), n_tokens >= 1, head_dim even and <= 512, the
-/// base finite and > 0, eps finite and >= 0, the norm weights [head_dim]; qkv a buffer of its
+/// base finite and > 0, eps finite and >= 0, the norm weights [2, head_dim]; qkv a buffer of its
 /// own (it is written), the pool's K and V two different buffers.
 pub fn qkv_heads(
     ctx: &Context,
@@ -54,22 +54,20 @@ pub fn qkv_heads(
     let scale_base = check_write(ctx, OP, b, pool, n_tokens)?;
     check_rope(OP, pool.head_dim, base)?;
     let others = [b.pool.k, b.pool.v, b.pool.block_table, b.positions, b.row_tables];
-    if others.contains(&b.qkv) || qk_norm.is_some_and(|n| n.q == b.qkv || n.k == b.qkv) {
+    if others.contains(&b.qkv) || qk_norm.is_some_and(|n| n.weights == b.qkv) {
         return Err(shape_err(OP, "qkv is written: it must be a buffer of its own"));
     }
-    // Without the norms their bindings still need buffers: positions stands in (never read).
-    let (q_norm, k_norm, eps) = match qk_norm {
-        Some(QkNorm { q, k, eps }) => {
+    // Without the norms their binding still needs a buffer: positions stands in (never read).
+    let (norm_weights, eps) = match qk_norm {
+        Some(QkNorm { weights, eps }) => {
             if !(eps.is_finite() && eps >= 0.0) {
                 return Err(shape_err(OP, format!("eps must be finite and >= 0, got {eps}")));
             }
-            for (what, weight) in [("q_norm", q), ("k_norm", k)] {
-                check_size(OP, what, weight, pool.head_dim as u64 * 4)?;
-                check_binding(ctx, OP, what, weight.size())?;
-            }
-            (q, k, eps)
+            check_size(OP, "the q and k norm weights", weights, 2 * pool.head_dim as u64 * 4)?;
+            check_binding(ctx, OP, "the q and k norm weights", weights.size())?;
+            (weights, eps)
         }
-        None => (b.positions, b.positions, 0.0),
+        None => (b.positions, 0.0),
     };
     let mut words = vec![0u32; PARAM_WORDS];
     words[..8].copy_from_slice(&[
@@ -83,7 +81,7 @@ pub fn qkv_heads(
         eps.to_bits(),
     ]);
     words[8..].copy_from_slice(&turn_table(base, pool.head_dim));
-    let params = ctx.uniform_init("qkv_heads.params", bytemuck::cast_slice(&words));
+    let params = ctx.params_init("qkv_heads.params", bytemuck::cast_slice(&words));
     let flag = |on: bool| if on { 1.0 } else { 0.0 };
     let constants = [
         ("WG", QKV_HEADS_WG as f64),
@@ -92,7 +90,8 @@ pub fn qkv_heads(
         ("INT8", flag(pool.dtype == KvDtype::Int8)),
     ];
     let pipeline = ctx.pipeline("qkv_heads", "main", &constants)?;
-    // Bindings 0-6 in kv_write's order (kv_common.wgsl declares 1-3, 5, 6), then the norms.
+    // Bindings 0-6 in kv_write's order (kv_common.wgsl declares 1-3, 5, 6), then the norms: 8
+    // storage buffers, WebGPU's default limit per stage.
     let resources = [
         whole(b.qkv),
         whole(b.pool.k),
@@ -101,16 +100,15 @@ pub fn qkv_heads(
         whole(&params),
         whole(b.pool.block_table),
         whole(b.row_tables),
-        whole(q_norm),
-        whole(k_norm),
+        whole(norm_weights),
     ];
     let items = n_tokens as u64 * (pool.n_heads as u64 + 2 * pool.n_kv_heads as u64);
     let kernel = Kernel::new(ctx, OP, pipeline, &resources, grid(ctx, items, QKV_HEADS_WG), None);
     Ok(kernel.owning(params))
 }
 
-/// CPU reference of what [`qkv_heads`] does to the rows, in place: `qk_norm` = (q weight, k
-/// weight, eps) through [`super::norm::head_norm_cpu`], then [`super::rope::rope_cpu`] on the q
+/// CPU reference of what [`qkv_heads`] does to the rows, in place: `qk_norm` = (q weights, k
+/// weights, eps) through [`super::norm::head_norm_cpu`], then [`super::rope::rope_cpu`] on the q
 /// and k heads. Its pool writes are [`super::kv_write::write_paged_cpu`]'s (or
 /// `write_paged_int8_cpu`'s) of the rows this leaves. qkv: [positions.len(), qkv_row].
 #[cfg(feature = "testing")]

@@ -9,7 +9,7 @@ const OP: &str = "rope";
 const ROPE_WG: u64 = 64;
 /// Pairs the shader's turn table holds (`array<vec4<u32>, 128>`, two pairs per vec4).
 const MAX_PAIRS: u32 = 256;
-/// u32 words of the uniform: 4 header words, then the turn table.
+/// u32 words of the parameters: 4 header words, then the turn table.
 const PARAM_WORDS: usize = 4 + TURN_TABLE_WORDS;
 
 /// Which rows and heads a [`rope`] rotates, and how.
@@ -123,7 +123,7 @@ pub fn rope(ctx: &Context, x: &wgpu::Buffer, positions: &wgpu::Buffer, shape: &R
     let mut words = vec![0u32; PARAM_WORDS];
     words[..4].copy_from_slice(&[n_tokens, row_stride, n_heads, head_dim]);
     words[4..].copy_from_slice(&turn_table(base, head_dim));
-    let params = ctx.uniform_init("rope.params", bytemuck::cast_slice(&words));
+    let params = ctx.params_init("rope.params", bytemuck::cast_slice(&words));
     let neox = if pairing == RopePairing::Neox { 1.0 } else { 0.0 };
     let pipeline = ctx.pipeline("rope", "main", &[("WG", ROPE_WG as f64), ("NEOX", neox)])?;
     let items = n_tokens as u64 * (head_dim / 2) as u64;

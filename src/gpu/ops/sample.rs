@@ -28,8 +28,9 @@
 //! pairwise in parallel; a bucket of one tied key too big to list is resolved by id with
 //! per-part counts.
 //!
-//! **Cost.** A prepare, the argmax's two passes, up to 33 steps and a finish. The steps are
-//! dispatched indirectly: each requests the next only while some row has work, so the steps after
+//! **Cost.** A prepare, the argmax (one dispatch or two, [`super::argmax::ArgmaxPlan`]), up to
+//! 33 steps and a finish. The steps are dispatched indirectly: each requests the next only while
+//! some row has work, so the steps after
 //! the last useful one cost an empty dispatch each (~7 us on lavapipe) instead of a launch. A
 //! step on the row reads it once (`exp` only for members in its range, never in the top-k
 //! search); the usual request reads the row 2-4 times after the argmax (a search's first pass,
@@ -220,7 +221,7 @@ fn args_buffer(ctx: &Context, label: &str, steps: u32) -> wgpu::Buffer {
 /// the contract; shapes are checked here, never at dispatch.
 /// logits: [n_rows, vocab] f32 (read-write), params: [n_rows] RowParams,
 /// history: [n_rings, history_capacity] u32, out: u32 (see [`SampleBuffers`]).
-// Long: the shape checks, then the op's scratch, shape slots and its 37 kernels in recording
+// Long: the shape checks, then the op's scratch, shape slots and its 36 or 37 kernels in recording
 // order; they share the buffers built here.
 pub fn sample(ctx: &Context, buffers: SampleBuffers<'_>, shape: SampleShape) -> Result<Vec<Kernel>, GpuError> {
     const OP: &str = "sample";
@@ -304,6 +305,7 @@ pub fn sample(ctx: &Context, buffers: SampleBuffers<'_>, shape: SampleShape) -> 
     .owning(work.clone())];
     // The argmax ids land in scratch[0..n_rows].
     kernels.extend(argmax(ctx, logits, &scratch, n_rows, vocab)?);
+    let first_step = kernels.len();
     for i in 0..STEPS {
         let bindings = [(0, b(logits)), (1, b(params)), (2, b(&work)), (3, b(&scratch)), (4, shape_at(i + 1)), (7, b(args_of(i + 1)))];
         let mut kernel = Kernel::with_bindings(ctx, "sample.step", step.clone(), &bindings, [step_workgroups as u32, 1, 1]);
@@ -313,7 +315,7 @@ pub fn sample(ctx: &Context, buffers: SampleBuffers<'_>, shape: SampleShape) -> 
     let bindings = [(0, b(logits)), (1, b(params)), (2, b(&work)), (3, b(&scratch)), (4, shape_at(STEPS + 1)), (5, b(history)), (6, b(out))];
     kernels.push(Kernel::with_bindings(ctx, "sample.finish", finish, &bindings, grid(ctx, n, WG as u64)).owning(scratch.clone()));
     // The bind groups hold the scratch buffers; the kernels keep handles to them too.
-    kernels[3].params = Some(shapes);
+    kernels[first_step].params = Some(shapes);
     Ok(kernels)
 }
 

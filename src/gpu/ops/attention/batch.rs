@@ -13,21 +13,23 @@
 //!   kernel combines them. The dispatch is sized by the step's total number of splits, so a row of
 //!   4,000 keys gets 32 invocations per KV head and a row of 100 keys one, and no invocation is
 //!   spent on the gap between a short row and the longest.
-//! - a single pass when every row has at most `single_pass_max_keys` keys: one invocation per
-//!   (row, KV head, head quad), no reduce.
+//! - one dispatch when every row has at most `one_dispatch_max_keys` keys (every step on CPU
+//!   adapters): a workgroup per (row, KV head, head quad, slice) whose invocations split the
+//!   row's keys and combine them in the workgroup, no reduce.
 //!
 //! Rows are never packed together because different sequences read different keys. Prefill rows
 //! are correct here but each reads its keys alone; a long prefill chunk is cheaper through
 //! [`super::Attention`]'s passes, which share every K/V load among 4 rows.
 //!
-//! Bindings: 6 storage buffers (of WebGPU's default 8 per stage) and a uniform; K/V are bound as
-//! `vec4<u32>` for both dtypes (INT8 codes and scales in the same buffers).
+//! Bindings: 8 storage buffers (WebGPU's default limit per stage: the prelude's 7 and the batch
+//! buffer); K/V are bound as `vec4<u32>` for both dtypes (INT8 codes and scales in the same
+//! buffers).
 
 use std::ops::Range;
 
 use super::{
-    check_plan, check_pool, check_rows, main_kernel, main_pipeline, reduce_pipeline, workgroups, MainBindings,
-    MainParams, LANES, MAX_CHUNK,
+    check_plan, check_pool, check_rows, class_plan, main_kernel, main_pipeline, max_chunk, records_bytes,
+    reduce_pipeline, workgroups, KernelMode, MainBindings, MainParams, LANES, MAX_CHUNK,
 };
 use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
 use crate::gpu::ops::{check_binding, check_size, whole};
@@ -36,8 +38,8 @@ use crate::gpu::{shape_err, Context, GpuError, Kernel};
 const OP: &str = "attention_batch";
 /// Most rows of one batch (keeps the row search's back-edges and the u32 indices small).
 pub const MAX_ROWS: u32 = 65_536;
-/// Kernels are [single pass, splits, reduce].
-const SINGLE_KERNEL: usize = 0;
+/// Kernels are [one dispatch (workgroup splits), splits, reduce].
+const ONE_KERNEL: usize = 0;
 const SPLITS_KERNEL: usize = 1;
 
 /// Kernel plan. [`BatchPlan::auto`] picks one from the adapter; the fields are public for tests
@@ -47,20 +49,24 @@ pub struct BatchPlan {
     /// Keys per split; at most [`MAX_CHUNK`]. The batch buffer's `first_split` depends on it.
     pub chunk: u32,
     pub workgroup_size: u32,
-    /// Steps whose longest row has at most this many keys run one single-pass dispatch instead
-    /// of splits + reduce (at most [`MAX_CHUNK`]; 0 splits every step that has a key).
-    pub single_pass_max_keys: u32,
+    /// Steps whose longest row has at most this many keys run one dispatch, its workgroups each
+    /// splitting one row's keys over their invocations, instead of splits + reduce (at most
+    /// `workgroup_size` times [`super::max_chunk`]; 0 splits every step that has a key).
+    pub one_dispatch_max_keys: u32,
+    /// Combine the workgroup splits with subgroup reductions (needs [`Context::has_subgroups`]).
+    pub subgroups: bool,
 }
 
 impl BatchPlan {
-    /// 128-key splits, one single pass up to 256 keys: the crossover measured for the
-    /// single-sequence kernel on both software adapters (about 256-512 keys).
-    pub fn auto(ctx: &Context) -> BatchPlan {
+    /// The adapter class's plan over `pool` (`class_plan` in the module: one dispatch at every
+    /// length on CPU adapters), subgroups wherever the device has them.
+    pub fn auto(ctx: &Context, pool: &PoolShape) -> BatchPlan {
+        let (workgroup_size, one_dispatch, chunk) = class_plan(ctx, pool.max_len);
         BatchPlan {
-            chunk: 128,
-            // Software adapters want small workgroups (many to spread over cores, no barriers).
-            workgroup_size: if ctx.is_cpu() { 8 } else { 64 },
-            single_pass_max_keys: 256,
+            chunk,
+            workgroup_size,
+            one_dispatch_max_keys: one_dispatch.min(workgroup_size * max_chunk(pool)),
+            subgroups: ctx.has_subgroups(1),
         }
     }
 }
@@ -127,9 +133,9 @@ pub struct BatchBuffers<'a> {
     pub batch: &'a wgpu::Buffer,
     /// [max_rows, n_heads * head_dim] f32; rows 0..n_rows of a step are written.
     pub out: &'a wgpu::Buffer,
-    /// The split scratch, [`AttentionBatch::scratch_bytes`] bytes; None allocates one. Layers
-    /// recorded one after the other in one submission may share one (each layer's reduce reads
-    /// it before the next layer's splits write it).
+    /// The scratch, [`AttentionBatch::scratch_bytes`] bytes (the split records, then the
+    /// workgroup splits' records); None allocates one. Layers recorded one after the other in one
+    /// submission may share one (each layer's kernels read it before the next layer's write it).
     pub scratch: Option<&'a wgpu::Buffer>,
 }
 
@@ -145,13 +151,13 @@ struct ReduceParams {
 /// Batched decode attention over the paged pool, built once per layer and recorded every step;
 /// only the dispatch sizes change with the step's rows, never the bind groups.
 pub struct AttentionBatch {
-    /// [single pass, splits, reduce]. Record [`AttentionBatch::kernels`], the ones the current
+    /// [one dispatch, splits, reduce]. Record [`AttentionBatch::kernels`], the ones the current
     /// step needs.
     kernels: Vec<Kernel>,
     plan: BatchPlan,
     pool: PoolShape,
     max_rows: u32,
-    /// Invocations per row (single pass) or per split: KV heads x head quads x head slices.
+    /// Items per row (one dispatch) or per split: KV heads x head quads x head slices.
     items_per_split: u32,
     max_workgroups_per_dim: u32,
     active: Range<usize>,
@@ -174,8 +180,8 @@ impl AttentionBatch {
         if max_rows > MAX_ROWS {
             return Err(shape_err(OP, format!("max_rows {max_rows} is over {MAX_ROWS}")));
         }
-        let plan = plan.unwrap_or_else(|| BatchPlan::auto(ctx));
-        check_plan(ctx, (OP, &pool), plan.chunk, plan.single_pass_max_keys, plan.workgroup_size)?;
+        let plan = plan.unwrap_or_else(|| BatchPlan::auto(ctx, &pool));
+        check_plan(ctx, (OP, &pool), (plan.chunk, plan.one_dispatch_max_keys), (plan.workgroup_size, plan.subgroups))?;
         let b = buffers;
         check_size(OP, "qkv", b.qkv, max_rows as u64 * pool.qkv_row() * 4)?;
         let scale_base = pool.check_buffers(ctx, OP, &b.pool)?;
@@ -192,7 +198,7 @@ impl AttentionBatch {
             return Err(shape_err(OP, format!("{max_rows} rows x {max_splits} splits is too many")));
         }
         let scratch_bytes = AttentionBatch::scratch_bytes(&pool, max_rows, &plan);
-        check_binding(ctx, OP, "the split scratch", scratch_bytes)?;
+        check_binding(ctx, OP, "the scratch", scratch_bytes)?;
         let owned_scratch = match b.scratch {
             Some(buf) => {
                 check_size(OP, "scratch", buf, scratch_bytes)?;
@@ -207,15 +213,18 @@ impl AttentionBatch {
         }
 
         let wg = plan.workgroup_size;
-        let main = |name: &'static str, split: bool, chunk: u32, dst: &wgpu::Buffer| {
-            let pipeline = main_pipeline(ctx, "attention_batch", &pool, split, chunk, wg)?;
-            let bindings = MainBindings { qkv: b.qkv, pool: &b.pool, dst, extra: &[b.batch] };
+        // The splits kernel never touches the records binding; a buffer of its own stands in
+        // there (not the scratch, which it writes through another binding).
+        let unused = ctx.storage_zeroed("attention_batch.unused", 16);
+        let main = |name: &'static str, mode: KernelMode, (dst, state): (&wgpu::Buffer, &wgpu::Buffer)| {
+            let pipeline = main_pipeline(ctx, ("attention_batch", &pool), mode, plan.chunk, (wg, plan.subgroups))?;
+            let bindings = MainBindings { qkv: b.qkv, pool: &b.pool, dst, extra: &[b.batch, state] };
             Ok::<_, GpuError>(main_kernel(ctx, name, &pipeline, &bindings, &params))
         };
-        // Built even when single_pass_max_keys is 0: a step without keys (only padding rows)
+        // Built even when one_dispatch_max_keys is 0: a step without keys (only padding rows)
         // still writes its zeros through it.
-        let single = main("attention_batch.single", false, plan.single_pass_max_keys.max(1), b.out)?;
-        let splits = main("attention_batch.splits", true, plan.chunk, scratch)?;
+        let one = main("attention_batch.one", KernelMode::WorkgroupSplits, (b.out, scratch))?;
+        let splits = main("attention_batch.splits", KernelMode::Splits, (scratch, &unused))?.owning(unused);
         let reduce_params = ReduceParams { max_rows, n_heads: pool.n_heads, max_len: pool.max_len, _pad: 0 };
         let reduce_buf = ctx.params_init("attention_batch.reduce.params", bytemuck::bytes_of(&reduce_params));
         let reduce = Kernel::new(
@@ -228,7 +237,7 @@ impl AttentionBatch {
         )
         .owning(reduce_buf);
         Ok(AttentionBatch {
-            kernels: vec![single, splits, reduce],
+            kernels: vec![one, splits, reduce],
             plan,
             pool,
             max_rows,
@@ -239,12 +248,15 @@ impl AttentionBatch {
         })
     }
 
-    /// Bytes of the split scratch for a pool, a batch capacity and a plan: the worst step,
-    /// max_rows rows of max_len keys, as [max_rows * ceil(max_len / chunk) * n_heads,
-    /// 1 + head_dim/4] vec4.
+    /// Bytes of the scratch for a pool, a batch capacity and a plan: the larger of the split
+    /// records of the worst step, max_rows rows of max_len keys, as [max_rows * ceil(max_len /
+    /// chunk) * n_heads, 1 + head_dim/4] vec4, and the workgroup splits' records of max_rows rows
+    /// (attention_common.wgsl's `state`).
     pub fn scratch_bytes(pool: &PoolShape, max_rows: u32, plan: &BatchPlan) -> u64 {
         let max_splits = pool.max_len.div_ceil(plan.chunk.max(1)) as u64;
-        max_rows as u64 * max_splits * pool.n_heads as u64 * (pool.head_dim as u64 / 4 + 1) * 16
+        let splits = max_rows as u64 * max_splits * pool.n_heads as u64 * (pool.head_dim as u64 / 4 + 1) * 16;
+        let items = pool.group().div_ceil(LANES) as u64 * pool.n_kv_heads as u64 * super::slices(pool) as u64;
+        splits.max(records_bytes(pool, max_rows as u64 * items, plan.workgroup_size.max(1)))
     }
 
     /// Encodes a step's rows (row r = qkv row r = out row r) for the batch buffer:
@@ -283,7 +295,7 @@ impl AttentionBatch {
 
     /// Sizes the dispatches for `step` (encoded by [`AttentionBatch::step`] of an attention with
     /// the same shape and chunk, and written into the batch buffer before the kernels run): a
-    /// single pass when its longest row has at most `single_pass_max_keys` keys, else splits +
+    /// one dispatch when its longest row has at most `one_dispatch_max_keys` keys, else splits +
     /// reduce. Bind groups are untouched.
     pub fn set_step(&mut self, step: &BatchStep) -> Result<(), GpuError> {
         if step.chunk != self.plan.chunk || step.n_rows > self.max_rows {
@@ -300,9 +312,10 @@ impl AttentionBatch {
         let items = self.items_per_split as u64;
         if step.n_rows == 0 {
             self.active = 0..0;
-        } else if step.max_kv_len <= self.plan.single_pass_max_keys || step.total_splits == 0 {
-            self.kernels[SINGLE_KERNEL].workgroups = workgroups(max, wg, step.n_rows as u64 * items);
-            self.active = SINGLE_KERNEL..SINGLE_KERNEL + 1;
+        } else if step.max_kv_len <= self.plan.one_dispatch_max_keys || step.total_splits == 0 {
+            // A workgroup per row's item.
+            self.kernels[ONE_KERNEL].workgroups = workgroups(max, 1, step.n_rows as u64 * items);
+            self.active = ONE_KERNEL..ONE_KERNEL + 1;
         } else {
             self.kernels[SPLITS_KERNEL].workgroups = workgroups(max, wg, step.total_splits as u64 * items);
             let reduce_items = step.n_rows as u64 * self.pool.out_row() / 4;

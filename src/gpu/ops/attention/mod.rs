@@ -8,7 +8,7 @@
 //!   prefill ([`AttentionPlan`]).
 //! - [`AttentionBatch`] (`shaders/attention_batch.wgsl`): a row per sequence (continuous
 //!   batching), the rows of a step described by the host in a small batch buffer. Plans:
-//!   split-K with splits numbered across the batch, or one single pass ([`BatchPlan`]).
+//!   split-K with splits numbered across the batch, or one dispatch of workgroup splits ([`BatchPlan`]).
 //!
 //! Both bodies follow one prelude (`shaders/attention_common.wgsl`: the bindings they share, the
 //! q/K/V loads, the key loop and the write-out) and their split-K reduces follow another
@@ -16,8 +16,21 @@
 //! head_dim) are override constants of the same code. INT8 codes and scales are dequantized in
 //! registers as the key loop loads them, never into an f32 copy of the cache.
 //!
-//! An invocation reads each K/V row once for its 4 lanes; no shared memory, no barriers, which
-//! are costly on CPU adapters (lavapipe, SwiftShader).
+//! An invocation reads each K/V row once for its 4 lanes; no shared memory. Decode runs in one
+//! dispatch at any context ([`KernelMode::WorkgroupSplits`]): the invocations of a workgroup split
+//! one item's keys and combine their softmax states in the workgroup (subgroup reductions where
+//! the device has subgroups, records in storage and one barrier otherwise), so no reduce kernel
+//! follows. Variants per adapter class ([`crate::gpu::AdapterClass`]): CPU adapters take
+//! workgroups of 8 (one SIMD row of lavapipe's, one subgroup: no barrier at all), real GPUs 64
+//! (integrated) or 128 (discrete) and, past a few thousand keys, splits over workgroups with a
+//! reduce (more parallelism than one workgroup per KV head gives them).
+//!
+//! No variant computes in f16 (`shader-f16`): neither software adapter would run it faster
+//! (lavapipe offers the feature but LLVM computes f16 on x86 as f32 with conversions around it;
+//! SwiftShader lacks it), so no such variant can be measured here; and on a real GPU decode
+//! attention at these sizes waits on dispatches and K/V bytes, not on arithmetic: an f16 product
+//! with f32 accumulation saves nothing there unless the pools themselves hold f16 (a KV dtype of
+//! its own, not a kernel variant), while INT8 codes times their scale are exact in f32 already.
 //!
 //! The kernels are large (their key loop is written out, see the prelude): a new pipeline
 //! compiles at its first dispatch in about 0.8 s on lavapipe and 2-4 s on SwiftShader (head_dim
@@ -33,7 +46,7 @@ use std::sync::Arc;
 use super::pool::{PoolBuffers, PoolShape};
 use super::whole;
 use crate::gpu::kernel::split_count;
-use crate::gpu::{shape_err, Context, GpuError, Kernel};
+use crate::gpu::{shape_err, AdapterClass, Context, GpuError, Kernel};
 use crate::quant::KvDtype;
 
 mod batch;
@@ -97,25 +110,64 @@ pub fn max_chunk(pool: &PoolShape) -> u32 {
     MAX_CHUNK / key_cost(pool)
 }
 
-/// Checks the plan fields both kernels share.
+/// Checks the plan fields both kernels share: `one_dispatch_max_keys` keys split over a workgroup
+/// stay within the loop budget per invocation, subgroups only where the device has them.
 fn check_plan(
     ctx: &Context,
     (op, pool): (&'static str, &PoolShape),
-    chunk: u32,
-    single_pass_max_keys: u32,
-    workgroup_size: u32,
+    (chunk, one_dispatch_max_keys): (u32, u32),
+    (workgroup_size, subgroups): (u32, bool),
 ) -> Result<(), GpuError> {
     let max = max_chunk(pool);
     if chunk == 0 || chunk > max {
         return Err(shape_err(op, format!("chunk {chunk} is outside 1..={max} keys (lavapipe's loop budget)")));
     }
-    if single_pass_max_keys > max {
-        return Err(shape_err(op, format!("single_pass_max_keys {single_pass_max_keys} is over {max}")));
-    }
     if workgroup_size == 0 || workgroup_size > ctx.limits.max_compute_invocations_per_workgroup {
         return Err(shape_err(op, format!("workgroup size {workgroup_size} is unsupported")));
     }
+    let max_one = max as u64 * workgroup_size as u64;
+    if one_dispatch_max_keys as u64 > max_one {
+        return Err(shape_err(op, format!("one_dispatch_max_keys {one_dispatch_max_keys} is over {max_one}")));
+    }
+    if subgroups && !ctx.has_subgroups(1) {
+        return Err(shape_err(op, "the plan uses subgroups, which this device lacks"));
+    }
     Ok(())
+}
+
+/// How a main kernel spreads keys over invocations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KernelMode {
+    /// One invocation per item over a range of keys (the passes; one pass over all keys).
+    Whole,
+    /// One invocation per item and split of `chunk` keys, writing split records for a reduce.
+    Splits,
+    /// One workgroup per item, its invocations splitting all its keys and combining them in the
+    /// workgroup (`WG_SPLIT` in attention_common.wgsl): the normalized output, no reduce.
+    WorkgroupSplits,
+}
+
+/// The attention plans' choices that depend on the adapter class ([`crate::gpu::AdapterClass`]):
+/// (workgroup size, keys up to which one workgroup-split dispatch runs, keys per split past it).
+/// CPU adapters: workgroups of 8 (lavapipe runs 8 invocations as one SIMD row, and a subgroup is 8
+/// there), one dispatch at every length (a workgroup per KV head and quad keeps both cores busy
+/// on SmolLM2's 3 KV heads, and a reduce dispatch costs more than the imbalance). Real GPUs
+/// (not measured here, no such device at hand): 64 (integrated) or 128 (discrete) invocations per
+/// workgroup, and past 2,048 keys splits of 128 (integrated) or 64 (discrete) keys over
+/// workgroups with a reduce, which spreads a long context over all the GPU's cores.
+fn class_plan(ctx: &Context, max_len: u32) -> (u32, u32, u32) {
+    match ctx.class() {
+        AdapterClass::Cpu => (8, max_len, 128),
+        AdapterClass::Integrated => (64, 2048.min(max_len), 128),
+        AdapterClass::Discrete => (128, 2048.min(max_len), 64),
+    }
+}
+
+/// Bytes of the records of a [`KernelMode::WorkgroupSplits`] kernel: per item and invocation,
+/// (2 + 4 * D4S) vec4 (attention_common.wgsl's `state`).
+fn records_bytes(pool: &PoolShape, items: u64, workgroup_size: u32) -> u64 {
+    let d4s = (pool.head_dim / 4).min(MAX_SLICE_VEC4) as u64;
+    items * workgroup_size as u64 * (2 + 4 * d4s) * 16
 }
 
 /// Refuses a count of rows (tokens, or a batch's capacity) of 0.
@@ -174,27 +226,37 @@ impl MainParams {
 }
 
 /// The pipeline of an attention kernel's main entry (`shader`: "attention" or "attention_batch"),
-/// specialized for the pool, splitting or not, `chunk` keys per invocation and a workgroup size.
+/// specialized for the pool, the mode, `chunk` keys per invocation (not [`KernelMode::WorkgroupSplits`]),
+/// a workgroup size, and subgroup reductions or not (the `_subgroup` source).
 fn main_pipeline(
     ctx: &Context,
-    shader: &str,
-    pool: &PoolShape,
-    split: bool,
+    (shader, pool): (&str, &PoolShape),
+    mode: KernelMode,
     chunk: u32,
-    workgroup_size: u32,
+    (workgroup_size, subgroups): (u32, bool),
 ) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
     let flag = |on: bool| if on { 1.0 } else { 0.0 };
     let d4 = pool.head_dim / 4;
+    let wg_split = mode == KernelMode::WorkgroupSplits;
     let constants = [
         ("D4", d4 as f64),
         ("D4S", d4.min(MAX_SLICE_VEC4) as f64),
         ("SLICED", flag(slices(pool) > 1)),
-        ("SPLIT", flag(split)),
+        ("SPLIT", flag(mode == KernelMode::Splits)),
         ("CHUNK", chunk as f64),
         ("WG", workgroup_size as f64),
         ("INT8", flag(pool.dtype == KvDtype::Int8)),
+        ("WG_SPLIT", flag(wg_split)),
+        // The workgroup is one subgroup when no subgroup of the device is smaller.
+        ("ONE_GROUP", flag(wg_split && subgroups && ctx.has_subgroups(workgroup_size))),
     ];
-    ctx.pipeline(shader, "main", &constants)
+    // The subgroup source only where its reductions run: the other modes never reach them.
+    let name = match (shader, subgroups && wg_split) {
+        ("attention", true) => "attention_subgroup",
+        ("attention_batch", true) => "attention_batch_subgroup",
+        (other, _) => other,
+    };
+    ctx.pipeline(name, "main", &constants)
 }
 
 /// The pipeline of a split-K reduce (`shader`: "attention_reduce" or "attention_batch_reduce").

@@ -1,9 +1,10 @@
 //! [`Attention`]: every row of a dispatch belongs to one sequence (one `table_base`), with two
 //! plans:
-//! - split-K (flash-decoding) for decode: the key range is cut into `chunk`-key splits spread over
-//!   invocations, each keeping an online softmax, then a reduce kernel combines the splits. The
-//!   number of splits follows the step's context (`set_kv_len`); up to 256 keys one single-pass
-//!   dispatch runs instead.
+//! - split-K (flash-decoding) for decode: up to `one_dispatch_max_keys` (every length on CPU
+//!   adapters) one dispatch whose workgroups each split one item's keys over their invocations
+//!   and combine them in the workgroup; past it the key range is cut into `chunk`-key splits
+//!   spread over invocations, each keeping an online softmax, then a reduce kernel combines the
+//!   splits. The number of splits follows the step's context (`set_kv_len`).
 //! - passes for prefill: one dispatch per `chunk` keys, in order, each merging its keys into the
 //!   normalized output (one dispatch up to `chunk` keys of context).
 //!
@@ -13,15 +14,15 @@
 use std::ops::Range;
 
 use super::{
-    check_plan, check_pool, check_rows, main_kernel, main_pipeline, reduce_pipeline, workgroups, MainBindings,
-    max_chunk, slices, MainParams, LANES, MAX_CHUNK,
+    check_plan, check_pool, check_rows, class_plan, main_kernel, main_pipeline, max_chunk, records_bytes,
+    reduce_pipeline, slices, workgroups, KernelMode, MainBindings, MainParams, LANES, MAX_CHUNK,
 };
 use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
 use crate::gpu::ops::{check_binding, check_size, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
 
 const OP: &str = "attention";
-/// Split-K kernels are [single pass, splits, reduce].
+/// Split-K kernels are [one dispatch (workgroup splits), splits, reduce].
 const SPLITS_KERNEL: usize = 1;
 /// Most passes one attention may prebuild.
 const MAX_PASSES: u32 = 1024;
@@ -34,7 +35,8 @@ pub const SPLIT_MAX_TOKENS: u32 = 16;
 /// Which kernel plan an [`Attention`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionPath {
-    /// Splits of `chunk` keys in parallel, then a reduce kernel (decode).
+    /// One dispatch of workgroup splits up to `one_dispatch_max_keys`, else splits of `chunk`
+    /// keys in parallel, then a reduce kernel (decode).
     SplitK,
     /// Sequential dispatches of `chunk` keys merging into the output (prefill).
     Passes,
@@ -48,25 +50,39 @@ pub struct AttentionPlan {
     /// Keys per invocation: per split (split-K) or per dispatch (passes); at most [`MAX_CHUNK`].
     pub chunk: u32,
     pub workgroup_size: u32,
-    /// Split-K only: up to this kv_len one single-pass dispatch replaces splits + reduce, which
-    /// at short context cost more than they save (measured crossover about 256-512 keys on both
-    /// software adapters). 0 always splits.
-    pub single_pass_max_keys: u32,
+    /// Split-K only: up to this kv_len one dispatch runs, its workgroups each splitting one
+    /// item's keys over their invocations, instead of splits + reduce; at most `workgroup_size`
+    /// times [`super::max_chunk`]. 0 always splits.
+    pub one_dispatch_max_keys: u32,
+    /// Combine the workgroup splits with subgroup reductions (needs [`Context::has_subgroups`]).
+    pub subgroups: bool,
 }
 
 impl AttentionPlan {
     /// The default plan for `n_tokens` query rows over `pool`: up to [`SPLIT_MAX_TOKENS`] split-K
-    /// in 128-key splits (one single pass up to 256 keys); above, passes of 8192 keys (one pass
-    /// for SmolLM2), or as many as the loop budget allows ([`super::max_chunk`]: 7222 for a head
-    /// of 256).
+    /// as the adapter class wants it (`class_plan` in the module: one dispatch at every length on
+    /// CPU adapters); above, passes of 8192 keys (one pass for SmolLM2), or as many as the loop
+    /// budget allows ([`super::max_chunk`]: 7222 for a head of 256). Subgroups wherever the
+    /// device has them.
     pub fn auto(ctx: &Context, n_tokens: u32, pool: &PoolShape) -> AttentionPlan {
         let split = n_tokens <= SPLIT_MAX_TOKENS;
+        let (workgroup_size, one_dispatch, chunk) = class_plan(ctx, pool.max_len);
+        if !split {
+            return AttentionPlan {
+                path: AttentionPath::Passes,
+                chunk: PASS_KEYS.min(max_chunk(pool)),
+                // Software adapters want small workgroups (many to spread over cores, no barriers).
+                workgroup_size: if ctx.is_cpu() { 8 } else { 64 },
+                one_dispatch_max_keys: 0,
+                subgroups: false,
+            };
+        }
         AttentionPlan {
-            path: if split { AttentionPath::SplitK } else { AttentionPath::Passes },
-            chunk: if split { 128 } else { PASS_KEYS.min(max_chunk(pool)) },
-            // Software adapters want small workgroups (many to spread over cores, no barriers).
-            workgroup_size: if ctx.is_cpu() { 8 } else { 64 },
-            single_pass_max_keys: if split { 256 } else { 0 },
+            path: AttentionPath::SplitK,
+            chunk,
+            workgroup_size,
+            one_dispatch_max_keys: one_dispatch.min(workgroup_size * max_chunk(pool)),
+            subgroups: ctx.has_subgroups(1),
         }
     }
 }
@@ -101,7 +117,7 @@ struct ReduceParams {
 /// Decode & prefill attention over the paged pool, built once per (layer, batch shape) and
 /// recorded every step; only the dispatches change with the context, never the bind groups.
 pub struct Attention {
-    /// Every prebuilt dispatch. Split-K: [single pass, splits, reduce]; passes: one per `chunk`
+    /// Every prebuilt dispatch. Split-K: [one dispatch, splits, reduce]; passes: one per `chunk`
     /// keys of max_len. A step records [`Attention::kernels`], the ones its kv_len needs.
     kernels: Vec<Kernel>,
     plan: AttentionPlan,
@@ -133,7 +149,7 @@ impl Attention {
         check_pool(OP, &pool)?;
         check_rows(OP, "n_tokens", n_tokens)?;
         let plan = plan.unwrap_or_else(|| AttentionPlan::auto(ctx, n_tokens, &pool));
-        check_plan(ctx, (OP, &pool), plan.chunk, plan.single_pass_max_keys, plan.workgroup_size)?;
+        check_plan(ctx, (OP, &pool), (plan.chunk, plan.one_dispatch_max_keys), (plan.workgroup_size, plan.subgroups))?;
         let scale_base = check_buffers(ctx, buffers, &pool, n_tokens)?;
 
         let rows = n_tokens as u64 * pool.n_heads as u64;
@@ -157,7 +173,10 @@ impl Attention {
         let scratch_bytes = if split { rows * max_splits as u64 * (pool.head_dim as u64 / 4 + 1) * 16 } else { 4 };
         check_binding(ctx, OP, "the split scratch", scratch_bytes)?;
         let scratch = ctx.storage_zeroed("attention.splits", scratch_bytes);
-        let state = ctx.storage_zeroed("attention.state", rows * slices(&pool) as u64 * 8);
+        // Split-K: the workgroup splits' records; passes: each row's (m, l) so far.
+        let state_bytes = if split { records_bytes(&pool, items_per_split, plan.workgroup_size) } else { rows * slices(&pool) as u64 * 16 };
+        check_binding(ctx, OP, "the workgroup splits' records", state_bytes)?;
+        let state = ctx.storage_zeroed("attention.state", state_bytes);
         let built = Built { buffers, pool: &pool, plan: &plan, params: &params, scratch: &scratch, state: &state };
         let kernels = if split { built.split_kernels(ctx)? } else { built.pass_kernels(ctx, n_chunks)? };
         let mut attention = Attention {
@@ -189,7 +208,7 @@ impl Attention {
                 let items = self.items_per_split as u64 * chunks as u64;
                 self.kernels[SPLITS_KERNEL].workgroups =
                     workgroups(self.max_workgroups_per_dim, self.plan.workgroup_size, items);
-                self.active = if kv_len <= self.plan.single_pass_max_keys { 0..1 } else { SPLITS_KERNEL..3 };
+                self.active = if kv_len <= self.plan.one_dispatch_max_keys { 0..1 } else { SPLITS_KERNEL..3 };
             }
             AttentionPath::Passes => self.active = 0..chunks as usize,
         }
@@ -240,39 +259,34 @@ struct Built<'a> {
 }
 
 impl Built<'_> {
-    /// A main kernel of attention.wgsl writing `dst`, with its own uniform.
+    /// A main kernel of attention.wgsl writing `dst`, with its own uniform, sized for one split's
+    /// or pass's invocations (`per_workgroup` items per workgroup: the workgroup size, or 1 for
+    /// workgroup splits).
     fn main(
         &self,
         ctx: &Context,
-        name: &'static str,
-        pipeline: &std::sync::Arc<wgpu::ComputePipeline>,
-        params: &MainParams,
+        (name, pipeline): (&'static str, &std::sync::Arc<wgpu::ComputePipeline>),
+        (params, per_workgroup): (&MainParams, u32),
         dst: &wgpu::Buffer,
     ) -> Kernel {
         let b = self.buffers;
         let extra = [b.positions, self.state, b.step];
         let bindings = MainBindings { qkv: b.qkv, pool: &b.pool, dst, extra: &extra };
         let mut kernel = main_kernel(ctx, name, pipeline, &bindings, params);
-        kernel.workgroups = self.groups(ctx);
+        let max = ctx.limits.max_compute_workgroups_per_dimension.max(1);
+        kernel.workgroups = workgroups(max, per_workgroup, self.params.items_per_split as u64);
         kernel
     }
 
-    /// Workgroups of one split's or pass's invocations.
-    fn groups(&self, ctx: &Context) -> [u32; 3] {
-        let max = ctx.limits.max_compute_workgroups_per_dimension.max(1);
-        workgroups(max, self.plan.workgroup_size, self.params.items_per_split as u64)
-    }
-
-    /// [single pass, splits, reduce].
+    /// [one dispatch (workgroup splits), splits, reduce].
     fn split_kernels(&self, ctx: &Context) -> Result<Vec<Kernel>, GpuError> {
         let (pool, plan, out) = (self.pool, self.plan, self.buffers.out);
         let wg = plan.workgroup_size;
-        // The single pass for short contexts: the prefill pipeline, one pass over all keys.
-        let single_chunk = PASS_KEYS.min(max_chunk(pool)).max(plan.single_pass_max_keys.max(1));
-        let single_pipeline = main_pipeline(ctx, "attention", pool, false, single_chunk, wg)?;
-        let single = self.main(ctx, "attention.single", &single_pipeline, self.params, out);
-        let splits_pipeline = main_pipeline(ctx, "attention", pool, true, plan.chunk, wg)?;
-        let splits = self.main(ctx, "attention.splits", &splits_pipeline, self.params, self.scratch);
+        let variant = (wg, plan.subgroups);
+        let one_pipeline = main_pipeline(ctx, ("attention", pool), KernelMode::WorkgroupSplits, plan.chunk, variant)?;
+        let one = self.main(ctx, ("attention.one", &one_pipeline), (self.params, 1), out);
+        let splits_pipeline = main_pipeline(ctx, ("attention", pool), KernelMode::Splits, plan.chunk, variant)?;
+        let splits = self.main(ctx, ("attention.splits", &splits_pipeline), (self.params, wg), self.scratch);
         let rows = self.params.rows * pool.n_heads;
         let reduce_params = ReduceParams {
             n_rows: rows,
@@ -291,15 +305,16 @@ impl Built<'_> {
             None,
         )
         .owning(reduce_buf);
-        Ok(vec![single, splits, reduce])
+        Ok(vec![one, splits, reduce])
     }
 
     /// One pass per `chunk` keys of max_len.
     fn pass_kernels(&self, ctx: &Context, n_chunks: u32) -> Result<Vec<Kernel>, GpuError> {
-        let pipeline = main_pipeline(ctx, "attention", self.pool, false, self.plan.chunk, self.plan.workgroup_size)?;
+        let wg = self.plan.workgroup_size;
+        let pipeline = main_pipeline(ctx, ("attention", self.pool), KernelMode::Whole, self.plan.chunk, (wg, false))?;
         let pass = |p: u32| {
             let params = MainParams { pass_begin: p * self.plan.chunk, ..*self.params };
-            self.main(ctx, "attention.pass", &pipeline, &params, self.buffers.out)
+            self.main(ctx, ("attention.pass", &pipeline), (&params, wg), self.buffers.out)
         };
         Ok((0..n_chunks).map(pass).collect())
     }
