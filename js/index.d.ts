@@ -313,6 +313,8 @@ export interface StepProfile {
   bind_groups_created: number;
   /** Host time from starting to record to `queue.submit` returning. */
   host_ms: number;
+  /** The part of host_ms inside queue.submit. */
+  submit_ms: number;
   wall_ms: number;
   /** Sum of `kernels[].ms`. */
   gpu_ms: number;
@@ -346,6 +348,8 @@ export interface Profile {
   blocking_readbacks_per_token: number;
   /** Host record+submit time over a decode step's wall time. */
   host_share_of_decode_step: number;
+  /** The same without the time inside queue.submit (where a driver may wait for the step before). */
+  record_share_of_decode_step: number;
   /** A decode step's wall time over the sum of its kernels' GPU times. */
   decode_wall_over_gpu: number;
 }

@@ -170,7 +170,7 @@ fn profile_prints_one_json_line_with_the_contract_fields() {
         assert_eq!(p["blocking_readbacks_per_token"], 0.0);
         assert_eq!(p["lookahead"], true);
         assert_eq!(decode["bytes_read_back_per_token"], 4.0);
-        for key in ["variant", "host_share_of_decode_step", "decode_wall_over_gpu"] {
+        for key in ["variant", "host_share_of_decode_step", "record_share_of_decode_step", "decode_wall_over_gpu"] {
             assert!(p.get(key).is_some(), "profile output lacks {key}: {p}");
         }
         // The old per-kernel pairs: [name, ms] for every kernel of the step.

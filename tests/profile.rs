@@ -55,6 +55,7 @@ gpu_test!(
         let c4 = ctx.counters().since(&c0);
         assert_eq!((c4.readbacks, c4.bytes_read_back, c4.submits, c4.buffers_created), (1, 32, 2, 4), "{c4:?}");
         assert!(c4.record_submit_ns >= c3.record_submit_ns);
+        assert!(c4.submit_ns <= c4.record_submit_ns, "the submit call is part of recording and submitting: {c4:?}");
     }
 );
 
@@ -198,8 +199,8 @@ async fn per_decode_step(engine: &mut Engine, prompt: &[u32], steps: u32) -> Cou
     // Host times differ run to run; only the counts are compared.
     // Once first, so that both measured runs find the prompt in the prefix cache alike.
     run(engine, 4).await;
-    let short = Counters { record_submit_ns: 0, ..run(engine, 4).await };
-    let long = Counters { record_submit_ns: 0, ..run(engine, 4 + steps).await };
+    let short = Counters { record_submit_ns: 0, submit_ns: 0, ..run(engine, 4).await };
+    let long = Counters { record_submit_ns: 0, submit_ns: 0, ..run(engine, 4 + steps).await };
     let d = long.since(&short);
     let per = |x: u64| {
         assert_eq!(x % steps as u64, 0, "every decode step costs the same: {d:?} over {steps} steps");
@@ -215,6 +216,7 @@ async fn per_decode_step(engine: &mut Engine, prompt: &[u32], steps: u32) -> Cou
         bytes_read_back: per(d.bytes_read_back),
         blocking_readbacks: per(d.blocking_readbacks),
         record_submit_ns: 0,
+        submit_ns: 0,
     }
 }
 

@@ -480,10 +480,11 @@ mod cli {
         let (pf, d) = (&p.prefill, &p.decode);
         let mut out = format!("pagedlm profile on {}\nper-kernel times from {}\n\n", p.adapter, p.method.describe());
         out += &format!("{:<26}{:>16}{:>16}\n", "", format!("prefill {}", pf.tokens), format!("decode @{}", d.context));
-        let rows: [(&str, f64, f64, usize); 11] = [
+        let rows: [(&str, f64, f64, usize); 12] = [
             ("wall ms", pf.wall_ms, d.wall_ms, 2),
             ("GPU ms (sum of kernels)", pf.gpu_ms, d.gpu_ms, 2),
             ("host ms (record+submit)", pf.host_ms, d.host_ms, 3),
+            ("  of which in submit", pf.submit_ms, d.submit_ms, 3),
             ("dispatches", pf.dispatches as f64, d.dispatches as f64, 0),
             ("submits", pf.submits as f64, d.submits as f64, 0),
             ("readbacks", pf.readbacks as f64, d.readbacks as f64, 0),

@@ -348,7 +348,8 @@ impl Context {
 
     /// Counts what a [`super::Recorder`] recorded: its dispatches and its host time (ns) from
     /// the start of recording to `queue.submit` returning.
-    pub(crate) fn count_recording(&self, dispatches: u64, record_submit_ns: u64) {
+    pub(crate) fn count_recording(&self, dispatches: u64, record_submit_ns: u64, submit_ns: u64) {
+        AtomicCounters::add(&self.counters.submit_ns, submit_ns);
         AtomicCounters::add(&self.counters.dispatches, dispatches);
         AtomicCounters::add(&self.counters.record_submit_ns, record_submit_ns);
     }

@@ -157,9 +157,12 @@ impl<'a> Recorder<'a> {
     /// Finishes the command buffer and submits it; hands a held capture back to the context.
     pub fn submit(mut self) -> wgpu::SubmissionIndex {
         self.pass = None;
-        let index = self.ctx.submit(Some(self.encoder.finish()));
-        let ns = ((crate::time::now_ms() - self.started_ms) * 1e6).max(0.0) as u64;
-        self.ctx.count_recording(self.dispatches as u64, ns);
+        let commands = self.encoder.finish();
+        let submitting = crate::time::now_ms();
+        let index = self.ctx.submit(Some(commands));
+        let now = crate::time::now_ms();
+        let ns = |ms: f64| (ms * 1e6).max(0.0) as u64;
+        self.ctx.count_recording(self.dispatches as u64, ns(now - self.started_ms), ns(now - submitting));
         if let Some(capture) = self.capture.take() {
             self.ctx.return_capture(capture);
         }

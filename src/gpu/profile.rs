@@ -25,6 +25,7 @@ pub(crate) struct AtomicCounters {
     pub bytes_read_back: AtomicU64,
     pub blocking_readbacks: AtomicU64,
     pub record_submit_ns: AtomicU64,
+    pub submit_ns: AtomicU64,
 }
 
 impl AtomicCounters {
@@ -44,6 +45,7 @@ impl AtomicCounters {
             bytes_read_back: get(&self.bytes_read_back),
             blocking_readbacks: get(&self.blocking_readbacks),
             record_submit_ns: get(&self.record_submit_ns),
+            submit_ns: get(&self.submit_ns),
         }
     }
 }
@@ -73,6 +75,9 @@ pub struct Counters {
     /// Host time from a [`super::Recorder`]'s creation (the start of recording) to its
     /// `queue.submit` returning, summed over recorders, in nanoseconds.
     pub record_submit_ns: u64,
+    /// The part of `record_submit_ns` spent inside `queue.submit` (a driver may wait there for
+    /// earlier work: lavapipe does while the step before is still running).
+    pub submit_ns: u64,
 }
 
 impl Counters {
@@ -89,6 +94,7 @@ impl Counters {
             bytes_read_back: self.bytes_read_back.saturating_sub(earlier.bytes_read_back),
             blocking_readbacks: self.blocking_readbacks.saturating_sub(earlier.blocking_readbacks),
             record_submit_ns: self.record_submit_ns.saturating_sub(earlier.record_submit_ns),
+            submit_ns: self.submit_ns.saturating_sub(earlier.submit_ns),
         }
     }
 
