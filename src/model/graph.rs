@@ -643,7 +643,7 @@ impl AttentionBuilder {
             AttentionKind::Sequence => AttentionBuilder::Sequence(pool),
             AttentionKind::Batch => {
                 let plan = BatchPlan::auto(ctx, &pool);
-                let scratch = ctx.storage_zeroed("graph.attention_scratch", AttentionBatch::scratch_bytes(&pool, max_rows, &plan));
+                let scratch = ctx.storage_zeroed("graph.attention_scratch", AttentionBatch::scratch_bytes(ctx, &pool, max_rows, &plan));
                 AttentionBuilder::Batch { pool, plan, scratch }
             }
         }

@@ -197,7 +197,7 @@ impl AttentionBatch {
         if max_rows as u64 * max_splits as u64 * params.items_per_split as u64 > u32::MAX as u64 / 2 {
             return Err(shape_err(OP, format!("{max_rows} rows x {max_splits} splits is too many")));
         }
-        let scratch_bytes = AttentionBatch::scratch_bytes(&pool, max_rows, &plan);
+        let scratch_bytes = AttentionBatch::scratch_bytes(ctx, &pool, max_rows, &plan);
         check_binding(ctx, OP, "the scratch", scratch_bytes)?;
         let owned_scratch = match b.scratch {
             Some(buf) => {
@@ -248,15 +248,15 @@ impl AttentionBatch {
         })
     }
 
-    /// Bytes of the scratch for a pool, a batch capacity and a plan: the larger of the split
-    /// records of the worst step, max_rows rows of max_len keys, as [max_rows * ceil(max_len /
-    /// chunk) * n_heads, 1 + head_dim/4] vec4, and the workgroup splits' records of max_rows rows
-    /// (attention_common.wgsl's `state`).
-    pub fn scratch_bytes(pool: &PoolShape, max_rows: u32, plan: &BatchPlan) -> u64 {
+    /// Bytes of the scratch on this device for a pool, a batch capacity and a plan: the larger
+    /// of the split records of the worst step, max_rows rows of max_len keys, as [max_rows *
+    /// ceil(max_len / chunk) * n_heads, 1 + head_dim/4] vec4, and the workgroup splits' records
+    /// of max_rows rows (attention_common.wgsl's `state`; none where a workgroup is one subgroup).
+    pub fn scratch_bytes(ctx: &Context, pool: &PoolShape, max_rows: u32, plan: &BatchPlan) -> u64 {
         let max_splits = pool.max_len.div_ceil(plan.chunk.max(1)) as u64;
         let splits = max_rows as u64 * max_splits * pool.n_heads as u64 * (pool.head_dim as u64 / 4 + 1) * 16;
         let items = pool.group().div_ceil(LANES) as u64 * pool.n_kv_heads as u64 * super::slices(pool) as u64;
-        splits.max(records_bytes(pool, max_rows as u64 * items, plan.workgroup_size.max(1)))
+        splits.max(records_bytes(ctx, pool, max_rows as u64 * items, (plan.workgroup_size.max(1), plan.subgroups)))
     }
 
     /// Encodes a step's rows (row r = qkv row r = out row r) for the batch buffer:

@@ -17,7 +17,7 @@
 //! registers as the key loop loads them, never into an f32 copy of the cache.
 //!
 //! An invocation reads each K/V row once for its 4 lanes; no shared memory. Decode runs in one
-//! dispatch at any context ([`KernelMode::WorkgroupSplits`]): the invocations of a workgroup split
+//! dispatch at any context (workgroup splits, `WG_SPLIT`): the invocations of a workgroup split
 //! one item's keys and combine their softmax states in the workgroup (subgroup reductions where
 //! the device has subgroups, records in storage and one barrier otherwise), so no reduce kernel
 //! follows. Variants per adapter class ([`crate::gpu::AdapterClass`]): CPU adapters take
@@ -163,11 +163,22 @@ fn class_plan(ctx: &Context, max_len: u32) -> (u32, u32, u32) {
     }
 }
 
+/// Whether a workgroup of `workgroup_size` invocations is one subgroup on this device (no
+/// subgroup is smaller), so that with subgroup reductions its splits combine in registers alone
+/// (`ONE_GROUP` in attention_common.wgsl: no records, no barrier).
+fn one_group(ctx: &Context, (workgroup_size, subgroups): (u32, bool)) -> bool {
+    subgroups && ctx.has_subgroups(workgroup_size)
+}
+
 /// Bytes of the records of a [`KernelMode::WorkgroupSplits`] kernel: per item and invocation,
-/// (2 + 4 * D4S) vec4 (attention_common.wgsl's `state`).
-fn records_bytes(pool: &PoolShape, items: u64, workgroup_size: u32) -> u64 {
+/// (2 + 4 * D4S) vec4 (attention_common.wgsl's `state`); a placeholder's 16 bytes where the
+/// workgroup is [`one_group`] and writes none.
+fn records_bytes(ctx: &Context, pool: &PoolShape, items: u64, variant: (u32, bool)) -> u64 {
+    if one_group(ctx, variant) {
+        return 16;
+    }
     let d4s = (pool.head_dim / 4).min(MAX_SLICE_VEC4) as u64;
-    items * workgroup_size as u64 * (2 + 4 * d4s) * 16
+    items * variant.0 as u64 * (2 + 4 * d4s) * 16
 }
 
 /// Refuses a count of rows (tokens, or a batch's capacity) of 0.
@@ -247,8 +258,7 @@ fn main_pipeline(
         ("WG", workgroup_size as f64),
         ("INT8", flag(pool.dtype == KvDtype::Int8)),
         ("WG_SPLIT", flag(wg_split)),
-        // The workgroup is one subgroup when no subgroup of the device is smaller.
-        ("ONE_GROUP", flag(wg_split && subgroups && ctx.has_subgroups(workgroup_size))),
+        ("ONE_GROUP", flag(wg_split && one_group(ctx, (workgroup_size, subgroups)))),
     ];
     // The subgroup source only where its reductions run: the other modes never reach them.
     let name = match (shader, subgroups && wg_split) {

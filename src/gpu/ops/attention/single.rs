@@ -174,7 +174,10 @@ impl Attention {
         check_binding(ctx, OP, "the split scratch", scratch_bytes)?;
         let scratch = ctx.storage_zeroed("attention.splits", scratch_bytes);
         // Split-K: the workgroup splits' records; passes: each row's (m, l) so far.
-        let state_bytes = if split { records_bytes(&pool, items_per_split, plan.workgroup_size) } else { rows * slices(&pool) as u64 * 16 };
+        let state_bytes = match split {
+            true => records_bytes(ctx, &pool, items_per_split, (plan.workgroup_size, plan.subgroups)),
+            false => rows * slices(&pool) as u64 * 16,
+        };
         check_binding(ctx, OP, "the workgroup splits' records", state_bytes)?;
         let state = ctx.storage_zeroed("attention.state", state_bytes);
         let built = Built { buffers, pool: &pool, plan: &plan, params: &params, scratch: &scratch, state: &state };
