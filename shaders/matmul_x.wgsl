@@ -30,3 +30,12 @@ fn x_f32(it: Tile, t: u32, b: u32) -> XF32 {
     return XF32(bitcast<vec4<f32>>(x[at]), bitcast<vec4<f32>>(x[at + 1u]), bitcast<vec4<f32>>(x[at + 2u]), bitcast<vec4<f32>>(x[at + 3u]),
                 bitcast<vec4<f32>>(x[at + 4u]), bitcast<vec4<f32>>(x[at + 5u]), bitcast<vec4<f32>>(x[at + 6u]), bitcast<vec4<f32>>(x[at + 7u]));
 }
+
+// Block b of the prologue's norm weight (NORM; zeros, unread, without).
+fn g_f32(it: Tile, b: u32) -> XF32 {
+    if (!NORM) {
+        return XF32();
+    }
+    let at = b * 8u;
+    return XF32(norm_w[at], norm_w[at + 1u], norm_w[at + 2u], norm_w[at + 3u], norm_w[at + 4u], norm_w[at + 5u], norm_w[at + 6u], norm_w[at + 7u]);
+}

@@ -47,3 +47,13 @@ fn x_f32(it: Tile, t: u32, b: u32) -> XF32 {
     return XF32(subgroupBroadcast(v, 0u), subgroupBroadcast(v, 1u), subgroupBroadcast(v, 2u), subgroupBroadcast(v, 3u),
                 subgroupBroadcast(v, 4u), subgroupBroadcast(v, 5u), subgroupBroadcast(v, 6u), subgroupBroadcast(v, 7u));
 }
+
+// Block b of the prologue's norm weight (NORM; zeros, unread, without): lane l loads vec4 l.
+fn g_f32(it: Tile, b: u32) -> XF32 {
+    if (!NORM) {
+        return XF32();
+    }
+    let v = norm_w[b * 8u + it.x_lane];
+    return XF32(subgroupBroadcast(v, 0u), subgroupBroadcast(v, 1u), subgroupBroadcast(v, 2u), subgroupBroadcast(v, 3u),
+                subgroupBroadcast(v, 4u), subgroupBroadcast(v, 5u), subgroupBroadcast(v, 6u), subgroupBroadcast(v, 7u));
+}
