@@ -1,8 +1,10 @@
 // The prelude of the quantized matmul kernels (matmul_q4_1.wgsl, matmul_q8_0.wgsl, and
 // matmul_blocks.wgsl after quant_common.wgsl and a quant_<type>.wgsl for every other type),
-// prepended to each body, after act_common.wgsl and before one of the two activation preludes
-// (matmul_x.wgsl: every invocation loads what it multiplies; matmul_x_subgroup.wgsl: 8 lanes of a
-// subgroup load an activation block together), when its module is created (src/gpu/shaders.rs):
+// prepended to each body, after act_common.wgsl and before the activation preludes, one of three
+// combinations (src/gpu/shaders.rs): matmul_split.wgsl + matmul_x.wgsl (every invocation loads
+// what it multiplies; split rows summed through workgroup memory), matmul_split_subgroup.wgsl +
+// matmul_x.wgsl (split rows summed within a subgroup, real GPUs), or matmul_x_subgroup.wgsl alone
+// (8 lanes of a subgroup load an activation block together, no split, CPU adapters):
 // y[a, row_base + n] = Σ_k x[a, k] · W[n, k] for a < n_rows and n < rows, with W (one part of a
 // QuantMatrix, src/gpu/ops/matmul/) repacked at upload so that the G rows of a row group lie side
 // by side (G = 4, 8 for Q8_0; each body or quant prelude documents its block layout).
@@ -20,8 +22,10 @@
 // storage load is a loop over the lanes of the SIMD group, each lane's words loaded one by one
 // behind a bounds check, so what a kernel costs there is mostly the words each invocation loads,
 // then the arithmetic. With KSPLIT > 1 (real GPUs) KSPLIT
-// adjacent invocations split a group's blocks and reduce through workgroup memory; CPU adapters
-// use KSPLIT = 1, where the barriers are compiled out. INT8 multiplies the quants with int8
+// invocations split a group's blocks and sum their results, through workgroup memory
+// (matmul_split.wgsl) or within a subgroup (matmul_split_subgroup.wgsl); CPU adapters use
+// KSPLIT = 1, where the barriers are compiled out. The preludes say which invocations share a
+// group (slot_of, k_lane_of) and how they sum (k_reduce). INT8 multiplies the quants with int8
 // activations through dot4I8Packed (llama.cpp's trick): fewer words to load, but activations
 // carry a rounding error of up to half a step of their block's scale.
 //
@@ -66,8 +70,6 @@ override EPILOGUE: u32 = 0u;        // 0 store, 1 add into y, 2 gated activation
 override NORM: bool = false;        // the RMSNorm prologue (see above)
 const MAX_TM: u32 = 16u;
 
-var<workgroup> partial: array<vec4<f32>, WG>;
-var<workgroup> partial_sumsq: array<f32, WG>;
 // Σ x² over the blocks of each tile row this invocation has loaded (NORM). Indexed by the tile
 // row, a constant once the bodies' calls are inlined, so it stays in registers like the tile.
 var<private> sumsq: array<f32, MAX_TM>;
@@ -133,7 +135,7 @@ fn tile_of(ids: Ids) -> Tile {
     // The group index is the fast one: consecutive workgroups share an activation tile.
     it.tile = linear / params.wgs_per_tile;
     it.lane = k_lane_of(ids);
-    it.g = (linear % params.wgs_per_tile) * (WG / KSPLIT) + ids.lid / KSPLIT;
+    it.g = (linear % params.wgs_per_tile) * (WG / KSPLIT) + slot_of(ids);
     it.gc = min(it.g, params.groups - 1u);
     it.a0 = min(it.tile, params.tiles - 1u) * TM;
     it.x_block = select(8u, 3u, INT8);
@@ -154,34 +156,11 @@ struct Reduced {
     sumsq: f32,
 }
 
-// The sums of v and ss over the KSPLIT invocations sharing a group, valid in lane 0, through
-// workgroup memory. With KSPLIT > 1 every invocation of the workgroup must call it (barriers).
-fn ksplit_sum(lid: u32, lane: u32, v: vec4<f32>, ss: f32) -> Reduced {
-    var r = Reduced(v, ss);
-    if (KSPLIT > 1u) {
-        partial[lid] = v;
-        if (NORM) {
-            partial_sumsq[lid] = ss;
-        }
-        workgroupBarrier();
-        if (lane == 0u) {
-            for (var l = 1u; l < KSPLIT; l++) {
-                r.v += partial[lid + l];
-                if (NORM) {
-                    r.sumsq += partial_sumsq[lid + l];
-                }
-            }
-        }
-        workgroupBarrier();
-    }
-    return r;
-}
-
-// Output rows row0..row0+3 of the tile's activation row a0 + t: summed over the KSPLIT lanes,
-// scaled by the row's 1/rms with NORM, and stored by lane 0 (every invocation must call it, see
-// ksplit_sum).
+// Output rows row0..row0+3 of the tile's activation row a0 + t: summed over the KSPLIT lanes
+// (the activation prelude's k_reduce), scaled by the row's 1/rms with NORM, and stored by lane 0
+// (every invocation must call it: barriers or subgroup shuffles).
 fn finish(it: Tile, lid: u32, t: u32, row0: u32, v: vec4<f32>) {
-    let r = ksplit_sum(lid, it.lane, v, sumsq[t]);
+    let r = k_reduce(lid, it.lane, v, sumsq[t]);
     var sum = r.v;
     if (NORM) {
         // As rms_norm computes it: 1 / sqrt(mean + eps).

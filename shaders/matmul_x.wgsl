@@ -1,21 +1,6 @@
 // The activation loads of the matmul kernels when every invocation loads what it multiplies (a
-// prelude after matmul_common.wgsl; matmul_x_subgroup.wgsl is the other one, with the same
-// functions). The entry point's inputs are `Ids`.
-
-struct Ids {
-    @builtin(local_invocation_index) lid: u32,
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-}
-
-// Its place among the KSPLIT invocations sharing a group.
-fn k_lane_of(ids: Ids) -> u32 {
-    return ids.lid % KSPLIT;
-}
-
-fn x_lane_of(ids: Ids) -> u32 {
-    return 0u;
-}
+// prelude after matmul_common.wgsl and a split prelude, matmul_split.wgsl or
+// matmul_split_subgroup.wgsl; matmul_x_subgroup.wgsl is the other kind, with the same functions).
 
 // Block b of the tile's activation row a0 + t, int8 (INT8).
 fn x_int8(it: Tile, t: u32, b: u32) -> XInt8 {

@@ -288,13 +288,15 @@ gpu_test! {
         let ctx = gpu().await;
         let mut rng = Rng::new(15);
         // The split-row variant (real GPUs) runs here too, so it is tested on CPU adapters; the
-        // shared-load variant wherever the device has subgroups of 8.
+        // shared-load variant and the split rows summed within subgroups wherever the device has
+        // subgroups of 8 (lavapipe: of exactly 8, so 8-way splits fill a subgroup and 4-way ones
+        // put two groups in each).
         let mut configs = Vec::new();
-        let shared: &[bool] = if ctx.has_subgroups(8) { &[false, true] } else { &[false] };
+        let subgroups: &[bool] = if ctx.has_subgroups(8) { &[false, true] } else { &[false] };
         for int8_activations in [false, true] {
             let c = |tile_rows, k_split, workgroup, subgroup| MatmulConfig { tile_rows, k_split, workgroup, subgroup, int8_activations };
-            configs.extend([c(1, 8, 64, false), c(4, 8, 64, false), c(3, 4, 16, false)]);
-            for &subgroup in shared {
+            for &subgroup in subgroups {
+                configs.extend([c(1, 8, 64, subgroup), c(4, 8, 64, subgroup), c(3, 4, 16, subgroup), c(2, 2, 256, subgroup)]);
                 configs.extend([1, 3, 8, MAX_TILE_ROWS].map(|tile_rows| c(tile_rows, 1, 16, subgroup)));
             }
         }
@@ -547,6 +549,34 @@ gpu_test! {
     }
 }
 
+gpu_test! {
+    async fn every_adapter_class_variant_matches_cpu() {
+        // The variant each adapter class picks (MatmulConfig::for_device), with and without the
+        // optional features, all on this machine's adapter: a handful of shapes per variant, since
+        // every pipeline is a compile.
+        let mut rng = Rng::new(27);
+        for ctx in common::variant_contexts().await {
+            // Every type in decode (a partial last group).
+            for (t, cols) in every_type() {
+                check(&ctx, &mut rng, t, 67, cols, 1, None).await;
+            }
+            // The two bodies of their own at a batch and a prefill chunk with a partial last tile,
+            // with int8 activations too (the split and reduction are theirs as well).
+            for kind in [GgmlKind::Q4_1, GgmlKind::Q8_0] {
+                for n_rows in [5, 19] {
+                    check(&ctx, &mut rng, kind, 203, 576, n_rows, None).await;
+                }
+                let int8 = MatmulConfig { int8_activations: true, ..MatmulConfig::for_device(&ctx, 3) };
+                check(&ctx, &mut rng, kind, 203, 576, 3, Some(int8)).await;
+            }
+            // The norm prologue, alone and with the gated epilogue (llama's gate/up).
+            check_norm(&ctx, &mut rng, GgmlKind::Q4_K, (96, 512), 3, MatmulConfig::for_device(&ctx, 3)).await;
+            let (_, g) = norm_inputs(&mut rng, 1, 576);
+            check_epilogues(&ctx, &mut rng, GgmlKind::Q4_1, (102, 576), 1, (MatmulConfig::for_device(&ctx, 1), Some((&g, 1e-5))), &[Activation::Silu]).await;
+        }
+    }
+}
+
 /// Every type pagedlm computes with, and a shape it accepts: (type, cols), cols a whole number of
 /// its blocks (K-quants: 256).
 fn every_type() -> Vec<(GgmlType, u32)> {
@@ -710,6 +740,18 @@ gpu_test! {
         assert!(e.contains("n_rows"), "{e}");
         let e = merr(matmul_with(&ctx, &w, &x_ok, &y_ok, n_rows, MatmulConfig { tile_rows: MAX_TILE_ROWS + 1, ..MatmulConfig::for_device(&ctx, 1) }));
         assert!(e.contains("configuration"), "{e}");
+        // Subgroups: splits summed within one need a power of two that fits in one; shared loads
+        // need subgroups of 8.
+        let sub = |k_split, workgroup| MatmulConfig { tile_rows: 1, k_split, workgroup, subgroup: true, int8_activations: false };
+        let e = merr(matmul_with(&ctx, &w, &x_ok, &y_ok, n_rows, sub(6, 48)));
+        assert!(e.contains("power of two"), "{e}");
+        let too_wide = ctx.info.subgroup_min_size.max(4) * 2;
+        let e = merr(matmul_with(&ctx, &w, &x_ok, &y_ok, n_rows, sub(too_wide, too_wide)));
+        assert!(e.contains("subgroups of at least"), "{e}");
+        if !ctx.has_subgroups(8) {
+            let e = merr(matmul_with(&ctx, &w, &x_ok, &y_ok, n_rows, sub(1, 16)));
+            assert!(e.contains("subgroups of at least 8"), "{e}");
+        }
         assert!(matmul(&ctx, &w, &x_ok, &y_ok, n_rows).is_ok());
 
         let ids = ctx.storage_zeroed("ids", 8);

@@ -44,7 +44,7 @@ use super::act::Activation;
 use super::{check_binding, check_size, whole};
 use crate::gguf::GgmlType;
 use crate::gpu::kernel::split_workgroups;
-use crate::gpu::{shape_err, Context, GpuError, Kernel};
+use crate::gpu::{shape_err, AdapterClass, Context, GpuError, Kernel};
 use crate::quant::QK;
 use layout::Layout;
 #[cfg(feature = "testing")]
@@ -242,7 +242,7 @@ fn upload_run(ctx: &Context, run: Run<'_>, out: &mut Vec<Part>) -> Result<(), Gp
     Ok(())
 }
 
-/// How the matmul kernel is specialized. [`MatmulConfig::for_device`] picks the measured best;
+/// How the matmul kernel is specialized. [`MatmulConfig::for_device`] picks one per adapter class;
 /// tests and benchmarks set fields to exercise the other variants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatmulConfig {
@@ -252,9 +252,11 @@ pub struct MatmulConfig {
     pub k_split: u32,
     /// Invocations per workgroup, a multiple of `k_split`.
     pub workgroup: u32,
-    /// Load each activation block once per 8 lanes of a subgroup and broadcast it
-    /// (`shaders/matmul_x_subgroup.wgsl`): needs [`Context::has_subgroups`]`(8)`, `k_split` 1 and
-    /// a workgroup of a multiple of 8.
+    /// Use subgroups ([`Context::has_subgroups`]): with `k_split` 1, load each activation block
+    /// once per 8 lanes and broadcast it (`shaders/matmul_x_subgroup.wgsl`; subgroups of at least
+    /// 8 and a workgroup of a multiple of 8); with `k_split` > 1 (a power of two), sum the split
+    /// rows within a subgroup by shuffles instead of through workgroup memory
+    /// (`shaders/matmul_split_subgroup.wgsl`; subgroups of at least `k_split`).
     pub subgroup: bool,
     /// Multiply int8-quantized activations (per 32-value block) with `dot4I8Packed`, as llama.cpp
     /// does, in the parts with an int8 body (Q4_1, Q8_0). Not exact: see [`int8_error_bound`].
@@ -267,24 +269,50 @@ pub const MAX_TILE_ROWS: u32 = 16;
 /// Lanes of a subgroup that load an activation block together (`matmul_x_subgroup.wgsl`).
 const SUBGROUP_LANES: u32 = 8;
 
+/// The activation preludes a matmul kernel is built with (`src/gpu/shaders.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Preludes {
+    /// `matmul_split` + `matmul_x`: every invocation loads what it multiplies, split rows summed
+    /// through workgroup memory.
+    Plain,
+    /// `matmul_x_subgroup`: activation blocks shared through subgroup broadcasts, no split.
+    SharedLoads,
+    /// `matmul_split_subgroup` + `matmul_x`: split rows summed within a subgroup.
+    SubgroupSum,
+}
+
 impl MatmulConfig {
-    /// The variant for this adapter and batch. CPU adapters: register tiles of up to 16
-    /// activation rows, whole rows per invocation in workgroups of 16, activation blocks shared
-    /// through subgroups where there are some (lavapipe); measured on lavapipe (medians of 5
-    /// alternating rounds, CPU time): a 512-row Q4_1 prefill (576→1536) 2.7× faster than the
-    /// 8-row tiles before, decode matvecs 1.35-1.5×. Activations stay f32 unless asked otherwise:
-    /// int8 activations are faster (with shared loads at most 5% in decode and 1.36× in prefill;
-    /// without them, SwiftShader's case, they cut the words loaded per block from 32 to 10: 2.2×
-    /// in prefill and 1.2× in decode on lavapipe's plain path), but their rounding, like
-    /// llama.cpp's, moves SmolLM2's logits by up to ~2.5 and misses 3 of llama.cpp's clear steps
-    /// in tests/golden.rs (96.0% top-1 agreement against 98.1% with f32; the fidelity bar is all
-    /// of them).
-    /// Other adapters (not measured: no real GPU at hand): 8-way split rows in 64-wide
-    /// workgroups, tiles of up to 4 rows, f32 activations: real GPUs are not short of load
-    /// bandwidth for activations, and int8 would add a quantizing dispatch where the attention
-    /// output and the FFN activation feed a matmul, where per-dispatch overhead is what small
-    /// models pay for. [`ContextOptions::int8_activations`](crate::gpu::ContextOptions) overrides
-    /// the int8 choice on any adapter.
+    /// The variant for this adapter's class ([`Context::class`]) and batch.
+    ///
+    /// CPU adapters: register tiles of up to 16 activation rows, whole rows per invocation in
+    /// workgroups of 16, activation blocks shared through subgroups where there are some
+    /// (lavapipe); measured on lavapipe (medians of 5 alternating rounds, CPU time): a 512-row
+    /// Q4_1 prefill (576→1536) 2.7× faster than the 8-row tiles before, decode matvecs 1.35-1.5×.
+    ///
+    /// Real GPUs (not measured: no real GPU at hand; the choices follow what GPU matvec kernels
+    /// do, e.g. llama.cpp's Vulkan and Metal ones): a row group's blocks split over `k_split`
+    /// invocations, so that a decode matvec keeps many invocations busy on few rows and adjacent
+    /// invocations read adjacent blocks; the split summed within a subgroup where the device's
+    /// subgroups hold it (`has_subgroups(k_split)`: NVIDIA, AMD, Apple; no barriers, no workgroup
+    /// memory) and through workgroup memory otherwise. Integrated GPUs: 8-way splits in
+    /// workgroups of 64 (8 groups, 32 output rows per workgroup), tiles of up to 4 rows;
+    /// discrete GPUs: 16-way splits in workgroups of 256 (16 groups, 64 rows), tiles of up to 8
+    /// rows (more registers per invocation). No `shader-f16` variant: a decode matvec on a GPU is
+    /// bound by the bytes of weights it streams, which f16 arithmetic does not change (the
+    /// weights stay packed and are converted by one instruction per word, `unpack2x16float`,
+    /// `unpack4xU8`), while f16 products would round each activation to 11 bits, ~100× the f32
+    /// kernels' error; a prefill on a GPU would gain from f16 math only in a shared-memory tiled
+    /// kernel, which this register-tiled one is not.
+    ///
+    /// Activations stay f32 unless asked otherwise: int8 activations are faster on CPU adapters
+    /// (with shared loads at most 5% in decode and 1.36× in prefill; without them, SwiftShader's
+    /// case, they cut the words loaded per block from 32 to 10: 2.2× in prefill and 1.2× in
+    /// decode on lavapipe's plain path), but their rounding, like llama.cpp's, moves SmolLM2's
+    /// logits by up to ~2.5 and misses 3 of llama.cpp's clear steps in tests/golden.rs (96.0%
+    /// top-1 agreement against 98.1% with f32; the fidelity bar is all of them); on GPUs they
+    /// would add a quantizing dispatch where the attention output and the FFN activation feed a
+    /// matmul. [`ContextOptions::int8_activations`](crate::gpu::ContextOptions) overrides the
+    /// int8 choice on any adapter.
     pub fn for_device(ctx: &Context, n_rows: u32) -> MatmulConfig {
         let tile_rows = match n_rows {
             0..=1 => 1,
@@ -293,12 +321,26 @@ impl MatmulConfig {
             5..=8 => 8,
             _ => MAX_TILE_ROWS,
         };
-        let subgroup = ctx.is_cpu() && ctx.has_subgroups(SUBGROUP_LANES);
         let int8_activations = ctx.int8_activations.unwrap_or(false);
-        if ctx.is_cpu() {
-            MatmulConfig { tile_rows, k_split: 1, workgroup: 16, subgroup, int8_activations }
-        } else {
-            MatmulConfig { tile_rows: tile_rows.min(4), k_split: 8, workgroup: 64, subgroup: false, int8_activations }
+        let (max_tile, k_split, workgroup) = match ctx.class() {
+            AdapterClass::Cpu => {
+                let subgroup = ctx.has_subgroups(SUBGROUP_LANES);
+                return MatmulConfig { tile_rows, k_split: 1, workgroup: 16, subgroup, int8_activations };
+            }
+            AdapterClass::Integrated => (4, 8, 64),
+            AdapterClass::Discrete => (8, 16, 256),
+        };
+        // A device may offer fewer invocations per workgroup (WebGPU's default is 256).
+        let workgroup = workgroup.min(ctx.limits.max_compute_invocations_per_workgroup / k_split * k_split);
+        MatmulConfig { tile_rows: tile_rows.min(max_tile), k_split, workgroup, subgroup: ctx.has_subgroups(k_split), int8_activations }
+    }
+
+    /// The activation preludes of this variant.
+    pub(crate) fn preludes(&self) -> Preludes {
+        match (self.subgroup, self.k_split) {
+            (false, _) => Preludes::Plain,
+            (true, 1) => Preludes::SharedLoads,
+            (true, _) => Preludes::SubgroupSum,
         }
     }
 
@@ -311,11 +353,19 @@ impl MatmulConfig {
         if workgroup > ctx.limits.max_compute_invocations_per_workgroup {
             return Err(format!("workgroup of {workgroup} exceeds the device's {}", ctx.limits.max_compute_invocations_per_workgroup));
         }
-        if subgroup && (k_split != 1 || workgroup % SUBGROUP_LANES != 0) {
-            return Err(format!("invalid kernel configuration {self:?}: shared activation loads need k_split 1 and a workgroup of a multiple of {SUBGROUP_LANES}"));
-        }
-        if subgroup && !ctx.has_subgroups(SUBGROUP_LANES) {
-            return Err(format!("kernel configuration {self:?} needs subgroups of at least {SUBGROUP_LANES} invocations, which this device lacks"));
+        let lanes = match self.preludes() {
+            Preludes::Plain => return Ok(()),
+            Preludes::SharedLoads if workgroup % SUBGROUP_LANES != 0 => {
+                return Err(format!("invalid kernel configuration {self:?}: shared activation loads need a workgroup of a multiple of {SUBGROUP_LANES}"));
+            }
+            Preludes::SharedLoads => SUBGROUP_LANES,
+            Preludes::SubgroupSum if !k_split.is_power_of_two() => {
+                return Err(format!("invalid kernel configuration {self:?}: split rows summed within a subgroup need k_split a power of two"));
+            }
+            Preludes::SubgroupSum => k_split,
+        };
+        if subgroup && !ctx.has_subgroups(lanes) {
+            return Err(format!("kernel configuration {self:?} needs subgroups of at least {lanes} invocations, which this device lacks"));
         }
         Ok(())
     }
@@ -527,7 +577,7 @@ fn part_kernel(
     (config, norm): (MatmulConfig, Option<(&wgpu::Buffer, f32)>),
     epilogue: Epilogue,
 ) -> Result<Kernel, GpuError> {
-    let MatmulConfig { tile_rows, k_split, workgroup, subgroup, int8_activations } = config;
+    let MatmulConfig { tile_rows, k_split, workgroup, int8_activations, .. } = config;
     let wgs_per_tile = part.groups.div_ceil(workgroup / k_split);
     let tiles = n_rows.div_ceil(tile_rows);
     let workgroups = linear_grid(ctx, "matmul", wgs_per_tile as u64 * tiles as u64)?;
@@ -548,7 +598,7 @@ fn part_kernel(
         Epilogue::Gated(act) => (2.0, if act == Activation::GeluTanh { 1.0 } else { 0.0 }),
     };
     let uniform = ctx.params_init("matmul.params", bytemuck::bytes_of(&params));
-    let name = part.layout.matmul_shader(subgroup);
+    let name = part.layout.matmul_shader(config.preludes());
     let pipeline = ctx.pipeline(
         name,
         "main",
