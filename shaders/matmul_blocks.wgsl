@@ -19,9 +19,10 @@ fn halves_dot(c: Chunk, v: XF32) -> vec2<f32> {
                      (dot(c.q[4], v[4]) + dot(c.q[5], v[5])) + (dot(c.q[6], v[6]) + dot(c.q[7], v[7])));
 }
 
-// The 4 rows' sums over chunk kc of the tile's activation row a0 + t.
-fn blocks_row(cs: Chunks, it: Tile, t: u32, kc: u32) -> vec4<f32> {
-    let v = x_f32(it, t, kc);
+// The 4 rows' sums over chunk kc of the tile's activation row a0 + t (g: the norm weight's
+// block, NORM).
+fn blocks_row(cs: Chunks, g: XF32, it: Tile, t: u32, kc: u32) -> vec4<f32> {
+    let v = x_in(it, t, kc, g);
     let p0 = halves_dot(cs.c0, v);
     let p1 = halves_dot(cs.c1, v);
     let p2 = halves_dot(cs.c2, v);
@@ -46,22 +47,23 @@ fn main(ids: Ids) {
     let n0 = it.gc * 4u;
     for (var kc = k_lane_of(ids); kc < params.nb; kc += KSPLIT) {
         let cs = Chunks(decode(n0, kc, params.nb), decode(n0 + 1u, kc, params.nb), decode(n0 + 2u, kc, params.nb), decode(n0 + 3u, kc, params.nb));
-        acc[0] += blocks_row(cs, it, 0u, kc);
-        if (TM > 1u) { acc[1] += blocks_row(cs, it, 1u, kc); }
-        if (TM > 2u) { acc[2] += blocks_row(cs, it, 2u, kc); }
-        if (TM > 3u) { acc[3] += blocks_row(cs, it, 3u, kc); }
-        if (TM > 4u) { acc[4] += blocks_row(cs, it, 4u, kc); }
-        if (TM > 5u) { acc[5] += blocks_row(cs, it, 5u, kc); }
-        if (TM > 6u) { acc[6] += blocks_row(cs, it, 6u, kc); }
-        if (TM > 7u) { acc[7] += blocks_row(cs, it, 7u, kc); }
-        if (TM > 8u) { acc[8] += blocks_row(cs, it, 8u, kc); }
-        if (TM > 9u) { acc[9] += blocks_row(cs, it, 9u, kc); }
-        if (TM > 10u) { acc[10] += blocks_row(cs, it, 10u, kc); }
-        if (TM > 11u) { acc[11] += blocks_row(cs, it, 11u, kc); }
-        if (TM > 12u) { acc[12] += blocks_row(cs, it, 12u, kc); }
-        if (TM > 13u) { acc[13] += blocks_row(cs, it, 13u, kc); }
-        if (TM > 14u) { acc[14] += blocks_row(cs, it, 14u, kc); }
-        if (TM > 15u) { acc[15] += blocks_row(cs, it, 15u, kc); }
+        let g = g_f32(it, kc);
+        acc[0] += blocks_row(cs, g, it, 0u, kc);
+        if (TM > 1u) { acc[1] += blocks_row(cs, g, it, 1u, kc); }
+        if (TM > 2u) { acc[2] += blocks_row(cs, g, it, 2u, kc); }
+        if (TM > 3u) { acc[3] += blocks_row(cs, g, it, 3u, kc); }
+        if (TM > 4u) { acc[4] += blocks_row(cs, g, it, 4u, kc); }
+        if (TM > 5u) { acc[5] += blocks_row(cs, g, it, 5u, kc); }
+        if (TM > 6u) { acc[6] += blocks_row(cs, g, it, 6u, kc); }
+        if (TM > 7u) { acc[7] += blocks_row(cs, g, it, 7u, kc); }
+        if (TM > 8u) { acc[8] += blocks_row(cs, g, it, 8u, kc); }
+        if (TM > 9u) { acc[9] += blocks_row(cs, g, it, 9u, kc); }
+        if (TM > 10u) { acc[10] += blocks_row(cs, g, it, 10u, kc); }
+        if (TM > 11u) { acc[11] += blocks_row(cs, g, it, 11u, kc); }
+        if (TM > 12u) { acc[12] += blocks_row(cs, g, it, 12u, kc); }
+        if (TM > 13u) { acc[13] += blocks_row(cs, g, it, 13u, kc); }
+        if (TM > 14u) { acc[14] += blocks_row(cs, g, it, 14u, kc); }
+        if (TM > 15u) { acc[15] += blocks_row(cs, g, it, 15u, kc); }
     }
     finish(it, ids.lid, 0u, n0, acc[0]);
     if (TM > 1u) { finish(it, ids.lid, 1u, n0, acc[1]); }

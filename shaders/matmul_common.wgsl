@@ -1,8 +1,10 @@
 // The prelude of the quantized matmul kernels (matmul_q4_1.wgsl, matmul_q8_0.wgsl, and
 // matmul_blocks.wgsl after quant_common.wgsl and a quant_<type>.wgsl for every other type),
-// prepended to each body, after act_common.wgsl and before one of the two activation preludes
-// (matmul_x.wgsl: every invocation loads what it multiplies; matmul_x_subgroup.wgsl: 8 lanes of a
-// subgroup load an activation block together), when its module is created (src/gpu/shaders.rs):
+// prepended to each body, after act_common.wgsl and before the activation preludes, one of three
+// combinations (src/gpu/shaders.rs): matmul_split.wgsl + matmul_x.wgsl (every invocation loads
+// what it multiplies; split rows summed through workgroup memory), matmul_split_subgroup.wgsl +
+// matmul_x.wgsl (split rows summed within a subgroup, real GPUs), or matmul_x_subgroup.wgsl alone
+// (8 lanes of a subgroup load an activation block together, no split, CPU adapters):
 // y[a, row_base + n] = Σ_k x[a, k] · W[n, k] for a < n_rows and n < rows, with W (one part of a
 // QuantMatrix, src/gpu/ops/matmul/) repacked at upload so that the G rows of a row group lie side
 // by side (G = 4, 8 for Q8_0; each body or quant prelude documents its block layout).
@@ -20,10 +22,21 @@
 // storage load is a loop over the lanes of the SIMD group, each lane's words loaded one by one
 // behind a bounds check, so what a kernel costs there is mostly the words each invocation loads,
 // then the arithmetic. With KSPLIT > 1 (real GPUs) KSPLIT
-// adjacent invocations split a group's blocks and reduce through workgroup memory; CPU adapters
-// use KSPLIT = 1, where the barriers are compiled out. INT8 multiplies the quants with int8
+// invocations split a group's blocks and sum their results, through workgroup memory
+// (matmul_split.wgsl) or within a subgroup (matmul_split_subgroup.wgsl); CPU adapters use
+// KSPLIT = 1, where the barriers are compiled out. The preludes say which invocations share a
+// group (slot_of, k_lane_of) and how they sum (k_reduce). INT8 multiplies the quants with int8
 // activations through dot4I8Packed (llama.cpp's trick): fewer words to load, but activations
 // carry a rounding error of up to half a step of their block's scale.
+//
+// NORM is the input prologue, the RMSNorm before the matmul (so that it needs no dispatch of its
+// own): the body multiplies x̂ = g ⊙ x / rms(x) with g = norm_w (binding 4, [nb · 32] f32) and
+// rms(x) = sqrt(mean(x²) + eps) over the whole activation row. 1/rms(x) is one factor per row, so
+// the body multiplies g ⊙ x (x_in) and finish scales the finished sums by it; the sum of squares
+// is taken from the blocks the invocation loads anyway (every invocation walks the whole row, or
+// its KSPLIT lanes share it and reduce it with their results), so the norm costs no extra pass
+// over x, only the loads of g and a few multiplies per block. f32 activations only (INT8 reads
+// activations quantized by the norm kernel, which then runs as a dispatch of its own).
 //
 // EPILOGUE says what is done with a result (store4), so that the kernel after a matmul need not
 // run: 0 stores it; 1 adds it to y (the residual add, y = x of the block); 2 is the gated FFN:
@@ -40,20 +53,26 @@ struct Params {
     tiles: u32,         // ceil(n_rows / TM)
     y_stride: u32,      // f32 elements between rows of y
     row_base: u32,      // the column of y where this part's row 0 goes
+    eps: f32,           // the prologue's RMSNorm epsilon (NORM)
 }
 
 @group(0) @binding(1) var<storage, read> x: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<storage, read> params: Params;
+// The prologue's norm weight g (NORM), 8 vec4 per block; without NORM any buffer stands in.
+@group(0) @binding(4) var<storage, read> norm_w: array<vec4<f32>>;
 
 override WG: u32 = 16u;     // invocations per workgroup (a multiple of KSPLIT)
 override KSPLIT: u32 = 1u;  // invocations sharing one group
 override TM: u32 = 1u;      // activation rows per invocation, ≤ MAX_TM
 override INT8: bool = false;        // x holds int8-quantized activations
 override EPILOGUE: u32 = 0u;        // 0 store, 1 add into y, 2 gated activation (see above)
+override NORM: bool = false;        // the RMSNorm prologue (see above)
 const MAX_TM: u32 = 16u;
 
-var<workgroup> partial: array<vec4<f32>, WG>;
+// Σ x² over the blocks of each tile row this invocation has loaded (NORM). Indexed by the tile
+// row, a constant once the bodies' calls are inlined, so it stays in registers like the tile.
+var<private> sumsq: array<f32, MAX_TM>;
 
 // One 32-value block of an activation row, int8 (quantize_act.wgsl): values 0..15 in lo,
 // 16..31 in hi, 4 per word; value ≈ d · q; s is the exact sum of the 32 inputs.
@@ -71,6 +90,23 @@ alias XF32 = array<vec4<f32>, 8>;
 fn dot_block(qlo: vec4<u32>, qhi: vec4<u32>, xlo: vec4<u32>, xhi: vec4<u32>) -> i32 {
     return dot4I8Packed(qlo.x, xlo.x) + dot4I8Packed(qlo.y, xlo.y) + dot4I8Packed(qlo.z, xlo.z) + dot4I8Packed(qlo.w, xlo.w)
          + dot4I8Packed(qhi.x, xhi.x) + dot4I8Packed(qhi.y, xhi.y) + dot4I8Packed(qhi.z, xhi.z) + dot4I8Packed(qhi.w, xhi.w);
+}
+
+// Σ of the squares of the 32 values of a block.
+fn block_sumsq(v: XF32) -> f32 {
+    return ((dot(v[0], v[0]) + dot(v[1], v[1])) + (dot(v[2], v[2]) + dot(v[3], v[3])))
+         + ((dot(v[4], v[4]) + dot(v[5], v[5])) + (dot(v[6], v[6]) + dot(v[7], v[7])));
+}
+
+// Block b of the tile's activation row a0 + t as a body multiplies it: x, or with NORM g ⊙ x
+// (g: the norm weight's block b, g_f32), its squares added to the row's sum of squares.
+fn x_in(it: Tile, t: u32, b: u32, g: XF32) -> XF32 {
+    let v = x_f32(it, t, b);
+    if (!NORM) {
+        return v;
+    }
+    sumsq[t] += block_sumsq(v);
+    return XF32(v[0] * g[0], v[1] * g[1], v[2] * g[2], v[3] * g[3], v[4] * g[4], v[5] * g[5], v[6] * g[6], v[7] * g[7]);
 }
 
 // Σ of the 32 values of a block.
@@ -99,7 +135,7 @@ fn tile_of(ids: Ids) -> Tile {
     // The group index is the fast one: consecutive workgroups share an activation tile.
     it.tile = linear / params.wgs_per_tile;
     it.lane = k_lane_of(ids);
-    it.g = (linear % params.wgs_per_tile) * (WG / KSPLIT) + ids.lid / KSPLIT;
+    it.g = (linear % params.wgs_per_tile) * (WG / KSPLIT) + slot_of(ids);
     it.gc = min(it.g, params.groups - 1u);
     it.a0 = min(it.tile, params.tiles - 1u) * TM;
     it.x_block = select(8u, 3u, INT8);
@@ -114,27 +150,22 @@ fn x_at(it: Tile, t: u32, b: u32) -> u32 {
     return (min(it.a0 + t, params.n_rows - 1u) * params.nb + b) * it.x_block;
 }
 
-// The sum of v over the KSPLIT invocations sharing a group, valid in lane 0, through workgroup
-// memory. With KSPLIT > 1 every invocation of the workgroup must call it (barriers).
-fn ksplit_sum(lid: u32, lane: u32, v: vec4<f32>) -> vec4<f32> {
-    var sum = v;
-    if (KSPLIT > 1u) {
-        partial[lid] = v;
-        workgroupBarrier();
-        if (lane == 0u) {
-            for (var l = 1u; l < KSPLIT; l++) {
-                sum += partial[lid + l];
-            }
-        }
-        workgroupBarrier();
-    }
-    return sum;
+// A result and a sum of squares (NORM) summed over the KSPLIT invocations sharing a group.
+struct Reduced {
+    v: vec4<f32>,
+    sumsq: f32,
 }
 
-// Output rows row0..row0+3 of the tile's activation row a0 + t: summed over the KSPLIT lanes and
-// stored by lane 0 (every invocation must call it, see ksplit_sum).
+// Output rows row0..row0+3 of the tile's activation row a0 + t: summed over the KSPLIT lanes
+// (the activation prelude's k_reduce), scaled by the row's 1/rms with NORM, and stored by lane 0
+// (every invocation must call it: barriers or subgroup shuffles).
 fn finish(it: Tile, lid: u32, t: u32, row0: u32, v: vec4<f32>) {
-    let sum = ksplit_sum(lid, it.lane, v);
+    let r = k_reduce(lid, it.lane, v, sumsq[t]);
+    var sum = r.v;
+    if (NORM) {
+        // As rms_norm computes it: 1 / sqrt(mean + eps).
+        sum *= 1.0 / sqrt(r.sumsq / f32(params.nb * 32u) + params.eps);
+    }
     let a = it.a0 + t;
     if (it.live && a < params.n_rows) {
         store4(a, row0, sum);

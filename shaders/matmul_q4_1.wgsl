@@ -47,15 +47,16 @@ fn nibbles_dot(lo: vec4<u32>, hi: vec4<u32>, v: XF32) -> f32 {
          + (dot(quants(hi.x), v[4]) + dot(quants(hi.y), v[5]) + dot(quants(hi.z), v[6]) + dot(quants(hi.w), v[7]));
 }
 
-// The 4 rows' sums over block b of the tile's activation row a0 + t.
-fn q4_1_row(wb: Q41, it: Tile, t: u32, b: u32) -> vec4<f32> {
+// The 4 rows' sums over block b of the tile's activation row a0 + t (g: the norm weight's block,
+// NORM).
+fn q4_1_row(wb: Q41, g: XF32, it: Tile, t: u32, b: u32) -> vec4<f32> {
     if (INT8) {
         let xq = x_int8(it, t, b);
         let dots = vec4<f32>(f32(dot_block(wb.lo[0], wb.hi[0], xq.lo, xq.hi)), f32(dot_block(wb.lo[1], wb.hi[1], xq.lo, xq.hi)),
                              f32(dot_block(wb.lo[2], wb.hi[2], xq.lo, xq.hi)), f32(dot_block(wb.lo[3], wb.hi[3], xq.lo, xq.hi)));
         return wb.d * xq.d * dots + wb.m * xq.s;
     }
-    let v = x_f32(it, t, b);
+    let v = x_in(it, t, b, g);
     let qx = vec4<f32>(nibbles_dot(wb.lo[0], wb.hi[0], v), nibbles_dot(wb.lo[1], wb.hi[1], v),
                        nibbles_dot(wb.lo[2], wb.hi[2], v), nibbles_dot(wb.lo[3], wb.hi[3], v));
     return wb.d * qx + wb.m * block_sum(v);
@@ -68,22 +69,23 @@ fn main(ids: Ids) {
     var acc: array<vec4<f32>, MAX_TM>;
     for (var b = k_lane_of(ids); b < params.nb; b += KSPLIT) {
         let wb = q4_1_block(it.gc, b);
-        acc[0] += q4_1_row(wb, it, 0u, b);
-        if (TM > 1u) { acc[1] += q4_1_row(wb, it, 1u, b); }
-        if (TM > 2u) { acc[2] += q4_1_row(wb, it, 2u, b); }
-        if (TM > 3u) { acc[3] += q4_1_row(wb, it, 3u, b); }
-        if (TM > 4u) { acc[4] += q4_1_row(wb, it, 4u, b); }
-        if (TM > 5u) { acc[5] += q4_1_row(wb, it, 5u, b); }
-        if (TM > 6u) { acc[6] += q4_1_row(wb, it, 6u, b); }
-        if (TM > 7u) { acc[7] += q4_1_row(wb, it, 7u, b); }
-        if (TM > 8u) { acc[8] += q4_1_row(wb, it, 8u, b); }
-        if (TM > 9u) { acc[9] += q4_1_row(wb, it, 9u, b); }
-        if (TM > 10u) { acc[10] += q4_1_row(wb, it, 10u, b); }
-        if (TM > 11u) { acc[11] += q4_1_row(wb, it, 11u, b); }
-        if (TM > 12u) { acc[12] += q4_1_row(wb, it, 12u, b); }
-        if (TM > 13u) { acc[13] += q4_1_row(wb, it, 13u, b); }
-        if (TM > 14u) { acc[14] += q4_1_row(wb, it, 14u, b); }
-        if (TM > 15u) { acc[15] += q4_1_row(wb, it, 15u, b); }
+        let g = g_f32(it, b);
+        acc[0] += q4_1_row(wb, g, it, 0u, b);
+        if (TM > 1u) { acc[1] += q4_1_row(wb, g, it, 1u, b); }
+        if (TM > 2u) { acc[2] += q4_1_row(wb, g, it, 2u, b); }
+        if (TM > 3u) { acc[3] += q4_1_row(wb, g, it, 3u, b); }
+        if (TM > 4u) { acc[4] += q4_1_row(wb, g, it, 4u, b); }
+        if (TM > 5u) { acc[5] += q4_1_row(wb, g, it, 5u, b); }
+        if (TM > 6u) { acc[6] += q4_1_row(wb, g, it, 6u, b); }
+        if (TM > 7u) { acc[7] += q4_1_row(wb, g, it, 7u, b); }
+        if (TM > 8u) { acc[8] += q4_1_row(wb, g, it, 8u, b); }
+        if (TM > 9u) { acc[9] += q4_1_row(wb, g, it, 9u, b); }
+        if (TM > 10u) { acc[10] += q4_1_row(wb, g, it, 10u, b); }
+        if (TM > 11u) { acc[11] += q4_1_row(wb, g, it, 11u, b); }
+        if (TM > 12u) { acc[12] += q4_1_row(wb, g, it, 12u, b); }
+        if (TM > 13u) { acc[13] += q4_1_row(wb, g, it, 13u, b); }
+        if (TM > 14u) { acc[14] += q4_1_row(wb, g, it, 14u, b); }
+        if (TM > 15u) { acc[15] += q4_1_row(wb, g, it, 15u, b); }
     }
     let row0 = it.g * 4u;
     finish(it, ids.lid, 0u, row0, acc[0]);

@@ -38,8 +38,9 @@ fn bytes_dot(lo: vec4<u32>, hi: vec4<u32>, v: XF32) -> f32 {
          + (dot(quants(hi.x), v[4]) + dot(quants(hi.y), v[5]) + dot(quants(hi.z), v[6]) + dot(quants(hi.w), v[7]));
 }
 
-// The 8 rows' sums (rows 0..3, rows 4..7) over block b of the tile's activation row a0 + t.
-fn q8_0_row(wb: Q80, it: Tile, t: u32, b: u32) -> array<vec4<f32>, 2> {
+// The 8 rows' sums (rows 0..3, rows 4..7) over block b of the tile's activation row a0 + t (g: the
+// norm weight's block, NORM).
+fn q8_0_row(wb: Q80, g: XF32, it: Tile, t: u32, b: u32) -> array<vec4<f32>, 2> {
     if (INT8) {
         let xq = x_int8(it, t, b);
         let lo = vec4<f32>(f32(dot_block(wb.q[0], wb.q[1], xq.lo, xq.hi)), f32(dot_block(wb.q[2], wb.q[3], xq.lo, xq.hi)),
@@ -48,7 +49,7 @@ fn q8_0_row(wb: Q80, it: Tile, t: u32, b: u32) -> array<vec4<f32>, 2> {
                            f32(dot_block(wb.q[12], wb.q[13], xq.lo, xq.hi)), f32(dot_block(wb.q[14], wb.q[15], xq.lo, xq.hi)));
         return array<vec4<f32>, 2>(wb.d_lo * xq.d * lo, wb.d_hi * xq.d * hi);
     }
-    let v = x_f32(it, t, b);
+    let v = x_in(it, t, b, g);
     let lo = vec4<f32>(bytes_dot(wb.q[0], wb.q[1], v), bytes_dot(wb.q[2], wb.q[3], v), bytes_dot(wb.q[4], wb.q[5], v), bytes_dot(wb.q[6], wb.q[7], v));
     let hi = vec4<f32>(bytes_dot(wb.q[8], wb.q[9], v), bytes_dot(wb.q[10], wb.q[11], v), bytes_dot(wb.q[12], wb.q[13], v), bytes_dot(wb.q[14], wb.q[15], v));
     return array<vec4<f32>, 2>(wb.d_lo * lo, wb.d_hi * hi);
@@ -62,24 +63,25 @@ fn main(ids: Ids) {
     var acc_hi: array<vec4<f32>, MAX_TM>;
     for (var b = k_lane_of(ids); b < params.nb; b += KSPLIT) {
         let wb = q8_0_block(it.gc, b);
-        let r0 = q8_0_row(wb, it, 0u, b);
+        let g = g_f32(it, b);
+        let r0 = q8_0_row(wb, g, it, 0u, b);
         acc_lo[0] += r0[0];
         acc_hi[0] += r0[1];
-        if (TM > 1u) { let r = q8_0_row(wb, it, 1u, b); acc_lo[1] += r[0]; acc_hi[1] += r[1]; }
-        if (TM > 2u) { let r = q8_0_row(wb, it, 2u, b); acc_lo[2] += r[0]; acc_hi[2] += r[1]; }
-        if (TM > 3u) { let r = q8_0_row(wb, it, 3u, b); acc_lo[3] += r[0]; acc_hi[3] += r[1]; }
-        if (TM > 4u) { let r = q8_0_row(wb, it, 4u, b); acc_lo[4] += r[0]; acc_hi[4] += r[1]; }
-        if (TM > 5u) { let r = q8_0_row(wb, it, 5u, b); acc_lo[5] += r[0]; acc_hi[5] += r[1]; }
-        if (TM > 6u) { let r = q8_0_row(wb, it, 6u, b); acc_lo[6] += r[0]; acc_hi[6] += r[1]; }
-        if (TM > 7u) { let r = q8_0_row(wb, it, 7u, b); acc_lo[7] += r[0]; acc_hi[7] += r[1]; }
-        if (TM > 8u) { let r = q8_0_row(wb, it, 8u, b); acc_lo[8] += r[0]; acc_hi[8] += r[1]; }
-        if (TM > 9u) { let r = q8_0_row(wb, it, 9u, b); acc_lo[9] += r[0]; acc_hi[9] += r[1]; }
-        if (TM > 10u) { let r = q8_0_row(wb, it, 10u, b); acc_lo[10] += r[0]; acc_hi[10] += r[1]; }
-        if (TM > 11u) { let r = q8_0_row(wb, it, 11u, b); acc_lo[11] += r[0]; acc_hi[11] += r[1]; }
-        if (TM > 12u) { let r = q8_0_row(wb, it, 12u, b); acc_lo[12] += r[0]; acc_hi[12] += r[1]; }
-        if (TM > 13u) { let r = q8_0_row(wb, it, 13u, b); acc_lo[13] += r[0]; acc_hi[13] += r[1]; }
-        if (TM > 14u) { let r = q8_0_row(wb, it, 14u, b); acc_lo[14] += r[0]; acc_hi[14] += r[1]; }
-        if (TM > 15u) { let r = q8_0_row(wb, it, 15u, b); acc_lo[15] += r[0]; acc_hi[15] += r[1]; }
+        if (TM > 1u) { let r = q8_0_row(wb, g, it, 1u, b); acc_lo[1] += r[0]; acc_hi[1] += r[1]; }
+        if (TM > 2u) { let r = q8_0_row(wb, g, it, 2u, b); acc_lo[2] += r[0]; acc_hi[2] += r[1]; }
+        if (TM > 3u) { let r = q8_0_row(wb, g, it, 3u, b); acc_lo[3] += r[0]; acc_hi[3] += r[1]; }
+        if (TM > 4u) { let r = q8_0_row(wb, g, it, 4u, b); acc_lo[4] += r[0]; acc_hi[4] += r[1]; }
+        if (TM > 5u) { let r = q8_0_row(wb, g, it, 5u, b); acc_lo[5] += r[0]; acc_hi[5] += r[1]; }
+        if (TM > 6u) { let r = q8_0_row(wb, g, it, 6u, b); acc_lo[6] += r[0]; acc_hi[6] += r[1]; }
+        if (TM > 7u) { let r = q8_0_row(wb, g, it, 7u, b); acc_lo[7] += r[0]; acc_hi[7] += r[1]; }
+        if (TM > 8u) { let r = q8_0_row(wb, g, it, 8u, b); acc_lo[8] += r[0]; acc_hi[8] += r[1]; }
+        if (TM > 9u) { let r = q8_0_row(wb, g, it, 9u, b); acc_lo[9] += r[0]; acc_hi[9] += r[1]; }
+        if (TM > 10u) { let r = q8_0_row(wb, g, it, 10u, b); acc_lo[10] += r[0]; acc_hi[10] += r[1]; }
+        if (TM > 11u) { let r = q8_0_row(wb, g, it, 11u, b); acc_lo[11] += r[0]; acc_hi[11] += r[1]; }
+        if (TM > 12u) { let r = q8_0_row(wb, g, it, 12u, b); acc_lo[12] += r[0]; acc_hi[12] += r[1]; }
+        if (TM > 13u) { let r = q8_0_row(wb, g, it, 13u, b); acc_lo[13] += r[0]; acc_hi[13] += r[1]; }
+        if (TM > 14u) { let r = q8_0_row(wb, g, it, 14u, b); acc_lo[14] += r[0]; acc_hi[14] += r[1]; }
+        if (TM > 15u) { let r = q8_0_row(wb, g, it, 15u, b); acc_lo[15] += r[0]; acc_hi[15] += r[1]; }
     }
     let row0 = it.g * 8u;
     finish(it, ids.lid, 0u, row0, acc_lo[0]);

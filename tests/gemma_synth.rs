@@ -114,6 +114,30 @@ gpu_test! {
 }
 
 gpu_test! {
+    async fn every_adapter_class_variant_matches_the_recompute() {
+        // The kernels each adapter class picks (the first layer's pre-norm in the qkv prologue or
+        // not, split rows), with and without the optional features, on this machine's adapter.
+        let synth = gemma(5, 32, 6);
+        let bytes = tiny_llama_gguf(&synth);
+        let gguf = Gguf::parse(&bytes).unwrap();
+        let cfg = ModelConfig::from_gguf(&gguf).unwrap();
+        let ids = random_ids(&mut Rng::new(6), 20, cfg.vocab);
+        let reference = forward_cpu(&gguf, &cfg, &ids).unwrap();
+        for (class, optional_features) in common::variants().await {
+            let opts = EngineOptions { max_context: 32, prefill_chunk: 16, int8_activations: EXACT, adapter_class: Some(class), optional_features, ..Default::default() };
+            let mut engine = Engine::load(&bytes, opts).await.unwrap();
+            for (mode, from) in [(ScoreMode::Prefill, 1), (ScoreMode::Decode, 10)] {
+                let rows = engine.score_logits(&ids, from, mode).await.unwrap();
+                for (i, row) in rows.iter().enumerate() {
+                    let d = max_diff(row, &reference[from - 1 + i]);
+                    assert!(d <= LOGIT_TOL, "{class:?} (optional features {optional_features}) {mode:?}: position {} differs by {d}", from - 1 + i);
+                }
+            }
+        }
+    }
+}
+
+gpu_test! {
     async fn int8_activations_stay_within_their_rounding_of_the_recompute() {
         // The sandwich norms quantize the next matmul's input too (residual_norm).
         let synth = gemma(16, 32, 10);

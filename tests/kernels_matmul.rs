@@ -27,9 +27,10 @@ use pagedlm::gpu::ops::embed::{embedding, embedding_cpu};
 use pagedlm::gguf::GgmlType;
 use pagedlm::gpu::ops::act::Activation;
 use pagedlm::gpu::ops::matmul::{
-    int8_error_bound, matmul, matmul_configured, matmul_cpu, matmul_int8_cpu, matmul_into, matmul_with, Epilogue, MatmulConfig, QuantMatrix,
-    MAX_TILE_ROWS,
+    int8_error_bound, matmul, matmul_configured, matmul_cpu, matmul_input, matmul_int8_cpu, matmul_into, matmul_with, Epilogue, Input,
+    MatmulConfig, QuantMatrix, MAX_TILE_ROWS,
 };
+use pagedlm::gpu::ops::norm::rms_norm_cpu;
 use pagedlm::gpu::{Context, Recorder};
 use pagedlm::quant::{dequantize, quantize_q4_1, quantize_q8_0};
 use pagedlm::rng::Rng;
@@ -287,13 +288,15 @@ gpu_test! {
         let ctx = gpu().await;
         let mut rng = Rng::new(15);
         // The split-row variant (real GPUs) runs here too, so it is tested on CPU adapters; the
-        // shared-load variant wherever the device has subgroups of 8.
+        // shared-load variant and the split rows summed within subgroups wherever the device has
+        // subgroups of 8 (lavapipe: of exactly 8, so 8-way splits fill a subgroup and 4-way ones
+        // put two groups in each).
         let mut configs = Vec::new();
-        let shared: &[bool] = if ctx.has_subgroups(8) { &[false, true] } else { &[false] };
+        let subgroups: &[bool] = if ctx.has_subgroups(8) { &[false, true] } else { &[false] };
         for int8_activations in [false, true] {
             let c = |tile_rows, k_split, workgroup, subgroup| MatmulConfig { tile_rows, k_split, workgroup, subgroup, int8_activations };
-            configs.extend([c(1, 8, 64, false), c(4, 8, 64, false), c(3, 4, 16, false)]);
-            for &subgroup in shared {
+            for &subgroup in subgroups {
+                configs.extend([c(1, 8, 64, subgroup), c(4, 8, 64, subgroup), c(3, 4, 16, subgroup), c(2, 2, 256, subgroup)]);
                 configs.extend([1, 3, 8, MAX_TILE_ROWS].map(|tile_rows| c(tile_rows, 1, 16, subgroup)));
             }
         }
@@ -344,11 +347,18 @@ gpu_test! {
     }
 }
 
-/// Runs `w` with `epilogue` and `config` over x into a y that starts as `y0` and returns y.
-async fn run_epilogue(ctx: &Context, w: &QuantMatrix, (x, y0): (&[f32], &[f32]), n_rows: u32, config: MatmulConfig, epilogue: Epilogue) -> Vec<f32> {
+/// Runs `w` with `epilogue` and `config` over x into a y that starts as `y0` and returns y; with
+/// `norm` = (g, eps), x normalized in the matmul's prologue ([`Input::Norm`]).
+async fn run_epilogue(ctx: &Context, w: &QuantMatrix, (x, y0): (&[f32], &[f32]), n_rows: u32, (config, norm): (MatmulConfig, Option<(&[f32], f32)>), epilogue: Epilogue) -> Vec<f32> {
     let xb = ctx.storage_init("x", bytemuck::cast_slice(x));
     let yb = ctx.storage_init("y", bytemuck::cast_slice(y0));
-    let kernels = matmul_configured(ctx, w, (&xb, &yb), n_rows, config, epilogue).unwrap();
+    let kernels = match norm {
+        None => matmul_configured(ctx, w, (&xb, &yb), n_rows, config, epilogue).unwrap(),
+        Some((g, eps)) => {
+            let gb = ctx.storage_init("g", bytemuck::cast_slice(g));
+            matmul_input(ctx, w, (Input::Norm { x: &xb, weight: &gb, eps }, &yb), n_rows, config, epilogue).unwrap()
+        }
+    };
     let mut rec = Recorder::new(ctx, "test");
     rec.dispatch_all(&kernels);
     rec.submit();
@@ -358,17 +368,32 @@ async fn run_epilogue(ctx: &Context, w: &QuantMatrix, (x, y0): (&[f32], &[f32]),
 /// The fused epilogues against the plain matmul of the same variant followed by the CPU doing
 /// what they fuse: both sum every output in the same order, so only the epilogue's own rounding
 /// may differ (the add: exact to one rounding; the activation: f32 against f64, ~1e-7 relative).
-async fn check_epilogues(ctx: &Context, rng: &mut Rng, kind: GgmlKind, (ffn, cols): (u32, u32), n_rows: u32, config: MatmulConfig, acts: &[Activation]) {
+/// With `norm` = (g, eps) every run normalizes x in its prologue, and the plain one is checked
+/// against the CPU's rms_norm then matmul first.
+async fn check_epilogues(
+    ctx: &Context,
+    rng: &mut Rng,
+    kind: GgmlKind,
+    (ffn, cols): (u32, u32),
+    n_rows: u32,
+    (config, norm): (MatmulConfig, Option<(&[f32], f32)>),
+    acts: &[Activation],
+) {
     let gate = random_matrix(rng, kind, ffn, cols);
     let up = random_matrix(rng, kind, ffn, cols);
     let x = rng.vec_uniform((n_rows * cols) as usize, -1.0, 1.0);
     let stacked = QuantMatrix::upload_stacked(ctx, "gate|up", &[(kind, &gate, ffn), (kind, &up, ffn)], cols).unwrap();
-    let plain = run_epilogue(ctx, &stacked, (&x, &vec![0.0; (n_rows * 2 * ffn) as usize]), n_rows, config, Epilogue::Store).await;
-    let what = format!("{kind:?} {cols}→2×{ffn}, {n_rows} rows, {config:?}");
+    let plain = run_epilogue(ctx, &stacked, (&x, &vec![0.0; (n_rows * 2 * ffn) as usize]), n_rows, (config, norm), Epilogue::Store).await;
+    let what = format!("{kind:?} {cols}→2×{ffn}, {n_rows} rows, {config:?}, norm prologue {}", norm.is_some());
+    if let Some((g, eps)) = norm {
+        let normed = rms_norm_cpu(&x, g, n_rows as usize, cols as usize, eps);
+        let both = [gate.clone(), up.clone()].concat();
+        assert_reference(&what, (kind, &both, 2 * ffn, cols), (&normed, n_rows), false, &plain);
+    }
 
     // y0 + y: the residual add.
     let y0 = rng.vec_uniform(plain.len(), -4.0, 4.0);
-    let got = run_epilogue(ctx, &stacked, (&x, &y0), n_rows, config, Epilogue::Accumulate).await;
+    let got = run_epilogue(ctx, &stacked, (&x, &y0), n_rows, (config, norm), Epilogue::Accumulate).await;
     let want: Vec<f32> = y0.iter().zip(&plain).map(|(a, b)| a + b).collect();
     assert_eq!(got, want, "{what}: the accumulating epilogue must add the plain result to y");
 
@@ -376,7 +401,7 @@ async fn check_epilogues(ctx: &Context, rng: &mut Rng, kind: GgmlKind, (ffn, col
     let gated = QuantMatrix::upload_gated(ctx, "gate_up", (kind, &gate), (kind, &up), ffn, cols).unwrap().expect("one type, an even ffn");
     assert!(gated.gated && gated.rows == 2 * ffn);
     for &act in acts {
-        let got = run_epilogue(ctx, &gated, (&x, &vec![f32::NAN; (n_rows * ffn) as usize]), n_rows, config, Epilogue::Gated(act)).await;
+        let got = run_epilogue(ctx, &gated, (&x, &vec![f32::NAN; (n_rows * ffn) as usize]), n_rows, (config, norm), Epilogue::Gated(act)).await;
         for a in 0..n_rows as usize {
             for j in 0..ffn as usize {
                 let (g, u) = (plain[a * 2 * ffn as usize + j] as f64, plain[a * 2 * ffn as usize + ffn as usize + j] as f64);
@@ -397,13 +422,13 @@ gpu_test! {
         // GELU (the activation itself is glu's test) on one type.
         for (t, cols) in every_type() {
             let acts: &[Activation] = if t == GgmlKind::Q4_1 { &[Activation::Silu, Activation::GeluTanh] } else { &[Activation::Silu] };
-            check_epilogues(&ctx, &mut rng, t, (102, cols), 5, MatmulConfig::for_device(&ctx, 5), acts).await;
+            check_epilogues(&ctx, &mut rng, t, (102, cols), 5, (MatmulConfig::for_device(&ctx, 5), None), acts).await;
         }
         // The variants of the two bodies of their own: split rows (real GPUs), int8 activations.
         let c = |tile_rows, k_split, workgroup, int8_activations| MatmulConfig { tile_rows, k_split, workgroup, subgroup: false, int8_activations };
         for config in [c(1, 8, 64, false), c(3, 4, 16, true)] {
             for t in [GgmlKind::Q4_1, GgmlKind::Q8_0] {
-                check_epilogues(&ctx, &mut rng, t, (64, 320), 9, config, &[Activation::Silu]).await;
+                check_epilogues(&ctx, &mut rng, t, (64, 320), 9, (config, None), &[Activation::Silu]).await;
             }
         }
     }
@@ -437,6 +462,118 @@ gpu_test! {
         let e = merr(matmul_into(&ctx, &gated, (&x, &y_short), 1, Epilogue::Gated(Activation::Silu)));
         assert!(e.contains("y needs"), "{e}");
         assert!(matmul_into(&ctx, &gated, (&x, &y), 1, Epilogue::Gated(Activation::GeluTanh)).is_ok());
+    }
+}
+
+/// Activation rows of very different sizes (so that a row normalized with another row's scale is
+/// far off) and a norm weight of both signs: (x [n_rows, cols], g [cols]).
+fn norm_inputs(rng: &mut Rng, n_rows: u32, cols: u32) -> (Vec<f32>, Vec<f32>) {
+    let mut x = Vec::with_capacity((n_rows * cols) as usize);
+    for _ in 0..n_rows {
+        let size = 10f32.powf(rng.uniform(-1.5, 1.5));
+        x.extend((0..cols).map(|_| size * rng.uniform(-1.0, 1.0)));
+    }
+    let g = (0..cols).map(|_| rng.uniform(-1.5, 1.5)).collect();
+    (x, g)
+}
+
+/// The matmul of `kind` with its input normalized in the prologue against the CPU's rms_norm then
+/// its matmul (the tolerance of the plain matmul, on the normalized activations).
+async fn check_norm(ctx: &Context, rng: &mut Rng, kind: GgmlKind, (rows, cols): (u32, u32), n_rows: u32, config: MatmulConfig) {
+    let raw = random_matrix(rng, kind, rows, cols);
+    let w = QuantMatrix::upload(ctx, "w", kind, &raw, rows, cols).unwrap();
+    let (x, g) = norm_inputs(rng, n_rows, cols);
+    let eps = 1e-5;
+    let got = run_epilogue(ctx, &w, (&x, &vec![f32::NAN; (n_rows * rows) as usize]), n_rows, (config, Some((&g, eps))), Epilogue::Store).await;
+    let normed = rms_norm_cpu(&x, &g, n_rows as usize, cols as usize, eps);
+    let what = format!("{kind:?} {cols}→{rows}, {n_rows} rows, {config:?}, norm prologue");
+    assert_reference(&what, (kind, &raw, rows, cols), (&normed, n_rows), false, &got);
+}
+
+gpu_test! {
+    async fn norm_prologue_matches_rms_norm_then_the_matmul() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(25);
+        // Every type in decode and in a prefill chunk with a partial last tile (67 rows: a partial
+        // last group), with the device's variant.
+        for (t, cols) in every_type() {
+            for n_rows in [1, 37] {
+                check_norm(&ctx, &mut rng, t, (67, cols), n_rows, MatmulConfig::for_device(&ctx, n_rows)).await;
+            }
+        }
+        // The other variants of the bodies: split rows (their lanes reduce the sums of squares
+        // too), tiles of every size, shared activation loads where the device has them.
+        let c = |tile_rows, k_split, workgroup, subgroup| MatmulConfig { tile_rows, k_split, workgroup, subgroup, int8_activations: false };
+        let mut configs = vec![c(1, 8, 64, false), c(4, 8, 64, false), c(3, 4, 16, false), c(16, 1, 16, false)];
+        if ctx.has_subgroups(8) {
+            configs.extend([c(1, 1, 16, true), c(16, 1, 16, true)]);
+        }
+        for config in configs {
+            for (t, cols) in [(GgmlKind::Q4_1, 320), (GgmlKind::Q8_0, 320), (GgmlKind::Q4_K, 512)] {
+                check_norm(&ctx, &mut rng, t, (96, cols), 19, config).await;
+            }
+        }
+        // With the epilogues the graph fuses it with: the gated FFN and the residual add.
+        for (t, cols) in [(GgmlKind::Q4_1, 576), (GgmlKind::Q8_0, 320), (GgmlKind::Q6_K, 512)] {
+            let (_, g) = norm_inputs(&mut rng, 1, cols);
+            let config = MatmulConfig::for_device(&ctx, 5);
+            check_epilogues(&ctx, &mut rng, t, (102, cols), 5, (config, Some((&g, 1e-6))), &[Activation::Silu]).await;
+        }
+    }
+}
+
+gpu_test! {
+    async fn norm_prologue_refuses_what_it_cannot_do() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(26);
+        let (rows, cols) = (64u32, 96u32);
+        let raw = random_matrix(&mut rng, GgmlKind::Q4_1, rows, cols);
+        let w = QuantMatrix::upload(&ctx, "w", GgmlKind::Q4_1, &raw, rows, cols).unwrap();
+        let x = ctx.storage_zeroed("x", (cols * 4) as u64);
+        let y = ctx.storage_zeroed("y", (rows * 4) as u64);
+        let g = ctx.storage_zeroed("g", (cols * 4) as u64);
+        let g_short = ctx.storage_zeroed("g", (cols * 4 - 4) as u64);
+        let f32_config = MatmulConfig { int8_activations: false, ..MatmulConfig::for_device(&ctx, 1) };
+        let run = |weight, eps, config| matmul_input(&ctx, &w, (Input::Norm { x: &x, weight, eps }, &y), 1, config, Epilogue::Store);
+        let merr = |r: Result<Vec<pagedlm::gpu::Kernel>, pagedlm::gpu::GpuError>| r.err().expect("must be refused").to_string();
+        let e = merr(run(&g_short, 1e-5, f32_config));
+        assert!(e.contains("norm weight needs"), "{e}");
+        let e = merr(run(&g, f32::NAN, f32_config));
+        assert!(e.contains("eps"), "{e}");
+        // Int8 activations are quantized by the norm kernel: the prologue cannot feed them.
+        let e = merr(run(&g, 1e-5, MatmulConfig { int8_activations: true, ..f32_config }));
+        assert!(e.contains("int8"), "{e}");
+        let e = merr(matmul_input(&ctx, &w, (Input::Norm { x: &x, weight: &g, eps: 1e-5 }, &x), 1, f32_config, Epilogue::Store));
+        assert!(e.contains("different buffer"), "{e}");
+        assert!(run(&g, 1e-5, f32_config).is_ok());
+    }
+}
+
+gpu_test! {
+    async fn every_adapter_class_variant_matches_cpu() {
+        // The variant each adapter class picks (MatmulConfig::for_device), with and without the
+        // optional features, all on this machine's adapter: a handful of shapes per variant, since
+        // every pipeline is a compile.
+        let mut rng = Rng::new(27);
+        for ctx in common::variant_contexts().await {
+            // Every type in decode (a partial last group).
+            for (t, cols) in every_type() {
+                check(&ctx, &mut rng, t, 67, cols, 1, None).await;
+            }
+            // The two bodies of their own at a batch and a prefill chunk with a partial last tile,
+            // with int8 activations too (the split and reduction are theirs as well).
+            for kind in [GgmlKind::Q4_1, GgmlKind::Q8_0] {
+                for n_rows in [5, 19] {
+                    check(&ctx, &mut rng, kind, 203, 576, n_rows, None).await;
+                }
+                let int8 = MatmulConfig { int8_activations: true, ..MatmulConfig::for_device(&ctx, 3) };
+                check(&ctx, &mut rng, kind, 203, 576, 3, Some(int8)).await;
+            }
+            // The norm prologue, alone and with the gated epilogue (llama's gate/up).
+            check_norm(&ctx, &mut rng, GgmlKind::Q4_K, (96, 512), 3, MatmulConfig::for_device(&ctx, 3)).await;
+            let (_, g) = norm_inputs(&mut rng, 1, 576);
+            check_epilogues(&ctx, &mut rng, GgmlKind::Q4_1, (102, 576), 1, (MatmulConfig::for_device(&ctx, 1), Some((&g, 1e-5))), &[Activation::Silu]).await;
+        }
     }
 }
 
@@ -603,6 +740,18 @@ gpu_test! {
         assert!(e.contains("n_rows"), "{e}");
         let e = merr(matmul_with(&ctx, &w, &x_ok, &y_ok, n_rows, MatmulConfig { tile_rows: MAX_TILE_ROWS + 1, ..MatmulConfig::for_device(&ctx, 1) }));
         assert!(e.contains("configuration"), "{e}");
+        // Subgroups: splits summed within one need a power of two that fits in one; shared loads
+        // need subgroups of 8.
+        let sub = |k_split, workgroup| MatmulConfig { tile_rows: 1, k_split, workgroup, subgroup: true, int8_activations: false };
+        let e = merr(matmul_with(&ctx, &w, &x_ok, &y_ok, n_rows, sub(6, 48)));
+        assert!(e.contains("power of two"), "{e}");
+        let too_wide = ctx.info.subgroup_min_size.max(4) * 2;
+        let e = merr(matmul_with(&ctx, &w, &x_ok, &y_ok, n_rows, sub(too_wide, too_wide)));
+        assert!(e.contains("subgroups of at least"), "{e}");
+        if !ctx.has_subgroups(8) {
+            let e = merr(matmul_with(&ctx, &w, &x_ok, &y_ok, n_rows, sub(1, 16)));
+            assert!(e.contains("subgroups of at least 8"), "{e}");
+        }
         assert!(matmul(&ctx, &w, &x_ok, &y_ok, n_rows).is_ok());
 
         let ids = ctx.storage_zeroed("ids", 8);
@@ -737,4 +886,76 @@ fn cpu_seconds() -> f64 {
         }
     }
     ns as f64 * 1e-9
+}
+
+/// The RMSNorm prologue against the norm as a dispatch of its own before the plain matmul (not a
+/// test: `cargo test --release --test kernels_matmul -- --ignored --nocapture bench_norm`), on
+/// SmolLM2's shapes with the device's variant: each round records REPS (norm + matmul) pairs or
+/// REPS prologue matmuls in one submission, the two alternating ROUNDS times; medians of wall and
+/// CPU time per matmul.
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+#[ignore]
+fn bench_norm_prologue() {
+    use pagedlm::gpu::ops::norm::rms_norm;
+    pollster::block_on(async {
+        const ROUNDS: usize = 7;
+        let ctx = gpu().await;
+        println!("adapter: {}", ctx.adapter_name());
+        let mut rng = Rng::new(98);
+        // (name, rows, cols, n_rows): the qkv and gate/up matmuls in decode and in a prefill chunk.
+        let cases = [("qkv 576→960", 960u32, 576u32, 1u32), ("gate|up 576→3072", 3072, 576, 1), ("qkv 576→960", 960, 576, 512), ("gate|up 576→3072", 3072, 576, 512)];
+        // The device's variant, and without subgroups where it has them (SwiftShader's case).
+        let shared: &[bool] = if ctx.has_subgroups(8) { &[true, false] } else { &[false] };
+        for ((name, rows, cols, n_rows), &subgroup) in cases.into_iter().flat_map(|c| shared.iter().map(move |s| (c, s))) {
+            let raw = random_matrix(&mut rng, GgmlKind::Q4_1, rows, cols);
+            let copies = if n_rows > 16 { 2 } else { ((96u64 << 20) / raw.len() as u64 + 1).min(256) as usize };
+            let mats: Vec<QuantMatrix> = (0..copies).map(|_| QuantMatrix::upload(&ctx, "w", GgmlKind::Q4_1, &raw, rows, cols).unwrap()).collect();
+            let (x, g) = norm_inputs(&mut rng, n_rows, cols);
+            let xb = ctx.storage_init("x", bytemuck::cast_slice(&x));
+            let gb = ctx.storage_init("g", bytemuck::cast_slice(&g));
+            let hb = ctx.storage_zeroed("h", (n_rows * cols * 4) as u64);
+            let yb = ctx.storage_zeroed("y", n_rows as u64 * rows as u64 * 4);
+            let config = MatmulConfig { subgroup: subgroup && MatmulConfig::for_device(&ctx, n_rows).subgroup, ..MatmulConfig::for_device(&ctx, n_rows) };
+            let norm = rms_norm(&ctx, &xb, &gb, &hb, n_rows, cols, 1e-5).unwrap();
+            let plain: Vec<_> = mats.iter().map(|m| matmul_with(&ctx, m, &hb, &yb, n_rows, config).unwrap()).collect();
+            let fused: Vec<_> = mats.iter().map(|m| matmul_input(&ctx, m, (Input::Norm { x: &xb, weight: &gb, eps: 1e-5 }, &yb), n_rows, config, Epilogue::Store).unwrap()).collect();
+            let reps = if n_rows > 16 { 4 } else { 200 };
+            let mut rec = Recorder::new(&ctx, "warm-up");
+            rec.dispatch(&norm);
+            rec.dispatch_all(&plain[0]);
+            rec.dispatch_all(&fused[0]);
+            rec.submit();
+            ctx.read_f32(&yb, 0, 1).await.unwrap();
+            let mut times = [Vec::new(), Vec::new()];
+            for _ in 0..ROUNDS {
+                for (k, t) in times.iter_mut().enumerate() {
+                    let start = std::time::Instant::now();
+                    let cpu_start = cpu_seconds();
+                    let mut rec = Recorder::new(&ctx, "bench");
+                    for i in 0..reps {
+                        if k == 0 {
+                            rec.dispatch(&norm);
+                            rec.dispatch_all(&plain[i % copies]);
+                        } else {
+                            rec.dispatch_all(&fused[i % copies]);
+                        }
+                    }
+                    rec.submit();
+                    ctx.read_f32(&yb, 0, 1).await.unwrap();
+                    t.push((start.elapsed().as_secs_f64() / reps as f64, (cpu_seconds() - cpu_start) / reps as f64));
+                }
+            }
+            let median = |v: Vec<f64>| {
+                let mut v = v;
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            let [a, b] = times.map(|t| (median(t.iter().map(|p| p.0).collect()), median(t.iter().map(|p| p.1).collect())));
+            println!(
+                "{name:18} {n_rows:3} rows {config:?}: norm + matmul {:8.1} µs wall {:8.1} µs CPU; prologue {:8.1} µs wall {:8.1} µs CPU; CPU ratio {:.3}",
+                a.0 * 1e6, a.1 * 1e6, b.0 * 1e6, b.1 * 1e6, a.1 / b.1
+            );
+        }
+    });
 }

@@ -80,6 +80,31 @@ gpu_test! {
 }
 
 gpu_test! {
+    async fn every_adapter_class_variant_matches_the_cpu_recompute() {
+        // The kernels each adapter class picks (split rows summed through workgroup memory or
+        // subgroups, tiles, the norm prologue or a norm dispatch), with and without the optional
+        // features, all on this machine's adapter, through prefill and decode.
+        let (name, synth) = layouts().remove(2);
+        let bytes = tiny_llama_gguf(&synth);
+        let gguf = Gguf::parse(&bytes).unwrap();
+        let cfg = ModelConfig::from_gguf(&gguf).unwrap();
+        let ids = random_ids(&mut Rng::new(synth.seed), 24, cfg.vocab);
+        let reference = forward_cpu(&gguf, &cfg, &ids).unwrap();
+        for (class, optional_features) in common::variants().await {
+            let opts = EngineOptions { prefill_chunk: 16, max_context: 32, int8_activations: EXACT, adapter_class: Some(class), optional_features, ..Default::default() };
+            let mut engine = Engine::load(&bytes, opts).await.unwrap();
+            for (mode, from) in [(ScoreMode::Prefill, 1), (ScoreMode::Decode, 12)] {
+                let rows = engine.score_logits(&ids, from, mode).await.unwrap();
+                for (i, row) in rows.iter().enumerate() {
+                    let d = max_diff(row, &reference[from - 1 + i]);
+                    assert!(d <= LOGIT_TOL, "{name} {class:?} (optional features {optional_features}) {mode:?}: position {} differs by {d}", from - 1 + i);
+                }
+            }
+        }
+    }
+}
+
+gpu_test! {
     async fn kv_bytes_per_token_follow_the_formula_for_each_layout() {
         for (name, synth) in layouts() {
             let bytes = tiny_llama_gguf(&synth);

@@ -21,13 +21,19 @@
 //!
 //! Dispatches are fused where the arithmetic allows it unchanged: the residual adds are the
 //! accumulating epilogue of the matmul before them (`x += a · Woᵀ`), the activation is the gated
-//! epilogue of the gate/up matmul (when gate and up share a type), and a post-normed residual
-//! runs in one kernel with the next pre-norm ([`norm::residual_norm`]); so every layer but the
-//! first starts with its pre-norm already done by the layer before. With int8 activations
-//! (`MatmulConfig::int8_activations`, opt-in) the norms before the qkv, gate/up and output
-//! matmuls write their rows as int8 blocks in the same pass (and as f32 where a part of the
-//! matrix has no int8 body), and the attention output and the FFN activation are quantized by a
-//! dispatch of their own before the matmuls that read them.
+//! epilogue of the gate/up matmul (when gate and up share a type), the pre-norms before the qkv
+//! and gate/up matmuls are those matmuls' prologue where that pays ([`Input::Norm`],
+//! [`matmul::norm_prologue_pays`]: each normalizes the rows of x it reads, x stays as it is),
+//! and a post-normed residual runs in one kernel with the next pre-norm
+//! ([`norm::residual_norm`], Gemma 3, whose first layer's pre-norm is again the qkv prologue). A
+//! llama layer is then 6 dispatches (qkv, qkv_heads, attention (+ its reduce on long contexts),
+//! wo, gate/up, down). The head keeps its norm as a dispatch: it runs once per step over few
+//! rows, while in the prologue of the vocabulary-wide matmul every invocation would
+//! load the norm weight again. With int8 activations (`MatmulConfig::int8_activations`, opt-in)
+//! the norms before the qkv, gate/up and output matmuls write their rows as int8 blocks in the
+//! same pass (and as f32 where a part of the matrix has no int8 body; these norms stay dispatches
+//! of their own), and the attention output and the FFN activation are quantized by a dispatch of
+//! their own before the matmuls that read them.
 //!
 //! Every row is a token at an absolute position of a sequence, found through that sequence's
 //! row of the block-table buffer. Matmuls, norms, RoPE and the MLP run over all rows at once
@@ -188,6 +194,9 @@ struct Activations {
     act_q: wgpu::Buffer,
     /// The matmuls' kernel variant for this many rows.
     matmul: MatmulConfig,
+    /// The pre-norms before the qkv and gate/up matmuls run in their prologue where they read f32
+    /// ([`matmul::norm_prologue_pays`]).
+    prologue: bool,
 }
 
 impl Activations {
@@ -207,6 +216,7 @@ impl Activations {
             hq: int8("graph.hq", cfg.hidden),
             attn_q: int8("graph.attn_q", cfg.q_width()),
             act_q: int8("graph.act_q", cfg.ffn),
+            prologue: matmul::norm_prologue_pays(ctx, &matmul),
             matmul,
         }
     }
@@ -222,6 +232,23 @@ impl Activations {
         match self.h_out(w) {
             NormOut { int8: Some(q), f32, .. } => Input::Int8 { q, f32 },
             _ => Input::F32(&self.h),
+        }
+    }
+
+    /// Whether the matmul over `w` takes a pre-norm of x in its prologue ([`Input::Norm`]) rather
+    /// than h from a norm dispatch: where that pays on this adapter and it reads f32 activations
+    /// (a norm that quantizes stays a dispatch of its own).
+    fn normalizes(&self, w: &QuantMatrix) -> bool {
+        self.prologue && !w.reads_int8(&self.matmul)
+    }
+
+    /// The input of the matmul over `w` after the pre-norm `rms_norm(x) · weight`: x normalized in
+    /// its prologue, or h (which a norm dispatch then writes: see [`Activations::normalizes`]).
+    fn normed_in<'b>(&'b self, w: &QuantMatrix, weight: &'b wgpu::Buffer, eps: f32) -> Input<'b> {
+        if self.normalizes(w) {
+            Input::Norm { x: &self.x, weight, eps }
+        } else {
+            self.h_in(w)
         }
     }
 
@@ -353,11 +380,16 @@ impl ForwardGraph {
         let pool = PoolShape { window, n_blocks: kv.layer_blocks(l), ..*attention.pool() };
         let pool = &pool;
         let nodes = &mut self.layers;
-        // Later layers' pre-norms ran at the end of the layer before (with its residual).
-        if l == 0 {
+        // The pre-norm is the qkv matmul's prologue, except where it quantizes (a dispatch of its
+        // own, here in the first layer and at the end of the layer before in the others) and in
+        // post-normed layers after the first (Gemma 3), whose pre-norm rode on the residual of
+        // the layer before (residual_norm).
+        let post = lw.post_norms.as_ref();
+        let qkv_in = if l > 0 && post.is_some() { a.h_in(&lw.wqkv) } else { a.normed_in(&lw.wqkv, &lw.attn_norm, cfg.rms_eps) };
+        if l == 0 && !a.normalizes(&lw.wqkv) {
             nodes.push(Node::Kernel(norm::rms_norm_to(ctx, &a.x, &lw.attn_norm, a.h_out(&lw.wqkv), n, hidden, cfg.rms_eps)?));
         }
-        nodes.push(Node::Kernels(matmul::matmul_input(ctx, &lw.wqkv, (a.h_in(&lw.wqkv), &a.qkv), n, a.matmul, Epilogue::Store)?));
+        nodes.push(Node::Kernels(matmul::matmul_input(ctx, &lw.wqkv, (qkv_in, &a.qkv), n, a.matmul, Epilogue::Store)?));
         // One kernel for the q/k norms, RoPE and the KV write. The pool's dtype picks its
         // variant: INT8 quantizes here and is dequantized inside attention.
         let qk_norm = lw.qk_norm.as_ref().map(|weights| QkNorm { weights, eps: cfg.rms_eps });
@@ -371,7 +403,6 @@ impl ForwardGraph {
         nodes.push(Node::Attention(self.attention.len() - 1));
         // The residual adds ride on the matmuls that produce them (their accumulating epilogue);
         // a post-normed residual (Gemma 3) is one kernel with the next pre-norm.
-        let post = lw.post_norms.as_ref();
         let last = l + 1 == cfg.n_layers as usize;
         // The matmul's input is (f32 x, its int8 blocks); `next` the next norm's weight and the
         // matrix its output feeds (whose types say whether it writes f32, int8 or both).
@@ -381,7 +412,8 @@ impl ForwardGraph {
             match post {
                 None => {
                     nodes.push(Node::Kernels(a.quantized_matmul(ctx, w, (x, xq, &a.x), n, Epilogue::Accumulate)?));
-                    if let Some((norm, consumer)) = next {
+                    // The next pre-norm, unless its matmul normalizes in its prologue.
+                    if let Some((norm, consumer)) = next.filter(|(_, consumer)| !a.normalizes(consumer)) {
                         nodes.push(Node::Kernel(norm::rms_norm_to(ctx, &a.x, norm, a.h_out(consumer), n, hidden, cfg.rms_eps)?));
                     }
                 }
@@ -394,7 +426,7 @@ impl ForwardGraph {
             Ok(())
         };
         residual(nodes, &lw.wo, (&a.attn, &a.attn_q), post.map(|[attn, _]| attn), Some((&lw.ffn_norm, &lw.w_gate_up)))?;
-        let gate_up_in = a.h_in(&lw.w_gate_up);
+        let gate_up_in = if post.is_some() { a.h_in(&lw.w_gate_up) } else { a.normed_in(&lw.w_gate_up, &lw.ffn_norm, cfg.rms_eps) };
         if lw.w_gate_up.gated {
             nodes.push(Node::Kernels(matmul::matmul_input(ctx, &lw.w_gate_up, (gate_up_in, &a.act), n, a.matmul, Epilogue::Gated(cfg.activation))?));
         } else {

@@ -24,12 +24,22 @@ pub async fn gpu_with(options: ContextOptions) -> Context {
 /// so the real-GPU variants are checked on the software GPUs.
 pub async fn variant_contexts() -> Vec<Context> {
     let mut out = Vec::new();
+    for (class, optional_features) in variants().await {
+        out.push(gpu_with(ContextOptions { class: Some(class), optional_features, ..Default::default() }).await);
+    }
+    out
+}
+
+/// The (adapter class, optional features) of each of [`variant_contexts`], for tests that load
+/// engines (`EngineOptions::{adapter_class, optional_features}`).
+pub async fn variants() -> Vec<(AdapterClass, bool)> {
+    let probe = gpu().await;
+    let has_optional = probe.has_subgroups(1) || probe.has_f16();
+    let mut out = Vec::new();
     for class in [AdapterClass::Cpu, AdapterClass::Integrated, AdapterClass::Discrete] {
-        let with = gpu_with(ContextOptions { class: Some(class), ..Default::default() }).await;
-        let has_optional = with.has_subgroups(1) || with.has_f16();
-        out.push(with);
+        out.push((class, true));
         if has_optional {
-            out.push(gpu_with(ContextOptions { class: Some(class), optional_features: false, ..Default::default() }).await);
+            out.push((class, false));
         }
     }
     out

@@ -10,6 +10,7 @@
 //!   GGUF data but for that padding (Q4_0 +11%, Q5_0 +9%, Q3_K/Q6_K +1%) and the zero rows that
 //!   complete the last group.
 
+use super::Preludes;
 use crate::gguf::GgmlType;
 
 /// The GPU side of one weight type.
@@ -66,28 +67,29 @@ impl Layout {
         Some(Layout { ggml_type: t, block_values, block_bytes, group_rows, group_block_words, pad })
     }
 
-    /// The matmul shader of this type (src/gpu/shaders.rs), in its `_subgroup` variant (activation
-    /// blocks shared through subgroup broadcasts) or not.
-    pub fn matmul_shader(&self, subgroup: bool) -> &'static str {
-        let (plain, shared) = match self.ggml_type {
-            GgmlType::F32 => ("matmul_f32", "matmul_f32_subgroup"),
-            GgmlType::F16 => ("matmul_f16", "matmul_f16_subgroup"),
-            GgmlType::BF16 => ("matmul_bf16", "matmul_bf16_subgroup"),
-            GgmlType::Q4_0 => ("matmul_q4_0", "matmul_q4_0_subgroup"),
-            GgmlType::Q4_1 => ("matmul_q4_1", "matmul_q4_1_subgroup"),
-            GgmlType::Q5_0 => ("matmul_q5_0", "matmul_q5_0_subgroup"),
-            GgmlType::Q5_1 => ("matmul_q5_1", "matmul_q5_1_subgroup"),
-            GgmlType::Q8_0 => ("matmul_q8_0", "matmul_q8_0_subgroup"),
-            GgmlType::Q2_K => ("matmul_q2_k", "matmul_q2_k_subgroup"),
-            GgmlType::Q3_K => ("matmul_q3_k", "matmul_q3_k_subgroup"),
-            GgmlType::Q4_K => ("matmul_q4_k", "matmul_q4_k_subgroup"),
-            GgmlType::Q5_K => ("matmul_q5_k", "matmul_q5_k_subgroup"),
-            GgmlType::Q6_K | GgmlType::Other(_) => ("matmul_q6_k", "matmul_q6_k_subgroup"),
+    /// The matmul shader of this type (src/gpu/shaders.rs) built with `preludes`: plain, its
+    /// `_subgroup` variant (activation blocks shared through subgroup broadcasts) or its
+    /// `_subgroup_sum` variant (split rows summed within a subgroup).
+    pub fn matmul_shader(&self, preludes: Preludes) -> &'static str {
+        let (plain, shared, sum) = match self.ggml_type {
+            GgmlType::F32 => ("matmul_f32", "matmul_f32_subgroup", "matmul_f32_subgroup_sum"),
+            GgmlType::F16 => ("matmul_f16", "matmul_f16_subgroup", "matmul_f16_subgroup_sum"),
+            GgmlType::BF16 => ("matmul_bf16", "matmul_bf16_subgroup", "matmul_bf16_subgroup_sum"),
+            GgmlType::Q4_0 => ("matmul_q4_0", "matmul_q4_0_subgroup", "matmul_q4_0_subgroup_sum"),
+            GgmlType::Q4_1 => ("matmul_q4_1", "matmul_q4_1_subgroup", "matmul_q4_1_subgroup_sum"),
+            GgmlType::Q5_0 => ("matmul_q5_0", "matmul_q5_0_subgroup", "matmul_q5_0_subgroup_sum"),
+            GgmlType::Q5_1 => ("matmul_q5_1", "matmul_q5_1_subgroup", "matmul_q5_1_subgroup_sum"),
+            GgmlType::Q8_0 => ("matmul_q8_0", "matmul_q8_0_subgroup", "matmul_q8_0_subgroup_sum"),
+            GgmlType::Q2_K => ("matmul_q2_k", "matmul_q2_k_subgroup", "matmul_q2_k_subgroup_sum"),
+            GgmlType::Q3_K => ("matmul_q3_k", "matmul_q3_k_subgroup", "matmul_q3_k_subgroup_sum"),
+            GgmlType::Q4_K => ("matmul_q4_k", "matmul_q4_k_subgroup", "matmul_q4_k_subgroup_sum"),
+            GgmlType::Q5_K => ("matmul_q5_k", "matmul_q5_k_subgroup", "matmul_q5_k_subgroup_sum"),
+            GgmlType::Q6_K | GgmlType::Other(_) => ("matmul_q6_k", "matmul_q6_k_subgroup", "matmul_q6_k_subgroup_sum"),
         };
-        if subgroup {
-            shared
-        } else {
-            plain
+        match preludes {
+            Preludes::Plain => plain,
+            Preludes::SharedLoads => shared,
+            Preludes::SubgroupSum => sum,
         }
     }
 

@@ -31,6 +31,10 @@
 //! int8 per 32-value block, by a dispatch of their own or by the norm that produces them
 //! ([`Input::Int8`]), products through `dot4I8Packed`; fewer words to load, within
 //! [`int8_error_bound`] of the exact result. Parts of other types keep f32 activations.
+//!
+//! With f32 activations a matmul may normalize its input itself ([`Input::Norm`], the RMSNorm
+//! prologue): the forward graph's pre-norms then need no dispatch, and no buffer holds the
+//! normalized rows.
 
 pub(crate) mod layout;
 #[cfg(feature = "testing")]
@@ -40,7 +44,7 @@ use super::act::Activation;
 use super::{check_binding, check_size, whole};
 use crate::gguf::GgmlType;
 use crate::gpu::kernel::split_workgroups;
-use crate::gpu::{shape_err, Context, GpuError, Kernel};
+use crate::gpu::{shape_err, AdapterClass, Context, GpuError, Kernel};
 use crate::quant::QK;
 use layout::Layout;
 #[cfg(feature = "testing")]
@@ -238,7 +242,7 @@ fn upload_run(ctx: &Context, run: Run<'_>, out: &mut Vec<Part>) -> Result<(), Gp
     Ok(())
 }
 
-/// How the matmul kernel is specialized. [`MatmulConfig::for_device`] picks the measured best;
+/// How the matmul kernel is specialized. [`MatmulConfig::for_device`] picks one per adapter class;
 /// tests and benchmarks set fields to exercise the other variants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatmulConfig {
@@ -248,9 +252,11 @@ pub struct MatmulConfig {
     pub k_split: u32,
     /// Invocations per workgroup, a multiple of `k_split`.
     pub workgroup: u32,
-    /// Load each activation block once per 8 lanes of a subgroup and broadcast it
-    /// (`shaders/matmul_x_subgroup.wgsl`): needs [`Context::has_subgroups`]`(8)`, `k_split` 1 and
-    /// a workgroup of a multiple of 8.
+    /// Use subgroups ([`Context::has_subgroups`]): with `k_split` 1, load each activation block
+    /// once per 8 lanes and broadcast it (`shaders/matmul_x_subgroup.wgsl`; subgroups of at least
+    /// 8 and a workgroup of a multiple of 8); with `k_split` > 1 (a power of two), sum the split
+    /// rows within a subgroup by shuffles instead of through workgroup memory
+    /// (`shaders/matmul_split_subgroup.wgsl`; subgroups of at least `k_split`).
     pub subgroup: bool,
     /// Multiply int8-quantized activations (per 32-value block) with `dot4I8Packed`, as llama.cpp
     /// does, in the parts with an int8 body (Q4_1, Q8_0). Not exact: see [`int8_error_bound`].
@@ -263,24 +269,50 @@ pub const MAX_TILE_ROWS: u32 = 16;
 /// Lanes of a subgroup that load an activation block together (`matmul_x_subgroup.wgsl`).
 const SUBGROUP_LANES: u32 = 8;
 
+/// The activation preludes a matmul kernel is built with (`src/gpu/shaders.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Preludes {
+    /// `matmul_split` + `matmul_x`: every invocation loads what it multiplies, split rows summed
+    /// through workgroup memory.
+    Plain,
+    /// `matmul_x_subgroup`: activation blocks shared through subgroup broadcasts, no split.
+    SharedLoads,
+    /// `matmul_split_subgroup` + `matmul_x`: split rows summed within a subgroup.
+    SubgroupSum,
+}
+
 impl MatmulConfig {
-    /// The variant for this adapter and batch. CPU adapters: register tiles of up to 16
-    /// activation rows, whole rows per invocation in workgroups of 16, activation blocks shared
-    /// through subgroups where there are some (lavapipe); measured on lavapipe (medians of 5
-    /// alternating rounds, CPU time): a 512-row Q4_1 prefill (576→1536) 2.7× faster than the
-    /// 8-row tiles before, decode matvecs 1.35-1.5×. Activations stay f32 unless asked otherwise:
-    /// int8 activations are faster (with shared loads at most 5% in decode and 1.36× in prefill;
-    /// without them, SwiftShader's case, they cut the words loaded per block from 32 to 10: 2.2×
-    /// in prefill and 1.2× in decode on lavapipe's plain path), but their rounding, like
-    /// llama.cpp's, moves SmolLM2's logits by up to ~2.5 and misses 3 of llama.cpp's clear steps
-    /// in tests/golden.rs (96.0% top-1 agreement against 98.1% with f32; the fidelity bar is all
-    /// of them).
-    /// Other adapters (not measured: no real GPU at hand): 8-way split rows in 64-wide
-    /// workgroups, tiles of up to 4 rows, f32 activations: real GPUs are not short of load
-    /// bandwidth for activations, and int8 would add a quantizing dispatch where the attention
-    /// output and the FFN activation feed a matmul, where per-dispatch overhead is what small
-    /// models pay for. [`ContextOptions::int8_activations`](crate::gpu::ContextOptions) overrides
-    /// the int8 choice on any adapter.
+    /// The variant for this adapter's class ([`Context::class`]) and batch.
+    ///
+    /// CPU adapters: register tiles of up to 16 activation rows, whole rows per invocation in
+    /// workgroups of 16, activation blocks shared through subgroups where there are some
+    /// (lavapipe); measured on lavapipe (medians of 5 alternating rounds, CPU time): a 512-row
+    /// Q4_1 prefill (576→1536) 2.7× faster than the 8-row tiles before, decode matvecs 1.35-1.5×.
+    ///
+    /// Real GPUs (not measured: no real GPU at hand; the choices follow what GPU matvec kernels
+    /// do, e.g. llama.cpp's Vulkan and Metal ones): a row group's blocks split over `k_split`
+    /// invocations, so that a decode matvec keeps many invocations busy on few rows and adjacent
+    /// invocations read adjacent blocks; the split summed within a subgroup where the device's
+    /// subgroups hold it (`has_subgroups(k_split)`: NVIDIA, AMD, Apple; no barriers, no workgroup
+    /// memory) and through workgroup memory otherwise. Integrated GPUs: 8-way splits in
+    /// workgroups of 64 (8 groups, 32 output rows per workgroup), tiles of up to 4 rows;
+    /// discrete GPUs: 16-way splits in workgroups of 256 (16 groups, 64 rows), tiles of up to 8
+    /// rows (more registers per invocation). No `shader-f16` variant: a decode matvec on a GPU is
+    /// bound by the bytes of weights it streams, which f16 arithmetic does not change (the
+    /// weights stay packed and are converted by one instruction per word, `unpack2x16float`,
+    /// `unpack4xU8`), while f16 products would round each activation to 11 bits, ~100× the f32
+    /// kernels' error; a prefill on a GPU would gain from f16 math only in a shared-memory tiled
+    /// kernel, which this register-tiled one is not.
+    ///
+    /// Activations stay f32 unless asked otherwise: int8 activations are faster on CPU adapters
+    /// (with shared loads at most 5% in decode and 1.36× in prefill; without them, SwiftShader's
+    /// case, they cut the words loaded per block from 32 to 10: 2.2× in prefill and 1.2× in
+    /// decode on lavapipe's plain path), but their rounding, like llama.cpp's, moves SmolLM2's
+    /// logits by up to ~2.5 and misses 3 of llama.cpp's clear steps in tests/golden.rs (96.0%
+    /// top-1 agreement against 98.1% with f32; the fidelity bar is all of them); on GPUs they
+    /// would add a quantizing dispatch where the attention output and the FFN activation feed a
+    /// matmul. [`ContextOptions::int8_activations`](crate::gpu::ContextOptions) overrides the
+    /// int8 choice on any adapter.
     pub fn for_device(ctx: &Context, n_rows: u32) -> MatmulConfig {
         let tile_rows = match n_rows {
             0..=1 => 1,
@@ -289,12 +321,26 @@ impl MatmulConfig {
             5..=8 => 8,
             _ => MAX_TILE_ROWS,
         };
-        let subgroup = ctx.is_cpu() && ctx.has_subgroups(SUBGROUP_LANES);
         let int8_activations = ctx.int8_activations.unwrap_or(false);
-        if ctx.is_cpu() {
-            MatmulConfig { tile_rows, k_split: 1, workgroup: 16, subgroup, int8_activations }
-        } else {
-            MatmulConfig { tile_rows: tile_rows.min(4), k_split: 8, workgroup: 64, subgroup: false, int8_activations }
+        let (max_tile, k_split, workgroup) = match ctx.class() {
+            AdapterClass::Cpu => {
+                let subgroup = ctx.has_subgroups(SUBGROUP_LANES);
+                return MatmulConfig { tile_rows, k_split: 1, workgroup: 16, subgroup, int8_activations };
+            }
+            AdapterClass::Integrated => (4, 8, 64),
+            AdapterClass::Discrete => (8, 16, 256),
+        };
+        // A device may offer fewer invocations per workgroup (WebGPU's default is 256).
+        let workgroup = workgroup.min(ctx.limits.max_compute_invocations_per_workgroup / k_split * k_split);
+        MatmulConfig { tile_rows: tile_rows.min(max_tile), k_split, workgroup, subgroup: ctx.has_subgroups(k_split), int8_activations }
+    }
+
+    /// The activation preludes of this variant.
+    pub(crate) fn preludes(&self) -> Preludes {
+        match (self.subgroup, self.k_split) {
+            (false, _) => Preludes::Plain,
+            (true, 1) => Preludes::SharedLoads,
+            (true, _) => Preludes::SubgroupSum,
         }
     }
 
@@ -307,14 +353,36 @@ impl MatmulConfig {
         if workgroup > ctx.limits.max_compute_invocations_per_workgroup {
             return Err(format!("workgroup of {workgroup} exceeds the device's {}", ctx.limits.max_compute_invocations_per_workgroup));
         }
-        if subgroup && (k_split != 1 || workgroup % SUBGROUP_LANES != 0) {
-            return Err(format!("invalid kernel configuration {self:?}: shared activation loads need k_split 1 and a workgroup of a multiple of {SUBGROUP_LANES}"));
-        }
-        if subgroup && !ctx.has_subgroups(SUBGROUP_LANES) {
-            return Err(format!("kernel configuration {self:?} needs subgroups of at least {SUBGROUP_LANES} invocations, which this device lacks"));
+        let lanes = match self.preludes() {
+            Preludes::Plain => return Ok(()),
+            Preludes::SharedLoads if workgroup % SUBGROUP_LANES != 0 => {
+                return Err(format!("invalid kernel configuration {self:?}: shared activation loads need a workgroup of a multiple of {SUBGROUP_LANES}"));
+            }
+            Preludes::SharedLoads => SUBGROUP_LANES,
+            Preludes::SubgroupSum if !k_split.is_power_of_two() => {
+                return Err(format!("invalid kernel configuration {self:?}: split rows summed within a subgroup need k_split a power of two"));
+            }
+            Preludes::SubgroupSum => k_split,
+        };
+        if subgroup && !ctx.has_subgroups(lanes) {
+            return Err(format!("kernel configuration {self:?} needs subgroups of at least {lanes} invocations, which this device lacks"));
         }
         Ok(())
     }
+}
+
+/// Whether a matmul with `config` on this adapter is better off normalizing its input in its
+/// prologue ([`Input::Norm`]) than reading it from a norm dispatch: everywhere but on CPU adapters
+/// without shared activation loads. The prologue loads the norm weight's block with every
+/// activation block; where 8 lanes share those loads (lavapipe) that costs about what the norm
+/// dispatch did (measured on lavapipe, medians of 7 alternating rounds of CPU time, norm +
+/// matmul against the prologue: decode 576→960 1.07×, 576→3072 1.00×; a 512-row prefill 0.99×
+/// and 0.96×), so the dispatch is saved for nothing; where each invocation loads everything
+/// itself (SwiftShader, lavapipe's plain path) it loads 21 words per Q4_1 block instead of 13
+/// and loses (0.78× in decode, 0.90-0.92× in prefill). On real GPUs the norm weight stays in
+/// cache and the dispatch is what a small layer pays for (not measured: no GPU at hand).
+pub fn norm_prologue_pays(ctx: &Context, config: &MatmulConfig) -> bool {
+    !ctx.is_cpu() || config.subgroup
 }
 
 /// Where a matmul's activations come from.
@@ -328,6 +396,14 @@ pub enum Input<'a> {
     /// activations unquantized, needed by the parts without an int8 path
     /// ([`QuantMatrix::needs_f32`]) and by a config without `int8_activations`.
     Int8 { q: &'a wgpu::Buffer, f32: Option<&'a wgpu::Buffer> },
+    /// f32 `[n_rows, cols]` rows normalized by the kernel itself before it multiplies them (the
+    /// RMSNorm prologue, `NORM` in `shaders/matmul_common.wgsl`): the matmul of
+    /// `norm::rms_norm(x, weight, eps)` without that dispatch and its output buffer (weight:
+    /// `[cols]` f32, eps finite and ≥ 0). Each invocation sums the squares of the rows it reads
+    /// and scales its finished sums by 1/rms; x itself is left as it is. f32 activations only: a
+    /// matrix that reads int8 ([`QuantMatrix::reads_int8`]) is refused (its norm quantizes, in a
+    /// dispatch of its own: `norm::rms_norm_to`).
+    Norm { x: &'a wgpu::Buffer, weight: &'a wgpu::Buffer, eps: f32 },
 }
 
 /// Bytes of the int8 blocks of `n_rows` activation rows of `cols` values: 3 vec4<u32> (48 bytes)
@@ -360,6 +436,7 @@ struct MatmulParams {
     tiles: u32,
     y_stride: u32,
     row_base: u32,
+    eps: f32,
 }
 
 /// y[r, :] = W · x[r, :] for r in 0..n_rows.
@@ -417,12 +494,16 @@ pub fn matmul_input(
     if n_rows == 0 {
         return Err(shape_err(OP, "n_rows must be positive"));
     }
-    let (x, given_q) = match input {
-        Input::F32(x) => (Some(x), None),
-        Input::Int8 { q, f32 } => (f32, Some(q)),
+    let (x, given_q, norm) = match input {
+        Input::F32(x) => (Some(x), None, None),
+        Input::Int8 { q, f32 } => (f32, Some(q), None),
+        Input::Norm { x, weight, eps } => (Some(x), None, Some((weight, eps))),
     };
-    if [x, given_q].into_iter().flatten().any(|b| b == y) {
-        return Err(shape_err(OP, "y must be a different buffer from x"));
+    if [x, given_q, norm.map(|n| n.0)].into_iter().flatten().any(|b| b == y) {
+        return Err(shape_err(OP, "y must be a different buffer from x and the norm weight"));
+    }
+    if let Some(norm) = norm {
+        check_norm(ctx, w, &config, norm)?;
     }
     let y_width = if w.gated { w.rows / 2 } else { w.rows };
     check_size(OP, "y", y, n_rows as u64 * y_width as u64 * 4)?;
@@ -467,21 +548,36 @@ pub fn matmul_input(
             (_, _, Some(x)) => x,
             _ => return Err(shape_err(OP, format!("{} part without activations for {config:?}", part.ggml_type.name()))),
         };
-        kernels.push(part_kernel(ctx, (w, part), (input, y), n_rows, MatmulConfig { int8_activations: int8, ..config }, epilogue)?);
+        let config = MatmulConfig { int8_activations: int8, ..config };
+        kernels.push(part_kernel(ctx, (w, part), (input, y), n_rows, (config, norm), epilogue)?);
     }
     Ok(kernels)
 }
 
-/// The kernel of one part: its rows of y, from x (or the quantized x with `int8_activations`).
+/// Checks the norm of an [`Input::Norm`] = (weight, eps) for a matmul over `w` with `config`.
+fn check_norm(ctx: &Context, w: &QuantMatrix, config: &MatmulConfig, (weight, eps): (&wgpu::Buffer, f32)) -> Result<(), GpuError> {
+    const OP: &str = "matmul";
+    if w.reads_int8(config) {
+        return Err(shape_err(OP, format!("the norm prologue takes f32 activations, and {config:?} reads int8 ones: quantize in the norm (rms_norm_to)")));
+    }
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(shape_err(OP, format!("the norm's eps must be finite and >= 0, got {eps}")));
+    }
+    check_size(OP, "norm weight", weight, w.cols as u64 * 4)?;
+    check_binding(ctx, OP, "norm weight", weight.size())
+}
+
+/// The kernel of one part: its rows of y, from x (or the quantized x with `int8_activations`),
+/// normalized in its prologue with `norm` = (weight, eps).
 fn part_kernel(
     ctx: &Context,
     (w, part): (&QuantMatrix, &Part),
     (x, y): (&wgpu::Buffer, &wgpu::Buffer),
     n_rows: u32,
-    config: MatmulConfig,
+    (config, norm): (MatmulConfig, Option<(&wgpu::Buffer, f32)>),
     epilogue: Epilogue,
 ) -> Result<Kernel, GpuError> {
-    let MatmulConfig { tile_rows, k_split, workgroup, subgroup, int8_activations } = config;
+    let MatmulConfig { tile_rows, k_split, workgroup, int8_activations, .. } = config;
     let wgs_per_tile = part.groups.div_ceil(workgroup / k_split);
     let tiles = n_rows.div_ceil(tile_rows);
     let workgroups = linear_grid(ctx, "matmul", wgs_per_tile as u64 * tiles as u64)?;
@@ -494,6 +590,7 @@ fn part_kernel(
         tiles,
         y_stride: if w.gated { w.rows / 2 } else { w.rows },
         row_base: part.row0,
+        eps: norm.map_or(0.0, |n| n.1),
     };
     let (epilogue, gelu) = match epilogue {
         Epilogue::Store => (0.0, 0.0),
@@ -501,7 +598,7 @@ fn part_kernel(
         Epilogue::Gated(act) => (2.0, if act == Activation::GeluTanh { 1.0 } else { 0.0 }),
     };
     let uniform = ctx.params_init("matmul.params", bytemuck::bytes_of(&params));
-    let name = part.layout.matmul_shader(subgroup);
+    let name = part.layout.matmul_shader(config.preludes());
     let pipeline = ctx.pipeline(
         name,
         "main",
@@ -512,9 +609,13 @@ fn part_kernel(
             ("INT8", if int8_activations { 1.0 } else { 0.0 }),
             ("EPILOGUE", epilogue),
             ("GELU", gelu),
+            ("NORM", if norm.is_some() { 1.0 } else { 0.0 }),
         ],
     )?;
-    let kernel = Kernel::new(ctx, name, pipeline, &[whole(&part.buffer), whole(x), whole(y), whole(&uniform)], workgroups, None);
+    // Without the prologue x stands in for its weight (read-only, never read: a shader binds
+    // every binding it declares).
+    let norm_w = norm.map_or(x, |n| n.0);
+    let kernel = Kernel::new(ctx, name, pipeline, &[whole(&part.buffer), whole(x), whole(y), whole(&uniform), whole(norm_w)], workgroups, None);
     Ok(kernel.owning(uniform))
 }
 
