@@ -1,4 +1,4 @@
-//! Where a step's time goes: the figures [`crate::engine::Engine::profile`] measures for one
+//! Where a step's time goes: the figures the engine's `profile` measures for one
 //! prefill and one steady-state decode step, natively and in the browser alike.
 //!
 //! Counts (dispatches, submits, readbacks, bytes read back, buffers and bind groups created) and
@@ -132,7 +132,7 @@ pub struct Profile {
     pub prompt_tokens: u32,
     /// Rows per prefill pass (a prompt longer than this runs in several passes).
     pub prefill_chunk: u32,
-    /// Whether decode steps are planned ahead ([`crate::sched::SchedConfig::lookahead`]).
+    /// Whether decode steps are planned ahead (the scheduler's `lookahead` option).
     pub lookahead: bool,
     /// The first prefill of this length (graphs built, pipelines compiled).
     pub prefill_cold: ColdStep,

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
 
-use super::profile::{AtomicCounters, Capture, Captured, Counters};
+use super::timing::{AtomicCounters, Capture, Captured, Counters};
 use super::{shaders, GpuError};
 
 /// What the caller needs from the device.

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::profile::Capture;
+use super::timing::Capture;
 use super::Context;
 
 /// One dispatch: pipeline, bind group (group 0) and workgroup count. Built by a launcher in

@@ -11,12 +11,12 @@
 mod context;
 mod kernel;
 pub mod ops;
-mod profile;
+mod timing;
 pub mod shaders;
 
 pub use context::{AdapterClass, Context, ContextOptions, Mapping};
 pub use kernel::{Kernel, Recorder};
-pub use profile::{Captured, Counters, KernelTime, TimingMethod};
+pub use timing::{Captured, Counters, KernelTime, TimingMethod};
 
 /// Errors of the GPU layer.
 #[derive(Debug, thiserror::Error)]
