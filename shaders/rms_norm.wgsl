@@ -25,25 +25,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let dim = params.dim;
     let base = row * dim;
     let scale = inv_rms(base, dim, params.eps);
-    if (F32_OUT) {
-        for (var k = 0u; k < dim; k += 1u) {
-            out[base + k] = x[base + k] * scale * weight[k];
-        }
-    }
-    if (QUANT) {
-        // The same products as above, per block of 32 (dim is a multiple of 32 here).
-        for (var b = 0u; b < dim / 32u; b++) {
-            var v: array<vec4<f32>, 8>;
-            for (var i = 0u; i < 8u; i++) {
-                let k = base + 32u * b + 4u * i;
-                let c = 32u * b + 4u * i;
-                v[i] = vec4<f32>(x[k], x[k + 1u], x[k + 2u], x[k + 3u]) * scale * vec4<f32>(weight[c], weight[c + 1u], weight[c + 2u], weight[c + 3u]);
-            }
-            let q = quantize_block(v);
-            let at = (base / 32u + b) * 3u;
-            xq[at] = q[0];
-            xq[at + 1u] = q[1];
-            xq[at + 2u] = q[2];
-        }
-    }
+    write_normed(base, dim, scale);
 }
