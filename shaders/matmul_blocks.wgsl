@@ -5,6 +5,9 @@
 // Σ_k (d q_k + m) x_k = d · Σ q_k x_k + m · Σ x_k. Activations are f32 (INT8 is not used by this
 // body). Accumulation is f32.
 
+// Rows per row group.
+const G: u32 = 4u;
+
 // The chunks of the 4 rows of a group.
 struct Chunks {
     c0: Chunk,
@@ -19,10 +22,16 @@ fn halves_dot(c: Chunk, v: XF32) -> vec2<f32> {
                      (dot(c.q[4], v[4]) + dot(c.q[5], v[5])) + (dot(c.q[6], v[6]) + dot(c.q[7], v[7])));
 }
 
-// The 4 rows' sums over chunk kc of the tile's activation row a0 + t (g: the norm weight's
-// block, NORM).
-fn blocks_row(cs: Chunks, g: XF32, it: Tile, t: u32, kc: u32) -> vec4<f32> {
-    let v = x_in(it, t, kc, g);
+// The 4 rows' sums of slot s of the tile (activation row t = s / TG against row group j = s % TG,
+// see matmul_common.wgsl) over chunk kc: cq holds the TG groups' chunks; the activation row's
+// block is loaded at its first slot (j = 0) into xv (g: the norm weight's block, NORM) and reused
+// by its other groups.
+fn blocks_slot(cq: ptr<function, array<Chunks, MAX_TG>>, xv: ptr<function, XF32>, g: XF32, it: Tile, s: u32, kc: u32) -> vec4<f32> {
+    if (s % TG == 0u) {
+        *xv = x_in(it, s / TG, kc, g);
+    }
+    let v = *xv;
+    let cs = (*cq)[s % TG];
     let p0 = halves_dot(cs.c0, v);
     let p1 = halves_dot(cs.c1, v);
     let p2 = halves_dot(cs.c2, v);
@@ -39,46 +48,54 @@ fn blocks_row(cs: Chunks, g: XF32, it: Tile, t: u32, kc: u32) -> vec4<f32> {
     return d_lo * lo + d_hi * hi + m_lo * dot(s_lo, one) + m_hi * dot(s_hi, one);
 }
 
+// Chunk kc of the 4 rows n0..n0+3 of a group.
+fn group_chunks(n0: u32, kc: u32) -> Chunks {
+    return Chunks(decode(n0, kc, params.nb), decode(n0 + 1u, kc, params.nb), decode(n0 + 2u, kc, params.nb), decode(n0 + 3u, kc, params.nb));
+}
+
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
     let it = tile_of(ids);
     // Indexed by constants only, so the tile stays in registers (see matmul_common.wgsl).
     var acc: array<vec4<f32>, MAX_TM>;
-    let n0 = it.gc * 4u;
+    var cq: array<Chunks, MAX_TG>;
+    var xv: XF32;
     for (var kc = k_lane_of(ids); kc < params.nb; kc += KSPLIT) {
-        let cs = Chunks(decode(n0, kc, params.nb), decode(n0 + 1u, kc, params.nb), decode(n0 + 2u, kc, params.nb), decode(n0 + 3u, kc, params.nb));
+        cq[0] = group_chunks(group_at(it, 0u) * 4u, kc);
+        if (TG > 1u) { cq[1] = group_chunks(group_at(it, 1u) * 4u, kc); }
+        if (TG > 2u) { cq[2] = group_chunks(group_at(it, 2u) * 4u, kc); cq[3] = group_chunks(group_at(it, 3u) * 4u, kc); }
         let g = g_f32(it, kc);
-        acc[0] += blocks_row(cs, g, it, 0u, kc);
-        if (TM > 1u) { acc[1] += blocks_row(cs, g, it, 1u, kc); }
-        if (TM > 2u) { acc[2] += blocks_row(cs, g, it, 2u, kc); }
-        if (TM > 3u) { acc[3] += blocks_row(cs, g, it, 3u, kc); }
-        if (TM > 4u) { acc[4] += blocks_row(cs, g, it, 4u, kc); }
-        if (TM > 5u) { acc[5] += blocks_row(cs, g, it, 5u, kc); }
-        if (TM > 6u) { acc[6] += blocks_row(cs, g, it, 6u, kc); }
-        if (TM > 7u) { acc[7] += blocks_row(cs, g, it, 7u, kc); }
-        if (TM > 8u) { acc[8] += blocks_row(cs, g, it, 8u, kc); }
-        if (TM > 9u) { acc[9] += blocks_row(cs, g, it, 9u, kc); }
-        if (TM > 10u) { acc[10] += blocks_row(cs, g, it, 10u, kc); }
-        if (TM > 11u) { acc[11] += blocks_row(cs, g, it, 11u, kc); }
-        if (TM > 12u) { acc[12] += blocks_row(cs, g, it, 12u, kc); }
-        if (TM > 13u) { acc[13] += blocks_row(cs, g, it, 13u, kc); }
-        if (TM > 14u) { acc[14] += blocks_row(cs, g, it, 14u, kc); }
-        if (TM > 15u) { acc[15] += blocks_row(cs, g, it, 15u, kc); }
+        acc[0] += blocks_slot(&cq, &xv, g, it, 0u, kc);
+        if (TM * TG > 1u) { acc[1] += blocks_slot(&cq, &xv, g, it, 1u, kc); }
+        if (TM * TG > 2u) { acc[2] += blocks_slot(&cq, &xv, g, it, 2u, kc); }
+        if (TM * TG > 3u) { acc[3] += blocks_slot(&cq, &xv, g, it, 3u, kc); }
+        if (TM * TG > 4u) { acc[4] += blocks_slot(&cq, &xv, g, it, 4u, kc); }
+        if (TM * TG > 5u) { acc[5] += blocks_slot(&cq, &xv, g, it, 5u, kc); }
+        if (TM * TG > 6u) { acc[6] += blocks_slot(&cq, &xv, g, it, 6u, kc); }
+        if (TM * TG > 7u) { acc[7] += blocks_slot(&cq, &xv, g, it, 7u, kc); }
+        if (TM * TG > 8u) { acc[8] += blocks_slot(&cq, &xv, g, it, 8u, kc); }
+        if (TM * TG > 9u) { acc[9] += blocks_slot(&cq, &xv, g, it, 9u, kc); }
+        if (TM * TG > 10u) { acc[10] += blocks_slot(&cq, &xv, g, it, 10u, kc); }
+        if (TM * TG > 11u) { acc[11] += blocks_slot(&cq, &xv, g, it, 11u, kc); }
+        if (TM * TG > 12u) { acc[12] += blocks_slot(&cq, &xv, g, it, 12u, kc); }
+        if (TM * TG > 13u) { acc[13] += blocks_slot(&cq, &xv, g, it, 13u, kc); }
+        if (TM * TG > 14u) { acc[14] += blocks_slot(&cq, &xv, g, it, 14u, kc); }
+        if (TM * TG > 15u) { acc[15] += blocks_slot(&cq, &xv, g, it, 15u, kc); }
     }
-    finish(it, ids.lid, 0u, n0, acc[0]);
-    if (TM > 1u) { finish(it, ids.lid, 1u, n0, acc[1]); }
-    if (TM > 2u) { finish(it, ids.lid, 2u, n0, acc[2]); }
-    if (TM > 3u) { finish(it, ids.lid, 3u, n0, acc[3]); }
-    if (TM > 4u) { finish(it, ids.lid, 4u, n0, acc[4]); }
-    if (TM > 5u) { finish(it, ids.lid, 5u, n0, acc[5]); }
-    if (TM > 6u) { finish(it, ids.lid, 6u, n0, acc[6]); }
-    if (TM > 7u) { finish(it, ids.lid, 7u, n0, acc[7]); }
-    if (TM > 8u) { finish(it, ids.lid, 8u, n0, acc[8]); }
-    if (TM > 9u) { finish(it, ids.lid, 9u, n0, acc[9]); }
-    if (TM > 10u) { finish(it, ids.lid, 10u, n0, acc[10]); }
-    if (TM > 11u) { finish(it, ids.lid, 11u, n0, acc[11]); }
-    if (TM > 12u) { finish(it, ids.lid, 12u, n0, acc[12]); }
-    if (TM > 13u) { finish(it, ids.lid, 13u, n0, acc[13]); }
-    if (TM > 14u) { finish(it, ids.lid, 14u, n0, acc[14]); }
-    if (TM > 15u) { finish(it, ids.lid, 15u, n0, acc[15]); }
+    finish(it, ids.lid, 0u, 0u, acc[0]);
+    if (TM * TG > 1u) { finish(it, ids.lid, 1u, 0u, acc[1]); }
+    if (TM * TG > 2u) { finish(it, ids.lid, 2u, 0u, acc[2]); }
+    if (TM * TG > 3u) { finish(it, ids.lid, 3u, 0u, acc[3]); }
+    if (TM * TG > 4u) { finish(it, ids.lid, 4u, 0u, acc[4]); }
+    if (TM * TG > 5u) { finish(it, ids.lid, 5u, 0u, acc[5]); }
+    if (TM * TG > 6u) { finish(it, ids.lid, 6u, 0u, acc[6]); }
+    if (TM * TG > 7u) { finish(it, ids.lid, 7u, 0u, acc[7]); }
+    if (TM * TG > 8u) { finish(it, ids.lid, 8u, 0u, acc[8]); }
+    if (TM * TG > 9u) { finish(it, ids.lid, 9u, 0u, acc[9]); }
+    if (TM * TG > 10u) { finish(it, ids.lid, 10u, 0u, acc[10]); }
+    if (TM * TG > 11u) { finish(it, ids.lid, 11u, 0u, acc[11]); }
+    if (TM * TG > 12u) { finish(it, ids.lid, 12u, 0u, acc[12]); }
+    if (TM * TG > 13u) { finish(it, ids.lid, 13u, 0u, acc[13]); }
+    if (TM * TG > 14u) { finish(it, ids.lid, 14u, 0u, acc[14]); }
+    if (TM * TG > 15u) { finish(it, ids.lid, 15u, 0u, acc[15]); }
 }

@@ -14,11 +14,16 @@
 //    quantize_act.wgsl (or a norm that quantizes its output): [n_rows · nb · 3] vec4<u32> (32 int8
 //    quants, then the scale and the exact sum).
 //
-// One invocation computes a tile of TM activation rows × G output rows: every weight block is
-// loaded and dequantized once per TM rows (register tiling, no shared memory). The tile is
-// written out row by row (`if (TM > t)` on constants) rather than as loops over t: a loop the
-// compiler does not unroll indexes the accumulators dynamically, which lavapipe turns into a
-// scatter and a gather per lane (measured 1.65× slower at TM = 8). On lavapipe (Mesa 22) every
+// One invocation computes a tile of TM activation rows × TG row groups (TG · G output rows): every
+// weight block is loaded and dequantized once per TM rows, every activation block once per TG
+// groups (register tiling, no shared memory). Slot s of the tile is activation row t = s / TG
+// against group j = s % TG, TM · TG ≤ MAX_TM slots. The tile is written out slot by slot
+// (`if (TM * TG > s)` on constants) rather than as loops over s: a loop the compiler does not
+// unroll indexes the accumulators dynamically, which lavapipe turns into a scatter and a gather
+// per lane (measured 1.65× slower at TM = 8). Where activation loads cost as much as weight loads
+// (SwiftShader: no subgroups to share them, every storage load a gather over its 4 lanes) a
+// squarer tile loads fewer words per product: at TM = 1 (decode) an f32 activation block is 32
+// words against a Q4_1 group's 20. On lavapipe (Mesa 22) every
 // storage load is a loop over the lanes of the SIMD group, each lane's words loaded one by one
 // behind a bounds check, so what a kernel costs there is mostly the words each invocation loads,
 // then the arithmetic. With KSPLIT > 1 (real GPUs) KSPLIT
@@ -64,11 +69,13 @@ struct Params {
 
 override WG: u32 = 16u;     // invocations per workgroup (a multiple of KSPLIT)
 override KSPLIT: u32 = 1u;  // invocations sharing one group
-override TM: u32 = 1u;      // activation rows per invocation, ≤ MAX_TM
+override TM: u32 = 1u;      // activation rows per invocation
+override TG: u32 = 1u;      // row groups per invocation (1, 2 or 4); TM · TG ≤ MAX_TM
 override INT8: bool = false;        // x holds int8-quantized activations
 override EPILOGUE: u32 = 0u;        // 0 store, 1 add into y, 2 gated activation (see above)
 override NORM: bool = false;        // the RMSNorm prologue (see above)
-const MAX_TM: u32 = 16u;
+const MAX_TM: u32 = 16u;    // slots of a tile
+const MAX_TG: u32 = 4u;
 
 // Σ x² over the blocks of each tile row this invocation has loaded (NORM). Indexed by the tile
 // row, a constant once the bodies' calls are inlined, so it stays in registers like the tile.
@@ -119,14 +126,14 @@ fn block_sum(v: XF32) -> f32 {
 struct Tile {
     tile: u32,     // its tile of TM activation rows
     lane: u32,     // its place among the KSPLIT invocations sharing a group
-    g: u32,        // its row group, possibly past the last one
-    gc: u32,       // g clamped to the last group: out-of-range invocations compute on it and
-                   // store nothing (no early return, so that every one reaches the barriers and
-                   // the subgroup broadcasts)
+    g: u32,        // its first row group (of TG), possibly past the last one: out-of-range
+                   // groups compute on the last one (group_at) and store nothing (no early
+                   // return, so that every invocation reaches the barriers and the subgroup
+                   // broadcasts)
     a0: u32,       // the first activation row of the (clamped) tile
     x_block: u32,  // vec4s per activation block
     x_lane: u32,   // its lane among the 8 that load an activation block together (matmul_x_subgroup)
-    live: bool,    // it stores its results
+    live: bool,    // it stores its results (those of its groups that exist)
 }
 
 fn tile_of(ids: Ids) -> Tile {
@@ -135,13 +142,17 @@ fn tile_of(ids: Ids) -> Tile {
     // The group index is the fast one: consecutive workgroups share an activation tile.
     it.tile = linear / params.wgs_per_tile;
     it.lane = k_lane_of(ids);
-    it.g = (linear % params.wgs_per_tile) * (WG / KSPLIT) + slot_of(ids);
-    it.gc = min(it.g, params.groups - 1u);
+    it.g = ((linear % params.wgs_per_tile) * (WG / KSPLIT) + slot_of(ids)) * TG;
     it.a0 = min(it.tile, params.tiles - 1u) * TM;
     it.x_block = select(8u, 3u, INT8);
     it.x_lane = x_lane_of(ids);
-    it.live = it.g < params.groups && it.tile < params.tiles && it.lane == 0u;
+    it.live = it.tile < params.tiles && it.lane == 0u;
     return it;
+}
+
+// Row group j of the invocation's tile, clamped to the last group.
+fn group_at(it: Tile, j: u32) -> u32 {
+    return min(it.g + j, params.groups - 1u);
 }
 
 // The vec4 of x where block b of the tile's activation row a0 + t starts (the row clamped to the
@@ -156,10 +167,13 @@ struct Reduced {
     sumsq: f32,
 }
 
-// Output rows row0..row0+3 of the tile's activation row a0 + t: summed over the KSPLIT lanes
-// (the activation prelude's k_reduce), scaled by the row's 1/rms with NORM, and stored by lane 0
-// (every invocation must call it: barriers or subgroup shuffles).
-fn finish(it: Tile, lid: u32, t: u32, row0: u32, v: vec4<f32>) {
+// Output rows 4·quad..4·quad+3 of slot s's group (G rows, declared by the body) for its
+// activation row a0 + s / TG: summed over the KSPLIT lanes (the activation prelude's k_reduce),
+// scaled by the row's 1/rms with NORM, and stored by lane 0 (every invocation must call it:
+// barriers or subgroup shuffles).
+fn finish(it: Tile, lid: u32, s: u32, quad: u32, v: vec4<f32>) {
+    let t = s / TG;
+    let group = it.g + s % TG;
     let r = k_reduce(lid, it.lane, v, sumsq[t]);
     var sum = r.v;
     if (NORM) {
@@ -167,8 +181,8 @@ fn finish(it: Tile, lid: u32, t: u32, row0: u32, v: vec4<f32>) {
         sum *= 1.0 / sqrt(r.sumsq / f32(params.nb * 32u) + params.eps);
     }
     let a = it.a0 + t;
-    if (it.live && a < params.n_rows) {
-        store4(a, row0, sum);
+    if (it.live && group < params.groups && a < params.n_rows) {
+        store4(a, group * G + quad * 4u, sum);
     }
 }
 

@@ -8,6 +8,9 @@
 
 @group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
 
+// Rows per row group.
+const G: u32 = 4u;
+
 // One block of a group: each row's 32 quants as bytes, values 0..15 in lo, 16..31 in hi (the low
 // and high nibbles of its 16 bytes), and the 4 rows' scales and minimums.
 struct Q41 {
@@ -47,16 +50,26 @@ fn nibbles_dot(lo: vec4<u32>, hi: vec4<u32>, v: XF32) -> f32 {
          + (dot(quants(hi.x), v[4]) + dot(quants(hi.y), v[5]) + dot(quants(hi.z), v[6]) + dot(quants(hi.w), v[7]));
 }
 
-// The 4 rows' sums over block b of the tile's activation row a0 + t (g: the norm weight's block,
-// NORM).
-fn q4_1_row(wb: Q41, g: XF32, it: Tile, t: u32, b: u32) -> vec4<f32> {
+// Slot s of the tile (activation row t = s / TG against row group j = s % TG, see
+// matmul_common.wgsl) over block b: the 4 rows' sums. wq holds the TG groups' blocks; the
+// activation row's block is loaded at its first slot (j = 0), into xv (f32; g is the norm weight's
+// block with NORM) or xq (INT8), and reused by its other groups.
+fn q4_1_slot(wq: ptr<function, array<Q41, MAX_TG>>, xv: ptr<function, XF32>, xq: ptr<function, XInt8>, g: XF32, it: Tile, s: u32, b: u32) -> vec4<f32> {
+    let t = s / TG;
+    let wb = (*wq)[s % TG];
     if (INT8) {
-        let xq = x_int8(it, t, b);
-        let dots = vec4<f32>(f32(dot_block(wb.lo[0], wb.hi[0], xq.lo, xq.hi)), f32(dot_block(wb.lo[1], wb.hi[1], xq.lo, xq.hi)),
-                             f32(dot_block(wb.lo[2], wb.hi[2], xq.lo, xq.hi)), f32(dot_block(wb.lo[3], wb.hi[3], xq.lo, xq.hi)));
-        return wb.d * xq.d * dots + wb.m * xq.s;
+        if (s % TG == 0u) {
+            *xq = x_int8(it, t, b);
+        }
+        let x8 = *xq;
+        let dots = vec4<f32>(f32(dot_block(wb.lo[0], wb.hi[0], x8.lo, x8.hi)), f32(dot_block(wb.lo[1], wb.hi[1], x8.lo, x8.hi)),
+                             f32(dot_block(wb.lo[2], wb.hi[2], x8.lo, x8.hi)), f32(dot_block(wb.lo[3], wb.hi[3], x8.lo, x8.hi)));
+        return wb.d * x8.d * dots + wb.m * x8.s;
     }
-    let v = x_in(it, t, b, g);
+    if (s % TG == 0u) {
+        *xv = x_in(it, t, b, g);
+    }
+    let v = *xv;
     let qx = vec4<f32>(nibbles_dot(wb.lo[0], wb.hi[0], v), nibbles_dot(wb.lo[1], wb.hi[1], v),
                        nibbles_dot(wb.lo[2], wb.hi[2], v), nibbles_dot(wb.lo[3], wb.hi[3], v));
     return wb.d * qx + wb.m * block_sum(v);
@@ -67,41 +80,45 @@ fn main(ids: Ids) {
     let it = tile_of(ids);
     // Indexed by constants only, so the tile stays in registers (see matmul_common.wgsl).
     var acc: array<vec4<f32>, MAX_TM>;
+    var wq: array<Q41, MAX_TG>;
+    var xv: XF32;
+    var xq: XInt8;
     for (var b = k_lane_of(ids); b < params.nb; b += KSPLIT) {
-        let wb = q4_1_block(it.gc, b);
+        wq[0] = q4_1_block(group_at(it, 0u), b);
+        if (TG > 1u) { wq[1] = q4_1_block(group_at(it, 1u), b); }
+        if (TG > 2u) { wq[2] = q4_1_block(group_at(it, 2u), b); wq[3] = q4_1_block(group_at(it, 3u), b); }
         let g = g_f32(it, b);
-        acc[0] += q4_1_row(wb, g, it, 0u, b);
-        if (TM > 1u) { acc[1] += q4_1_row(wb, g, it, 1u, b); }
-        if (TM > 2u) { acc[2] += q4_1_row(wb, g, it, 2u, b); }
-        if (TM > 3u) { acc[3] += q4_1_row(wb, g, it, 3u, b); }
-        if (TM > 4u) { acc[4] += q4_1_row(wb, g, it, 4u, b); }
-        if (TM > 5u) { acc[5] += q4_1_row(wb, g, it, 5u, b); }
-        if (TM > 6u) { acc[6] += q4_1_row(wb, g, it, 6u, b); }
-        if (TM > 7u) { acc[7] += q4_1_row(wb, g, it, 7u, b); }
-        if (TM > 8u) { acc[8] += q4_1_row(wb, g, it, 8u, b); }
-        if (TM > 9u) { acc[9] += q4_1_row(wb, g, it, 9u, b); }
-        if (TM > 10u) { acc[10] += q4_1_row(wb, g, it, 10u, b); }
-        if (TM > 11u) { acc[11] += q4_1_row(wb, g, it, 11u, b); }
-        if (TM > 12u) { acc[12] += q4_1_row(wb, g, it, 12u, b); }
-        if (TM > 13u) { acc[13] += q4_1_row(wb, g, it, 13u, b); }
-        if (TM > 14u) { acc[14] += q4_1_row(wb, g, it, 14u, b); }
-        if (TM > 15u) { acc[15] += q4_1_row(wb, g, it, 15u, b); }
+        acc[0] += q4_1_slot(&wq, &xv, &xq, g, it, 0u, b);
+        if (TM * TG > 1u) { acc[1] += q4_1_slot(&wq, &xv, &xq, g, it, 1u, b); }
+        if (TM * TG > 2u) { acc[2] += q4_1_slot(&wq, &xv, &xq, g, it, 2u, b); }
+        if (TM * TG > 3u) { acc[3] += q4_1_slot(&wq, &xv, &xq, g, it, 3u, b); }
+        if (TM * TG > 4u) { acc[4] += q4_1_slot(&wq, &xv, &xq, g, it, 4u, b); }
+        if (TM * TG > 5u) { acc[5] += q4_1_slot(&wq, &xv, &xq, g, it, 5u, b); }
+        if (TM * TG > 6u) { acc[6] += q4_1_slot(&wq, &xv, &xq, g, it, 6u, b); }
+        if (TM * TG > 7u) { acc[7] += q4_1_slot(&wq, &xv, &xq, g, it, 7u, b); }
+        if (TM * TG > 8u) { acc[8] += q4_1_slot(&wq, &xv, &xq, g, it, 8u, b); }
+        if (TM * TG > 9u) { acc[9] += q4_1_slot(&wq, &xv, &xq, g, it, 9u, b); }
+        if (TM * TG > 10u) { acc[10] += q4_1_slot(&wq, &xv, &xq, g, it, 10u, b); }
+        if (TM * TG > 11u) { acc[11] += q4_1_slot(&wq, &xv, &xq, g, it, 11u, b); }
+        if (TM * TG > 12u) { acc[12] += q4_1_slot(&wq, &xv, &xq, g, it, 12u, b); }
+        if (TM * TG > 13u) { acc[13] += q4_1_slot(&wq, &xv, &xq, g, it, 13u, b); }
+        if (TM * TG > 14u) { acc[14] += q4_1_slot(&wq, &xv, &xq, g, it, 14u, b); }
+        if (TM * TG > 15u) { acc[15] += q4_1_slot(&wq, &xv, &xq, g, it, 15u, b); }
     }
-    let row0 = it.g * 4u;
-    finish(it, ids.lid, 0u, row0, acc[0]);
-    if (TM > 1u) { finish(it, ids.lid, 1u, row0, acc[1]); }
-    if (TM > 2u) { finish(it, ids.lid, 2u, row0, acc[2]); }
-    if (TM > 3u) { finish(it, ids.lid, 3u, row0, acc[3]); }
-    if (TM > 4u) { finish(it, ids.lid, 4u, row0, acc[4]); }
-    if (TM > 5u) { finish(it, ids.lid, 5u, row0, acc[5]); }
-    if (TM > 6u) { finish(it, ids.lid, 6u, row0, acc[6]); }
-    if (TM > 7u) { finish(it, ids.lid, 7u, row0, acc[7]); }
-    if (TM > 8u) { finish(it, ids.lid, 8u, row0, acc[8]); }
-    if (TM > 9u) { finish(it, ids.lid, 9u, row0, acc[9]); }
-    if (TM > 10u) { finish(it, ids.lid, 10u, row0, acc[10]); }
-    if (TM > 11u) { finish(it, ids.lid, 11u, row0, acc[11]); }
-    if (TM > 12u) { finish(it, ids.lid, 12u, row0, acc[12]); }
-    if (TM > 13u) { finish(it, ids.lid, 13u, row0, acc[13]); }
-    if (TM > 14u) { finish(it, ids.lid, 14u, row0, acc[14]); }
-    if (TM > 15u) { finish(it, ids.lid, 15u, row0, acc[15]); }
+    finish(it, ids.lid, 0u, 0u, acc[0]);
+    if (TM * TG > 1u) { finish(it, ids.lid, 1u, 0u, acc[1]); }
+    if (TM * TG > 2u) { finish(it, ids.lid, 2u, 0u, acc[2]); }
+    if (TM * TG > 3u) { finish(it, ids.lid, 3u, 0u, acc[3]); }
+    if (TM * TG > 4u) { finish(it, ids.lid, 4u, 0u, acc[4]); }
+    if (TM * TG > 5u) { finish(it, ids.lid, 5u, 0u, acc[5]); }
+    if (TM * TG > 6u) { finish(it, ids.lid, 6u, 0u, acc[6]); }
+    if (TM * TG > 7u) { finish(it, ids.lid, 7u, 0u, acc[7]); }
+    if (TM * TG > 8u) { finish(it, ids.lid, 8u, 0u, acc[8]); }
+    if (TM * TG > 9u) { finish(it, ids.lid, 9u, 0u, acc[9]); }
+    if (TM * TG > 10u) { finish(it, ids.lid, 10u, 0u, acc[10]); }
+    if (TM * TG > 11u) { finish(it, ids.lid, 11u, 0u, acc[11]); }
+    if (TM * TG > 12u) { finish(it, ids.lid, 12u, 0u, acc[12]); }
+    if (TM * TG > 13u) { finish(it, ids.lid, 13u, 0u, acc[13]); }
+    if (TM * TG > 14u) { finish(it, ids.lid, 14u, 0u, acc[14]); }
+    if (TM * TG > 15u) { finish(it, ids.lid, 15u, 0u, acc[15]); }
 }

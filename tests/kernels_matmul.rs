@@ -294,7 +294,7 @@ gpu_test! {
         let mut configs = Vec::new();
         let subgroups: &[bool] = if ctx.has_subgroups(8) { &[false, true] } else { &[false] };
         for int8_activations in [false, true] {
-            let c = |tile_rows, k_split, workgroup, subgroup| MatmulConfig { tile_rows, k_split, workgroup, subgroup, int8_activations };
+            let c = |tile_rows, k_split, workgroup, subgroup| MatmulConfig { tile_rows, group_tile: 1, k_split, workgroup, subgroup, int8_activations };
             for &subgroup in subgroups {
                 configs.extend([c(1, 8, 64, subgroup), c(4, 8, 64, subgroup), c(3, 4, 16, subgroup), c(2, 2, 256, subgroup)]);
                 configs.extend([1, 3, 8, MAX_TILE_ROWS].map(|tile_rows| c(tile_rows, 1, 16, subgroup)));
@@ -304,6 +304,37 @@ gpu_test! {
             check(&ctx, &mut rng, GgmlKind::Q4_1, 96, 320, 19, Some(config)).await;
             check(&ctx, &mut rng, GgmlKind::Q8_0, 96, 320, 19, Some(config)).await;
         }
+    }
+}
+
+gpu_test! {
+    async fn group_tiles_match_cpu() {
+        // Several row groups per invocation (group_tile), in each body (Q4_1, Q8_0 and the
+        // decoded-blocks kernel of every other type), with row counts whose last invocation holds
+        // groups past the end and a partial last group, f32 and int8 activations, alone and with
+        // split rows (and subgroups where the device has them).
+        let ctx = gpu().await;
+        let mut rng = Rng::new(16);
+        let sg = ctx.has_subgroups(8);
+        let c = |tile_rows, group_tile, k_split, workgroup, int8_activations| MatmulConfig { tile_rows, group_tile, k_split, workgroup, subgroup: false, int8_activations };
+        let mut configs = vec![c(1, 4, 1, 16, false), c(4, 4, 1, 8, false), c(3, 2, 1, 16, false), c(1, 2, 4, 16, false), c(1, 4, 1, 16, true), c(4, 2, 1, 16, true)];
+        if sg {
+            configs.extend([MatmulConfig { subgroup: true, ..c(2, 4, 1, 16, false) }, MatmulConfig { subgroup: true, ..c(1, 2, 8, 64, false) }]);
+        }
+        for config in configs {
+            // Q4_1: 25 groups of 4 (the last partial); Q8_0: 13 groups of 8 (the last partial).
+            check(&ctx, &mut rng, GgmlKind::Q4_1, 99, 320, 7, Some(config)).await;
+            check(&ctx, &mut rng, GgmlKind::Q8_0, 101, 320, 7, Some(config)).await;
+            if !config.int8_activations {
+                check(&ctx, &mut rng, GgmlKind::Q5_0, 99, 320, 5, Some(config)).await;
+                check(&ctx, &mut rng, GgmlKind::Q4_K, 45, 512, 2, Some(config)).await;
+            }
+        }
+        // The norm prologue (its sum of squares taken once per activation row, whatever the
+        // groups) and the epilogues with several groups per invocation.
+        check_norm(&ctx, &mut rng, GgmlKind::Q4_1, (100, 512), 3, c(3, 4, 1, 16, false)).await;
+        let (_, g) = norm_inputs(&mut rng, 1, 576);
+        check_epilogues(&ctx, &mut rng, GgmlKind::Q4_1, (104, 576), 2, (c(2, 4, 1, 16, false), Some((&g, 1e-5))), &[Activation::Silu]).await;
     }
 }
 
@@ -425,7 +456,7 @@ gpu_test! {
             check_epilogues(&ctx, &mut rng, t, (102, cols), 5, (MatmulConfig::for_device(&ctx, 5), None), acts).await;
         }
         // The variants of the two bodies of their own: split rows (real GPUs), int8 activations.
-        let c = |tile_rows, k_split, workgroup, int8_activations| MatmulConfig { tile_rows, k_split, workgroup, subgroup: false, int8_activations };
+        let c = |tile_rows, k_split, workgroup, int8_activations| MatmulConfig { tile_rows, group_tile: 1, k_split, workgroup, subgroup: false, int8_activations };
         for config in [c(1, 8, 64, false), c(3, 4, 16, true)] {
             for t in [GgmlKind::Q4_1, GgmlKind::Q8_0] {
                 check_epilogues(&ctx, &mut rng, t, (64, 320), 9, (config, None), &[Activation::Silu]).await;
@@ -503,7 +534,7 @@ gpu_test! {
         }
         // The other variants of the bodies: split rows (their lanes reduce the sums of squares
         // too), tiles of every size, shared activation loads where the device has them.
-        let c = |tile_rows, k_split, workgroup, subgroup| MatmulConfig { tile_rows, k_split, workgroup, subgroup, int8_activations: false };
+        let c = |tile_rows, k_split, workgroup, subgroup| MatmulConfig { tile_rows, group_tile: 1, k_split, workgroup, subgroup, int8_activations: false };
         let mut configs = vec![c(1, 8, 64, false), c(4, 8, 64, false), c(3, 4, 16, false), c(16, 1, 16, false)];
         if ctx.has_subgroups(8) {
             configs.extend([c(1, 1, 16, true), c(16, 1, 16, true)]);
@@ -742,7 +773,7 @@ gpu_test! {
         assert!(e.contains("configuration"), "{e}");
         // Subgroups: splits summed within one need a power of two that fits in one; shared loads
         // need subgroups of 8.
-        let sub = |k_split, workgroup| MatmulConfig { tile_rows: 1, k_split, workgroup, subgroup: true, int8_activations: false };
+        let sub = |k_split, workgroup| MatmulConfig { tile_rows: 1, group_tile: 1, k_split, workgroup, subgroup: true, int8_activations: false };
         let e = merr(matmul_with(&ctx, &w, &x_ok, &y_ok, n_rows, sub(6, 48)));
         assert!(e.contains("power of two"), "{e}");
         let too_wide = ctx.info.subgroup_min_size.max(4) * 2;
@@ -765,117 +796,158 @@ gpu_test! {
     }
 }
 
-/// Timing of the matmul variants on the native adapter (not a test: run with
-/// `cargo test --release --test kernels_matmul -- --ignored --nocapture bench`, `BENCH_CASE=prefill`
-/// to run the cases whose name holds it). Each case records up to `REPS` dispatches in one
-/// submission and times submit + a 4-byte readback, its variants alternating `ROUNDS` times;
-/// weights rotate over enough copies (> 96 MB) that decode streams them from memory, as a model's
-/// layers would.
+/// Timing of the matmul variants (not a test), natively: `cargo test --release --test
+/// kernels_matmul -- --ignored --nocapture bench_matmul` (`BENCH_CASE=prefill` runs the cases whose
+/// name holds it); in Chromium (SwiftShader): `BENCH_CASE=sweep wasm-pack test --release --headless
+/// --chrome --test kernels_matmul -- --include-ignored --nocapture bench_matmul` (the case filter
+/// read when it compiles; the lines come through the browser console). Each case records up to
+/// `REPS` dispatches in one submission and times submit + a 4-byte readback, its variants
+/// alternating `ROUNDS` times; weights rotate over enough copies (> 96 MB) that decode streams them
+/// from memory, as a model's layers would. Where the device has no subgroups (SwiftShader) the
+/// plain variant's workgroup, activation rows and row groups per invocation are swept too
+/// (`sweep …` cases), in every body (`sweep body …`).
 #[cfg(not(target_arch = "wasm32"))]
 #[test]
 #[ignore]
 fn bench_matmul() {
-    pollster::block_on(async {
-        const REPS: usize = 100;
-        const ROUNDS: usize = 5;
-        let ctx = gpu().await;
-        println!("adapter: {}", ctx.adapter_name());
-        let mut rng = Rng::new(99);
-        let sg = ctx.has_subgroups(8);
-        let cpu = |tile_rows| MatmulConfig { tile_rows, k_split: 1, workgroup: 16, subgroup: false, int8_activations: false };
-        let split = |tile_rows| MatmulConfig { k_split: 8, workgroup: 64, ..cpu(tile_rows) };
-        let int8 = |c: MatmulConfig| MatmulConfig { int8_activations: true, ..c };
-        let shared = |c: MatmulConfig| MatmulConfig { subgroup: sg, ..c };
-        // Per shape: the old default (f32, no sharing) and the variants around the new one.
-        let around = |t: u32| vec![cpu(t), shared(cpu(t)), int8(cpu(t)), int8(shared(cpu(t)))];
-        // (name, kind, rows, cols, n_rows, variants)
-        type Case = (String, GgmlKind, u32, u32, u32, Vec<MatmulConfig>);
-        let mut cases: Vec<Case> = vec![
-            ("decode Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 1, [around(1), vec![split(1), int8(shared(MatmulConfig { workgroup: 8, ..cpu(1) }))]].concat()),
-            ("decode Q4_1 1536→576".into(), GgmlKind::Q4_1, 576, 1536, 1, around(1)),
-            ("decode Q8_0 576→49152".into(), GgmlKind::Q8_0, 49152, 576, 1, around(1)),
-            ("batch 4 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 4, around(4)),
-            ("batch 8 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 8, around(8)),
-            ("batch 16 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 16, [around(16), vec![int8(shared(cpu(8)))]].concat()),
-            ("batch 8 Q8_0 576→49152".into(), GgmlKind::Q8_0, 49152, 576, 8, around(8)),
-            ("prefill 512 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 512, [vec![cpu(8)], around(16), vec![split(4), int8(shared(cpu(8))), int8(shared(MatmulConfig { workgroup: 8, ..cpu(16) }))]].concat()),
-            ("prefill 512 Q4_1 1536→576".into(), GgmlKind::Q4_1, 576, 1536, 512, [vec![cpu(8)], around(16)].concat()),
-            ("prefill 512 Q8_0 576→1536".into(), GgmlKind::Q8_0, 1536, 576, 512, [vec![cpu(8)], around(16)].concat()),
-        ];
-        // Every type in decode: 576 → 1536 (not the K-quants: 576 is not a whole number of their
-        // 256-value blocks) and 1536 → 576.
-        for (t, _) in every_type() {
-            if t.block_size().unwrap().0 != 256 {
-                cases.push((format!("type {} 576→1536", t.name()), t, 1536, 576, 1, vec![cpu(1)]));
-            }
-            cases.push((format!("type {} 1536→576", t.name()), t, 576, 1536, 1, vec![cpu(1), shared(cpu(1))]));
-            cases.push((format!("prefill 512 type {} 1536→576", t.name()), t, 576, 1536, 512, vec![cpu(8), shared(cpu(16))]));
+    pollster::block_on(bench_matmul_cases(std::env::var("BENCH_CASE").unwrap_or_default()));
+}
+
+#[cfg(target_arch = "wasm32")]
+#[wasm_bindgen_test::wasm_bindgen_test]
+#[ignore]
+async fn bench_matmul() {
+    bench_matmul_cases(option_env!("BENCH_CASE").unwrap_or_default().to_string()).await;
+}
+
+async fn bench_matmul_cases(filter: String) {
+    const REPS: usize = 100;
+    const ROUNDS: usize = 5;
+    let ctx = gpu().await;
+    common::report(&format!("adapter: {}", ctx.adapter_name()));
+    let mut rng = Rng::new(99);
+    let sg = ctx.has_subgroups(8);
+    let cpu = |tile_rows| MatmulConfig { tile_rows, group_tile: 1, k_split: 1, workgroup: 16, subgroup: false, int8_activations: false };
+    let split = |tile_rows| MatmulConfig { k_split: 8, workgroup: 64, ..cpu(tile_rows) };
+    let int8 = |c: MatmulConfig| MatmulConfig { int8_activations: true, ..c };
+    let shared = |c: MatmulConfig| MatmulConfig { subgroup: sg, ..c };
+    // Per shape: the old default (f32, no sharing) and the variants around the new one.
+    let around = |t: u32| vec![cpu(t), shared(cpu(t)), int8(cpu(t)), int8(shared(cpu(t)))];
+    // (name, kind, rows, cols, n_rows, variants)
+    type Case = (String, GgmlKind, u32, u32, u32, Vec<MatmulConfig>);
+    let mut cases: Vec<Case> = vec![
+        ("decode Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 1, [around(1), vec![split(1), int8(shared(MatmulConfig { workgroup: 8, ..cpu(1) }))]].concat()),
+        ("decode Q4_1 1536→576".into(), GgmlKind::Q4_1, 576, 1536, 1, around(1)),
+        ("decode Q8_0 576→49152".into(), GgmlKind::Q8_0, 49152, 576, 1, around(1)),
+        ("batch 4 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 4, around(4)),
+        ("batch 8 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 8, around(8)),
+        ("batch 16 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 16, [around(16), vec![int8(shared(cpu(8)))]].concat()),
+        ("batch 8 Q8_0 576→49152".into(), GgmlKind::Q8_0, 49152, 576, 8, around(8)),
+        ("prefill 512 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 512, [vec![cpu(8)], around(16), vec![split(4), int8(shared(cpu(8))), int8(shared(MatmulConfig { workgroup: 8, ..cpu(16) }))]].concat()),
+        ("prefill 512 Q4_1 1536→576".into(), GgmlKind::Q4_1, 576, 1536, 512, [vec![cpu(8)], around(16)].concat()),
+        ("prefill 512 Q8_0 576→1536".into(), GgmlKind::Q8_0, 1536, 576, 512, [vec![cpu(8)], around(16)].concat()),
+    ];
+    // Every type in decode: 576 → 1536 (not the K-quants: 576 is not a whole number of their
+    // 256-value blocks) and 1536 → 576.
+    for (t, _) in every_type() {
+        if t.block_size().unwrap().0 != 256 {
+            cases.push((format!("type {} 576→1536", t.name()), t, 1536, 576, 1, vec![cpu(1)]));
         }
-        let filter = std::env::var("BENCH_CASE").unwrap_or_default();
-        for (name, kind, rows, cols, n_rows, configs) in cases {
-            if !name.contains(&filter) {
-                continue;
-            }
-            let raw = random_matrix(&mut rng, kind, rows, cols);
-            let copies = ((96u64 << 20) / raw.len() as u64 + 1).min(256) as usize;
-            let copies = if n_rows > 16 { 4 } else { copies };
-            let mats: Vec<QuantMatrix> =
-                (0..copies).map(|_| QuantMatrix::upload(&ctx, "w", kind, &raw, rows, cols).unwrap()).collect();
-            let x = rng.vec_uniform((n_rows * cols) as usize, -1.0, 1.0);
-            let xb = ctx.storage_init("x", bytemuck::cast_slice(&x));
-            let yb = ctx.storage_zeroed("y", n_rows as u64 * rows as u64 * 4);
-            let flops = 2.0 * n_rows as f64 * rows as f64 * cols as f64;
-            // About 0.2 GFLOP per timed submission: a prefill case runs a few dispatches, not REPS.
-            let reps = ((2e8 / flops) as usize).clamp(2, REPS);
-            // The variants alternate, ROUNDS times: on a shared machine a neighbour's burst then
-            // hits every variant alike. Printed: the median over rounds (wall and CPU time).
-            let kernels: Vec<Vec<_>> = configs.iter().map(|&c| mats.iter().map(|m| matmul_with(&ctx, m, &xb, &yb, n_rows, c).unwrap()).collect()).collect();
-            // One dispatch each first: lavapipe compiles a pipeline when it first runs.
-            let mut rec = Recorder::new(&ctx, "warm-up");
-            kernels.iter().for_each(|variant| rec.dispatch_all(&variant[0]));
-            rec.submit();
-            ctx.read_f32(&yb, 0, 1).await.unwrap();
-            let mut times: Vec<Vec<(f64, f64)>> = vec![Vec::new(); configs.len()];
-            for _ in 0..ROUNDS {
-                for (k, variant) in kernels.iter().enumerate() {
-                    let start = std::time::Instant::now();
-                    let cpu_start = cpu_seconds();
-                    let mut rec = Recorder::new(&ctx, "bench");
-                    for i in 0..reps {
-                        rec.dispatch_all(&variant[i % copies]);
-                    }
-                    rec.submit();
-                    ctx.read_f32(&yb, 0, 1).await.unwrap();
-                    times[k].push((start.elapsed().as_secs_f64() / reps as f64, (cpu_seconds() - cpu_start) / reps as f64));
+        cases.push((format!("type {} 1536→576", t.name()), t, 576, 1536, 1, vec![cpu(1), shared(cpu(1))]));
+        cases.push((format!("prefill 512 type {} 1536→576", t.name()), t, 576, 1536, 512, vec![cpu(8), shared(cpu(16))]));
+    }
+    // Without subgroups (SwiftShader) the plain variant's workgroup and tile, swept.
+    if !sg {
+        let wgs = |t: u32| [4u32, 8, 32, 64].map(|workgroup| MatmulConfig { workgroup, ..cpu(t) }).to_vec();
+        for (name, kind, rows, cols) in [("Q4_1 576→1536", GgmlKind::Q4_1, 1536, 576), ("Q8_0 576→49152", GgmlKind::Q8_0, 49152, 576)] {
+            cases.push((format!("sweep decode {name}"), kind, rows, cols, 1, [vec![cpu(1)], wgs(1)].concat()));
+        }
+        let groups = |t: u32, g: u32, workgroup: u32| MatmulConfig { group_tile: g, workgroup, ..cpu(t) };
+        for (name, kind, rows, cols) in [("Q4_1 576→1536", GgmlKind::Q4_1, 1536, 576), ("Q4_1 1536→576", GgmlKind::Q4_1, 576, 1536), ("Q8_0 576→49152", GgmlKind::Q8_0, 49152, 576)] {
+            let v = [1u32, 2, 4].iter().flat_map(|&g| [4u32, 8, 16].map(|wg| groups(1, g, wg))).collect();
+            cases.push((format!("sweep groups decode {name}"), kind, rows, cols, 1, v));
+        }
+        let tiles = [2u32, 4, 8].map(cpu).to_vec();
+        let square = [(4u32, 4u32, 16u32), (4, 4, 8), (4, 2, 16), (8, 2, 16), (2, 4, 16), (4, 4, 4)].map(|(t, g, wg)| groups(t, g, wg)).to_vec();
+        cases.push(("sweep prefill 512 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 512, [vec![cpu(16)], tiles, square].concat()));
+        // Every body at the plain variant's two tiles: one group (tile 16 in prefill) against two
+        // (tile 8).
+        for (t, cols) in every_type() {
+            let (rows, name) = (1536, t.name());
+            cases.push((format!("sweep body decode {name} {cols}→{rows}"), t, rows, cols, 1, vec![groups(1, 1, 16), groups(1, 2, 8), groups(1, 2, 16)]));
+            cases.push((format!("sweep body prefill 512 {name} {cols}→{rows}"), t, rows, cols, 512, vec![groups(16, 1, 16), groups(8, 2, 16), groups(8, 2, 8)]));
+        }
+    }
+    for (name, kind, rows, cols, n_rows, configs) in cases {
+        if !name.contains(&filter) {
+            continue;
+        }
+        let raw = random_matrix(&mut rng, kind, rows, cols);
+        let copies = ((96u64 << 20) / raw.len() as u64 + 1).min(256) as usize;
+        let copies = if n_rows > 16 { 4 } else { copies };
+        let mats: Vec<QuantMatrix> =
+            (0..copies).map(|_| QuantMatrix::upload(&ctx, "w", kind, &raw, rows, cols).unwrap()).collect();
+        let x = rng.vec_uniform((n_rows * cols) as usize, -1.0, 1.0);
+        let xb = ctx.storage_init("x", bytemuck::cast_slice(&x));
+        let yb = ctx.storage_zeroed("y", n_rows as u64 * rows as u64 * 4);
+        let flops = 2.0 * n_rows as f64 * rows as f64 * cols as f64;
+        // About 0.2 GFLOP per timed submission: a prefill case runs a few dispatches, not REPS.
+        let reps = ((2e8 / flops) as usize).clamp(2, REPS);
+        // The variants alternate, ROUNDS times: on a shared machine a neighbour's burst then
+        // hits every variant alike. Printed: the median over rounds (wall and CPU time).
+        let kernels: Vec<Vec<_>> = configs.iter().map(|&c| mats.iter().map(|m| matmul_with(&ctx, m, &xb, &yb, n_rows, c).unwrap()).collect()).collect();
+        // One dispatch each first: lavapipe compiles a pipeline when it first runs.
+        let mut rec = Recorder::new(&ctx, "warm-up");
+        kernels.iter().for_each(|variant| rec.dispatch_all(&variant[0]));
+        rec.submit();
+        ctx.read_f32(&yb, 0, 1).await.unwrap();
+        let mut times: Vec<Vec<(f64, f64)>> = vec![Vec::new(); configs.len()];
+        for _ in 0..ROUNDS {
+            for (k, variant) in kernels.iter().enumerate() {
+                let start = common::now_ms();
+                let cpu_start = cpu_seconds();
+                let mut rec = Recorder::new(&ctx, "bench");
+                for i in 0..reps {
+                    rec.dispatch_all(&variant[i % copies]);
                 }
-            }
-            for (config, t) in configs.iter().zip(&mut times) {
-                let median = |v: &mut Vec<f64>| {
-                    v.sort_by(f64::total_cmp);
-                    v[v.len() / 2]
-                };
-                let wall = median(&mut t.iter().map(|p| p.0).collect());
-                let cpu = median(&mut t.iter().map(|p| p.1).collect());
-                println!(
-                    "{name:30} {:7.1} KB tile {:2} split {} wg {:2} subgroup {:5} int8 {:5}: {:9.1} µs wall {:9.1} µs CPU  {:6.2} GFLOP/s  {:5.2} GB/s (wall)",
-                    raw.len() as f64 / 1e3,
-                    config.tile_rows,
-                    config.k_split,
-                    config.workgroup,
-                    config.subgroup,
-                    config.int8_activations,
-                    wall * 1e6,
-                    cpu * 1e6,
-                    flops / wall / 1e9,
-                    raw.len() as f64 / wall / 1e9
-                );
+                rec.submit();
+                ctx.read_f32(&yb, 0, 1).await.unwrap();
+                times[k].push(((common::now_ms() - start) / 1e3 / reps as f64, (cpu_seconds() - cpu_start) / reps as f64));
             }
         }
-    });
+        for (config, t) in configs.iter().zip(&mut times) {
+            let median = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            let wall = median(&mut t.iter().map(|p| p.0).collect());
+            let cpu = median(&mut t.iter().map(|p| p.1).collect());
+            common::report(&format!(
+                "{name:30} {:7.1} KB tile {:2} groups {} split {} wg {:2} subgroup {:5} int8 {:5}: {:9.1} µs wall {:9.1} µs CPU  {:6.2} GFLOP/s  {:5.2} GB/s (wall)",
+                raw.len() as f64 / 1e3,
+                config.tile_rows,
+                config.group_tile,
+                config.k_split,
+                config.workgroup,
+                config.subgroup,
+                config.int8_activations,
+                wall * 1e6,
+                cpu * 1e6,
+                flops / wall / 1e9,
+                raw.len() as f64 / wall / 1e9
+            ));
+        }
+    }
 }
 
 /// CPU time of every thread of this process (lavapipe's workers included), from Linux's
-/// schedstat: on a shared machine it measures the work, where wall time also measures the neighbours.
+/// schedstat: on a shared machine it measures the work, where wall time also measures the
+/// neighbours. NaN in the browser, which does not tell.
+#[cfg(target_arch = "wasm32")]
+fn cpu_seconds() -> f64 {
+    f64::NAN
+}
+
 #[cfg(not(target_arch = "wasm32"))]
 fn cpu_seconds() -> f64 {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return f64::NAN };
