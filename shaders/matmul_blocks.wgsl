@@ -82,20 +82,5 @@ fn main(ids: Ids) {
         if (TM * TG > 14u) { acc[14] += blocks_slot(&cq, &xv, g, it, 14u, kc); }
         if (TM * TG > 15u) { acc[15] += blocks_slot(&cq, &xv, g, it, 15u, kc); }
     }
-    finish(it, ids.lid, 0u, 0u, acc[0]);
-    if (TM * TG > 1u) { finish(it, ids.lid, 1u, 0u, acc[1]); }
-    if (TM * TG > 2u) { finish(it, ids.lid, 2u, 0u, acc[2]); }
-    if (TM * TG > 3u) { finish(it, ids.lid, 3u, 0u, acc[3]); }
-    if (TM * TG > 4u) { finish(it, ids.lid, 4u, 0u, acc[4]); }
-    if (TM * TG > 5u) { finish(it, ids.lid, 5u, 0u, acc[5]); }
-    if (TM * TG > 6u) { finish(it, ids.lid, 6u, 0u, acc[6]); }
-    if (TM * TG > 7u) { finish(it, ids.lid, 7u, 0u, acc[7]); }
-    if (TM * TG > 8u) { finish(it, ids.lid, 8u, 0u, acc[8]); }
-    if (TM * TG > 9u) { finish(it, ids.lid, 9u, 0u, acc[9]); }
-    if (TM * TG > 10u) { finish(it, ids.lid, 10u, 0u, acc[10]); }
-    if (TM * TG > 11u) { finish(it, ids.lid, 11u, 0u, acc[11]); }
-    if (TM * TG > 12u) { finish(it, ids.lid, 12u, 0u, acc[12]); }
-    if (TM * TG > 13u) { finish(it, ids.lid, 13u, 0u, acc[13]); }
-    if (TM * TG > 14u) { finish(it, ids.lid, 14u, 0u, acc[14]); }
-    if (TM * TG > 15u) { finish(it, ids.lid, 15u, 0u, acc[15]); }
+    finish_tile(it, ids.lid, 0u, acc);
 }

@@ -186,6 +186,26 @@ fn finish(it: Tile, lid: u32, s: u32, quad: u32, v: vec4<f32>) {
     }
 }
 
+// finish for every slot of the tile, from acc (rows 4·quad..4·quad+3 of each slot's group).
+fn finish_tile(it: Tile, lid: u32, quad: u32, acc: array<vec4<f32>, MAX_TM>) {
+    finish(it, lid, 0u, quad, acc[0]);
+    if (TM * TG > 1u) { finish(it, lid, 1u, quad, acc[1]); }
+    if (TM * TG > 2u) { finish(it, lid, 2u, quad, acc[2]); }
+    if (TM * TG > 3u) { finish(it, lid, 3u, quad, acc[3]); }
+    if (TM * TG > 4u) { finish(it, lid, 4u, quad, acc[4]); }
+    if (TM * TG > 5u) { finish(it, lid, 5u, quad, acc[5]); }
+    if (TM * TG > 6u) { finish(it, lid, 6u, quad, acc[6]); }
+    if (TM * TG > 7u) { finish(it, lid, 7u, quad, acc[7]); }
+    if (TM * TG > 8u) { finish(it, lid, 8u, quad, acc[8]); }
+    if (TM * TG > 9u) { finish(it, lid, 9u, quad, acc[9]); }
+    if (TM * TG > 10u) { finish(it, lid, 10u, quad, acc[10]); }
+    if (TM * TG > 11u) { finish(it, lid, 11u, quad, acc[11]); }
+    if (TM * TG > 12u) { finish(it, lid, 12u, quad, acc[12]); }
+    if (TM * TG > 13u) { finish(it, lid, 13u, quad, acc[13]); }
+    if (TM * TG > 14u) { finish(it, lid, 14u, quad, acc[14]); }
+    if (TM * TG > 15u) { finish(it, lid, 15u, quad, acc[15]); }
+}
+
 // Stores output rows row0..row0+3 of activation row a (those below params.rows) as EPILOGUE says;
 // row0 is a multiple of 4.
 fn store4(a: u32, row0: u32, v: vec4<f32>) {

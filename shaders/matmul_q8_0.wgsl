@@ -101,21 +101,6 @@ fn main(ids: Ids) {
         if (TM * TG > 14u) { let r = q8_0_slot(&wq, &xv, &xq, g, it, 14u, b); acc_lo[14] += r[0]; acc_hi[14] += r[1]; }
         if (TM * TG > 15u) { let r = q8_0_slot(&wq, &xv, &xq, g, it, 15u, b); acc_lo[15] += r[0]; acc_hi[15] += r[1]; }
     }
-    finish(it, ids.lid, 0u, 0u, acc_lo[0]);
-    finish(it, ids.lid, 0u, 1u, acc_hi[0]);
-    if (TM * TG > 1u) { finish(it, ids.lid, 1u, 0u, acc_lo[1]); finish(it, ids.lid, 1u, 1u, acc_hi[1]); }
-    if (TM * TG > 2u) { finish(it, ids.lid, 2u, 0u, acc_lo[2]); finish(it, ids.lid, 2u, 1u, acc_hi[2]); }
-    if (TM * TG > 3u) { finish(it, ids.lid, 3u, 0u, acc_lo[3]); finish(it, ids.lid, 3u, 1u, acc_hi[3]); }
-    if (TM * TG > 4u) { finish(it, ids.lid, 4u, 0u, acc_lo[4]); finish(it, ids.lid, 4u, 1u, acc_hi[4]); }
-    if (TM * TG > 5u) { finish(it, ids.lid, 5u, 0u, acc_lo[5]); finish(it, ids.lid, 5u, 1u, acc_hi[5]); }
-    if (TM * TG > 6u) { finish(it, ids.lid, 6u, 0u, acc_lo[6]); finish(it, ids.lid, 6u, 1u, acc_hi[6]); }
-    if (TM * TG > 7u) { finish(it, ids.lid, 7u, 0u, acc_lo[7]); finish(it, ids.lid, 7u, 1u, acc_hi[7]); }
-    if (TM * TG > 8u) { finish(it, ids.lid, 8u, 0u, acc_lo[8]); finish(it, ids.lid, 8u, 1u, acc_hi[8]); }
-    if (TM * TG > 9u) { finish(it, ids.lid, 9u, 0u, acc_lo[9]); finish(it, ids.lid, 9u, 1u, acc_hi[9]); }
-    if (TM * TG > 10u) { finish(it, ids.lid, 10u, 0u, acc_lo[10]); finish(it, ids.lid, 10u, 1u, acc_hi[10]); }
-    if (TM * TG > 11u) { finish(it, ids.lid, 11u, 0u, acc_lo[11]); finish(it, ids.lid, 11u, 1u, acc_hi[11]); }
-    if (TM * TG > 12u) { finish(it, ids.lid, 12u, 0u, acc_lo[12]); finish(it, ids.lid, 12u, 1u, acc_hi[12]); }
-    if (TM * TG > 13u) { finish(it, ids.lid, 13u, 0u, acc_lo[13]); finish(it, ids.lid, 13u, 1u, acc_hi[13]); }
-    if (TM * TG > 14u) { finish(it, ids.lid, 14u, 0u, acc_lo[14]); finish(it, ids.lid, 14u, 1u, acc_hi[14]); }
-    if (TM * TG > 15u) { finish(it, ids.lid, 15u, 0u, acc_lo[15]); finish(it, ids.lid, 15u, 1u, acc_hi[15]); }
+    finish_tile(it, ids.lid, 0u, acc_lo);
+    finish_tile(it, ids.lid, 1u, acc_hi);
 }
