@@ -359,6 +359,18 @@ impl MatmulConfig {
         MatmulConfig { tile_rows: tile_rows.min(max_tile), group_tile: 1, k_split, workgroup, subgroup: ctx.has_subgroups(k_split), int8_activations }
     }
 
+    /// The variant a part of type `t` runs with this one over `n_rows` rows: the device's own
+    /// variant (whatever its int8 choice) is tuned per body ([`MatmulConfig::for_device_type`],
+    /// its int8 choice kept); any other runs as it is.
+    fn for_part(self, ctx: &Context, n_rows: u32, t: GgmlType) -> MatmulConfig {
+        let int8_activations = self.int8_activations;
+        if self == (MatmulConfig { int8_activations, ..MatmulConfig::for_device(ctx, n_rows) }) {
+            MatmulConfig { int8_activations, ..MatmulConfig::for_device_type(ctx, n_rows, t) }
+        } else {
+            self
+        }
+    }
+
     /// The activation preludes of this variant.
     pub(crate) fn preludes(&self) -> Preludes {
         match (self.subgroup, self.k_split) {
@@ -566,14 +578,8 @@ pub fn matmul_input(
     } else {
         None
     };
-    // The device's own variant (whatever its int8 choice) is tuned per body.
-    let device_variant = MatmulConfig { int8_activations: config.int8_activations, ..MatmulConfig::for_device(ctx, n_rows) } == config;
     for part in &w.parts {
-        let config = if device_variant {
-            MatmulConfig { int8_activations: config.int8_activations, ..MatmulConfig::for_device_type(ctx, n_rows, part.ggml_type) }
-        } else {
-            config
-        };
+        let config = config.for_part(ctx, n_rows, part.ggml_type);
         let int8 = config.int8_activations && part.layout.has_int8_path();
         let input = match (int8, &xq, x) {
             (true, Some(q), _) => q,
