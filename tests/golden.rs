@@ -142,10 +142,11 @@ async fn speed(engine: &mut Engine) -> String {
 }
 
 /// The golden check through one path and one KV layout, the matmuls' activations as the device's
-/// default has them (`int8_activations` None) or as asked; `strict` off only reports.
-async fn golden(mode: ScoreMode, layout: KvLayout, only: Option<&[&str]>, (int8_activations, strict): (Option<bool>, bool)) {
+/// default has them (`int8_activations` None) or as asked, the device's optional features
+/// (subgroups) used or not; `strict` off only reports.
+async fn golden(mode: ScoreMode, layout: KvLayout, only: Option<&[&str]>, (int8_activations, optional_features, strict): (Option<bool>, bool, bool)) {
     let bytes = real_model_bytes().await;
-    let opts = EngineOptions { max_context: 1024, kv_layout: layout, int8_activations, ..Default::default() };
+    let opts = EngineOptions { max_context: 1024, kv_layout: layout, int8_activations, optional_features, ..Default::default() };
     let mut engine = Engine::load(&bytes, opts).await.unwrap();
     let items = items();
     let int8 = MatmulConfig::for_device(engine.context(), 1).int8_activations;
@@ -181,13 +182,22 @@ async fn golden(mode: ScoreMode, layout: KvLayout, only: Option<&[&str]>, (int8_
 #[cfg(not(target_arch = "wasm32"))]
 #[test]
 fn golden_decode_path_paged_matches_llamacpp_and_numpy() {
-    pollster::block_on(golden(ScoreMode::Decode, KvLayout::Paged, None, (None, true)));
+    pollster::block_on(golden(ScoreMode::Decode, KvLayout::Paged, None, (None, true, true)));
+}
+
+/// The variant SwiftShader runs (no subgroups: every invocation loads its activations, Q4_1 with
+/// two row groups per invocation, the pre-norms as dispatches), natively on every prompt; the
+/// browser checks two.
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+fn golden_on_the_variant_without_subgroups_matches_llamacpp_and_numpy() {
+    pollster::block_on(golden(ScoreMode::Decode, KvLayout::Paged, None, (None, false, true)));
 }
 
 #[cfg(not(target_arch = "wasm32"))]
 #[test]
 fn golden_prefill_path_contiguous_matches_llamacpp_and_numpy() {
-    pollster::block_on(golden(ScoreMode::Prefill, KvLayout::Contiguous, None, (None, true)));
+    pollster::block_on(golden(ScoreMode::Prefill, KvLayout::Contiguous, None, (None, true, true)));
 }
 
 /// Int8 activations natively, both paths: a measurement (`cargo test --release --test golden --
@@ -197,7 +207,7 @@ fn golden_prefill_path_contiguous_matches_llamacpp_and_numpy() {
 #[ignore]
 fn golden_with_int8_activations_is_measured() {
     for mode in [ScoreMode::Decode, ScoreMode::Prefill] {
-        pollster::block_on(golden(mode, KvLayout::Paged, None, (Some(true), false)));
+        pollster::block_on(golden(mode, KvLayout::Paged, None, (Some(true), true, false)));
     }
 }
 
@@ -205,5 +215,5 @@ fn golden_with_int8_activations_is_measured() {
 #[cfg(target_arch = "wasm32")]
 #[wasm_bindgen_test::wasm_bindgen_test]
 async fn golden_in_browser_on_two_prompts() {
-    golden(ScoreMode::Decode, KvLayout::Paged, Some(&["pub_raw_capital", "pub_raw_numbers"]), (None, true)).await;
+    golden(ScoreMode::Decode, KvLayout::Paged, Some(&["pub_raw_capital", "pub_raw_numbers"]), (None, true, true)).await;
 }
