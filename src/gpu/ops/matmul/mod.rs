@@ -270,6 +270,10 @@ pub struct MatmulConfig {
 /// The largest `tile_rows` the shaders hold registers for (`MAX_TM` in WGSL).
 pub const MAX_TILE_ROWS: u32 = 16;
 
+/// The fewest workgroups a part's matmul should make on the plain CPU variant
+/// ([`MatmulConfig::for_part`]).
+const MIN_WORKGROUPS: u32 = 16;
+
 /// Lanes of a subgroup that load an activation block together (`matmul_x_subgroup.wgsl`).
 const SUBGROUP_LANES: u32 = 8;
 
@@ -359,16 +363,27 @@ impl MatmulConfig {
         MatmulConfig { tile_rows: tile_rows.min(max_tile), group_tile: 1, k_split, workgroup, subgroup: ctx.has_subgroups(k_split), int8_activations }
     }
 
-    /// The variant a part of type `t` runs with this one over `n_rows` rows: the device's own
-    /// variant (whatever its int8 choice) is tuned per body ([`MatmulConfig::for_device_type`],
-    /// its int8 choice kept); any other runs as it is.
-    fn for_part(self, ctx: &Context, n_rows: u32, t: GgmlType) -> MatmulConfig {
+    /// The variant `part` runs with this one over `n_rows` rows: the device's own variant (whatever
+    /// its int8 choice) is tuned per body ([`MatmulConfig::for_device_type`], its int8 choice kept)
+    /// and, on the plain CPU variant, per size: workgroups halved down to 4 invocations while the
+    /// part would make fewer than [`MIN_WORKGROUPS`] (a CPU adapter runs whole workgroups on its
+    /// threads, and 9 workgroups on 2 threads leave one waiting for the last: SmolLM2's 576-row
+    /// matrices in decode; measured in Chromium, 1536→576 with two groups per invocation in
+    /// workgroups of 4 (18 of them) 1.57 ms against 1.66 in 8 and 1.98 in 16). Any other variant
+    /// runs as it is.
+    fn for_part(self, ctx: &Context, n_rows: u32, part: &Part) -> MatmulConfig {
         let int8_activations = self.int8_activations;
-        if self == (MatmulConfig { int8_activations, ..MatmulConfig::for_device(ctx, n_rows) }) {
-            MatmulConfig { int8_activations, ..MatmulConfig::for_device_type(ctx, n_rows, t) }
-        } else {
-            self
+        if self != (MatmulConfig { int8_activations, ..MatmulConfig::for_device(ctx, n_rows) }) {
+            return self;
         }
+        let mut config = MatmulConfig { int8_activations, ..MatmulConfig::for_device_type(ctx, n_rows, part.ggml_type) };
+        if ctx.class() == AdapterClass::Cpu && config.preludes() == Preludes::Plain {
+            let workgroups = |c: &MatmulConfig| part.groups.div_ceil(c.workgroup / c.k_split * c.group_tile) * n_rows.div_ceil(c.tile_rows);
+            while config.workgroup > 4 && workgroups(&config) < MIN_WORKGROUPS {
+                config.workgroup /= 2;
+            }
+        }
+        config
     }
 
     /// The activation preludes of this variant.
@@ -579,7 +594,7 @@ pub fn matmul_input(
         None
     };
     for part in &w.parts {
-        let config = config.for_part(ctx, n_rows, part.ggml_type);
+        let config = config.for_part(ctx, n_rows, part);
         let int8 = config.int8_activations && part.layout.has_int8_path();
         let input = match (int8, &xq, x) {
             (true, Some(q), _) => q,
