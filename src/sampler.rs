@@ -1,7 +1,8 @@
 //! Token sampling: greedy, temperature, top-k, top-p and repetition penalty, with seeded
 //! counter-based draws. The definition below is the one both implementations follow: this
-//! module on the CPU ([`sample_row`]) and `shaders/sample.wgsl` on the GPU
-//! ([`crate::gpu::ops::sample`]), so that a sequence samples the same tokens wherever it runs.
+//! module on the CPU ([`sample_row`]) and `shaders/sample.wgsl` on the GPU (the GPU layer's
+//! sample op, which imports this module's types), so that a sequence samples the same tokens
+//! wherever it runs.
 //!
 //! For one row of logits, the tokens of the penalty window, and a counter (the position being
 //! predicted):
