@@ -74,7 +74,7 @@ override TG: u32 = 1u;      // row groups per invocation (1, 2 or 4); TM · TG �
 override INT8: bool = false;        // x holds int8-quantized activations
 override EPILOGUE: u32 = 0u;        // 0 store, 1 add into y, 2 gated activation (see above)
 override NORM: bool = false;        // the RMSNorm prologue (see above)
-const MAX_TM: u32 = 16u;    // slots of a tile
+const MAX_TM: u32 = 16u;    // slots of a tile (and so activation rows)
 const MAX_TG: u32 = 4u;
 
 // Σ x² over the blocks of each tile row this invocation has loaded (NORM). Indexed by the tile

@@ -52,9 +52,9 @@ fn nibbles_dot(lo: vec4<u32>, hi: vec4<u32>, v: XF32) -> f32 {
 
 // Slot s of the tile (activation row t = s / TG against row group j = s % TG, see
 // matmul_common.wgsl) over block b: the 4 rows' sums. wq holds the TG groups' blocks; the
-// activation row's block is loaded at its first slot (j = 0), into xv (f32; g is the norm weight's
-// block with NORM) or xq (INT8), and reused by its other groups.
-fn q4_1_slot(wq: ptr<function, array<Q41, MAX_TG>>, xv: ptr<function, XF32>, xq: ptr<function, XInt8>, g: XF32, it: Tile, s: u32, b: u32) -> vec4<f32> {
+// activation row's block is loaded at its first slot (j = 0), into xv with its sum in xs (f32; g
+// is the norm weight's block with NORM) or into xq (INT8), and reused by its other groups.
+fn q4_1_slot(wq: ptr<function, array<Q41, MAX_TG>>, xv: ptr<function, XF32>, xs: ptr<function, f32>, xq: ptr<function, XInt8>, g: XF32, it: Tile, s: u32, b: u32) -> vec4<f32> {
     let t = s / TG;
     let wb = (*wq)[s % TG];
     if (INT8) {
@@ -68,11 +68,12 @@ fn q4_1_slot(wq: ptr<function, array<Q41, MAX_TG>>, xv: ptr<function, XF32>, xq:
     }
     if (s % TG == 0u) {
         *xv = x_in(it, t, b, g);
+        *xs = block_sum(*xv);
     }
     let v = *xv;
     let qx = vec4<f32>(nibbles_dot(wb.lo[0], wb.hi[0], v), nibbles_dot(wb.lo[1], wb.hi[1], v),
                        nibbles_dot(wb.lo[2], wb.hi[2], v), nibbles_dot(wb.lo[3], wb.hi[3], v));
-    return wb.d * qx + wb.m * block_sum(v);
+    return wb.d * qx + wb.m * *xs;
 }
 
 @compute @workgroup_size(WG)
@@ -82,28 +83,29 @@ fn main(ids: Ids) {
     var acc: array<vec4<f32>, MAX_TM>;
     var wq: array<Q41, MAX_TG>;
     var xv: XF32;
+    var xs: f32;
     var xq: XInt8;
     for (var b = k_lane_of(ids); b < params.nb; b += KSPLIT) {
         wq[0] = q4_1_block(group_at(it, 0u), b);
         if (TG > 1u) { wq[1] = q4_1_block(group_at(it, 1u), b); }
         if (TG > 2u) { wq[2] = q4_1_block(group_at(it, 2u), b); wq[3] = q4_1_block(group_at(it, 3u), b); }
         let g = g_f32(it, b);
-        acc[0] += q4_1_slot(&wq, &xv, &xq, g, it, 0u, b);
-        if (TM * TG > 1u) { acc[1] += q4_1_slot(&wq, &xv, &xq, g, it, 1u, b); }
-        if (TM * TG > 2u) { acc[2] += q4_1_slot(&wq, &xv, &xq, g, it, 2u, b); }
-        if (TM * TG > 3u) { acc[3] += q4_1_slot(&wq, &xv, &xq, g, it, 3u, b); }
-        if (TM * TG > 4u) { acc[4] += q4_1_slot(&wq, &xv, &xq, g, it, 4u, b); }
-        if (TM * TG > 5u) { acc[5] += q4_1_slot(&wq, &xv, &xq, g, it, 5u, b); }
-        if (TM * TG > 6u) { acc[6] += q4_1_slot(&wq, &xv, &xq, g, it, 6u, b); }
-        if (TM * TG > 7u) { acc[7] += q4_1_slot(&wq, &xv, &xq, g, it, 7u, b); }
-        if (TM * TG > 8u) { acc[8] += q4_1_slot(&wq, &xv, &xq, g, it, 8u, b); }
-        if (TM * TG > 9u) { acc[9] += q4_1_slot(&wq, &xv, &xq, g, it, 9u, b); }
-        if (TM * TG > 10u) { acc[10] += q4_1_slot(&wq, &xv, &xq, g, it, 10u, b); }
-        if (TM * TG > 11u) { acc[11] += q4_1_slot(&wq, &xv, &xq, g, it, 11u, b); }
-        if (TM * TG > 12u) { acc[12] += q4_1_slot(&wq, &xv, &xq, g, it, 12u, b); }
-        if (TM * TG > 13u) { acc[13] += q4_1_slot(&wq, &xv, &xq, g, it, 13u, b); }
-        if (TM * TG > 14u) { acc[14] += q4_1_slot(&wq, &xv, &xq, g, it, 14u, b); }
-        if (TM * TG > 15u) { acc[15] += q4_1_slot(&wq, &xv, &xq, g, it, 15u, b); }
+        acc[0] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 0u, b);
+        if (TM * TG > 1u) { acc[1] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 1u, b); }
+        if (TM * TG > 2u) { acc[2] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 2u, b); }
+        if (TM * TG > 3u) { acc[3] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 3u, b); }
+        if (TM * TG > 4u) { acc[4] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 4u, b); }
+        if (TM * TG > 5u) { acc[5] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 5u, b); }
+        if (TM * TG > 6u) { acc[6] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 6u, b); }
+        if (TM * TG > 7u) { acc[7] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 7u, b); }
+        if (TM * TG > 8u) { acc[8] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 8u, b); }
+        if (TM * TG > 9u) { acc[9] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 9u, b); }
+        if (TM * TG > 10u) { acc[10] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 10u, b); }
+        if (TM * TG > 11u) { acc[11] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 11u, b); }
+        if (TM * TG > 12u) { acc[12] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 12u, b); }
+        if (TM * TG > 13u) { acc[13] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 13u, b); }
+        if (TM * TG > 14u) { acc[14] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 14u, b); }
+        if (TM * TG > 15u) { acc[15] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 15u, b); }
     }
     finish_tile(it, ids.lid, 0u, acc);
 }

@@ -378,12 +378,21 @@ impl MatmulConfig {
         }
         let mut config = MatmulConfig { int8_activations, ..MatmulConfig::for_device_type(ctx, n_rows, part.ggml_type) };
         if ctx.class() == AdapterClass::Cpu && config.preludes() == Preludes::Plain {
-            let workgroups = |c: &MatmulConfig| part.groups.div_ceil(c.workgroup / c.k_split * c.group_tile) * n_rows.div_ceil(c.tile_rows);
+            let workgroups = |c: &MatmulConfig| {
+                let (per_tile, tiles) = c.grid(part.groups, n_rows);
+                per_tile * tiles
+            };
             while config.workgroup > 4 && workgroups(&config) < MIN_WORKGROUPS {
                 config.workgroup /= 2;
             }
         }
         config
+    }
+
+    /// The workgroups this variant dispatches over `groups` row groups and `n_rows` activation
+    /// rows: (workgroups per tile of `tile_rows` rows, tiles).
+    fn grid(&self, groups: u32, n_rows: u32) -> (u32, u32) {
+        (groups.div_ceil(self.workgroup / self.k_split * self.group_tile), n_rows.div_ceil(self.tile_rows))
     }
 
     /// The activation preludes of this variant.
@@ -631,8 +640,7 @@ fn part_kernel(
     epilogue: Epilogue,
 ) -> Result<Kernel, GpuError> {
     let MatmulConfig { tile_rows, group_tile, k_split, workgroup, int8_activations, .. } = config;
-    let wgs_per_tile = part.groups.div_ceil(workgroup / k_split * group_tile);
-    let tiles = n_rows.div_ceil(tile_rows);
+    let (wgs_per_tile, tiles) = config.grid(part.groups, n_rows);
     let workgroups = linear_grid(ctx, "matmul", wgs_per_tile as u64 * tiles as u64)?;
     let params = MatmulParams {
         rows: part.rows,
