@@ -22,16 +22,38 @@ fn halves_dot(c: Chunk, v: XF32) -> vec2<f32> {
                      (dot(c.q[4], v[4]) + dot(c.q[5], v[5])) + (dot(c.q[6], v[6]) + dot(c.q[7], v[7])));
 }
 
+// What an invocation holds while it multiplies chunk kc: the TG groups' chunks (cq), the
+// activation row's block (loaded at its first slot, j = 0, and reused by its other groups) in xv,
+// g ⊙ x with NORM (g: the norm weight's block).
+struct State {
+    cq: array<Chunks, MAX_TG>,
+    xv: XF32,
+    g: XF32,
+}
+
+// A slot's sums: the group's 4 rows.
+alias Sum = vec4<f32>;
+
+// Chunk kc of the 4 rows n0..n0+3 of a group.
+fn group_chunks(n0: u32, kc: u32) -> Chunks {
+    return Chunks(decode(n0, kc, params.nb), decode(n0 + 1u, kc, params.nb), decode(n0 + 2u, kc, params.nb), decode(n0 + 3u, kc, params.nb));
+}
+
+fn load(st: ptr<function, State>, it: Tile, kc: u32) {
+    (*st).cq[0] = group_chunks(group_at(it, 0u) * 4u, kc);
+    if (TG > 1u) { (*st).cq[1] = group_chunks(group_at(it, 1u) * 4u, kc); }
+    if (TG > 2u) { (*st).cq[2] = group_chunks(group_at(it, 2u) * 4u, kc); (*st).cq[3] = group_chunks(group_at(it, 3u) * 4u, kc); }
+    (*st).g = g_f32(it, kc);
+}
+
 // The 4 rows' sums of slot s of the tile (activation row t = s / TG against row group j = s % TG,
-// see matmul_common.wgsl) over chunk kc: cq holds the TG groups' chunks; the activation row's
-// block is loaded at its first slot (j = 0) into xv (g: the norm weight's block, NORM) and reused
-// by its other groups.
-fn blocks_slot(cq: ptr<function, array<Chunks, MAX_TG>>, xv: ptr<function, XF32>, g: XF32, it: Tile, s: u32, kc: u32) -> vec4<f32> {
+// see matmul_common.wgsl) over chunk kc.
+fn slot(st: ptr<function, State>, it: Tile, s: u32, kc: u32) -> Sum {
     if (s % TG == 0u) {
-        *xv = x_in(it, s / TG, kc, g);
+        (*st).xv = x_in(it, s / TG, kc, (*st).g);
     }
-    let v = *xv;
-    let cs = (*cq)[s % TG];
+    let v = (*st).xv;
+    let cs = (*st).cq[s % TG];
     let p0 = halves_dot(cs.c0, v);
     let p1 = halves_dot(cs.c1, v);
     let p2 = halves_dot(cs.c2, v);
@@ -48,39 +70,11 @@ fn blocks_slot(cq: ptr<function, array<Chunks, MAX_TG>>, xv: ptr<function, XF32>
     return d_lo * lo + d_hi * hi + m_lo * dot(s_lo, one) + m_hi * dot(s_hi, one);
 }
 
-// Chunk kc of the 4 rows n0..n0+3 of a group.
-fn group_chunks(n0: u32, kc: u32) -> Chunks {
-    return Chunks(decode(n0, kc, params.nb), decode(n0 + 1u, kc, params.nb), decode(n0 + 2u, kc, params.nb), decode(n0 + 3u, kc, params.nb));
+fn finish_sum(it: Tile, lid: u32, s: u32, v: Sum) {
+    finish(it, lid, s, 0u, v);
 }
 
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
-    let it = tile_of(ids);
-    // Indexed by constants only, so the tile stays in registers (see matmul_common.wgsl).
-    var acc: array<vec4<f32>, MAX_TM>;
-    var cq: array<Chunks, MAX_TG>;
-    var xv: XF32;
-    for (var kc = k_lane_of(ids); kc < params.nb; kc += KSPLIT) {
-        cq[0] = group_chunks(group_at(it, 0u) * 4u, kc);
-        if (TG > 1u) { cq[1] = group_chunks(group_at(it, 1u) * 4u, kc); }
-        if (TG > 2u) { cq[2] = group_chunks(group_at(it, 2u) * 4u, kc); cq[3] = group_chunks(group_at(it, 3u) * 4u, kc); }
-        let g = g_f32(it, kc);
-        acc[0] += blocks_slot(&cq, &xv, g, it, 0u, kc);
-        if (TM * TG > 1u) { acc[1] += blocks_slot(&cq, &xv, g, it, 1u, kc); }
-        if (TM * TG > 2u) { acc[2] += blocks_slot(&cq, &xv, g, it, 2u, kc); }
-        if (TM * TG > 3u) { acc[3] += blocks_slot(&cq, &xv, g, it, 3u, kc); }
-        if (TM * TG > 4u) { acc[4] += blocks_slot(&cq, &xv, g, it, 4u, kc); }
-        if (TM * TG > 5u) { acc[5] += blocks_slot(&cq, &xv, g, it, 5u, kc); }
-        if (TM * TG > 6u) { acc[6] += blocks_slot(&cq, &xv, g, it, 6u, kc); }
-        if (TM * TG > 7u) { acc[7] += blocks_slot(&cq, &xv, g, it, 7u, kc); }
-        if (TM * TG > 8u) { acc[8] += blocks_slot(&cq, &xv, g, it, 8u, kc); }
-        if (TM * TG > 9u) { acc[9] += blocks_slot(&cq, &xv, g, it, 9u, kc); }
-        if (TM * TG > 10u) { acc[10] += blocks_slot(&cq, &xv, g, it, 10u, kc); }
-        if (TM * TG > 11u) { acc[11] += blocks_slot(&cq, &xv, g, it, 11u, kc); }
-        if (TM * TG > 12u) { acc[12] += blocks_slot(&cq, &xv, g, it, 12u, kc); }
-        if (TM * TG > 13u) { acc[13] += blocks_slot(&cq, &xv, g, it, 13u, kc); }
-        if (TM * TG > 14u) { acc[14] += blocks_slot(&cq, &xv, g, it, 14u, kc); }
-        if (TM * TG > 15u) { acc[15] += blocks_slot(&cq, &xv, g, it, 15u, kc); }
-    }
-    finish_tile(it, ids.lid, 0u, acc);
+    run_tile(ids);
 }

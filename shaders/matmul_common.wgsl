@@ -4,7 +4,9 @@
 // combinations (src/gpu/shaders.rs): matmul_split.wgsl + matmul_x.wgsl (every invocation loads
 // what it multiplies; split rows summed through workgroup memory), matmul_split_subgroup.wgsl +
 // matmul_x.wgsl (split rows summed within a subgroup, real GPUs), or matmul_x_subgroup.wgsl alone
-// (8 lanes of a subgroup load an activation block together, no split, CPU adapters):
+// (8 lanes of a subgroup load an activation block together, no split, CPU adapters), then the
+// slots prelude (matmul_slots32.wgsl after the first combination, matmul_slots16.wgsl after the
+// others; see below):
 // y[a, row_base + n] = Σ_k x[a, k] · W[n, k] for a < n_rows and n < rows, with W (one part of a
 // QuantMatrix, src/gpu/ops/matmul/) repacked at upload so that the G rows of a row group lie side
 // by side (G = 4, 8 for Q8_0; each body or quant prelude documents its block layout).
@@ -17,10 +19,17 @@
 // One invocation computes a tile of TM activation rows × TG row groups (TG · G output rows): every
 // weight block is loaded and dequantized once per TM rows, every activation block once per TG
 // groups (register tiling, no shared memory). Slot s of the tile is activation row t = s / TG
-// against group j = s % TG, TM · TG ≤ MAX_TM slots. The tile is written out slot by slot
-// (`if (TM * TG > s)` on constants) rather than as loops over s: a loop the compiler does not
-// unroll indexes the accumulators dynamically, which lavapipe turns into a scatter and a gather
-// per lane (measured 1.65× slower at TM = 8). Where activation loads cost as much as weight loads
+// against group j = s % TG, TM · TG ≤ MAX_SLOTS slots. The tile is written out slot by slot
+// (`if (TM * TG > s)` on constants, `accumulate` and `run_tile` below) rather than as loops over
+// s: a loop the compiler does not unroll indexes the accumulators dynamically, which lavapipe
+// turns into a scatter and a gather per lane (measured 1.65× slower at TM = 8). Each body says
+// what a slot is: its `State` (the TG groups' weight blocks and the activation block being
+// multiplied), `load` (a block of each group), `slot` (one slot's sums, a `Sum`: a vec4 for G = 4,
+// a mat2x4 for G = 8) and `finish_sum`. Slots 0..15 are written out here; slots 16..31 are in
+// matmul_slots32.wgsl, which only the variant without shared loads or split sums includes
+// (SwiftShader, where activation loads cost as much as weight loads and 32-slot tiles load
+// fewer words per product); the others include matmul_slots16.wgsl, so that lavapipe never
+// compiles slots it cannot reach. Where activation loads cost as much as weight loads
 // (SwiftShader: no subgroups to share them, every storage load a gather over its 4 lanes) a
 // squarer tile loads fewer words per product: at TM = 1 (decode) an f32 activation block is 32
 // words against a Q4_1 group's 20. On lavapipe (Mesa 22) every
@@ -70,11 +79,11 @@ struct Params {
 override WG: u32 = 16u;     // invocations per workgroup (a multiple of KSPLIT)
 override KSPLIT: u32 = 1u;  // invocations sharing one group
 override TM: u32 = 1u;      // activation rows per invocation
-override TG: u32 = 1u;      // row groups per invocation (1, 2 or 4); TM · TG ≤ MAX_TM
+override TG: u32 = 1u;      // row groups per invocation (1, 2 or 4); TM · TG ≤ MAX_SLOTS
 override INT8: bool = false;        // x holds int8-quantized activations
 override EPILOGUE: u32 = 0u;        // 0 store, 1 add into y, 2 gated activation (see above)
 override NORM: bool = false;        // the RMSNorm prologue (see above)
-const MAX_TM: u32 = 16u;    // slots of a tile (and so activation rows)
+const MAX_TM: u32 = 16u;    // activation rows of a tile (MAX_SLOTS, the slots, is the slots prelude's)
 const MAX_TG: u32 = 4u;
 
 // Σ x² over the blocks of each tile row this invocation has loaded (NORM). Indexed by the tile
@@ -186,24 +195,55 @@ fn finish(it: Tile, lid: u32, s: u32, quad: u32, v: vec4<f32>) {
     }
 }
 
-// finish for every slot of the tile, from acc (rows 4·quad..4·quad+3 of each slot's group).
-fn finish_tile(it: Tile, lid: u32, quad: u32, acc: array<vec4<f32>, MAX_TM>) {
-    finish(it, lid, 0u, quad, acc[0]);
-    if (TM * TG > 1u) { finish(it, lid, 1u, quad, acc[1]); }
-    if (TM * TG > 2u) { finish(it, lid, 2u, quad, acc[2]); }
-    if (TM * TG > 3u) { finish(it, lid, 3u, quad, acc[3]); }
-    if (TM * TG > 4u) { finish(it, lid, 4u, quad, acc[4]); }
-    if (TM * TG > 5u) { finish(it, lid, 5u, quad, acc[5]); }
-    if (TM * TG > 6u) { finish(it, lid, 6u, quad, acc[6]); }
-    if (TM * TG > 7u) { finish(it, lid, 7u, quad, acc[7]); }
-    if (TM * TG > 8u) { finish(it, lid, 8u, quad, acc[8]); }
-    if (TM * TG > 9u) { finish(it, lid, 9u, quad, acc[9]); }
-    if (TM * TG > 10u) { finish(it, lid, 10u, quad, acc[10]); }
-    if (TM * TG > 11u) { finish(it, lid, 11u, quad, acc[11]); }
-    if (TM * TG > 12u) { finish(it, lid, 12u, quad, acc[12]); }
-    if (TM * TG > 13u) { finish(it, lid, 13u, quad, acc[13]); }
-    if (TM * TG > 14u) { finish(it, lid, 14u, quad, acc[14]); }
-    if (TM * TG > 15u) { finish(it, lid, 15u, quad, acc[15]); }
+// Adds every slot's sums over block b to acc (the body's `slot`, from what its `load` put in st).
+fn accumulate(st: ptr<function, State>, acc: ptr<function, array<Sum, MAX_SLOTS>>, it: Tile, b: u32) {
+    (*acc)[0] += slot(st, it, 0u, b);
+    if (TM * TG > 1u) { (*acc)[1] += slot(st, it, 1u, b); }
+    if (TM * TG > 2u) { (*acc)[2] += slot(st, it, 2u, b); }
+    if (TM * TG > 3u) { (*acc)[3] += slot(st, it, 3u, b); }
+    if (TM * TG > 4u) { (*acc)[4] += slot(st, it, 4u, b); }
+    if (TM * TG > 5u) { (*acc)[5] += slot(st, it, 5u, b); }
+    if (TM * TG > 6u) { (*acc)[6] += slot(st, it, 6u, b); }
+    if (TM * TG > 7u) { (*acc)[7] += slot(st, it, 7u, b); }
+    if (TM * TG > 8u) { (*acc)[8] += slot(st, it, 8u, b); }
+    if (TM * TG > 9u) { (*acc)[9] += slot(st, it, 9u, b); }
+    if (TM * TG > 10u) { (*acc)[10] += slot(st, it, 10u, b); }
+    if (TM * TG > 11u) { (*acc)[11] += slot(st, it, 11u, b); }
+    if (TM * TG > 12u) { (*acc)[12] += slot(st, it, 12u, b); }
+    if (TM * TG > 13u) { (*acc)[13] += slot(st, it, 13u, b); }
+    if (TM * TG > 14u) { (*acc)[14] += slot(st, it, 14u, b); }
+    if (TM * TG > 15u) { (*acc)[15] += slot(st, it, 15u, b); }
+    accumulate_wide(st, acc, it, b);
+}
+
+// The kernel of every body: each block's weights loaded for the TG groups, multiplied into every
+// slot, the slots finished.
+fn run_tile(ids: Ids) {
+    let it = tile_of(ids);
+    // Indexed by constants only, so the tile stays in registers (see above).
+    var acc: array<Sum, MAX_SLOTS>;
+    var st: State;
+    for (var b = k_lane_of(ids); b < params.nb; b += KSPLIT) {
+        load(&st, it, b);
+        accumulate(&st, &acc, it, b);
+    }
+    finish_sum(it, ids.lid, 0u, acc[0]);
+    if (TM * TG > 1u) { finish_sum(it, ids.lid, 1u, acc[1]); }
+    if (TM * TG > 2u) { finish_sum(it, ids.lid, 2u, acc[2]); }
+    if (TM * TG > 3u) { finish_sum(it, ids.lid, 3u, acc[3]); }
+    if (TM * TG > 4u) { finish_sum(it, ids.lid, 4u, acc[4]); }
+    if (TM * TG > 5u) { finish_sum(it, ids.lid, 5u, acc[5]); }
+    if (TM * TG > 6u) { finish_sum(it, ids.lid, 6u, acc[6]); }
+    if (TM * TG > 7u) { finish_sum(it, ids.lid, 7u, acc[7]); }
+    if (TM * TG > 8u) { finish_sum(it, ids.lid, 8u, acc[8]); }
+    if (TM * TG > 9u) { finish_sum(it, ids.lid, 9u, acc[9]); }
+    if (TM * TG > 10u) { finish_sum(it, ids.lid, 10u, acc[10]); }
+    if (TM * TG > 11u) { finish_sum(it, ids.lid, 11u, acc[11]); }
+    if (TM * TG > 12u) { finish_sum(it, ids.lid, 12u, acc[12]); }
+    if (TM * TG > 13u) { finish_sum(it, ids.lid, 13u, acc[13]); }
+    if (TM * TG > 14u) { finish_sum(it, ids.lid, 14u, acc[14]); }
+    if (TM * TG > 15u) { finish_sum(it, ids.lid, 15u, acc[15]); }
+    finish_wide(it, ids.lid, &acc);
 }
 
 // Stores output rows row0..row0+3 of activation row a (those below params.rows) as EPILOGUE says;

@@ -50,62 +50,56 @@ fn nibbles_dot(lo: vec4<u32>, hi: vec4<u32>, v: XF32) -> f32 {
          + (dot(quants(hi.x), v[4]) + dot(quants(hi.y), v[5]) + dot(quants(hi.z), v[6]) + dot(quants(hi.w), v[7]));
 }
 
+// What an invocation holds while it multiplies block b: the TG groups' blocks (wq), the
+// activation row's block (loaded at its first slot, j = 0, and reused by its other groups) in xv
+// with its sum in xs (f32, g ⊙ x with NORM, g being the norm weight's block) or in xq (INT8).
+struct State {
+    wq: array<Q41, MAX_TG>,
+    xv: XF32,
+    xs: f32,
+    xq: XInt8,
+    g: XF32,
+}
+
+// A slot's sums: the group's 4 rows.
+alias Sum = vec4<f32>;
+
+fn load(st: ptr<function, State>, it: Tile, b: u32) {
+    (*st).wq[0] = q4_1_block(group_at(it, 0u), b);
+    if (TG > 1u) { (*st).wq[1] = q4_1_block(group_at(it, 1u), b); }
+    if (TG > 2u) { (*st).wq[2] = q4_1_block(group_at(it, 2u), b); (*st).wq[3] = q4_1_block(group_at(it, 3u), b); }
+    (*st).g = g_f32(it, b);
+}
+
 // Slot s of the tile (activation row t = s / TG against row group j = s % TG, see
-// matmul_common.wgsl) over block b: the 4 rows' sums. wq holds the TG groups' blocks; the
-// activation row's block is loaded at its first slot (j = 0), into xv with its sum in xs (f32; g
-// is the norm weight's block with NORM) or into xq (INT8), and reused by its other groups.
-fn q4_1_slot(wq: ptr<function, array<Q41, MAX_TG>>, xv: ptr<function, XF32>, xs: ptr<function, f32>, xq: ptr<function, XInt8>, g: XF32, it: Tile, s: u32, b: u32) -> vec4<f32> {
+// matmul_common.wgsl) over block b: the 4 rows' sums.
+fn slot(st: ptr<function, State>, it: Tile, s: u32, b: u32) -> Sum {
     let t = s / TG;
-    let wb = (*wq)[s % TG];
+    let wb = (*st).wq[s % TG];
     if (INT8) {
         if (s % TG == 0u) {
-            *xq = x_int8(it, t, b);
+            (*st).xq = x_int8(it, t, b);
         }
-        let x8 = *xq;
+        let x8 = (*st).xq;
         let dots = vec4<f32>(f32(dot_block(wb.lo[0], wb.hi[0], x8.lo, x8.hi)), f32(dot_block(wb.lo[1], wb.hi[1], x8.lo, x8.hi)),
                              f32(dot_block(wb.lo[2], wb.hi[2], x8.lo, x8.hi)), f32(dot_block(wb.lo[3], wb.hi[3], x8.lo, x8.hi)));
         return wb.d * x8.d * dots + wb.m * x8.s;
     }
     if (s % TG == 0u) {
-        *xv = x_in(it, t, b, g);
-        *xs = block_sum(*xv);
+        (*st).xv = x_in(it, t, b, (*st).g);
+        (*st).xs = block_sum((*st).xv);
     }
-    let v = *xv;
+    let v = (*st).xv;
     let qx = vec4<f32>(nibbles_dot(wb.lo[0], wb.hi[0], v), nibbles_dot(wb.lo[1], wb.hi[1], v),
                        nibbles_dot(wb.lo[2], wb.hi[2], v), nibbles_dot(wb.lo[3], wb.hi[3], v));
-    return wb.d * qx + wb.m * *xs;
+    return wb.d * qx + wb.m * (*st).xs;
+}
+
+fn finish_sum(it: Tile, lid: u32, s: u32, v: Sum) {
+    finish(it, lid, s, 0u, v);
 }
 
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
-    let it = tile_of(ids);
-    // Indexed by constants only, so the tile stays in registers (see matmul_common.wgsl).
-    var acc: array<vec4<f32>, MAX_TM>;
-    var wq: array<Q41, MAX_TG>;
-    var xv: XF32;
-    var xs: f32;
-    var xq: XInt8;
-    for (var b = k_lane_of(ids); b < params.nb; b += KSPLIT) {
-        wq[0] = q4_1_block(group_at(it, 0u), b);
-        if (TG > 1u) { wq[1] = q4_1_block(group_at(it, 1u), b); }
-        if (TG > 2u) { wq[2] = q4_1_block(group_at(it, 2u), b); wq[3] = q4_1_block(group_at(it, 3u), b); }
-        let g = g_f32(it, b);
-        acc[0] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 0u, b);
-        if (TM * TG > 1u) { acc[1] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 1u, b); }
-        if (TM * TG > 2u) { acc[2] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 2u, b); }
-        if (TM * TG > 3u) { acc[3] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 3u, b); }
-        if (TM * TG > 4u) { acc[4] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 4u, b); }
-        if (TM * TG > 5u) { acc[5] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 5u, b); }
-        if (TM * TG > 6u) { acc[6] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 6u, b); }
-        if (TM * TG > 7u) { acc[7] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 7u, b); }
-        if (TM * TG > 8u) { acc[8] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 8u, b); }
-        if (TM * TG > 9u) { acc[9] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 9u, b); }
-        if (TM * TG > 10u) { acc[10] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 10u, b); }
-        if (TM * TG > 11u) { acc[11] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 11u, b); }
-        if (TM * TG > 12u) { acc[12] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 12u, b); }
-        if (TM * TG > 13u) { acc[13] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 13u, b); }
-        if (TM * TG > 14u) { acc[14] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 14u, b); }
-        if (TM * TG > 15u) { acc[15] += q4_1_slot(&wq, &xv, &xs, &xq, g, it, 15u, b); }
-    }
-    finish_tile(it, ids.lid, 0u, acc);
+    run_tile(ids);
 }

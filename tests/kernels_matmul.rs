@@ -318,8 +318,19 @@ gpu_test! {
         let sg = ctx.has_subgroups(8);
         let c = |tile_rows, group_tile, k_split, workgroup, int8_activations| MatmulConfig { tile_rows, group_tile, k_split, workgroup, subgroup: false, int8_activations };
         let mut configs = vec![c(1, 4, 1, 16, false), c(4, 4, 1, 8, false), c(3, 2, 1, 16, false), c(1, 2, 4, 16, false), c(1, 4, 1, 16, true), c(4, 2, 1, 16, true)];
+        // Past 16 slots (the plain variant only, matmul_slots32.wgsl): tiles of 32 and 24, alone
+        // and with split rows.
+        configs.extend([c(8, 4, 1, 8, false), c(16, 2, 1, 8, true), c(6, 4, 4, 16, false)]);
         if sg {
             configs.extend([MatmulConfig { subgroup: true, ..c(2, 4, 1, 16, false) }, MatmulConfig { subgroup: true, ..c(1, 2, 8, 64, false) }]);
+            // The variants with subgroups compile 16 slots: a larger tile is refused, not run.
+            let raw = random_matrix(&mut rng, GgmlKind::Q4_1, 64, 64);
+            let m = QuantMatrix::upload(&ctx, "w", GgmlKind::Q4_1, &raw, 64, 64).unwrap();
+            let (xb, yb) = (ctx.storage_zeroed("x", 8 * 64 * 4), ctx.storage_zeroed("y", 8 * 64 * 4));
+            for wide in [MatmulConfig { subgroup: true, ..c(8, 4, 1, 16, false) }, MatmulConfig { subgroup: true, ..c(8, 4, 8, 64, false) }] {
+                let e = matmul_with(&ctx, &m, &xb, &yb, 8, wide).err().unwrap_or_else(|| panic!("{wide:?} accepted")).to_string();
+                assert!(e.contains("invalid kernel configuration"), "{e}");
+            }
         }
         for config in configs {
             // Q4_1: 25 groups of 4 (the last partial); Q8_0: 13 groups of 8 (the last partial).
@@ -868,7 +879,9 @@ async fn bench_matmul_cases(filter: String) {
             cases.push((format!("sweep groups decode {name}"), kind, rows, cols, 1, v));
         }
         let tiles = [2u32, 4, 8].map(cpu).to_vec();
-        let square = [(4u32, 4u32, 16u32), (4, 4, 8), (4, 2, 16), (8, 2, 16), (2, 4, 16), (4, 4, 4)].map(|(t, g, wg)| groups(t, g, wg)).to_vec();
+        let square = [(4u32, 4u32, 16u32), (4, 4, 8), (4, 2, 16), (8, 2, 16), (8, 2, 8), (2, 4, 16), (4, 4, 4), (8, 4, 8), (8, 4, 16), (16, 2, 8)]
+            .map(|(t, g, wg)| groups(t, g, wg))
+            .to_vec();
         cases.push(("sweep prefill 512 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 512, [vec![cpu(16)], tiles, square].concat()));
         // Every body at the plain variant's two tiles: one group (tile 16 in prefill) against two
         // (tile 8).

@@ -248,9 +248,9 @@ fn upload_run(ctx: &Context, run: Run<'_>, out: &mut Vec<Part>) -> Result<(), Gp
 pub struct MatmulConfig {
     /// Activation rows per invocation (1..=16).
     pub tile_rows: u32,
-    /// Row groups per invocation (1, 2 or 4; `tile_rows · group_tile` ≤ [`MAX_TILE_ROWS`]): each
-    /// activation block an invocation loads serves this many groups' rows (`TG` in
-    /// `shaders/matmul_common.wgsl`).
+    /// Row groups per invocation (1, 2 or 4; `tile_rows · group_tile` ≤ the variant's slots,
+    /// [`Preludes::max_slots`]): each activation block an invocation loads serves this many
+    /// groups' rows (`TG` in `shaders/matmul_common.wgsl`).
     pub group_tile: u32,
     /// Invocations splitting the blocks of one row group (1 = no workgroup memory, no barriers).
     pub k_split: u32,
@@ -270,6 +270,11 @@ pub struct MatmulConfig {
 /// The largest `tile_rows` the shaders hold registers for (`MAX_TM` in WGSL).
 pub const MAX_TILE_ROWS: u32 = 16;
 
+/// The most slots (`tile_rows · group_tile`) of a tile in the variant without shared loads or
+/// split sums ([`Preludes::Plain`], `shaders/matmul_slots32.wgsl`); the others hold
+/// [`MAX_TILE_ROWS`] (`matmul_slots16.wgsl`).
+const MAX_PLAIN_SLOTS: u32 = 32;
+
 /// The fewest workgroups a part's matmul should make on the plain CPU variant
 /// ([`MatmulConfig::for_part`]).
 const MIN_WORKGROUPS: u32 = 16;
@@ -287,6 +292,18 @@ pub(crate) enum Preludes {
     SharedLoads,
     /// `matmul_split_subgroup` + `matmul_x`: split rows summed within a subgroup.
     SubgroupSum,
+}
+
+impl Preludes {
+    /// The most slots of a tile (`tile_rows · group_tile`) in this variant: only the plain one
+    /// compiles slots past 16 (`matmul_slots32.wgsl`), so that lavapipe's shared-loads kernels,
+    /// whose tiles stop at 16, do not pay for them at every pipeline's compile.
+    pub(crate) fn max_slots(self) -> u32 {
+        match self {
+            Preludes::Plain => MAX_PLAIN_SLOTS,
+            Preludes::SharedLoads | Preludes::SubgroupSum => MAX_TILE_ROWS,
+        }
+    }
 }
 
 impl MatmulConfig {
@@ -334,10 +351,13 @@ impl MatmulConfig {
     /// type `t`. On CPU adapters without shared activation loads (SwiftShader; lavapipe without
     /// subgroups), where every invocation loads each activation block itself, the Q4_1 body takes
     /// two row groups per invocation (`group_tile` 2, tiles of up to 8 activation rows, workgroups of
-    /// 8): measured in headless Chromium on SwiftShader (`bench_matmul`, medians of 5 alternating
-    /// rounds), 576→1536 decode 1.12× and a 512-row prefill 1.25× faster than one group with tiles
-    /// of 16, 1536→576 decode 1.13×. The other bodies keep one group: there it changed little
-    /// (Q8_0, Q5_x, K-quants ±5%) or lost (F32/F16/BF16 decode 0.83-0.89×, Q4_0 0.95×).
+    /// 8), four with tiles of 8 rows (32 slots, which only this variant compiles): measured in
+    /// headless Chromium on SwiftShader (`bench_matmul`, medians of 5 alternating rounds),
+    /// 576→1536 decode 1.12× and 1536→576 decode 1.13× faster with two groups than one; a 512-row
+    /// prefill 1.25× faster with two groups and tiles of 8 than one group and tiles of 16, and
+    /// 1.39× faster again with four groups (253 against 352 ms; tiles of 16 × 2 groups: 309). The
+    /// other bodies keep one group: there it changed little (Q8_0, Q5_x, K-quants ±5%) or lost
+    /// (F32/F16/BF16 decode 0.83-0.89×, Q4_0 0.95×).
     pub fn for_device_type(ctx: &Context, n_rows: u32, t: GgmlType) -> MatmulConfig {
         let tile_rows = match n_rows {
             0..=1 => 1,
@@ -351,7 +371,9 @@ impl MatmulConfig {
             AdapterClass::Cpu => {
                 let subgroup = ctx.has_subgroups(SUBGROUP_LANES);
                 if !subgroup && t == GgmlType::Q4_1 {
-                    return MatmulConfig { tile_rows: tile_rows.min(MAX_TILE_ROWS / 2), group_tile: 2, k_split: 1, workgroup: 8, subgroup, int8_activations };
+                    let tile_rows = tile_rows.min(MAX_TILE_ROWS / 2);
+                    let group_tile = if tile_rows == MAX_TILE_ROWS / 2 { 4 } else { 2 };
+                    return MatmulConfig { tile_rows, group_tile, k_split: 1, workgroup: 8, subgroup, int8_activations };
                 }
                 return MatmulConfig { tile_rows, group_tile: 1, k_split: 1, workgroup: 16, subgroup, int8_activations };
             }
@@ -407,7 +429,7 @@ impl MatmulConfig {
     /// Checks the variant against the shaders' limits and the device, describing what is wrong.
     fn check(&self, ctx: &Context) -> Result<(), String> {
         let MatmulConfig { tile_rows, group_tile, k_split, workgroup, subgroup, .. } = *self;
-        let tile_fits = (1..=MAX_TILE_ROWS).contains(&tile_rows) && [1, 2, 4].contains(&group_tile) && tile_rows * group_tile <= MAX_TILE_ROWS;
+        let tile_fits = (1..=MAX_TILE_ROWS).contains(&tile_rows) && [1, 2, 4].contains(&group_tile) && tile_rows * group_tile <= self.preludes().max_slots();
         if !tile_fits || k_split == 0 || workgroup == 0 || workgroup % k_split != 0 {
             return Err(format!("invalid kernel configuration {self:?}"));
         }
