@@ -5,8 +5,8 @@
 // what it multiplies; split rows summed through workgroup memory), matmul_split_subgroup.wgsl +
 // matmul_x.wgsl (split rows summed within a subgroup, real GPUs), or matmul_x_subgroup.wgsl alone
 // (8 lanes of a subgroup load an activation block together, no split, CPU adapters), then the
-// slots prelude (matmul_slots32.wgsl after the first combination, matmul_slots16.wgsl after the
-// others; see below):
+// slots prelude (matmul_slots16.wgsl; matmul_slots32.wgsl in the `_wide` kernels of the first
+// combination, see below):
 // y[a, row_base + n] = Σ_k x[a, k] · W[n, k] for a < n_rows and n < rows, with W (one part of a
 // QuantMatrix, src/gpu/ops/matmul/) repacked at upload so that the G rows of a row group lie side
 // by side (G = 4, 8 for Q8_0; each body or quant prelude documents its block layout).
@@ -26,10 +26,11 @@
 // what a slot is: its `State` (the TG groups' weight blocks and the activation block being
 // multiplied), `load` (a block of each group), `slot` (one slot's sums, a `Sum`: a vec4 for G = 4,
 // a mat2x4 for G = 8) and `finish_sum`. Slots 0..15 are written out here; slots 16..31 are in
-// matmul_slots32.wgsl, which only the variant without shared loads or split sums includes
-// (SwiftShader, where activation loads cost as much as weight loads and 32-slot tiles load
-// fewer words per product); the others include matmul_slots16.wgsl, so that lavapipe never
-// compiles slots it cannot reach. Where activation loads cost as much as weight loads
+// matmul_slots32.wgsl, which only the `_wide` kernels of the variant without shared loads or
+// split sums include (SwiftShader's prefill, where activation loads cost as much as weight loads
+// and 32-slot tiles load fewer words per product); every other kernel includes
+// matmul_slots16.wgsl, so that no compiler is handed slots the kernel cannot reach (SwiftShader
+// compiles them all). Where activation loads cost as much as weight loads
 // (SwiftShader: no subgroups to share them, every storage load a gather over its 4 lanes) a
 // squarer tile loads fewer words per product: at TM = 1 (decode) an f32 activation block is 32
 // words against a Q4_1 group's 20. On lavapipe (Mesa 22) every

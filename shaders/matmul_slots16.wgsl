@@ -1,6 +1,5 @@
-// Tiles of up to 16 slots (a prelude after matmul_common.wgsl, in every matmul variant but the one
-// without shared loads or split sums: see matmul_common.wgsl): no slots past those written out
-// there.
+// Tiles of up to 16 slots (a prelude after matmul_common.wgsl, in every matmul kernel but the
+// `_wide` ones: see matmul_common.wgsl): no slots past those written out there.
 
 const MAX_SLOTS: u32 = 16u;
 

@@ -1,6 +1,6 @@
-// Tiles of up to 32 slots (a prelude after matmul_common.wgsl, in the matmul variant without
-// shared loads or split sums: see matmul_common.wgsl): slots 16..31, written out as slots 0..15
-// are there.
+// Tiles of up to 32 slots (a prelude after matmul_common.wgsl, in the `_wide` kernels of the
+// matmul variant without shared loads or split sums: see matmul_common.wgsl): slots 16..31,
+// written out as slots 0..15 are there.
 
 const MAX_SLOTS: u32 = 32u;
 

@@ -12,8 +12,8 @@
 //! `act_common` + `matmul_common` + activation preludes (`matmul_split` + `matmul_x`; in the
 //! `_subgroup` variant of each, for CPU adapters with subgroups, `matmul_x_subgroup`; in the
 //! `_subgroup_sum` variant, for GPUs with subgroups, `matmul_split_subgroup` + `matmul_x`) + the
-//! slots prelude (`matmul_slots32` in the first, tiles of up to 32 slots; `matmul_slots16` in the
-//! others) + the body: `matmul_q4_1` and `matmul_q8_0` have bodies of their own; every other type is one body
+//! slots prelude (`matmul_slots16`; `matmul_slots32`, tiles of up to 32 slots, in the `_wide`
+//! variant of the first) + the body: `matmul_q4_1` and `matmul_q8_0` have bodies of their own; every other type is one body
 //! per shape with the block format as a prelude, `matmul_<type>` being those preludes +
 //! `quant_common` + `quant_<type>` + `matmul_blocks`, and `embed_<type>` is `quant_common` + `quant_<type>` + `embed`. The
 //! concatenation happens at compile time, so every source stays a `&'static str`.
@@ -39,6 +39,10 @@ macro_rules! quant_family {
     ($name:expr, matmul: [$($m:literal),*], embed: [$($e:literal),*]) => {
         match $name {
             $(concat!("matmul_", $m) => concat!(
+                wgsl!("act_common"), "\n", wgsl!("matmul_common"), "\n", wgsl!("matmul_split"), "\n", wgsl!("matmul_x"), "\n", wgsl!("matmul_slots16"), "\n", wgsl!("quant_common"), "\n",
+                include_str!(concat!("../../shaders/quant_", $m, ".wgsl")), "\n", wgsl!("matmul_blocks")
+            ),)*
+            $(concat!("matmul_", $m, "_wide") => concat!(
                 wgsl!("act_common"), "\n", wgsl!("matmul_common"), "\n", wgsl!("matmul_split"), "\n", wgsl!("matmul_x"), "\n", wgsl!("matmul_slots32"), "\n", wgsl!("quant_common"), "\n",
                 include_str!(concat!("../../shaders/quant_", $m, ".wgsl")), "\n", wgsl!("matmul_blocks")
             ),)*
@@ -77,10 +81,12 @@ pub fn source(name: &str) -> Option<&'static str> {
         "qkv_heads" => concat!(wgsl!("rms_common"), "\n", wgsl!("rope_common"), "\n", with_prelude!("kv_common", "qkv_heads")),
         "glu" => with_prelude!("act_common", "glu"),
         "residual_norm" => concat!(wgsl!("rms_common"), "\n", wgsl!("quantize_common"), "\n", with_prelude!("norm_out", "residual_norm")),
-        "matmul_q4_1" => matmul_body!(["matmul_split", "matmul_x", "matmul_slots32"], "matmul_q4_1"),
+        "matmul_q4_1" => matmul_body!(["matmul_split", "matmul_x", "matmul_slots16"], "matmul_q4_1"),
+        "matmul_q4_1_wide" => matmul_body!(["matmul_split", "matmul_x", "matmul_slots32"], "matmul_q4_1"),
         "matmul_q4_1_subgroup" => matmul_body!(["matmul_x_subgroup", "matmul_slots16"], "matmul_q4_1"),
         "matmul_q4_1_subgroup_sum" => matmul_body!(["matmul_split_subgroup", "matmul_x", "matmul_slots16"], "matmul_q4_1"),
-        "matmul_q8_0" => matmul_body!(["matmul_split", "matmul_x", "matmul_slots32"], "matmul_q8_0"),
+        "matmul_q8_0" => matmul_body!(["matmul_split", "matmul_x", "matmul_slots16"], "matmul_q8_0"),
+        "matmul_q8_0_wide" => matmul_body!(["matmul_split", "matmul_x", "matmul_slots32"], "matmul_q8_0"),
         "matmul_q8_0_subgroup" => matmul_body!(["matmul_x_subgroup", "matmul_slots16"], "matmul_q8_0"),
         "matmul_q8_0_subgroup_sum" => matmul_body!(["matmul_split_subgroup", "matmul_x", "matmul_slots16"], "matmul_q8_0"),
         "attention" => concat!(wgsl!("attention_group"), "\n", with_prelude!("attention_common", "attention")),

@@ -71,23 +71,24 @@ impl Layout {
     /// `_subgroup` variant (activation blocks shared through subgroup broadcasts) or its
     /// `_subgroup_sum` variant (split rows summed within a subgroup).
     pub fn matmul_shader(&self, preludes: Preludes) -> &'static str {
-        let (plain, shared, sum) = match self.ggml_type {
-            GgmlType::F32 => ("matmul_f32", "matmul_f32_subgroup", "matmul_f32_subgroup_sum"),
-            GgmlType::F16 => ("matmul_f16", "matmul_f16_subgroup", "matmul_f16_subgroup_sum"),
-            GgmlType::BF16 => ("matmul_bf16", "matmul_bf16_subgroup", "matmul_bf16_subgroup_sum"),
-            GgmlType::Q4_0 => ("matmul_q4_0", "matmul_q4_0_subgroup", "matmul_q4_0_subgroup_sum"),
-            GgmlType::Q4_1 => ("matmul_q4_1", "matmul_q4_1_subgroup", "matmul_q4_1_subgroup_sum"),
-            GgmlType::Q5_0 => ("matmul_q5_0", "matmul_q5_0_subgroup", "matmul_q5_0_subgroup_sum"),
-            GgmlType::Q5_1 => ("matmul_q5_1", "matmul_q5_1_subgroup", "matmul_q5_1_subgroup_sum"),
-            GgmlType::Q8_0 => ("matmul_q8_0", "matmul_q8_0_subgroup", "matmul_q8_0_subgroup_sum"),
-            GgmlType::Q2_K => ("matmul_q2_k", "matmul_q2_k_subgroup", "matmul_q2_k_subgroup_sum"),
-            GgmlType::Q3_K => ("matmul_q3_k", "matmul_q3_k_subgroup", "matmul_q3_k_subgroup_sum"),
-            GgmlType::Q4_K => ("matmul_q4_k", "matmul_q4_k_subgroup", "matmul_q4_k_subgroup_sum"),
-            GgmlType::Q5_K => ("matmul_q5_k", "matmul_q5_k_subgroup", "matmul_q5_k_subgroup_sum"),
-            GgmlType::Q6_K | GgmlType::Other(_) => ("matmul_q6_k", "matmul_q6_k_subgroup", "matmul_q6_k_subgroup_sum"),
+        let (plain, wide, shared, sum) = match self.ggml_type {
+            GgmlType::F32 => ("matmul_f32", "matmul_f32_wide", "matmul_f32_subgroup", "matmul_f32_subgroup_sum"),
+            GgmlType::F16 => ("matmul_f16", "matmul_f16_wide", "matmul_f16_subgroup", "matmul_f16_subgroup_sum"),
+            GgmlType::BF16 => ("matmul_bf16", "matmul_bf16_wide", "matmul_bf16_subgroup", "matmul_bf16_subgroup_sum"),
+            GgmlType::Q4_0 => ("matmul_q4_0", "matmul_q4_0_wide", "matmul_q4_0_subgroup", "matmul_q4_0_subgroup_sum"),
+            GgmlType::Q4_1 => ("matmul_q4_1", "matmul_q4_1_wide", "matmul_q4_1_subgroup", "matmul_q4_1_subgroup_sum"),
+            GgmlType::Q5_0 => ("matmul_q5_0", "matmul_q5_0_wide", "matmul_q5_0_subgroup", "matmul_q5_0_subgroup_sum"),
+            GgmlType::Q5_1 => ("matmul_q5_1", "matmul_q5_1_wide", "matmul_q5_1_subgroup", "matmul_q5_1_subgroup_sum"),
+            GgmlType::Q8_0 => ("matmul_q8_0", "matmul_q8_0_wide", "matmul_q8_0_subgroup", "matmul_q8_0_subgroup_sum"),
+            GgmlType::Q2_K => ("matmul_q2_k", "matmul_q2_k_wide", "matmul_q2_k_subgroup", "matmul_q2_k_subgroup_sum"),
+            GgmlType::Q3_K => ("matmul_q3_k", "matmul_q3_k_wide", "matmul_q3_k_subgroup", "matmul_q3_k_subgroup_sum"),
+            GgmlType::Q4_K => ("matmul_q4_k", "matmul_q4_k_wide", "matmul_q4_k_subgroup", "matmul_q4_k_subgroup_sum"),
+            GgmlType::Q5_K => ("matmul_q5_k", "matmul_q5_k_wide", "matmul_q5_k_subgroup", "matmul_q5_k_subgroup_sum"),
+            GgmlType::Q6_K | GgmlType::Other(_) => ("matmul_q6_k", "matmul_q6_k_wide", "matmul_q6_k_subgroup", "matmul_q6_k_subgroup_sum"),
         };
         match preludes {
             Preludes::Plain => plain,
+            Preludes::PlainWide => wide,
             Preludes::SharedLoads => shared,
             Preludes::SubgroupSum => sum,
         }

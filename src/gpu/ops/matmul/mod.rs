@@ -270,10 +270,10 @@ pub struct MatmulConfig {
 /// The largest `tile_rows` the shaders hold registers for (`MAX_TM` in WGSL).
 pub const MAX_TILE_ROWS: u32 = 16;
 
-/// The most slots (`tile_rows · group_tile`) of a tile in the variant without shared loads or
-/// split sums ([`Preludes::Plain`], `shaders/matmul_slots32.wgsl`); the others hold
-/// [`MAX_TILE_ROWS`] (`matmul_slots16.wgsl`).
-const MAX_PLAIN_SLOTS: u32 = 32;
+/// The most slots (`tile_rows · group_tile`) of a tile in the wide kernels of the variant without
+/// shared loads or split sums ([`Preludes::PlainWide`], `shaders/matmul_slots32.wgsl`); the others
+/// hold [`MAX_TILE_ROWS`] (`matmul_slots16.wgsl`).
+const MAX_WIDE_SLOTS: u32 = 32;
 
 /// The fewest workgroups a part's matmul should make on the plain CPU variant
 /// ([`MatmulConfig::for_part`]).
@@ -288,6 +288,11 @@ pub(crate) enum Preludes {
     /// `matmul_split` + `matmul_x`: every invocation loads what it multiplies, split rows summed
     /// through workgroup memory.
     Plain,
+    /// [`Preludes::Plain`] with tiles of up to 32 slots (`matmul_slots32`; the `_wide` shaders),
+    /// for the plain variant's tiles past 16 slots only: SwiftShader compiles every slot a
+    /// shader writes out, reached or not (Chromium's first SmolLM2 prefill took ~5 s longer with
+    /// 32 slots in every plain kernel).
+    PlainWide,
     /// `matmul_x_subgroup`: activation blocks shared through subgroup broadcasts, no split.
     SharedLoads,
     /// `matmul_split_subgroup` + `matmul_x`: split rows summed within a subgroup.
@@ -295,13 +300,13 @@ pub(crate) enum Preludes {
 }
 
 impl Preludes {
-    /// The most slots of a tile (`tile_rows · group_tile`) in this variant: only the plain one
-    /// compiles slots past 16 (`matmul_slots32.wgsl`), so that lavapipe's shared-loads kernels,
-    /// whose tiles stop at 16, do not pay for them at every pipeline's compile.
+    /// The most slots of a tile (`tile_rows · group_tile`) in this variant: only the wide plain
+    /// kernels compile slots past 16 (`matmul_slots32.wgsl`), so that no other kernel pays for
+    /// them when it is compiled.
     pub(crate) fn max_slots(self) -> u32 {
         match self {
-            Preludes::Plain => MAX_PLAIN_SLOTS,
-            Preludes::SharedLoads | Preludes::SubgroupSum => MAX_TILE_ROWS,
+            Preludes::PlainWide => MAX_WIDE_SLOTS,
+            Preludes::Plain | Preludes::SharedLoads | Preludes::SubgroupSum => MAX_TILE_ROWS,
         }
     }
 }
@@ -399,7 +404,7 @@ impl MatmulConfig {
             return self;
         }
         let mut config = MatmulConfig { int8_activations, ..MatmulConfig::for_device_type(ctx, n_rows, part.ggml_type) };
-        if ctx.class() == AdapterClass::Cpu && config.preludes() == Preludes::Plain {
+        if ctx.class() == AdapterClass::Cpu && matches!(config.preludes(), Preludes::Plain | Preludes::PlainWide) {
             let workgroups = |c: &MatmulConfig| {
                 let (per_tile, tiles) = c.grid(part.groups, n_rows);
                 per_tile * tiles
@@ -420,6 +425,7 @@ impl MatmulConfig {
     /// The activation preludes of this variant.
     pub(crate) fn preludes(&self) -> Preludes {
         match (self.subgroup, self.k_split) {
+            (false, _) if self.tile_rows * self.group_tile > MAX_TILE_ROWS => Preludes::PlainWide,
             (false, _) => Preludes::Plain,
             (true, 1) => Preludes::SharedLoads,
             (true, _) => Preludes::SubgroupSum,
@@ -437,7 +443,7 @@ impl MatmulConfig {
             return Err(format!("workgroup of {workgroup} exceeds the device's {}", ctx.limits.max_compute_invocations_per_workgroup));
         }
         let lanes = match self.preludes() {
-            Preludes::Plain => return Ok(()),
+            Preludes::Plain | Preludes::PlainWide => return Ok(()),
             Preludes::SharedLoads if workgroup % SUBGROUP_LANES != 0 => {
                 return Err(format!("invalid kernel configuration {self:?}: shared activation loads need a workgroup of a multiple of {SUBGROUP_LANES}"));
             }
