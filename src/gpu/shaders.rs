@@ -13,8 +13,8 @@
 //! `_subgroup` variant of each, for CPU adapters with subgroups, `matmul_x_subgroup`; in the
 //! `_subgroup_sum` variant, for GPUs with subgroups, `matmul_split_subgroup` + `matmul_x`) + the
 //! slots prelude (`matmul_slots16`; `matmul_slots32`, tiles of up to 32 slots, in the `_wide`
-//! variant of the first) + the body: `matmul_q4_1` and `matmul_q8_0` have bodies of their own; every other type is one body
-//! per shape with the block format as a prelude, `matmul_<type>` being those preludes +
+//! variant of the first) + the body: `matmul_q4_1` and `matmul_q8_0` have bodies of their own;
+//! every other type is one body per shape with the block format as a prelude, `matmul_<type>` being those preludes +
 //! `quant_common` + `quant_<type>` + `matmul_blocks`, and `embed_<type>` is `quant_common` + `quant_<type>` + `embed`. The
 //! concatenation happens at compile time, so every source stays a `&'static str`.
 

@@ -69,7 +69,8 @@ impl Layout {
 
     /// The matmul shader of this type (src/gpu/shaders.rs) built with `preludes`: plain, its
     /// `_subgroup` variant (activation blocks shared through subgroup broadcasts) or its
-    /// `_subgroup_sum` variant (split rows summed within a subgroup).
+    /// `_subgroup_sum` variant (split rows summed within a subgroup), or the plain one's `_wide`
+    /// kernel (tiles past 16 slots).
     pub fn matmul_shader(&self, preludes: Preludes) -> &'static str {
         let (plain, wide, shared, sum) = match self.ggml_type {
             GgmlType::F32 => ("matmul_f32", "matmul_f32_wide", "matmul_f32_subgroup", "matmul_f32_subgroup_sum"),

@@ -356,7 +356,7 @@ impl MatmulConfig {
     /// type `t`. On CPU adapters without shared activation loads (SwiftShader; lavapipe without
     /// subgroups), where every invocation loads each activation block itself, the Q4_1 body takes
     /// two row groups per invocation (`group_tile` 2, tiles of up to 8 activation rows, workgroups of
-    /// 8), four with tiles of 8 rows (32 slots, which only this variant compiles): measured in
+    /// 8), four with tiles of 8 rows (32 slots, in its `_wide` kernels only): measured in
     /// headless Chromium on SwiftShader (`bench_matmul`, medians of 5 alternating rounds),
     /// 576→1536 decode 1.12× and 1536→576 decode 1.13× faster with two groups than one; a 512-row
     /// prefill 1.25× faster with two groups and tiles of 8 than one group and tiles of 16, and
