@@ -83,6 +83,20 @@ pub struct EngineOptions {
     pub int8_activations: Option<bool>,
 }
 
+impl EngineOptions {
+    /// The context these options ask for: their binding limit, adapter class, optional features
+    /// and activation type.
+    pub fn context_options(&self) -> ContextOptions {
+        ContextOptions {
+            max_storage_binding: self.max_binding_bytes,
+            class: self.adapter_class,
+            optional_features: self.optional_features,
+            int8_activations: self.int8_activations,
+            ..Default::default()
+        }
+    }
+}
+
 impl Default for EngineOptions {
     fn default() -> Self {
         EngineOptions {
@@ -153,15 +167,12 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Creates a GPU context and loads a GGUF model from its bytes.
+    /// Loads a GGUF model from its bytes on the shared context its options ask for
+    /// ([`Context::shared`]): the first engine creates the device, the next ones (another model,
+    /// other KV settings) reuse it and every pipeline it compiled. For a context of one's own
+    /// (counters no other engine touches), use [`Engine::load_with_context`].
     pub async fn load(bytes: &[u8], options: EngineOptions) -> Result<Engine, EngineError> {
-        let ctx = Arc::new(Context::new(ContextOptions {
-            max_storage_binding: options.max_binding_bytes,
-            class: options.adapter_class,
-            optional_features: options.optional_features,
-            int8_activations: options.int8_activations,
-            ..Default::default()
-        }).await?);
+        let ctx = Context::shared(options.context_options()).await?;
         Engine::load_with_context(ctx, bytes, options)
     }
 

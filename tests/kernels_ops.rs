@@ -728,3 +728,52 @@ gpu_test!(
         assert_eq!(common::variant_contexts().await.len(), if own.has_f16() || own.has_subgroups(1) { 6 } else { 3 });
     }
 );
+
+/// Lets a destroyed device report its loss: natively the next poll runs the device-lost
+/// callback; in the browser the `lost` promise resolves in a later task.
+async fn settle(ctx: &Context) {
+    #[cfg(not(target_arch = "wasm32"))]
+    let _ = ctx.device.poll(wgpu::PollType::Poll);
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = ctx;
+        for _ in 0..3 {
+            let tick = js_sys::Promise::new(&mut |resolve, _| {
+                web_sys::window().expect("a window").set_timeout_with_callback_and_timeout_and_arguments_0(&resolve, 10).expect("setTimeout");
+            });
+            wasm_bindgen_futures::JsFuture::from(tick).await.expect("timer");
+        }
+    }
+}
+
+gpu_test!(
+    async fn shared_contexts_follow_the_options_and_leave_when_lost() {
+        use pagedlm::gpu::ContextOptions;
+        use std::sync::Arc;
+        // Options no other test asks for, so that destroying this device touches no other test.
+        let options = ContextOptions { max_storage_binding: Some(96 << 20), ..Default::default() };
+        let first = Context::shared(options.clone()).await.unwrap();
+        let again = Context::shared(options.clone()).await.unwrap();
+        assert!(Arc::ptr_eq(&first, &again), "the same options share one context");
+        let other = Context::shared(ContextOptions { int8_activations: Some(true), ..options.clone() }).await.unwrap();
+        assert!(!Arc::ptr_eq(&first, &other), "other options get a context of their own");
+        assert_eq!(other.int8_activations, Some(true));
+        assert_eq!(first.limits.max_storage_buffer_binding_size as u64, 96 << 20);
+
+        // A pipeline compiled on the shared context is there for the next caller.
+        let compiled = first.pipeline_count();
+        let gu = f32_buffer(&again, &[1.0; 8]);
+        let out = again.storage_zeroed("out", 16);
+        run(&again, &[&act::glu(&again, (&gu, &out), 1, 4, Activation::Silu).unwrap()]);
+        assert_eq!(first.pipeline_count(), compiled + 1);
+        assert_close("glu on the shared context", &again.read_f32(&out, 0, 4).await.unwrap(), &act::glu_cpu(&[1.0; 8], 1, 4, Activation::Silu), SILU_ABS_TOL, SILU_REL_TOL);
+
+        assert!(!first.is_lost());
+        first.device.destroy();
+        settle(&first).await;
+        assert!(first.is_lost(), "a destroyed device reports its loss");
+        let fresh = Context::shared(options).await.unwrap();
+        assert!(!Arc::ptr_eq(&first, &fresh) && !fresh.is_lost(), "a lost context leaves the registry");
+        assert_eq!(fresh.pipeline_count(), 0);
+    }
+);

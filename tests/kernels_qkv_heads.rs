@@ -335,13 +335,11 @@ gpu_test! {
 #[test]
 #[ignore = "measurement: dispatches per decode step of the real models"]
 fn dispatches_per_decode_step() {
-    use std::sync::Arc;
-
     use pagedlm::gguf::Gguf;
     use pagedlm::kv::{CacheConfig, KvCache, KvDtype, KvLayout};
     use pagedlm::model::{AttentionKind, ForwardGraph, Logits, ModelConfig, StepRow, Weights};
     pollster::block_on(async {
-        let ctx = Arc::new(common::gpu().await);
+        let ctx = common::gpu().await;
         let models = [("SmolLM2-135M", common::real_model_bytes().await), ("Gemma 3 270M", common::gemma_model_bytes())];
         for (name, bytes) in models {
             let gguf = Gguf::parse(&bytes).unwrap();

@@ -13,7 +13,7 @@ use pagedlm::synth::SynthConfig;
 
 gpu_test! {
     async fn random_operations_keep_the_cache_consistent() {
-        let ctx = std::sync::Arc::new(gpu().await);
+        let ctx = gpu().await;
         let cfg = tiny_config(SynthConfig::tiny().seed);
         for (layout, block_size, seed) in [(KvLayout::Paged, 16, 1u64), (KvLayout::Paged, 1, 2), (KvLayout::Paged, 7, 3), (KvLayout::Contiguous, 0, 4)] {
             let config = CacheConfig { layout, dtype: KvDtype::F32, block_size, pool_tokens: 400, max_seqs: 8, max_seq_len: 120, prefix_cache: false, local_pool_tokens: 0 };
@@ -92,7 +92,7 @@ gpu_test! {
 
 gpu_test! {
     async fn stats_report_fragmentation_and_exhaustion_is_typed() {
-        let ctx = std::sync::Arc::new(gpu().await);
+        let ctx = gpu().await;
         let cfg = tiny_config(SynthConfig::tiny().seed);
         let mut cache = KvCache::new(&ctx, &cfg.kv_shape(), CacheConfig { layout: KvLayout::Paged, dtype: KvDtype::F32, block_size: 16, pool_tokens: 64, max_seqs: 4, max_seq_len: 64, prefix_cache: false, local_pool_tokens: 0 }).unwrap();
         let a = cache.allocate().unwrap();
@@ -132,7 +132,7 @@ gpu_test! {
 #[test]
 fn memory_for_sixteen_sequences_paged_vs_contiguous() {
     pollster::block_on(async {
-        let ctx = std::sync::Arc::new(gpu().await);
+        let ctx = gpu().await;
         let one_layer = pagedlm::model::ModelConfig { n_layers: 1, n_kv_heads: 3, head_dim: 64, ..tiny_config(SynthConfig::tiny().seed) };
         let smollm2_layers = 30u64;
         let mut rng = Rng::new(2024);

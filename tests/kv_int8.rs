@@ -312,7 +312,7 @@ fn granularity_is_measured_on_real_kv() {
     pollster::block_on(async {
         let bytes = real_model_bytes().await;
         let ids = Engine::load(&bytes, engine_options(KvDtype::F32, 16)).await.unwrap().tokenizer().encode(TEXT).unwrap();
-        let ctx = std::sync::Arc::new(common::gpu().await);
+        let ctx = common::gpu().await;
         let gguf = Gguf::parse(&bytes).unwrap();
         let cfg = ModelConfig::from_gguf(&gguf).unwrap();
         let weights = Weights::upload(&ctx, &gguf, &cfg).unwrap();

@@ -10,7 +10,6 @@ mod common;
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-use std::sync::Arc;
 
 use common::{gpu, report};
 use pagedlm::gpu::Context;
@@ -62,7 +61,7 @@ const CASES: [(u32, u32); 4] = [(3, 4), (4, 4), (10, 4), (17, 16)];
 
 gpu_test! {
     async fn local_blocks_follow_the_window_step_by_step_and_in_chunks() {
-        let ctx = Arc::new(gpu().await);
+        let ctx = gpu().await;
         for (seed, &(window, bs)) in CASES.iter().enumerate() {
             let mut cache = KvCache::new(&ctx, &shape(window), config(bs, false)).unwrap();
             let local_total = cache.stats().local.expect("a windowed shape has a local group").blocks_total;
@@ -105,7 +104,7 @@ gpu_test! {
 
 gpu_test! {
     async fn fork_truncate_and_free_act_on_both_groups() {
-        let ctx = Arc::new(gpu().await);
+        let ctx = gpu().await;
         // 30 tokens in a window of 12: blocks 4..8 are held, so a rewind to 27 keeps what it needs.
         let (window, bs) = (12, 4);
         let mut cache = KvCache::new(&ctx, &shape(window), config(bs, false)).unwrap();
@@ -229,7 +228,7 @@ fn allowed_hit(walk: u32, window: u32, bs: u32, present: &dyn Fn(u32) -> bool) -
 
 gpu_test! {
     async fn prefix_hits_across_the_window_take_exactly_the_kv_still_there() {
-        let ctx = Arc::new(gpu().await);
+        let ctx = gpu().await;
         let mut rng = Rng::new(9);
         for &(window, bs) in &CASES {
             for publish in [false, true] {
@@ -274,7 +273,7 @@ gpu_test! {
 
 gpu_test! {
     async fn a_small_local_pool_evicts_the_trees_local_blocks_and_stays_consistent() {
-        let ctx = Arc::new(gpu().await);
+        let ctx = gpu().await;
         let (window, bs) = (6, 4);
         let cfg = CacheConfig { local_pool_tokens: 24, pool_tokens: 200, ..config(bs, true) };
         let mut cache = KvCache::new(&ctx, &shape(window), cfg).unwrap();
@@ -315,7 +314,7 @@ gpu_test! {
 
 gpu_test! {
     async fn snapshots_of_a_windowed_sequence_round_trip_and_refuse_another_shape() {
-        let ctx = Arc::new(gpu().await);
+        let ctx = gpu().await;
         let (window, bs) = (10, 4);
         let mut rng = Rng::new(4);
         for n in [37usize, 9] {
@@ -349,7 +348,7 @@ gpu_test! {
 
 gpu_test! {
     async fn kv_bytes_held_by_a_long_gemma3_270m_sequence() {
-        let ctx = Arc::new(gpu().await);
+        let ctx = gpu().await;
         // Gemma 3 270M: 18 layers, 1 KV head, head dim 256, window 512, layer l local iff l % 6 != 5.
         let local_layers = (0..18u64).filter(|l| l % 6 != 5).fold(0, |m, l| m | 1 << l);
         let gemma = KvShape { n_layers: 18, n_kv_heads: 1, head_dim: 256, fingerprint: 1, window: 512, local_layers };

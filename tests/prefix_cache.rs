@@ -199,7 +199,7 @@ async fn check_markers(ctx: &pagedlm::gpu::Context, cache: &KvCache, seq: SeqId,
 
 gpu_test! {
     async fn random_multi_conversation_workloads_reuse_exactly_the_right_kv() {
-        let ctx = std::sync::Arc::new(gpu().await);
+        let ctx = gpu().await;
         let cfg = tiny_config(3);
         for (block_size, pool_tokens, seed) in [(4u32, 96u32, 1u64), (3, 60, 2), (8, 200, 3)] {
             let config = CacheConfig {

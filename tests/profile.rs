@@ -30,7 +30,7 @@ fn options() -> EngineOptions {
 
 gpu_test!(
     async fn counters_move_with_what_the_context_creates_submits_and_reads() {
-        let ctx = common::gpu().await;
+        let ctx = common::counting_gpu_with(Default::default()).await;
         let c0 = ctx.counters();
         let x = ctx.storage_zeroed("x", 1000);
         let y = ctx.storage_init("y", &[7u8; 1000]);
@@ -81,7 +81,7 @@ fn tiny_parts(ctx: &Arc<pagedlm::gpu::Context>) -> (ModelConfig, Weights, KvCach
 
 gpu_test!(
     async fn a_captured_step_times_every_dispatch_its_graph_records() {
-        let ctx = Arc::new(common::gpu().await);
+        let ctx = common::counting_gpu_with(Default::default()).await;
         let (cfg, weights, mut kv) = tiny_parts(&ctx);
         let seq = kv.allocate().unwrap();
         let n = 5u32;
@@ -157,7 +157,8 @@ fn check_accounts(what: &str, p: &Profile) {
 gpu_test!(
     async fn the_profile_accounts_for_every_dispatch_with_either_method() {
         let bytes = tiny_model(SEED);
-        let mut engine = Engine::load(&bytes, options()).await.unwrap();
+        // A new device: the first prefill's compiles are part of what the profile accounts for.
+        let mut engine = common::load_fresh(&bytes, options()).await.unwrap();
         let with = engine.profile(PROMPT, true).await.unwrap();
         let want = if engine.context().has_timestamps() { TimingMethod::Timestamps } else { TimingMethod::WallClockPerKernel };
         assert_eq!(with.method, want);
@@ -175,7 +176,7 @@ gpu_test!(
         report(&format!("{}: {:?}, decode {} dispatches, {:.3} ms GPU, {:.3} ms wall", with.adapter, with.method, with.decode.dispatches, with.decode.gpu_ms, with.decode.wall_ms));
 
         // Without steps planned ahead every decode readback blocks.
-        let mut plain = Engine::load(&bytes, EngineOptions { sched: SchedConfig { lookahead: false, ..Default::default() }, ..options() }).await.unwrap();
+        let mut plain = common::load_counting(&bytes, EngineOptions { sched: SchedConfig { lookahead: false, ..Default::default() }, ..options() }).await.unwrap();
         let p = plain.profile(PROMPT, true).await.unwrap();
         assert!(!p.lookahead);
         check_accounts("no lookahead", &p);
@@ -223,7 +224,7 @@ async fn per_decode_step(engine: &mut Engine, prompt: &[u32], steps: u32) -> Cou
 gpu_test!(
     async fn the_decode_profile_reports_what_the_engine_really_creates_and_reads() {
         let bytes = tiny_model(SEED);
-        let mut engine = Engine::load(&bytes, options()).await.unwrap();
+        let mut engine = common::load_counting(&bytes, options()).await.unwrap();
         let p = engine.profile(PROMPT, true).await.unwrap();
         let prompt: Vec<u32> = (0..PROMPT).map(|i| 5 + 7 * i).collect();
         let real = per_decode_step(&mut engine, &prompt, 4).await;
@@ -240,7 +241,7 @@ gpu_test!(
 gpu_test!(
     async fn a_greedy_step_reads_back_four_bytes_per_row() {
         let bytes = tiny_model(SEED);
-        let mut engine = Engine::load(&bytes, options()).await.unwrap();
+        let mut engine = common::load_counting(&bytes, options()).await.unwrap();
         let request = GenerateRequest { max_tokens: 6, sampling: SamplingParams::greedy(), stop: Vec::new(), ignore_eos: true };
         for salt in 0..3u32 {
             let prompt: Vec<u32> = (0..4 + salt).map(|i| 3 + 11 * i + salt).collect();

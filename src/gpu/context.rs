@@ -1,6 +1,7 @@
 //! The one GPU context: adapter, device, queue, limits, features and the pipeline cache.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
@@ -134,6 +135,8 @@ pub struct Context {
     /// The armed timestamp capture ([`Context::begin_capture`]); a [`super::Recorder`] holds it
     /// while it records and puts it back when it submits.
     capture: Mutex<Option<Capture>>,
+    /// Set by the device-lost callback ([`Context::is_lost`]).
+    lost: Arc<AtomicBool>,
 }
 
 impl Context {
@@ -194,6 +197,9 @@ impl Context {
             .map_err(|e| GpuError::Device(e.to_string()))?;
         let limits = lowered(device.limits(), options.max_storage_binding);
         let class = options.class.unwrap_or(AdapterClass::of(info.device_type));
+        let lost = Arc::new(AtomicBool::new(false));
+        let flag = lost.clone();
+        device.set_device_lost_callback(move |_, _| flag.store(true, Ordering::Relaxed));
         Ok(Context {
             class,
             device,
@@ -206,7 +212,14 @@ impl Context {
             pipelines: Mutex::new(HashMap::new()),
             counters: AtomicCounters::default(),
             capture: Mutex::new(None),
+            lost,
         })
+    }
+
+    /// True once the device is lost (or destroyed): nothing submitted to it runs any more, and
+    /// [`Context::shared`] hands out a new context instead of this one.
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Relaxed)
     }
 
     /// A one-line description of the adapter, e.g. "llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan, Cpu)".

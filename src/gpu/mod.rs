@@ -11,6 +11,7 @@
 mod context;
 mod kernel;
 pub mod ops;
+mod shared;
 mod timing;
 pub mod shaders;
 

@@ -3,26 +3,57 @@
 //! (SwiftShader, through wasm-bindgen-test), and tolerance checks.
 #![allow(dead_code)]
 
+use std::sync::Arc;
+
+use pagedlm::engine::{Engine, EngineError, EngineOptions};
 use pagedlm::gpu::{AdapterClass, Context, ContextOptions};
 
-/// The GPU context for a test. A missing adapter is a failure that says why, never a skip.
-pub async fn gpu() -> Context {
+/// The GPU context for a test, shared with the other tests of its binary that ask for the same
+/// options ([`Context::shared`]): each kernel compiles once per binary, not once per test. A
+/// missing adapter is a failure that says why, never a skip.
+pub async fn gpu() -> Arc<Context> {
     gpu_with(ContextOptions::default()).await
 }
 
 /// [`gpu`] with options (a forced adapter class, optional features off).
-pub async fn gpu_with(options: ContextOptions) -> Context {
-    match Context::new(options).await {
-        Ok(ctx) => ctx,
-        Err(e) => panic!("this test needs a WebGPU/Vulkan adapter and found none: {e}"),
-    }
+pub async fn gpu_with(options: ContextOptions) -> Arc<Context> {
+    Context::shared(options).await.unwrap_or_else(|e| no_adapter(e))
+}
+
+/// A context whose counters only this test moves, for tests that read them: natively a context
+/// of its own (the tests of a binary run on parallel threads, and a shared context counts for all
+/// of them); in the browser, where tests run one at a time, the shared one.
+pub async fn counting_gpu_with(options: ContextOptions) -> Arc<Context> {
+    #[cfg(not(target_arch = "wasm32"))]
+    return fresh_gpu_with(options).await;
+    #[cfg(target_arch = "wasm32")]
+    return gpu_with(options).await;
+}
+
+/// A new device, which has compiled nothing yet (for a test that watches the first compiles).
+pub async fn fresh_gpu_with(options: ContextOptions) -> Arc<Context> {
+    Arc::new(Context::new(options).await.unwrap_or_else(|e| no_adapter(e)))
+}
+
+fn no_adapter(e: pagedlm::gpu::GpuError) -> ! {
+    panic!("this test needs a WebGPU/Vulkan adapter and found none: {e}")
+}
+
+/// [`Engine::load`] on a [`counting_gpu_with`] context.
+pub async fn load_counting(bytes: &[u8], options: EngineOptions) -> Result<Engine, EngineError> {
+    Engine::load_with_context(counting_gpu_with(options.context_options()).await, bytes, options)
+}
+
+/// [`Engine::load`] on a [`fresh_gpu_with`] context.
+pub async fn load_fresh(bytes: &[u8], options: EngineOptions) -> Result<Engine, EngineError> {
+    Engine::load_with_context(fresh_gpu_with(options.context_options()).await, bytes, options)
 }
 
 /// One context per kernel variant family a real adapter would get, all on this machine's adapter:
 /// each adapter class with the optional features the adapter has (subgroups, shader-f16) and, where
 /// it has any, each class without them too. A variant test runs its kernels on every one of them,
 /// so the real-GPU variants are checked on the software GPUs.
-pub async fn variant_contexts() -> Vec<Context> {
+pub async fn variant_contexts() -> Vec<Arc<Context>> {
     let mut out = Vec::new();
     for (class, optional_features) in variants().await {
         out.push(gpu_with(ContextOptions { class: Some(class), optional_features, ..Default::default() }).await);
