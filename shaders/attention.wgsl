@@ -102,6 +102,8 @@ fn main(ids: Ids) {
         begin = min(first + ids.lid * per, key_end);
         end = min(begin + per, key_end);
     }
+    // attention_fresh.wgsl: the step's heads roped and their keys written, behind a barrier.
+    before_keys(ids.lid, kv_head);
     let leader = group_leader(ids);
     let keys = Keys(q_base, valid, low, lim, step.table_base, kv_head, begin, end, slice * D4S, item, ids.lid, leader);
     let merged = attend(keys, out);

@@ -1,7 +1,8 @@
 // The prelude of the two attention kernels (attention.wgsl: one sequence per dispatch;
 // attention_batch.wgsl: a sequence per row), prepended to each kernel's body when its module is
 // created (src/gpu/shaders.rs), after attention_group.wgsl or attention_group_subgroup.wgsl (the
-// invocation ids and the in-register group reductions). It holds what both run: the bindings they
+// invocation ids and the in-register group reductions) and attention_read.wgsl or
+// attention_fresh.wgsl (the qkv and pool bindings, and what runs before the key loop). It holds what both run: the bindings they
 // share, the q and K/V loads (f32 or INT8), the key loop over the paged pool with its online
 // softmax, and the write-out. A kernel's body says only which lanes, keys and output records an
 // invocation takes.
@@ -83,11 +84,13 @@ struct Params {
     pass_begin: u32,      // single, passes: first key of this dispatch, a multiple of CHUNK
     window: u32,          // sliding window: a query at position p sees keys p - window < j <= p; 0: all
     slices: u32,          // D4 / D4S: invocations per lane quad, one per slice of the head dims
+    // attention_fresh.wgsl only: rope_common.wgsl's turn table of the layer (empty otherwise).
+    turns: array<vec4<u32>>,
 }
 
-@group(0) @binding(0) var<storage, read> qkv: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> k_pool: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> v_pool: array<vec4<u32>>;
+// qkv (binding 0) and the pools (bindings 1, 2) are declared by the prelude before this one:
+// read-only (attention_read.wgsl), or read_write where the kernel writes its step's heads
+// (attention_fresh.wgsl).
 @group(0) @binding(3) var<storage, read> block_table: array<u32>;
 @group(0) @binding(4) var<storage, read> params: Params;
 @group(0) @binding(5) var<storage, read_write> dst: array<vec4<f32>>;

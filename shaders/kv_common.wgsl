@@ -1,6 +1,7 @@
 // The prelude of the kernels that append keys and values to a layer's paged KV pool
 // (kv_write.wgsl; qkv_heads.wgsl, which first norms and ropes the heads), prepended to each body
-// (src/gpu/shaders.rs), so both find the slot and quantize with the same code. It declares the
+// after kv_codes.wgsl (src/gpu/shaders.rs), so both find the slot and quantize with the same
+// code. It declares the
 // bindings both share; each body declares binding 0, `x` (the fused qkv rows the values are
 // read from, [n_tokens, (n_heads + 2 * n_kv_heads) * head_dim] f32, each row q heads, k heads,
 // v heads), and binding 4, its parameters (read-only storage, see Context::params_init).
@@ -70,17 +71,9 @@ fn group_max(src: u32, dim: u32) -> f32 {
     return m;
 }
 
-// 127 / max, or 0 for an all-zero group (its codes stay 0). quant.rs computes the same.
-fn inverse_step(group_max: f32) -> f32 {
-    return select(0.0, 127.0 / group_max, group_max > 0.0);
-}
-
-// Codes of the 4 values at src, round half to even like quant.rs, packed little end first.
+// Codes of the 4 values at src (kv_codes.wgsl).
 fn pack_codes(src: u32, inv: f32) -> u32 {
-    let v = vec4<f32>(x[src], x[src + 1u], x[src + 2u], x[src + 3u]);
-    let q = vec4<i32>(clamp(round(v * inv), vec4<f32>(-127.0), vec4<f32>(127.0)));
-    let b = bitcast<vec4<u32>>(q) & vec4<u32>(0xffu);
-    return b.x | (b.y << 8u) | (b.z << 16u) | (b.w << 24u);
+    return codes_of(vec4<f32>(x[src], x[src + 1u], x[src + 2u], x[src + 3u]), inv);
 }
 
 // INT8 pools: quantizes the head of dim values at x[src] as group `group` (its codes, then its

@@ -65,7 +65,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         let half = dim / 2u;
         for (var pair = 0u; pair < half; pair += 1u) {
             let dims = pair_dims(pair, half);
-            rotate_pair(base + dims.x, dims.y, pair_sin_cos(params.turns[pair / 2u], pair, pos));
+            let j = base + dims.x;
+            let r = rotated(vec2<f32>(x[j], x[j + dims.y]), pair_sin_cos(params.turns[pair / 2u], pair, pos));
+            x[j] = r.x;
+            x[j + dims.y] = r.y;
         }
     }
     if (head < n_q) {

@@ -33,6 +33,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let dims = pair_dims(pair, half);
     let first = token * params.row_stride + dims.x;
     for (var h = 0u; h < params.n_heads; h += 1u) {
-        rotate_pair(first + h * params.head_dim, dims.y, sc);
+        let j = first + h * params.head_dim;
+        let r = rotated(vec2<f32>(x[j], x[j + dims.y]), sc);
+        x[j] = r.x;
+        x[j + dims.y] = r.y;
     }
 }

@@ -1,7 +1,8 @@
 // The prelude of the kernels that apply rotary position embeddings (rope.wgsl: one invocation
 // per (token, pair); qkv_heads.wgsl: one per (token, head)), prepended to each body
-// (src/gpu/shaders.rs), so both rotate with the same arithmetic. Each body declares `x`
-// (read_write, the rows rotated in place) and a turn table in its parameters (see below).
+// (src/gpu/shaders.rs; and attention_fresh.wgsl, the decode attention that ropes its step's
+// heads itself), so all rotate with the same arithmetic. Each body loads and stores the pairs it
+// rotates and holds a turn table in its parameters (see below).
 //
 // Pair i of a head is (x[2i], x[2i+1]) (NORM) or (x[i], x[i + head_dim/2]) (NEOX, Gemma's) and
 // rotates by pos * theta_i, theta_i = base^(-2i/head_dim).
@@ -55,10 +56,7 @@ fn pair_dims(pair: u32, half: u32) -> vec2<u32> {
     return vec2<u32>(select(2u * pair, pair, NEOX), select(1u, half, NEOX));
 }
 
-// Rotates (x[j], x[j + other]) by the angle whose (sin, cos) is sc.
-fn rotate_pair(j: u32, other: u32, sc: vec2<f32>) {
-    let x0 = x[j];
-    let x1 = x[j + other];
-    x[j] = x0 * sc.y - x1 * sc.x;
-    x[j + other] = x0 * sc.x + x1 * sc.y;
+// The pair v = (x_j, x_other) rotated by the angle whose (sin, cos) is sc.
+fn rotated(v: vec2<f32>, sc: vec2<f32>) -> vec2<f32> {
+    return vec2<f32>(v.x * sc.y - v.y * sc.x, v.x * sc.x + v.y * sc.y);
 }

@@ -6,7 +6,7 @@ mod common;
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-use common::{assert_close, gpu};
+use common::{assert_close, gpu, variant_contexts};
 use pagedlm::gpu::ops::kv_write::{self, KvWriteBuffers};
 use pagedlm::gpu::ops::norm::{self, HeadNormShape};
 use pagedlm::gpu::ops::pool::{PoolBuffers, PoolShape};
@@ -277,6 +277,120 @@ gpu_test! {
                 check(&ctx, &mut rng, &GEMMA3, (dtype, block_size), (1_000_000.0, 0)).await;
                 check(&ctx, &mut rng, &GEMMA3, (dtype, block_size), (10_000.0, 512)).await;
             }
+        }
+    }
+}
+
+/// One case of the decode attention that ropes and writes its step's heads itself
+/// (`Attention::appending_heads`): `n_tokens` rows of one sequence ending at kv_len - 1, against
+/// qkv_heads (no norms) then `Attention::new` on the same inputs: the output, the rows and both
+/// pools bit for bit (the same arithmetic). Whether it fused is checked against the rule (one
+/// workgroup per KV head: split-K's one dispatch at this kv_len, n_tokens * group <= 4 lanes, one
+/// slice of head dims); where it did not, the caller's qkv_heads runs first, as the graph does.
+async fn check_appending(ctx: &Context, rng: &mut Rng, heads: &Heads, (n_tokens, kv_len): (u32, u32), dtype: KvDtype) {
+    use pagedlm::gpu::ops::attention::{Attention, AttentionBuffers, AttentionPath};
+    let block_size = 16;
+    let max_len = 2304;
+    let n_blocks = max_len / block_size + 2;
+    let pool = PoolShape { n_heads: heads.n_q, n_kv_heads: heads.n_kv, head_dim: heads.head_dim, max_len, block_size, n_blocks, dtype, window: 0 };
+    let what = format!("{} q{} kv{} hd{} {:?} {dtype:?}, {n_tokens} rows to kv_len {kv_len}", ctx.variant_name(), heads.n_q, heads.n_kv, heads.head_dim, heads.pairing);
+    let (row, hd) = (pool.qkv_row() as usize, heads.head_dim as usize);
+    let qkv = rng.vec_uniform(n_tokens as usize * row, -2.0, 2.0);
+    // The sequence's blocks shuffled, at table_base 3 behind entries of no sequence.
+    let table_base = 3u32;
+    let mut perm: Vec<u32> = (0..n_blocks).collect();
+    for i in (1..perm.len()).rev() {
+        perm.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let table: Vec<u32> = [1, 0, 2].into_iter().chain(perm[..(max_len / block_size) as usize].iter().copied()).collect();
+    let positions: Vec<u32> = (kv_len - n_tokens..kv_len).collect();
+    let layout = Int8Layout::new(n_blocks, heads.n_kv, block_size, heads.head_dim).unwrap();
+    let pool0 = |rng: &mut Rng| -> Vec<u32> {
+        match dtype {
+            KvDtype::F32 => rng.vec_uniform(pool.pool_len() as usize, -2.0, 2.0).iter().map(|v| v.to_bits()).collect(),
+            KvDtype::Int8 => quant::quantize_pool(&layout, &rng.vec_uniform((layout.groups() * hd as u64) as usize, -2.0, 2.0)).unwrap(),
+        }
+    };
+    let (k0, v0) = (pool0(rng), pool0(rng));
+    let (pos, table_buf) = (words(ctx, &positions), words(ctx, &table));
+    let row_tables = words(ctx, &vec![table_base; n_tokens as usize]);
+    let step = ctx.uniform_init("step", bytemuck::bytes_of(&table_base));
+    let rope_of = (10_000.0, heads.pairing);
+    let out_len = n_tokens as usize * pool.out_row() as usize;
+    // (qkv, K, V, out) of one path.
+    let fresh = || (floats(ctx, &qkv), words(ctx, &k0), words(ctx, &v0), floats(ctx, &vec![f32::NAN; out_len]));
+    let heads_of = |(qkv, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer)| {
+        let write = KvWriteBuffers { qkv, pool: PoolBuffers { k, v, block_table: &table_buf }, positions: &pos, row_tables: &row_tables };
+        qkv_heads::qkv_heads(ctx, &write, None, &pool, n_tokens, rope_of).unwrap()
+    };
+    let a = fresh();
+    let buffers_a = AttentionBuffers { qkv: &a.0, pool: PoolBuffers { k: &a.1, v: &a.2, block_table: &table_buf }, positions: &pos, step: &step, out: &a.3 };
+    let mut composed = Attention::new(ctx, &buffers_a, pool, n_tokens, None).unwrap();
+    composed.set_kv_len(kv_len).unwrap();
+    let heads_a = heads_of((&a.0, &a.1, &a.2));
+    run(ctx, &[&heads_a].into_iter().chain(composed.kernels()).collect::<Vec<_>>());
+
+    let b = fresh();
+    let buffers_b = AttentionBuffers { qkv: &b.0, pool: PoolBuffers { k: &b.1, v: &b.2, block_table: &table_buf }, positions: &pos, step: &step, out: &b.3 };
+    let mut appending = Attention::appending_heads(ctx, &buffers_b, pool, n_tokens, None, rope_of).unwrap();
+    appending.set_kv_len(kv_len).unwrap();
+    let plan = *appending.plan();
+    let should = plan.path == AttentionPath::SplitK
+        && kv_len <= plan.one_dispatch_max_keys
+        && n_tokens * (heads.n_q / heads.n_kv) <= 4
+        && heads.head_dim <= 128;
+    assert_eq!(appending.fuses_heads(), should, "{what}: fuses the heads ({plan:?})");
+    let heads_b = heads_of((&b.0, &b.1, &b.2));
+    let caller = (!appending.fuses_heads()).then_some(&heads_b);
+    run(ctx, &caller.into_iter().chain(appending.kernels()).collect::<Vec<_>>());
+
+    for (name, x, y, len) in [("out", &a.3, &b.3, out_len), ("rows", &a.0, &b.0, qkv.len()), ("K pool", &a.1, &b.1, k0.len()), ("V pool", &a.2, &b.2, v0.len())] {
+        let (want, got) = (ctx.read_u32(x, 0, len as u64).await.unwrap(), ctx.read_u32(y, 0, len as u64).await.unwrap());
+        let diff = want.iter().zip(&got).position(|(w, g)| w != g);
+        assert!(diff.is_none(), "{what}: {name} differs from qkv_heads then attention at word {diff:?}");
+    }
+    let out: Vec<f32> = ctx.read_f32(&b.3, 0, out_len as u64).await.unwrap();
+    assert!(out.iter().all(|v| v.is_finite()), "{what}: an output was not written");
+    // And against the CPU references (f32 pools): qkv_heads_cpu, write_paged_cpu, attention_cpu.
+    if dtype == KvDtype::F32 {
+        use pagedlm::gpu::ops::attention::attention_cpu;
+        let mut rows = qkv.clone();
+        qkv_heads::qkv_heads_cpu(&pool, &mut rows, None, &positions, rope_of);
+        let as_f32 = |w: &[u32]| -> Vec<f32> { w.iter().map(|&w| f32::from_bits(w)).collect() };
+        let (mut k, mut v) = (as_f32(&k0), as_f32(&v0));
+        for t in 0..n_tokens as usize {
+            kv_write::write_paged_cpu(&pool, &rows[t * row..(t + 1) * row], &mut k, &mut v, &positions[t..t + 1], &table, table_base);
+        }
+        let want = attention_cpu(&pool, &rows, &k, &v, &positions, &table, table_base).unwrap();
+        assert_close(&format!("{what}: out against the CPU references"), &out, &want, 1e-5, 1e-5);
+    }
+}
+
+gpu_test! {
+    async fn decode_attention_appends_its_heads_as_qkv_heads_would() {
+        // Every adapter class's plan on SmolLM2's heads (3 q heads per KV head), where real-GPU
+        // classes split over workgroups past 2,048 keys and so do not fuse; then, on the default
+        // device, a first token, two rows (6 lanes: not fused), 4 q heads per KV head with NEOX
+        // pairs, and Gemma 3's heads without norms (sliced: never fused). Pipelines dominate the
+        // time: each case compiles the attention's four.
+        let grouped = Heads { n_q: 8, n_kv: 2, head_dim: 32, pairing: RopePairing::Neox, qk_norm: false };
+        let gemma = Heads { qk_norm: false, ..GEMMA3 };
+        let mut rng = Rng::new(63);
+        for ctx in variant_contexts().await {
+            for dtype in [KvDtype::F32, KvDtype::Int8] {
+                for kv_len in [40u32, 2300] {
+                    check_appending(&ctx, &mut rng, &SMOLLM2, (1, kv_len), dtype).await;
+                }
+            }
+        }
+        let ctx = gpu().await;
+        for dtype in [KvDtype::F32, KvDtype::Int8] {
+            check_appending(&ctx, &mut rng, &SMOLLM2, (1, 1), dtype).await;
+            check_appending(&ctx, &mut rng, &SMOLLM2, (2, 33), dtype).await;
+            check_appending(&ctx, &mut rng, &grouped, (1, 17), dtype).await;
+        }
+        if !cfg!(target_arch = "wasm32") {
+            check_appending(&ctx, &mut rng, &gemma, (1, 17), KvDtype::F32).await;
         }
     }
 }

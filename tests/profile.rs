@@ -123,6 +123,31 @@ gpu_test!(
     }
 );
 
+gpu_test!(
+    async fn a_decode_step_ropes_and_writes_its_heads_inside_attention() {
+        // The tiny model has 2 query heads per KV head: a one-row step's attention owns each KV
+        // head in one workgroup and ropes and writes the heads itself (no qkv_heads dispatch); a
+        // five-row step's cannot (10 lanes per KV head) and records qkv_heads in every layer,
+        // its other dispatches the same.
+        let ctx = common::gpu().await;
+        let (cfg, weights, mut kv) = tiny_parts(&ctx);
+        let seq = kv.allocate().unwrap();
+        kv.append(seq, 9).unwrap();
+        let table_base = kv.table_base(seq);
+        let row = |i: u32| StepRow { token: 10 + 3 * i, position: i, table_base, slot: seq.0 };
+        let mut chunk = ForwardGraph::build(&ctx, (&cfg, &weights), &kv, AttentionKind::Sequence, 5, 1).unwrap();
+        chunk.run(&ctx, &(0..5).map(row).collect::<Vec<_>>(), &[4], Logits::Argmax).await.unwrap();
+        let mut decode = ForwardGraph::build(&ctx, (&cfg, &weights), &kv, AttentionKind::Sequence, 1, 1).unwrap();
+        decode.run(&ctx, &[row(8)], &[0], Logits::Argmax).await.unwrap();
+        let heads = |names: &[&str]| names.iter().filter(|&&n| n == "qkv_heads").count();
+        let (chunk_names, decode_names) = (chunk.kernel_names(), decode.kernel_names());
+        assert_eq!(heads(&decode_names), 0, "{decode_names:?}");
+        assert_eq!(heads(&chunk_names), cfg.n_layers as usize, "{chunk_names:?}");
+        assert_eq!(chunk_names.len(), decode_names.len() + cfg.n_layers as usize, "{chunk_names:?} against {decode_names:?}");
+        report(&format!("{}: a decode step of the tiny model ({} layers) records {} dispatches", ctx.adapter_name(), cfg.n_layers, decode_names.len()));
+    }
+);
+
 /// Kernel name → dispatches of a step's profile.
 fn calls(step: &StepProfile) -> BTreeMap<String, u32> {
     step.kernels.iter().map(|k| (k.name.clone(), k.dispatches)).collect()

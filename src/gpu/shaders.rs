@@ -2,12 +2,15 @@
 //!
 //! A kernel family shares its common code through a prelude file prepended to each kernel's
 //! body (WGSL has no includes): `attention_group` (in the `_subgroup` variants, for devices with
-//! subgroups, `attention_group_subgroup`) + `attention_common` before `attention` and `attention_batch`,
+//! subgroups, `attention_group_subgroup`) + `attention_read` + `attention_common` before `attention`
+//! and `attention_batch`, and in the `attention_fresh` variants of `attention` (the decode attention
+//! that ropes and writes its step's heads) `rope_common` + `kv_codes` + `attention_fresh` in place
+//! of `attention_read`,
 //! `attention_reduce_common` before their reduce kernels, `rms_common` before `rms_norm` and
 //! `head_norm` and `residual_norm`, `quantize_common` before `quantize_act` and after
 //! `rms_common` before the norms that quantize (`rms_norm`, `residual_norm`), `rope_common`
-//! before `rope`, `kv_common` before `kv_write`, all three (`rms_common` + `rope_common` +
-//! `kv_common`) before `qkv_heads`, which fuses head_norm, rope and kv_write, `order_key` before
+//! before `rope`, `kv_codes` + `kv_common` before `kv_write`, all four (`rms_common` + `rope_common` +
+//! `kv_codes` + `kv_common`) before `qkv_heads`, which fuses head_norm, rope and kv_write, `order_key` before
 //! `argmax` and `sample`, `act_common` before `glu` and every matmul. The quantized matmuls are
 //! `act_common` + `matmul_common` + activation preludes (`matmul_split` + `matmul_x`; in the
 //! `_subgroup` variant of each, for CPU adapters with subgroups, `matmul_x_subgroup`; in the
@@ -60,6 +63,14 @@ macro_rules! quant_family {
     };
 }
 
+/// The preludes of the attention that ropes and writes its step's heads (`attention_fresh`), after
+/// its group prelude and before `attention_common`.
+macro_rules! fresh {
+    () => {
+        concat!(wgsl!("rope_common"), "\n", wgsl!("kv_codes"), "\n", wgsl!("attention_fresh"))
+    };
+}
+
 /// A matmul body of its own after the activation preludes `$x`.
 macro_rules! matmul_body {
     ([$($x:literal),*], $body:literal) => {
@@ -74,11 +85,11 @@ pub fn source(name: &str) -> Option<&'static str> {
         "add" => wgsl!("add"),
         "argmax" => with_prelude!("order_key", "argmax"),
         "sample" => with_prelude!("order_key", "sample"),
-        "kv_write" => with_prelude!("kv_common", "kv_write"),
+        "kv_write" => concat!(wgsl!("kv_codes"), "\n", with_prelude!("kv_common", "kv_write")),
         "rms_norm" => concat!(wgsl!("rms_common"), "\n", wgsl!("quantize_common"), "\n", with_prelude!("norm_out", "rms_norm")),
         "head_norm" => with_prelude!("rms_common", "head_norm"),
         "rope" => with_prelude!("rope_common", "rope"),
-        "qkv_heads" => concat!(wgsl!("rms_common"), "\n", wgsl!("rope_common"), "\n", with_prelude!("kv_common", "qkv_heads")),
+        "qkv_heads" => concat!(wgsl!("rms_common"), "\n", wgsl!("rope_common"), "\n", wgsl!("kv_codes"), "\n", with_prelude!("kv_common", "qkv_heads")),
         "glu" => with_prelude!("act_common", "glu"),
         "residual_norm" => concat!(wgsl!("rms_common"), "\n", wgsl!("quantize_common"), "\n", with_prelude!("norm_out", "residual_norm")),
         "matmul_q4_1" => matmul_body!(["matmul_split", "matmul_x", "matmul_slots16"], "matmul_q4_1"),
@@ -89,11 +100,13 @@ pub fn source(name: &str) -> Option<&'static str> {
         "matmul_q8_0_wide" => matmul_body!(["matmul_split", "matmul_x", "matmul_slots32"], "matmul_q8_0"),
         "matmul_q8_0_subgroup" => matmul_body!(["matmul_x_subgroup", "matmul_slots16"], "matmul_q8_0"),
         "matmul_q8_0_subgroup_sum" => matmul_body!(["matmul_split_subgroup", "matmul_x", "matmul_slots16"], "matmul_q8_0"),
-        "attention" => concat!(wgsl!("attention_group"), "\n", with_prelude!("attention_common", "attention")),
-        "attention_subgroup" => concat!(wgsl!("attention_group_subgroup"), "\n", with_prelude!("attention_common", "attention")),
+        "attention" => concat!(wgsl!("attention_group"), "\n", wgsl!("attention_read"), "\n", with_prelude!("attention_common", "attention")),
+        "attention_subgroup" => concat!(wgsl!("attention_group_subgroup"), "\n", wgsl!("attention_read"), "\n", with_prelude!("attention_common", "attention")),
+        "attention_fresh" => concat!(wgsl!("attention_group"), "\n", fresh!(), "\n", with_prelude!("attention_common", "attention")),
+        "attention_fresh_subgroup" => concat!(wgsl!("attention_group_subgroup"), "\n", fresh!(), "\n", with_prelude!("attention_common", "attention")),
         "attention_reduce" => with_prelude!("attention_reduce_common", "attention_reduce"),
-        "attention_batch" => concat!(wgsl!("attention_group"), "\n", with_prelude!("attention_common", "attention_batch")),
-        "attention_batch_subgroup" => concat!(wgsl!("attention_group_subgroup"), "\n", with_prelude!("attention_common", "attention_batch")),
+        "attention_batch" => concat!(wgsl!("attention_group"), "\n", wgsl!("attention_read"), "\n", with_prelude!("attention_common", "attention_batch")),
+        "attention_batch_subgroup" => concat!(wgsl!("attention_group_subgroup"), "\n", wgsl!("attention_read"), "\n", with_prelude!("attention_common", "attention_batch")),
         "attention_batch_reduce" => with_prelude!("attention_reduce_common", "attention_batch_reduce"),
         "quantize_act" => with_prelude!("quantize_common", "quantize_act"),
         other => return quant_source(other),

@@ -27,7 +27,9 @@
 //! and a post-normed residual runs in one kernel with the next pre-norm
 //! ([`norm::residual_norm`], Gemma 3, whose first layer's pre-norm is again the qkv prologue). A
 //! llama layer is then 6 dispatches (qkv, qkv_heads, attention (+ its reduce on long contexts),
-//! wo, gate/up, down). The head keeps its norm as a dispatch: it runs once per step over few
+//! wo, gate/up, down), and 5 in a one-sequence step whose attention can rope and write the heads
+//! itself (a decode token, where one workgroup owns each KV head:
+//! [`Attention::appending_heads`]; not with head norms). The head keeps its norm as a dispatch: it runs once per step over few
 //! rows, while in the prologue of the vocabulary-wide matmul every invocation would
 //! load the norm weight again. With int8 activations (`MatmulConfig::int8_activations`, opt-in)
 //! the norms before the qkv, gate/up and output matmuls write their rows as int8 blocks in the
@@ -53,6 +55,7 @@ use crate::gpu::ops::attention::{Attention, AttentionBatch, AttentionBuffers, Ba
 use crate::gpu::ops::kv_write::KvWriteBuffers;
 use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
 use crate::gpu::ops::qkv_heads::QkNorm;
+use crate::gpu::ops::rope::RopePairing;
 use crate::gpu::ops::matmul::{Epilogue, Input, MatmulConfig, QuantMatrix};
 use crate::gpu::ops::norm::NormOut;
 use crate::gpu::ops::sample::{self, RowParams, SampleBuffers, SampleShape};
@@ -173,6 +176,24 @@ impl LayerAttention {
             LayerAttention::Sequence(a) => a.kernels(),
             LayerAttention::Batch(a) => a.kernels(),
         }
+    }
+}
+
+/// A layer's qkv_heads kernel and its attention, which may do the heads' work itself.
+struct AttentionNode {
+    heads: Kernel,
+    attention: LayerAttention,
+}
+
+/// The dispatches of one node of a step: a kernel, then a run of kernels.
+type NodeKernels<'a> = std::iter::Chain<std::option::IntoIter<&'a Kernel>, std::slice::Iter<'a, Kernel>>;
+
+impl AttentionNode {
+    /// The step's dispatches: qkv_heads, unless attention ropes and writes the heads itself at
+    /// this step ([`Attention::fuses_heads`]), then attention's.
+    fn kernels(&self) -> NodeKernels<'_> {
+        let fused = matches!(&self.attention, LayerAttention::Sequence(a) if a.fuses_heads());
+        (!fused).then_some(&self.heads).into_iter().chain(self.attention.kernels())
     }
 }
 
@@ -298,7 +319,7 @@ pub struct ForwardGraph {
     argmax: Vec<Kernel>,
     layers: Vec<Node>,
     head: Vec<Node>,
-    attention: Vec<LayerAttention>,
+    attention: Vec<AttentionNode>,
 }
 
 impl ForwardGraph {
@@ -396,9 +417,12 @@ impl ForwardGraph {
         let rope_of = (cfg.layer_rope_base(l as u32), cfg.rope_pairing);
         let pool_buffers = kv.layer_buffers(l);
         let write = KvWriteBuffers { qkv: &a.qkv, pool: pool_buffers, positions: &self.positions, row_tables: &self.row_tables };
-        nodes.push(Node::Kernel(qkv_heads::qkv_heads(ctx, &write, qk_norm, pool, n, rope_of)?));
+        let heads = qkv_heads::qkv_heads(ctx, &write, qk_norm, pool, n, rope_of)?;
+        // A one-sequence decode attention does the heads' work itself where it can (not with
+        // head norms): one dispatch fewer per layer.
+        let fresh = qk_norm.is_none().then_some(rope_of);
         let layer = LayerBuffers { qkv: &a.qkv, pool: pool_buffers, positions: &self.positions, step: &self.step, out: &a.attn };
-        self.attention.push(attention.layer(ctx, &layer, pool, n)?);
+        self.attention.push(AttentionNode { heads, attention: attention.layer(ctx, &layer, pool, n, fresh)? });
         let nodes = &mut self.layers;
         nodes.push(Node::Attention(self.attention.len() - 1));
         // The residual adds ride on the matmuls that produce them (their accumulating epilogue);
@@ -476,7 +500,7 @@ impl ForwardGraph {
                 ctx.queue.write_buffer(&self.step, 0, bytemuck::bytes_of(&rows[0].table_base));
                 let kv_len = rows[rows.len() - 1].position + 1;
                 for a in &mut self.attention {
-                    if let LayerAttention::Sequence(a) = a {
+                    if let LayerAttention::Sequence(a) = &mut a.attention {
                         a.set_kv_len(kv_len)?;
                     }
                 }
@@ -485,7 +509,7 @@ impl ForwardGraph {
                 let batch_rows: Vec<BatchRow> = rows.iter().map(|r| BatchRow { table_base: r.table_base, kv_len: r.position + 1 }).collect();
                 let mut step = None;
                 for a in &mut self.attention {
-                    if let LayerAttention::Batch(a) = a {
+                    if let LayerAttention::Batch(a) = &mut a.attention {
                         let s = match step.take() {
                             Some(s) => s,
                             None => a.step(&batch_rows)?,
@@ -519,7 +543,7 @@ impl ForwardGraph {
             match node {
                 Node::Kernel(k) => rec.dispatch(k),
                 Node::Kernels(ks) => ks.iter().for_each(|k| rec.dispatch(k)),
-                Node::Attention(i) => self.attention[*i].kernels().iter().for_each(|k| rec.dispatch(k)),
+                Node::Attention(i) => self.attention[*i].kernels().for_each(|k| rec.dispatch(k)),
             }
         }
     }
@@ -620,10 +644,12 @@ impl ForwardGraph {
     /// Every dispatch of one greedy step in order (with the current step's attention sizes; a
     /// sampled step runs the sampler's kernels instead of the argmax).
     fn kernels(&self) -> impl Iterator<Item = &Kernel> {
-        let nodes = self.layers.iter().chain(&self.head).flat_map(|node| match node {
-            Node::Kernel(k) => std::slice::from_ref(k),
-            Node::Kernels(ks) => ks.as_slice(),
-            Node::Attention(i) => self.attention[*i].kernels(),
+        let nodes = self.layers.iter().chain(&self.head).flat_map(|node| -> NodeKernels<'_> {
+            match node {
+                Node::Kernel(k) => Some(k).into_iter().chain(&[]),
+                Node::Kernels(ks) => None.into_iter().chain(ks),
+                Node::Attention(i) => self.attention[*i].kernels(),
+            }
         });
         nodes.chain(self.argmax.iter())
     }
@@ -695,12 +721,17 @@ impl AttentionBuilder {
         }
     }
 
-    /// One layer's attention over `pool` (the builder's, with the layer's window).
-    fn layer(&self, ctx: &Context, b: &LayerBuffers<'_>, pool: &PoolShape, rows: u32) -> Result<LayerAttention, ModelError> {
+    /// One layer's attention over `pool` (the builder's, with the layer's window); with `fresh`
+    /// (the layer's rope) a one-sequence attention ropes and writes the heads where it can
+    /// ([`Attention::appending_heads`]).
+    fn layer(&self, ctx: &Context, b: &LayerBuffers<'_>, pool: &PoolShape, rows: u32, fresh: Option<(f32, RopePairing)>) -> Result<LayerAttention, ModelError> {
         Ok(match self {
             AttentionBuilder::Sequence(_) => {
                 let buffers = AttentionBuffers { qkv: b.qkv, pool: b.pool, positions: b.positions, step: b.step, out: b.out };
-                LayerAttention::Sequence(Attention::new(ctx, &buffers, *pool, rows, None)?)
+                LayerAttention::Sequence(match fresh {
+                    Some(rope) => Attention::appending_heads(ctx, &buffers, *pool, rows, None, rope)?,
+                    None => Attention::new(ctx, &buffers, *pool, rows, None)?,
+                })
             }
             AttentionBuilder::Batch { plan, scratch, .. } => {
                 let buffers = BatchBuffers { qkv: b.qkv, pool: b.pool, batch: b.step, out: b.out, scratch: Some(scratch) };

@@ -217,9 +217,9 @@ impl AttentionBatch {
         // there (not the scratch, which it writes through another binding).
         let unused = ctx.storage_zeroed("attention_batch.unused", 16);
         let main = |name: &'static str, mode: KernelMode, (dst, state): (&wgpu::Buffer, &wgpu::Buffer)| {
-            let pipeline = main_pipeline(ctx, ("attention_batch", &pool), mode, plan.chunk, (wg, plan.subgroups))?;
+            let pipeline = main_pipeline(ctx, ("attention_batch", &pool), mode, plan.chunk, (wg, plan.subgroups), None)?;
             let bindings = MainBindings { qkv: b.qkv, pool: &b.pool, dst, extra: &[b.batch, state] };
-            Ok::<_, GpuError>(main_kernel(ctx, name, &pipeline, &bindings, &params))
+            Ok::<_, GpuError>(main_kernel(ctx, name, &pipeline, &bindings, (&params, &[])))
         };
         // Built even when one_dispatch_max_keys is 0: a step without keys (only padding rows)
         // still writes its zeros through it.

@@ -44,6 +44,7 @@
 use std::sync::Arc;
 
 use super::pool::{PoolBuffers, PoolShape};
+use super::rope::RopePairing;
 use super::whole;
 use crate::gpu::kernel::split_count;
 use crate::gpu::{shape_err, AdapterClass, Context, GpuError, Kernel};
@@ -189,7 +190,8 @@ fn check_rows(op: &'static str, what: &str, rows: u32) -> Result<(), GpuError> {
     Ok(())
 }
 
-/// The uniform of both attention kernels (`Params` in attention_common.wgsl).
+/// The parameters of both attention kernels (`Params` in attention_common.wgsl, before the fresh
+/// kernel's turn table).
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct MainParams {
@@ -238,18 +240,21 @@ impl MainParams {
 
 /// The pipeline of an attention kernel's main entry (`shader`: "attention" or "attention_batch"),
 /// specialized for the pool, the mode, `chunk` keys per invocation (not [`KernelMode::WorkgroupSplits`]),
-/// a workgroup size, and subgroup reductions or not (the `_subgroup` source).
+/// a workgroup size, and subgroup reductions or not (the `_subgroup` source). With `fresh` (the
+/// rope pairing; "attention" in [`KernelMode::WorkgroupSplits`] only) the `attention_fresh`
+/// source, which ropes and writes the step's heads before its key loop.
 fn main_pipeline(
     ctx: &Context,
     (shader, pool): (&str, &PoolShape),
     mode: KernelMode,
     chunk: u32,
     (workgroup_size, subgroups): (u32, bool),
+    fresh: Option<RopePairing>,
 ) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
     let flag = |on: bool| if on { 1.0 } else { 0.0 };
     let d4 = pool.head_dim / 4;
     let wg_split = mode == KernelMode::WorkgroupSplits;
-    let constants = [
+    let mut constants = vec![
         ("D4", d4 as f64),
         ("D4S", d4.min(MAX_SLICE_VEC4) as f64),
         ("SLICED", flag(slices(pool) > 1)),
@@ -260,11 +265,16 @@ fn main_pipeline(
         ("WG_SPLIT", flag(wg_split)),
         ("ONE_GROUP", flag(wg_split && one_group(ctx, (workgroup_size, subgroups)))),
     ];
+    if let Some(pairing) = fresh {
+        constants.push(("NEOX", flag(pairing == RopePairing::Neox)));
+    }
     // The subgroup source only where its reductions run: the other modes never reach them.
-    let name = match (shader, subgroups && wg_split) {
-        ("attention", true) => "attention_subgroup",
-        ("attention_batch", true) => "attention_batch_subgroup",
-        (other, _) => other,
+    let name = match (shader, fresh.is_some(), subgroups && wg_split) {
+        ("attention", true, true) => "attention_fresh_subgroup",
+        ("attention", true, false) => "attention_fresh",
+        ("attention", false, true) => "attention_subgroup",
+        ("attention_batch", _, true) => "attention_batch_subgroup",
+        (other, _, _) => other,
     };
     ctx.pipeline(name, "main", &constants)
 }
@@ -289,15 +299,19 @@ struct MainBindings<'a> {
     extra: &'a [&'a wgpu::Buffer],
 }
 
-/// A main kernel with its own uniform `params`. Its workgroups are set per step.
+/// A main kernel with its own parameters: `params`, then `turns` (the fresh kernel's turn table,
+/// `Params::turns` in attention_common.wgsl; empty for the others, which bind one zero entry:
+/// a runtime-sized array binds one element at least). Its workgroups are set per step.
 fn main_kernel(
     ctx: &Context,
     name: &'static str,
     pipeline: &Arc<wgpu::ComputePipeline>,
     bindings: &MainBindings<'_>,
-    params: &MainParams,
+    (params, turns): (&MainParams, &[u32]),
 ) -> Kernel {
-    let params_buf = ctx.params_init(name, bytemuck::bytes_of(params));
+    let turns = if turns.is_empty() { &[0u32; 4][..] } else { turns };
+    let bytes = [bytemuck::bytes_of(params), bytemuck::cast_slice(turns)].concat();
+    let params_buf = ctx.params_init(name, &bytes);
     let b = bindings;
     let mut resources = vec![
         whole(b.qkv),

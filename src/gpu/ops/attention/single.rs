@@ -10,6 +10,13 @@
 //!
 //! Both are `shaders/attention.wgsl` specialized by override constants; the reduce is
 //! `shaders/attention_reduce.wgsl`.
+//!
+//! [`Attention::appending_heads`] builds a decode attention that also does what
+//! [`crate::gpu::ops::qkv_heads::qkv_heads`] does without head norms (RoPE of the step's q and k
+//! heads, the KV write): where one workgroup owns each KV head's every query row and head dim
+//! (the one dispatch of workgroup splits, at most 4 query rows x heads per KV head, heads of at
+//! most 128 dims), that dispatch ropes and writes its KV head's heads before its key loop
+//! (`shaders/attention_fresh.wgsl`), one dispatch fewer per layer and step.
 
 use std::ops::Range;
 
@@ -18,6 +25,7 @@ use super::{
     reduce_pipeline, slices, workgroups, KernelMode, MainBindings, MainParams, LANES, MAX_CHUNK,
 };
 use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
+use crate::gpu::ops::rope::{check_rope, turn_table, RopePairing};
 use crate::gpu::ops::{check_binding, check_size, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
 
@@ -128,6 +136,9 @@ pub struct Attention {
     kv_len: u32,
     /// The range of `kernels` one step at the current kv_len records.
     active: Range<usize>,
+    /// The one dispatch of workgroup splits ropes and writes the step's heads
+    /// ([`Attention::appending_heads`]).
+    fresh: bool,
     /// Split-K partial states or the passes' running (max, sum); the bind groups use them.
     _scratch: wgpu::Buffer,
     _state: wgpu::Buffer,
@@ -145,6 +156,49 @@ impl Attention {
         pool: PoolShape,
         n_tokens: u32,
         plan: Option<AttentionPlan>,
+    ) -> Result<Attention, GpuError> {
+        Attention::build(ctx, buffers, pool, n_tokens, plan, None)
+    }
+
+    /// [`Attention::new`] over rows whose q and k heads are not roped yet and whose K/V are not
+    /// in the pool yet, as the qkv matmul left them. Where the plan lets one workgroup own each
+    /// KV head (split-K with its one dispatch of workgroup splits, `n_tokens * group <= 4`, a
+    /// head of at most 128 dims), that dispatch first does for the step's rows what
+    /// [`crate::gpu::ops::qkv_heads::qkv_heads`] without norms does, with `rope` = (base,
+    /// pairing) and the same arithmetic (bit for bit): ropes the q and k heads in place, writes
+    /// the roped k heads and the v heads into the pool at `positions[t]` through the
+    /// sequence's table row (`step`). [`Attention::fuses_heads`] says whether a step at the
+    /// current kv_len does; when it does not (a longer context on a GPU that then splits over
+    /// workgroups, or a plan that never fuses), the caller runs qkv_heads before it.
+    ///
+    /// Contract: [`Attention::new`]'s, and qkv a buffer of its own (it is written), the pool's
+    /// K and V two different buffers, the base finite and > 0.
+    pub fn appending_heads(
+        ctx: &Context,
+        buffers: &AttentionBuffers<'_>,
+        pool: PoolShape,
+        n_tokens: u32,
+        plan: Option<AttentionPlan>,
+        rope: (f32, RopePairing),
+    ) -> Result<Attention, GpuError> {
+        check_rope(OP, pool.head_dim, rope.0)?;
+        let b = buffers;
+        if [b.pool.k, b.pool.v, b.pool.block_table, b.positions, b.step, b.out].contains(&b.qkv) {
+            return Err(shape_err(OP, "qkv is written: it must be a buffer of its own"));
+        }
+        if b.pool.k == b.pool.v {
+            return Err(shape_err(OP, "the pool's K and V must be two buffers"));
+        }
+        Attention::build(ctx, buffers, pool, n_tokens, plan, Some(rope))
+    }
+
+    fn build(
+        ctx: &Context,
+        buffers: &AttentionBuffers<'_>,
+        pool: PoolShape,
+        n_tokens: u32,
+        plan: Option<AttentionPlan>,
+        rope: Option<(f32, RopePairing)>,
     ) -> Result<Attention, GpuError> {
         check_pool(OP, &pool)?;
         check_rows(OP, "n_tokens", n_tokens)?;
@@ -180,8 +234,10 @@ impl Attention {
         };
         check_binding(ctx, OP, "the workgroup splits' records", state_bytes)?;
         let state = ctx.storage_zeroed("attention.state", state_bytes);
+        // One workgroup per KV head in the one dispatch: it may write what it alone reads.
+        let fresh = rope.filter(|_| split && plan.one_dispatch_max_keys > 0 && quads == 1 && slices(&pool) == 1);
         let built = Built { buffers, pool: &pool, plan: &plan, params: &params, scratch: &scratch, state: &state };
-        let kernels = if split { built.split_kernels(ctx)? } else { built.pass_kernels(ctx, n_chunks)? };
+        let kernels = if split { built.split_kernels(ctx, fresh)? } else { built.pass_kernels(ctx, n_chunks)? };
         let mut attention = Attention {
             kernels,
             plan,
@@ -190,6 +246,7 @@ impl Attention {
             max_workgroups_per_dim: ctx.limits.max_compute_workgroups_per_dimension.max(1),
             kv_len: pool.max_len,
             active: 0..0,
+            fresh: fresh.is_some(),
             _scratch: scratch,
             _state: state,
         };
@@ -216,6 +273,12 @@ impl Attention {
             AttentionPath::Passes => self.active = 0..chunks as usize,
         }
         Ok(())
+    }
+
+    /// Whether a step at the current kv_len ropes and writes its heads itself (see
+    /// [`Attention::appending_heads`]); if not, qkv_heads must run before it.
+    pub fn fuses_heads(&self) -> bool {
+        self.fresh && self.active == (0..1)
     }
 
     /// The kv_len the dispatches are currently sized for.
@@ -262,34 +325,37 @@ struct Built<'a> {
 }
 
 impl Built<'_> {
-    /// A main kernel of attention.wgsl writing `dst`, with its own uniform, sized for one split's
-    /// or pass's invocations (`per_workgroup` items per workgroup: the workgroup size, or 1 for
-    /// workgroup splits).
+    /// A main kernel of attention.wgsl writing `dst`, with its own parameters (`params`, then the
+    /// fresh kernel's `turns`), sized for one split's or pass's invocations (`per_workgroup` items
+    /// per workgroup: the workgroup size, or 1 for workgroup splits).
     fn main(
         &self,
         ctx: &Context,
         (name, pipeline): (&'static str, &std::sync::Arc<wgpu::ComputePipeline>),
-        (params, per_workgroup): (&MainParams, u32),
+        (params, turns, per_workgroup): (&MainParams, &[u32], u32),
         dst: &wgpu::Buffer,
     ) -> Kernel {
         let b = self.buffers;
         let extra = [b.positions, self.state, b.step];
         let bindings = MainBindings { qkv: b.qkv, pool: &b.pool, dst, extra: &extra };
-        let mut kernel = main_kernel(ctx, name, pipeline, &bindings, params);
+        let mut kernel = main_kernel(ctx, name, pipeline, &bindings, (params, turns));
         let max = ctx.limits.max_compute_workgroups_per_dimension.max(1);
         kernel.workgroups = workgroups(max, per_workgroup, self.params.items_per_split as u64);
         kernel
     }
 
-    /// [one dispatch (workgroup splits), splits, reduce].
-    fn split_kernels(&self, ctx: &Context) -> Result<Vec<Kernel>, GpuError> {
+    /// [one dispatch (workgroup splits), splits, reduce]; with `fresh` (the rope's base and
+    /// pairing) the first ropes and writes the step's heads.
+    fn split_kernels(&self, ctx: &Context, fresh: Option<(f32, RopePairing)>) -> Result<Vec<Kernel>, GpuError> {
         let (pool, plan, out) = (self.pool, self.plan, self.buffers.out);
         let wg = plan.workgroup_size;
         let variant = (wg, plan.subgroups);
-        let one_pipeline = main_pipeline(ctx, ("attention", pool), KernelMode::WorkgroupSplits, plan.chunk, variant)?;
-        let one = self.main(ctx, ("attention.one", &one_pipeline), (self.params, 1), out);
-        let splits_pipeline = main_pipeline(ctx, ("attention", pool), KernelMode::Splits, plan.chunk, variant)?;
-        let splits = self.main(ctx, ("attention.splits", &splits_pipeline), (self.params, wg), self.scratch);
+        let pairing = fresh.map(|(_, pairing)| pairing);
+        let one_pipeline = main_pipeline(ctx, ("attention", pool), KernelMode::WorkgroupSplits, plan.chunk, variant, pairing)?;
+        let turns = fresh.map(|(base, _)| turn_table(base, pool.head_dim).to_vec()).unwrap_or_default();
+        let one = self.main(ctx, ("attention.one", &one_pipeline), (self.params, &turns, 1), out);
+        let splits_pipeline = main_pipeline(ctx, ("attention", pool), KernelMode::Splits, plan.chunk, variant, None)?;
+        let splits = self.main(ctx, ("attention.splits", &splits_pipeline), (self.params, &[], wg), self.scratch);
         let rows = self.params.rows * pool.n_heads;
         let reduce_params = ReduceParams {
             n_rows: rows,
@@ -314,10 +380,10 @@ impl Built<'_> {
     /// One pass per `chunk` keys of max_len.
     fn pass_kernels(&self, ctx: &Context, n_chunks: u32) -> Result<Vec<Kernel>, GpuError> {
         let wg = self.plan.workgroup_size;
-        let pipeline = main_pipeline(ctx, ("attention", self.pool), KernelMode::Whole, self.plan.chunk, (wg, false))?;
+        let pipeline = main_pipeline(ctx, ("attention", self.pool), KernelMode::Whole, self.plan.chunk, (wg, false), None)?;
         let pass = |p: u32| {
             let params = MainParams { pass_begin: p * self.plan.chunk, ..*self.params };
-            self.main(ctx, ("attention.pass", &pipeline), (&params, wg), self.buffers.out)
+            self.main(ctx, ("attention.pass", &pipeline), (&params, &[], wg), self.buffers.out)
         };
         Ok((0..n_chunks).map(pass).collect())
     }
