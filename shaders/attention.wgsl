@@ -31,6 +31,11 @@ struct Step { table_base: u32 } // the sequence's first entry in block_table, se
 @group(0) @binding(6) var<storage, read> positions: array<u32>;
 @group(0) @binding(8) var<uniform> step: Step;
 
+// Where row t is (attention_fresh.wgsl): (its position, the sequence's table_base).
+fn row_slot(t: u32) -> vec2<u32> {
+    return vec2<u32>(positions[t], step.table_base);
+}
+
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
     let wg_index = ids.wg.x + ids.wg.y * ids.nwg.x;
@@ -103,7 +108,7 @@ fn main(ids: Ids) {
         end = min(begin + per, key_end);
     }
     // attention_fresh.wgsl: the step's heads roped and their keys written, behind a barrier.
-    before_keys(ids.lid, kv_head);
+    before_keys(ids.lid, kv_head, vec2<u32>(0u, params.rows));
     let leader = group_leader(ids);
     let keys = Keys(q_base, valid, low, lim, step.table_base, kv_head, begin, end, slice * D4S, item, ids.lid, leader);
     let merged = attend(keys, out);

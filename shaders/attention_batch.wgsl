@@ -27,7 +27,8 @@
 // search) + 4 (write-out) back-edges.
 //
 // batch:       the step's rows, written by the host (AttentionBatch::step):
-//              batch[0]     = (n_rows, total_splits, 0, 0)
+//              batch[0]     = (n_rows, total_splits, one_row_each, 0): one_row_each 1 when
+//                             each sequence has one row (attention_fresh.wgsl works only then)
 //              batch[1 + r] = (table_base, kv_len, first_split, 0) for row r < n_rows:
 //                             row r attends keys 0..kv_len of its sequence (the last
 //                             params.window of them with a sliding window) (kv_len = position + 1,
@@ -60,6 +61,12 @@ fn find_row(work: u32, n_rows: u32) -> u32 {
         }
     }
     return lo;
+}
+
+// Where row t is (attention_fresh.wgsl): (its position, its sequence's table_base).
+fn row_slot(t: u32) -> vec2<u32> {
+    let info = batch[1u + t];
+    return vec2<u32>(info.y - 1u, info.x);
 }
 
 @compute @workgroup_size(WG)
@@ -120,6 +127,10 @@ fn main(ids: Ids) {
         begin = min(first + ids.lid * per, key_end);
         end = min(begin + per, key_end);
     }
+    // attention_fresh.wgsl: the row's heads roped and its keys written, behind a barrier; only
+    // where each sequence has one row (else qkv_heads ran before).
+    let fresh = busy && row_info.y > 0u && batch[0].z != 0u;
+    before_keys(ids.lid, kv_head, select(vec2<u32>(0u), vec2<u32>(row, row + 1u), fresh));
     let keys = Keys(q_base, valid, low, lim, row_info.x, kv_head, begin, end, slice * D4S, item, ids.lid, group_leader(ids));
     attend(keys, Out(base, valid, false, vec4<f32>(0.0), vec4<f32>(0.0)));
 }

@@ -3,7 +3,7 @@
 // first_split(r) .. first_split(r) + ceil(kv_len(r) / CHUNK); every one of them saw at least one
 // key of r in this step (splits of other steps are never read).
 //
-// batch: the step's rows, as in attention_batch.wgsl: batch[0] = (n_rows, total_splits, 0, 0),
+// batch: the step's rows, as in attention_batch.wgsl: batch[0] = (n_rows, total_splits, _, _),
 //        batch[1 + r] = (table_base, kv_len, first_split, 0)
 // parts: [total_splits * n_heads, 1 + head_dim/4] vec4, record (global split, head)
 // out:   [max_rows, n_heads * head_dim] f32; rows 0..n_rows written, zeros for a row without keys

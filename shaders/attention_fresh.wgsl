@@ -1,16 +1,18 @@
 // The second prelude of the decode attention that appends its step's own keys (attention_read.wgsl
 // is the other, with the same names), after rope_common.wgsl and kv_codes.wgsl and before
-// attention_common.wgsl; only with attention.wgsl's body (its `positions` and `step`). Its
-// before_keys(), which the body calls before the key loop, does for the workgroup's KV head what
-// qkv_heads.wgsl (without QK_NORM) does: the q heads of the KV head and its k head roped in place
-// in qkv, then the roped k head and the v head written to the pool at the row's position (f32 or
-// INT8), for every row of the step; then a storage barrier, after which the key loop reads the new
-// keys from the pool like the others. Same arithmetic as qkv_heads.wgsl, so the results are those
-// of qkv_heads then attention bit for bit, in one dispatch instead of two.
+// attention_common.wgsl. Its before_keys(), which a body calls before the key loop, does for the
+// workgroup's KV head and rows what qkv_heads.wgsl (without QK_NORM) does: the q heads of the KV
+// head and its k head roped in place in qkv, then the roped k head and the v head written to the
+// pool at the row's position (f32 or INT8); then a storage barrier, after which the key loop reads
+// the new keys from the pool like the others. Same arithmetic as qkv_heads.wgsl, so the results
+// are those of qkv_heads then attention bit for bit, in one dispatch instead of two. The body
+// says where a row is: row_slot(t) = (its position, its sequence's table_base) (attention.wgsl:
+// `positions` and `step`; attention_batch.wgsl: its batch record).
 //
-// Only where one workgroup owns every query row, head and head dim of its KV head (WG_SPLIT, one
-// lane quad per KV head, one slice: src/gpu/ops/attention/single.rs checks), so that no other
-// workgroup reads what it writes. params.turns holds the layer's turn table.
+// Only where one workgroup owns every query row, head and head dim of its KV head that any other
+// row of the step could read (WG_SPLIT, one lane quad per KV head, one slice; in a batch, each
+// sequence in one row: src/gpu/ops/attention checks), so that no other workgroup reads what it
+// writes. params.turns holds the layer's turn table.
 //
 // Loop budget (attention_common.wgsl): before_keys adds at most head_dim / 2 (RoPE) + head_dim
 // (the INT8 maximum) + head_dim / 4 (codes) + 1 back-edges per invocation (113 for SmolLM2's 64,
@@ -46,10 +48,11 @@ fn fresh_items() -> u32 {
 // position, with kv_common.wgsl's rules (nothing for a table index past the table or a block >=
 // n_blocks) and arithmetic (store_f32, store_int8).
 fn store_head(is_v: bool, t: u32, kv_head: u32, base: u32) {
-    let pos = positions[t];
-    let entry = step.table_base + pos / params.block_size;
+    let slot = row_slot(t);
+    let pos = slot.x;
+    let entry = slot.y + pos / params.block_size;
     // The sum wraps only for absurd bases; entry < table_base catches it.
-    if (entry >= arrayLength(&block_table) || entry < step.table_base) {
+    if (entry >= arrayLength(&block_table) || entry < slot.y) {
         return;
     }
     let block = block_table[entry];
@@ -80,15 +83,15 @@ fn store_head(is_v: bool, t: u32, kv_head: u32, base: u32) {
     }
 }
 
-// Every invocation of the workgroup calls this (it holds the barrier): items (row, head of
-// KV head kv_head) spread over the invocations, each roping (q and k heads) and storing (k and v
-// heads) its head.
-fn before_keys(lid: u32, kv_head: u32) {
+// Every invocation of the workgroup calls this (it holds the barrier): items (row of rows.x ..
+// rows.y, head of KV head kv_head) spread over the invocations, each roping (q and k heads) and
+// storing (k and v heads) its head.
+fn before_keys(lid: u32, kv_head: u32, rows: vec2<u32>) {
     let dim = 4u * D4;
     let half = dim / 2u;
     let per_row = fresh_items();
-    for (var item = lid; item < params.rows * per_row; item += WG) {
-        let t = item / per_row;
+    for (var item = lid; item < (rows.y - rows.x) * per_row; item += WG) {
+        let t = rows.x + item / per_row;
         let k = item % per_row;
         var head = kv_head * params.group + k;
         if (k >= params.group) {
@@ -96,7 +99,7 @@ fn before_keys(lid: u32, kv_head: u32) {
         }
         let base = t * 4u * params.qkv_stride4 + head * dim;
         if (k <= params.group) {
-            let pos = positions[t];
+            let pos = row_slot(t).x;
             for (var pair = 0u; pair < half; pair += 1u) {
                 let dims = pair_dims(pair, half);
                 let j = base + dims.x;

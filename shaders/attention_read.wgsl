@@ -6,4 +6,4 @@
 @group(0) @binding(1) var<storage, read> k_pool: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> v_pool: array<vec4<u32>>;
 
-fn before_keys(lid: u32, kv_head: u32) {}
+fn before_keys(lid: u32, kv_head: u32, rows: vec2<u32>) {}

@@ -457,10 +457,16 @@ gpu_test! {
         let foreign = other.step(&[row(0, 50)]).unwrap();
         assert!(attention.set_step(&foreign).is_err(), "a step encoded for another chunk must be refused");
 
-        // The encoding itself: header, then (table_base, kv_len, first_split, 0) per row.
+        // The encoding itself: header (n_rows, total_splits, one row per sequence, 0), then
+        // (table_base, kv_len, first_split, 0) per row. A padding row (kv_len 0) shares no
+        // sequence; two rows with keys and one table_base do.
         let step = other.step(&[row(3, 70), row(9, 0), row(5, 33)]).unwrap();
         let words: &[u32] = bytemuck::cast_slice(step.bytes());
-        assert_eq!(words, &[3, 3 + 2, 0, 0, 3, 70, 0, 0, 9, 0, 3, 0, 5, 33, 3, 0]);
+        assert_eq!(words, &[3, 3 + 2, 1, 0, 3, 70, 0, 0, 9, 0, 3, 0, 5, 33, 3, 0]);
+        let padded = other.step(&[row(3, 70), row(3, 0)]).unwrap();
+        assert_eq!(bytemuck::cast_slice::<u8, u32>(padded.bytes())[2], 1);
+        let shared = other.step(&[row(3, 70), row(5, 9), row(3, 71)]).unwrap();
+        assert_eq!(bytemuck::cast_slice::<u8, u32>(shared.bytes())[..4], [3, 3 + 1 + 3, 0, 0]);
         assert_eq!((step.n_rows(), step.total_splits(), step.max_kv_len()), (3, 5, 70));
         attention.set_step(&attention.step(&[]).unwrap()).unwrap();
         assert!(attention.kernels().is_empty(), "an empty step records nothing");

@@ -281,6 +281,26 @@ gpu_test! {
     }
 }
 
+/// The blocks 0..n_blocks in a random order.
+fn shuffled_blocks(rng: &mut Rng, n_blocks: u32) -> Vec<u32> {
+    let mut perm: Vec<u32> = (0..n_blocks).collect();
+    for i in (1..perm.len()).rev() {
+        perm.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    perm
+}
+
+/// A pool of `pool`'s shape and dtype filled with values in [-2, 2], as u32 words.
+fn random_pool(rng: &mut Rng, pool: &PoolShape) -> Vec<u32> {
+    match pool.dtype {
+        KvDtype::F32 => rng.vec_uniform(pool.pool_len() as usize, -2.0, 2.0).iter().map(|v| v.to_bits()).collect(),
+        KvDtype::Int8 => {
+            let layout = Int8Layout::new(pool.n_blocks, pool.n_kv_heads, pool.block_size, pool.head_dim).unwrap();
+            quant::quantize_pool(&layout, &rng.vec_uniform((layout.groups() * pool.head_dim as u64) as usize, -2.0, 2.0)).unwrap()
+        }
+    }
+}
+
 /// One case of the decode attention that ropes and writes its step's heads itself
 /// (`Attention::appending_heads`): `n_tokens` rows of one sequence ending at kv_len - 1, against
 /// qkv_heads (no norms) then `Attention::new` on the same inputs: the output, the rows and both
@@ -294,24 +314,13 @@ async fn check_appending(ctx: &Context, rng: &mut Rng, heads: &Heads, (n_tokens,
     let n_blocks = max_len / block_size + 2;
     let pool = PoolShape { n_heads: heads.n_q, n_kv_heads: heads.n_kv, head_dim: heads.head_dim, max_len, block_size, n_blocks, dtype, window: 0 };
     let what = format!("{} q{} kv{} hd{} {:?} {dtype:?}, {n_tokens} rows to kv_len {kv_len}", ctx.variant_name(), heads.n_q, heads.n_kv, heads.head_dim, heads.pairing);
-    let (row, hd) = (pool.qkv_row() as usize, heads.head_dim as usize);
+    let row = pool.qkv_row() as usize;
     let qkv = rng.vec_uniform(n_tokens as usize * row, -2.0, 2.0);
     // The sequence's blocks shuffled, at table_base 3 behind entries of no sequence.
     let table_base = 3u32;
-    let mut perm: Vec<u32> = (0..n_blocks).collect();
-    for i in (1..perm.len()).rev() {
-        perm.swap(i, rng.below(i as u64 + 1) as usize);
-    }
-    let table: Vec<u32> = [1, 0, 2].into_iter().chain(perm[..(max_len / block_size) as usize].iter().copied()).collect();
+    let table: Vec<u32> = [1, 0, 2].into_iter().chain(shuffled_blocks(rng, n_blocks)[..(max_len / block_size) as usize].iter().copied()).collect();
     let positions: Vec<u32> = (kv_len - n_tokens..kv_len).collect();
-    let layout = Int8Layout::new(n_blocks, heads.n_kv, block_size, heads.head_dim).unwrap();
-    let pool0 = |rng: &mut Rng| -> Vec<u32> {
-        match dtype {
-            KvDtype::F32 => rng.vec_uniform(pool.pool_len() as usize, -2.0, 2.0).iter().map(|v| v.to_bits()).collect(),
-            KvDtype::Int8 => quant::quantize_pool(&layout, &rng.vec_uniform((layout.groups() * hd as u64) as usize, -2.0, 2.0)).unwrap(),
-        }
-    };
-    let (k0, v0) = (pool0(rng), pool0(rng));
+    let (k0, v0) = (random_pool(rng, &pool), random_pool(rng, &pool));
     let (pos, table_buf) = (words(ctx, &positions), words(ctx, &table));
     let row_tables = words(ctx, &vec![table_base; n_tokens as usize]);
     let step = ctx.uniform_init("step", bytemuck::bytes_of(&table_base));
@@ -363,6 +372,90 @@ async fn check_appending(ctx: &Context, rng: &mut Rng, heads: &Heads, (n_tokens,
         }
         let want = attention_cpu(&pool, &rows, &k, &v, &positions, &table, table_base).unwrap();
         assert_close(&format!("{what}: out against the CPU references"), &out, &want, 1e-5, 1e-5);
+    }
+}
+
+/// The batched twin of [`check_appending`] (`AttentionBatch::appending_heads`): a step of one row
+/// per sequence at the given positions (and, with `chunk`, a second row of the first sequence
+/// at the next position: a sequence with two rows is never fused, and its fresh kernel must
+/// leave the heads to qkv_heads), against qkv_heads then `AttentionBatch::new`, bit for bit.
+async fn check_appending_batch(ctx: &Context, rng: &mut Rng, heads: &Heads, positions: &[u32], chunk: bool, dtype: KvDtype) {
+    use pagedlm::gpu::ops::attention::{AttentionBatch, BatchBuffers, BatchRow, BatchStep};
+    let (block_size, max_len) = (16u32, 2304u32);
+    let per_seq = max_len / block_size;
+    let n_seqs = positions.len() as u32;
+    let n_blocks = n_seqs * per_seq + 2;
+    let pool = PoolShape { n_heads: heads.n_q, n_kv_heads: heads.n_kv, head_dim: heads.head_dim, max_len, block_size, n_blocks, dtype, window: 0 };
+    let what = format!("{} q{} kv{} hd{} {dtype:?}, batch at {positions:?}{}", ctx.variant_name(), heads.n_q, heads.n_kv, heads.head_dim, if chunk { " + a second row" } else { "" });
+    // Each sequence's blocks, shuffled over the pool.
+    let table: Vec<u32> = [0].into_iter().chain(shuffled_blocks(rng, n_blocks)[..(n_seqs * per_seq) as usize].iter().copied()).collect();
+    let mut rows: Vec<(u32, u32)> = positions.iter().enumerate().map(|(s, &p)| (1 + s as u32 * per_seq, p)).collect();
+    if chunk {
+        rows.push((rows[0].0, rows[0].1 + 1));
+    }
+    // One padding row past the step, as the graph's batch holds.
+    let max_rows = rows.len() as u32 + 1;
+    let row = pool.qkv_row() as usize;
+    let qkv = rng.vec_uniform(max_rows as usize * row, -2.0, 2.0);
+    let (k0, v0) = (random_pool(rng, &pool), random_pool(rng, &pool));
+    let pos: Vec<u32> = rows.iter().map(|r| r.1).chain([u32::MAX]).collect();
+    let bases: Vec<u32> = rows.iter().map(|r| r.0).chain([0]).collect();
+    let (pos_buf, bases_buf, table_buf) = (words(ctx, &pos), words(ctx, &bases), words(ctx, &table));
+    let batch_buf = ctx.storage_zeroed("batch", BatchStep::buffer_bytes(max_rows));
+    let step_rows: Vec<BatchRow> = rows.iter().map(|&(table_base, p)| BatchRow { table_base, kv_len: p + 1 }).collect();
+    let rope_of = (10_000.0, heads.pairing);
+    let out_len = max_rows as usize * pool.out_row() as usize;
+    let fresh = || (floats(ctx, &qkv), words(ctx, &k0), words(ctx, &v0), floats(ctx, &vec![0.0; out_len]));
+    let heads_of = |(qkv, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer)| {
+        let write = KvWriteBuffers { qkv, pool: PoolBuffers { k, v, block_table: &table_buf }, positions: &pos_buf, row_tables: &bases_buf };
+        qkv_heads::qkv_heads(ctx, &write, None, &pool, max_rows, rope_of).unwrap()
+    };
+    let a = fresh();
+    let buffers_a = BatchBuffers { qkv: &a.0, pool: PoolBuffers { k: &a.1, v: &a.2, block_table: &table_buf }, batch: &batch_buf, out: &a.3, scratch: None };
+    let mut composed = AttentionBatch::new(ctx, &buffers_a, pool, max_rows, None).unwrap();
+    let step = composed.step(&step_rows).unwrap();
+    ctx.queue.write_buffer(&batch_buf, 0, step.bytes());
+    composed.set_step(&step).unwrap();
+    let heads_a = heads_of((&a.0, &a.1, &a.2));
+    run(ctx, &[&heads_a].into_iter().chain(composed.kernels()).collect::<Vec<_>>());
+
+    let b = fresh();
+    let buffers_b = BatchBuffers { qkv: &b.0, pool: PoolBuffers { k: &b.1, v: &b.2, block_table: &table_buf }, batch: &batch_buf, out: &b.3, scratch: None };
+    let mut appending = AttentionBatch::appending_heads(ctx, &buffers_b, pool, max_rows, None, rope_of).unwrap();
+    appending.set_step(&step).unwrap();
+    let plan = *appending.plan();
+    let longest = rows.iter().map(|r| r.1 + 1).max().unwrap();
+    let should = !chunk && longest <= plan.one_dispatch_max_keys && heads.n_q / heads.n_kv <= 4 && heads.head_dim <= 128;
+    assert_eq!(appending.fuses_heads(), should, "{what}: fuses the heads ({plan:?})");
+    let heads_b = heads_of((&b.0, &b.1, &b.2));
+    let caller = (!appending.fuses_heads()).then_some(&heads_b);
+    run(ctx, &caller.into_iter().chain(appending.kernels()).collect::<Vec<_>>());
+    // The step's rows (qkv_heads also ropes the padding row, at position u32::MAX; nothing reads it).
+    let step_words = rows.len() * row;
+    for (name, x, y, len) in [("out", &a.3, &b.3, out_len), ("rows", &a.0, &b.0, step_words), ("K pool", &a.1, &b.1, k0.len()), ("V pool", &a.2, &b.2, v0.len())] {
+        let (want, got) = (ctx.read_u32(x, 0, len as u64).await.unwrap(), ctx.read_u32(y, 0, len as u64).await.unwrap());
+        let diff = want.iter().zip(&got).position(|(w, g)| w != g);
+        assert!(diff.is_none(), "{what}: {name} differs from qkv_heads then attention at word {diff:?}");
+    }
+}
+
+gpu_test! {
+    async fn batched_decode_attention_appends_its_heads_as_qkv_heads_would() {
+        // Three sequences' decode rows on every adapter class's plan (real-GPU classes split past
+        // 2,048 keys: not fused), then on the default device INT8 pools, a step where one
+        // sequence has two rows (never fused) and 4 q heads per KV head with NEOX pairs.
+        let grouped = Heads { n_q: 8, n_kv: 2, head_dim: 32, pairing: RopePairing::Neox, qk_norm: false };
+        let mut rng = Rng::new(64);
+        for ctx in variant_contexts().await {
+            check_appending_batch(&ctx, &mut rng, &SMOLLM2, &[0, 40, 700], false, KvDtype::F32).await;
+            check_appending_batch(&ctx, &mut rng, &SMOLLM2, &[2200, 5], false, KvDtype::F32).await;
+        }
+        let ctx = gpu().await;
+        for dtype in [KvDtype::F32, KvDtype::Int8] {
+            check_appending_batch(&ctx, &mut rng, &SMOLLM2, &[0, 40, 700], false, dtype).await;
+            check_appending_batch(&ctx, &mut rng, &SMOLLM2, &[30, 9], true, dtype).await;
+            check_appending_batch(&ctx, &mut rng, &grouped, &[17, 3], false, dtype).await;
+        }
     }
 }
 
@@ -440,6 +533,40 @@ gpu_test! {
         // INT8 pools need head_dim a multiple of 16.
         let int8 = PoolShape { head_dim: 8, dtype: KvDtype::Int8, ..odd };
         expect_shape_err(launch(&good, None, int8, 1, 1e4), "16");
+    }
+}
+
+gpu_test! {
+    async fn appending_heads_refuses_aliased_buffers_and_bad_bases() {
+        use pagedlm::gpu::ops::attention::{Attention, AttentionBatch, AttentionBuffers, BatchBuffers, BatchStep};
+        let ctx = gpu().await;
+        let pool = PoolShape { n_heads: 9, n_kv_heads: 3, head_dim: 64, max_len: 100, block_size: 25, n_blocks: 4, dtype: KvDtype::F32, window: 0 };
+        let qkv = ctx.storage_zeroed("qkv", 2 * pool.qkv_row() * 4);
+        let (k, v) = (ctx.storage_zeroed("k", pool.pool_len() * 4), ctx.storage_zeroed("v", pool.pool_len() * 4));
+        let (p, t, out) = (ctx.storage_zeroed("p", 8), ctx.storage_zeroed("t", 16), ctx.storage_zeroed("out", 2 * pool.out_row() * 4));
+        let step = ctx.uniform_init("step", &[0; 4]);
+        let batch = ctx.storage_zeroed("batch", BatchStep::buffer_bytes(2));
+        let expect = |result: Result<(), GpuError>, needle: &str| match result {
+            Ok(()) => panic!("expected a shape error mentioning {needle:?}, it was accepted"),
+            Err(e @ GpuError::Shape { .. }) => assert!(e.to_string().contains(needle), "{e} lacks {needle:?}"),
+            Err(e) => panic!("expected a shape error, got {e}"),
+        };
+        let single = |qkv: &wgpu::Buffer, k: &wgpu::Buffer, v: &wgpu::Buffer, out: &wgpu::Buffer, base: f32| {
+            let b = AttentionBuffers { qkv, pool: PoolBuffers { k, v, block_table: &t }, positions: &p, step: &step, out };
+            Attention::appending_heads(&ctx, &b, pool, 2, None, (base, RopePairing::Norm)).map(|_| ())
+        };
+        let batched = |qkv: &wgpu::Buffer, k: &wgpu::Buffer, v: &wgpu::Buffer, out: &wgpu::Buffer, base: f32| {
+            let b = BatchBuffers { qkv, pool: PoolBuffers { k, v, block_table: &t }, batch: &batch, out, scratch: None };
+            AttentionBatch::appending_heads(&ctx, &b, pool, 2, None, (base, RopePairing::Norm)).map(|_| ())
+        };
+        for launch in [&single as &dyn Fn(_, _, _, _, _) -> _, &batched] {
+            assert!(launch(&qkv, &k, &v, &out, 1e4).is_ok());
+            expect(launch(&qkv, &k, &v, &qkv, 1e4), "buffer of its own");
+            expect(launch(&k, &k, &v, &out, 1e4), "buffer of its own");
+            expect(launch(&qkv, &k, &k, &out, 1e4), "two buffers");
+            expect(launch(&qkv, &k, &v, &out, f32::NAN), "base");
+            expect(launch(&qkv, &k, &v, &out, 0.0), "base");
+        }
     }
 }
 

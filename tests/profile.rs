@@ -59,7 +59,7 @@ gpu_test!(
     }
 );
 
-/// The tiny model's config and weights, and a one-sequence cache of 64 tokens.
+/// The tiny model's config and weights, and a cache of 64 tokens for up to two sequences.
 fn tiny_parts(ctx: &Arc<pagedlm::gpu::Context>) -> (ModelConfig, Weights, KvCache) {
     let bytes = tiny_model(SEED);
     let gguf = Gguf::parse(&bytes).unwrap();
@@ -70,7 +70,7 @@ fn tiny_parts(ctx: &Arc<pagedlm::gpu::Context>) -> (ModelConfig, Weights, KvCach
         dtype: KvDtype::F32,
         block_size: 16,
         pool_tokens: 64,
-        max_seqs: 1,
+        max_seqs: 2,
         max_seq_len: 64,
         prefix_cache: false,
         local_pool_tokens: 0,
@@ -128,7 +128,7 @@ gpu_test!(
         // The tiny model has 2 query heads per KV head: a one-row step's attention owns each KV
         // head in one workgroup and ropes and writes the heads itself (no qkv_heads dispatch); a
         // five-row step's cannot (10 lanes per KV head) and records qkv_heads in every layer,
-        // its other dispatches the same.
+        // its other dispatches the same. Then batched steps.
         let ctx = common::gpu().await;
         let (cfg, weights, mut kv) = tiny_parts(&ctx);
         let seq = kv.allocate().unwrap();
@@ -144,6 +144,16 @@ gpu_test!(
         assert_eq!(heads(&decode_names), 0, "{decode_names:?}");
         assert_eq!(heads(&chunk_names), cfg.n_layers as usize, "{chunk_names:?}");
         assert_eq!(chunk_names.len(), decode_names.len() + cfg.n_layers as usize, "{chunk_names:?} against {decode_names:?}");
+        // A batch: with one row per sequence its attention does the heads' work; with two rows of
+        // one sequence it cannot, and qkv_heads runs in every layer.
+        let other = kv.allocate().unwrap();
+        kv.append(other, 4).unwrap();
+        let other_row = StepRow { token: 7, position: 3, table_base: kv.table_base(other), slot: other.0 };
+        let mut batch = ForwardGraph::build(&ctx, (&cfg, &weights), &kv, AttentionKind::Batch, 3, 3).unwrap();
+        batch.run(&ctx, &[row(8), other_row], &[0, 1], Logits::Argmax).await.unwrap();
+        assert_eq!(heads(&batch.kernel_names()), 0, "{:?}", batch.kernel_names());
+        batch.run(&ctx, &[row(7), row(8), other_row], &[1, 2], Logits::Argmax).await.unwrap();
+        assert_eq!(heads(&batch.kernel_names()), cfg.n_layers as usize, "{:?}", batch.kernel_names());
         report(&format!("{}: a decode step of the tiny model ({} layers) records {} dispatches", ctx.adapter_name(), cfg.n_layers, decode_names.len()));
     }
 );

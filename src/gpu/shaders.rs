@@ -3,9 +3,9 @@
 //! A kernel family shares its common code through a prelude file prepended to each kernel's
 //! body (WGSL has no includes): `attention_group` (in the `_subgroup` variants, for devices with
 //! subgroups, `attention_group_subgroup`) + `attention_read` + `attention_common` before `attention`
-//! and `attention_batch`, and in the `attention_fresh` variants of `attention` (the decode attention
-//! that ropes and writes its step's heads) `rope_common` + `kv_codes` + `attention_fresh` in place
-//! of `attention_read`,
+//! and `attention_batch`, and in their `_fresh` variants (the decode attentions that rope and
+//! write their step's heads) `rope_common` + `kv_codes` + `attention_fresh` in place of
+//! `attention_read`,
 //! `attention_reduce_common` before their reduce kernels, `rms_common` before `rms_norm` and
 //! `head_norm` and `residual_norm`, `quantize_common` before `quantize_act` and after
 //! `rms_common` before the norms that quantize (`rms_norm`, `residual_norm`), `rope_common`
@@ -107,6 +107,8 @@ pub fn source(name: &str) -> Option<&'static str> {
         "attention_reduce" => with_prelude!("attention_reduce_common", "attention_reduce"),
         "attention_batch" => concat!(wgsl!("attention_group"), "\n", wgsl!("attention_read"), "\n", with_prelude!("attention_common", "attention_batch")),
         "attention_batch_subgroup" => concat!(wgsl!("attention_group_subgroup"), "\n", wgsl!("attention_read"), "\n", with_prelude!("attention_common", "attention_batch")),
+        "attention_batch_fresh" => concat!(wgsl!("attention_group"), "\n", fresh!(), "\n", with_prelude!("attention_common", "attention_batch")),
+        "attention_batch_fresh_subgroup" => concat!(wgsl!("attention_group_subgroup"), "\n", fresh!(), "\n", with_prelude!("attention_common", "attention_batch")),
         "attention_batch_reduce" => with_prelude!("attention_reduce_common", "attention_batch_reduce"),
         "quantize_act" => with_prelude!("quantize_common", "quantize_act"),
         other => return quant_source(other),

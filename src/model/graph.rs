@@ -27,9 +27,9 @@
 //! and a post-normed residual runs in one kernel with the next pre-norm
 //! ([`norm::residual_norm`], Gemma 3, whose first layer's pre-norm is again the qkv prologue). A
 //! llama layer is then 6 dispatches (qkv, qkv_heads, attention (+ its reduce on long contexts),
-//! wo, gate/up, down), and 5 in a one-sequence step whose attention can rope and write the heads
-//! itself (a decode token, where one workgroup owns each KV head:
-//! [`Attention::appending_heads`]; not with head norms). The head keeps its norm as a dispatch: it runs once per step over few
+//! wo, gate/up, down), and 5 in a decode step whose attention can rope and write the heads itself
+//! (where one workgroup owns each KV head of a row and each sequence has one row:
+//! [`Attention::appending_heads`], [`AttentionBatch::appending_heads`]; not with head norms). The head keeps its norm as a dispatch: it runs once per step over few
 //! rows, while in the prologue of the vocabulary-wide matmul every invocation would
 //! load the norm weight again. With int8 activations (`MatmulConfig::int8_activations`, opt-in)
 //! the norms before the qkv, gate/up and output matmuls write their rows as int8 blocks in the
@@ -192,7 +192,10 @@ impl AttentionNode {
     /// The step's dispatches: qkv_heads, unless attention ropes and writes the heads itself at
     /// this step ([`Attention::fuses_heads`]), then attention's.
     fn kernels(&self) -> NodeKernels<'_> {
-        let fused = matches!(&self.attention, LayerAttention::Sequence(a) if a.fuses_heads());
+        let fused = match &self.attention {
+            LayerAttention::Sequence(a) => a.fuses_heads(),
+            LayerAttention::Batch(a) => a.fuses_heads(),
+        };
         (!fused).then_some(&self.heads).into_iter().chain(self.attention.kernels())
     }
 }
@@ -418,8 +421,8 @@ impl ForwardGraph {
         let pool_buffers = kv.layer_buffers(l);
         let write = KvWriteBuffers { qkv: &a.qkv, pool: pool_buffers, positions: &self.positions, row_tables: &self.row_tables };
         let heads = qkv_heads::qkv_heads(ctx, &write, qk_norm, pool, n, rope_of)?;
-        // A one-sequence decode attention does the heads' work itself where it can (not with
-        // head norms): one dispatch fewer per layer.
+        // Decode attention does the heads' work itself where it can (not with head norms): one
+        // dispatch fewer per layer.
         let fresh = qk_norm.is_none().then_some(rope_of);
         let layer = LayerBuffers { qkv: &a.qkv, pool: pool_buffers, positions: &self.positions, step: &self.step, out: &a.attn };
         self.attention.push(AttentionNode { heads, attention: attention.layer(ctx, &layer, pool, n, fresh)? });
@@ -722,8 +725,8 @@ impl AttentionBuilder {
     }
 
     /// One layer's attention over `pool` (the builder's, with the layer's window); with `fresh`
-    /// (the layer's rope) a one-sequence attention ropes and writes the heads where it can
-    /// ([`Attention::appending_heads`]).
+    /// (the layer's rope) it ropes and writes the heads where it can
+    /// ([`Attention::appending_heads`], [`AttentionBatch::appending_heads`]).
     fn layer(&self, ctx: &Context, b: &LayerBuffers<'_>, pool: &PoolShape, rows: u32, fresh: Option<(f32, RopePairing)>) -> Result<LayerAttention, ModelError> {
         Ok(match self {
             AttentionBuilder::Sequence(_) => {
@@ -735,7 +738,10 @@ impl AttentionBuilder {
             }
             AttentionBuilder::Batch { plan, scratch, .. } => {
                 let buffers = BatchBuffers { qkv: b.qkv, pool: b.pool, batch: b.step, out: b.out, scratch: Some(scratch) };
-                LayerAttention::Batch(AttentionBatch::new(ctx, &buffers, *pool, rows, Some(*plan))?)
+                LayerAttention::Batch(match fresh {
+                    Some(rope) => AttentionBatch::appending_heads(ctx, &buffers, *pool, rows, Some(*plan), rope)?,
+                    None => AttentionBatch::new(ctx, &buffers, *pool, rows, Some(*plan))?,
+                })
             }
         })
     }

@@ -21,6 +21,11 @@
 //! are correct here but each reads its keys alone; a long prefill chunk is cheaper through
 //! [`super::Attention`]'s passes, which share every K/V load among 4 rows.
 //!
+//! [`AttentionBatch::appending_heads`] builds one whose one dispatch also ropes the step's heads
+//! and writes their K/V ([`crate::gpu::ops::qkv_heads::qkv_heads`]' work without head norms, bit
+//! for bit) in a step where each sequence has one row and a workgroup owns each (row, KV head):
+//! `shaders/attention_fresh.wgsl`, as [`super::Attention::appending_heads`].
+//!
 //! Bindings: 8 storage buffers (WebGPU's default limit per stage: the prelude's 7 and the batch
 //! buffer); K/V are bound as `vec4<u32>` for both dtypes (INT8 codes and scales in the same
 //! buffers).
@@ -28,10 +33,11 @@
 use std::ops::Range;
 
 use super::{
-    check_plan, check_pool, check_rows, class_plan, main_kernel, main_pipeline, max_chunk, records_bytes,
+    check_fresh, check_plan, check_pool, check_rows, class_plan, main_kernel, main_pipeline, max_chunk, records_bytes,
     reduce_pipeline, workgroups, KernelMode, MainBindings, MainParams, LANES, MAX_CHUNK,
 };
 use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
+use crate::gpu::ops::rope::{turn_table, RopePairing};
 use crate::gpu::ops::{check_binding, check_size, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
 
@@ -91,6 +97,8 @@ pub struct BatchStep {
     n_rows: u32,
     total_splits: u32,
     max_kv_len: u32,
+    /// No two rows with keys share a table_base: each sequence has one row.
+    one_row_each: bool,
 }
 
 impl BatchStep {
@@ -100,7 +108,8 @@ impl BatchStep {
         (1 + max_rows as u64) * 16
     }
 
-    /// The batch buffer's contents: (n_rows, total_splits, 0, 0), then per row
+    /// The batch buffer's contents: (n_rows, total_splits, one row per sequence (1) or not (0),
+    /// 0), then per row
     /// (table_base, kv_len, first_split, 0), as u32.
     pub fn bytes(&self) -> &[u8] {
         bytemuck::cast_slice(&self.words)
@@ -161,6 +170,10 @@ pub struct AttentionBatch {
     items_per_split: u32,
     max_workgroups_per_dim: u32,
     active: Range<usize>,
+    /// The one dispatch ropes and writes the step's heads ([`AttentionBatch::appending_heads`]),
+    /// and the current step lets it.
+    fresh: bool,
+    fuses: bool,
     _scratch: Option<wgpu::Buffer>,
 }
 
@@ -174,6 +187,43 @@ impl AttentionBatch {
         pool: PoolShape,
         max_rows: u32,
         plan: Option<BatchPlan>,
+    ) -> Result<AttentionBatch, GpuError> {
+        AttentionBatch::build(ctx, buffers, pool, max_rows, plan, None)
+    }
+
+    /// [`AttentionBatch::new`] over rows whose q and k heads are not roped yet and whose K/V are
+    /// not in the pool yet, as the qkv matmul left them. Where a workgroup owns each (row, KV
+    /// head) (at most 4 query heads per KV head, a head of at most 128 dims), the one dispatch of
+    /// a step in which each sequence has one row first does for its row what
+    /// [`crate::gpu::ops::qkv_heads::qkv_heads`] without norms does, with `rope` = (base,
+    /// pairing) and the same arithmetic (bit for bit): ropes the q and k heads in place, writes
+    /// the roped k heads and the v heads into the pool at position kv_len - 1 of the row's
+    /// sequence. [`AttentionBatch::fuses_heads`] says whether the current step does; when it does
+    /// not, the caller runs qkv_heads before it.
+    ///
+    /// Contract: [`AttentionBatch::new`]'s, and qkv a buffer of its own (it is written), the
+    /// pool's K and V two different buffers, the base finite and > 0.
+    pub fn appending_heads(
+        ctx: &Context,
+        buffers: &BatchBuffers<'_>,
+        pool: PoolShape,
+        max_rows: u32,
+        plan: Option<BatchPlan>,
+        rope: (f32, RopePairing),
+    ) -> Result<AttentionBatch, GpuError> {
+        let b = buffers;
+        let others: Vec<&wgpu::Buffer> = [b.pool.block_table, b.batch, b.out].into_iter().chain(b.scratch).collect();
+        check_fresh(OP, (&pool, rope.0), (b.qkv, b.pool.k, b.pool.v), &others)?;
+        AttentionBatch::build(ctx, buffers, pool, max_rows, plan, Some(rope))
+    }
+
+    fn build(
+        ctx: &Context,
+        buffers: &BatchBuffers<'_>,
+        pool: PoolShape,
+        max_rows: u32,
+        plan: Option<BatchPlan>,
+        rope: Option<(f32, RopePairing)>,
     ) -> Result<AttentionBatch, GpuError> {
         check_pool(OP, &pool)?;
         check_rows(OP, "max_rows", max_rows)?;
@@ -216,15 +266,19 @@ impl AttentionBatch {
         // The splits kernel never touches the records binding; a buffer of its own stands in
         // there (not the scratch, which it writes through another binding).
         let unused = ctx.storage_zeroed("attention_batch.unused", 16);
-        let main = |name: &'static str, mode: KernelMode, (dst, state): (&wgpu::Buffer, &wgpu::Buffer)| {
-            let pipeline = main_pipeline(ctx, ("attention_batch", &pool), mode, plan.chunk, (wg, plan.subgroups), None)?;
+        // One workgroup per (row, KV head) in the one dispatch: it may write what it alone reads.
+        let fresh = rope.filter(|_| plan.one_dispatch_max_keys > 0 && quads == 1 && super::slices(&pool) == 1);
+        let main = |name: &'static str, mode: KernelMode, (dst, state): (&wgpu::Buffer, &wgpu::Buffer), fresh: Option<(f32, RopePairing)>| {
+            let pairing = fresh.map(|(_, pairing)| pairing);
+            let pipeline = main_pipeline(ctx, ("attention_batch", &pool), mode, plan.chunk, (wg, plan.subgroups), pairing)?;
             let bindings = MainBindings { qkv: b.qkv, pool: &b.pool, dst, extra: &[b.batch, state] };
-            Ok::<_, GpuError>(main_kernel(ctx, name, &pipeline, &bindings, (&params, &[])))
+            let turns = fresh.map(|(base, _)| turn_table(base, pool.head_dim).to_vec()).unwrap_or_default();
+            Ok::<_, GpuError>(main_kernel(ctx, name, &pipeline, &bindings, (&params, &turns)))
         };
         // Built even when one_dispatch_max_keys is 0: a step without keys (only padding rows)
         // still writes its zeros through it.
-        let one = main("attention_batch.one", KernelMode::WorkgroupSplits, (b.out, scratch))?;
-        let splits = main("attention_batch.splits", KernelMode::Splits, (scratch, &unused))?.owning(unused);
+        let one = main("attention_batch.one", KernelMode::WorkgroupSplits, (b.out, scratch), fresh)?;
+        let splits = main("attention_batch.splits", KernelMode::Splits, (scratch, &unused), None)?.owning(unused);
         let reduce_params = ReduceParams { max_rows, n_heads: pool.n_heads, max_len: pool.max_len, _pad: 0 };
         let reduce_buf = ctx.params_init("attention_batch.reduce.params", bytemuck::bytes_of(&reduce_params));
         let reduce = Kernel::new(
@@ -244,6 +298,8 @@ impl AttentionBatch {
             items_per_split: params.items_per_split,
             max_workgroups_per_dim: ctx.limits.max_compute_workgroups_per_dimension.max(1),
             active: 0..0,
+            fresh: fresh.is_some(),
+            fuses: false,
             _scratch: owned_scratch,
         })
     }
@@ -260,7 +316,8 @@ impl AttentionBatch {
     }
 
     /// Encodes a step's rows (row r = qkv row r = out row r) for the batch buffer:
-    /// - `batch[0] = (n_rows, total_splits, 0, 0)`,
+    /// - `batch[0] = (n_rows, total_splits, one_row_each, 0)`, one_row_each 1 when no two rows
+    ///   with keys share a table_base (the fresh kernel ropes and writes the heads only then),
     /// - `batch[1 + r] = (table_base, kv_len, first_split, 0)` where `first_split` is the sum of
     ///   ceil(kv_len / chunk) over rows 0..r (row r's splits are the global splits
     ///   first_split..first_split + ceil(kv_len / chunk); the kernels find a split's row by
@@ -276,6 +333,9 @@ impl AttentionBatch {
         let mut words = vec![0u32; 4];
         let mut total_splits = 0u32;
         let mut max_kv_len = 0;
+        let mut bases: Vec<u32> = rows.iter().filter(|r| r.kv_len > 0).map(|r| r.table_base).collect();
+        bases.sort_unstable();
+        let one_row_each = bases.windows(2).all(|w| w[0] != w[1]);
         for (r, row) in rows.iter().enumerate() {
             if row.kv_len > self.pool.max_len {
                 return Err(shape_err(
@@ -290,7 +350,8 @@ impl AttentionBatch {
         }
         words[0] = rows.len() as u32;
         words[1] = total_splits;
-        Ok(BatchStep { words, chunk: self.plan.chunk, n_rows: rows.len() as u32, total_splits, max_kv_len })
+        words[2] = one_row_each as u32;
+        Ok(BatchStep { words, chunk: self.plan.chunk, n_rows: rows.len() as u32, total_splits, max_kv_len, one_row_each })
     }
 
     /// Sizes the dispatches for `step` (encoded by [`AttentionBatch::step`] of an attention with
@@ -322,7 +383,14 @@ impl AttentionBatch {
             self.kernels[SPLITS_KERNEL + 1].workgroups = workgroups(max, wg, reduce_items);
             self.active = SPLITS_KERNEL..SPLITS_KERNEL + 2;
         }
+        self.fuses = self.fresh && step.one_row_each && self.active == (ONE_KERNEL..ONE_KERNEL + 1);
         Ok(())
+    }
+
+    /// Whether the current step's one dispatch ropes and writes its heads itself (see
+    /// [`AttentionBatch::appending_heads`]); if not, qkv_heads must run before it.
+    pub fn fuses_heads(&self) -> bool {
+        self.fuses
     }
 
     /// The dispatches of the current step, in order (none before the first

@@ -44,7 +44,7 @@
 use std::sync::Arc;
 
 use super::pool::{PoolBuffers, PoolShape};
-use super::rope::RopePairing;
+use super::rope::{check_rope, RopePairing};
 use super::whole;
 use crate::gpu::kernel::split_count;
 use crate::gpu::{shape_err, AdapterClass, Context, GpuError, Kernel};
@@ -182,6 +182,20 @@ fn records_bytes(ctx: &Context, pool: &PoolShape, items: u64, variant: (u32, boo
     items * variant.0 as u64 * (2 + 4 * d4s) * 16
 }
 
+/// What an attention that ropes and writes its step's heads (`appending_heads`) adds to its
+/// kernel's contract: a valid rope base, qkv a buffer of its own (it is written: none of
+/// `others`, the other bindings), the pool's K and V two buffers.
+fn check_fresh(op: &'static str, (pool, base): (&PoolShape, f32), (qkv, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer), others: &[&wgpu::Buffer]) -> Result<(), GpuError> {
+    check_rope(op, pool.head_dim, base)?;
+    if others.contains(&qkv) || [k, v].contains(&qkv) {
+        return Err(shape_err(op, "qkv is written: it must be a buffer of its own"));
+    }
+    if k == v {
+        return Err(shape_err(op, "the pool's K and V must be two buffers"));
+    }
+    Ok(())
+}
+
 /// Refuses a count of rows (tokens, or a batch's capacity) of 0.
 fn check_rows(op: &'static str, what: &str, rows: u32) -> Result<(), GpuError> {
     if rows == 0 {
@@ -241,8 +255,8 @@ impl MainParams {
 /// The pipeline of an attention kernel's main entry (`shader`: "attention" or "attention_batch"),
 /// specialized for the pool, the mode, `chunk` keys per invocation (not [`KernelMode::WorkgroupSplits`]),
 /// a workgroup size, and subgroup reductions or not (the `_subgroup` source). With `fresh` (the
-/// rope pairing; "attention" in [`KernelMode::WorkgroupSplits`] only) the `attention_fresh`
-/// source, which ropes and writes the step's heads before its key loop.
+/// rope pairing; [`KernelMode::WorkgroupSplits`] only) the `_fresh` source, which ropes and writes
+/// the step's heads before its key loop.
 fn main_pipeline(
     ctx: &Context,
     (shader, pool): (&str, &PoolShape),
@@ -273,7 +287,9 @@ fn main_pipeline(
         ("attention", true, true) => "attention_fresh_subgroup",
         ("attention", true, false) => "attention_fresh",
         ("attention", false, true) => "attention_subgroup",
-        ("attention_batch", _, true) => "attention_batch_subgroup",
+        ("attention_batch", true, true) => "attention_batch_fresh_subgroup",
+        ("attention_batch", true, false) => "attention_batch_fresh",
+        ("attention_batch", false, true) => "attention_batch_subgroup",
         (other, _, _) => other,
     };
     ctx.pipeline(name, "main", &constants)

@@ -21,11 +21,11 @@
 use std::ops::Range;
 
 use super::{
-    check_plan, check_pool, check_rows, class_plan, main_kernel, main_pipeline, max_chunk, records_bytes,
+    check_fresh, check_plan, check_pool, check_rows, class_plan, main_kernel, main_pipeline, max_chunk, records_bytes,
     reduce_pipeline, slices, workgroups, KernelMode, MainBindings, MainParams, LANES, MAX_CHUNK,
 };
 use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
-use crate::gpu::ops::rope::{check_rope, turn_table, RopePairing};
+use crate::gpu::ops::rope::{turn_table, RopePairing};
 use crate::gpu::ops::{check_binding, check_size, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
 
@@ -181,14 +181,8 @@ impl Attention {
         plan: Option<AttentionPlan>,
         rope: (f32, RopePairing),
     ) -> Result<Attention, GpuError> {
-        check_rope(OP, pool.head_dim, rope.0)?;
         let b = buffers;
-        if [b.pool.k, b.pool.v, b.pool.block_table, b.positions, b.step, b.out].contains(&b.qkv) {
-            return Err(shape_err(OP, "qkv is written: it must be a buffer of its own"));
-        }
-        if b.pool.k == b.pool.v {
-            return Err(shape_err(OP, "the pool's K and V must be two buffers"));
-        }
+        check_fresh(OP, (&pool, rope.0), (b.qkv, b.pool.k, b.pool.v), &[b.pool.block_table, b.positions, b.step, b.out])?;
         Attention::build(ctx, buffers, pool, n_tokens, plan, Some(rope))
     }
 
