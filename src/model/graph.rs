@@ -29,9 +29,9 @@
 //! llama layer is then 6 dispatches (qkv, qkv_heads, attention (+ its reduce on long contexts),
 //! wo, gate/up, down), and 5 in a decode step whose attention can rope and write the heads itself
 //! (where one workgroup owns each KV head of a row and each sequence has one row:
-//! [`Attention::appending_heads`], [`AttentionBatch::appending_heads`]; not with head norms). The head keeps its norm as a dispatch: it runs once per step over few
-//! rows, while in the prologue of the vocabulary-wide matmul every invocation would
-//! load the norm weight again. With int8 activations (`MatmulConfig::int8_activations`, opt-in)
+//! [`Attention::appending_heads`], [`AttentionBatch::appending_heads`]; not with head norms).
+//! The head keeps its norm as a dispatch: it runs once per step over few rows, while in the
+//! prologue of the vocabulary-wide matmul every invocation would load the norm weight again. With int8 activations (`MatmulConfig::int8_activations`, opt-in)
 //! the norms before the qkv, gate/up and output matmuls write their rows as int8 blocks in the
 //! same pass (and as f32 where a part of the matrix has no int8 body; these norms stay dispatches
 //! of their own), and the attention output and the FFN activation are quantized by a dispatch of
