@@ -157,6 +157,21 @@ struct ReduceParams {
     _pad: u32,
 }
 
+/// The split-K reduce of an [`AttentionBatch`] of `max_rows` rows over `pool` with `plan`,
+/// reading the batch buffer and the split records in `scratch`, writing `out`. Its workgroups are
+/// set per step.
+fn reduce_kernel(
+    ctx: &Context,
+    (pool, plan, max_rows): (&PoolShape, &BatchPlan, u32),
+    (batch, scratch, out): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
+) -> Result<Kernel, GpuError> {
+    let reduce_params = ReduceParams { max_rows, n_heads: pool.n_heads, max_len: pool.max_len, _pad: 0 };
+    let reduce_buf = ctx.params_init("attention_batch.reduce.params", bytemuck::bytes_of(&reduce_params));
+    let pipeline = reduce_pipeline(ctx, "attention_batch_reduce", pool, plan.chunk, plan.workgroup_size)?;
+    let resources = [whole(batch), whole(scratch), whole(out), whole(&reduce_buf)];
+    Ok(Kernel::new(ctx, "attention_batch.reduce", pipeline, &resources, [1, 1, 1], None).owning(reduce_buf))
+}
+
 /// Batched decode attention over the paged pool, built once per layer and recorded every step;
 /// only the dispatch sizes change with the step's rows, never the bind groups.
 pub struct AttentionBatch {
@@ -279,17 +294,7 @@ impl AttentionBatch {
         // still writes its zeros through it.
         let one = main("attention_batch.one", KernelMode::WorkgroupSplits, (b.out, scratch), fresh)?;
         let splits = main("attention_batch.splits", KernelMode::Splits, (scratch, &unused), None)?.owning(unused);
-        let reduce_params = ReduceParams { max_rows, n_heads: pool.n_heads, max_len: pool.max_len, _pad: 0 };
-        let reduce_buf = ctx.params_init("attention_batch.reduce.params", bytemuck::bytes_of(&reduce_params));
-        let reduce = Kernel::new(
-            ctx,
-            "attention_batch.reduce",
-            reduce_pipeline(ctx, "attention_batch_reduce", &pool, plan.chunk, wg)?,
-            &[whole(b.batch), whole(scratch), whole(b.out), whole(&reduce_buf)],
-            [1, 1, 1],
-            None,
-        )
-        .owning(reduce_buf);
+        let reduce = reduce_kernel(ctx, (&pool, &plan, max_rows), (b.batch, scratch, b.out))?;
         Ok(AttentionBatch {
             kernels: vec![one, splits, reduce],
             plan,
