@@ -105,6 +105,11 @@ override WG: u32 = 8u;
 override INT8: bool = false;
 override WG_SPLIT: bool = false;
 override ONE_GROUP: bool = false; // WG_SPLIT with subgroups where the workgroup is one subgroup
+// Passes on devices with subgroups of 8 or more: every invocation of a subgroup attends the same
+// keys of one KV head (the body walks their union; src/gpu/ops/attention pads each KV head's lane
+// quads to whole workgroups), so 8 lanes share each key's loads (load_lanes) and broadcast them.
+// On lavapipe a storage load is a loop over the SIMD lanes and a broadcast one vector instruction.
+override SHARED_KV: bool = false;
 
 // vec4 of one WG_SPLIT record in `state`.
 const REC_HEAD: u32 = 2u;
@@ -152,16 +157,68 @@ fn v_word(i: u32) -> u32 {
 }
 
 // The 4 lanes' partial scores against the key at vec4 index `row`, head dims [4d, 4d+4)
-// (INT8: in units of the key's scale, which the caller applies once per key).
-fn k_times_q(row: u32, d: u32, q: mat4x4<f32>) -> vec4<f32> {
+// (INT8: in units of the key's scale, which the caller applies once per key). SHARED_KV: the key's
+// vec4 from the lane that loaded it (`kl`), else loaded here.
+fn k_times_q(row: u32, d: u32, q: mat4x4<f32>, kl: KvLanes) -> vec4<f32> {
     if (d >= D4) {
         return vec4<f32>(0.0);
     }
+    let n = select(d, d / 4u, INT8);
+    var w: vec4<u32>;
+    if (SHARED_KV) {
+        w = shared_vec4(kl.k0, kl.k1, kl.k2, kl.k3, n);
+    } else {
+        w = k_pool[row + n];
+    }
     if (INT8) {
-        let w = k_pool[row + d / 4u];
         return codes(w[d % 4u]) * q;
     }
-    return bitcast<vec4<f32>>(k_pool[row + d]) * q;
+    return bitcast<vec4<f32>>(w) * q;
+}
+
+// SHARED_KV: a key's (or value's) vec4s, lane l of the subgroup holding vec4s l, 8 + l, 16 + l and
+// 24 + l of the row (repeating its last vec4 past the row's end), so that each invocation loads 4
+// of the up to 32 vec4 (f32; 8 of codes) instead of all.
+struct KvLanes {
+    k0: vec4<u32>,
+    k1: vec4<u32>,
+    k2: vec4<u32>,
+    k3: vec4<u32>,
+    v0: vec4<u32>,
+    v1: vec4<u32>,
+    v2: vec4<u32>,
+    v3: vec4<u32>,
+}
+
+// SHARED_KV: this lane's share of the key and value at vec4 index `row` (zeros, nothing loaded,
+// without SHARED_KV).
+fn load_lanes(row: u32, lane: u32) -> KvLanes {
+    var kl = KvLanes();
+    if (!SHARED_KV) {
+        return kl;
+    }
+    let last = select(D4, D4 / 4u, INT8) - 1u;
+    kl.k0 = k_pool[row + min(lane, last)];
+    kl.v0 = v_pool[row + min(lane, last)];
+    if (last >= 8u) {
+        kl.k1 = k_pool[row + min(8u + lane, last)];
+        kl.v1 = v_pool[row + min(8u + lane, last)];
+    }
+    if (last >= 16u) {
+        kl.k2 = k_pool[row + min(16u + lane, last)];
+        kl.v2 = v_pool[row + min(16u + lane, last)];
+    }
+    if (last >= 24u) {
+        kl.k3 = k_pool[row + min(24u + lane, last)];
+        kl.v3 = v_pool[row + min(24u + lane, last)];
+    }
+    return kl;
+}
+
+// SHARED_KV: vec4 n of the row whose lane shares are x0..x3 (n a constant once inlined).
+fn shared_vec4(x0: vec4<u32>, x1: vec4<u32>, x2: vec4<u32>, x3: vec4<u32>, n: u32) -> vec4<u32> {
+    let g = n / 8u;
+    return from_lane(select(select(select(x0, x1, g == 1u), x2, g == 2u), x3, g == 3u), n % 8u);
 }
 
 // SLICED: the 4 lanes' whole scores against the key at vec4 index `row`, q read from qkv (INT8: in
@@ -192,18 +249,24 @@ fn score_term(row: u32, base: vec4<u32>, d: u32) -> vec4<f32> {
 }
 
 // acc = acc * corr + p * v for head dims [4d, 4d+4), d = dim0 + i, per lane (column). INT8: p
-// includes the value's scale.
-fn accumulate(a: mat4x4<f32>, row: u32, dim0: u32, i: u32, corr: vec4<f32>, p: vec4<f32>) -> mat4x4<f32> {
+// includes the value's scale. SHARED_KV: v from the lane that loaded it (`kl`).
+fn accumulate(a: mat4x4<f32>, row: u32, kl: KvLanes, dim0: u32, i: u32, corr: vec4<f32>, p: vec4<f32>) -> mat4x4<f32> {
     if (i >= D4S) {
         return a;
     }
     let d = dim0 + i;
+    let n = select(d, d / 4u, INT8);
+    var w: vec4<u32>;
+    if (SHARED_KV) {
+        w = shared_vec4(kl.v0, kl.v1, kl.v2, kl.v3, n);
+    } else {
+        w = v_pool[row + n];
+    }
     var v: vec4<f32>;
     if (INT8) {
-        let w = v_pool[row + d / 4u];
         v = codes(w[d % 4u]);
     } else {
-        v = bitcast<vec4<f32>>(v_pool[row + d]);
+        v = bitcast<vec4<f32>>(w);
     }
     return mat4x4<f32>(a[0] * corr.x + v * p.x, a[1] * corr.y + v * p.y, a[2] * corr.z + v * p.z, a[3] * corr.w + v * p.w);
 }
@@ -295,6 +358,8 @@ struct Keys {
     item: u32,
     lid: u32,
     leader: bool,
+    // SHARED_KV: the invocation's lane among the 8 that share each key's loads.
+    lane: u32,
 }
 
 // Where an invocation writes its lanes.
@@ -412,42 +477,43 @@ fn attend(keys: Keys, out: Out) -> Softmax {
             block_end = first + params.block_size;
         }
         let row = row_base + j * key_vec4;
+        let kl = load_lanes(row, keys.lane);
         var s: vec4<f32>;
         if (SLICED) {
             s = score_loop(row, keys.q_base);
         } else {
-            s = k_times_q(row, 0u, q0)
-                + k_times_q(row, 1u, q1)
-                + k_times_q(row, 2u, q2)
-                + k_times_q(row, 3u, q3)
-                + k_times_q(row, 4u, q4)
-                + k_times_q(row, 5u, q5)
-                + k_times_q(row, 6u, q6)
-                + k_times_q(row, 7u, q7)
-                + k_times_q(row, 8u, q8)
-                + k_times_q(row, 9u, q9)
-                + k_times_q(row, 10u, q10)
-                + k_times_q(row, 11u, q11)
-                + k_times_q(row, 12u, q12)
-                + k_times_q(row, 13u, q13)
-                + k_times_q(row, 14u, q14)
-                + k_times_q(row, 15u, q15)
-                + k_times_q(row, 16u, q16)
-                + k_times_q(row, 17u, q17)
-                + k_times_q(row, 18u, q18)
-                + k_times_q(row, 19u, q19)
-                + k_times_q(row, 20u, q20)
-                + k_times_q(row, 21u, q21)
-                + k_times_q(row, 22u, q22)
-                + k_times_q(row, 23u, q23)
-                + k_times_q(row, 24u, q24)
-                + k_times_q(row, 25u, q25)
-                + k_times_q(row, 26u, q26)
-                + k_times_q(row, 27u, q27)
-                + k_times_q(row, 28u, q28)
-                + k_times_q(row, 29u, q29)
-                + k_times_q(row, 30u, q30)
-                + k_times_q(row, 31u, q31);
+            s = k_times_q(row, 0u, q0, kl)
+                + k_times_q(row, 1u, q1, kl)
+                + k_times_q(row, 2u, q2, kl)
+                + k_times_q(row, 3u, q3, kl)
+                + k_times_q(row, 4u, q4, kl)
+                + k_times_q(row, 5u, q5, kl)
+                + k_times_q(row, 6u, q6, kl)
+                + k_times_q(row, 7u, q7, kl)
+                + k_times_q(row, 8u, q8, kl)
+                + k_times_q(row, 9u, q9, kl)
+                + k_times_q(row, 10u, q10, kl)
+                + k_times_q(row, 11u, q11, kl)
+                + k_times_q(row, 12u, q12, kl)
+                + k_times_q(row, 13u, q13, kl)
+                + k_times_q(row, 14u, q14, kl)
+                + k_times_q(row, 15u, q15, kl)
+                + k_times_q(row, 16u, q16, kl)
+                + k_times_q(row, 17u, q17, kl)
+                + k_times_q(row, 18u, q18, kl)
+                + k_times_q(row, 19u, q19, kl)
+                + k_times_q(row, 20u, q20, kl)
+                + k_times_q(row, 21u, q21, kl)
+                + k_times_q(row, 22u, q22, kl)
+                + k_times_q(row, 23u, q23, kl)
+                + k_times_q(row, 24u, q24, kl)
+                + k_times_q(row, 25u, q25, kl)
+                + k_times_q(row, 26u, q26, kl)
+                + k_times_q(row, 27u, q27, kl)
+                + k_times_q(row, 28u, q28, kl)
+                + k_times_q(row, 29u, q29, kl)
+                + k_times_q(row, 30u, q30, kl)
+                + k_times_q(row, 31u, q31, kl);
         }
         let visible = select(vec4<bool>(false), (vec4<u32>(j) < keys.lim) & (vec4<u32>(j) >= keys.low), block_ok);
         if (INT8) {
@@ -463,38 +529,38 @@ fn attend(keys: Keys, out: Out) -> Softmax {
             // A masked slot's scale may be any bits (a stale or unwritten slot); keep it out.
             p = select(vec4<f32>(0.0), p * bitcast<f32>(v_word(scale_row + j)), visible);
         }
-        a0 = accumulate(a0, row, keys.dim0, 0u, corr, p);
-        a1 = accumulate(a1, row, keys.dim0, 1u, corr, p);
-        a2 = accumulate(a2, row, keys.dim0, 2u, corr, p);
-        a3 = accumulate(a3, row, keys.dim0, 3u, corr, p);
-        a4 = accumulate(a4, row, keys.dim0, 4u, corr, p);
-        a5 = accumulate(a5, row, keys.dim0, 5u, corr, p);
-        a6 = accumulate(a6, row, keys.dim0, 6u, corr, p);
-        a7 = accumulate(a7, row, keys.dim0, 7u, corr, p);
-        a8 = accumulate(a8, row, keys.dim0, 8u, corr, p);
-        a9 = accumulate(a9, row, keys.dim0, 9u, corr, p);
-        a10 = accumulate(a10, row, keys.dim0, 10u, corr, p);
-        a11 = accumulate(a11, row, keys.dim0, 11u, corr, p);
-        a12 = accumulate(a12, row, keys.dim0, 12u, corr, p);
-        a13 = accumulate(a13, row, keys.dim0, 13u, corr, p);
-        a14 = accumulate(a14, row, keys.dim0, 14u, corr, p);
-        a15 = accumulate(a15, row, keys.dim0, 15u, corr, p);
-        a16 = accumulate(a16, row, keys.dim0, 16u, corr, p);
-        a17 = accumulate(a17, row, keys.dim0, 17u, corr, p);
-        a18 = accumulate(a18, row, keys.dim0, 18u, corr, p);
-        a19 = accumulate(a19, row, keys.dim0, 19u, corr, p);
-        a20 = accumulate(a20, row, keys.dim0, 20u, corr, p);
-        a21 = accumulate(a21, row, keys.dim0, 21u, corr, p);
-        a22 = accumulate(a22, row, keys.dim0, 22u, corr, p);
-        a23 = accumulate(a23, row, keys.dim0, 23u, corr, p);
-        a24 = accumulate(a24, row, keys.dim0, 24u, corr, p);
-        a25 = accumulate(a25, row, keys.dim0, 25u, corr, p);
-        a26 = accumulate(a26, row, keys.dim0, 26u, corr, p);
-        a27 = accumulate(a27, row, keys.dim0, 27u, corr, p);
-        a28 = accumulate(a28, row, keys.dim0, 28u, corr, p);
-        a29 = accumulate(a29, row, keys.dim0, 29u, corr, p);
-        a30 = accumulate(a30, row, keys.dim0, 30u, corr, p);
-        a31 = accumulate(a31, row, keys.dim0, 31u, corr, p);
+        a0 = accumulate(a0, row, kl, keys.dim0, 0u, corr, p);
+        a1 = accumulate(a1, row, kl, keys.dim0, 1u, corr, p);
+        a2 = accumulate(a2, row, kl, keys.dim0, 2u, corr, p);
+        a3 = accumulate(a3, row, kl, keys.dim0, 3u, corr, p);
+        a4 = accumulate(a4, row, kl, keys.dim0, 4u, corr, p);
+        a5 = accumulate(a5, row, kl, keys.dim0, 5u, corr, p);
+        a6 = accumulate(a6, row, kl, keys.dim0, 6u, corr, p);
+        a7 = accumulate(a7, row, kl, keys.dim0, 7u, corr, p);
+        a8 = accumulate(a8, row, kl, keys.dim0, 8u, corr, p);
+        a9 = accumulate(a9, row, kl, keys.dim0, 9u, corr, p);
+        a10 = accumulate(a10, row, kl, keys.dim0, 10u, corr, p);
+        a11 = accumulate(a11, row, kl, keys.dim0, 11u, corr, p);
+        a12 = accumulate(a12, row, kl, keys.dim0, 12u, corr, p);
+        a13 = accumulate(a13, row, kl, keys.dim0, 13u, corr, p);
+        a14 = accumulate(a14, row, kl, keys.dim0, 14u, corr, p);
+        a15 = accumulate(a15, row, kl, keys.dim0, 15u, corr, p);
+        a16 = accumulate(a16, row, kl, keys.dim0, 16u, corr, p);
+        a17 = accumulate(a17, row, kl, keys.dim0, 17u, corr, p);
+        a18 = accumulate(a18, row, kl, keys.dim0, 18u, corr, p);
+        a19 = accumulate(a19, row, kl, keys.dim0, 19u, corr, p);
+        a20 = accumulate(a20, row, kl, keys.dim0, 20u, corr, p);
+        a21 = accumulate(a21, row, kl, keys.dim0, 21u, corr, p);
+        a22 = accumulate(a22, row, kl, keys.dim0, 22u, corr, p);
+        a23 = accumulate(a23, row, kl, keys.dim0, 23u, corr, p);
+        a24 = accumulate(a24, row, kl, keys.dim0, 24u, corr, p);
+        a25 = accumulate(a25, row, kl, keys.dim0, 25u, corr, p);
+        a26 = accumulate(a26, row, kl, keys.dim0, 26u, corr, p);
+        a27 = accumulate(a27, row, kl, keys.dim0, 27u, corr, p);
+        a28 = accumulate(a28, row, kl, keys.dim0, 28u, corr, p);
+        a29 = accumulate(a29, row, kl, keys.dim0, 29u, corr, p);
+        a30 = accumulate(a30, row, kl, keys.dim0, 30u, corr, p);
+        a31 = accumulate(a31, row, kl, keys.dim0, 31u, corr, p);
     }
 
     var write = out.write;

@@ -25,3 +25,17 @@ fn group_sum(v: vec4<f32>) -> vec4<f32> {
 fn group_leader(ids: Ids) -> bool {
     return true;
 }
+
+// SHARED_KV needs subgroups (attention_group_subgroup.wgsl): never set with this prelude, where
+// these keep every invocation on its own keys and loads.
+fn kv_lane(ids: Ids) -> u32 {
+    return 0u;
+}
+
+fn shared_span(begin: u32, end: u32) -> vec2<u32> {
+    return vec2<u32>(begin, end);
+}
+
+fn from_lane(x: vec4<u32>, lane: u32) -> vec4<u32> {
+    return x;
+}

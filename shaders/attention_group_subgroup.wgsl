@@ -26,3 +26,28 @@ fn group_sum(v: vec4<f32>) -> vec4<f32> {
 fn group_leader(ids: Ids) -> bool {
     return ids.sl == 0u;
 }
+
+// SHARED_KV (attention_common.wgsl): the invocation's lane among the 8 that share a key's loads.
+fn kv_lane(ids: Ids) -> u32 {
+    return ids.sl & 7u;
+}
+
+// SHARED_KV: the key range every invocation of the subgroup walks, the union of theirs.
+fn shared_span(begin: u32, end: u32) -> vec2<u32> {
+    return vec2<u32>(subgroupMin(begin), subgroupMax(end));
+}
+
+// SHARED_KV: what lane `lane` (< 8) of the subgroup loaded. A broadcast takes a constant lane,
+// so one per case; every caller passes a constant, and the switch folds away once inlined.
+fn from_lane(x: vec4<u32>, lane: u32) -> vec4<u32> {
+    switch (lane) {
+        case 0u: { return subgroupBroadcast(x, 0u); }
+        case 1u: { return subgroupBroadcast(x, 1u); }
+        case 2u: { return subgroupBroadcast(x, 2u); }
+        case 3u: { return subgroupBroadcast(x, 3u); }
+        case 4u: { return subgroupBroadcast(x, 4u); }
+        case 5u: { return subgroupBroadcast(x, 5u); }
+        case 6u: { return subgroupBroadcast(x, 6u); }
+        default: { return subgroupBroadcast(x, 7u); }
+    }
+}

@@ -251,6 +251,49 @@ gpu_test! {
 }
 
 gpu_test! {
+    async fn passes_sharing_key_loads_over_subgroups_match_cpu() {
+        // Passes with `subgroups` (natively lavapipe, subgroups of 8): the invocations of a
+        // subgroup walk the union of their keys and 8 lanes share each key's loads. Every head
+        // width (4, 8, 16, 32 vec4: fewer vec4 than lanes, one to four loads per lane), row counts
+        // that leave the last workgroup of a KV head part empty, several passes, a sliding window
+        // (lanes with different first keys), and the auto plan, which shares where it can. In
+        // Chromium (no subgroups through wgpu) the plan is refused with its reason.
+        let ctx = gpu().await;
+        let shared = |chunk, workgroup_size| {
+            Some(AttentionPlan { path: AttentionPath::Passes, chunk, workgroup_size, one_dispatch_max_keys: 0, subgroups: true })
+        };
+        if !ctx.has_subgroups(8) {
+            let inputs = Inputs::new(&ctx, paged(20, (9, 3, 64), 160, 16), 3, 1.0);
+            let err = Attention::new(&ctx, &inputs.buffers(&inputs.out_buf), inputs.shape.pool, 20, shared(32, 8))
+                .err()
+                .expect("passes with subgroups on a device without them must be refused");
+            assert!(err.to_string().contains("subgroups"), "{err}");
+            return;
+        }
+        assert!(AttentionPlan::auto(&ctx, 100, &paged(100, (9, 3, 64), 160, 16).pool).subgroups, "auto passes share loads");
+        for (i, &heads) in HEAD_SHAPES.iter().enumerate() {
+            for (n_tokens, block_size, window) in [(17u32, 16u32, 0u32), (100, 32, 0), (33, 1, 0), (61, 16, 23)] {
+                let mut shape = paged(n_tokens, heads, 200, block_size);
+                shape.pool.window = window;
+                let inputs = Inputs::new(&ctx, shape, 900 + i as u64 * 5 + n_tokens as u64, 1.0);
+                for plan in [None, shared(32, 8), shared(8192, 16)] {
+                    let mut attention = inputs.attention(&ctx, plan);
+                    for start in [0u32, 5, 99] {
+                        let positions: Vec<u32> = (start..start + n_tokens).collect();
+                        inputs.check(&ctx, &mut attention, &positions, "shared loads").await;
+                    }
+                }
+            }
+        }
+        let inputs = Inputs::new(&ctx, paged(20, (9, 3, 64), 160, 16), 3, 1.0);
+        let err = Attention::new(&ctx, &inputs.buffers(&inputs.out_buf), inputs.shape.pool, 20, shared(32, 12))
+            .err()
+            .expect("a workgroup that is not whole 8s must be refused");
+        assert!(err.to_string().contains("whole 8s"), "{err}");
+    }
+}
+
+gpu_test! {
     async fn large_scores_stay_stable() {
         let ctx = gpu().await;
         // q and k in ±5.5: scores with a standard deviation near 10, extremes near ±30 and beyond.

@@ -171,6 +171,17 @@ fn one_group(ctx: &Context, (workgroup_size, subgroups): (u32, bool)) -> bool {
     subgroups && ctx.has_subgroups(workgroup_size)
 }
 
+/// Lanes that share each key's loads in a passes kernel with subgroups (`SHARED_KV` in
+/// attention_common.wgsl): the smallest subgroup it needs.
+const SHARED_LANES: u32 = 8;
+
+/// Whether the passes of a `workgroup_size` plan may share each key's loads over subgroups
+/// (`SHARED_KV`): subgroups of at least [`SHARED_LANES`], whole groups of them per workgroup, and
+/// a head that is not sliced (its score loop reads q and K itself).
+fn shares_loads(ctx: &Context, pool: &PoolShape, workgroup_size: u32) -> bool {
+    ctx.has_subgroups(SHARED_LANES) && workgroup_size % SHARED_LANES == 0 && slices(pool) == 1
+}
+
 /// Bytes of the records of a [`KernelMode::WorkgroupSplits`] kernel: per item and invocation,
 /// (2 + 4 * D4S) vec4 (attention_common.wgsl's `state`); a placeholder's 16 bytes where the
 /// workgroup is [`one_group`] and writes none.
@@ -268,6 +279,8 @@ fn main_pipeline(
     let flag = |on: bool| if on { 1.0 } else { 0.0 };
     let d4 = pool.head_dim / 4;
     let wg_split = mode == KernelMode::WorkgroupSplits;
+    // Whole (passes) with subgroups: the subgroup shares each key's loads.
+    let shared = subgroups && mode == KernelMode::Whole;
     let mut constants = vec![
         ("D4", d4 as f64),
         ("D4S", d4.min(MAX_SLICE_VEC4) as f64),
@@ -278,12 +291,14 @@ fn main_pipeline(
         ("INT8", flag(pool.dtype == KvDtype::Int8)),
         ("WG_SPLIT", flag(wg_split)),
         ("ONE_GROUP", flag(wg_split && one_group(ctx, (workgroup_size, subgroups)))),
+        ("SHARED_KV", flag(shared)),
     ];
     if let Some(pairing) = fresh {
         constants.push(("NEOX", flag(pairing == RopePairing::Neox)));
     }
-    // The subgroup source only where its reductions run: the other modes never reach them.
-    let name = match (shader, fresh.is_some(), subgroups && wg_split) {
+    // The subgroup source only where its reductions or shared loads run: the split records
+    // never reach them.
+    let name = match (shader, fresh.is_some(), subgroups && (wg_split || shared)) {
         ("attention", true, true) => "attention_fresh_subgroup",
         ("attention", true, false) => "attention_fresh",
         ("attention", false, true) => "attention_subgroup",

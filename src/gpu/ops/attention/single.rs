@@ -22,7 +22,7 @@ use std::ops::Range;
 
 use super::{
     check_fresh, check_plan, check_pool, check_rows, class_plan, main_kernel, main_pipeline, max_chunk, records_bytes,
-    reduce_pipeline, slices, workgroups, KernelMode, MainBindings, MainParams, LANES, MAX_CHUNK,
+    reduce_pipeline, shares_loads, slices, workgroups, KernelMode, MainBindings, MainParams, LANES, MAX_CHUNK,
 };
 use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
 use crate::gpu::ops::rope::{turn_table, RopePairing};
@@ -62,7 +62,10 @@ pub struct AttentionPlan {
     /// item's keys over their invocations, instead of splits + reduce; at most `workgroup_size`
     /// times [`super::max_chunk`]. 0 always splits.
     pub one_dispatch_max_keys: u32,
-    /// Combine the workgroup splits with subgroup reductions (needs [`Context::has_subgroups`]).
+    /// Split-K: combine the workgroup splits with subgroup reductions (needs
+    /// [`Context::has_subgroups`]). Passes: the invocations of a subgroup attend the same keys
+    /// and share each key's loads (subgroups of at least 8, a workgroup size a multiple of 8, a
+    /// head of at most 128 dims).
     pub subgroups: bool,
 }
 
@@ -76,13 +79,14 @@ impl AttentionPlan {
         let split = n_tokens <= SPLIT_MAX_TOKENS;
         let (workgroup_size, one_dispatch, chunk) = class_plan(ctx, pool.max_len);
         if !split {
+            // Software adapters want small workgroups (many to spread over cores, no barriers).
+            let workgroup_size = if ctx.is_cpu() { 8 } else { 64 };
             return AttentionPlan {
                 path: AttentionPath::Passes,
                 chunk: PASS_KEYS.min(max_chunk(pool)),
-                // Software adapters want small workgroups (many to spread over cores, no barriers).
-                workgroup_size: if ctx.is_cpu() { 8 } else { 64 },
+                workgroup_size,
                 one_dispatch_max_keys: 0,
-                subgroups: false,
+                subgroups: shares_loads(ctx, pool, workgroup_size),
             };
         }
         AttentionPlan {
@@ -200,10 +204,18 @@ impl Attention {
         check_plan(ctx, (OP, &pool), (plan.chunk, plan.one_dispatch_max_keys), (plan.workgroup_size, plan.subgroups))?;
         let scale_base = check_buffers(ctx, buffers, &pool, n_tokens)?;
 
-        let rows = n_tokens as u64 * pool.n_heads as u64;
-        let quads = (n_tokens as u64 * pool.group() as u64).div_ceil(LANES as u64);
-        let items_per_split = quads * pool.n_kv_heads as u64 * slices(&pool) as u64;
         let split = plan.path == AttentionPath::SplitK;
+        let shared = !split && plan.subgroups;
+        if shared && !shares_loads(ctx, &pool, plan.workgroup_size) {
+            return Err(shape_err(OP, "passes with subgroups need subgroups of 8 or more, workgroups of whole 8s and heads of at most 128 dims"));
+        }
+        let rows = n_tokens as u64 * pool.n_heads as u64;
+        let mut quads = (n_tokens as u64 * pool.group() as u64).div_ceil(LANES as u64);
+        if shared {
+            // Whole workgroups per KV head: no subgroup straddles two.
+            quads = quads.next_multiple_of(plan.workgroup_size as u64);
+        }
+        let items_per_split = quads * pool.n_kv_heads as u64 * slices(&pool) as u64;
         let n_chunks = pool.max_len.div_ceil(plan.chunk);
         let max_splits = if split { n_chunks } else { 1 };
         // attention_reduce.wgsl loops twice over a row's splits, under the same loop budget.
@@ -374,7 +386,8 @@ impl Built<'_> {
     /// One pass per `chunk` keys of max_len.
     fn pass_kernels(&self, ctx: &Context, n_chunks: u32) -> Result<Vec<Kernel>, GpuError> {
         let wg = self.plan.workgroup_size;
-        let pipeline = main_pipeline(ctx, ("attention", self.pool), KernelMode::Whole, self.plan.chunk, (wg, false), None)?;
+        let variant = (wg, self.plan.subgroups);
+        let pipeline = main_pipeline(ctx, ("attention", self.pool), KernelMode::Whole, self.plan.chunk, variant, None)?;
         let pass = |p: u32| {
             let params = MainParams { pass_begin: p * self.plan.chunk, ..*self.params };
             self.main(ctx, ("attention.pass", &pipeline), (&params, &[], wg), self.buffers.out)
