@@ -30,8 +30,12 @@ fn qkv_set(i: u32, value: f32) {
     qkv[i / 4u][i % 4u] = value;
 }
 
-// Stores word `word` of the V pool (is_v) or of the K pool.
-fn pool_set(is_v: bool, word: u32, value: u32) {
+// kv_codes.wgsl's accessors: the heads come from qkv, the pools are read as vec4 of words.
+fn kv_src(i: u32) -> f32 {
+    return qkv_get(i);
+}
+
+fn pool_store(is_v: bool, word: u32, value: u32) {
     if (is_v) {
         v_pool[word / 4u][word % 4u] = value;
     } else {
@@ -45,41 +49,19 @@ fn fresh_items() -> u32 {
 }
 
 // Row t's k head (is_v false) or v head at qkv element `base` into the pool at the row's
-// position, with kv_common.wgsl's rules (nothing for a table index past the table or a block >=
-// n_blocks) and arithmetic (store_f32, store_int8).
+// position, through kv_codes.wgsl's slot rule and stores (nothing for a table index past the
+// table or a block >= n_blocks).
 fn store_head(is_v: bool, t: u32, kv_head: u32, base: u32) {
     let slot = row_slot(t);
-    let pos = slot.x;
-    let entry = slot.y + pos / params.block_size;
-    // The sum wraps only for absurd bases; entry < table_base catches it.
-    if (entry >= arrayLength(&block_table) || entry < slot.y) {
+    let group = kv_slot(slot.x, slot.y, kv_head, params.n_kv_heads, params.block_size, params.n_blocks);
+    if (group == NO_GROUP) {
         return;
     }
-    let block = block_table[entry];
-    if (block >= params.n_blocks) {
-        return;
-    }
-    let group = (block * params.n_kv_heads + kv_head) * params.block_size + pos % params.block_size;
     let dim = 4u * D4;
     if (INT8) {
-        var m = 0.0;
-        for (var d = 0u; d < dim; d += 1u) {
-            m = max(m, abs(qkv_get(base + d)));
-        }
-        let inv = inverse_step(m);
-        for (var w = 0u; w < D4; w += 1u) {
-            pool_set(is_v, group * D4 + w, codes_of(qkv[base / 4u + w], inv));
-        }
-        pool_set(is_v, params.scale_base + group, bitcast<u32>(m / 127.0));
+        store_int8(is_v, group, base, dim, params.scale_base);
     } else {
-        for (var i = 0u; i < D4; i += 1u) {
-            let value = bitcast<vec4<u32>>(qkv[base / 4u + i]);
-            if (is_v) {
-                v_pool[group * D4 + i] = value;
-            } else {
-                k_pool[group * D4 + i] = value;
-            }
-        }
+        store_f32(is_v, group * dim, base, 0u, dim);
     }
 }
 

@@ -33,7 +33,7 @@
 use std::ops::Range;
 
 use super::{
-    check_fresh, check_plan, check_pool, check_rows, class_plan, main_kernel, main_pipeline, max_chunk, records_bytes,
+    check_fresh, check_plan, check_pool, check_rows, class_plan, main_kernel, main_pipeline, max_chunk, owns_kv_heads, records_bytes,
     reduce_pipeline, workgroups, KernelMode, MainBindings, MainParams, LANES, MAX_CHUNK,
 };
 use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
@@ -282,7 +282,7 @@ impl AttentionBatch {
         // there (not the scratch, which it writes through another binding).
         let unused = ctx.storage_zeroed("attention_batch.unused", 16);
         // One workgroup per (row, KV head) in the one dispatch: it may write what it alone reads.
-        let fresh = rope.filter(|_| plan.one_dispatch_max_keys > 0 && quads == 1 && super::slices(&pool) == 1);
+        let fresh = rope.filter(|_| owns_kv_heads(plan.one_dispatch_max_keys, quads as u64, &pool));
         let main = |name: &'static str, mode: KernelMode, (dst, state): (&wgpu::Buffer, &wgpu::Buffer), fresh: Option<(f32, RopePairing)>| {
             let pairing = fresh.map(|(_, pairing)| pairing);
             let pipeline = main_pipeline(ctx, ("attention_batch", &pool), mode, plan.chunk, (wg, plan.subgroups), pairing)?;
@@ -338,9 +338,11 @@ impl AttentionBatch {
         let mut words = vec![0u32; 4];
         let mut total_splits = 0u32;
         let mut max_kv_len = 0;
-        let mut bases: Vec<u32> = rows.iter().filter(|r| r.kv_len > 0).map(|r| r.table_base).collect();
-        bases.sort_unstable();
-        let one_row_each = bases.windows(2).all(|w| w[0] != w[1]);
+        // No earlier row with keys shares a later one's table_base (a batch is a few rows: a scan,
+        // nothing allocated).
+        let one_row_each = rows.iter().enumerate().filter(|(_, a)| a.kv_len > 0).all(|(i, a)| {
+            rows[..i].iter().all(|b| b.kv_len == 0 || b.table_base != a.table_base)
+        });
         for (r, row) in rows.iter().enumerate() {
             if row.kv_len > self.pool.max_len {
                 return Err(shape_err(

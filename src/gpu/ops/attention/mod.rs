@@ -207,6 +207,13 @@ fn check_fresh(op: &'static str, (pool, base): (&PoolShape, f32), (qkv, k, v): (
     Ok(())
 }
 
+/// Whether one workgroup owns every query row, head and head dim of its KV head (the one
+/// dispatch of workgroup splits, one lane quad per KV head, one slice), so that it may write what
+/// it alone reads: the condition of an attention that ropes and writes its step's heads.
+fn owns_kv_heads(one_dispatch_max_keys: u32, quads: u64, pool: &PoolShape) -> bool {
+    one_dispatch_max_keys > 0 && quads == 1 && slices(pool) == 1
+}
+
 /// Refuses a count of rows (tokens, or a batch's capacity) of 0.
 fn check_rows(op: &'static str, what: &str, rows: u32) -> Result<(), GpuError> {
     if rows == 0 {

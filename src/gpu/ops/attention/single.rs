@@ -21,7 +21,7 @@
 use std::ops::Range;
 
 use super::{
-    check_fresh, check_plan, check_pool, check_rows, class_plan, main_kernel, main_pipeline, max_chunk, records_bytes,
+    check_fresh, check_plan, check_pool, check_rows, class_plan, main_kernel, main_pipeline, max_chunk, owns_kv_heads, records_bytes,
     reduce_pipeline, shares_loads, slices, workgroups, KernelMode, MainBindings, MainParams, LANES, MAX_CHUNK,
 };
 use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
@@ -240,8 +240,7 @@ impl Attention {
         };
         check_binding(ctx, OP, "the workgroup splits' records", state_bytes)?;
         let state = ctx.storage_zeroed("attention.state", state_bytes);
-        // One workgroup per KV head in the one dispatch: it may write what it alone reads.
-        let fresh = rope.filter(|_| split && plan.one_dispatch_max_keys > 0 && quads == 1 && slices(&pool) == 1);
+        let fresh = rope.filter(|_| split && owns_kv_heads(plan.one_dispatch_max_keys, quads, &pool));
         let built = Built { buffers, pool: &pool, plan: &plan, params: &params, scratch: &scratch, state: &state };
         let kernels = if split { built.split_kernels(ctx, fresh)? } else { built.pass_kernels(ctx, n_chunks)? };
         let mut attention = Attention {
