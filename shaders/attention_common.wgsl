@@ -156,24 +156,34 @@ fn v_word(i: u32) -> u32 {
     return v_pool[i / 4u][i % 4u];
 }
 
-// The 4 lanes' partial scores against the key at vec4 index `row`, head dims [4d, 4d+4)
-// (INT8: in units of the key's scale, which the caller applies once per key). SHARED_KV: the key's
-// vec4 from the lane that loaded it (`kl`), else loaded here.
-fn k_times_q(row: u32, d: u32, q: mat4x4<f32>, kl: KvLanes) -> vec4<f32> {
-    if (d >= D4) {
-        return vec4<f32>(0.0);
-    }
+// Head dims [4d, 4d+4) of the key (is_v false) or the value at vec4 index `row` as floats (INT8:
+// its codes, in units of its scale, which the caller applies): SHARED_KV from the lane that loaded
+// them (`kl`), else loaded here. is_v is a constant at every call.
+fn kv_dims(is_v: bool, row: u32, d: u32, kl: KvLanes) -> vec4<f32> {
     let n = select(d, d / 4u, INT8);
     var w: vec4<u32>;
-    if (SHARED_KV) {
+    if (SHARED_KV && is_v) {
+        w = shared_vec4(kl.v0, kl.v1, kl.v2, kl.v3, n);
+    } else if (SHARED_KV) {
         w = shared_vec4(kl.k0, kl.k1, kl.k2, kl.k3, n);
+    } else if (is_v) {
+        w = v_pool[row + n];
     } else {
         w = k_pool[row + n];
     }
     if (INT8) {
-        return codes(w[d % 4u]) * q;
+        return codes(w[d % 4u]);
     }
-    return bitcast<vec4<f32>>(w) * q;
+    return bitcast<vec4<f32>>(w);
+}
+
+// The 4 lanes' partial scores against the key at vec4 index `row`, head dims [4d, 4d+4)
+// (INT8: in units of the key's scale, which the caller applies once per key).
+fn k_times_q(row: u32, d: u32, q: mat4x4<f32>, kl: KvLanes) -> vec4<f32> {
+    if (d >= D4) {
+        return vec4<f32>(0.0);
+    }
+    return kv_dims(false, row, d, kl) * q;
 }
 
 // SHARED_KV: a key's (or value's) vec4s, lane l of the subgroup holding vec4s l, 8 + l, 16 + l and
@@ -242,32 +252,17 @@ fn score_loop(row: u32, base: vec4<u32>) -> vec4<f32> {
 // The 4 lanes' partial scores over head dims [4d, 4d+4), q read from qkv.
 fn score_term(row: u32, base: vec4<u32>, d: u32) -> vec4<f32> {
     let q = mat4x4<f32>(qkv[base.x + d], qkv[base.y + d], qkv[base.z + d], qkv[base.w + d]);
-    if (INT8) {
-        return codes(k_pool[row + d / 4u][d % 4u]) * q;
-    }
-    return bitcast<vec4<f32>>(k_pool[row + d]) * q;
+    // SLICED never shares loads (src/gpu/ops/attention): kv_dims loads the key itself.
+    return kv_dims(false, row, d, KvLanes()) * q;
 }
 
 // acc = acc * corr + p * v for head dims [4d, 4d+4), d = dim0 + i, per lane (column). INT8: p
-// includes the value's scale. SHARED_KV: v from the lane that loaded it (`kl`).
+// includes the value's scale. SHARED_KV: v from the lane that loaded it (`kl`, kv_dims).
 fn accumulate(a: mat4x4<f32>, row: u32, kl: KvLanes, dim0: u32, i: u32, corr: vec4<f32>, p: vec4<f32>) -> mat4x4<f32> {
     if (i >= D4S) {
         return a;
     }
-    let d = dim0 + i;
-    let n = select(d, d / 4u, INT8);
-    var w: vec4<u32>;
-    if (SHARED_KV) {
-        w = shared_vec4(kl.v0, kl.v1, kl.v2, kl.v3, n);
-    } else {
-        w = v_pool[row + n];
-    }
-    var v: vec4<f32>;
-    if (INT8) {
-        v = codes(w[d % 4u]);
-    } else {
-        v = bitcast<vec4<f32>>(w);
-    }
+    let v = kv_dims(true, row, dim0 + i, kl);
     return mat4x4<f32>(a[0] * corr.x + v * p.x, a[1] * corr.y + v * p.y, a[2] * corr.z + v * p.z, a[3] * corr.w + v * p.w);
 }
 
