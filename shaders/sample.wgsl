@@ -66,6 +66,10 @@
 //              a ring per sequence, whatever row it takes in a step); finish writes the token at
 //              the head of rows flagged FLAG_APPEND_HISTORY; a ring index >= n_rings is no ring
 //   out:       u32, the token of row r at out_offset + r * out_stride
+//   mask:      [n_rows, ceil(vocab / 32)] u32, read by prepare for rows flagged FLAG_MASKED: token t
+//              is allowed when bit t % 32 of word t / 32 is set; prepare sets every other logit of
+//              the row to -inf (before the argmax, so greedy and sampled rows alike choose among
+//              the allowed tokens only)
 //   next_args: the indirect arguments [x, y, z] of the next step (steps alternate between two
 //              buffers, args_even and args_odd, as a dispatch may not write its own)
 
@@ -114,6 +118,7 @@ struct RowParams {
 @group(0) @binding(7) var<storage, read_write> next_args: array<atomic<u32>>;
 @group(0) @binding(8) var<storage, read_write> args_even: array<u32>;
 @group(0) @binding(9) var<storage, read_write> args_odd: array<u32>;
+@group(0) @binding(10) var<storage, read> mask: array<u32>;
 
 override WG: u32 = 64u;
 // Largest list a search ranks (src/gpu/ops/sample.rs sizes scratch with it).
@@ -123,6 +128,8 @@ const SMALL: u32 = 64u;
 
 const FLAG_ACTIVE: u32 = 1u;
 const FLAG_APPEND_HISTORY: u32 = 2u;
+const FLAG_MASKED: u32 = 4u;
+const NEG_INF_BITS: u32 = 0xff800000u;
 const BUCKETS: u32 = 16u;
 const STAGES: u32 = 3u;
 const STEPS: u32 = 33u;
@@ -612,6 +619,20 @@ fn prepare(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
         }
     }
     let p = params[row];
+    let masked = (p.flags & (FLAG_ACTIVE | FLAG_MASKED)) == (FLAG_ACTIVE | FLAG_MASKED);
+    let words = (shape.vocab + 31u) / 32u;
+    if (masked) {
+        // Invocation i clears the disallowed tokens of mask words i, i + prep_width, ...
+        for (var w = i; w < words; w += shape.prep_width) {
+            let bits = mask[row * words + w];
+            for (var b = 0u; (b < 32u) & (bits != 0xffffffffu); b += 1u) {
+                let t = w * 32u + b;
+                if ((((bits >> b) & 1u) == 0u) & (t < shape.vocab)) {
+                    logits[row * shape.vocab + t] = NEG_INF_BITS;
+                }
+            }
+        }
+    }
     let cap = shape.history_cap;
     let n = min(p.window, min(p.history_len, cap));
     if (((p.flags & FLAG_ACTIVE) == 0u) | (p.penalty == 1.0) | (i >= n) | (p.history_ring >= shape.n_rings)) {
@@ -621,7 +642,11 @@ fn prepare(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     let head = p.history_head % cap;
     let ring = p.history_ring * cap;
     let token = history[ring + (head + cap - 1u - i) % cap];
+    // A token the mask clears is -inf already, written by another invocation: leave it alone.
     if (token >= shape.vocab) {
+        return;
+    }
+    if (masked && (((mask[row * words + token / 32u] >> (token % 32u)) & 1u) == 0u)) {
         return;
     }
     // Each distinct token once: its most recent occurrence applies the penalty.

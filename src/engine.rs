@@ -17,12 +17,14 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
+use crate::constraint::Grammars;
 use crate::gguf::Gguf;
 use crate::gpu::{Context, ContextOptions, Counters, TimingMethod};
 use crate::kv::{CacheConfig, KvCache, KvPool, PoolStats, PrefixStats, SeqId};
 use crate::gpu::ops::sample::{HistoryRing, RowParams};
 use crate::model::{Choose, Logits, Model, ModelError, PendingStep, Runner, StepRow, Weights};
 use crate::sampler::{top_k, Sampler, MAX_REPETITION_WINDOW};
+use crate::request::Handling;
 use crate::sched::{Plan, Scheduler};
 use crate::tokenizer::{Tokenizer, TokenizerSpec};
 
@@ -32,6 +34,7 @@ pub use crate::gpu::AdapterClass;
 pub use crate::kv::{KvDtype, KvLayout};
 pub use crate::model::ModelConfig;
 pub use crate::profile::{ColdStep, Profile, ProfileSummary, StepProfile, TimedRun};
+pub use crate::constraint::{Constraint, ConstraintError};
 pub use crate::request::{Event, FinishReason, GenerateRequest, Generation, RequestId, TokenEvent};
 pub use crate::sampler::SamplingParams;
 pub use crate::sched::{RunningInfo, SchedConfig, SchedStats};
@@ -164,6 +167,9 @@ pub struct Engine {
     in_flight: VecDeque<(Plan, PendingStep)>,
     /// Where each sequence slot's penalty ring stands on the GPU ([`Engine::row_params`]).
     rings: Vec<HistoryRing>,
+    /// The constraint engine over this model's vocabulary, built at the first constrained
+    /// request, and the milliseconds that took.
+    grammars: Option<(Grammars, f64)>,
 }
 
 impl Engine {
@@ -190,7 +196,7 @@ impl Engine {
         let runner = Runner::new(&ctx, options.prefill_chunk, kv.max_seqs())?;
         let rings = vec![HistoryRing::default(); kv.max_seqs() as usize];
         let weight_types = gguf.tensor_type_counts();
-        Ok(Engine { ctx, model: Model { config, weights }, tokenizer, kv, options, runner, sched, weight_types, backlog: Vec::new(), in_flight: VecDeque::new(), rings })
+        Ok(Engine { ctx, model: Model { config, weights }, tokenizer, kv, options, runner, sched, weight_types, backlog: Vec::new(), in_flight: VecDeque::new(), rings, grammars: None })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -302,7 +308,28 @@ impl Engine {
     pub fn submit(&mut self, prompt: Vec<u32>, request: GenerateRequest) -> Result<RequestId, EngineError> {
         self.check_tokens(&prompt)?;
         let sampler = Sampler::new(request.sampling.clone())?;
-        Ok(self.sched.submit(prompt, request, sampler, self.tokenizer.stream_decoder()))
+        let constrained = match &request.constraint {
+            Some(c) => Some(self.grammars()?.start(c)?),
+            None => None,
+        };
+        let handling = Handling { sampler, decoder: self.tokenizer.stream_decoder(), constrained };
+        Ok(self.sched.submit(prompt, request, handling))
+    }
+
+    /// The constraint engine of this model's vocabulary, built at its first use.
+    pub fn grammars(&mut self) -> Result<&Grammars, EngineError> {
+        if self.grammars.is_none() {
+            let t0 = crate::time::now_ms();
+            let grammars = Grammars::new(&self.tokenizer, self.model.config.vocab)?;
+            self.grammars = Some((grammars, crate::time::now_ms() - t0));
+        }
+        Ok(&self.grammars.as_ref().expect("built above").0)
+    }
+
+    /// Milliseconds it took to build the constraint engine (the token trie and llguidance's
+    /// tables), once a constrained request has been submitted.
+    pub fn grammar_build_ms(&self) -> Option<f64> {
+        self.grammars.as_ref().map(|g| g.1)
     }
 
     /// Whether any submitted request has not finished (or has events not yet returned).
@@ -397,6 +424,9 @@ impl Engine {
             }
             let mut row = RowParams::new(&s.params, s.counter, *ring)?;
             row.flags |= RowParams::APPEND_HISTORY;
+            if s.mask.is_some() {
+                row.flags |= RowParams::MASKED;
+            }
             params.push(row);
             *ring = HistoryRing { head: (ring.head + 1) % cap, len: (ring.len + 1).min(cap), ring: slot };
         }
@@ -419,8 +449,10 @@ impl Engine {
                 return Ok(());
             }
         };
+        // The token masks of constrained rows ([`RowParams::MASKED`]), by logit row.
+        let masks: Vec<(u32, &[u32])> = plan.sampling().iter().enumerate().filter_map(|(k, s)| Some((k as u32, s.as_ref()?.mask.as_deref()?))).collect();
         let choose = match &params {
-            Some(p) => Choose::Sample(p),
+            Some(p) => Choose::Sample(p, &masks),
             None => Choose::Argmax,
         };
         match self.runner.submit(&self.ctx, &self.model, &self.kv, (&rows, &logit_rows), (Logits::Argmax, choose)) {
@@ -610,6 +642,7 @@ impl Engine {
             sampling: SamplingParams::greedy(),
             stop: Vec::new(),
             ignore_eos: true,
+            constraint: None,
         };
         let id = self.submit(tokens.to_vec(), request)?;
         // Tokens the request has produced (the first comes from its prefill).
@@ -709,17 +742,23 @@ impl Engine {
     /// included; fewer at the context limit). Returns (tokens decoded after the first, their
     /// milliseconds).
     pub async fn generate_ignoring_eos(&mut self, prompt: &[u32], n: u32) -> Result<(u32, f64), EngineError> {
-        let request = GenerateRequest { max_tokens: n.saturating_add(1), ignore_eos: true, ..Default::default() };
-        let (mut first, mut decoded) = (None, 0u32);
-        self.generate(prompt, &request, &mut |_| {
-            match first {
-                None => first = Some(crate::time::now_ms()),
-                Some(_) => decoded += 1,
-            }
-            true
-        })
-        .await?;
-        Ok((decoded, first.map_or(0.0, |t0| crate::time::now_ms() - t0)))
+        let (tokens, ms) = self.generate_ignoring_eos_under(prompt, n, None).await?;
+        Ok((tokens.len().saturating_sub(1) as u32, ms))
+    }
+
+    /// [`Engine::generate_ignoring_eos`] under `constraint` (which may end it early, when its
+    /// output is complete). Returns every generated token (the first included) and the
+    /// milliseconds of those after the first.
+    pub async fn generate_ignoring_eos_under(&mut self, prompt: &[u32], n: u32, constraint: Option<Constraint>) -> Result<(Vec<u32>, f64), EngineError> {
+        let request = GenerateRequest { max_tokens: n.saturating_add(1), ignore_eos: true, constraint, ..Default::default() };
+        let mut first = None;
+        let g = self
+            .generate(prompt, &request, &mut |_| {
+                first.get_or_insert_with(crate::time::now_ms);
+                true
+            })
+            .await?;
+        Ok((g.tokens, first.map_or(0.0, |t0| crate::time::now_ms() - t0)))
     }
 
     /// Teacher forcing: reads `ids` and, for every position p from `from - 1` to `len - 1`,

@@ -5,6 +5,7 @@
 //! Messages are said once: a wrapped error is shown as itself (`transparent`) or as a prefix
 //! plus the inner text, never both as text and as a `source()` (which error chains print again).
 
+use crate::constraint::ConstraintError;
 use crate::gguf::GgufError;
 use crate::gpu::GpuError;
 use crate::kv::snapshot::SnapshotError;
@@ -26,6 +27,8 @@ pub enum EngineError {
     Tokenizer(TokenizerError),
     #[error("invalid sampling parameters: {0}")]
     Sampling(SamplingError),
+    #[error(transparent)]
+    Constraint(#[from] ConstraintError),
     #[error("the prompt is empty: give at least one token")]
     EmptyPrompt,
     #[error("the prompt has {prompt} tokens but the context holds {limit}")]
@@ -94,6 +97,11 @@ impl EngineError {
             EngineError::Kv(k) => kv_kind(k),
             EngineError::Tokenizer(t) => tokenizer_kind(t),
             EngineError::ContextOverflow { .. } => ErrorKind::ContextOverflow,
+            EngineError::Constraint(c) => match c {
+                ConstraintError::Invalid(_) => ErrorKind::InvalidArgument,
+                ConstraintError::Vocabulary(_) => ErrorKind::Unsupported,
+                ConstraintError::Failed(_) => ErrorKind::Internal,
+            },
             EngineError::Sampling(_) | EngineError::EmptyPrompt | EngineError::BadToken { .. } | EngineError::InvalidArgument(_) => {
                 ErrorKind::InvalidArgument
             }

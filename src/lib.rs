@@ -1,6 +1,7 @@
 //! pagedlm: a small decoder-only LLM runtime on WebGPU (natively on Vulkan), built around a
 //! paged, prefix-sharing KV cache.
 
+pub mod constraint;
 pub mod engine;
 pub mod error;
 pub mod gguf;

@@ -1,6 +1,7 @@
 //! A request's life as the caller sees it: its parameters, its handle, the events a step
 //! reports about it and the record of its end.
 
+use crate::constraint::{Constrained, Constraint};
 use crate::error::EngineError;
 use crate::kv::SeqId;
 use crate::sampler::{Sampler, SamplingParams};
@@ -29,12 +30,33 @@ pub struct GenerateRequest {
     pub stop: Vec<String>,
     /// Keep generating through end-of-generation tokens (for benchmarks).
     pub ignore_eos: bool,
+    /// What the output must match (JSON Schema, a grammar): each step's tokens are chosen among
+    /// those it allows, and the generation ends when it is complete ([`crate::constraint`]).
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for GenerateRequest {
     fn default() -> Self {
-        GenerateRequest { max_tokens: 128, sampling: SamplingParams::greedy(), stop: Vec::new(), ignore_eos: false }
+        GenerateRequest { max_tokens: 128, sampling: SamplingParams::greedy(), stop: Vec::new(), ignore_eos: false, constraint: None }
     }
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+        }
+    }
+}
+
+/// How a request handles its tokens: its sampler, its streaming decoder and its constraint's
+/// matcher, if any.
+pub(crate) struct Handling {
+    pub sampler: Sampler,
+    pub decoder: StreamDecoder,
+    pub constrained: Option<Constrained>,
 }
 
 /// One generated token as streamed to the caller.
@@ -61,6 +83,10 @@ pub struct Generation {
     /// The physical KV blocks the request's sequence held at its end, in order (the prefix
     /// cache keeps them for the next turn until evicted).
     pub blocks: Vec<u32>,
+    /// Set when a constrained generation ended before its output was complete (at
+    /// `max_tokens`, the context limit, a stop string or an abort): the text does not match.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
 }
 
 /// Something that happened to a request during a step.
@@ -84,15 +110,19 @@ pub(crate) struct RowSampling {
     pub params: SamplingParams,
     pub counter: u32,
     pub window: Option<Vec<u32>>,
+    /// The tokens a constrained request allows ([`crate::constraint::Constrained::mask`]).
+    pub mask: Option<Vec<u32>>,
 }
 
 /// What a request did with a token it was given ([`Request::accept`]).
-#[derive(Debug, Default, PartialEq)]
+#[derive(Debug, Default)]
 pub(crate) struct Accepted {
     /// The token and the text it completes, to stream to the caller.
     pub token: Option<(u32, String)>,
     /// Set when the request ends with this token.
     pub finish: Option<FinishReason>,
+    /// Set when the request fails with this token (its constraint's matcher failed).
+    pub failure: Option<EngineError>,
 }
 
 /// A request as the scheduler holds it: the caller's prompt and parameters, the per-request token
@@ -105,6 +135,8 @@ pub(crate) struct Request {
     params: GenerateRequest,
     sampler: Sampler,
     decoder: StreamDecoder,
+    /// The constraint's matcher, past every generated token (its mask is the next token's).
+    constrained: Option<Constrained>,
     /// Tokens generated so far (streamed to the caller).
     generated: Vec<u32>,
     text: String,
@@ -125,13 +157,14 @@ pub(crate) struct Request {
 }
 
 impl Request {
-    pub fn new(id: RequestId, prompt: Vec<u32>, params: GenerateRequest, sampler: Sampler, decoder: StreamDecoder, step: u64) -> Request {
+    pub fn new(id: RequestId, prompt: Vec<u32>, params: GenerateRequest, handling: Handling, step: u64) -> Request {
         Request {
             id,
             prompt,
             params,
-            sampler,
-            decoder,
+            sampler: handling.sampler,
+            decoder: handling.decoder,
+            constrained: handling.constrained,
             generated: Vec::new(),
             text: String::new(),
             seq: None,
@@ -192,7 +225,8 @@ impl Request {
     /// last `repetition_window` tokens of the sequence; none without a penalty).
     pub fn row_sampling(&self, counter: u32, write_window: bool) -> Option<RowSampling> {
         let params = self.sampler.params();
-        if params.is_greedy() {
+        let mask = self.constrained.as_ref().map(|c| c.mask().to_vec());
+        if params.is_greedy() && mask.is_none() {
             return None;
         }
         let window = write_window.then(|| {
@@ -202,7 +236,13 @@ impl Request {
             let all = self.tokens();
             all[all.len().saturating_sub(params.repetition_window as usize)..].to_vec()
         });
-        Some(RowSampling { params: params.clone(), counter, window })
+        Some(RowSampling { params: params.clone(), counter, window, mask })
+    }
+
+    /// Whether its tokens are chosen under a constraint: its next row needs the mask that its
+    /// last token gives, so no step can be planned for it before that token is back.
+    pub fn is_constrained(&self) -> bool {
+        self.constrained.is_some()
     }
 
     /// Whether the token it gets next ends it by its token limit or at `max_len` computed
@@ -241,16 +281,22 @@ impl Request {
     /// The one place a request handles a new token (the argmax, or the token its row sampled on
     /// the GPU). Ends the request at an end-of-generation token (`eos`, unless
     /// `ignore_eos`), at a stop string (the text is cut before it and the token not streamed),
-    /// at `max_tokens`, or when its sequence holds `max_len` tokens; otherwise the token becomes
-    /// pending, for the next decode row to feed.
+    /// when its constraint's output is complete, at `max_tokens`, or when its sequence holds
+    /// `max_len` tokens; otherwise the token becomes pending, for the next decode row to feed.
+    /// A constrained request's matcher takes the token here and computes the next mask.
     pub fn accept(&mut self, next: u32, eos: &[u32], max_len: u32) -> Accepted {
         self.first_token_ms.get_or_insert(now_ms());
-        let stop = Accepted { token: None, finish: Some(FinishReason::Stop) };
+        let stop = Accepted { token: None, finish: Some(FinishReason::Stop), failure: None };
         if self.params.max_tokens == 0 {
-            return Accepted { token: None, finish: Some(FinishReason::Length) };
+            return Accepted { token: None, finish: Some(FinishReason::Length), failure: None };
         }
         if eos.contains(&next) && !self.params.ignore_eos {
             return stop;
+        }
+        if let Some(c) = &mut self.constrained {
+            if let Err(e) = c.advance(next) {
+                return Accepted { token: None, finish: None, failure: Some(e.into()) };
+            }
         }
         self.generated.push(next);
         // The model's own ids always decode; an error here would be a broken vocabulary.
@@ -261,11 +307,13 @@ impl Request {
             self.text.truncate(cut);
             return stop;
         }
+        let complete = self.constrained.as_ref().is_some_and(Constrained::is_complete);
         let length = self.generated.len() >= self.params.max_tokens as usize || self.computed >= max_len;
-        if !length {
+        if !length && !complete {
             self.pending = Some(next);
         }
-        Accepted { token: Some((next, piece)), finish: length.then_some(FinishReason::Length) }
+        let finish = if complete { Some(FinishReason::Stop) } else { length.then_some(FinishReason::Length) };
+        Accepted { token: Some((next, piece)), finish, failure: None }
     }
 
     /// Called when it is preempted: its K/V are gone (to the prefix cache) and it waits again.
@@ -295,6 +343,9 @@ impl Request {
             prefill_ms: prefill_done - self.submitted_ms,
             decode_ms: now - prefill_done,
             blocks,
+            warning: self.constrained.as_ref().filter(|c| !c.is_accepting()).map(|_| {
+                format!("the output ended ({}) before its constraint was complete: it does not match the schema or grammar", reason.as_str())
+            }),
         }
     }
 }

@@ -32,9 +32,7 @@ use std::collections::{HashMap, VecDeque};
 
 use crate::error::EngineError;
 use crate::kv::{KvCache, KvError, KvLayout, SeqId};
-use crate::request::{Event, FinishReason, GenerateRequest, Generation, Request, RequestId, RowSampling};
-use crate::sampler::Sampler;
-use crate::tokenizer::StreamDecoder;
+use crate::request::{Event, FinishReason, GenerateRequest, Generation, Handling, Request, RequestId, RowSampling};
 
 /// How the scheduler batches.
 #[derive(Clone, Debug)]
@@ -167,10 +165,10 @@ impl Scheduler {
     }
 
     /// Queues a request (its prompt and parameters already checked); returns its id.
-    pub fn submit(&mut self, prompt: Vec<u32>, params: GenerateRequest, sampler: Sampler, decoder: StreamDecoder) -> RequestId {
+    pub fn submit(&mut self, prompt: Vec<u32>, params: GenerateRequest, handling: Handling) -> RequestId {
         self.next_id += 1;
         let id = RequestId(self.next_id);
-        self.waiting.push_back(Request::new(id, prompt, params, sampler, decoder, self.stats.steps));
+        self.waiting.push_back(Request::new(id, prompt, params, handling, self.stats.steps));
         id
     }
 
@@ -392,9 +390,11 @@ impl Scheduler {
     /// Plans the step after the one in flight, before that one's tokens are known: the next row
     /// of every running sequence, each fed on the GPU with the token the step in flight produces
     /// for it ([`Row::token`] `None`). Only in steady decoding, with exactly one step in flight:
-    /// no request waits for a free place in the batch, no sequence is reading its context or sampling on the CPU,
-    /// and the pool holds the new rows without preempting; otherwise `None`, and the engine
-    /// commits the step in flight and plans as usual. A sequence whose step in flight reaches
+    /// no request waits for a free place in the batch, no sequence is reading its context or
+    /// constrained (its next mask needs the token in flight: the batch then steps in lockstep
+    /// with the CPU, so that its other sequences keep one token per step), and the pool holds
+    /// the new rows without preempting; otherwise `None`, and the engine commits the step in
+    /// flight and plans as usual. A sequence whose step in flight reaches
     /// its token or context limit gets no row (it ends when that step commits); one that ends
     /// otherwise (end of generation, a stop string, an abort) has its extra row undone when it
     /// ends (its sequence is cut back to what was committed, [`Scheduler::finish_running`]), so
@@ -404,7 +404,7 @@ impl Scheduler {
         if !self.config.lookahead || self.in_flight != 1 || could_admit {
             return Ok(None);
         }
-        if self.running.iter().any(|r| r.in_prefill() || r.pending().is_none()) {
+        if self.running.iter().any(|r| r.in_prefill() || r.pending().is_none() || r.is_constrained()) {
             return Ok(None);
         }
         let bs = kv.block_size();
@@ -495,10 +495,11 @@ impl Scheduler {
             if let Some((token, text)) = accepted.token {
                 events.push(Event::Token { id, token, text });
             }
-            done.extend(accepted.finish.map(|reason| (id, reason)));
+            done.extend(accepted.finish.map(|reason| (id, Ok(reason))));
+            done.extend(accepted.failure.map(|e| (id, Err(e))));
         }
-        for (id, reason) in done {
-            self.finish_running(kv, id, Ok(reason), &mut events)?;
+        for (id, result) in done {
+            self.finish_running(kv, id, result, &mut events)?;
         }
         Ok(events)
     }

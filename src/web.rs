@@ -200,6 +200,7 @@ impl ChatOptions {
         let d = SamplingParams::default();
         GenerateRequest {
             ignore_eos: false,
+            constraint: None,
             max_tokens: self.max_tokens.unwrap_or(base.max_tokens),
             sampling: SamplingParams {
                 temperature: self.temperature.unwrap_or(d.temperature),

@@ -25,6 +25,7 @@ struct Sampling {
     params: wgpu::Buffer,
     history: wgpu::Buffer,
     out: wgpu::Buffer,
+    mask: wgpu::Buffer,
     kernels: Vec<Kernel>,
 }
 
@@ -36,9 +37,10 @@ impl Sampling {
         let history = ctx.storage_zeroed("history", (n * shape.history_capacity as u64 * 4).max(4));
         let out_len = shape.out_offset as u64 + (n - 1) * shape.out_stride as u64 + 1;
         let out = ctx.storage_init("out", bytemuck::cast_slice(&vec![UNTOUCHED; out_len as usize]));
-        let buffers = SampleBuffers { logits: &logits, params: &params, history: &history, out: &out };
+        let mask = ctx.storage_zeroed("mask", n * shape.vocab.div_ceil(32) as u64 * 4);
+        let buffers = SampleBuffers { logits: &logits, params: &params, history: &history, out: &out, mask: &mask };
         let kernels = sample(ctx, buffers, shape).unwrap();
-        Sampling { shape, logits, params, history, out, kernels }
+        Sampling { shape, logits, params, history, out, mask, kernels }
     }
 
     /// One step: writes the inputs, records every kernel in one submission, reads `out` back.
@@ -78,11 +80,15 @@ fn normals(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
 
 /// Runs one step and the CPU reference on the same inputs; returns (gpu, cpu) tokens of the
 /// active rows, and checks the penalized logits and the rings (appended to) are the reference's.
-async fn gpu_and_cpu(ctx: &Context, op: &Sampling, logits: &[f32], params: &[RowParams], history: &[u32]) -> (Vec<u32>, Vec<u32>) {
+/// `mask` ([n_rows, ceil(vocab / 32)] words) is written first unless empty.
+async fn gpu_and_cpu(ctx: &Context, op: &Sampling, logits: &[f32], params: &[RowParams], history: &[u32], mask: &[u32]) -> (Vec<u32>, Vec<u32>) {
+    if !mask.is_empty() {
+        ctx.queue.write_buffer(&op.mask, 0, bytemuck::cast_slice(mask));
+    }
     let out = op.step(ctx, logits, params, history).await;
     let mut penalized = logits.to_vec();
     let mut rings = history.to_vec();
-    let want = sample_cpu(&mut penalized, params, &mut rings, &op.shape);
+    let want = sample_cpu(&mut penalized, params, &mut rings, mask, &op.shape);
     let got_logits = ctx.read_f32(&op.logits, 0, logits.len() as u64).await.unwrap();
     for (i, (g, w)) in got_logits.iter().zip(&penalized).enumerate() {
         assert_eq!(g.to_bits(), w.to_bits(), "penalized logit {i}: GPU {g} vs CPU {w}");
@@ -159,7 +165,7 @@ gpu_test! {
         let logits: Vec<f32> = rows.concat();
         let op = Sampling::new(&ctx, shape(n as u32, vocab as u32, 0));
         let params = vec![row(&SamplingParams::greedy(), 0); n];
-        let (got, want) = gpu_and_cpu(&ctx, &op, &logits, &params, &[]).await;
+        let (got, want) = gpu_and_cpu(&ctx, &op, &logits, &params, &[], &[]).await;
         assert_eq!(got, want, "greedy against the CPU definition");
         assert_eq!(got, argmax_cpu(&logits, n, vocab), "greedy against argmax_cpu");
         // Known by construction: the lowest tied id, the planted maximum, 0 for all NaN, the first
@@ -168,7 +174,7 @@ gpu_test! {
         // Sampling rows whose maximum is infinite draw among the infinite ones only.
         let hot = sampling(2.0, 0, 1.0, 5);
         let params: Vec<RowParams> = (0..n as u32).map(|c| row(&hot, c)).collect();
-        let (got, want) = gpu_and_cpu(&ctx, &op, &logits, &params, &[]).await;
+        let (got, want) = gpu_and_cpu(&ctx, &op, &logits, &params, &[], &[]).await;
         assert_eq!(got, want, "sampling with NaNs and infinities against the CPU definition");
         assert_eq!(got[2], 0, "a row of NaNs gives 0");
         assert!(got[3] >= 1, "NaN is never drawn");
@@ -204,11 +210,11 @@ gpu_test! {
             RowParams::new(&SamplingParams { repetition_penalty: 1.0, ..penalized(64) }, 0, HistoryRing { head: 3, len: 16, ring: 3 }).unwrap(),
         ];
         let op = Sampling::new(&ctx, shape(n as u32, vocab, cap));
-        let (got, want) = gpu_and_cpu(&ctx, &op, &logits, &params, &history).await;
+        let (got, want) = gpu_and_cpu(&ctx, &op, &logits, &params, &history, &[]).await;
         assert_eq!(got, want);
         // The reference itself, on row 0: each distinct token scaled once, the ones outside untouched.
         let mut penalized_row = logits[..vocab as usize].to_vec();
-        sample_cpu(&mut penalized_row, &params[..1], &mut history[..16].to_vec(), &shape(1, vocab, cap));
+        sample_cpu(&mut penalized_row, &params[..1], &mut history[..16].to_vec(), &[], &shape(1, vocab, cap));
         for t in 0..vocab as usize {
             let (before, after) = (logits[t], penalized_row[t]);
             let expected = if ring0.contains(&(t as u32)) { if before > 0.0 { before * (1.0 / 1.7) } else { before * 1.7 } } else { before };
@@ -333,7 +339,7 @@ async fn agreement(ctx: &Context, vocab: u32, n: usize, seed: u64) -> (usize, us
         .map(|r| RowParams::new(&settings[r % settings.len()], 1000 + r as u32, HistoryRing { head: r as u32 % cap, len: cap, ring: r as u32 }).unwrap())
         .collect();
     let op = Sampling::new(ctx, shape(n as u32, vocab, cap));
-    let (got, want) = gpu_and_cpu(ctx, &op, &logits, &params, &history).await;
+    let (got, want) = gpu_and_cpu(ctx, &op, &logits, &params, &history, &[]).await;
     let mismatches = got.iter().zip(&want).filter(|(g, w)| g != w).count();
     (mismatches, got.len())
 }
@@ -377,7 +383,7 @@ gpu_test! {
         let op = Sampling::new(&ctx, shape(n as u32, vocab as u32, 0));
         for (step, p) in [sampling(1.0, 0, 1.0, 31), sampling(0.8, 3000, 1.0, 32), sampling(1.2, 0, 0.3, 33), sampling(1.0, 30_000, 0.9, 34)].iter().enumerate() {
             let params: Vec<RowParams> = (0..n as u32).map(|r| row(p, r * 13 + step as u32)).collect();
-            let (got, want) = gpu_and_cpu(&ctx, &op, &logits, &params, &[]).await;
+            let (got, want) = gpu_and_cpu(&ctx, &op, &logits, &params, &[], &[]).await;
             // Equal weights tie exactly (exp is not involved), and separated rows leave no near-ties.
             for r in [0usize, 1, 2, 3, 7] {
                 assert_eq!(got[r], want[r], "{p:?} row {r}");
@@ -409,7 +415,7 @@ gpu_test! {
         // Tokens land at 3, 5, 7, ...: the slots between stay untouched.
         let op = Sampling::new(&ctx, SampleShape { n_rows: n as u32, vocab, history_capacity: cap, n_rings: n as u32, out_offset: 3, out_stride: 2 });
         let out = op.step(&ctx, &logits, &params, &history).await;
-        let (got, want) = gpu_and_cpu(&ctx, &op, &logits, &params, &history).await;
+        let (got, want) = gpu_and_cpu(&ctx, &op, &logits, &params, &history, &[]).await;
         assert_eq!(got, want);
         assert_eq!(op.token(&out, 0), argmax_cpu(&logits[..vocab as usize], 1, vocab as usize)[0]);
         for (i, &v) in out.iter().enumerate() {
@@ -433,7 +439,8 @@ gpu_test! {
         let params = ctx.storage_zeroed("params", 2 * 64);
         let history = ctx.storage_zeroed("history", 2 * 8 * 4);
         let out = ctx.storage_zeroed("out", 2 * 4);
-        let buffers = || SampleBuffers { logits: &logits, params: &params, history: &history, out: &out };
+        let mask = ctx.storage_zeroed("mask", 2 * 1000_u64.div_ceil(32) * 4);
+        let buffers = || SampleBuffers { logits: &logits, params: &params, history: &history, out: &out, mask: &mask };
         let ok = shape(2, 1000, 8);
         assert!(sample(&ctx, buffers(), ok).is_ok());
         expect_shape_err(sample(&ctx, buffers(), SampleShape { vocab: 0, ..ok }), "at least 1");
@@ -451,6 +458,59 @@ gpu_test! {
         expect_shape_err(sample(&ctx, SampleBuffers { out: &logits, ..buffers() }, ok), "different buffers");
         expect_shape_err(sample(&ctx, SampleBuffers { history: &logits, ..buffers() }, ok), "different buffers");
         expect_shape_err(sample(&ctx, SampleBuffers { out: &history, ..buffers() }, ok), "different buffers");
+        expect_shape_err(sample(&ctx, SampleBuffers { mask: &logits, ..buffers() }, ok), "different buffers");
+        let small_mask = ctx.storage_zeroed("mask", 2 * 31 * 4);
+        expect_shape_err(sample(&ctx, SampleBuffers { mask: &small_mask, ..buffers() }, ok), "mask needs");
+    }
+}
+
+gpu_test! {
+    // Constrained decoding's masks: a masked row chooses among the tokens its mask allows
+    // (greedy, sampled, top-k, penalized with disallowed tokens in its window, one allowed token
+    // in the vocabulary's last partial word), exactly as the CPU reference, while an unmasked
+    // row in the same dispatch ignores the mask buffer's contents.
+    async fn masked_rows_choose_only_allowed_tokens() {
+        let ctx = gpu().await;
+        let (n, vocab, cap) = (6u32, 5_003u32, 16u32);
+        let words = vocab.div_ceil(32) as usize;
+        let op = Sampling::new(&ctx, shape(n, vocab, cap));
+        let mut rng = Rng::new(41);
+        for trial in 0..3u32 {
+            let logits = normals(&mut rng, (n * vocab) as usize, 3.0);
+            let mut mask = vec![0u32; n as usize * words];
+            for (t, bit) in (0..n as usize * words * 32).map(|b| (b, rng.below(10) == 0)) {
+                if bit {
+                    mask[t / 32] |= 1 << (t % 32);
+                }
+            }
+            // Row 4: only the vocabulary's last token; row 5 unmasked, its mask words all clear.
+            let row_words = |r: usize| r * words..(r + 1) * words;
+            mask[row_words(4)].fill(0);
+            mask[4 * words + (vocab as usize - 1) / 32] = 1 << ((vocab - 1) % 32);
+            mask[row_words(5)].fill(0);
+            let history: Vec<u32> = (0..n * cap).map(|_| rng.below(vocab as u64) as u32).collect();
+            let ring = |r: u32| HistoryRing { head: 3, len: cap, ring: r };
+            let penalized = SamplingParams { repetition_penalty: 1.7, repetition_window: cap, ..sampling(0.9, 0, 1.0, 5) };
+            let settings = [SamplingParams::greedy(), sampling(1.0, 0, 1.0, 7 + trial as u64), sampling(0.7, 5, 0.9, 9), penalized, sampling(1.0, 0, 1.0, 3), SamplingParams::greedy()];
+            let params: Vec<RowParams> = settings
+                .iter()
+                .enumerate()
+                .map(|(r, p)| {
+                    let mut row = RowParams::new(p, 100 + r as u32, ring(r as u32)).unwrap();
+                    if r != 5 {
+                        row.flags |= RowParams::MASKED;
+                    }
+                    row
+                })
+                .collect();
+            let (got, want) = gpu_and_cpu(&ctx, &op, &logits, &params, &history, &mask).await;
+            assert_eq!(got, want, "trial {trial}: GPU tokens vs the CPU reference");
+            for (r, &t) in got.iter().enumerate().take(5) {
+                assert!(mask[r * words + t as usize / 32] >> (t % 32) & 1 == 1, "trial {trial}: row {r} chose token {t}, which its mask forbids");
+            }
+            assert_eq!(got[4], vocab - 1, "the one allowed token");
+            assert_eq!(got[5], argmax_cpu(&logits[5 * vocab as usize..], 1, vocab as usize)[0], "the unmasked row's argmax");
+        }
     }
 }
 
@@ -494,7 +554,7 @@ gpu_test! {
                 }
                 times.sort_by(|a, b| a.total_cmp(b));
                 let mut penalized = logits.clone();
-                let want = sample_cpu(&mut penalized, &params, &mut history.clone(), &op.shape);
+                let want = sample_cpu(&mut penalized, &params, &mut history.clone(), &[], &op.shape);
                 let bad = (0..n).filter(|&r| Some(tokens[r]) != want[r]).count();
                 assert!(bad * 8 <= n, "{what}: {bad} of {n} rows differ from the CPU");
                 report(&format!("sample vocab {vocab:>7} x {n} rows {what:28}: min {:6.2} ms, median {:6.2} ms", times[0], times[4]));

@@ -40,8 +40,11 @@ const USAGE: &str = "usage: pagedlm <tokenize|score|generate|bench|trace|profile
   tokenize  --texts FILE.json
   score     --input FILE.json [--mode decode|prefill]
   generate  --input FILE.json | --prompt TEXT  [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
-            [--repetition-penalty R]
+            [--repetition-penalty R] [--json-schema FILE.json | --grammar FILE.lark]
+            (the output matches the schema or Lark grammar; an --input item's OpenAI-style
+             `response_format` does the same for that item)
   bench     [--prompt-tokens 512] [--gen-tokens 128] [--context N] [--batch N]
+            [--json-schema FILE.json | --grammar FILE.lark]   (decode under it too: `constrained`)
   bench     --transfer [--lengths 256,1024,4096]   (KV snapshot export/import vs recomputing the prefill)
   bench     --interference [--prompt-tokens 2048] [--step-tokens N]   (4 decoding sequences while a long prompt arrives)
   trace     --input FILE.jsonl [--max-batch N] [--no-prefix-cache] [--disaggregate] [--step-tokens N]
@@ -57,7 +60,7 @@ mod cli {
 
     use anyhow::{anyhow, bail, Context as _, Result};
     use pagedlm::engine::SchedConfig;
-    use pagedlm::engine::{Engine, EngineOptions, Event, GenerateRequest, Generation, KvDtype, KvLayout, Profile, RequestId, ScoreMode, StepProfile};
+    use pagedlm::engine::{Constraint, Engine, EngineOptions, Event, GenerateRequest, Generation, KvDtype, KvLayout, Profile, RequestId, ScoreMode, StepProfile};
     use pagedlm::gguf::Gguf;
     use pagedlm::engine::AdapterClass;
     use pagedlm::sampler::SamplingParams;
@@ -199,8 +202,23 @@ mod cli {
         }
     }
 
+    /// The constraint every item of `generate` gets: `--json-schema FILE` or `--grammar FILE`.
+    fn constraint_option(args: &Args) -> Result<Option<Constraint>> {
+        match (args.text("json-schema"), args.text("grammar")) {
+            (Some(_), Some(_)) => bail!("--json-schema and --grammar exclude each other: give one"),
+            (Some(path), None) => Ok(Some(Constraint::JsonSchema(read_json(Some(path), "--json-schema")?))),
+            (None, Some(path)) => Ok(Some(Constraint::Lark(std::fs::read_to_string(path).with_context(|| format!("cannot read --grammar {path}"))?))),
+            (None, None) => Ok(None),
+        }
+    }
+
     async fn generate(args: &Args) -> Result<()> {
-        let request = GenerateRequest { max_tokens: args.count("max-tokens", 128), sampling: sampling(args), ..Default::default() };
+        let request = GenerateRequest {
+            max_tokens: args.count("max-tokens", 128),
+            sampling: sampling(args),
+            constraint: constraint_option(args)?,
+            ..Default::default()
+        };
         request.sampling.validate()?;
         if let Some(prompt) = args.text("prompt") {
             let mut engine = load(args).await?;
@@ -223,11 +241,16 @@ mod cli {
                 g.tokens.len() as f64 / (g.decode_ms / 1000.0).max(1e-9),
                 g.finish_reason
             );
+            if let Some(w) = &g.warning {
+                eprintln!("[{w}]");
+            }
             return Ok(());
         }
         let items = read_json(args.text("input"), "--input (or --prompt)")?;
         let items = items.as_array().ok_or_else(|| anyhow!("--input must hold a JSON array"))?;
         let mut engine = load(args).await?;
+        // Every item's prompt and constraint are checked before anything is generated.
+        let mut work = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
             let id = item.get("id").and_then(Value::as_str).unwrap_or("").to_string();
             let prompt_ids = if let Some(p) = item.get("prompt").and_then(Value::as_str) {
@@ -239,11 +262,25 @@ mod cli {
             } else {
                 bail!("item {i} needs \"prompt\" or \"messages\"");
             };
+            let mut request = request.clone();
+            if let Some(format) = item.get("response_format") {
+                request.constraint = Constraint::from_response_format(format).with_context(|| format!("item {i} ({id})"))?;
+            }
+            if let Some(c) = &request.constraint {
+                engine.grammars()?.start(c).with_context(|| format!("item {i} ({id})"))?;
+            }
+            work.push((id, prompt_ids, request));
+        }
+        for (id, prompt_ids, request) in work {
             let g = engine.generate(&prompt_ids, &request, &mut |_| true).await?;
-            print_line(&json!({
+            let mut line = json!({
                 "id": id, "prompt_tokens": g.prompt_tokens, "tokens": g.tokens, "text": g.text,
                 "finish_reason": g.finish_reason, "prefill_ms": g.prefill_ms, "decode_ms": g.decode_ms,
-            }))?;
+            });
+            if let Some(w) = g.warning {
+                line["warning"] = json!(w);
+            }
+            print_line(&line)?;
         }
         Ok(())
     }
@@ -531,7 +568,7 @@ mod cli {
         let mut engine = Engine::load(&bytes, opts).await?;
         let vocab = engine.config().vocab;
         let make = |n: u32, salt: u32| -> Vec<u32> { (0..n).map(|i| 100 + (i * 7919 + salt * 104_729) % (vocab - 200).max(1)).collect() };
-        let request = GenerateRequest { max_tokens: gen_tokens.max(2), sampling: SamplingParams::greedy(), stop: Vec::new(), ignore_eos: true };
+        let request = GenerateRequest { max_tokens: gen_tokens.max(2), sampling: SamplingParams::greedy(), stop: Vec::new(), ignore_eos: true, constraint: None };
         // Warm-up: compiles pipelines and builds graphs for this batch size.
         for salt in 0..batch {
             engine.submit(make(8, 1000 + salt), GenerateRequest { max_tokens: 3, ..request.clone() })?;
@@ -691,6 +728,23 @@ mod cli {
         }))
     }
 
+    /// The constrained half of `bench --json-schema FILE | --grammar FILE`: decodes from
+    /// `prompt` under `constraint` as the free decode did, then replays its tokens through a fresh
+    /// matcher to time the CPU's mask work alone. Returns (tok/s, tokens decoded after the first,
+    /// ms to build the constraint engine, mask ms per token).
+    async fn bench_constrained(engine: &mut Engine, prompt: &[u32], gen_tokens: u32, constraint: Constraint) -> Result<(f64, usize, f64, f64)> {
+        let (tokens, ms) = engine.generate_ignoring_eos_under(prompt, gen_tokens, Some(constraint.clone())).await?;
+        let build_ms = engine.grammar_build_ms().unwrap_or(0.0);
+        let mut matcher = engine.grammars()?.start(&constraint)?;
+        let t0 = pagedlm::time::now_ms();
+        for &t in &tokens {
+            matcher.advance(t)?;
+        }
+        let mask_ms = (pagedlm::time::now_ms() - t0) / tokens.len().max(1) as f64;
+        let decoded = tokens.len().saturating_sub(1);
+        Ok((decoded as f64 / (ms / 1000.0).max(1e-9), decoded, build_ms, mask_ms))
+    }
+
     async fn bench(args: &Args) -> Result<()> {
         let prompt_tokens = args.count("prompt-tokens", 512);
         let gen_tokens = args.count("gen-tokens", 128);
@@ -728,8 +782,12 @@ mod cli {
         let decode_ctx = if context > 0 { context } else { prompt_tokens.max(1) };
         let mut decode = engine.generate_ignoring_eos(&make(decode_ctx), gen_tokens).await?;
         decode.0 = decode.0.max(1);
+        let constrained = match constraint_option(args)? {
+            Some(c) => Some(bench_constrained(&mut engine, &make(decode_ctx), gen_tokens, c).await?),
+            None => None,
+        };
         let (weights, kv) = engine.memory();
-        print_line(&json!({
+        let mut line = json!({
             "adapter": engine.context().adapter_name(), "variant": engine.context().variant_name(),
             "prefill_tok_s": prompt_tokens as f64 / (prefill.prefill_ms / 1000.0),
             "decode_tok_s": decode.0 as f64 / (decode.1 / 1000.0),
@@ -745,6 +803,13 @@ mod cli {
             "architecture": engine.config().arch,
             "weights_bytes": weights,
             "kv_bytes": kv,
-        }))
+        });
+        if let Some((tok_s, tokens, build_ms, mask_ms)) = constrained {
+            line["constrained"] = json!({
+                "decode_tok_s": tok_s, "tokens": tokens, "ratio": tok_s / (decode.0 as f64 / (decode.1 / 1000.0)),
+                "grammar_build_ms": build_ms, "mask_ms_per_token": mask_ms,
+            });
+        }
+        print_line(&line)
     }
 }

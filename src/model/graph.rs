@@ -121,8 +121,9 @@ pub enum Choose<'a> {
     /// The argmax of every row (greedy without a penalty).
     Argmax,
     /// On the GPU with [`crate::gpu::ops::sample`], one [`RowParams`] per logit row (rings of
-    /// the step's [`Feed`]).
-    Sample(&'a [RowParams]),
+    /// the step's [`Feed`]), and the token masks of its [`RowParams::MASKED`] rows: (logit row
+    /// index, `ceil(vocab / 32)` words).
+    Sample(&'a [RowParams], &'a [(u32, &'a [u32])]),
 }
 
 /// A submitted step whose outputs are still on their way back ([`ForwardGraph::submit`]);
@@ -316,9 +317,10 @@ pub struct ForwardGraph {
     staging: Arc<Mutex<Vec<wgpu::Buffer>>>,
     /// Bytes of one staging buffer: the argmaxes and the logits of every logit row.
     staging_bytes: u64,
-    /// The sampling head ([`Choose::Sample`]), built at the first sampled step: its kernels and
-    /// the [max_logits] RowParams they read, written per step.
-    sampler: Option<(Vec<Kernel>, wgpu::Buffer)>,
+    /// The sampling head ([`Choose::Sample`]), built at the first sampled step: its kernels,
+    /// the [max_logits] RowParams they read and the [max_logits, ceil(vocab / 32)] masks, both
+    /// written per step (masks only for masked rows).
+    sampler: Option<(Vec<Kernel>, wgpu::Buffer, wgpu::Buffer)>,
     argmax: Vec<Kernel>,
     layers: Vec<Node>,
     head: Vec<Node>,
@@ -535,8 +537,9 @@ impl ForwardGraph {
             let params = ctx.storage_zeroed("graph.sample_params", self.max_logits as u64 * std::mem::size_of::<RowParams>() as u64);
             let n_rings = (feed.tokens.size() / 4) as u32;
             let shape = SampleShape { n_rows: self.max_logits, vocab: self.vocab, history_capacity: feed.history_capacity, n_rings, out_offset: 0, out_stride: 1 };
-            let buffers = SampleBuffers { logits: &self.logits, params: &params, history: feed.history, out: &self.argmax_out };
-            self.sampler = Some((sample::sample(ctx, buffers, shape)?, params));
+            let mask = ctx.storage_zeroed("graph.sample_mask", self.max_logits as u64 * self.vocab.div_ceil(32) as u64 * 4);
+            let buffers = SampleBuffers { logits: &self.logits, params: &params, history: feed.history, out: &self.argmax_out, mask: &mask };
+            self.sampler = Some((sample::sample(ctx, buffers, shape)?, params, mask));
         }
         Ok(())
     }
@@ -571,10 +574,14 @@ impl ForwardGraph {
         feed: Option<&Feed<'_>>,
     ) -> Result<PendingStep, ModelError> {
         self.check(rows, logit_rows, feed)?;
-        if let Choose::Sample(params) = choose {
+        if let Choose::Sample(params, masks) = choose {
             match feed {
                 Some(feed) if params.len() == logit_rows.len() => self.build_sampler(ctx, feed)?,
                 _ => return Err(ModelError::Format(format!("a sampled step needs a feed and one RowParams per logit row ({} for {})", params.len(), logit_rows.len()))),
+            }
+            let words = self.vocab.div_ceil(32) as usize;
+            if let Some((k, m)) = masks.iter().find(|(k, m)| *k as usize >= params.len() || m.len() != words) {
+                return Err(ModelError::Format(format!("a token mask of {} words for logit row {k} (a step of {} rows, masks of {words} words)", m.len(), params.len())));
             }
         }
         self.prepare(ctx, rows)?;
@@ -598,11 +605,14 @@ impl ForwardGraph {
         }
         self.record(&mut rec, &self.head);
         match (choose, feed) {
-            (Choose::Sample(params), Some(_)) => {
-                let (kernels, params_buffer) = self.sampler.as_ref().expect("built by build_sampler");
+            (Choose::Sample(params, masks), Some(_)) => {
+                let (kernels, params_buffer, mask_buffer) = self.sampler.as_ref().expect("built by build_sampler");
                 let mut all = vec![RowParams::INACTIVE; self.max_logits as usize];
                 all[..params.len()].copy_from_slice(params);
                 ctx.queue.write_buffer(params_buffer, 0, bytemuck::cast_slice(&all));
+                for &(k, mask) in masks {
+                    ctx.queue.write_buffer(mask_buffer, k as u64 * self.vocab.div_ceil(32) as u64 * 4, bytemuck::cast_slice(mask));
+                }
                 rec.dispatch_all(kernels);
             }
             _ => rec.dispatch_all(&self.argmax),

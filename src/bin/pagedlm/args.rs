@@ -95,6 +95,8 @@ pub const COMMANDS: &[Command] = &[
             opt("top-p", Kind::Number),
             opt("seed", Kind::Seed),
             opt("repetition-penalty", Kind::Number),
+            opt("json-schema", Kind::Text),
+            opt("grammar", Kind::Text),
         ],
     },
     Command {
@@ -108,6 +110,8 @@ pub const COMMANDS: &[Command] = &[
             opt("transfer", Kind::Flag),
             opt("lengths", Kind::Counts),
             opt("interference", Kind::Flag),
+            opt("json-schema", Kind::Text),
+            opt("grammar", Kind::Text),
         ],
     },
     Command { name: "trace", what: Cmd::Trace, options: &[opt("input", Kind::Text), opt("disaggregate", Kind::Flag)] },

@@ -14,6 +14,9 @@
 //! With [`RowParams::APPEND_HISTORY`] the op also writes the chosen token at slot
 //! `history_head`, so a GPU-resident loop only advances head and length in the next step's params.
 //! The penalty is applied to `logits` in place, as [`crate::sampler::Sampler::sample`] does.
+//! A row flagged [`RowParams::MASKED`] chooses among the tokens its row of `mask` allows
+//! (constrained decoding, [`crate::constraint`]): the others' logits become `-inf` first, in
+//! the same prepare pass, so greedy and sampled rows alike never choose them.
 //!
 //! **Algorithm** (details in `shaders/sample.wgsl`). After the penalty and the two-pass argmax
 //! of [`super::argmax`], each row runs three searches in turn (the top-k cut by count, the top-p
@@ -111,6 +114,8 @@ impl RowParams {
     pub const ACTIVE: u32 = 1;
     /// `flags` bit of a row whose token is also written to its history ring at `history_head`.
     pub const APPEND_HISTORY: u32 = 2;
+    /// `flags` bit of a row that chooses among the tokens its row of `mask` allows.
+    pub const MASKED: u32 = 4;
     /// A row not sampled this step: its `out` slot is left alone.
     pub const INACTIVE: RowParams = RowParams {
         flags: 0,
@@ -180,6 +185,9 @@ pub struct SampleBuffers<'a> {
     pub history: &'a wgpu::Buffer,
     /// u32, at least `out_offset + (n_rows - 1) * out_stride + 1` of them.
     pub out: &'a wgpu::Buffer,
+    /// [n_rows, ceil(vocab / 32)] u32: row r's allowed tokens (bit `t % 32` of word `t / 32`),
+    /// read for rows flagged [`RowParams::MASKED`] only.
+    pub mask: &'a wgpu::Buffer,
 }
 
 /// The shape of one kernel (`Shape` in the shader).
@@ -220,22 +228,23 @@ fn args_buffer(ctx: &Context, label: &str, steps: u32) -> wgpu::Buffer {
 /// step after `logits` is computed and `params` (and the rings) written. See the module docs for
 /// the contract; shapes are checked here, never at dispatch.
 /// logits: [n_rows, vocab] f32 (read-write), params: [n_rows] RowParams,
-/// history: [n_rings, history_capacity] u32, out: u32 (see [`SampleBuffers`]).
+/// history: [n_rings, history_capacity] u32, out: u32, mask: [n_rows, ceil(vocab / 32)] u32
+/// (see [`SampleBuffers`]).
 // Long: the shape checks, then the op's scratch, shape slots and its 36 or 37 kernels in recording
 // order; they share the buffers built here.
 pub fn sample(ctx: &Context, buffers: SampleBuffers<'_>, shape: SampleShape) -> Result<Vec<Kernel>, GpuError> {
     const OP: &str = "sample";
     let SampleShape { n_rows, vocab, history_capacity, n_rings, out_offset, out_stride } = shape;
-    let SampleBuffers { logits, params, history, out } = buffers;
+    let SampleBuffers { logits, params, history, out, mask } = buffers;
     if n_rows == 0 || vocab == 0 {
         return Err(shape_err(OP, format!("n_rows ({n_rows}) and vocab ({vocab}) must be at least 1")));
     }
     if n_rows > 1 && out_stride == 0 {
         return Err(shape_err(OP, "out_stride 0 would write every row's token to one slot"));
     }
-    let distinct = [logits, params, history, out];
-    if (0..4).any(|i| (i + 1..4).any(|j| distinct[i] == distinct[j])) {
-        return Err(shape_err(OP, "logits, params, history and out must be different buffers"));
+    let distinct = [logits, params, history, out, mask];
+    if (0..5).any(|i| (i + 1..5).any(|j| distinct[i] == distinct[j])) {
+        return Err(shape_err(OP, "logits, params, history, out and mask must be different buffers"));
     }
     let n = n_rows as u64;
     let work_bytes = n * WORK_ROW as u64 * 4;
@@ -245,7 +254,8 @@ pub fn sample(ctx: &Context, buffers: SampleBuffers<'_>, shape: SampleShape) -> 
     check_size(OP, "params", params, n * std::mem::size_of::<RowParams>() as u64)?;
     check_size(OP, "history", history, (n_rings as u64 * history_capacity as u64 * 4).max(4))?;
     check_size(OP, "out", out, (out_offset as u64 + (n - 1) * out_stride as u64 + 1) * 4)?;
-    for (what, buffer) in [("logits", logits), ("params", params), ("history", history), ("out", out)] {
+    check_size(OP, "mask", mask, n * vocab.div_ceil(32) as u64 * 4)?;
+    for (what, buffer) in [("logits", logits), ("params", params), ("history", history), ("out", out), ("mask", mask)] {
         check_binding(ctx, OP, what, buffer.size())?;
     }
 
@@ -299,7 +309,7 @@ pub fn sample(ctx: &Context, buffers: SampleBuffers<'_>, shape: SampleShape) -> 
         ctx,
         "sample.prepare",
         prepare,
-        &[(0, b(logits)), (1, b(params)), (2, b(&work)), (4, shape_at(0)), (5, b(history)), (8, b(&args_even)), (9, b(&args_odd))],
+        &[(0, b(logits)), (1, b(params)), (2, b(&work)), (4, shape_at(0)), (5, b(history)), (8, b(&args_even)), (9, b(&args_odd)), (10, b(mask))],
         grid(ctx, n * prep_width as u64, WG as u64),
     )
     .owning(work.clone())];
@@ -322,15 +332,25 @@ pub fn sample(ctx: &Context, buffers: SampleBuffers<'_>, shape: SampleShape) -> 
 #[cfg(feature = "testing")]
 /// CPU reference of [`sample`]: [`crate::sampler::sample_row`] on each active row with its
 /// window decoded from the ring, penalizing `logits` in place and appending to the rings of
-/// [`RowParams::APPEND_HISTORY`] rows as the GPU does. Returns each row's token (`None` for an
-/// inactive row). logits: [n_rows, vocab], history: [n_rows, history_capacity].
-pub fn sample_cpu(logits: &mut [f32], params: &[RowParams], history: &mut [u32], shape: &SampleShape) -> Vec<Option<u32>> {
+/// [`RowParams::APPEND_HISTORY`] rows as the GPU does, and setting the logits a
+/// [`RowParams::MASKED`] row's mask clears to `-inf` first. Returns each row's token (`None` for
+/// an inactive row). logits: [n_rows, vocab], history: [n_rows, history_capacity],
+/// mask: [n_rows, ceil(vocab / 32)] (may be empty when no row is masked).
+pub fn sample_cpu(logits: &mut [f32], params: &[RowParams], history: &mut [u32], mask: &[u32], shape: &SampleShape) -> Vec<Option<u32>> {
     let (vocab, cap) = (shape.vocab as usize, shape.history_capacity);
+    let words = vocab.div_ceil(32);
     (0..shape.n_rows as usize)
         .map(|r| {
             let p = &params[r];
             if p.flags & RowParams::ACTIVE == 0 {
                 return None;
+            }
+            if p.flags & RowParams::MASKED != 0 {
+                for (t, l) in logits[r * vocab..(r + 1) * vocab].iter_mut().enumerate() {
+                    if mask[r * words + t / 32] >> (t % 32) & 1 == 0 {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
             }
             let has_ring = p.history_ring < shape.n_rings;
             let ring = p.history_ring as usize * cap as usize;
