@@ -422,3 +422,49 @@ fn trace_continues_conversations_and_prints_the_summary() {
     assert!(rows[1]["snapshot_bytes"].as_u64().unwrap() > rows[0]["snapshot_bytes"].as_u64().unwrap());
     assert_eq!(plain[3]["summary"]["pool"]["blocks_cached"], 0);
 }
+
+#[test]
+fn generate_follows_json_schemas_grammars_and_response_formats() {
+    let dir = temp_dir("constrained");
+    let model = dir.join("tiny.gguf");
+    std::fs::write(&model, tiny_model(61)).unwrap();
+    let model = model.to_str().unwrap();
+    let schema = dir.join("schema.json");
+    std::fs::write(&schema, r#"{"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["n"], "additionalProperties": false}"#).unwrap();
+    let items = dir.join("items.json");
+    std::fs::write(
+        &items,
+        r#"[{"id": "plain", "prompt": "abc"},
+            {"id": "enum", "prompt": "def", "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": {"enum": ["on", "off"]}, "strict": true}}},
+            {"id": "text", "prompt": "ghi", "response_format": {"type": "text"}}]"#,
+    )
+    .unwrap();
+    let (items, schema) = (items.to_str().unwrap(), schema.to_str().unwrap());
+    let got = lines(&bin().args(["generate", "--model", model, "--input", items, "--json-schema", schema, "--max-tokens", "40"]).output().unwrap());
+    assert_eq!(got.len(), 3, "{got:?}");
+    let g = &got[0];
+    let v: Value = serde_json::from_str(g["text"].as_str().unwrap()).unwrap_or_else(|e| panic!("{g}: {e}"));
+    assert!((1..=9).contains(&v["n"].as_i64().unwrap_or(0)) && v.as_object().unwrap().len() == 1, "{g}");
+    assert_eq!(g["finish_reason"], "stop", "{g}");
+    // An item's own response_format wins over --json-schema: an enum, and plain text.
+    assert!(["\"on\"", "\"off\""].contains(&got[1]["text"].as_str().unwrap()), "{}", got[1]);
+    let free = lines(&bin().args(["generate", "--model", model, "--input", items, "--max-tokens", "40"]).output().unwrap());
+    assert_eq!(got[2]["tokens"], free[2]["tokens"], "response_format text is unconstrained");
+    assert_ne!(got[0]["tokens"], free[0]["tokens"], "the schema changed nothing on this model");
+    let grammar = dir.join("g.lark");
+    std::fs::write(&grammar, "start: \"x=\" /[0-9]{2}/\n").unwrap();
+    let out = bin().args(["generate", "--model", model, "--prompt", "abc", "--grammar", grammar.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.trim_end().len() == 4 && text.starts_with("x=") && text[2..4].bytes().all(|b| b.is_ascii_digit()), "{text:?}");
+
+    // A bad constraint anywhere exits before anything is generated.
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, r#"[{"id": "fine", "prompt": "abc"}, {"id": "broken", "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "objekt"}}}}]"#).unwrap();
+    let err = fails(&["generate", "--model", model, "--input", bad.to_str().unwrap()]);
+    assert!(err.contains("broken") && err.contains("objekt"), "{err}");
+    let err = fails(&["generate", "--model", model, "--input", items, "--json-schema", schema, "--grammar", grammar.to_str().unwrap()]);
+    assert!(err.contains("exclude"), "{err}");
+    std::fs::write(&bad, r#"[{"id": "a", "prompt": "x", "response_format": {"type": "yaml"}}]"#).unwrap();
+    assert!(fails(&["generate", "--model", model, "--input", bad.to_str().unwrap()]).contains("yaml"));
+}
