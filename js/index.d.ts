@@ -84,6 +84,11 @@ export interface ChatMessage {
   content: string;
 }
 
+export type ResponseFormat =
+  | { type: "text" }
+  | { type: "json_object" }
+  | { type: "json_schema"; json_schema: { name: string; description?: string; schema?: Record<string, unknown>; strict?: boolean | null } };
+
 export interface ChatCompletionCreateParams {
   messages: ChatMessage[];
   stream?: boolean;
@@ -96,6 +101,14 @@ export interface ChatCompletionCreateParams {
   repetition_penalty?: number;
   seed?: number;
   stop?: string | string[];
+  /**
+   * Structured output: `{type: "json_object"}` (any JSON object) or `{type: "json_schema",
+   * json_schema: {name, schema, strict}}` (JSON valid against `schema`); `{type: "text"}` is none.
+   * An invalid schema is refused with `INVALID_ARGUMENT` and the reason.
+   */
+  response_format?: ResponseFormat;
+  /** The output matches this grammar (llguidance's Lark syntax); not with `response_format`. */
+  grammar?: string;
   signal?: AbortSignal;
 }
 
@@ -113,6 +126,14 @@ export interface CompletionCreateParams {
   repetition_penalty?: number;
   seed?: number;
   stop?: string | string[];
+  /**
+   * Structured output: `{type: "json_object"}` (any JSON object) or `{type: "json_schema",
+   * json_schema: {name, schema, strict}}` (JSON valid against `schema`); `{type: "text"}` is none.
+   * An invalid schema is refused with `INVALID_ARGUMENT` and the reason.
+   */
+  response_format?: ResponseFormat;
+  /** The output matches this grammar (llguidance's Lark syntax); not with `response_format`. */
+  grammar?: string;
   signal?: AbortSignal;
 }
 
@@ -136,6 +157,8 @@ export interface GenerationDetails {
   blocks: number[] | null;
   /** The pool right after the request. */
   stats: PoolSnapshot;
+  /** Set when a constrained output (response_format, grammar) ended before it was complete. */
+  warning: string | null;
 }
 
 export interface ChatCompletion {

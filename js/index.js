@@ -229,6 +229,7 @@ class Request {
       queue_ms: r.queue_ms,
       blocks: r.blocks ?? null,
       stats: done.stats,
+      warning: r.warning ?? null,
     };
     if (r.finish_reason === "abort") {
       this.fail(new PagedlmError("ABORTED", "the request was aborted", { partial: { content: r.text, usage, pagedlm: details } }));

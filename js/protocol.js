@@ -12,7 +12,7 @@ export const ENGINE_OPTIONS = Object.freeze(["kvDtype", "kvLayout", "blockSize",
 /** Options of `createEngine` that js/index.js handles itself. */
 export const PACKAGE_OPTIONS = Object.freeze(["onProgress", "cache", "cacheName", "workerUrl"]);
 /** Parameters of `chat.completions.create` and `completions.create` that go to the wasm engine (`WebEngine.submit`, `submitPrompt`). */
-export const REQUEST_OPTIONS = Object.freeze(["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "repetition_penalty"]);
+export const REQUEST_OPTIONS = Object.freeze(["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "repetition_penalty", "response_format", "grammar"]);
 /** Parameters of `chat.completions.create` that js/index.js handles itself. */
 export const REQUEST_PARAMS = Object.freeze(["messages", "stream", "stream_options", "signal"]);
 /** Parameters of `completions.create` (completion mode) that js/index.js handles itself. */

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 
 use crate::engine::{
-    AdapterClass, ChatFormatKind, ChatMessage, Engine, EngineError, EngineOptions, EngineStats, ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout,
+    AdapterClass, ChatFormatKind, Constraint, ChatMessage, Engine, EngineError, EngineOptions, EngineStats, ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout,
     Profile, ProfileSummary, RequestId, SamplingParams, SchedStats, TokenEvent,
 };
 
@@ -192,15 +192,24 @@ struct ChatOptions {
     repetition_penalty: Option<f32>,
     seed: Option<u64>,
     stop: Option<Stop>,
+    /// OpenAI's `{type: "text" | "json_object" | "json_schema", json_schema?: {name, schema, strict}}`.
+    response_format: Option<serde_json::Value>,
+    /// A grammar in llguidance's Lark syntax the output must match.
+    grammar: Option<String>,
 }
 
 impl ChatOptions {
-    fn request(self) -> GenerateRequest {
+    fn request(self) -> Result<GenerateRequest, WebError> {
         let base = GenerateRequest::default();
         let d = SamplingParams::default();
-        GenerateRequest {
+        let constraint = match (&self.response_format, self.grammar) {
+            (Some(_), Some(_)) => return Err(WebError::new(ErrorCode::InvalidArgument, "response_format and grammar exclude each other: give one")),
+            (Some(format), None) => Constraint::from_response_format(format).map_err(EngineError::from)?,
+            (None, grammar) => grammar.map(Constraint::Lark),
+        };
+        Ok(GenerateRequest {
             ignore_eos: false,
-            constraint: None,
+            constraint,
             max_tokens: self.max_tokens.unwrap_or(base.max_tokens),
             sampling: SamplingParams {
                 temperature: self.temperature.unwrap_or(d.temperature),
@@ -215,7 +224,7 @@ impl ChatOptions {
                 Some(Stop::One(s)) => vec![s],
                 Some(Stop::Many(v)) => v,
             },
-        }
+        })
     }
 }
 
@@ -529,7 +538,7 @@ impl WebEngine {
 
     /// Queues `prompt` with `options` (those of `chat`) for [`WebEngine::step`].
     fn submit_tokens(engine: &mut Engine, prompt: Vec<u32>, options: JsValue) -> Result<JsValue, WebError> {
-        let request = self::options::<ChatOptions>(options, "chat options")?.request();
+        let request = self::options::<ChatOptions>(options, "chat options")?.request()?;
         let prompt_tokens = prompt.len() as u32;
         let id = engine.submit(prompt, request)?;
         to_js(&Submitted { id, prompt_tokens })
@@ -560,7 +569,7 @@ impl WebEngine {
     #[allow(clippy::await_holding_refcell_ref)]
     pub async fn chat(&self, messages: JsValue, options: JsValue, on_token: js_sys::Function) -> Result<JsValue, WebError> {
         let messages = parse_messages(messages)?;
-        let request = self::options::<ChatOptions>(options, "chat options")?.request();
+        let request = self::options::<ChatOptions>(options, "chat options")?.request()?;
         let inner = Rc::clone(&self.inner);
         let mut engine = inner.try_borrow_mut().map_err(|_| busy())?;
         let prompt = self.chat_prompt(&engine, &messages)?;

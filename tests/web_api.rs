@@ -604,3 +604,34 @@ async fn profile_reports_the_decode_step_and_refuses_bad_calls() {
     run_steps(&engine).await;
     engine.profile(20, JsValue::UNDEFINED).await.expect("profile once idle again");
 }
+
+#[wasm_bindgen_test]
+async fn response_format_and_grammar_constrain_chat_and_bad_ones_are_invalid_arguments() {
+    let engine = engine().await;
+    let schema = r#"{"max_tokens": 60, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": true,
+        "schema": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["n"], "additionalProperties": false}}}}"#;
+    let out = engine.chat(json(HELLO), json(schema), Counter::new(None).function()).await.unwrap_or_else(|e| panic!("chat failed: {e:?}"));
+    let reply = js_sys::JSON::parse(&text(&out, "text")).unwrap_or_else(|e| panic!("{:?} does not parse: {e:?}", text(&out, "text")));
+    let n = num(&reply, "n");
+    assert!((1.0..=9.0).contains(&n) && js_sys::Object::keys(reply.unchecked_ref::<js_sys::Object>()).length() == 1, "{:?}", text(&out, "text"));
+    assert_eq!(text(&out, "finish_reason"), "stop");
+    let out = engine.chat(json(HELLO), json(r#"{"grammar": "start: \"ok\" | \"no\""}"#), Counter::new(None).function()).await.expect("chat");
+    assert!(["ok", "no"].contains(&text(&out, "text").as_str()), "{:?}", text(&out, "text"));
+    let cut = r#"{"max_tokens": 2, "response_format": {"type": "json_object"}}"#;
+    let out = engine.chat(json(HELLO), json(cut), Counter::new(None).function()).await.expect("chat");
+    assert_eq!(text(&out, "finish_reason"), "length");
+    assert!(text(&out, "warning").contains("not match"), "a warning that the output is incomplete");
+
+    let counter = Counter::new(None);
+    let bad = [
+        (r#"{"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}}"#, "objekt"),
+        (r#"{"response_format": {"type": "yaml"}}"#, "yaml"),
+        (r#"{"grammar": "start: ("}"#, "invalid constraint"),
+        (r#"{"grammar": "start: \"a\"", "response_format": {"type": "json_object"}}"#, "exclude"),
+    ];
+    for (options, needle) in bad {
+        let message = expect_code(options, engine.chat(json(HELLO), json(options), counter.function()).await, ErrorCode::InvalidArgument);
+        assert!(message.contains(needle), "{options}: {message}");
+    }
+    assert_eq!(counter.calls.get(), 0, "nothing was generated");
+}
