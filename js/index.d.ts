@@ -79,9 +79,17 @@ export interface EngineOptions {
   workerUrl?: string | URL;
 }
 
+/** A text part of a message's content, as OpenAI's SDK types it (other parts are UNSUPPORTED). */
+export interface ChatContentPartText {
+  type: "text";
+  text: string;
+}
+
 export interface ChatMessage {
-  role: "system" | "user" | "assistant" | string;
-  content: string;
+  /** `developer` is taken as `system`. */
+  role: "system" | "developer" | "user" | "assistant" | string;
+  /** Text, or text parts (joined). */
+  content: string | ChatContentPartText[];
 }
 
 export type ResponseFormat =
@@ -166,7 +174,7 @@ export interface ChatCompletion {
   object: "chat.completion";
   created: number;
   model: string;
-  choices: { index: 0; message: { role: "assistant"; content: string }; logprobs: null; finish_reason: "stop" | "length" }[];
+  choices: { index: 0; message: { role: "assistant"; content: string; refusal: null }; logprobs: null; finish_reason: "stop" | "length" }[];
   usage: CompletionUsage;
   pagedlm: GenerationDetails;
 }

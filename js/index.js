@@ -99,16 +99,34 @@ class Channel {
   }
 }
 
+/**
+ * Messages as OpenAI's SDK types them, for the engine: `content` a string or an array of text
+ * parts (joined; image, audio and file parts are UNSUPPORTED), the `developer` role as `system`.
+ */
 function checkMessages(messages) {
   if (!Array.isArray(messages) || messages.length === 0) {
     throw invalid("messages must be a non-empty array of {role, content}");
   }
   return messages.map((m, i) => {
-    if (!m || typeof m.role !== "string" || typeof m.content !== "string") {
-      throw invalid(`messages[${i}] must be {role: string, content: string}`);
+    if (!m || typeof m.role !== "string") {
+      throw invalid(`messages[${i}] must be {role: string, content: string | text parts}`);
     }
-    return { role: m.role, content: m.content };
+    return { role: m.role === "developer" ? "system" : m.role, content: messageText(m.content, i) };
   });
+}
+
+function messageText(content, i) {
+  if (typeof content === "string") return content;
+  if (!Array.isArray(content)) throw invalid(`messages[${i}].content must be a string or an array of {type: "text", text} parts`);
+  return content
+    .map((part, j) => {
+      if (part && part.type === "text" && typeof part.text === "string") return part.text;
+      if (part && typeof part.type === "string" && part.type !== "text") {
+        throw new PagedlmError("UNSUPPORTED", `messages[${i}].content[${j}]: ${part.type} parts are not supported (text only)`);
+      }
+      throw invalid(`messages[${i}].content[${j}] must be {type: "text", text: string}`);
+    })
+    .join("");
 }
 
 function abortError(signal) {
@@ -137,7 +155,7 @@ const SHAPES = Object.freeze({
     first: () => ({ delta: { role: "assistant", content: "" } }),
     /** The choice of a chunk carrying `text` (undefined: none, as on the last chunk). */
     choice: (text) => (text === undefined ? { delta: {} } : { delta: { content: text } }),
-    final: (text) => ({ message: { role: "assistant", content: text } }),
+    final: (text) => ({ message: { role: "assistant", content: text, refusal: null } }),
   },
   completion: {
     idPrefix: "cmpl",

@@ -178,6 +178,17 @@ describe("npm package", () => {
       r.badMessages = await codeOf(engine.chat.completions.create({ messages: "hi" }));
       r.badOption = await codeOf(createEngine("/model.gguf", { kvDtyp: "int8" }));
       r.badSampling = await codeOf(engine.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], temperature: -1, max_tokens: 1 }));
+      r.imagePart = await codeOf(engine.chat.completions.create({ messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "x" } }] }] }));
+      r.badFormat = await codeOf(engine.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], response_format: { type: "yaml" } }));
+      r.badSchema = await codeOf(engine.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "objekt" } } } }));
+      // OpenAI-typed messages (a developer turn, text parts) and an enum schema: a short reply.
+      const yesNo = await engine.chat.completions.create({
+        messages: [{ role: "developer", content: "Answer yes or no." }, { role: "user", content: [{ type: "text", text: "Is the sky " }, { type: "text", text: "blue?" }] }],
+        response_format: { type: "json_schema", json_schema: { name: "answer", schema: { enum: ["yes", "no"] }, strict: true } },
+        max_tokens: 4,
+        temperature: 0,
+      });
+      r.yesNo = { message: yesNo.choices[0].message, finish: yesNo.choices[0].finish_reason, warning: yesNo.pagedlm.warning };
       r.reset = (await engine.resetCache()).pool;
       // The profile runs in the worker on the idle engine; while a request runs it is BUSY.
       const p = await engine.profile(8);
@@ -220,6 +231,11 @@ describe("npm package", () => {
     assert.equal(out.badMessages, "PagedlmError:INVALID_ARGUMENT:true");
     assert.equal(out.badOption, "PagedlmError:INVALID_ARGUMENT:true");
     assert.equal(out.badSampling, "PagedlmError:INVALID_ARGUMENT:true");
+    assert.equal(out.imagePart, "PagedlmError:UNSUPPORTED:true");
+    assert.equal(out.badFormat, "PagedlmError:INVALID_ARGUMENT:true");
+    assert.equal(out.badSchema, "PagedlmError:INVALID_ARGUMENT:true");
+    assert.ok(['"yes"', '"no"'].includes(out.yesNo.message.content), `an enum answer: ${JSON.stringify(out.yesNo)}`);
+    assert.deepEqual([out.yesNo.message.refusal, out.yesNo.finish, out.yesNo.warning], [null, "stop", null]);
     assert.equal(out.reset.blocks_cached, 0, "resetCache drops every cached block");
     assert.ok(["timestamps", "wall_clock_per_kernel"].includes(out.profile.method), out.profile.method);
     assert.equal(out.profile.listed, out.profile.dispatches, "the profile's kernels cover every decode dispatch");

@@ -33,6 +33,17 @@ async function main(file: File): Promise<string> {
     const c: CompletionChunk = chunk;
     text += c.choices[0]?.text ?? "";
   }
+  const structured = await engine.chat.completions.create({
+    messages: [{ role: "user", content: "A person as JSON" }],
+    response_format: { type: "json_schema", json_schema: { name: "person", schema: { type: "object" }, strict: true } },
+  });
+  text += structured.choices[0].message.content + (structured.pagedlm.warning ?? "");
+  await engine.chat.completions.create({
+    messages: [{ role: "developer", content: "Answer in JSON." }, { role: "user", content: [{ type: "text", text: "A " }, { type: "text", text: "cat" }] }],
+    response_format: { type: "json_object" },
+  });
+  const refusal: null = structured.choices[0].message.refusal;
+  await engine.completions.create({ prompt: "Answer: ", grammar: 'start: "yes" | "no"', max_tokens: 2 });
   const plain = await engine.completions.create({ prompt: "Once", max_tokens: 2, seed: 1 });
   text += plain.choices[0].text + plain.usage.completion_tokens + (window ?? perToken);
   const stats: EngineStats = await engine.stats();
@@ -63,6 +74,8 @@ createEngine("/m.gguf").then((e) => e.chat.completions.create({ max_tokens: 1 })
 createEngine("/m.gguf").then((e) => e.completions.create({ messages: [{ role: "user", content: "Hi" }] }));
 // @ts-expect-error: a completion has text, not a message
 createEngine("/m.gguf").then(async (e) => (await e.completions.create({ prompt: "x" })).choices[0].message);
+// @ts-expect-error: response_format's type is "text", "json_object" or "json_schema"
+createEngine("/m.gguf").then((e) => e.chat.completions.create({ messages: [], response_format: { type: "yaml" } }));
 // @ts-expect-error: profile takes a token count
 createEngine("/m.gguf").then((e) => e.profile("512"));
 
