@@ -8,7 +8,7 @@
 //! [`Constrained`] matcher with the mask of the first token; after each generated token
 //! [`Constrained::advance`] computes the next. A mask is `ceil(vocab / 32)` little-endian u32
 //! words over the model's vocabulary (bit `t % 32` of word `t / 32`: token `t` is allowed); the
-//! GPU sampler reads it as is ([`crate::gpu::ops::sample`]). End-of-generation tokens are allowed
+//! GPU sampler reads it as is (its `RowParams::MASKED` rows). End-of-generation tokens are allowed
 //! exactly when the constraint is complete.
 //!
 //! JSON output defaults to one layout: `", "` between items, `": "` after keys and no other

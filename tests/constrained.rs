@@ -8,12 +8,11 @@ mod common;
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-use std::collections::HashMap;
 
 use common::tiny_model;
 use serde_json::{json, Value};
 
-use pagedlm::engine::{Constraint, Engine, EngineOptions, ErrorKind, Event, FinishReason, GenerateRequest, Generation, RequestId, SchedConfig};
+use pagedlm::engine::{Constraint, Engine, EngineOptions, ErrorKind, FinishReason, GenerateRequest, Generation, RequestId, SchedConfig};
 use pagedlm::rng::Rng;
 use pagedlm::sampler::SamplingParams;
 
@@ -56,26 +55,6 @@ fn constrained(schema: &Value, sampling: SamplingParams) -> GenerateRequest {
     GenerateRequest { max_tokens: 96, sampling, constraint: Some(Constraint::JsonSchema(schema.clone())), ..Default::default() }
 }
 
-/// Runs every submitted request to the end and returns each one's generation, checking that
-/// the streamed tokens are the result's.
-async fn finish_all(engine: &mut Engine) -> HashMap<RequestId, Generation> {
-    let (mut streamed, mut done): (HashMap<RequestId, Vec<u32>>, HashMap<RequestId, Generation>) = (HashMap::new(), HashMap::new());
-    while engine.has_work() {
-        for e in engine.step().await.unwrap() {
-            match e {
-                Event::Token { id, token, .. } => streamed.entry(id).or_default().push(token),
-                Event::Finished { id, result } => {
-                    let g = result.unwrap_or_else(|e| panic!("request {id:?} failed: {e}"));
-                    assert_eq!(streamed.remove(&id).unwrap_or_default(), g.tokens, "streamed tokens differ from the result");
-                    done.insert(id, g);
-                }
-                Event::Admitted { .. } => {}
-            }
-        }
-        engine.kv_cache().check_integrity().unwrap();
-    }
-    done
-}
 
 fn assert_matches(what: &str, k: usize, g: &Generation) {
     assert_eq!(g.finish_reason, FinishReason::Stop, "{what}: schema {k} did not complete: {:?} ({:?})", g.text, g.warning);
@@ -114,7 +93,7 @@ gpu_test! {
         let mut batched = Engine::load(&bytes, EngineOptions { sched, block_size: 8, check_integrity: true, ..opts }).await.unwrap();
         let free_id = batched.submit(free.0.clone(), free.1.clone()).unwrap();
         let submitted: Vec<RequestId> = work.iter().map(|(_, p, r)| batched.submit(p.clone(), r.clone()).unwrap()).collect();
-        let done = finish_all(&mut batched).await;
+        let done = common::finish_streamed(&mut batched, true).await;
         assert_eq!(done[&free_id].tokens, free_solo, "the free request's tokens in a batch with constrained ones");
         for (i, id) in submitted.iter().enumerate() {
             let k = work[i].0;

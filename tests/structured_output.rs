@@ -8,12 +8,11 @@
 #![cfg(not(target_arch = "wasm32"))]
 mod common;
 
-use std::collections::HashMap;
 
 use common::{now_ms, real_model_bytes, report};
 use serde_json::{json, Value};
 
-use pagedlm::engine::{ChatMessage, Constraint, Engine, EngineOptions, Event, FinishReason, GenerateRequest, Generation, KvDtype, RequestId, SchedConfig};
+use pagedlm::engine::{ChatMessage, Constraint, Engine, EngineOptions, FinishReason, GenerateRequest, Generation, KvDtype, SchedConfig};
 
 const SUBJECTS: [&str; 20] = [
     "a baker in Lyon", "a lighthouse keeper", "a retired astronaut", "a young chess player", "a beekeeper",
@@ -49,24 +48,6 @@ fn prompt(engine: &Engine, question: &str, subject: &str) -> Vec<u32> {
     engine.chat_prompt(&[ChatMessage::new("user", text)]).unwrap()
 }
 
-/// Runs every submitted request to the end, streamed: returns each one's generation.
-async fn finish_all(engine: &mut Engine) -> HashMap<RequestId, Generation> {
-    let (mut streamed, mut done): (HashMap<RequestId, Vec<u32>>, HashMap<RequestId, Generation>) = (HashMap::new(), HashMap::new());
-    while engine.has_work() {
-        for e in engine.step().await.unwrap() {
-            match e {
-                Event::Token { id, token, .. } => streamed.entry(id).or_default().push(token),
-                Event::Finished { id, result } => {
-                    let g = result.unwrap_or_else(|e| panic!("request {id:?} failed: {e}"));
-                    assert_eq!(streamed.remove(&id).unwrap_or_default(), g.tokens, "streamed tokens differ from the result");
-                    done.insert(id, g);
-                }
-                Event::Admitted { .. } => {}
-            }
-        }
-    }
-    done
-}
 
 fn validate(what: &str, schema: &Value, g: &Generation) {
     assert_eq!(g.finish_reason, FinishReason::Stop, "{what}: did not complete: {:?} ({:?})", g.text, g.warning);
@@ -84,7 +65,7 @@ async fn run_all(engine: &mut Engine, work: &[(String, Vec<u32>, Value)], what: 
         let request = GenerateRequest { max_tokens: 96, constraint: Some(Constraint::JsonSchema(schema.clone())), ..Default::default() };
         ids.push(engine.submit(p.clone(), request).unwrap());
     }
-    let done = finish_all(engine).await;
+    let done = common::finish_streamed(engine, false).await;
     let ms = now_ms() - t0;
     let mut tokens = 0;
     for (k, (id, (name, _, schema))) in ids.iter().zip(work).enumerate() {

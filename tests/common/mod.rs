@@ -238,3 +238,28 @@ pub async fn assert_int8_within_rounding(what: &str, bytes: &[u8], ids: &[u32], 
     }
 }
 
+
+/// Steps `engine` until every submitted request has finished and returns each one's generation,
+/// checking that its streamed tokens are its result's (and, with `check_integrity`, the KV cache
+/// after every step). A failed request fails the test.
+pub async fn finish_streamed(engine: &mut pagedlm::engine::Engine, check_integrity: bool) -> std::collections::HashMap<pagedlm::engine::RequestId, pagedlm::engine::Generation> {
+    use pagedlm::engine::Event;
+    let (mut streamed, mut done) = (std::collections::HashMap::new(), std::collections::HashMap::new());
+    while engine.has_work() {
+        for e in engine.step().await.unwrap() {
+            match e {
+                Event::Token { id, token, .. } => streamed.entry(id).or_insert_with(Vec::new).push(token),
+                Event::Finished { id, result } => {
+                    let g = result.unwrap_or_else(|e| panic!("request {id:?} failed: {e}"));
+                    assert_eq!(streamed.remove(&id).unwrap_or_default(), g.tokens, "streamed tokens differ from the result");
+                    done.insert(id, g);
+                }
+                Event::Admitted { .. } => {}
+            }
+        }
+        if check_integrity {
+            engine.kv_cache().check_integrity().unwrap();
+        }
+    }
+    done
+}

@@ -15,7 +15,7 @@
 //! `history_head`, so a GPU-resident loop only advances head and length in the next step's params.
 //! The penalty is applied to `logits` in place, as [`crate::sampler::Sampler::sample`] does.
 //! A row flagged [`RowParams::MASKED`] chooses among the tokens its row of `mask` allows
-//! (constrained decoding, [`crate::constraint`]): the others' logits become `-inf` first, in
+//! (constrained decoding: JSON Schema and grammar masks): the others' logits become `-inf` first, in
 //! the same prepare pass, so greedy and sampled rows alike never choose them.
 //!
 //! **Algorithm** (details in `shaders/sample.wgsl`). After the penalty and the two-pass argmax
