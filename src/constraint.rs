@@ -161,7 +161,7 @@ impl Grammars {
 }
 
 /// `schema` with pagedlm's default JSON layout unless it sets its own (`x-guidance`).
-fn json_layout(mut schema: serde_json::Value) -> serde_json::Value {
+pub(crate) fn json_layout(mut schema: serde_json::Value) -> serde_json::Value {
     if let Some(obj) = schema.as_object_mut() {
         obj.entry("x-guidance").or_insert_with(|| {
             serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})

@@ -35,6 +35,7 @@ pub use crate::kv::{KvDtype, KvLayout};
 pub use crate::model::ModelConfig;
 pub use crate::profile::{ColdStep, Profile, ProfileSummary, StepProfile, TimedRun};
 pub use crate::constraint::{Constraint, ConstraintError};
+pub use crate::tools::{Message, ToolCall, ToolChoice, Tools};
 pub use crate::request::{Event, FinishReason, GenerateRequest, Generation, RequestId, TokenEvent};
 pub use crate::sampler::SamplingParams;
 pub use crate::sched::{RunningInfo, SchedConfig, SchedStats};
@@ -262,6 +263,19 @@ impl Engine {
         self.render(messages, true)
     }
 
+    /// The prompt of an OpenAI-style chat request: `messages` (which may hold tool calls and
+    /// tool results) with `tools`' section in the system turn when they are offered, rendered
+    /// with the chat template and the generation prompt ([`crate::tools::chat_messages`]).
+    pub fn openai_chat_prompt(&self, messages: &[Message], tools: Option<&Tools>) -> Result<Vec<u32>, EngineError> {
+        self.chat_prompt(&self.openai_messages(messages, tools)?)
+    }
+
+    /// `messages` as the chat template takes them ([`crate::tools::chat_messages`], with this
+    /// model's default system prompt).
+    pub fn openai_messages(&self, messages: &[Message], tools: Option<&Tools>) -> Result<Vec<ChatMessage>, EngineError> {
+        Ok(crate::tools::chat_messages(messages, tools, self.tokenizer.default_system_prompt())?)
+    }
+
     /// The ids of a conversation so far (its messages rendered without the generation prompt):
     /// a later prompt of these messages plus a new turn begins with exactly these ids, so they
     /// are what a snapshot of the conversation keeps.
@@ -308,7 +322,7 @@ impl Engine {
     pub fn submit(&mut self, prompt: Vec<u32>, request: GenerateRequest) -> Result<RequestId, EngineError> {
         self.check_tokens(&prompt)?;
         let sampler = Sampler::new(request.sampling.clone())?;
-        let constrained = match &request.constraint {
+        let constrained = match &request.output_constraint()? {
             Some(c) => Some(self.grammars()?.start(c)?),
             None => None,
         };
@@ -642,7 +656,7 @@ impl Engine {
             sampling: SamplingParams::greedy(),
             stop: Vec::new(),
             ignore_eos: true,
-            constraint: None,
+            ..Default::default()
         };
         let id = self.submit(tokens.to_vec(), request)?;
         // Tokens the request has produced (the first comes from its prefill).

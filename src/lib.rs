@@ -18,5 +18,6 @@ pub mod sched;
 pub mod synth;
 pub mod time;
 pub mod tokenizer;
+pub mod tools;
 #[cfg(target_arch = "wasm32")]
 pub mod web;

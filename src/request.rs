@@ -7,6 +7,7 @@ use crate::kv::SeqId;
 use crate::sampler::{Sampler, SamplingParams};
 use crate::time::now_ms;
 use crate::tokenizer::StreamDecoder;
+use crate::tools::{ToolCall, Tools};
 
 /// A request's handle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -19,6 +20,9 @@ pub enum FinishReason {
     Stop,
     Length,
     Abort,
+    /// The reply is calls of the request's tools ([`Generation::tool_calls`]).
+    #[serde(rename = "tool_calls")]
+    ToolCalls,
 }
 
 /// A generation request.
@@ -33,11 +37,29 @@ pub struct GenerateRequest {
     /// What the output must match (JSON Schema, a grammar): each step's tokens are chosen among
     /// those it allows, and the generation ends when it is complete ([`crate::constraint`]).
     pub constraint: Option<Constraint>,
+    /// Functions the model may call ([`crate::tools`]): their grammar constrains the reply (with
+    /// `constraint`, they are refused), and a reply of calls ends with
+    /// [`FinishReason::ToolCalls`]. The prompt must offer them ([`crate::tools::chat_messages`]).
+    pub tools: Option<Tools>,
+}
+
+impl GenerateRequest {
+    /// The constraint its output follows: `constraint`, or its tools' grammar.
+    pub fn output_constraint(&self) -> Result<Option<Constraint>, crate::constraint::ConstraintError> {
+        match (&self.constraint, &self.tools) {
+            (Some(_), Some(t)) if t.offered() => Err(crate::constraint::ConstraintError::Invalid(
+                "tools cannot be combined with response_format or a grammar: give one".into(),
+            )),
+            (Some(c), _) => Ok(Some(c.clone())),
+            (None, Some(t)) => Ok(t.constraint()),
+            (None, None) => Ok(None),
+        }
+    }
 }
 
 impl Default for GenerateRequest {
     fn default() -> Self {
-        GenerateRequest { max_tokens: 128, sampling: SamplingParams::greedy(), stop: Vec::new(), ignore_eos: false, constraint: None }
+        GenerateRequest { max_tokens: 128, sampling: SamplingParams::greedy(), stop: Vec::new(), ignore_eos: false, constraint: None, tools: None }
     }
 }
 
@@ -47,6 +69,7 @@ impl FinishReason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
             FinishReason::Abort => "abort",
+            FinishReason::ToolCalls => "tool_calls",
         }
     }
 }
@@ -87,6 +110,10 @@ pub struct Generation {
     /// `max_tokens`, the context limit, a stop string or an abort): the text does not match.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,
+    /// The calls a reply of tool calls holds (`finish_reason` is then `tool_calls`; `text` keeps
+    /// the reply as the model wrote it). Call ids are `call_{request id}_{k}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
 }
 
 /// Something that happened to a request during a step.
@@ -332,11 +359,15 @@ impl Request {
         let now = now_ms();
         let prefill_done = self.prefill_done_ms.unwrap_or(now);
         let hit = self.first_hit.unwrap_or(0);
+        let tool_calls = match (&self.params.tools, reason) {
+            (Some(tools), FinishReason::Stop) => tools.read_calls(&self.text, &format!("call_{}_", self.id.0)),
+            _ => None,
+        };
         Generation {
             prompt_tokens: self.prompt.clone(),
             tokens: self.generated.clone(),
             text: self.text.clone(),
-            finish_reason: reason,
+            finish_reason: if tool_calls.is_some() { FinishReason::ToolCalls } else { reason },
             prefix_hit_tokens: hit,
             prefill_tokens: self.prompt.len() as u32 - hit,
             ttft_ms: self.first_token_ms.map_or(0.0, |t| t - self.submitted_ms),
@@ -346,6 +377,7 @@ impl Request {
             warning: self.constrained.as_ref().filter(|c| !c.is_accepting()).map(|_| {
                 format!("the output ended ({}) before its constraint was complete: it does not match the schema or grammar", reason.as_str())
             }),
+            tool_calls,
         }
     }
 }

@@ -18,8 +18,8 @@ use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 
 use crate::engine::{
-    AdapterClass, ChatFormatKind, Constraint, ChatMessage, Engine, EngineError, EngineOptions, EngineStats, ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout,
-    Profile, ProfileSummary, RequestId, SamplingParams, SchedStats, TokenEvent,
+    AdapterClass, ChatFormatKind, Constraint, Engine, EngineError, EngineOptions, EngineStats, ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout, Message,
+    Profile, ProfileSummary, RequestId, SamplingParams, SchedStats, TokenEvent, Tools,
 };
 
 /// What kind of failure an error is; JS sees it as `error.code`.
@@ -196,6 +196,11 @@ struct ChatOptions {
     response_format: Option<serde_json::Value>,
     /// A grammar in llguidance's Lark syntax the output must match.
     grammar: Option<String>,
+    /// OpenAI's `[{type: "function", function: {name, description, parameters}}]`.
+    tools: Option<serde_json::Value>,
+    /// `"auto" | "none" | "required" | {type: "function", function: {name}}`.
+    tool_choice: Option<serde_json::Value>,
+    parallel_tool_calls: Option<bool>,
 }
 
 impl ChatOptions {
@@ -207,9 +212,15 @@ impl ChatOptions {
             (Some(format), None) => Constraint::from_response_format(format).map_err(EngineError::from)?,
             (None, grammar) => grammar.map(Constraint::Lark),
         };
+        let tools = match (&self.tools, &self.tool_choice) {
+            (None, Some(_)) => return Err(WebError::new(ErrorCode::InvalidArgument, "tool_choice needs tools")),
+            (None, None) => None,
+            (Some(tools), choice) => Some(Tools::from_openai(tools, choice.as_ref(), self.parallel_tool_calls).map_err(EngineError::from)?),
+        };
         Ok(GenerateRequest {
             ignore_eos: false,
             constraint,
+            tools,
             max_tokens: self.max_tokens.unwrap_or(base.max_tokens),
             sampling: SamplingParams {
                 temperature: self.temperature.unwrap_or(d.temperature),
@@ -416,7 +427,8 @@ fn chat_template(engine: &Engine) -> Option<&'static str> {
     }
 }
 
-fn parse_messages(messages: JsValue) -> Result<Vec<ChatMessage>, WebError> {
+/// OpenAI-style messages: `[{role, content, tool_calls?, tool_call_id?}]`.
+fn parse_messages(messages: JsValue) -> Result<Vec<Message>, WebError> {
     serde_wasm_bindgen::from_value(messages).map_err(|e| conversion_error("invalid messages (want [{role, content}])", e))
 }
 
@@ -532,13 +544,12 @@ pub struct WebEngine {
 impl WebEngine {
     /// The prompt of a chat request: the chat template's (a base model's refusal,
     /// `INVALID_ARGUMENT`, comes from the tokenizer).
-    fn chat_prompt(&self, engine: &Engine, messages: &[ChatMessage]) -> Result<Vec<u32>, WebError> {
-        Ok(engine.chat_prompt(messages)?)
+    fn chat_prompt(&self, engine: &Engine, messages: &[Message], request: &GenerateRequest) -> Result<Vec<u32>, WebError> {
+        Ok(engine.openai_chat_prompt(messages, request.tools.as_ref())?)
     }
 
-    /// Queues `prompt` with `options` (those of `chat`) for [`WebEngine::step`].
-    fn submit_tokens(engine: &mut Engine, prompt: Vec<u32>, options: JsValue) -> Result<JsValue, WebError> {
-        let request = self::options::<ChatOptions>(options, "chat options")?.request()?;
+    /// Queues `prompt` for [`WebEngine::step`].
+    fn submit_tokens(engine: &mut Engine, prompt: Vec<u32>, request: GenerateRequest) -> Result<JsValue, WebError> {
         let prompt_tokens = prompt.len() as u32;
         let id = engine.submit(prompt, request)?;
         to_js(&Submitted { id, prompt_tokens })
@@ -572,7 +583,7 @@ impl WebEngine {
         let request = self::options::<ChatOptions>(options, "chat options")?.request()?;
         let inner = Rc::clone(&self.inner);
         let mut engine = inner.try_borrow_mut().map_err(|_| busy())?;
-        let prompt = self.chat_prompt(&engine, &messages)?;
+        let prompt = self.chat_prompt(&engine, &messages, &request)?;
         let prompt_len = JsValue::from(prompt.len() as u32);
         let mut thrown: Option<String> = None;
         let mut callback = |event: &TokenEvent<'_>| match on_token.call2(&JsValue::NULL, &JsValue::from_str(event.text), &prompt_len) {
@@ -595,9 +606,10 @@ impl WebEngine {
     /// A model without a chat template refuses it with `INVALID_ARGUMENT` (use `submitPrompt`).
     pub fn submit(&self, messages: JsValue, options: JsValue) -> Result<JsValue, WebError> {
         let messages = parse_messages(messages)?;
+        let request = self::options::<ChatOptions>(options, "chat options")?.request()?;
         let mut engine = self.inner.try_borrow_mut().map_err(|_| busy())?;
-        let prompt = self.chat_prompt(&engine, &messages)?;
-        Self::submit_tokens(&mut engine, prompt, options)
+        let prompt = self.chat_prompt(&engine, &messages, &request)?;
+        Self::submit_tokens(&mut engine, prompt, request)
     }
 
     /// Queues a raw-text completion for [`WebEngine::step`] (completion mode: no chat
@@ -606,9 +618,13 @@ impl WebEngine {
     /// like any request.
     #[wasm_bindgen(js_name = submitPrompt)]
     pub fn submit_prompt(&self, prompt: String, options: JsValue) -> Result<JsValue, WebError> {
+        let request = self::options::<ChatOptions>(options, "chat options")?.request()?;
+        if request.tools.is_some() {
+            return Err(WebError::new(ErrorCode::InvalidArgument, "tools are for chat requests (a raw-text prompt cannot offer them)"));
+        }
         let mut engine = self.inner.try_borrow_mut().map_err(|_| busy())?;
         let ids = engine.text_prompt(&prompt)?;
-        Self::submit_tokens(&mut engine, ids, options)
+        Self::submit_tokens(&mut engine, ids, request)
     }
 
     /// Runs one scheduling step over every submitted request: admits waiting ones, computes one
@@ -670,7 +686,7 @@ impl WebEngine {
     pub fn history_tokens(&self, messages: JsValue) -> Result<Vec<u32>, WebError> {
         let messages = parse_messages(messages)?;
         let engine = self.inner.try_borrow().map_err(|_| busy())?;
-        Ok(engine.history_tokens(&messages)?)
+        Ok(engine.history_tokens(&engine.openai_messages(&messages, None)?)?)
     }
 
     /// A KV snapshot of `tokens` (`Uint32Array`, e.g. from `historyTokens`): their ids and K/V

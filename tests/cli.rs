@@ -468,3 +468,37 @@ fn generate_follows_json_schemas_grammars_and_response_formats() {
     std::fs::write(&bad, r#"[{"id": "a", "prompt": "x", "response_format": {"type": "yaml"}}]"#).unwrap();
     assert!(fails(&["generate", "--model", model, "--input", bad.to_str().unwrap()]).contains("yaml"));
 }
+
+#[test]
+fn generate_answers_with_tool_calls_and_refuses_bad_tools() {
+    let dir = temp_dir("tools");
+    let model = dir.join("tiny.gguf");
+    // Room for the tools' system turn in the tiny model's byte-level tokens.
+    std::fs::write(&model, tiny_llama_gguf(&SynthConfig { seed: 62, context: 1536, ..SynthConfig::tiny() })).unwrap();
+    let model = model.to_str().unwrap();
+    let tools = r#"[{"type": "function", "function": {"name": "lamp", "description": "Turns the lamp on or off", "parameters": {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"], "additionalProperties": false}}}]"#;
+    let items = dir.join("items.json");
+    let item = |id: &str, extra: &str| format!(r#"{{"id": "{id}", "messages": [{{"role": "user", "content": "Light, please."}}], "tools": {tools}{extra}}}"#);
+    std::fs::write(&items, format!("[{}, {}]", item("forced", r#", "tool_choice": "required""#), item("none", r#", "tool_choice": "none""#))).unwrap();
+    let got = lines(&bin().args(["generate", "--model", model, "--input", items.to_str().unwrap(), "--max-tokens", "120"]).output().unwrap());
+    assert_eq!(got.len(), 2, "{got:?}");
+    let g = &got[0];
+    assert_eq!(g["finish_reason"], "tool_calls", "{g}");
+    let call = &g["tool_calls"][0];
+    assert_eq!((call["type"].as_str(), call["function"]["name"].as_str()), (Some("function"), Some("lamp")), "{g}");
+    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["on"].is_boolean() && args.as_object().unwrap().len() == 1, "{args}");
+    assert!(got[1].get("tool_calls").is_none() && got[1]["finish_reason"] != "tool_calls", "tool_choice none: {}", got[1]);
+    assert!(got[1]["prompt_tokens"].as_array().unwrap().len() < got[0]["prompt_tokens"].as_array().unwrap().len(), "none still offered the tools");
+
+    let bad = dir.join("bad.json");
+    for (text, needle) in [
+        (format!(r#"[{{"id": "raw", "prompt": "x", "tools": {tools}}}]"#), "messages"),
+        (r#"[{"id": "lonely", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}]"#.to_string(), "tool_choice"),
+        (format!("[{}]", item("unknown", r#", "tool_choice": {"type": "function", "function": {"name": "fan"}}"#)), "fan"),
+    ] {
+        std::fs::write(&bad, text).unwrap();
+        let err = fails(&["generate", "--model", model, "--input", bad.to_str().unwrap()]);
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+}

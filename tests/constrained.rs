@@ -2,7 +2,8 @@
 //! synthetic models, natively and in the browser: a random model's argmax wanders anywhere, so
 //! every output that parses and matches was the mask's doing. Constrained and free requests
 //! batch together and the free ones keep their solo tokens; bad constraints are refused before
-//! any work; a constraint cut short ends with `length` and a warning.
+//! any work; a constraint cut short ends with `length` and a warning. Tool calls (required,
+//! named, auto) are valid calls, and a tool result turn continues.
 mod common;
 
 #[cfg(target_arch = "wasm32")]
@@ -12,7 +13,7 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 use common::tiny_model;
 use serde_json::{json, Value};
 
-use pagedlm::engine::{Constraint, Engine, EngineOptions, ErrorKind, FinishReason, GenerateRequest, Generation, RequestId, SchedConfig};
+use pagedlm::engine::{Constraint, Engine, EngineOptions, ErrorKind, FinishReason, GenerateRequest, Generation, Message, RequestId, SchedConfig, ToolCall, Tools};
 use pagedlm::rng::Rng;
 use pagedlm::sampler::SamplingParams;
 
@@ -159,5 +160,89 @@ gpu_test! {
         // The one layout: no whitespace but after ':' and ','.
         let head = "{\"words\": [\"";
         assert!(head.starts_with(&g.text) || g.text.starts_with(head), "{:?}", g.text);
+    }
+}
+
+/// Two functions whose every call is short (bounded strings, enums, integers).
+fn two_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}, "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "integer", "minimum": -12, "maximum": 14}}, "required": ["zone"], "additionalProperties": false}}}
+    ])
+}
+
+/// Whether `call` is a call of one of [`two_tools`] with arguments its schema allows.
+fn valid_call(call: &ToolCall) -> bool {
+    let Ok(args) = serde_json::from_str::<Value>(&call.function.arguments) else { return false };
+    let keys = |want: &[&str]| args.as_object().is_some_and(|o| o.len() == want.len() && want.iter().all(|k| o.contains_key(*k)));
+    match call.function.name.as_str() {
+        "get_weather" => keys(&["city", "unit"]) && args["city"].as_str().is_some_and(|s| s.chars().count() <= 6) && ["c", "f"].contains(&args["unit"].as_str().unwrap_or("")),
+        "get_time" => keys(&["zone"]) && args["zone"].as_i64().is_some_and(|z| (-12..=14).contains(&z)),
+        _ => false,
+    }
+}
+
+gpu_test! {
+    // Tool calls on a random model: under `required` and a named function every reply is one
+    // valid call (greedy and sampled, batched), under `auto` a reply is valid calls or text
+    // that does not start a call; the calls, written back with a tool result, make a prompt
+    // that continues. Tools with another constraint, or a bad parameter schema, are refused.
+    async fn tool_calls_are_valid_calls_and_a_tool_result_continues() {
+        // A tiny model with room for the tools' system turn (~1000 of its byte-level tokens).
+        let bytes = pagedlm::synth::tiny_llama_gguf(&pagedlm::synth::SynthConfig { seed: 54, context: 1536, ..pagedlm::synth::SynthConfig::tiny() });
+        let sched = SchedConfig { max_batch: 8, step_tokens: 64, ..Default::default() };
+        let mut engine = Engine::load(&bytes, EngineOptions { max_context: 1280, sched, ..Default::default() }).await.unwrap();
+        let named = json!({"type": "function", "function": {"name": "get_time"}});
+        let choices = [json!("required"), named, json!("auto")];
+        let mut submitted = Vec::new();
+        for (c, choice) in choices.iter().enumerate() {
+            let tools = Tools::from_openai(&two_tools(), Some(choice), None).unwrap();
+            for s in 0..3u64 {
+                let sampling = if s == 0 { SamplingParams::greedy() } else { SamplingParams { temperature: 1.2, seed: s * 7 + c as u64, ..SamplingParams::greedy() } };
+                let user = Message { role: "user".into(), content: Some(format!("Question {c}.{s}: what now?")), ..Default::default() };
+                let prompt = engine.openai_chat_prompt(&[user.clone()], Some(&tools)).unwrap();
+                let request = GenerateRequest { max_tokens: 200, sampling, tools: Some(tools.clone()), ..Default::default() };
+                submitted.push((c, user, engine.submit(prompt, request).unwrap()));
+            }
+        }
+        let done = common::finish_streamed(&mut engine, false).await;
+        let mut follow_up = None;
+        for (c, user, id) in &submitted {
+            let g = &done[id];
+            match (c, &g.tool_calls) {
+                (0 | 1, Some(calls)) => {
+                    assert_eq!(g.finish_reason, FinishReason::ToolCalls);
+                    assert!(calls.len() == 1 && valid_call(&calls[0]), "choice {c}: {calls:?} from {:?}", g.text);
+                    assert!(*c != 1 || calls[0].function.name == "get_time", "the named function: {calls:?}");
+                    assert_eq!(calls[0].id, format!("call_{}_0", id.0));
+                    follow_up.get_or_insert((user.clone(), calls.clone()));
+                }
+                (2, Some(calls)) => assert!(calls.iter().all(valid_call) && g.finish_reason == FinishReason::ToolCalls, "auto: {calls:?}"),
+                (2, None) => assert!(!g.text.trim_start().starts_with("<tool_call>") && g.finish_reason != FinishReason::ToolCalls, "auto text: {:?}", g.text),
+                _ => panic!("choice {c} gave no call: {:?} ({:?}, {:?})", g.text, g.finish_reason, g.warning),
+            }
+        }
+        let (user, calls) = follow_up.unwrap();
+        let history = vec![
+            user,
+            Message { role: "assistant".into(), content: None, tool_calls: calls.clone(), ..Default::default() },
+            Message { role: "tool".into(), content: Some("{\"result\": 21}".into()), tool_call_id: Some(calls[0].id.clone()), ..Default::default() },
+        ];
+        let tools = Tools::from_openai(&two_tools(), None, None).unwrap();
+        let prompt = engine.openai_chat_prompt(&history, Some(&tools)).unwrap();
+        let text = engine.tokenizer().decode(&prompt).unwrap();
+        assert!(text.contains(&format!("<tool_call>\n{{\"name\": \"{}\"", calls[0].function.name)) && text.contains("<tool_response>\n{\"result\": 21}\n</tool_response>"), "{text}");
+        let request = GenerateRequest { max_tokens: 12, tools: Some(tools.clone()), ..Default::default() };
+        let g = engine.generate(&prompt, &request, &mut |_| true).await.unwrap();
+        assert!(!g.tokens.is_empty(), "the turn after a tool result generated nothing");
+
+        let both = GenerateRequest { constraint: Some(Constraint::JsonObject), tools: Some(tools), ..Default::default() };
+        let e = engine.submit(vec![5, 6], both).expect_err("tools with response_format");
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+        let bad = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}]);
+        let bad = GenerateRequest { tools: Some(Tools::from_openai(&bad, Some(&json!("required")), None).unwrap()), ..Default::default() };
+        let e = engine.submit(vec![5, 6], bad).expect_err("a bad parameter schema");
+        assert!(e.kind() == ErrorKind::InvalidArgument && e.to_string().contains("objekt"), "{e}");
+        assert!(!engine.has_work());
     }
 }

@@ -60,7 +60,7 @@ mod cli {
 
     use anyhow::{anyhow, bail, Context as _, Result};
     use pagedlm::engine::SchedConfig;
-    use pagedlm::engine::{Constraint, Engine, EngineOptions, Event, GenerateRequest, Generation, KvDtype, KvLayout, Profile, RequestId, ScoreMode, StepProfile};
+    use pagedlm::engine::{Constraint, Engine, EngineOptions, Event, GenerateRequest, Generation, KvDtype, KvLayout, Message, Profile, RequestId, ScoreMode, StepProfile, Tools};
     use pagedlm::gguf::Gguf;
     use pagedlm::engine::AdapterClass;
     use pagedlm::sampler::SamplingParams;
@@ -212,6 +212,16 @@ mod cli {
         }
     }
 
+    /// An input item's OpenAI `tools`, `tool_choice` and `parallel_tool_calls`.
+    fn item_tools(item: &Value) -> Result<Option<Tools>> {
+        let choice = item.get("tool_choice");
+        match item.get("tools") {
+            None | Some(Value::Null) if choice.is_some_and(|c| !c.is_null()) => bail!("tool_choice needs tools"),
+            None | Some(Value::Null) => Ok(None),
+            Some(tools) => Ok(Some(Tools::from_openai(tools, choice, item.get("parallel_tool_calls").and_then(Value::as_bool))?)),
+        }
+    }
+
     async fn generate(args: &Args) -> Result<()> {
         let request = GenerateRequest {
             max_tokens: args.count("max-tokens", 128),
@@ -253,21 +263,25 @@ mod cli {
         let mut work = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
             let id = item.get("id").and_then(Value::as_str).unwrap_or("").to_string();
-            let prompt_ids = if let Some(p) = item.get("prompt").and_then(Value::as_str) {
-                engine.text_prompt(p)?
-            } else if let Some(m) = item.get("messages") {
-                let messages: Vec<ChatMessage> = serde_json::from_value(m.clone())
-                    .with_context(|| format!("item {i}: \"messages\" must be [{{role, content}}]"))?;
-                engine.chat_prompt(&messages)?
-            } else {
-                bail!("item {i} needs \"prompt\" or \"messages\"");
-            };
             let mut request = request.clone();
             if let Some(format) = item.get("response_format") {
                 request.constraint = Constraint::from_response_format(format).with_context(|| format!("item {i} ({id})"))?;
             }
-            if let Some(c) = &request.constraint {
-                engine.grammars()?.start(c).with_context(|| format!("item {i} ({id})"))?;
+            request.tools = item_tools(item).with_context(|| format!("item {i} ({id})"))?;
+            let prompt_ids = if let Some(p) = item.get("prompt").and_then(Value::as_str) {
+                if request.tools.is_some() {
+                    bail!("item {i} ({id}): tools need \"messages\" (a chat), not a raw \"prompt\"");
+                }
+                engine.text_prompt(p)?
+            } else if let Some(m) = item.get("messages") {
+                let messages: Vec<Message> = serde_json::from_value(m.clone())
+                    .with_context(|| format!("item {i}: \"messages\" must be [{{role, content}}]"))?;
+                engine.openai_chat_prompt(&messages, request.tools.as_ref()).with_context(|| format!("item {i} ({id})"))?
+            } else {
+                bail!("item {i} needs \"prompt\" or \"messages\"");
+            };
+            if let Some(c) = request.output_constraint().with_context(|| format!("item {i} ({id})"))? {
+                engine.grammars()?.start(&c).with_context(|| format!("item {i} ({id})"))?;
             }
             work.push((id, prompt_ids, request));
         }
@@ -279,6 +293,9 @@ mod cli {
             });
             if let Some(w) = g.warning {
                 line["warning"] = json!(w);
+            }
+            if let Some(calls) = g.tool_calls {
+                line["tool_calls"] = json!(calls);
             }
             print_line(&line)?;
         }
@@ -568,7 +585,7 @@ mod cli {
         let mut engine = Engine::load(&bytes, opts).await?;
         let vocab = engine.config().vocab;
         let make = |n: u32, salt: u32| -> Vec<u32> { (0..n).map(|i| 100 + (i * 7919 + salt * 104_729) % (vocab - 200).max(1)).collect() };
-        let request = GenerateRequest { max_tokens: gen_tokens.max(2), sampling: SamplingParams::greedy(), stop: Vec::new(), ignore_eos: true, constraint: None };
+        let request = GenerateRequest { max_tokens: gen_tokens.max(2), sampling: SamplingParams::greedy(), ignore_eos: true, ..Default::default() };
         // Warm-up: compiles pipelines and builds graphs for this batch size.
         for salt in 0..batch {
             engine.submit(make(8, 1000 + salt), GenerateRequest { max_tokens: 3, ..request.clone() })?;
