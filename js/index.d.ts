@@ -85,30 +85,70 @@ export interface ChatContentPartText {
   text: string;
 }
 
-export interface ChatMessage {
-  /** `developer` is taken as `system`. */
-  role: "system" | "developer" | "user" | "assistant" | string;
-  /** Text, or text parts (joined). */
-  content: string | ChatContentPartText[];
+/** Another kind of content part (image, audio, file): refused with `UNSUPPORTED`. */
+export interface ChatContentPartOther {
+  type: string;
 }
+
+/** A call of a function, in a reply or in an assistant message of the history. */
+export interface ToolCall {
+  id: string;
+  type: "function";
+  /** `arguments`: a JSON text. */
+  function: { name: string; arguments: string };
+}
+
+export interface ChatMessage {
+  /** `developer` is taken as `system`; `tool` answers a call (`tool_call_id`). */
+  role: "system" | "developer" | "user" | "assistant" | "tool" | string;
+  /** Text, or text parts (joined); null on an assistant message that holds `tool_calls`. */
+  content?: string | (ChatContentPartText | ChatContentPartOther)[] | null;
+  /** An assistant message's calls, written back into the conversation (function calls only). */
+  tool_calls?: (ToolCall | { id: string; type: string })[];
+  /** A `tool` message: the call it answers. */
+  tool_call_id?: string;
+}
+
+/** A function the model may call (OpenAI's function tool; other kinds are refused). */
+export interface FunctionTool {
+  type: "function";
+  function: { name: string; description?: string; parameters?: Record<string, unknown>; strict?: boolean | null };
+}
+
+/** Another kind of tool (OpenAI's custom tools): refused with `INVALID_ARGUMENT`. */
+export interface OtherTool {
+  type: string;
+}
+
+/** Another tool choice (OpenAI's `allowed_tools`, custom tools): refused with `INVALID_ARGUMENT`. */
+export interface OtherToolChoice {
+  type: string;
+}
+
+/**
+ * Which calls a reply may hold: `auto` (text or calls, the default), `none` (text; the tools are
+ * not offered), `required` (one call or more), or one named function.
+ */
+export type ToolChoice = "auto" | "none" | "required" | { type: "function"; function: { name: string } };
 
 export type ResponseFormat =
   | { type: "text" }
   | { type: "json_object" }
   | { type: "json_schema"; json_schema: { name: string; description?: string; schema?: Record<string, unknown>; strict?: boolean | null } };
 
+/** Null for a parameter means "not set", as in OpenAI's SDK; other OpenAI parameters (`model`, ...) are ignored. */
 export interface ChatCompletionCreateParams {
   messages: ChatMessage[];
-  stream?: boolean;
-  stream_options?: { include_usage?: boolean };
-  max_tokens?: number;
+  stream?: boolean | null;
+  stream_options?: { include_usage?: boolean } | null;
+  max_tokens?: number | null;
   /** 0 = greedy. */
-  temperature?: number;
-  top_p?: number;
+  temperature?: number | null;
+  top_p?: number | null;
   top_k?: number;
   repetition_penalty?: number;
-  seed?: number;
-  stop?: string | string[];
+  seed?: number | null;
+  stop?: string | string[] | null;
   /**
    * Structured output: `{type: "json_object"}` (any JSON object) or `{type: "json_schema",
    * json_schema: {name, schema, strict}}` (JSON valid against `schema`); `{type: "text"}` is none.
@@ -117,6 +157,15 @@ export interface ChatCompletionCreateParams {
   response_format?: ResponseFormat;
   /** The output matches this grammar (llguidance's Lark syntax); not with `response_format`. */
   grammar?: string;
+  /**
+   * Functions the model may call: a reply of calls has `message.tool_calls` (arguments valid
+   * against each function's `parameters`) and `finish_reason: "tool_calls"`; streamed, it comes
+   * as one `delta.tool_calls` chunk. Not with `response_format` or `grammar`.
+   */
+  tools?: (FunctionTool | OtherTool)[];
+  tool_choice?: ToolChoice | OtherToolChoice;
+  /** More than one call in a reply (one otherwise). */
+  parallel_tool_calls?: boolean;
   signal?: AbortSignal;
 }
 
@@ -154,7 +203,7 @@ export interface CompletionUsage {
 }
 
 export interface GenerationDetails {
-  finish_reason: "stop" | "length" | "abort";
+  finish_reason: "stop" | "length" | "tool_calls" | "abort";
   prefix_hit_tokens: number;
   prefill_tokens: number;
   ttft_ms: number | null;
@@ -174,7 +223,8 @@ export interface ChatCompletion {
   object: "chat.completion";
   created: number;
   model: string;
-  choices: { index: 0; message: { role: "assistant"; content: string; refusal: null }; logprobs: null; finish_reason: "stop" | "length" }[];
+  /** A reply of tool calls has `content: null` and `tool_calls`, and finishes with `tool_calls`. */
+  choices: { index: 0; message: { role: "assistant"; content: string | null; refusal: null; tool_calls?: ToolCall[] }; logprobs: null; finish_reason: "stop" | "length" | "tool_calls" }[];
   usage: CompletionUsage;
   pagedlm: GenerationDetails;
 }
@@ -184,7 +234,7 @@ export interface ChatCompletionChunk {
   object: "chat.completion.chunk";
   created: number;
   model: string;
-  choices: { index: 0; delta: { role?: "assistant"; content?: string }; logprobs: null; finish_reason: "stop" | "length" | null }[];
+  choices: { index: 0; delta: { role?: "assistant"; content?: string; tool_calls?: (ToolCall & { index: number })[] }; logprobs: null; finish_reason: "stop" | "length" | "tool_calls" | null }[];
   /** Only on the last chunk, with stream_options.include_usage. */
   usage?: CompletionUsage;
   /** Only on the chunk that carries finish_reason. */
@@ -392,7 +442,7 @@ export declare class Engine {
   readonly chat: {
     completions: {
       create(params: ChatCompletionCreateParams & { stream: true }): Promise<ChatCompletionStream>;
-      create(params: ChatCompletionCreateParams & { stream?: false }): Promise<ChatCompletion>;
+      create(params: ChatCompletionCreateParams & { stream?: false | null }): Promise<ChatCompletion>;
       create(params: ChatCompletionCreateParams): Promise<ChatCompletion | ChatCompletionStream>;
     };
   };

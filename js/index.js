@@ -101,7 +101,9 @@ class Channel {
 
 /**
  * Messages as OpenAI's SDK types them, for the engine: `content` a string or an array of text
- * parts (joined; image, audio and file parts are UNSUPPORTED), the `developer` role as `system`.
+ * parts (joined; image, audio and file parts are UNSUPPORTED), the `developer` role as `system`,
+ * an assistant message's `tool_calls` (its `content` may then be null) and a `tool` message's
+ * `tool_call_id` passed on.
  */
 function checkMessages(messages) {
   if (!Array.isArray(messages) || messages.length === 0) {
@@ -111,7 +113,28 @@ function checkMessages(messages) {
     if (!m || typeof m.role !== "string") {
       throw invalid(`messages[${i}] must be {role: string, content: string | text parts}`);
     }
-    return { role: m.role === "developer" ? "system" : m.role, content: messageText(m.content, i) };
+    const role = m.role === "developer" ? "system" : m.role;
+    const calls = role === "assistant" && m.tool_calls != null ? checkToolCalls(m.tool_calls, i) : null;
+    const content = calls && m.content == null ? null : messageText(m.content, i);
+    const out = { role, content };
+    if (calls) out.tool_calls = calls;
+    if (role === "tool") {
+      if (typeof m.tool_call_id !== "string") throw invalid(`messages[${i}] (tool) needs tool_call_id: string`);
+      out.tool_call_id = m.tool_call_id;
+    }
+    return out;
+  });
+}
+
+/** An assistant message's `tool_calls`: `[{id, type: "function", function: {name, arguments}}]`. */
+function checkToolCalls(calls, i) {
+  if (!Array.isArray(calls)) throw invalid(`messages[${i}].tool_calls must be an array`);
+  return calls.map((c, j) => {
+    const f = c?.function;
+    if (!c || typeof c.id !== "string" || (c.type ?? "function") !== "function" || typeof f?.name !== "string" || typeof f.arguments !== "string") {
+      throw invalid(`messages[${i}].tool_calls[${j}] must be {id, type: "function", function: {name, arguments: string}}`);
+    }
+    return { id: c.id, type: "function", function: { name: f.name, arguments: f.arguments } };
   });
 }
 
@@ -141,6 +164,7 @@ function checkPrompt(prompt) {
 }
 
 let completionCounter = 0;
+const TOOL_CALL_OPEN = "<tool_call>";
 
 /**
  * The OpenAI shapes of one kind of request: chat (`chat.completion`, text in `delta.content`
@@ -155,7 +179,11 @@ const SHAPES = Object.freeze({
     first: () => ({ delta: { role: "assistant", content: "" } }),
     /** The choice of a chunk carrying `text` (undefined: none, as on the last chunk). */
     choice: (text) => (text === undefined ? { delta: {} } : { delta: { content: text } }),
-    final: (text) => ({ message: { role: "assistant", content: text, refusal: null } }),
+    final: (text, calls) => ({
+      message: calls ? { role: "assistant", content: null, tool_calls: calls, refusal: null } : { role: "assistant", content: text, refusal: null },
+    }),
+    /** The choice of the chunk carrying a reply's tool calls. */
+    calls: (calls) => ({ delta: { tool_calls: calls.map((c, index) => ({ index, ...c })) } }),
   },
   completion: {
     idPrefix: "cmpl",
@@ -183,6 +211,11 @@ class Request {
     this.completion = null;
     this.promptTokens = 0;
     this.completionTokens = 0;
+    /**
+     * With tools offered, streamed text is held back while it may still be the start of a tool
+     * call (`<tool_call>`): a reply of calls streams as `delta.tool_calls`, never as content.
+     */
+    this.held = shape === SHAPES.chat && params.tools != null && params.tool_choice !== "none" ? "" : null;
     /** "queued" until the engine takes it, "running", then "done". */
     this.state = "queued";
   }
@@ -222,11 +255,20 @@ class Request {
       if (first) this.push(this.chunkOf(first));
     } else if (data.type === "token") {
       this.completionTokens += 1;
-      if (data.text) {
-        this.content += data.text;
-        this.push(this.chunk(data.text));
-      }
+      if (data.text) this.stream(data.text);
     }
+  }
+
+  /** Streams `text` as content, unless it is (still possibly) a tool call being held back. */
+  stream(text) {
+    if (this.held !== null) {
+      this.held += text;
+      const start = this.held.trimStart();
+      if (start.startsWith(TOOL_CALL_OPEN) || TOOL_CALL_OPEN.startsWith(start)) return;
+      [text, this.held] = [this.held, null];
+    }
+    this.content += text;
+    this.push(this.chunk(text));
   }
 
   finish(done) {
@@ -253,15 +295,23 @@ class Request {
       this.fail(new PagedlmError("ABORTED", "the request was aborted", { partial: { content: r.text, usage, pagedlm: details } }));
       return;
     }
+    const calls = r.finish_reason === "tool_calls" ? r.tool_calls : null;
     this.completion = {
       id: this.id,
       object: this.shape.object,
       created: this.created,
       model: this.model,
-      choices: [{ index: 0, ...this.shape.final(r.text), logprobs: null, finish_reason: r.finish_reason }],
+      choices: [{ index: 0, ...this.shape.final(r.text, calls), logprobs: null, finish_reason: r.finish_reason }],
       usage,
       pagedlm: details,
     };
+    if (calls) {
+      this.push(this.chunkOf(this.shape.calls(calls)));
+    } else if (this.held) {
+      // Held back as a possible call, but the reply ended as text (cut short, or not a call).
+      this.push(this.chunk(this.held));
+    }
+    this.held = null;
     // Text that a stop string cut off was streamed already; the completion's text is the truth.
     this.push(this.chunk(undefined, r.finish_reason, { pagedlm: details }));
     if (this.includeUsage) this.push({ ...this.chunk(undefined), choices: [], usage });

@@ -12,7 +12,7 @@ export const ENGINE_OPTIONS = Object.freeze(["kvDtype", "kvLayout", "blockSize",
 /** Options of `createEngine` that js/index.js handles itself. */
 export const PACKAGE_OPTIONS = Object.freeze(["onProgress", "cache", "cacheName", "workerUrl"]);
 /** Parameters of `chat.completions.create` and `completions.create` that go to the wasm engine (`WebEngine.submit`, `submitPrompt`). */
-export const REQUEST_OPTIONS = Object.freeze(["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "repetition_penalty", "response_format", "grammar"]);
+export const REQUEST_OPTIONS = Object.freeze(["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "repetition_penalty", "response_format", "grammar", "tools", "tool_choice", "parallel_tool_calls"]);
 /** Parameters of `chat.completions.create` that js/index.js handles itself. */
 export const REQUEST_PARAMS = Object.freeze(["messages", "stream", "stream_options", "signal"]);
 /** Parameters of `completions.create` (completion mode) that js/index.js handles itself. */
@@ -26,7 +26,8 @@ export function requestOptions(params) {
 }
 
 /**
- * @typedef {{role: string, content: string}} ChatMessage
+ * @typedef {{role: string, content: string | null, tool_calls?: ToolCall[], tool_call_id?: string}} ChatMessage
+ * @typedef {{id: string, type: "function", function: {name: string, arguments: string}}} ToolCall
  * @typedef {{code: string, message: string}} ErrorBody
  * @typedef {{enabled: boolean, name: string}} CacheOptions
  * @typedef {{phase: string, loaded: number, total: number, message?: string}} Progress

@@ -63,7 +63,7 @@ gpu_test! {
             let n = 1 + rng.below(40) as usize;
             p.extend(ids(&mut rng, n));
             let sampling = if i == 5 { SamplingParams { temperature: 0.8, top_p: 0.9, seed: 7, ..SamplingParams::greedy() } } else { SamplingParams::greedy() };
-            prompts.push((p, GenerateRequest { max_tokens: 6 + i as u32 * 3, sampling, stop: Vec::new(), ignore_eos: false, constraint: None }));
+            prompts.push((p, GenerateRequest { max_tokens: 6 + i as u32 * 3, sampling, stop: Vec::new(), ignore_eos: false, ..Default::default() }));
         }
         // Alone: one request at a time through `generate`, no prefix cache, per KV dtype.
         let mut want: HashMap<KvDtype, Vec<(Vec<u32>, FinishReason)>> = HashMap::new();
@@ -239,7 +239,7 @@ gpu_test! {
                     p.extend(ids(&mut rng, n));
                     let max_tokens = 1 + rng.below(30) as u32;
                     let sampling = if rng.below(4) == 0 { SamplingParams { temperature: 1.0, seed: rng.below(1000), ..SamplingParams::greedy() } } else { SamplingParams::greedy() };
-                    submitted.push(engine.submit(p, GenerateRequest { max_tokens, sampling, stop: Vec::new(), ignore_eos: false, constraint: None }).unwrap());
+                    submitted.push(engine.submit(p, GenerateRequest { max_tokens, sampling, stop: Vec::new(), ignore_eos: false, ..Default::default() }).unwrap());
                 }
             }
             // Aborts of random requests, waiting or running.

@@ -277,7 +277,7 @@ gpu_test!(
     async fn a_greedy_step_reads_back_four_bytes_per_row() {
         let bytes = tiny_model(SEED);
         let mut engine = common::load_counting(&bytes, options()).await.unwrap();
-        let request = GenerateRequest { max_tokens: 6, sampling: SamplingParams::greedy(), stop: Vec::new(), ignore_eos: true, constraint: None };
+        let request = GenerateRequest { max_tokens: 6, sampling: SamplingParams::greedy(), stop: Vec::new(), ignore_eos: true, ..Default::default() };
         for salt in 0..3u32 {
             let prompt: Vec<u32> = (0..4 + salt).map(|i| 3 + 11 * i + salt).collect();
             engine.submit(prompt, request.clone()).unwrap();

@@ -3,7 +3,8 @@
 //! objects, strings with patterns), 8 requests per step, streamed (every request's streamed
 //! tokens are its result's); every output parses and validates against its schema with an
 //! independent validator (the `jsonschema` crate). Then a few again with INT8 KV, and one alone.
-//! The synthetic models of `tests/constrained.rs` carry the breadth in both runtimes; this test
+//! Then tool calls: 4 questions under `required` and a named function, 8 at once, every call
+//! valid against its function's schema, and a tool result turn that continues. The synthetic models of `tests/constrained.rs` carry the breadth in both runtimes; this test
 //! shows the real model's outputs hold too, and prints the constrained step rate.
 #![cfg(not(target_arch = "wasm32"))]
 mod common;
@@ -12,7 +13,7 @@ mod common;
 use common::{now_ms, real_model_bytes, report};
 use serde_json::{json, Value};
 
-use pagedlm::engine::{ChatMessage, Constraint, Engine, EngineOptions, FinishReason, GenerateRequest, Generation, KvDtype, SchedConfig};
+use pagedlm::engine::{ChatMessage, Constraint, Engine, EngineOptions, FinishReason, GenerateRequest, Generation, KvDtype, Message, SchedConfig, Tools};
 
 const SUBJECTS: [&str; 20] = [
     "a baker in Lyon", "a lighthouse keeper", "a retired astronaut", "a young chess player", "a beekeeper",
@@ -106,5 +107,70 @@ gpu_test! {
         let request = GenerateRequest { max_tokens: 96, constraint: Some(Constraint::JsonSchema(schema.clone())), ..Default::default() };
         let g = engine.generate(p, &request, &mut |_| true).await.unwrap();
         validate(&format!("alone {name}"), schema, &g);
+    }
+}
+
+/// A 2-tool set: the weather in a city and the time in a zone.
+fn weather_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 40}, "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "get_time", "description": "The current time in a time zone",
+            "parameters": {"type": "object", "properties": {"zone": {"type": "string", "pattern": "^[A-Z][a-z]+/[A-Z][a-z]+$"}}, "required": ["zone"], "additionalProperties": false}}}
+    ])
+}
+
+gpu_test! {
+    // Tool calls on the real model: 4 questions under `required` and under a named function, 8
+    // at once; every call names an offered function (the named one when named) and its
+    // arguments validate against that function's schema. A tool result, written back after
+    // the call, continues the conversation.
+    async fn real_model_tool_calls_are_valid_and_a_tool_result_continues() {
+        let bytes = real_model_bytes().await;
+        let sched = SchedConfig { max_batch: 8, ..Default::default() };
+        let mut engine = Engine::load(&bytes, EngineOptions { max_context: 512, sched, ..Default::default() }).await.unwrap();
+        let spec = weather_tools();
+        let schema_of = |name: &str| spec.as_array().unwrap().iter().find(|t| t["function"]["name"] == name).map(|t| t["function"]["parameters"].clone());
+        let questions = ["What is the weather in Paris?", "Is it raining in Tokyo?", "What time is it in Berlin?", "Tell me the time in New York."];
+        let named = json!({"type": "function", "function": {"name": "get_time"}});
+        let mut submitted = Vec::new();
+        for choice in [json!("required"), named] {
+            let tools = Tools::from_openai(&spec, Some(&choice), None).unwrap();
+            for q in questions {
+                let user = Message { role: "user".into(), content: Some(q.into()), ..Default::default() };
+                let prompt = engine.openai_chat_prompt(&[user.clone()], Some(&tools)).unwrap();
+                let request = GenerateRequest { max_tokens: 64, tools: Some(tools.clone()), ..Default::default() };
+                submitted.push((choice.clone(), user, engine.submit(prompt, request).unwrap()));
+            }
+        }
+        let done = common::finish_streamed(&mut engine, false).await;
+        for (choice, user, id) in &submitted {
+            let g = &done[id];
+            let what = format!("{choice} {:?}", user.content);
+            assert_eq!(g.finish_reason, FinishReason::ToolCalls, "{what}: {:?} ({:?})", g.text, g.warning);
+            let calls = g.tool_calls.as_ref().unwrap();
+            assert_eq!(calls.len(), 1, "{what}: {calls:?}");
+            let name = calls[0].function.name.as_str();
+            assert!(choice == "required" || name == "get_time", "{what}: called {name}");
+            let schema = schema_of(name).unwrap_or_else(|| panic!("{what}: {name} is not offered"));
+            let args: Value = serde_json::from_str(&calls[0].function.arguments).unwrap();
+            let errors: Vec<String> = jsonschema::validator_for(&schema).unwrap().iter_errors(&args).map(|e| e.to_string()).collect();
+            assert!(errors.is_empty(), "{what}: {args} is not valid: {errors:?}");
+            report(&format!("tool call, {what}: {name}({args})"));
+        }
+        // The first call and its result, written back: the reply goes on.
+        let (_, user, id) = &submitted[0];
+        let call = done[id].tool_calls.clone().unwrap();
+        let history = vec![
+            user.clone(),
+            Message { role: "assistant".into(), content: None, tool_calls: call.clone(), ..Default::default() },
+            Message { role: "tool".into(), content: Some("{\"temperature\": 18, \"sky\": \"sunny\"}".into()), tool_call_id: Some(call[0].id.clone()), ..Default::default() },
+        ];
+        let tools = Tools::from_openai(&spec, None, None).unwrap();
+        let prompt = engine.openai_chat_prompt(&history, Some(&tools)).unwrap();
+        let request = GenerateRequest { max_tokens: 24, tools: Some(tools), ..Default::default() };
+        let g = engine.generate(&prompt, &request, &mut |_| true).await.unwrap();
+        assert!(!g.tokens.is_empty(), "nothing after the tool result");
+        report(&format!("after the tool result ({:?}): {:?}", g.finish_reason, g.text));
     }
 }

@@ -138,7 +138,7 @@ gpu_test! {
             assert_eq!(argmax(&rows[i]), t, "generated token {i} is not the argmax of the same history");
         }
         // Seeded sampling is reproducible.
-        let sampled = GenerateRequest { max_tokens: 12, sampling: SamplingParams { temperature: 1.0, seed: 9, ..Default::default() }, stop: vec![], ignore_eos: false, constraint: None };
+        let sampled = GenerateRequest { max_tokens: 12, sampling: SamplingParams { temperature: 1.0, seed: 9, ..Default::default() }, stop: vec![], ignore_eos: false, ..Default::default() };
         let a = engine.generate(&prompt, &sampled, &mut |_| true).await.unwrap();
         let b = engine.generate(&prompt, &sampled, &mut |_| true).await.unwrap();
         assert_eq!(a.tokens, b.tokens);

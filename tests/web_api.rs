@@ -635,3 +635,39 @@ async fn response_format_and_grammar_constrain_chat_and_bad_ones_are_invalid_arg
     }
     assert_eq!(counter.calls.get(), 0, "nothing was generated");
 }
+
+#[wasm_bindgen_test]
+async fn tools_answer_with_calls_that_a_tool_turn_continues_and_bad_tools_are_invalid_arguments() {
+    // Room for the tools' system turn in the tiny model's byte-level tokens.
+    let engine = load(tiny_llama_gguf(&SynthConfig { context: 1536, ..SynthConfig::tiny() }), r#"{"maxContext": 1536}"#).await.expect("load");
+    let tools = r#"[{"type": "function", "function": {"name": "lamp", "description": "Turns the lamp on or off", "parameters": {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"], "additionalProperties": false}}}]"#;
+    let options = format!(r#"{{"max_tokens": 120, "tools": {tools}, "tool_choice": {{"type": "function", "function": {{"name": "lamp"}}}}}}"#);
+    let out = engine.chat(json(HELLO), json(&options), Counter::new(None).function()).await.unwrap_or_else(|e| panic!("chat failed: {e:?}"));
+    assert_eq!(text(&out, "finish_reason"), "tool_calls", "{:?}", text(&out, "text"));
+    assert_eq!(text(&out, "tool_calls.0.function.name"), "lamp");
+    let args = js_sys::JSON::parse(&text(&out, "tool_calls.0.function.arguments")).expect("arguments parse");
+    assert!(get(&args, "on").as_bool().is_some(), "{args:?}");
+    // The call and a tool result, written back, continue the conversation.
+    let id = text(&out, "tool_calls.0.id");
+    let calls = js_sys::JSON::stringify(&get(&out, "tool_calls")).unwrap().as_string().unwrap();
+    let history = format!(r#"[{{"role": "user", "content": "hello there"}}, {{"role": "assistant", "content": null, "tool_calls": {calls}}}, {{"role": "tool", "tool_call_id": "{id}", "content": "done"}}]"#);
+    let auto = format!(r#"{{"max_tokens": 4, "tools": {tools}}}"#);
+    let counter = Counter::new(None);
+    let out = engine.chat(json(&history), json(&auto), counter.function()).await.unwrap_or_else(|e| panic!("the tool turn failed: {e:?}"));
+    assert!(num(&out, "tokens.length") > 0.0 && counter.calls.get() > 0, "nothing after the tool result");
+
+    let counter = Counter::new(None);
+    let bad = [
+        (format!(r#"{{"tools": {tools}, "tool_choice": "sometimes"}}"#), "sometimes"),
+        (r#"{"tool_choice": "required"}"#.to_string(), "needs tools"),
+        (format!(r#"{{"tools": {tools}, "response_format": {{"type": "json_object"}}}}"#), "tools"),
+        (r#"{"tools": [{"type": "custom", "custom": {"name": "x"}}]}"#.to_string(), "function"),
+    ];
+    for (options, needle) in &bad {
+        let message = expect_code(options, engine.chat(json(HELLO), json(options), counter.function()).await, ErrorCode::InvalidArgument);
+        assert!(message.contains(needle), "{options}: {message}");
+    }
+    let message = expect_code("tools in completion mode", engine.submit_prompt("x".into(), json(&auto)), ErrorCode::InvalidArgument);
+    assert!(message.contains("chat"), "{message}");
+    assert_eq!(counter.calls.get(), 0, "nothing was generated");
+}

@@ -189,6 +189,22 @@ describe("npm package", () => {
         temperature: 0,
       });
       r.yesNo = { message: yesNo.choices[0].message, finish: yesNo.choices[0].finish_reason, warning: yesNo.pagedlm.warning };
+      // A named tool, streamed: no content while the call is written, then one delta.tool_calls chunk.
+      const lamp = { type: "function", function: { name: "lamp", parameters: { type: "object", properties: { on: { type: "boolean" } }, required: ["on"], additionalProperties: false } } };
+      const toolStream = await engine.chat.completions.create({
+        messages: [{ role: "user", content: "Turn the lamp on." }],
+        tools: [lamp],
+        tool_choice: { type: "function", function: { name: "lamp" } },
+        stream: true,
+        max_tokens: 32,
+        temperature: 0,
+      });
+      r.toolChunks = [];
+      for await (const c of toolStream) r.toolChunks.push({ delta: c.choices[0].delta, finish: c.choices[0].finish_reason });
+      const toolReply = await toolStream.finalCompletion();
+      r.toolReply = { message: toolReply.choices[0].message, finish: toolReply.choices[0].finish_reason };
+      r.badToolChoice = await codeOf(engine.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], tools: [lamp], tool_choice: "sometimes" }));
+      r.badToolMessage = await codeOf(engine.chat.completions.create({ messages: [{ role: "tool", content: "x" }], tools: [lamp] }));
       r.reset = (await engine.resetCache()).pool;
       // The profile runs in the worker on the idle engine; while a request runs it is BUSY.
       const p = await engine.profile(8);
@@ -236,6 +252,17 @@ describe("npm package", () => {
     assert.equal(out.badSchema, "PagedlmError:INVALID_ARGUMENT:true");
     assert.ok(['"yes"', '"no"'].includes(out.yesNo.message.content), `an enum answer: ${JSON.stringify(out.yesNo)}`);
     assert.deepEqual([out.yesNo.message.refusal, out.yesNo.finish, out.yesNo.warning], [null, "stop", null]);
+    const { message: toolMessage, finish: toolFinish } = out.toolReply;
+    assert.deepEqual([toolMessage.content, toolMessage.refusal, toolFinish], [null, null, "tool_calls"], JSON.stringify(out.toolReply));
+    assert.equal(toolMessage.tool_calls.length, 1);
+    const [call] = toolMessage.tool_calls;
+    assert.deepEqual([call.type, call.function.name, typeof JSON.parse(call.function.arguments).on], ["function", "lamp", "boolean"]);
+    assert.ok(out.toolChunks.every((c) => !c.delta.content), `no content streamed for a call: ${JSON.stringify(out.toolChunks)}`);
+    const callChunks = out.toolChunks.filter((c) => c.delta.tool_calls);
+    assert.deepEqual(callChunks.map((c) => c.delta.tool_calls), [[{ index: 0, ...call }]]);
+    assert.equal(out.toolChunks.at(-1).finish, "tool_calls");
+    assert.equal(out.badToolChoice, "PagedlmError:INVALID_ARGUMENT:true");
+    assert.equal(out.badToolMessage, "PagedlmError:INVALID_ARGUMENT:true");
     assert.equal(out.reset.blocks_cached, 0, "resetCache drops every cached block");
     assert.ok(["timestamps", "wall_clock_per_kernel"].includes(out.profile.method), out.profile.method);
     assert.equal(out.profile.listed, out.profile.dispatches, "the profile's kernels cover every decode dispatch");
