@@ -212,7 +212,8 @@ impl Tools {
         let mut calls = Vec::new();
         while let Some(body) = rest.strip_prefix(CALL_OPEN) {
             let end = body.find(CALL_CLOSE)?;
-            let call: Value = serde_json::from_str(body[..end].trim()).ok()?;
+            let text = body[..end].trim();
+            let call: Value = serde_json::from_str(text).ok()?;
             let name = call.get("name").and_then(Value::as_str)?;
             let arguments = call.get("arguments").filter(|a| a.is_object())?;
             if !self.functions.iter().any(|f| f.name == name) {
@@ -221,12 +222,20 @@ impl Tools {
             calls.push(ToolCall {
                 id: format!("{id_prefix}{}", calls.len()),
                 kind: function_type(),
-                function: FunctionCall { name: name.to_string(), arguments: arguments.to_string() },
+                function: FunctionCall { name: name.to_string(), arguments: raw_arguments(text, name).unwrap_or_else(|| arguments.to_string()) },
             });
             rest = body[end + CALL_CLOSE.len()..].trim_start();
         }
         (!calls.is_empty() && rest.is_empty()).then_some(calls)
     }
+}
+
+/// The arguments of a call `{"name": NAME, "arguments": ARGS}` as the model wrote them (the form
+/// the grammar writes), so that the call written back into the conversation is the same text.
+fn raw_arguments(call: &str, name: &str) -> Option<String> {
+    let prefix = format!("{{\"name\": {}, \"arguments\": ", Value::from(name));
+    let args = call.strip_prefix(&prefix)?.strip_suffix('}')?.trim();
+    serde_json::from_str::<Value>(args).ok().map(|_| args.to_string())
 }
 
 /// The conversation as the chat template takes it: `tools`' section at the end of the system
@@ -246,7 +255,8 @@ pub fn chat_messages(messages: &[Message], tools: Option<&Tools>, default_system
     let mut in_tool_turn = false;
     for (i, m) in messages.iter().enumerate() {
         let content = m.content.as_deref();
-        if content.is_none() && !(m.role == "assistant" && !m.tool_calls.is_empty()) {
+        let may_be_empty = m.role == "assistant" && !m.tool_calls.is_empty();
+        if content.is_none() && !may_be_empty {
             return Err(invalid(format!("messages[{i}] ({}) has no content", m.role)));
         }
         let content = content.unwrap_or_default();
@@ -264,7 +274,10 @@ pub fn chat_messages(messages: &[Message], tools: Option<&Tools>, default_system
                 let mut text = content.to_string();
                 for call in &m.tool_calls {
                     // Arguments that are not JSON are kept as a JSON string.
-                    let args = serde_json::from_str::<Value>(&call.function.arguments).unwrap_or_else(|_| Value::from(call.function.arguments.as_str()));
+                    // Arguments are written as they came (a reply's are the text the model
+                    // wrote, so its K/V can be reused); ones that are not JSON as a JSON string.
+                    let raw = call.function.arguments.trim();
+                    let args = if serde_json::from_str::<Value>(raw).is_ok() { raw.to_string() } else { Value::from(raw).to_string() };
                     let body = format!("{{\"name\": {}, \"arguments\": {args}}}", Value::from(call.function.name.as_str()));
                     if !text.is_empty() {
                         text.push('\n');
@@ -354,7 +367,7 @@ mod tests {
         let calls = tools.read_calls(reply, "call_7_").unwrap();
         assert_eq!(calls.len(), 2);
         assert_eq!((calls[0].id.as_str(), calls[0].function.name.as_str()), ("call_7_0", "get_weather"));
-        assert_eq!(serde_json::from_str::<Value>(&calls[1].function.arguments).unwrap(), json!({"zone": "utc"}));
+        assert_eq!(calls[1].function.arguments, "{\"zone\": \"utc\"}", "the arguments as the model wrote them");
         for text in ["It is sunny.", "<tool_call>\n{\"name\": \"get_mail\", \"arguments\": {}}\n</tool_call>", "<tool_call>\n{\"name\": \"get_time\"", &format!("{reply} and more")] {
             assert_eq!(tools.read_calls(text, "c"), None, "{text}");
         }

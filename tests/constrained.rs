@@ -200,7 +200,7 @@ gpu_test! {
             for s in 0..2u64 {
                 let sampling = if s == 0 { SamplingParams::greedy() } else { SamplingParams { temperature: 1.2, seed: s * 7 + c as u64, ..SamplingParams::greedy() } };
                 let user = Message { role: "user".into(), content: Some(format!("Question {c}.{s}: what now?")), ..Default::default() };
-                let prompt = engine.openai_chat_prompt(&[user.clone()], Some(&tools)).unwrap();
+                let prompt = engine.openai_chat_prompt(std::slice::from_ref(&user), Some(&tools)).unwrap();
                 let request = GenerateRequest { max_tokens: 200, sampling, tools: Some(tools.clone()), ..Default::default() };
                 submitted.push((c, user, engine.submit(prompt, request).unwrap()));
             }

@@ -138,7 +138,7 @@ gpu_test! {
             let tools = Tools::from_openai(&spec, Some(&choice), None).unwrap();
             for q in questions {
                 let user = Message { role: "user".into(), content: Some(q.into()), ..Default::default() };
-                let prompt = engine.openai_chat_prompt(&[user.clone()], Some(&tools)).unwrap();
+                let prompt = engine.openai_chat_prompt(std::slice::from_ref(&user), Some(&tools)).unwrap();
                 let request = GenerateRequest { max_tokens: 64, tools: Some(tools.clone()), ..Default::default() };
                 submitted.push((choice.clone(), user, engine.submit(prompt, request).unwrap()));
             }
@@ -171,6 +171,10 @@ gpu_test! {
         let request = GenerateRequest { max_tokens: 24, tools: Some(tools), ..Default::default() };
         let g = engine.generate(&prompt, &request, &mut |_| true).await.unwrap();
         assert!(!g.tokens.is_empty(), "nothing after the tool result");
+        // The call is written back as the model wrote it: the turn reuses the first request's K/V
+        // past its prompt.
+        let first = &done[id];
+        assert!(g.prefix_hit_tokens as usize > first.prompt_tokens.len(), "prefix hit {} of a first prompt of {}", g.prefix_hit_tokens, first.prompt_tokens.len());
         report(&format!("after the tool result ({:?}): {:?}", g.finish_reason, g.text));
     }
 }

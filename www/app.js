@@ -24,6 +24,7 @@ const ui = {
   modelName: $("model-name"), modelFile: $("model-file"), dropOverlay: $("drop-overlay"),
   conversations: $("conversations"), systemPrompt: $("system-prompt"),
   maxTokens: $("max-tokens"), temperature: $("temperature"), topP: $("top-p"), kvDtype: $("kv-dtype"),
+  jsonOutput: $("json-output"), jsonSchema: $("json-schema"), tools: $("tools"), toolChoice: $("tool-choice"),
   kvStats: $("kv-stats"), kvMap: $("kv-map"), kvSummary: $("kv-summary"), kvBlocks: $("kv-blocks"), kvLive: $("kv-live"),
   kvRate: $("kv-rate"), kvEvictions: $("kv-evictions"), resetCache: $("reset-cache"),
   turnHit: $("turn-hit"), turnTtft: $("turn-ttft"), turnSpeed: $("turn-speed"),
@@ -37,6 +38,8 @@ ui.temperature.value = params.get("temperature") ?? "0.7";
 ui.topP.value = params.get("top_p") ?? "0.9";
 ui.kvDtype.value = params.get("kv_dtype") === "int8" ? "int8" : "f32";
 if (params.has("system")) ui.systemPrompt.value = params.get("system");
+ui.jsonSchema.disabled = !ui.jsonOutput.checked;
+ui.jsonOutput.addEventListener("change", () => { ui.jsonSchema.disabled = !ui.jsonOutput.checked; });
 
 /** Conversation colors, in order of creation; the map draws each conversation's blocks in its own. */
 const PALETTE = ["#6366f1", "#0ea5a4", "#f97316", "#db2777", "#0284c7", "#65a30d", "#9333ea", "#dc2626"];
@@ -290,9 +293,16 @@ function newConversation(saved = null) {
   ui.conversations.prepend(conv.item);
   if (saved) {
     for (const m of conv.history) {
-      if (m.role !== "user" && m.role !== "assistant") continue;
-      addMessage(conv, m.role, m.content).dataset.done = "true";
+      if (m.role === "tool") {
+        addMessage(conv, "user", m.content).classList.add("tool-result");
+      } else if (m.role === "user" || m.role === "assistant") {
+        const bubble = addMessage(conv, m.role, m.content ?? "");
+        if (m.tool_calls) showToolCalls(bubble.querySelector(".body"), m.tool_calls);
+        bubble.dataset.done = "true";
+      }
     }
+    const last = conv.history.at(-1);
+    conv.pendingCalls = last?.tool_calls ?? null;
   }
   renderConversationItem(conv);
   if (!saved) activate(conv);
@@ -408,7 +418,51 @@ function addMessage(conv, role, text) {
   return wrap;
 }
 
-function requestOptions() {
+/** Tool calls shown as such: one block per call, its function's name and its arguments. */
+function showToolCalls(body, calls) {
+  body.textContent = "";
+  for (const call of calls) {
+    const el = document.createElement("div");
+    el.className = "tool-call";
+    el.dataset.testid = "tool-call";
+    el.dataset.name = call.function.name;
+    const name = document.createElement("span");
+    name.className = "tool-name";
+    name.textContent = call.function.name;
+    let args = call.function.arguments;
+    try {
+      args = JSON.stringify(JSON.parse(args));
+    } catch { /* shown as written */ }
+    el.append("call ", name, `(${args})`);
+    body.append(el);
+  }
+}
+
+/** A settings box that must hold JSON: its value, or an INVALID_ARGUMENT error naming it. */
+function jsonSetting(el, what) {
+  try {
+    return JSON.parse(el.value);
+  } catch (e) {
+    throw Object.assign(new Error(`${what} is not valid JSON: ${e.message}`), { code: "INVALID_ARGUMENT" });
+  }
+}
+
+/** The JSON output and tools settings, as request options (`chat`: tools too). */
+function structuredOptions(chat) {
+  const options = {};
+  if (ui.jsonOutput.checked) {
+    options.response_format = ui.jsonSchema.value.trim()
+      ? { type: "json_schema", json_schema: { name: "page", schema: jsonSetting(ui.jsonSchema, "The JSON Schema"), strict: true } }
+      : { type: "json_object" };
+  }
+  if (chat && ui.tools.value.trim()) {
+    options.tools = jsonSetting(ui.tools, "The tools");
+    options.tool_choice = ui.toolChoice.value;
+  }
+  return options;
+}
+
+function requestOptions(chat = true) {
   const num = (el, fallback) => (Number.isFinite(parseFloat(el.value)) ? parseFloat(el.value) : fallback);
   return {
     max_tokens: Math.max(1, Math.round(num(ui.maxTokens, 256))),
@@ -416,6 +470,7 @@ function requestOptions() {
     top_p: Math.min(1, Math.max(0.05, num(ui.topP, 0.9))),
     repetition_penalty: 1.1,
     seed: Math.floor(Math.random() * 2 ** 31),
+    ...structuredOptions(chat),
   };
 }
 
@@ -432,8 +487,13 @@ async function send() {
     conv.title = text.length > 48 ? `${text.slice(0, 47)}…` : text;
     ui.systemPrompt.disabled = true;
   }
-  addMessage(conv, "user", text);
-  conv.history.push({ role: "user", content: text });
+  // After a reply of tool calls, the message is the tools' result (one per call).
+  const userBubble = addMessage(conv, "user", text);
+  const calls = conv.pendingCalls;
+  conv.pendingCalls = null;
+  if (calls) userBubble.classList.add("tool-result");
+  const turn = calls ? calls.map((c) => ({ role: "tool", tool_call_id: c.id, content: text })) : [{ role: "user", content: text }];
+  conv.history.push(...turn);
   const bubble = addMessage(conv, "assistant", "");
   const body = bubble.querySelector(".body");
   bubble.classList.add("streaming");
@@ -465,8 +525,15 @@ async function send() {
     }
     const completion = await conv.stream.finalCompletion();
     details = completion.pagedlm;
-    body.textContent = completion.choices[0].message.content;
-    conv.history.push({ role: "assistant", content: completion.choices[0].message.content });
+    const reply = completion.choices[0].message;
+    if (reply.tool_calls) {
+      showToolCalls(body, reply.tool_calls);
+      conv.history.push({ role: "assistant", content: null, tool_calls: reply.tool_calls });
+      conv.pendingCalls = reply.tool_calls;
+    } else {
+      body.textContent = reply.content;
+      conv.history.push({ role: "assistant", content: reply.content });
+    }
     finishTurn(conv, bubble, completion.usage, details, performance.now() - t0);
   } catch (e) {
     if (e.code === "ABORTED" || e.code === "DISPOSED") {
@@ -486,7 +553,8 @@ async function send() {
       outcome = "failed";
       console.error(e);
       // The turn failed: drop it so the next turn starts from a consistent history.
-      conv.history.pop();
+      conv.history.splice(conv.history.length - turn.length);
+      conv.pendingCalls = calls;
       body.textContent = streamed;
       markFailed(bubble, e);
     }
@@ -540,7 +608,7 @@ async function complete() {
   const t0 = performance.now();
   let outcome = "done";
   try {
-    conv.stream = await state.engine.completions.create({ prompt, stream: true, signal: conv.controller.signal, ...requestOptions() });
+    conv.stream = await state.engine.completions.create({ prompt, stream: true, signal: conv.controller.signal, ...requestOptions(false) });
     for await (const chunk of conv.stream) {
       const piece = chunk.choices[0]?.text;
       if (piece) {

@@ -199,6 +199,49 @@ describe("chat page", () => {
     await page.screenshot({ path: join(results, "chat-stopped.png") });
   });
 
+  it("answers in JSON from the settings, and shows a tool call as such, whose result continues", { timeout: 4 * REPLY_TIMEOUT }, async () => {
+    await page.click(byId("new-conversation"));
+    // JSON output: an enum schema gives a short reply that is JSON and one of its values.
+    await page.check(byId("json-output"));
+    await page.fill(byId("json-schema"), '{"enum": ["yes", "no"]}');
+    await ask(page, "Is the sky blue?");
+    const json = await waitDone(page, 0);
+    assert.equal(json.error, null, `the reply failed: ${json.error}`);
+    assert.ok(['"yes"', '"no"'].includes(json.text), `a JSON enum value: ${json.text}`);
+    // A schema that is not JSON fails the turn with a clear message, and nothing is lost.
+    await page.fill(byId("json-schema"), "{not json");
+    await ask(page, "Again?");
+    const bad = await waitDone(page, 1);
+    assert.match(bad.error ?? "", /not valid JSON/);
+    await page.uncheck(byId("json-output"));
+
+    // Tools, required: the reply is a call, shown as a call and not as text.
+    await page.click(byId("new-conversation"));
+    const lamp = [{ type: "function", function: { name: "lamp", parameters: { type: "object", properties: { on: { type: "boolean" } }, required: ["on"], additionalProperties: false } } }];
+    await page.fill(byId("tools"), JSON.stringify(lamp));
+    await page.selectOption(byId("tool-choice"), "required");
+    await page.fill("#max-tokens", "32");
+    await ask(page, "Turn the lamp on.");
+    const call = await waitDone(page, 0);
+    assert.equal(call.error, null, `the reply failed: ${call.error}`);
+    assert.equal(call.finish, "tool_calls");
+    const shown = page.locator(`${byId("message-assistant")} >> nth=0 >> ${byId("tool-call")}`);
+    assert.equal(await shown.count(), 1);
+    assert.equal(await shown.getAttribute("data-name"), "lamp");
+    assert.match(await shown.textContent(), /^call lamp\(\{"on":(true|false)\}\)$/);
+    // The next message is the tool's result; with tools on auto the conversation goes on.
+    await page.selectOption(byId("tool-choice"), "auto");
+    await page.fill("#max-tokens", String(MAX_TOKENS));
+    await ask(page, '{"lamp": "on"}');
+    const after = await waitDone(page, 1);
+    assert.equal(after.error, null, `the turn after the tool result failed: ${after.error}`);
+    assert.ok(after.tokens > 0);
+    assert.ok(await page.locator(`${byId("message-user")}.tool-result`).count() === 1, "the result is shown as a tool result");
+    assert.ok(after.prefixHit > 0, "the turn after the call reuses the conversation's K/V");
+    await page.fill(byId("tools"), "");
+    await page.screenshot({ path: join(results, "chat-tools.png") });
+  });
+
   it("loads a .gguf chosen with the file picker, and says so when the file is broken", { timeout: LOAD_TIMEOUT }, async () => {
     const truncated = readFileSync(MODEL).subarray(0, 1 << 20);
     await page.setInputFiles(byId("model-file"), { name: "broken.gguf", mimeType: "application/octet-stream", buffer: truncated });
