@@ -6,8 +6,10 @@
 // Options (env): BENCH_PREFILL_WORDS (default 60 words ≈ 90 prompt tokens), BENCH_DECODE_TOKENS (32),
 // BENCH_BATCHES ("1,2,4,8"), BENCH_BATCH_TOKENS (12), BENCH_ONLY_BATCH=1 (skip the other figures),
 // BENCH_MODEL (a .gguf under models/, default SmolLM2-135M-Instruct.Q4_1.gguf) with BENCH_ONLY_SPEED=1
-// (load, prefill and decode only: bench/weight_types.sh runs it once per weight type).
-import { existsSync } from "node:fs";
+// (load, prefill and decode only: bench/weight_types.sh runs it once per weight type),
+// BENCH_CONSTRAINED=1 (only greedy decode free and under bench/constraints/prose.lark, in
+// BENCH_PAIRS (3) alternating pairs after a warm-up of each: the constrained/free ratio).
+import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { launch, MODEL, openPage, root, startServer } from "../tests/e2e/helpers.mjs";
 
@@ -18,6 +20,9 @@ const batchTokens = Number(process.env.BENCH_BATCH_TOKENS || 12);
 const onlyBatch = process.env.BENCH_ONLY_BATCH === "1";
 const onlySpeed = process.env.BENCH_ONLY_SPEED === "1";
 const modelPath = process.env.BENCH_MODEL || "SmolLM2-135M-Instruct.Q4_1.gguf";
+const constrained = process.env.BENCH_CONSTRAINED === "1";
+const pairs = Number(process.env.BENCH_PAIRS || 3);
+const grammar = readFileSync(join(root, "bench/constraints/prose.lark"), "utf8");
 
 if (!existsSync(join(root, "pkg/pagedlm_bg.wasm")) || !existsSync(MODEL)) {
   console.error("bench:browser needs pkg/ (bash scripts/build-web.sh) and the model (npm run fetch-model)");
@@ -28,7 +33,7 @@ const server = await startServer();
 const browser = await launch();
 try {
   const { page, problems } = await openPage(browser, `${server.url}/bench-blank`);
-  const figures = await page.evaluate(async ({ prefillWords, decodeTokens, batches, batchTokens, onlyBatch, onlySpeed, modelPath }) => {
+  const figures = await page.evaluate(async ({ prefillWords, decodeTokens, batches, batchTokens, onlyBatch, onlySpeed, modelPath, constrained, pairs, grammar }) => {
     const { createEngine } = await import("/js/index.js");
     const MODEL_URL = `/models/${modelPath}`;
     const user = (content) => ({ role: "user", content });
@@ -57,6 +62,30 @@ try {
       }));
       return state.t1 > state.t0 ? state.tokens / ((state.t1 - state.t0) / 1000) : 0;
     };
+    if (constrained) {
+      // The same prompt each time (its K/V come from the prefix cache): decode only.
+      const engine = await createEngine(MODEL_URL, { cacheName: "pagedlm-bench" });
+      const run = async (extra) => {
+        const r = await engine.chat.completions.create({ messages: [user("Write a long story about a dragon who learns to paint.")], max_tokens: decodeTokens, ...greedy, ...extra });
+        return { tok_s: (r.usage.completion_tokens - 1) / (r.pagedlm.decode_ms / 1000), tokens: r.usage.completion_tokens };
+      };
+      await run({});
+      await run({ grammar });
+      const free = [], bound = [];
+      for (let i = 0; i < pairs; i++) {
+        free.push(await run({}));
+        bound.push(await run({ grammar }));
+      }
+      const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+      out.free_decode_tok_s = median(free.map((r) => r.tok_s));
+      out.constrained_decode_tok_s = median(bound.map((r) => r.tok_s));
+      out.ratios = free.map((f, i) => bound[i].tok_s / f.tok_s);
+      out.ratio_median = median(out.ratios);
+      out.tokens = { free: free.map((r) => r.tokens), constrained: bound.map((r) => r.tokens) };
+      out.adapter = engine.info.adapter;
+      await engine.dispose();
+      return out;
+    }
     if (onlyBatch) {
       const engine = await createEngine(MODEL_URL, { cacheName: "pagedlm-bench", prefixCache: false, maxBatch: Math.max(...batches) });
       await aggregate(engine, 1);
@@ -124,9 +153,10 @@ try {
     out.follow_up_uncached = await followUp(uncached);
     await uncached.dispose();
     return out;
-  }, { prefillWords, decodeTokens, batches, batchTokens, onlyBatch, onlySpeed, modelPath });
+  }, { prefillWords, decodeTokens, batches, batchTokens, onlyBatch, onlySpeed, modelPath, constrained, pairs, grammar });
   const round = (x) => (typeof x === "number" ? Math.round(x * 100) / 100 : x);
-  const result = Object.fromEntries(Object.entries(figures).map(([k, v]) => [k, typeof v === "object" ? Object.fromEntries(Object.entries(v).map(([a, b]) => [a, round(b)])) : round(v)]));
+  const roundAll = (v) => (Array.isArray(v) ? v.map(roundAll) : v && typeof v === "object" ? Object.fromEntries(Object.entries(v).map(([a, b]) => [a, roundAll(b)])) : round(v));
+  const result = roundAll(figures);
   if (figures.follow_up_cached) result.follow_up_ttft_speedup = round(figures.follow_up_uncached.ttft_ms / figures.follow_up_cached.ttft_ms);
   const errors = problems.filter((p) => !/404|Not Found/.test(p));
   if (errors.length) result.page_errors = errors;
