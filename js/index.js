@@ -410,7 +410,7 @@ export class Engine {
       this.#alive();
       if (!params || typeof params !== "object") throw invalid("create(params): params must be an object");
       const message = shape === SHAPES.chat
-        ? toWorker.create(checkMessages(params.messages), requestOptions(params))
+        ? toWorker.create(checkMessages(params.messages), requestOptions(params, true))
         : toWorker.complete(checkPrompt(params.prompt), requestOptions(params));
       const { signal } = params;
       if (signal?.aborted) throw abortError(signal);

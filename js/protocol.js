@@ -12,16 +12,18 @@ export const ENGINE_OPTIONS = Object.freeze(["kvDtype", "kvLayout", "blockSize",
 /** Options of `createEngine` that js/index.js handles itself. */
 export const PACKAGE_OPTIONS = Object.freeze(["onProgress", "cache", "cacheName", "workerUrl"]);
 /** Parameters of `chat.completions.create` and `completions.create` that go to the wasm engine (`WebEngine.submit`, `submitPrompt`). */
-export const REQUEST_OPTIONS = Object.freeze(["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "repetition_penalty", "response_format", "grammar", "tools", "tool_choice", "parallel_tool_calls"]);
+export const REQUEST_OPTIONS = Object.freeze(["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "repetition_penalty", "response_format", "grammar"]);
+/** Engine options only chat requests take (a raw-text completion cannot offer tools). */
+export const CHAT_OPTIONS = Object.freeze(["tools", "tool_choice", "parallel_tool_calls"]);
 /** Parameters of `chat.completions.create` that js/index.js handles itself. */
 export const REQUEST_PARAMS = Object.freeze(["messages", "stream", "stream_options", "signal"]);
 /** Parameters of `completions.create` (completion mode) that js/index.js handles itself. */
 export const COMPLETION_PARAMS = Object.freeze(["prompt", "stream", "stream_options", "signal"]);
 
-/** The engine's share of `params`: the `REQUEST_OPTIONS` that are set. */
-export function requestOptions(params) {
+/** The engine's share of `params`: the `REQUEST_OPTIONS` (and for `chat`, `CHAT_OPTIONS`) that are set. */
+export function requestOptions(params, chat = false) {
   const options = {};
-  for (const k of REQUEST_OPTIONS) if (params[k] !== undefined && params[k] !== null) options[k] = params[k];
+  for (const k of chat ? [...REQUEST_OPTIONS, ...CHAT_OPTIONS] : REQUEST_OPTIONS) if (params[k] !== undefined && params[k] !== null) options[k] = params[k];
   return options;
 }
 

@@ -181,6 +181,9 @@ enum Stop {
     Many(Vec<String>),
 }
 
+/// The [`ChatOptions`] a completion-mode request (`submitPrompt`) does not take.
+const CHAT_ONLY_OPTIONS: &[&str] = &["tools", "tool_choice", "parallel_tool_calls"];
+
 /// Options of `WebEngine.chat`, OpenAI-style snake_case names; every field is optional.
 #[derive(Deserialize, Default)]
 #[serde(default)]
@@ -480,10 +483,12 @@ pub fn option_names() -> Result<JsValue, WebError> {
     struct OptionNames {
         load: &'static [&'static str],
         chat: &'static [&'static str],
-        completion: &'static [&'static str],
+        completion: Vec<&'static str>,
     }
     let request = field_names::<ChatOptions>();
-    to_js(&OptionNames { load: field_names::<LoadOptions>(), chat: request, completion: request })
+    // Tools are for chat: a raw-text prompt cannot offer them (`submitPrompt` refuses them).
+    let completion = request.iter().copied().filter(|n| !CHAT_ONLY_OPTIONS.contains(n)).collect();
+    to_js(&OptionNames { load: field_names::<LoadOptions>(), chat: request, completion })
 }
 
 /// Parses an optional JS options object: `undefined` and `null` mean "all defaults".

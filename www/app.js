@@ -551,7 +551,9 @@ async function send() {
       }
     } else {
       outcome = "failed";
-      console.error(e);
+      // A setting or input the engine refuses is the user's to mend (shown under the reply),
+      // not a fault of the page.
+      if (e.code !== "INVALID_ARGUMENT") console.error(e);
       // The turn failed: drop it so the next turn starts from a consistent history.
       conv.history.splice(conv.history.length - turn.length);
       conv.pendingCalls = calls;

@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { root } from "./helpers.mjs";
-import { COMPLETION_PARAMS, ENGINE_OPTIONS, PACKAGE_OPTIONS, REQUEST_OPTIONS, REQUEST_PARAMS, requestOptions } from "../../js/protocol.js";
+import { CHAT_OPTIONS, COMPLETION_PARAMS, ENGINE_OPTIONS, PACKAGE_OPTIONS, REQUEST_OPTIONS, REQUEST_PARAMS, requestOptions } from "../../js/protocol.js";
 import { createEngine } from "../../js/index.js";
 
 /** The top-level member names of `interface name` in TypeScript declarations. */
@@ -66,10 +66,11 @@ describe("option names", () => {
   });
 
   it("chat.completions.create: js/protocol.js, the wasm engine and index.d.ts ChatCompletionCreateParams agree", () => {
-    sameNames({ "js REQUEST_OPTIONS": [...REQUEST_OPTIONS] }, { "wasm ChatOptions": wasm.chat }, "request options");
-    const clash = REQUEST_PARAMS.filter((n) => REQUEST_OPTIONS.includes(n));
+    const chatOptions = [...REQUEST_OPTIONS, ...CHAT_OPTIONS];
+    sameNames({ "js REQUEST_OPTIONS + CHAT_OPTIONS": chatOptions }, { "wasm ChatOptions": wasm.chat }, "request options");
+    const clash = REQUEST_PARAMS.filter((n) => chatOptions.includes(n));
     assert.deepEqual(clash, [], "a package parameter is not also an engine option");
-    sameNames({ "js REQUEST_OPTIONS + REQUEST_PARAMS": [...REQUEST_OPTIONS, ...REQUEST_PARAMS] },
+    sameNames({ "js REQUEST_OPTIONS + CHAT_OPTIONS + REQUEST_PARAMS": [...chatOptions, ...REQUEST_PARAMS] },
       { "index.d.ts ChatCompletionCreateParams": interfaceFields(dts, "ChatCompletionCreateParams") }, "create params");
   });
 
@@ -94,6 +95,6 @@ describe("option names", () => {
 
   it("create passes every declared engine option on to the engine", () => {
     const params = Object.fromEntries(interfaceFields(dts, "ChatCompletionCreateParams").map((n) => [n, 1]));
-    sameNames({ "what create sends": Object.keys(requestOptions(params)) }, { "wasm ChatOptions": wasm.chat }, "sent options");
+    sameNames({ "what create sends": Object.keys(requestOptions(params, true)) }, { "wasm ChatOptions": wasm.chat }, "sent options");
   });
 });
