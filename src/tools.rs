@@ -150,6 +150,18 @@ impl Tools {
         Ok(Tools { functions, choice, parallel: parallel.unwrap_or(false) })
     }
 
+    /// A request's `tools`, `tool_choice` and `parallel_tool_calls` options as the CLI and the
+    /// wasm API read them (null is absent): none without `tools`, and `tool_choice` without
+    /// `tools` refused.
+    pub fn from_options(tools: Option<&Value>, choice: Option<&Value>, parallel: Option<bool>) -> Result<Option<Tools>, ConstraintError> {
+        let (tools, choice) = (tools.filter(|t| !t.is_null()), choice.filter(|c| !c.is_null()));
+        match (tools, choice) {
+            (None, Some(_)) => Err(invalid("tool_choice needs tools")),
+            (None, None) => Ok(None),
+            (Some(tools), choice) => Tools::from_openai(tools, choice, parallel).map(Some),
+        }
+    }
+
     /// Whether the functions are offered to the model (every choice but `none`).
     pub fn offered(&self) -> bool {
         self.choice != ToolChoice::None
@@ -354,6 +366,8 @@ mod tests {
         let with_system = [Message { role: "developer".into(), content: Some("Be brief.".into()), ..Default::default() }];
         let out = chat_messages(&with_system, Some(&tools), None).unwrap();
         assert!(out.len() == 1 && out[0].role == "system" && out[0].content.starts_with("Be brief.\n\n# Tools"));
+        assert_eq!(Tools::from_options(None, Some(&json!("required")), None), Err(invalid("tool_choice needs tools")));
+        assert_eq!(Tools::from_options(Some(&Value::Null), None, None), Ok(None));
         let none = Tools { choice: ToolChoice::None, ..tools.clone() };
         assert_eq!(chat_messages(&with_system, Some(&none), None).unwrap()[0].content, "Be brief.");
         let empty = [Message { role: "user".into(), content: None, ..Default::default() }];

@@ -215,11 +215,7 @@ impl ChatOptions {
             (Some(format), None) => Constraint::from_response_format(format).map_err(EngineError::from)?,
             (None, grammar) => grammar.map(Constraint::Lark),
         };
-        let tools = match (&self.tools, &self.tool_choice) {
-            (None, Some(_)) => return Err(WebError::new(ErrorCode::InvalidArgument, "tool_choice needs tools")),
-            (None, None) => None,
-            (Some(tools), choice) => Some(Tools::from_openai(tools, choice.as_ref(), self.parallel_tool_calls).map_err(EngineError::from)?),
-        };
+        let tools = Tools::from_options(self.tools.as_ref(), self.tool_choice.as_ref(), self.parallel_tool_calls).map_err(EngineError::from)?;
         Ok(GenerateRequest {
             ignore_eos: false,
             constraint,
@@ -547,12 +543,6 @@ pub struct WebEngine {
 }
 
 impl WebEngine {
-    /// The prompt of a chat request: the chat template's (a base model's refusal,
-    /// `INVALID_ARGUMENT`, comes from the tokenizer).
-    fn chat_prompt(&self, engine: &Engine, messages: &[Message], request: &GenerateRequest) -> Result<Vec<u32>, WebError> {
-        Ok(engine.openai_chat_prompt(messages, request.tools.as_ref())?)
-    }
-
     /// Queues `prompt` for [`WebEngine::step`].
     fn submit_tokens(engine: &mut Engine, prompt: Vec<u32>, request: GenerateRequest) -> Result<JsValue, WebError> {
         let prompt_tokens = prompt.len() as u32;
@@ -588,7 +578,7 @@ impl WebEngine {
         let request = self::options::<ChatOptions>(options, "chat options")?.request()?;
         let inner = Rc::clone(&self.inner);
         let mut engine = inner.try_borrow_mut().map_err(|_| busy())?;
-        let prompt = self.chat_prompt(&engine, &messages, &request)?;
+        let prompt = engine.openai_chat_prompt(&messages, request.tools.as_ref())?;
         let prompt_len = JsValue::from(prompt.len() as u32);
         let mut thrown: Option<String> = None;
         let mut callback = |event: &TokenEvent<'_>| match on_token.call2(&JsValue::NULL, &JsValue::from_str(event.text), &prompt_len) {
@@ -613,7 +603,7 @@ impl WebEngine {
         let messages = parse_messages(messages)?;
         let request = self::options::<ChatOptions>(options, "chat options")?.request()?;
         let mut engine = self.inner.try_borrow_mut().map_err(|_| busy())?;
-        let prompt = self.chat_prompt(&engine, &messages, &request)?;
+        let prompt = engine.openai_chat_prompt(&messages, request.tools.as_ref())?;
         Self::submit_tokens(&mut engine, prompt, request)
     }
 

@@ -212,16 +212,6 @@ mod cli {
         }
     }
 
-    /// An input item's OpenAI `tools`, `tool_choice` and `parallel_tool_calls`.
-    fn item_tools(item: &Value) -> Result<Option<Tools>> {
-        let choice = item.get("tool_choice");
-        match item.get("tools") {
-            None | Some(Value::Null) if choice.is_some_and(|c| !c.is_null()) => bail!("tool_choice needs tools"),
-            None | Some(Value::Null) => Ok(None),
-            Some(tools) => Ok(Some(Tools::from_openai(tools, choice, item.get("parallel_tool_calls").and_then(Value::as_bool))?)),
-        }
-    }
-
     async fn generate(args: &Args) -> Result<()> {
         let request = GenerateRequest {
             max_tokens: args.count("max-tokens", 128),
@@ -267,7 +257,8 @@ mod cli {
             if let Some(format) = item.get("response_format") {
                 request.constraint = Constraint::from_response_format(format).with_context(|| format!("item {i} ({id})"))?;
             }
-            request.tools = item_tools(item).with_context(|| format!("item {i} ({id})"))?;
+            let parallel = item.get("parallel_tool_calls").and_then(Value::as_bool);
+            request.tools = Tools::from_options(item.get("tools"), item.get("tool_choice"), parallel).with_context(|| format!("item {i} ({id})"))?;
             let prompt_ids = if let Some(p) = item.get("prompt").and_then(Value::as_str) {
                 if request.tools.is_some() {
                     bail!("item {i} ({id}): tools need \"messages\" (a chat), not a raw \"prompt\"");
