@@ -301,8 +301,6 @@ function newConversation(saved = null) {
         bubble.dataset.done = "true";
       }
     }
-    const last = conv.history.at(-1);
-    conv.pendingCalls = last?.tool_calls ?? null;
   }
   renderConversationItem(conv);
   if (!saved) activate(conv);
@@ -487,10 +485,10 @@ async function send() {
     conv.title = text.length > 48 ? `${text.slice(0, 47)}…` : text;
     ui.systemPrompt.disabled = true;
   }
-  // After a reply of tool calls, the message is the tools' result (one per call).
+  // After a reply of tool calls (the history's last message), the message is the tools' result
+  // (one per call).
   const userBubble = addMessage(conv, "user", text);
-  const calls = conv.pendingCalls;
-  conv.pendingCalls = null;
+  const calls = conv.history.at(-1)?.tool_calls ?? null;
   if (calls) userBubble.classList.add("tool-result");
   const turn = calls ? calls.map((c) => ({ role: "tool", tool_call_id: c.id, content: text })) : [{ role: "user", content: text }];
   conv.history.push(...turn);
@@ -529,7 +527,6 @@ async function send() {
     if (reply.tool_calls) {
       showToolCalls(body, reply.tool_calls);
       conv.history.push({ role: "assistant", content: null, tool_calls: reply.tool_calls });
-      conv.pendingCalls = reply.tool_calls;
     } else {
       body.textContent = reply.content;
       conv.history.push({ role: "assistant", content: reply.content });
@@ -556,7 +553,6 @@ async function send() {
       if (e.code !== "INVALID_ARGUMENT") console.error(e);
       // The turn failed: drop it so the next turn starts from a consistent history.
       conv.history.splice(conv.history.length - turn.length);
-      conv.pendingCalls = calls;
       body.textContent = streamed;
       markFailed(bubble, e);
     }
