@@ -166,6 +166,9 @@ pub struct Engine {
     /// Steps on the GPU whose outputs are not read yet, oldest first (two while a decode step
     /// planned ahead runs behind the one before it).
     in_flight: VecDeque<(Plan, PendingStep)>,
+    /// A step planned ahead whose forward pass is on the GPU and whose tokens wait for its
+    /// constrained rows' masks ([`Engine::choose_open`]), with its rows' sampler parameters.
+    open: Option<(Plan, Option<Vec<RowParams>>)>,
     /// Where each sequence slot's penalty ring stands on the GPU ([`Engine::row_params`]).
     rings: Vec<HistoryRing>,
     /// The constraint engine over this model's vocabulary, built at the first constrained
@@ -197,7 +200,7 @@ impl Engine {
         let runner = Runner::new(&ctx, options.prefill_chunk, kv.max_seqs())?;
         let rings = vec![HistoryRing::default(); kv.max_seqs() as usize];
         let weight_types = gguf.tensor_type_counts();
-        Ok(Engine { ctx, model: Model { config, weights }, tokenizer, kv, options, runner, sched, weight_types, backlog: Vec::new(), in_flight: VecDeque::new(), rings, grammars: None })
+        Ok(Engine { ctx, model: Model { config, weights }, tokenizer, kv, options, runner, sched, weight_types, backlog: Vec::new(), in_flight: VecDeque::new(), open: None, rings, grammars: None })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -397,19 +400,20 @@ impl Engine {
             self.launch(plan, &mut events)?;
         }
         // The next decode step goes to the GPU before this one's tokens come back, fed with
-        // them there; this one's tokens are read behind it.
+        // them there; this one's tokens are read behind it. When its constrained rows' masks
+        // need those tokens, only its forward pass goes now, its choice after the commit.
         if let Some(plan) = self.sched.plan_ahead(&mut self.kv)? {
             self.launch(plan, &mut events)?;
         }
         let Some((plan, pending)) = self.in_flight.pop_front() else { return Ok(events) };
-        match pending.read(&self.ctx).await {
-            Ok(outputs) => {
-                self.verify()?;
-                events.extend(self.sched.commit(&mut self.kv, &plan, outputs, &self.tokenizer.eos_ids())?);
-            }
+        let committed = match pending.read(&self.ctx).await {
+            Ok(outputs) => self.verify().and_then(|()| self.sched.commit(&mut self.kv, &plan, outputs, &self.tokenizer.eos_ids())),
             // The step failed as a whole: every request in it ends with the error.
-            Err(e) => events.extend(self.sched.fail(&mut self.kv, &plan, &e.into())?),
-        }
+            Err(e) => self.sched.fail(&mut self.kv, &plan, &e.into()),
+        };
+        let chosen = self.choose_open();
+        events.extend(committed?);
+        events.extend(chosen?);
         self.drop_orphan_steps()?;
         Ok(events)
     }
@@ -438,7 +442,7 @@ impl Engine {
             }
             let mut row = RowParams::new(&s.params, s.counter, *ring)?;
             row.flags |= RowParams::APPEND_HISTORY;
-            if s.mask.is_some() {
+            if s.constrained {
                 row.flags |= RowParams::MASKED;
             }
             params.push(row);
@@ -448,7 +452,9 @@ impl Engine {
     }
 
     /// Submits a planned step (its rows' K/V slots reserved) and queues it for reading; a step
-    /// that cannot be submitted fails its requests.
+    /// that cannot be submitted fails its requests. A step whose masks wait for the step in
+    /// flight ([`Plan::awaits_masks`]) has only its forward pass submitted: it waits in
+    /// `open` for [`Engine::choose_open`].
     fn launch(&mut self, plan: Plan, events: &mut Vec<Event>) -> Result<(), EngineError> {
         let rows: Vec<StepRow> = plan
             .rows()
@@ -463,8 +469,14 @@ impl Engine {
                 return Ok(());
             }
         };
-        // The token masks of constrained rows ([`RowParams::MASKED`]), by logit row.
-        let masks: Vec<(u32, &[u32])> = plan.sampling().iter().enumerate().filter_map(|(k, s)| Some((k as u32, s.as_ref()?.mask.as_deref()?))).collect();
+        if plan.awaits_masks() {
+            match self.runner.submit_forward(&self.ctx, &self.model, &self.kv, (&rows, &logit_rows)) {
+                Ok(()) => self.open = Some((plan, params)),
+                Err(e) => events.extend(self.sched.fail(&mut self.kv, &plan, &e.into())?),
+            }
+            return Ok(());
+        }
+        let masks = self.sched.masks(&plan);
         let choose = match &params {
             Some(p) => Choose::Sample(p, &masks),
             None => Choose::Argmax,
@@ -474,6 +486,32 @@ impl Engine {
             Err(e) => events.extend(self.sched.fail(&mut self.kv, &plan, &e.into())?),
         }
         Ok(())
+    }
+
+    /// Chooses the tokens of the step whose forward pass [`Engine::launch`] submitted ahead,
+    /// now that the step before has committed: each constrained row with its request's mask as
+    /// it stands (a row whose request ended meanwhile is chosen unmasked and discarded), and
+    /// queues it for reading. A step that cannot be submitted fails its requests.
+    fn choose_open(&mut self) -> Result<Vec<Event>, EngineError> {
+        let mut events = Vec::new();
+        let Some((plan, mut params)) = self.open.take() else { return Ok(events) };
+        let masks = self.sched.masks(&plan);
+        if let Some(params) = params.as_mut() {
+            for (k, p) in params.iter_mut().enumerate() {
+                if !masks.iter().any(|&(m, _)| m as usize == k) {
+                    p.flags &= !RowParams::MASKED;
+                }
+            }
+        }
+        let choose = match &params {
+            Some(p) => Choose::Sample(p, &masks),
+            None => Choose::Argmax,
+        };
+        match self.runner.submit_choice(&self.ctx, &self.model, &self.kv, (Logits::Argmax, choose)) {
+            Ok(pending) => self.in_flight.push_back((plan, pending)),
+            Err(e) => events.extend(self.sched.fail(&mut self.kv, &plan, &e.into())?),
+        }
+        Ok(events)
     }
 
     /// Runs steps until every submitted request has finished, calling `on_event` for each event.

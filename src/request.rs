@@ -137,8 +137,10 @@ pub(crate) struct RowSampling {
     pub params: SamplingParams,
     pub counter: u32,
     pub window: Option<Vec<u32>>,
-    /// The tokens a constrained request allows ([`crate::constraint::Constrained::mask`]).
-    pub mask: Option<Vec<u32>>,
+    /// Its tokens are masked by the request's constraint: the mask is the one its matcher
+    /// holds when the step chooses ([`Request::mask`]), which for a step planned ahead is after
+    /// the step before commits.
+    pub constrained: bool,
 }
 
 /// What a request did with a token it was given ([`Request::accept`]).
@@ -252,8 +254,8 @@ impl Request {
     /// last `repetition_window` tokens of the sequence; none without a penalty).
     pub fn row_sampling(&self, counter: u32, write_window: bool) -> Option<RowSampling> {
         let params = self.sampler.params();
-        let mask = self.constrained.as_ref().map(|c| c.mask().to_vec());
-        if params.is_greedy() && mask.is_none() {
+        let constrained = self.constrained.is_some();
+        if params.is_greedy() && !constrained {
             return None;
         }
         let window = write_window.then(|| {
@@ -263,13 +265,13 @@ impl Request {
             let all = self.tokens();
             all[all.len().saturating_sub(params.repetition_window as usize)..].to_vec()
         });
-        Some(RowSampling { params: params.clone(), counter, window, mask })
+        Some(RowSampling { params: params.clone(), counter, window, constrained })
     }
 
-    /// Whether its tokens are chosen under a constraint: its next row needs the mask that its
-    /// last token gives, so no step can be planned for it before that token is back.
-    pub fn is_constrained(&self) -> bool {
-        self.constrained.is_some()
+    /// The tokens its constraint allows next (`ceil(vocab / 32)` words), past every token it
+    /// has accepted; `None` when it is not constrained.
+    pub fn mask(&self) -> Option<&[u32]> {
+        self.constrained.as_ref().map(Constrained::mask)
     }
 
     /// Whether the token it gets next ends it by its token limit or at `max_len` computed

@@ -113,6 +113,17 @@ impl Plan {
         &self.sampling
     }
 
+    /// Whether a constrained row's mask comes from the token the step before produces: a step
+    /// planned ahead whose tokens must not be chosen before that step commits.
+    pub fn awaits_masks(&self) -> bool {
+        self.rows.iter().any(|r| r.token.is_none()) && self.sampling.iter().flatten().any(|s| s.constrained)
+    }
+
+    /// The request of each logit row, in [`Plan::logit_rows`] order.
+    fn logit_requests(&self) -> impl Iterator<Item = RequestId> + '_ {
+        self.decode.iter().copied().chain(self.prefill.filter(|c| c.completes).map(|c| c.id))
+    }
+
     /// The requests with rows in this step.
     fn requests(&self) -> impl Iterator<Item = RequestId> + '_ {
         self.decode.iter().copied().chain(self.prefill.map(|c| c.id))
@@ -387,14 +398,25 @@ impl Scheduler {
         }
     }
 
+    /// The token masks of `plan`'s constrained logit rows whose requests still run, as (logit row,
+    /// mask) from each request's matcher as it stands: called when the step's tokens are chosen
+    /// (for a step planned ahead, after the step before has committed). A row whose request
+    /// ended has none (its token is discarded).
+    pub fn masks(&self, plan: &Plan) -> Vec<(u32, &[u32])> {
+        let masked = plan.logit_requests().zip(&plan.sampling).enumerate().filter(|(_, (_, s))| s.as_ref().is_some_and(|s| s.constrained));
+        masked.filter_map(|(k, (id, _))| Some((k as u32, self.running[self.still_running(id)?].mask()?))).collect()
+    }
+
     /// Plans the step after the one in flight, before that one's tokens are known: the next row
     /// of every running sequence, each fed on the GPU with the token the step in flight produces
     /// for it ([`Row::token`] `None`). Only in steady decoding, with exactly one step in flight:
-    /// no request waits for a free place in the batch, no sequence is reading its context or
-    /// constrained (its next mask needs the token in flight: the batch then steps in lockstep
-    /// with the CPU, so that its other sequences keep one token per step), and the pool holds
-    /// the new rows without preempting; otherwise `None`, and the engine commits the step in
-    /// flight and plans as usual. A sequence whose step in flight reaches
+    /// no request waits for a free place in the batch, no sequence is reading its context, and
+    /// the pool holds the new rows without preempting; otherwise `None`, and the engine commits
+    /// the step in flight and plans as usual. A constrained sequence's row is planned too, but
+    /// its mask needs the token in flight ([`Plan::awaits_masks`]): the engine submits such a
+    /// step's forward pass at once and chooses its tokens after the step before commits, so
+    /// the GPU runs the forward pass while the CPU reads the token and computes the mask.
+    /// A sequence whose step in flight reaches
     /// its token or context limit gets no row (it ends when that step commits); one that ends
     /// otherwise (end of generation, a stop string, an abort) has its extra row undone when it
     /// ends (its sequence is cut back to what was committed, [`Scheduler::finish_running`]), so
@@ -404,7 +426,7 @@ impl Scheduler {
         if !self.config.lookahead || self.in_flight != 1 || could_admit {
             return Ok(None);
         }
-        if self.running.iter().any(|r| r.in_prefill() || r.pending().is_none() || r.is_constrained()) {
+        if self.running.iter().any(|r| r.in_prefill() || r.pending().is_none()) {
             return Ok(None);
         }
         let bs = kv.block_size();

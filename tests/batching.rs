@@ -14,7 +14,7 @@ use common::tiny_model;
 use pagedlm::engine::{Engine, EngineOptions, FinishReason, GenerateRequest, KvDtype};
 use pagedlm::rng::Rng;
 use pagedlm::sampler::SamplingParams;
-use pagedlm::engine::{Event, RequestId, SchedConfig};
+use pagedlm::engine::{Constraint, Event, RequestId, SchedConfig};
 
 fn ids(rng: &mut Rng, n: usize) -> Vec<u32> {
     (0..n).map(|_| 3 + rng.below(256) as u32).collect()
@@ -358,6 +358,8 @@ gpu_test! {
         // leave every generation and the cache as stepping one at a time does: requests that end
         // at their token limit, at a stop string (found from a first run), at the context limit,
         // by an abort while a step planned ahead is in flight, alone and batched, f32 and INT8.
+        // Constrained requests go ahead too (their masks chosen after the step before commits),
+        // ending when their grammar completes or at their token limit.
         let bytes = tiny_model(35);
         let mut rng = Rng::new(6);
         let probe = ids(&mut rng, 9);
@@ -375,6 +377,16 @@ gpu_test! {
         for (k, penalty) in [(0u64, 1.0f32), (1, 1.3)] {
             let sampling = SamplingParams { temperature: 1.5, top_k: 40, top_p: 0.95, repetition_penalty: penalty, seed: 11 + k, ..SamplingParams::greedy() };
             prompts.push((ids(&mut rng, 6 + k as usize), GenerateRequest { max_tokens: 14, sampling, ..Default::default() }));
+        }
+        let lark = "start: \"id=\" NUM (\",\" NUM)*\nNUM: /[1-9][0-9]?/\n";
+        let colors = serde_json::json!({"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}}, "required": ["color"], "additionalProperties": false});
+        let constrained = [
+            (Constraint::Regex("(yes|no|maybe)!".into()), SamplingParams::greedy(), 10),
+            (Constraint::Lark(lark.into()), SamplingParams { temperature: 1.2, seed: 5, ..SamplingParams::greedy() }, 12),
+            (Constraint::JsonSchema(colors), SamplingParams::greedy(), 24),
+        ];
+        for (k, (constraint, sampling, max_tokens)) in constrained.into_iter().enumerate() {
+            prompts.push((ids(&mut rng, 4 + k), GenerateRequest { max_tokens, sampling, constraint: Some(constraint), ..Default::default() }));
         }
         for (max_batch, kv_dtype, block_size) in [(1u32, KvDtype::F32, 4u32), (4, KvDtype::F32, 8), (6, KvDtype::Int8, 5)] {
             let mut results = Vec::new();

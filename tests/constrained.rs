@@ -128,6 +128,10 @@ gpu_test! {
         } else {
             assert!(g.text.starts_with('{') && g.warning.is_some(), "json_object cut short: {:?} {:?}", g.text, g.warning);
         }
+        // A constrained sequence decodes ahead like a free one: each step's forward pass goes to
+        // the GPU before the token of the step before is back, its mask chosen after.
+        let sched = engine.sched_stats();
+        assert!(sched.steps_ahead * 2 > sched.steps, "{} of {} constrained steps planned ahead", sched.steps_ahead, sched.steps);
     }
 }
 

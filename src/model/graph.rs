@@ -574,20 +574,57 @@ impl ForwardGraph {
         feed: Option<&Feed<'_>>,
     ) -> Result<PendingStep, ModelError> {
         self.check(rows, logit_rows, feed)?;
-        if let Choose::Sample(params, masks) = choose {
-            match feed {
-                Some(feed) if params.len() == logit_rows.len() => self.build_sampler(ctx, feed)?,
-                _ => return Err(ModelError::Format(format!("a sampled step needs a feed and one RowParams per logit row ({} for {})", params.len(), logit_rows.len()))),
-            }
-            let words = self.vocab.div_ceil(32) as usize;
-            if let Some((k, m)) = masks.iter().find(|(k, m)| *k as usize >= params.len() || m.len() != words) {
-                return Err(ModelError::Format(format!("a token mask of {} words for logit row {k} (a step of {} rows, masks of {words} words)", m.len(), params.len())));
-            }
+        self.check_choice(ctx, logit_rows, choose, feed)?;
+        let rec = self.record_forward(ctx, (rows, logit_rows), feed)?;
+        Ok(self.record_choice(ctx, rec, (rows, logit_rows), (read, choose), feed))
+    }
+
+    /// The first half of [`ForwardGraph::submit`], submitted on its own: the step's forward pass
+    /// up to its logits. Its tokens are chosen by [`ForwardGraph::submit_choice`] with the same
+    /// rows, which must come before anything else is submitted on this graph (the logits are
+    /// the step's until then): a constrained row's mask can be computed while this runs.
+    pub fn submit_forward(&mut self, ctx: &Context, (rows, logit_rows): (&[StepRow], &[u32]), feed: Option<&Feed<'_>>) -> Result<(), ModelError> {
+        self.check(rows, logit_rows, feed)?;
+        self.record_forward(ctx, (rows, logit_rows), feed)?.submit();
+        Ok(())
+    }
+
+    /// The second half of [`ForwardGraph::submit`] after [`ForwardGraph::submit_forward`] of
+    /// the same rows: chooses the logit rows' tokens and queues them for reading.
+    pub fn submit_choice(
+        &mut self,
+        ctx: &Context,
+        (rows, logit_rows): (&[StepRow], &[u32]),
+        (read, choose): (Logits, Choose<'_>),
+        feed: Option<&Feed<'_>>,
+    ) -> Result<PendingStep, ModelError> {
+        self.check(rows, logit_rows, feed)?;
+        self.check_choice(ctx, logit_rows, choose, feed)?;
+        let rec = Recorder::new(ctx, "step.choice");
+        Ok(self.record_choice(ctx, rec, (rows, logit_rows), (read, choose), feed))
+    }
+
+    /// Checks a sampled step's parameters and masks against its logit rows and builds the
+    /// sampler at its first use.
+    fn check_choice(&mut self, ctx: &Context, logit_rows: &[u32], choose: Choose<'_>, feed: Option<&Feed<'_>>) -> Result<(), ModelError> {
+        let Choose::Sample(params, masks) = choose else { return Ok(()) };
+        match feed {
+            Some(feed) if params.len() == logit_rows.len() => self.build_sampler(ctx, feed)?,
+            _ => return Err(ModelError::Format(format!("a sampled step needs a feed and one RowParams per logit row ({} for {})", params.len(), logit_rows.len()))),
         }
+        let words = self.vocab.div_ceil(32) as usize;
+        if let Some((k, m)) = masks.iter().find(|(k, m)| *k as usize >= params.len() || m.len() != words) {
+            return Err(ModelError::Format(format!("a token mask of {} words for logit row {k} (a step of {} rows, masks of {words} words)", m.len(), params.len())));
+        }
+        Ok(())
+    }
+
+    /// Records a step's inputs, its layers and its head (`rows` checked).
+    fn record_forward<'c>(&mut self, ctx: &'c Context, (rows, logit_rows): (&[StepRow], &[u32]), feed: Option<&Feed<'_>>) -> Result<Recorder<'c>, ModelError> {
         self.prepare(ctx, rows)?;
         // The head needs a row: with none asked for, the last one stands in and is not returned.
         let stand_in = [rows.len() as u32 - 1];
-        let (gather, read) = if logit_rows.is_empty() { (&stand_in[..], Logits::Argmax) } else { (logit_rows, read) };
+        let gather = if logit_rows.is_empty() { &stand_in[..] } else { logit_rows };
         let mut rec = Recorder::new(ctx, "step");
         if let Some(feed) = feed {
             for (r, row) in rows.iter().enumerate().filter(|(_, row)| row.token == StepRow::FED) {
@@ -604,9 +641,17 @@ impl ForwardGraph {
             k += run;
         }
         self.record(&mut rec, &self.head);
-        match (choose, feed) {
-            (Choose::Sample(params, masks), Some(_)) => {
-                let (kernels, params_buffer, mask_buffer) = self.sampler.as_ref().expect("built by build_sampler");
+        Ok(rec)
+    }
+
+    /// Records the choice of a step's tokens (the argmax, or the sampler with its parameters and
+    /// masks written), their hand-over to the feed and their readback, after the head on `rec`,
+    /// and submits it (`choose` checked by [`ForwardGraph::check_choice`]).
+    fn record_choice(&self, ctx: &Context, mut rec: Recorder<'_>, (rows, logit_rows): (&[StepRow], &[u32]), (read, choose): (Logits, Choose<'_>), feed: Option<&Feed<'_>>) -> PendingStep {
+        // With no logit rows the stand-in's argmax is read (the step's end), not returned.
+        let (m, read) = if logit_rows.is_empty() { (1, Logits::Argmax) } else { (logit_rows.len() as u64, read) };
+        match (choose, feed, self.sampler.as_ref()) {
+            (Choose::Sample(params, masks), Some(_), Some((kernels, params_buffer, mask_buffer))) => {
                 let mut all = vec![RowParams::INACTIVE; self.max_logits as usize];
                 all[..params.len()].copy_from_slice(params);
                 ctx.queue.write_buffer(params_buffer, 0, bytemuck::cast_slice(&all));
@@ -622,7 +667,6 @@ impl ForwardGraph {
                 rec.copy(&self.argmax_out, k as u64 * 4, feed.tokens, rows[r as usize].slot as u64 * 4, 4);
             }
         }
-        let m = gather.len() as u64;
         let staging = self.staging.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_else(|| ctx.staging("graph.staging", self.staging_bytes));
         rec.copy(&self.argmax_out, 0, &staging, 0, m * 4);
         let logit_bytes = m * self.vocab as u64 * 4;
@@ -632,7 +676,7 @@ impl ForwardGraph {
         }
         let index = rec.submit();
         let mapping = ctx.map_after(&staging, if full { m * 4 + logit_bytes } else { m * 4 }, Some(index));
-        Ok(PendingStep { mapping, staging, free: self.staging.clone(), rows: m as usize, none_asked: logit_rows.is_empty(), full, vocab: self.vocab as usize })
+        PendingStep { mapping, staging, free: self.staging.clone(), rows: m as usize, none_asked: logit_rows.is_empty(), full, vocab: self.vocab as usize }
     }
 
     /// Runs one step submitting every kernel on its own and waiting for it (a 4-byte readback

@@ -61,6 +61,9 @@ pub struct Runner {
     feed: wgpu::Buffer,
     /// The sampler's penalty windows: a ring of [`MAX_REPETITION_WINDOW`] tokens per slot.
     history: wgpu::Buffer,
+    /// The step whose forward pass is submitted and whose tokens are not chosen yet
+    /// ([`Runner::submit_forward`]): its rows and logit rows.
+    open: Option<(Vec<StepRow>, Vec<u32>)>,
 }
 
 impl Runner {
@@ -76,6 +79,7 @@ impl Runner {
             batch: GraphCache::new(AttentionKind::Batch, 6),
             feed: ctx.storage_zeroed("runner.feed", max_seqs as u64 * 4),
             history: ctx.storage_zeroed("runner.history", max_seqs as u64 * MAX_REPETITION_WINDOW as u64 * 4),
+            open: None,
         })
     }
 
@@ -101,12 +105,44 @@ impl Runner {
         (rows, logit_rows): (&[StepRow], &[u32]),
         (read, choose): (Logits, Choose<'_>),
     ) -> Result<PendingStep, ModelError> {
-        if rows.is_empty() {
-            return Err(ModelError::Format("a step needs at least one row".into()));
-        }
+        self.check_closed(rows)?;
         let feed = Feed { tokens: &self.feed, history: &self.history, history_capacity: MAX_REPETITION_WINDOW };
         let graph = Self::graph_for((&mut self.decode, &mut self.sequence, &mut self.batch), (ctx, model, kv), rows, logit_rows.len())?;
         graph.submit(ctx, (rows, logit_rows), (read, choose), Some(&feed))
+    }
+
+    /// [`Runner::submit`] in two halves: this submits the step's forward pass, and
+    /// [`Runner::submit_choice`] (the next step submitted, nothing in between) chooses its
+    /// tokens. Between the two the CPU can work out what the choice needs (a constrained row's
+    /// mask, from the token of the step before) while the GPU runs the forward pass.
+    pub fn submit_forward(&mut self, ctx: &Context, model: &Model, kv: &KvCache, (rows, logit_rows): (&[StepRow], &[u32])) -> Result<(), ModelError> {
+        self.check_closed(rows)?;
+        let feed = Feed { tokens: &self.feed, history: &self.history, history_capacity: MAX_REPETITION_WINDOW };
+        let graph = Self::graph_for((&mut self.decode, &mut self.sequence, &mut self.batch), (ctx, model, kv), rows, logit_rows.len())?;
+        graph.submit_forward(ctx, (rows, logit_rows), Some(&feed))?;
+        self.open = Some((rows.to_vec(), logit_rows.to_vec()));
+        Ok(())
+    }
+
+    /// Chooses the tokens of the step [`Runner::submit_forward`] submitted and queues them for
+    /// reading, as [`Runner::submit`] would have.
+    pub fn submit_choice(&mut self, ctx: &Context, model: &Model, kv: &KvCache, (read, choose): (Logits, Choose<'_>)) -> Result<PendingStep, ModelError> {
+        let (rows, logit_rows) = self.open.take().ok_or_else(|| ModelError::Format("no step's forward pass waits for its choice".into()))?;
+        let feed = Feed { tokens: &self.feed, history: &self.history, history_capacity: MAX_REPETITION_WINDOW };
+        let graph = Self::graph_for((&mut self.decode, &mut self.sequence, &mut self.batch), (ctx, model, kv), &rows, logit_rows.len())?;
+        graph.submit_choice(ctx, (&rows, &logit_rows), (read, choose), Some(&feed))
+    }
+
+    /// A step needs rows, and none may be submitted while one waits for its choice (the graphs'
+    /// logits and the feed are that step's until then).
+    fn check_closed(&self, rows: &[StepRow]) -> Result<(), ModelError> {
+        if rows.is_empty() {
+            return Err(ModelError::Format("a step needs at least one row".into()));
+        }
+        if self.open.is_some() {
+            return Err(ModelError::Format("a step was submitted while another waits for its choice".into()));
+        }
+        Ok(())
     }
 
     /// The graph a step of `rows` (not empty) with `n_logits` logit rows runs on.
