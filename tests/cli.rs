@@ -457,6 +457,13 @@ fn generate_follows_json_schemas_grammars_and_response_formats() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.trim_end().len() == 4 && text.starts_with("x=") && text[2..4].bytes().all(|b| b.is_ascii_digit()), "{text:?}");
+    // The bench's constrained decode: its steps go ahead of the token before, like free ones.
+    let prose = dir.join("prose.lark");
+    std::fs::write(&prose, "start: /[a-z ]{16,64}/\n").unwrap();
+    let line = &lines(&bin().args(["bench", "--model", model, "--prompt-tokens", "8", "--gen-tokens", "12", "--grammar", prose.to_str().unwrap()]).output().unwrap())[0];
+    let c = &line["constrained"];
+    assert_eq!(c["tokens"], 12, "{line}");
+    assert!(c["steps_ahead_share"].as_f64().unwrap() > 0.5 && c["mask_ms_per_token"].as_f64().unwrap() > 0.0, "{line}");
 
     // A bad constraint anywhere exits before anything is generated.
     let bad = dir.join("bad.json");

@@ -51,7 +51,7 @@ impl Sampling {
             ctx.queue.write_buffer(&self.history, 0, bytemuck::cast_slice(history));
         }
         let mut rec = Recorder::new(ctx, "sample test");
-        rec.dispatch_all(&self.kernels);
+        pagedlm::gpu::ops::sample::kernels_for(&self.kernels, params).for_each(|k| rec.dispatch(k));
         rec.submit();
         ctx.read_u32(&self.out, 0, self.out.size() / 4).await.unwrap()
     }
@@ -468,14 +468,15 @@ gpu_test! {
     // Constrained decoding's masks: a masked row chooses among the tokens its mask allows
     // (greedy, sampled, top-k, penalized with disallowed tokens in its window, one allowed token
     // in the vocabulary's last partial word), exactly as the CPU reference, while an unmasked
-    // row in the same dispatch ignores the mask buffer's contents.
+    // row in the same dispatch ignores the mask buffer's contents. The last trial's rows are all
+    // greedy (two penalized): the step records no search, and chooses the same.
     async fn masked_rows_choose_only_allowed_tokens() {
         let ctx = gpu().await;
         let (n, vocab, cap) = (6u32, 5_003u32, 16u32);
         let words = vocab.div_ceil(32) as usize;
         let op = Sampling::new(&ctx, shape(n, vocab, cap));
         let mut rng = Rng::new(41);
-        for trial in 0..3u32 {
+        for trial in 0..4u32 {
             let logits = normals(&mut rng, (n * vocab) as usize, 3.0);
             let mut mask = vec![0u32; n as usize * words];
             for (t, bit) in (0..n as usize * words * 32).map(|b| (b, rng.below(10) == 0)) {
@@ -491,7 +492,12 @@ gpu_test! {
             let history: Vec<u32> = (0..n * cap).map(|_| rng.below(vocab as u64) as u32).collect();
             let ring = |r: u32| HistoryRing { head: 3, len: cap, ring: r };
             let penalized = SamplingParams { repetition_penalty: 1.7, repetition_window: cap, ..sampling(0.9, 0, 1.0, 5) };
-            let settings = [SamplingParams::greedy(), sampling(1.0, 0, 1.0, 7 + trial as u64), sampling(0.7, 5, 0.9, 9), penalized, sampling(1.0, 0, 1.0, 3), SamplingParams::greedy()];
+            let mut settings = [SamplingParams::greedy(), sampling(1.0, 0, 1.0, 7 + trial as u64), sampling(0.7, 5, 0.9, 9), penalized, sampling(1.0, 0, 1.0, 3), SamplingParams::greedy()];
+            let all_greedy = trial == 3;
+            if all_greedy {
+                let penalized_greedy = SamplingParams { repetition_penalty: 1.7, repetition_window: cap, ..SamplingParams::greedy() };
+                settings = [SamplingParams::greedy(), penalized_greedy.clone(), SamplingParams::greedy(), penalized_greedy, SamplingParams::greedy(), SamplingParams::greedy()];
+            }
             let params: Vec<RowParams> = settings
                 .iter()
                 .enumerate()
@@ -503,6 +509,8 @@ gpu_test! {
                     row
                 })
                 .collect();
+            let recorded = pagedlm::gpu::ops::sample::kernels_for(&op.kernels, &params).count();
+            assert_eq!(recorded < op.kernels.len(), all_greedy, "trial {trial}: {recorded} of {} kernels recorded", op.kernels.len());
             let (got, want) = gpu_and_cpu(&ctx, &op, &logits, &params, &history, &mask).await;
             assert_eq!(got, want, "trial {trial}: GPU tokens vs the CPU reference");
             for (r, &t) in got.iter().enumerate().take(5) {

@@ -739,9 +739,13 @@ mod cli {
     /// The constrained half of `bench --json-schema FILE | --grammar FILE`: decodes from
     /// `prompt` under `constraint` as the free decode did, then replays its tokens through a fresh
     /// matcher to time the CPU's mask work alone. Returns (tok/s, tokens decoded after the first,
-    /// ms to build the constraint engine, mask ms per token).
-    async fn bench_constrained(engine: &mut Engine, prompt: &[u32], gen_tokens: u32, constraint: Constraint) -> Result<(f64, usize, f64, f64)> {
+    /// ms to build the constraint engine, mask ms per token, the share of its steps planned
+    /// ahead of the token before).
+    async fn bench_constrained(engine: &mut Engine, prompt: &[u32], gen_tokens: u32, constraint: Constraint) -> Result<(f64, usize, f64, f64, f64)> {
+        let before = engine.sched_stats();
         let (tokens, ms) = engine.generate_ignoring_eos_under(prompt, gen_tokens, Some(constraint.clone())).await?;
+        let after = engine.sched_stats();
+        let ahead = (after.steps_ahead - before.steps_ahead) as f64 / (after.steps - before.steps).max(1) as f64;
         let build_ms = engine.grammar_build_ms().unwrap_or(0.0);
         let mut matcher = engine.grammars()?.start(&constraint)?;
         let t0 = pagedlm::time::now_ms();
@@ -750,7 +754,7 @@ mod cli {
         }
         let mask_ms = (pagedlm::time::now_ms() - t0) / tokens.len().max(1) as f64;
         let decoded = tokens.len().saturating_sub(1);
-        Ok((decoded as f64 / (ms / 1000.0).max(1e-9), decoded, build_ms, mask_ms))
+        Ok((decoded as f64 / (ms / 1000.0).max(1e-9), decoded, build_ms, mask_ms, ahead))
     }
 
     async fn bench(args: &Args) -> Result<()> {
@@ -812,10 +816,10 @@ mod cli {
             "weights_bytes": weights,
             "kv_bytes": kv,
         });
-        if let Some((tok_s, tokens, build_ms, mask_ms)) = constrained {
+        if let Some((tok_s, tokens, build_ms, mask_ms, ahead)) = constrained {
             line["constrained"] = json!({
                 "decode_tok_s": tok_s, "tokens": tokens, "ratio": tok_s / (decode.0 as f64 / (decode.1 / 1000.0)),
-                "grammar_build_ms": build_ms, "mask_ms_per_token": mask_ms,
+                "grammar_build_ms": build_ms, "mask_ms_per_token": mask_ms, "steps_ahead_share": ahead,
             });
         }
         print_line(&line)

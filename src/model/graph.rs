@@ -658,7 +658,7 @@ impl ForwardGraph {
                 for &(k, mask) in masks {
                     ctx.queue.write_buffer(mask_buffer, k as u64 * self.vocab.div_ceil(32) as u64 * 4, bytemuck::cast_slice(mask));
                 }
-                rec.dispatch_all(kernels);
+                sample::kernels_for(kernels, params).for_each(|k| rec.dispatch(k));
             }
             _ => rec.dispatch_all(&self.argmax),
         }

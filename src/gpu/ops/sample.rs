@@ -41,7 +41,8 @@
 //! Rows are independent and share every dispatch. Measured on lavapipe in CPU time (all threads,
 //! one submission, a busy 2-core machine): vocab 49,152: ~3 ms (T = 1), 262,144: ~9 ms (top-k 40
 //! and top-p 0.95) to ~17 ms (top-p 0.9 over normal(0, 3) logits, whose nucleus has thousands of
-//! tokens); greedy rows cost the argmax and a few empty steps.
+//! tokens); greedy rows cost the argmax and a few empty steps, and a step whose rows are all
+//! greedy records no steps at all ([`kernels_for`]).
 //! Scratch: ~1 KB of atomics and ~9.3 KB of plain words per row.
 
 use super::argmax::argmax;
@@ -327,6 +328,16 @@ pub fn sample(ctx: &Context, buffers: SampleBuffers<'_>, shape: SampleShape) -> 
     // The bind groups hold the scratch buffers; the kernels keep handles to them too.
     kernels[first_step].params = Some(shapes);
     Ok(kernels)
+}
+
+/// The kernels of [`sample`] a step with `params` records: all of them, or when no row samples
+/// (every active row's temperature is 0: greedy, perhaps penalized or masked) all but the
+/// searches, which would find nothing to do: the prepare pass (penalty, mask), the argmax and
+/// the finish choose the same tokens. The skipped steps are empty indirect dispatches, but each
+/// still costs a launch (~75 us on lavapipe: 33 of them took ~2.5 ms per step).
+pub fn kernels_for<'k>(kernels: &'k [Kernel], params: &[RowParams]) -> impl Iterator<Item = &'k Kernel> {
+    let search = params.iter().any(|p| p.flags & RowParams::ACTIVE != 0 && p.temperature > 0.0);
+    kernels.iter().filter(move |k| search || k.name != "sample.step")
 }
 
 #[cfg(feature = "testing")]
