@@ -135,3 +135,185 @@ fn real_model_continues_the_same_after_a_transfer() {
         println!("snapshot of {} tokens: {} bytes ({:.0} per token)", prompt.len(), snapshot.len(), snapshot.len() as f64 / prompt.len() as f64);
     });
 }
+
+/// FNV-1a, the snapshot's checksum (`src/kv/snapshot.rs`): a mutation resealed with it reaches
+/// the checks behind the checksum.
+fn reseal(bytes: &mut Vec<u8>) {
+    let body = bytes.len().saturating_sub(8);
+    bytes.truncate(body);
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes.iter() {
+        h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    bytes.extend_from_slice(&h.to_le_bytes());
+}
+
+/// A hostile value for a header field: wrong types, huge and negative numbers, NaN-ish strings.
+fn hostile(rng: &mut Rng, original: &serde_json::Value) -> serde_json::Value {
+    use serde_json::json;
+    match rng.below(12) {
+        0 => json!(null),
+        1 => json!(-1),
+        2 => json!(u64::MAX),
+        3 => json!(1e300),
+        4 => json!("NaN"),
+        5 => json!([1, 2, 3]),
+        6 => json!({"a": 1}),
+        7 => json!(true),
+        8 => json!("x".repeat(rng.below(300) as usize)),
+        9 => json!(rng.below(1 << 20)),
+        10 => original.as_u64().map_or(json!(0), |v| json!(v.wrapping_add(1 + rng.below(3)))),
+        _ => original.clone(),
+    }
+}
+
+/// One mutation of `good` (a snapshot of `tokens`): returns the bytes and, when the mutation
+/// leaves a snapshot that must be accepted, the tokens it holds.
+fn mutate(rng: &mut Rng, good: &[u8], tokens: &[u32], vocab: u32) -> (Vec<u8>, Option<Vec<u32>>) {
+    let hlen = u32::from_le_bytes(good[12..16].try_into().unwrap()) as usize;
+    let tokens_at = 16 + hlen;
+    let data_at = tokens_at + 4 * tokens.len();
+    let mut b = good.to_vec();
+    match rng.below(8) {
+        // Bytes flipped anywhere, checksum left: always refused.
+        0 => {
+            for _ in 0..1 + rng.below(8) {
+                let at = rng.below(b.len() as u64) as usize;
+                b[at] ^= 1 + rng.below(255) as u8;
+            }
+            (b, None)
+        }
+        // Cut anywhere, or trailing bytes.
+        1 => {
+            if rng.below(2) == 0 {
+                b.truncate(rng.below(good.len() as u64) as usize);
+            } else {
+                b.extend((0..1 + rng.below(64)).map(|_| rng.below(256) as u8));
+            }
+            (b, None)
+        }
+        // Bytes flipped in the header or its length, resealed.
+        2 => {
+            for _ in 0..1 + rng.below(4) {
+                let at = 12 + rng.below((tokens_at - 12) as u64) as usize;
+                b[at] ^= 1 + rng.below(255) as u8;
+            }
+            reseal(&mut b);
+            (b, None)
+        }
+        // A header field given a hostile value (or dropped), resealed with the right length:
+        // accepted only when the value is the one it had.
+        3 => {
+            let mut header: serde_json::Value = serde_json::from_slice(&good[16..tokens_at]).unwrap();
+            let fields: Vec<String> = header.as_object().unwrap().keys().cloned().collect();
+            let field = &fields[rng.below(fields.len() as u64) as usize];
+            let original = header[field.as_str()].clone();
+            let value = hostile(rng, &original);
+            let same = value == original;
+            if rng.below(10) == 0 {
+                header.as_object_mut().unwrap().remove(field.as_str());
+            } else {
+                header[field.as_str()] = value;
+            }
+            let text = serde_json::to_vec(&header).unwrap();
+            let mut out = good[..12].to_vec();
+            out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+            out.extend_from_slice(&text);
+            out.extend_from_slice(&good[tokens_at..]);
+            reseal(&mut out);
+            let intact = same && header.get(field.as_str()).is_some();
+            (out, intact.then(|| tokens.to_vec()))
+        }
+        // Token ids replaced, resealed: accepted when every id is in the vocabulary.
+        4 => {
+            let mut held = tokens.to_vec();
+            for _ in 0..1 + rng.below(4) {
+                let k = rng.below(held.len() as u64) as usize;
+                held[k] = match rng.below(3) {
+                    0 => vocab + rng.below(1000) as u32,
+                    1 => u32::MAX - rng.below(4) as u32,
+                    _ => rng.below(vocab as u64) as u32,
+                };
+                b[tokens_at + 4 * k..tokens_at + 4 * k + 4].copy_from_slice(&held[k].to_le_bytes());
+            }
+            reseal(&mut b);
+            let ok = held.iter().all(|&t| t < vocab);
+            (b, ok.then_some(held))
+        }
+        // K/V bytes changed, resealed: opaque data, accepted as given.
+        5 => {
+            for _ in 0..1 + rng.below(16) {
+                let at = data_at + rng.below((b.len() - 8 - data_at) as u64) as usize;
+                b[at] = rng.below(256) as u8;
+            }
+            reseal(&mut b);
+            (b, Some(tokens.to_vec()))
+        }
+        // Cut or grown anywhere, then resealed: the lengths must catch it.
+        6 => {
+            let body = b.len() - 8;
+            b.truncate(body);
+            if rng.below(2) == 0 {
+                b.truncate(8 + rng.below((body - 8) as u64) as usize);
+            } else {
+                b.extend((0..1 + rng.below(4096)).map(|_| rng.below(256) as u8));
+            }
+            b.extend_from_slice(&[0; 8]);
+            reseal(&mut b);
+            (b, None)
+        }
+        // Random bytes behind a valid magic and version.
+        _ => {
+            let mut out = good[..12].to_vec();
+            out.extend((0..rng.below(2 * good.len() as u64)).map(|_| rng.below(256) as u8));
+            out.extend_from_slice(&[0; 8]);
+            reseal(&mut out);
+            (out, None)
+        }
+    }
+}
+
+gpu_test! {
+    // Hostile snapshots: over 100,000 mutated, truncated and resealed ones (10,000 in the
+    // browser, the same code). None panics; a refused one changes nothing in the pool; an
+    // accepted one holds exactly the tokens it carries and leaves the pool consistent, and one
+    // whose mutation must be refused never is.
+    async fn fuzzed_snapshots_are_refused_or_accepted_intact() {
+        let n: u32 = if cfg!(target_arch = "wasm32") { 10_000 } else { 100_000 };
+        let bytes = tiny_model(44);
+        let mut source = Engine::load(&bytes, opts(4)).await.unwrap();
+        let mut rng = Rng::new(12);
+        let history = ids(&mut rng, 10);
+        let good = source.export_snapshot(&history).await.unwrap();
+        let vocab = source.config().vocab;
+        let mut engine = Engine::load(&bytes, EngineOptions { check_integrity: false, ..opts(4) }).await.unwrap();
+        let (mut refused, mut accepted) = (0u32, 0u32);
+        for i in 0..n {
+            let (data, want) = mutate(&mut rng, &good, &history, vocab);
+            let before = (engine.stats().pool, engine.stats().refcounts);
+            match engine.import_snapshot(&data) {
+                Ok(got) => {
+                    let want = want.unwrap_or_else(|| panic!("input {i}: a snapshot that must be refused was accepted ({} bytes)", data.len()));
+                    assert_eq!(got, want, "input {i}: accepted with other tokens");
+                    accepted += 1;
+                }
+                Err(e) => {
+                    assert!(matches!(e, EngineError::Kv(KvError::Snapshot(_))), "input {i}: refused with {e}, not a snapshot error");
+                    assert_eq!(before, (engine.stats().pool, engine.stats().refcounts), "input {i}: a refused snapshot changed the pool ({e})");
+                    refused += 1;
+                }
+            }
+            if i % 512 == 0 {
+                engine.kv_cache().check_integrity().unwrap();
+                engine.context().queue.submit(None);
+            }
+        }
+        engine.kv_cache().check_integrity().unwrap();
+        common::report(&format!("snapshot fuzz: {n} inputs, {refused} refused, {accepted} accepted, 0 panics"));
+        assert!(accepted > n / 10 && refused > n / 2, "{accepted} accepted, {refused} refused: the mutations should reach both outcomes");
+        // The engine still serves: the untouched snapshot imports and a request reuses it.
+        assert_eq!(engine.import_snapshot(&good).unwrap(), history);
+        let g = engine.generate(&history, &GenerateRequest { max_tokens: 3, ..Default::default() }, &mut |_| true).await.unwrap();
+        assert!(g.prefix_hit_tokens > 0, "the imported prefix was not reused");
+    }
+}
