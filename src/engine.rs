@@ -323,6 +323,9 @@ impl Engine {
     /// Queues a request for [`Engine::step`]; returns its id. The prompt and the sampling
     /// parameters are checked now.
     pub fn submit(&mut self, prompt: Vec<u32>, request: GenerateRequest) -> Result<RequestId, EngineError> {
+        if let Some(message) = self.ctx.lost_reason() {
+            return Err(EngineError::DeviceLost { message, tokens: Vec::new(), text: String::new() });
+        }
         self.check_tokens(&prompt)?;
         let sampler = Sampler::new(request.sampling.clone())?;
         let constrained = match &request.output_constraint()? {
@@ -391,6 +394,9 @@ impl Engine {
 
     async fn step_once(&mut self) -> Result<Vec<Event>, EngineError> {
         let mut events = Vec::new();
+        if self.ctx.is_lost() {
+            return self.lose_device(events);
+        }
         if self.in_flight.is_empty() {
             events.extend(self.sched.admit(&mut self.kv));
             let plan = self.sched.reserve(&mut self.kv, &mut events)?;
@@ -406,7 +412,12 @@ impl Engine {
             self.launch(plan, &mut events)?;
         }
         let Some((plan, pending)) = self.in_flight.pop_front() else { return Ok(events) };
-        let committed = match pending.read(&self.ctx).await {
+        let read = pending.read(&self.ctx).await;
+        if read.is_err() && self.ctx.confirm_lost().await {
+            // The device went: every request, in this step or not, ends with what it has.
+            return self.lose_device(events);
+        }
+        let committed = match read {
             Ok(outputs) => self.verify().and_then(|()| self.sched.commit(&mut self.kv, &plan, outputs, &self.tokenizer.eos_ids())),
             // The step failed as a whole: every request in it ends with the error.
             Err(e) => self.sched.fail(&mut self.kv, &plan, &e.into()),
@@ -416,6 +427,23 @@ impl Engine {
         events.extend(chosen?);
         self.drop_orphan_steps()?;
         Ok(events)
+    }
+
+    /// The device is lost: the steps in flight are dropped and every running and waiting request
+    /// ends with [`EngineError::DeviceLost`] and what it had generated (after `events`, the
+    /// step's so far). Later submissions are refused the same way.
+    fn lose_device(&mut self, mut events: Vec<Event>) -> Result<Vec<Event>, EngineError> {
+        self.in_flight.clear();
+        self.open = None;
+        let reason = self.ctx.lost_reason().unwrap_or_default();
+        events.extend(self.sched.lose_all(&mut self.kv, &reason)?);
+        Ok(events)
+    }
+
+    /// Whether the engine's GPU device is lost: it runs nothing more (see
+    /// [`EngineError::DeviceLost`]).
+    pub fn is_lost(&self) -> bool {
+        self.ctx.is_lost()
     }
 
     /// The sampler's parameters of a step's logit rows, `None` when all are greedy. Writes the

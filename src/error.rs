@@ -41,6 +41,11 @@ pub enum EngineError {
     /// the failure's kind (a device failure stays [`ErrorKind::Gpu`]).
     #[error("the step failed: {message}")]
     Step { kind: ErrorKind, message: String },
+    /// The GPU device was lost (a driver reset, the OS reclaiming memory, `destroy()`): the
+    /// request ended with what it had generated (`tokens`, `text`), and the engine runs nothing
+    /// more; a new engine on the same model bytes takes over.
+    #[error("the GPU device was lost ({message}); the engine must be recreated")]
+    DeviceLost { message: String, tokens: Vec<u32>, text: String },
 }
 
 impl From<TokenizerError> for EngineError {
@@ -78,8 +83,10 @@ pub enum ErrorKind {
     KvPoolFull,
     /// A caller's argument is out of range or malformed.
     InvalidArgument,
-    /// The device failed while running (validation, out of memory, lost, readback).
+    /// The device failed while running (validation, out of memory, readback).
     Gpu,
+    /// The device is gone: the engine must be recreated (the model bytes can be reused).
+    DeviceLost,
     /// A KV snapshot from another model or engine configuration.
     SnapshotMismatch,
     /// KV snapshot bytes that are damaged.
@@ -106,6 +113,7 @@ impl EngineError {
                 ErrorKind::InvalidArgument
             }
             EngineError::Step { kind, .. } => *kind,
+            EngineError::DeviceLost { .. } => ErrorKind::DeviceLost,
         }
     }
 }

@@ -539,6 +539,26 @@ impl Scheduler {
         Ok(events)
     }
 
+    /// The device is lost: every running and waiting request ends with
+    /// [`EngineError::DeviceLost`] carrying what it had generated, and nothing goes to the
+    /// prefix cache (the K/V went with the device); no step is in flight any more.
+    pub fn lose_all(&mut self, kv: &mut KvCache, message: &str) -> Result<Vec<Event>, EngineError> {
+        self.in_flight = 0;
+        let mut events = Vec::new();
+        let running = std::mem::take(&mut self.running).into_iter().map(|mut r| (r.seq.take(), r));
+        let waiting = std::mem::take(&mut self.waiting).into_iter().map(|r| (None, r));
+        for (seq, mut r) in running.chain(waiting).collect::<Vec<_>>() {
+            if let Some(seq) = seq {
+                kv.free(seq)?;
+            }
+            let id = r.id;
+            let g = r.finish(FinishReason::Abort, Vec::new());
+            self.stats.failed += 1;
+            events.push(Event::Finished { id, result: Err(EngineError::DeviceLost { message: message.into(), tokens: g.tokens, text: g.text }) });
+        }
+        Ok(events)
+    }
+
     /// Cuts `seq` back to the K/V its request has committed: a row planned ahead for it
     /// ([`Scheduler::plan_ahead`]) whose step has not committed is undone, its slot freed.
     fn undo_ahead(kv: &mut KvCache, seq: SeqId, r: &Request) -> Result<(), EngineError> {

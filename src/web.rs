@@ -39,8 +39,10 @@ pub enum ErrorCode {
     InvalidArgument,
     /// A generation is running on this engine.
     Busy,
-    /// A GPU failure after loading (validation, out of memory, lost readback).
+    /// A GPU failure after loading (validation, out of memory, a failed readback).
     GpuError,
+    /// The GPU device was lost: requests end with what they had; the engine must be recreated.
+    DeviceLost,
     /// The token callback threw.
     Callback,
     /// A KV snapshot made for another model, KV dtype, layout, block size or format version.
@@ -62,6 +64,7 @@ impl ErrorCode {
             ErrorCode::InvalidArgument => "INVALID_ARGUMENT",
             ErrorCode::Busy => "BUSY",
             ErrorCode::GpuError => "GPU_ERROR",
+            ErrorCode::DeviceLost => "DEVICE_LOST",
             ErrorCode::Callback => "CALLBACK_ERROR",
             ErrorCode::SnapshotMismatch => "SNAPSHOT_MISMATCH",
             ErrorCode::SnapshotCorrupt => "SNAPSHOT_CORRUPT",
@@ -93,6 +96,7 @@ impl From<ErrorKind> for ErrorCode {
             ErrorKind::KvPoolFull => ErrorCode::KvPoolFull,
             ErrorKind::InvalidArgument => ErrorCode::InvalidArgument,
             ErrorKind::Gpu => ErrorCode::GpuError,
+            ErrorKind::DeviceLost => ErrorCode::DeviceLost,
             ErrorKind::SnapshotMismatch => ErrorCode::SnapshotMismatch,
             ErrorKind::SnapshotCorrupt => ErrorCode::SnapshotCorrupt,
             ErrorKind::Internal => ErrorCode::Internal,

@@ -135,8 +135,9 @@ pub struct Context {
     /// The armed timestamp capture ([`Context::begin_capture`]); a [`super::Recorder`] holds it
     /// while it records and puts it back when it submits.
     capture: Mutex<Option<Capture>>,
-    /// Set by the device-lost callback ([`Context::is_lost`]).
+    /// Set by the device-lost callback ([`Context::is_lost`]), with its reason and message.
     lost: Arc<AtomicBool>,
+    lost_reason: Arc<Mutex<String>>,
 }
 
 impl Context {
@@ -198,8 +199,12 @@ impl Context {
         let limits = lowered(device.limits(), options.max_storage_binding);
         let class = options.class.unwrap_or(AdapterClass::of(info.device_type));
         let lost = Arc::new(AtomicBool::new(false));
-        let flag = lost.clone();
-        device.set_device_lost_callback(move |_, _| flag.store(true, Ordering::Relaxed));
+        let lost_reason = Arc::new(Mutex::new(String::new()));
+        let (flag, reason) = (lost.clone(), lost_reason.clone());
+        device.set_device_lost_callback(move |why, message| {
+            *reason.lock().unwrap_or_else(|p| p.into_inner()) = format!("{why:?}: {message}");
+            flag.store(true, Ordering::Relaxed);
+        });
         Ok(Context {
             class,
             device,
@@ -213,6 +218,7 @@ impl Context {
             counters: AtomicCounters::default(),
             capture: Mutex::new(None),
             lost,
+            lost_reason,
         })
     }
 
@@ -220,6 +226,27 @@ impl Context {
     /// [`Context::shared`] hands out a new context instead of this one.
     pub fn is_lost(&self) -> bool {
         self.lost.load(Ordering::Relaxed)
+    }
+
+    /// After a failure a lost device would explain (a readback that failed): whether the device
+    /// is lost, waiting for its lost callback, which in the browser may come some event-loop
+    /// turns after the failure it caused (up to ~100 ms here; natively it comes with a poll).
+    pub async fn confirm_lost(&self) -> bool {
+        #[cfg(not(target_arch = "wasm32"))]
+        let _ = self.device.poll(wgpu::PollType::Poll);
+        #[cfg(target_arch = "wasm32")]
+        for _ in 0..20 {
+            if self.is_lost() {
+                break;
+            }
+            crate::time::sleep_ms(5).await;
+        }
+        self.is_lost()
+    }
+
+    /// Why the device was lost, as its lost callback said (`None` while it is not).
+    pub fn lost_reason(&self) -> Option<String> {
+        self.is_lost().then(|| self.lost_reason.lock().unwrap_or_else(|p| p.into_inner()).clone())
     }
 
     /// A one-line description of the adapter, e.g. "llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan, Cpu)".
