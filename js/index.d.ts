@@ -13,6 +13,8 @@ export type ErrorCode =
   | "DISPOSED"
   | "WORKER_FAILED"
   | "GPU_ERROR"
+  /** The GPU device was lost (a driver reset, memory reclaimed): the request ended with `partial`; `engine.restart()` recovers. */
+  | "DEVICE_LOST"
   | "CALLBACK_ERROR"
   /** A KV snapshot made for another model, KV dtype, layout, block size or format version. */
   | "SNAPSHOT_MISMATCH"
@@ -24,8 +26,11 @@ export type ErrorCode =
 export declare class PagedlmError extends Error {
   readonly name: "PagedlmError";
   readonly code: ErrorCode;
-  /** On ABORTED after generation began: the text and usage up to the abort. */
-  readonly partial?: { content: string; usage: CompletionUsage; pagedlm: GenerationDetails };
+  /**
+   * On ABORTED after generation began: the text and usage up to the abort. On DEVICE_LOST: the
+   * text and usage it had generated (`pagedlm` absent).
+   */
+  readonly partial?: { content: string; usage: CompletionUsage; pagedlm?: GenerationDetails };
   constructor(code: ErrorCode, message: string, extra?: object);
 }
 
@@ -435,7 +440,14 @@ export interface Profile {
   decode_wall_over_gpu: number;
 }
 
-export declare class Engine {
+/** The event an engine dispatches once when its GPU device is lost. */
+export type DeviceLostEvent = CustomEvent<{ message: string }>;
+
+/**
+ * A model loaded in a Worker. An `EventTarget`: `devicelost` ({@link DeviceLostEvent}) is
+ * dispatched once when its GPU device is lost; `restart()` recovers.
+ */
+export declare class Engine extends EventTarget {
   readonly info: EngineInfo;
   readonly load: { source: "network" | "cache" | "file" | "buffer"; bytes: number; download_ms: number; engine_ms: number };
   readonly model: string;
@@ -454,6 +466,19 @@ export declare class Engine {
   };
   stats(): Promise<EngineStats>;
   resetCache(): Promise<PoolSnapshot>;
+  /** Whether the GPU device is lost: requests fail with DEVICE_LOST until `restart()`. */
+  readonly lost: boolean;
+  /**
+   * After a loss: loads the model again on a new device from where its bytes came (the Cache API
+   * or the File: no new download unless the URL was loaded with `cache: false`), or from `model`.
+   * An engine loaded from an ArrayBuffer needs `model` (its bytes are not kept). Rejects with
+   * INVALID_ARGUMENT when the device is not lost.
+   */
+  restart(options?: { onProgress?: (progress: LoadProgress) => void; model?: ModelSource }): Promise<Engine>;
+  /** Destroys the GPU device as a driver reset would (like `WEBGL_lose_context.loseContext()`), to test recovery. */
+  simulateDeviceLoss(): Promise<void>;
+  addEventListener(type: "devicelost", listener: (event: DeviceLostEvent) => void, options?: boolean | AddEventListenerOptions): void;
+  addEventListener(type: string, listener: EventListenerOrEventListenerObject | null, options?: boolean | AddEventListenerOptions): void;
   /**
    * Where the time goes: one prefill of `promptTokens` tokens (default 512) and one steady-state
    * decode step, on an idle engine (rejects with BUSY while requests run).
@@ -478,7 +503,10 @@ export declare class Engine {
   dispose(): Promise<void>;
 }
 
+/** A model file: a URL (fetched through the Cache API), its bytes, or a File/Blob. */
+export type ModelSource = string | URL | ArrayBuffer | ArrayBufferView | Blob;
+
 export declare function createEngine(
-  model: string | URL | ArrayBuffer | ArrayBufferView | Blob,
+  model: ModelSource,
   options?: EngineOptions,
 ): Promise<Engine>;

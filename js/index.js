@@ -57,14 +57,36 @@ class Channel {
     worker.onmessageerror = () => this.breakAll(new PagedlmError("WORKER_FAILED", "a message from the pagedlm worker could not be read"));
   }
 
+  /** Fails every pending call and every later one with `error`; the worker is ended (the first time). */
   breakAll(error) {
+    if (!this.broken) {
+      this.unwatch?.abort();
+      this.worker.terminate();
+    }
     this.broken = error;
     for (const p of this.pending.values()) p.reject(error);
     this.pending.clear();
   }
 
+  /**
+   * Waits for the Web Lock the worker holds for its life (js/worker.js `holdLock`): granted
+   * when the worker has ended without an error event (closed, or stopped by the browser for its
+   * memory), then every pending call fails with WORKER_FAILED. No-op without Web Locks.
+   */
+  watch(lock) {
+    if (this.unwatch || !globalThis.navigator?.locks) return;
+    this.unwatch = new AbortController();
+    navigator.locks.request(lock, { signal: this.unwatch.signal }, () => {
+      this.breakAll(new PagedlmError("WORKER_FAILED", "the pagedlm worker ended (stopped by the browser, out of memory?); create a new engine"));
+    }).catch(() => { /* the page ended the worker itself */ });
+  }
+
   /** @param {import("./protocol.js").FromWorkerMessage} data */
   receive(data) {
+    if (data.type === "devicelost") {
+      this.onDeviceLost?.(data.message);
+      return;
+    }
     const p = this.pending.get(data.id);
     if (!p) return;
     if (data.type === "result") {
@@ -382,23 +404,81 @@ class ChatCompletionStream {
   }
 }
 
-/** A model loaded in a Worker. Create it with {@link createEngine}. */
-export class Engine {
+/** The text and usage a request had when its device was lost, on its DEVICE_LOST error. */
+function lostWith(error, request) {
+  if (error.code !== "DEVICE_LOST") return error;
+  const content = request.content + (request.held ?? "");
+  const usage = { prompt_tokens: request.promptTokens, completion_tokens: request.completionTokens, total_tokens: request.promptTokens + request.completionTokens };
+  return new PagedlmError("DEVICE_LOST", error.message, { partial: { content, usage } });
+}
+
+/**
+ * A model loaded in a Worker. Create it with {@link createEngine}. An `EventTarget`: it
+ * dispatches `devicelost` (a `CustomEvent` whose `detail` is `{message}`) once when its GPU
+ * device is lost; `restart()` then loads the model again on a new device.
+ */
+export class Engine extends EventTarget {
   #channel;
   #worker;
   #disposed = false;
+  #lost = false;
 
   constructor(worker, channel, loaded) {
+    super();
     this.#worker = worker;
     this.#channel = channel;
+    this.#loaded(loaded);
+    channel.onDeviceLost = (message) => {
+      if (this.#lost) return;
+      this.#lost = true;
+      this.dispatchEvent(new CustomEvent("devicelost", { detail: { message } }));
+    };
+    this.chat = { completions: { create: (params) => this.#create(params, SHAPES.chat) } };
+    /** Completion mode (OpenAI's legacy completions): raw text in, its continuation out. */
+    this.completions = { create: (params) => this.#create(params, SHAPES.completion) };
+  }
+
+  #loaded(loaded) {
     /** Adapter, model shape, KV layout and memory, fixed at load. */
     this.info = loaded.info;
     /** How the model was loaded: {source: "network"|"cache"|"file"|"buffer", bytes, download_ms, engine_ms}. */
     this.load = loaded.load;
     this.model = loaded.info?.model?.name || "pagedlm";
-    this.chat = { completions: { create: (params) => this.#create(params, SHAPES.chat) } };
-    /** Completion mode (OpenAI's legacy completions): raw text in, its continuation out. */
-    this.completions = { create: (params) => this.#create(params, SHAPES.completion) };
+  }
+
+  /** Whether the GPU device is lost: requests fail with DEVICE_LOST until `restart()`. */
+  get lost() {
+    return this.#lost;
+  }
+
+  /**
+   * After a `devicelost` event: loads the model again on a new GPU device, from where its bytes
+   * came (the Cache API or the File: no new download, except for a URL loaded with
+   * `cache: false`), or from `model` when given. An engine loaded from an ArrayBuffer needs
+   * `model` (the worker does not keep a second copy of the bytes). Cached prefixes are gone with
+   * the old device; conversations continue (their prompts are computed again, or imported from
+   * snapshots). Resolves to the engine, with `info` and `load` of the new load; `onProgress`
+   * reports as at `createEngine`.
+   */
+  async restart({ onProgress, model } = {}) {
+    this.#alive();
+    const report = (data) => {
+      if (data.type === "progress" && onProgress) onProgress({ ...data.progress, fraction: data.progress.total ? data.progress.loaded / data.progress.total : null });
+    };
+    const source = model === undefined || model === null ? undefined : modelSource(model);
+    this.#loaded(await this.#channel.call(toWorker.restart(source), report));
+    this.#lost = false;
+    return this;
+  }
+
+  /**
+   * Destroys the engine's GPU device as a driver reset would lose it, to test how an app
+   * recovers (what `WEBGL_lose_context.loseContext()` is to WebGL): running and queued requests
+   * end with DEVICE_LOST and `devicelost` is dispatched.
+   */
+  async simulateDeviceLoss() {
+    this.#alive();
+    await this.#channel.call(toWorker.simulateDeviceLoss());
   }
 
   #alive() {
@@ -425,7 +505,7 @@ export class Engine {
         signal.addEventListener("abort", onAbort, { once: true });
       }
       const done = sent.promise
-        .then((message) => request.finish(message), (error) => request.fail(error.code === "ABORTED" && signal?.aborted ? abortError(signal) : error))
+        .then((message) => request.finish(message), (error) => request.fail(error.code === "ABORTED" && signal?.aborted ? abortError(signal) : lostWith(error, request)))
         .then(() => {
           if (request.error) throw request.error;
           return request.completion;
@@ -506,11 +586,13 @@ export class Engine {
   async dispose() {
     if (this.#disposed) return;
     this.#disposed = true;
+    // A failed worker (WORKER_FAILED) is gone already: nothing to free.
+    if (this.#channel.broken) return;
     try {
       await this.#channel.call(toWorker.dispose());
     } finally {
+      // Ends the worker too.
       this.#channel.breakAll(new PagedlmError("DISPOSED", "this engine was disposed"));
-      this.#worker.terminate();
     }
   }
 }
@@ -533,7 +615,9 @@ export async function createEngine(model, options = {}) {
   if (typeof Worker === "undefined") throw new PagedlmError("UNSUPPORTED", "pagedlm needs Web Workers (a browser page)");
   const worker = new Worker(workerUrl ?? new URL("./worker.js", import.meta.url), { type: "module", name: "pagedlm" });
   const channel = new Channel(worker);
+  const lock = `pagedlm-worker-${Date.now().toString(36)}-${Math.random().toString(36).slice(2)}`;
   const report = (data) => {
+    if (data.type === "held") channel.watch(lock);
     if (data.type !== "progress" || !onProgress) return;
     const p = data.progress;
     try {
@@ -543,10 +627,10 @@ export async function createEngine(model, options = {}) {
     }
   };
   try {
-    const loaded = await channel.call(toWorker.load(source, engineOptions, { enabled: !!cache, name: cacheName }), report);
+    const loaded = await channel.call(toWorker.load(source, engineOptions, { enabled: !!cache, name: cacheName }, lock), report);
     return new Engine(worker, channel, loaded);
   } catch (e) {
-    worker.terminate();
+    channel.breakAll(e);
     throw e;
   }
 }

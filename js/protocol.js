@@ -34,7 +34,7 @@ export function requestOptions(params, chat = false) {
  * @typedef {{enabled: boolean, name: string}} CacheOptions
  * @typedef {{phase: string, loaded: number, total: number, message?: string}} Progress
  *
- * @typedef {{type: "load", model: string | ArrayBuffer | ArrayBufferView | Blob, options: object, cache: CacheOptions}} LoadMessage
+ * @typedef {{type: "load", model: string | ArrayBuffer | ArrayBufferView | Blob, options: object, cache: CacheOptions, lock?: string}} LoadMessage  `lock`: a Web Lock the worker holds for its life
  * @typedef {{type: "create", messages: ChatMessage[], options: object}} CreateMessage
  * @typedef {{type: "complete", prompt: string, options: object}} CompleteMessage  raw text, no chat template
  * @typedef {{type: "abort", id: number}} AbortMessage  `id`: the `create` message's
@@ -44,14 +44,17 @@ export function requestOptions(params, chat = false) {
  * @typedef {{type: "exportConversation", messages: ChatMessage[]}} ExportConversationMessage
  * @typedef {{type: "importConversation", bytes: Uint8Array}} ImportConversationMessage
  * @typedef {{type: "profile", promptTokens: number, options: {timestamps?: boolean}}} ProfileMessage
+ * @typedef {{type: "restart", model?: string | ArrayBuffer | ArrayBufferView | Blob}} RestartMessage  a new engine on the lost one's model (from where it came, or `model`)
+ * @typedef {{type: "simulateDeviceLoss"}} SimulateDeviceLossMessage
  * @typedef {(LoadMessage | CreateMessage | CompleteMessage | AbortMessage | StatsMessage | ResetCacheMessage | DisposeMessage
- *   | ExportConversationMessage | ImportConversationMessage | ProfileMessage) & {id?: number}} ToWorkerMessage
+ *   | ExportConversationMessage | ImportConversationMessage | ProfileMessage
+ *   | RestartMessage | SimulateDeviceLossMessage) & {id?: number}} ToWorkerMessage
  */
 
 /** Page -> worker. The channel adds the `id`. */
 export const toWorker = Object.freeze({
   /** @returns {LoadMessage} */
-  load: (model, options, cache) => ({ type: "load", model, options, cache }),
+  load: (model, options, cache, lock) => ({ type: "load", model, options, cache, lock }),
   /** @returns {CreateMessage} */
   create: (messages, options) => ({ type: "create", messages, options }),
   /** @returns {CompleteMessage} */
@@ -70,6 +73,10 @@ export const toWorker = Object.freeze({
   importConversation: (bytes) => ({ type: "importConversation", bytes }),
   /** @returns {ProfileMessage} */
   profile: (promptTokens, options) => ({ type: "profile", promptTokens, options }),
+  /** @returns {RestartMessage} */
+  restart: (model) => ({ type: "restart", model }),
+  /** @returns {SimulateDeviceLossMessage} */
+  simulateDeviceLoss: () => ({ type: "simulateDeviceLoss" }),
 });
 
 /**
@@ -80,8 +87,10 @@ export const toWorker = Object.freeze({
  * @typedef {{type: "begin", id: number, prompt_tokens: number, prefix_hit_tokens: number}} BeginMessage  admitted by the scheduler
  * @typedef {{type: "start", id: number, prompt_tokens: number}} StartMessage  before the first token
  * @typedef {{type: "token", id: number, text: string}} TokenMessage
+ * @typedef {{type: "devicelost", message: string}} DeviceLostMessage  once per engine, with no id: its GPU device is gone
+ * @typedef {{type: "held", id: number}} HeldMessage  on a load: the worker holds the load's lock (the page may now wait for it)
  * @typedef {{type: "done", id: number, result: object, stats: object}} DoneMessage  `result`: the engine's Generation plus queue_ms; `stats`: the pool right after
- * @typedef {ProgressMessage | ResultMessage | ErrorMessage | QueuedMessage | BeginMessage | StartMessage | TokenMessage | DoneMessage} FromWorkerMessage
+ * @typedef {ProgressMessage | ResultMessage | ErrorMessage | QueuedMessage | BeginMessage | StartMessage | TokenMessage | DoneMessage | DeviceLostMessage | HeldMessage} FromWorkerMessage
  */
 
 /** `{code, message}` of a thrown value: a wasm error or a `fail(...)` keeps its code. @returns {ErrorBody} */
@@ -109,4 +118,8 @@ export const fromWorker = Object.freeze({
   token: (id, text) => ({ type: "token", id, text }),
   /** @returns {DoneMessage} */
   done: (id, result, stats) => ({ type: "done", id, result, stats }),
+  /** @returns {DeviceLostMessage} */
+  deviceLost: (message) => ({ type: "devicelost", message }),
+  /** @returns {HeldMessage} */
+  held: (id) => ({ type: "held", id }),
 });

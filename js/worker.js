@@ -9,6 +9,14 @@ import { fromWorker } from "./protocol.js";
 let engine = null;
 /** Stats taken when the engine was last idle: `WebEngine.stats()` is BUSY during a generation. */
 let lastStats = null;
+/**
+ * Where the engine's model came from, for `restart`: the `load` message, without the bytes of
+ * an ArrayBuffer (a second copy of the model in the worker would cost its size for the engine's
+ * whole life; the caller, who has them, passes them to `restart` again).
+ */
+let loadedFrom = null;
+/** Whether the page was told that the engine's device is lost (once per engine). */
+let lossReported = false;
 
 const post = (message, transfer = []) => self.postMessage(message, transfer);
 
@@ -129,8 +137,42 @@ async function modelBytes(model, cacheOptions, progress) {
   return { bytes, source, url, cache };
 }
 
-async function load({ model, options, cache: cacheOptions }, progress) {
+/** Whether this worker holds its Web Lock (holdLock). */
+let holdingLock = false;
+
+/**
+ * Takes the Web Lock `name` for the rest of the worker's life: the page's request for the same
+ * lock is granted when the worker ends, however it ends (closed, or stopped by the browser for
+ * its memory), which is how the page learns of a death no error event reports. Resolves once
+ * held (false where the browser has no Web Locks).
+ */
+function holdLock(name) {
+  if (holdingLock || !name || !navigator.locks) return Promise.resolve(holdingLock);
+  return new Promise((resolve) => {
+    navigator.locks.request(name, () => {
+      holdingLock = true;
+      resolve(true);
+      return new Promise(() => {});
+    }).catch(() => resolve(false));
+  });
+}
+
+/**
+ * A failure the wasm module does not come back from (a trap: a Rust panic, memory exhausted):
+ * its state may be half-written, so no further call can be trusted.
+ */
+function fatal(e) {
+  return e instanceof WebAssembly.RuntimeError || (e instanceof RangeError && /memory/i.test(e.message));
+}
+
+/** Ends the worker through an uncaught error: the page fails every pending call with WORKER_FAILED. */
+function die(e) {
+  setTimeout(() => { throw new Error(`the wasm engine failed and cannot continue: ${e?.message || e}`); });
+}
+
+async function load({ id, model, options, cache: cacheOptions, lock }, progress) {
   if (engine) throw fail("INVALID_ARGUMENT", "this worker already holds an engine");
+  if (await holdLock(lock)) post(fromWorker.held(id));
   await checkWebGpu();
   const t0 = performance.now();
   const got = await modelBytes(model, cacheOptions, progress);
@@ -147,6 +189,8 @@ async function load({ model, options, cache: cacheOptions }, progress) {
   }
   const info = engine.info();
   lastStats = engine.stats();
+  loadedFrom = { id, model: got.source === "buffer" ? null : model, options, cache: cacheOptions };
+  lossReported = false;
   progress({ phase: "ready", loaded: got.bytes.length, total: got.bytes.length });
   return {
     info,
@@ -226,6 +270,7 @@ async function applyInbox() {
         requests.set(id, request);
         post(fromWorker.queued(request.id, prompt_tokens));
       } catch (e) {
+        if (e?.code === "DEVICE_LOST") reportLoss();
         post(fromWorker.error(request.id, e));
       }
     } else {
@@ -248,6 +293,14 @@ async function applyInbox() {
   }
 }
 
+/** Tells the page, once, that the engine's GPU device is lost (its requests end with DEVICE_LOST). */
+function reportLoss() {
+  if (!engine || lossReported || !engine.isLost()) return false;
+  lossReported = true;
+  post(fromWorker.deviceLost("the GPU device was lost; engine.restart() loads the model again on a new device"));
+  return true;
+}
+
 function finish(entry, result) {
   requests.delete(entry.engineId);
   const queueMs = entry.startedAt != null ? entry.startedAt - entry.queuedAt : null;
@@ -262,6 +315,8 @@ async function loop() {
     try {
       events = await engine.step();
     } catch (e) {
+      if (fatal(e)) return die(e);
+      reportLoss();
       // A failed step leaves no request worth continuing: end them all with its error.
       for (const entry of requests.values()) {
         try { engine?.abort(entry.engineId); } catch { /* already gone */ }
@@ -271,6 +326,8 @@ async function loop() {
       return;
     }
     if (!engine) return;
+    // Before the requests' DEVICE_LOST errors, so that the page's `engine.lost` holds when they come.
+    reportLoss();
     // The pool after this step: what `stats` answers while the next step runs (the page's KV
     // panel), and the `stats` of a request finishing in it.
     lastStats = engine.stats();
@@ -347,6 +404,39 @@ async function profile({ promptTokens, options }) {
   }
 }
 
+/**
+ * Destroys the device as a driver reset would (WebEngine.simulateDeviceLoss) and, once its loss
+ * is seen, lets the loop end the requests; reports the loss even when nothing runs.
+ */
+async function simulateDeviceLoss() {
+  if (!engine) throw fail("DISPOSED", "the engine was disposed");
+  engine.simulateDeviceLoss();
+  for (let i = 0; i < 200 && !engine.isLost(); i++) await new Promise((resolve) => setTimeout(resolve, 5));
+  kick();
+  if (!looping) reportLoss();
+}
+
+/**
+ * A new engine on the lost one's model, read again from where it came (the Cache API, the File;
+ * a URL loaded with `cache: false` is downloaded again), or from `model` when given (required
+ * for an engine loaded from an ArrayBuffer, whose bytes the worker does not keep).
+ */
+async function restart(model, progress) {
+  if (!engine) throw fail("DISPOSED", "the engine was disposed");
+  if (!engine.isLost()) throw fail("INVALID_ARGUMENT", "restart() is for an engine whose GPU device was lost; this one's is not");
+  const from = { ...loadedFrom, id: null, model: model ?? loadedFrom.model };
+  if (from.model == null) {
+    throw fail("INVALID_ARGUMENT", "this engine was loaded from an ArrayBuffer, which pagedlm does not keep: pass it again, restart({ model: bytes })");
+  }
+  // The loop ends every request of a lost engine at its next step: let it.
+  kick();
+  while (looping || profiling || inbox.length > 0) await new Promise((resolve) => setTimeout(resolve, 5));
+  retired = engine;
+  engine = null;
+  freeRetired();
+  return load(from, progress);
+}
+
 /** One handler per message of `toWorker` (js/protocol.js), by its type. */
 const handlers = {
   load: (data, reply) => reply(() => load(data, (progress) => post(fromWorker.progress(data.id, progress)))),
@@ -365,6 +455,8 @@ const handlers = {
   exportConversation: ({ id, messages }) => snapshotOp("export", id, messages),
   importConversation: ({ id, bytes }) => snapshotOp("import", id, bytes),
   profile: (data, reply) => reply(() => profile(data)),
+  simulateDeviceLoss: (_, reply) => reply(() => simulateDeviceLoss()),
+  restart: (data, reply) => reply(() => restart(data.model, (progress) => post(fromWorker.progress(data.id, progress)))),
 };
 
 self.onmessage = async ({ data }) => {
@@ -373,6 +465,7 @@ self.onmessage = async ({ data }) => {
     try {
       post(fromWorker.result(id, await work()));
     } catch (e) {
+      if (fatal(e)) return die(e);
       post(fromWorker.error(id, e));
     }
   };

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use crate::constraint::Grammars;
 use crate::gguf::Gguf;
-use crate::gpu::{Context, ContextOptions, Counters, TimingMethod};
+use crate::gpu::{ContextOptions, Counters, TimingMethod};
 use crate::kv::{CacheConfig, KvCache, KvPool, PoolStats, PrefixStats, SeqId};
 use crate::gpu::ops::sample::{HistoryRing, RowParams};
 use crate::model::{Choose, Logits, Model, ModelError, PendingStep, Runner, StepRow, Weights};
@@ -30,7 +30,7 @@ use crate::tokenizer::{Tokenizer, TokenizerSpec};
 
 // The engine's public surface: everything a caller (the CLI, web.rs, tests) needs comes from here.
 pub use crate::error::{EngineError, ErrorKind};
-pub use crate::gpu::AdapterClass;
+pub use crate::gpu::{AdapterClass, Context};
 pub use crate::kv::{KvDtype, KvLayout};
 pub use crate::model::ModelConfig;
 pub use crate::profile::{ColdStep, Profile, ProfileSummary, StepProfile, TimedRun};
@@ -217,7 +217,7 @@ impl Engine {
         &self.tokenizer
     }
 
-    pub fn context(&self) -> &Context {
+    pub fn context(&self) -> &Arc<Context> {
         &self.ctx
     }
 

@@ -13,12 +13,13 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 
 use crate::engine::{
-    AdapterClass, ChatFormatKind, Constraint, Engine, EngineError, EngineOptions, EngineStats, ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout, Message,
+    AdapterClass, ChatFormatKind, Constraint, Context, Engine, EngineError, EngineOptions, EngineStats, ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout, Message,
     Profile, ProfileSummary, RequestId, SamplingParams, SchedStats, TokenEvent, Tools,
 };
 
@@ -544,6 +545,8 @@ fn busy() -> WebError {
 pub struct WebEngine {
     inner: Rc<RefCell<Engine>>,
     info: Info,
+    /// The engine's GPU context, reachable while a step holds the engine.
+    ctx: Arc<Context>,
 }
 
 impl WebEngine {
@@ -564,7 +567,8 @@ impl WebEngine {
         let opts: LoadOptions = self::options(options, "load options")?;
         let engine = Engine::load(&bytes, opts.engine_options()?).await?;
         let info = Info::of(&engine, chat_template(&engine));
-        Ok(WebEngine { inner: Rc::new(RefCell::new(engine)), info })
+        let ctx = engine.context().clone();
+        Ok(WebEngine { inner: Rc::new(RefCell::new(engine)), info, ctx })
     }
 
     /// Runs the chat template over `messages` (`[{role, content}]`) and generates the reply.
@@ -637,6 +641,21 @@ impl WebEngine {
         let mut engine = inner.try_borrow_mut().map_err(|_| busy())?;
         let events: Vec<StepEvent> = engine.step().await?.into_iter().map(StepEvent::from).collect();
         to_js(&events)
+    }
+
+    /// Whether the engine's GPU device was lost: every request then ends with `DEVICE_LOST`,
+    /// and only a new engine (on the same model bytes) runs again. Answers during a step too.
+    #[wasm_bindgen(js_name = isLost)]
+    pub fn is_lost(&self) -> bool {
+        self.ctx.is_lost()
+    }
+
+    /// Destroys the engine's GPU device as a driver reset would lose it, to test how a page
+    /// recovers (what `WEBGL_lose_context.loseContext()` is to WebGL): the running and queued
+    /// requests end with `DEVICE_LOST` at the next step. Works during a step too.
+    #[wasm_bindgen(js_name = simulateDeviceLoss)]
+    pub fn simulate_device_loss(&self) {
+        self.ctx.device.destroy();
     }
 
     /// Whether a submitted request has not finished yet.

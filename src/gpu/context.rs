@@ -9,6 +9,10 @@ use wgpu::util::DeviceExt;
 use super::timing::{AtomicCounters, Capture, Captured, Counters};
 use super::{shaders, GpuError};
 
+/// How long [`Context::confirm_lost`] waits in the browser for the device-lost callback after a
+/// failed readback, in milliseconds (natively the callback comes with a poll: no wait).
+pub const LOST_CONFIRM_MS: u32 = 10_000;
+
 /// What the caller needs from the device.
 #[derive(Clone, Debug)]
 pub struct ContextOptions {
@@ -229,17 +233,20 @@ impl Context {
     }
 
     /// After a failure a lost device would explain (a readback that failed): whether the device
-    /// is lost, waiting for its lost callback, which in the browser may come some event-loop
-    /// turns after the failure it caused (up to ~100 ms here; natively it comes with a poll).
+    /// is lost, waiting for its lost callback. Natively it comes with a poll. In the browser it
+    /// comes when the GPU process has handled the loss, which can be seconds after the failed
+    /// map it caused while that process still runs earlier work (a prefill chunk on SwiftShader):
+    /// up to [`LOST_CONFIRM_MS`] are waited. A readback fails without a lost device only after a
+    /// validation error, a bug, so the wait costs nothing in a healthy engine.
     pub async fn confirm_lost(&self) -> bool {
         #[cfg(not(target_arch = "wasm32"))]
         let _ = self.device.poll(wgpu::PollType::Poll);
         #[cfg(target_arch = "wasm32")]
-        for _ in 0..20 {
+        for _ in 0..LOST_CONFIRM_MS / 10 {
             if self.is_lost() {
                 break;
             }
-            crate::time::sleep_ms(5).await;
+            crate::time::sleep_ms(10).await;
         }
         self.is_lost()
     }

@@ -19,6 +19,21 @@ const SITE_PAGE = `<!doctype html>
   document.title = "ready";
 </script></head><body>a page that uses pagedlm from its npm tarball</body></html>`;
 
+// The package's own worker, made to die the two ways a worker does: an uncaught error (when the
+// model URL says "crash") and a silent end, as when the browser stops it for its memory (at the
+// second token of a request that says "EXIT").
+const DYING_WORKER = `import "./node_modules/pagedlm/js/worker.js";
+let exitAt = null;
+const post = self.postMessage.bind(self);
+self.postMessage = (message, transfer) => {
+  post(message, transfer);
+  if (message.type === "token" && message.id === exitAt?.id && ++exitAt.tokens === 2) self.close();
+};
+self.addEventListener("message", ({ data }) => {
+  if (data.type === "load" && String(data.model).includes("crash")) throw new Error("the test worker crashed");
+  if (data.type === "create" && JSON.stringify(data.messages).includes("EXIT")) exitAt = { id: data.id, tokens: 0 };
+});`;
+
 describe("npm package", () => {
   let site;
   let server;
@@ -36,6 +51,7 @@ describe("npm package", () => {
     writeFileSync(join(site, "package.json"), JSON.stringify({ name: "site", private: true, type: "module" }));
     execFileSync("npm", ["install", "--offline", "--no-audit", "--no-fund", "--silent", `./${tarball}`], { cwd: site, stdio: ["ignore", "pipe", "inherit"] });
     writeFileSync(join(site, "index.html"), SITE_PAGE);
+    writeFileSync(join(site, "dying-worker.js"), DYING_WORKER);
     server = await staticServer(site, {
       "/model.gguf": { file: MODEL },
       "/truncated.gguf": { file: MODEL, bytes: 1 << 20 },
@@ -279,6 +295,86 @@ describe("npm package", () => {
     assert.ok(out.int8 === "ok:int8:true" || out.int8.startsWith("UNSUPPORTED:"), `int8 runs or says it is not available (${out.int8})`);
     if (out.int8BytesPerToken) assert.ok(out.int8BytesPerToken < out.f32BytesPerToken / 3, `int8 KV per token ${out.int8BytesPerToken} B vs f32 ${out.f32BytesPerToken} B`);
     assert.deepEqual(problems.filter((p) => !/404|Not Found/.test(p)), [], "no page errors");
+  });
+
+  it("survives a lost GPU device: requests end with DEVICE_LOST and their text, devicelost fires once, restart() loads again without a download", { timeout: TIMEOUT }, async () => {
+    const out = await page.evaluate(async () => {
+      const { createEngine } = window.pagedlm;
+      const engine = await createEngine("/model.gguf");
+      const events = [];
+      engine.addEventListener("devicelost", (e) => events.push(e.detail.message));
+      const ask = (content) => [{ role: "user", content }];
+      const caught = (e) => ({ code: e.code, partial: e.partial, message: e.message });
+      const stream = await engine.chat.completions.create({ messages: ask("Count from one to twenty."), max_tokens: 40, temperature: 0, stream: true });
+      const other = engine.chat.completions.create({ messages: ask("Name a color."), max_tokens: 40, temperature: 0 }).then(() => null, caught);
+      let text = "";
+      let error = null;
+      let chunks = 0;
+      try {
+        for await (const c of stream) {
+          text += c.choices[0]?.delta?.content ?? "";
+          if (++chunks === 3) await engine.simulateDeviceLoss();
+        }
+      } catch (e) {
+        error = caught(e);
+      }
+      const second = await other;
+      const lost = engine.lost;
+      const refused = await engine.chat.completions.create({ messages: ask("Hi"), max_tokens: 2 }).then(() => null, (e) => e.code);
+      const phases = [];
+      await engine.restart({ onProgress: (p) => { if (phases.at(-1) !== p.phase) phases.push(p.phase); } });
+      const answer = await engine.chat.completions.create({ messages: ask("Name a fruit."), max_tokens: 4, temperature: 0 });
+      const notLost = await engine.restart().then(() => null, (e) => e.code);
+      await engine.dispose();
+      return { text, error, second, lost, refused, events, phases, source: engine.load.source, lostAfter: engine.lost, answer: answer.choices[0].message.content, notLost };
+    });
+    assert.equal(out.error?.code, "DEVICE_LOST", JSON.stringify(out));
+    assert.ok(out.text.length > 0, "the stream had text before the loss");
+    assert.equal(out.error.partial.content, out.text, "the error carries exactly the streamed text");
+    assert.ok(out.error.partial.usage.completion_tokens >= 2, JSON.stringify(out.error.partial));
+    assert.equal(out.second?.code, "DEVICE_LOST", "the other request ends too");
+    assert.equal(out.events.length, 1, `devicelost fired once: ${JSON.stringify(out.events)}`);
+    assert.ok(out.lost && !out.lostAfter, "engine.lost until restart()");
+    assert.equal(out.refused, "DEVICE_LOST", "a request on the lost engine is refused");
+    assert.equal(out.source, "cache", `restart() reads the Cache API, not the network (${out.phases})`);
+    assert.ok(!out.phases.includes("download") && out.phases.at(-1) === "ready", JSON.stringify(out.phases));
+    assert.ok(out.answer.length > 0, "the restarted engine answers");
+    assert.equal(out.notLost, "INVALID_ARGUMENT", "restart() refuses an engine whose device is fine");
+  });
+
+  it("fails pending calls with WORKER_FAILED when its worker dies, and the next createEngine works", { timeout: TIMEOUT }, async () => {
+    const out = await page.evaluate(async () => {
+      const { createEngine } = window.pagedlm;
+      const code = (p) => p.then(() => null, (e) => e.code);
+      const ask = (content, max_tokens) => ({ messages: [{ role: "user", content }], max_tokens, temperature: 0 });
+      const crashed = await code(createEngine("/model.gguf?crash", { workerUrl: "/dying-worker.js" }));
+      const engine = await createEngine("/model.gguf", { workerUrl: "/dying-worker.js", maxBatch: 1 });
+      const t0 = performance.now();
+      const stream = await engine.chat.completions.create({ ...ask("EXIT, then count to a hundred.", 200), stream: true });
+      const queued = code(engine.chat.completions.create(ask("Name a color.", 4)));
+      let chunks = 0;
+      const streamed = await (async () => {
+        try {
+          for await (const _ of stream) chunks += 1;
+          return null;
+        } catch (e) {
+          return e.code;
+        }
+      })();
+      const seconds = (performance.now() - t0) / 1000;
+      const later = await code(engine.stats());
+      await engine.dispose();
+      const fresh = await createEngine("/model.gguf");
+      const answer = await fresh.chat.completions.create(ask("Name a fruit.", 3));
+      await fresh.dispose();
+      return { crashed, streamed, chunks, queued: await queued, later, seconds, answer: answer.choices[0].message.content };
+    });
+    assert.equal(out.crashed, "WORKER_FAILED", `an uncaught error in the worker fails the load: ${JSON.stringify(out)}`);
+    assert.equal(out.streamed, "WORKER_FAILED", `a worker that ends silently fails the running request: ${JSON.stringify(out)}`);
+    assert.ok(out.chunks > 0, "the request ran before the worker ended");
+    assert.equal(out.queued, "WORKER_FAILED", "and the queued one");
+    assert.equal(out.later, "WORKER_FAILED", "and every later call");
+    assert.ok(out.answer.length > 0, "a new engine answers");
   });
 
   it("says WEBGPU_UNAVAILABLE without WebGPU", { timeout: 60_000 }, async () => {
