@@ -58,6 +58,10 @@ const state = {
   claims: new Map(),
   lastTurn: null,
   refreshTimer: 0,
+  /** The loaded model's label (the picker's, or the file's name). */
+  label: "",
+  /** GPU device losses this page has recovered from (shown as the progress panel's data-device-losses). */
+  deviceLosses: 0,
 };
 
 const mb = (bytes) => `${(bytes / 1e6).toFixed(1)} MB`;
@@ -153,34 +157,71 @@ async function loadModel(model, label) {
   try {
     const engine = await createEngine(model, engineOptions());
     state.engine = engine;
-    state.info = engine.info;
-    state.stats = await engine.stats();
-    const secs = ((performance.now() - t0) / 1000).toFixed(1);
-    const from = { network: "downloaded", cache: "from the browser cache", file: "from the file", buffer: "from memory" }[engine.load.source];
-    setProgress("Model ready", 1, `${mb(engine.load.bytes)} ${from} · ready in ${secs} s`);
-    ui.progress.classList.add("done");
-    ui.progress.dataset.done = "true";
-    ui.progress.dataset.source = engine.load.source;
-    const m = state.info.model;
-    const slidingWindow = m.sliding_window ? ` · window ${m.sliding_window}` : "";
-    ui.modelName.textContent = `${label} · ${weightTypesText(m.weight_types)} · KV ${state.info.kv_dtype} · blocks of ${state.info.block_size} · ${m.architecture}${slidingWindow}`;
-    ui.modelName.title = "Tensors of each weight type in the file, the KV cache's format, then the architecture and its sliding window";
-    setMode(m.chat_template ? "chat" : "completion");
-    // Browsers often hide the adapter's name; say at least what kind of device runs the model.
-    const name = state.info.adapter.split(" (")[0].trim();
-    ui.adapter.textContent = `${name || "WebGPU"} · ${state.info.is_cpu ? "software GPU" : "GPU"}`;
-    ui.adapter.title = `WebGPU adapter: ${state.info.adapter}`;
-    ui.input.disabled = false;
-    ui.newConversation.disabled = false;
-    ui.resetCache.disabled = false;
-    state.claims.clear();
-    // Saved snapshots go into this engine's prefix cache when their conversation continues.
-    for (const c of state.conversations) c.needsImport = !!c.snapshot;
-    buildKvMap();
-    renderKv();
-    updateButtons();
-    ui.input.focus();
+    state.label = label;
+    engine.addEventListener("devicelost", () => recover(engine));
+    await engineReady(engine, t0);
   } catch (e) {
+    console.error(e);
+    showError(e);
+  }
+}
+
+/** Shows a loaded (or restarted) engine: its figures, the model's line, the KV map; enables input. */
+async function engineReady(engine, t0, recovered = false) {
+  state.info = engine.info;
+  state.stats = await engine.stats();
+  const secs = ((performance.now() - t0) / 1000).toFixed(1);
+  const from = { network: "downloaded", cache: "from the browser cache", file: "from the file", buffer: "from memory" }[engine.load.source];
+  const again = recovered ? " · the GPU device was lost and the model loaded again" : "";
+  setProgress("Model ready", 1, `${mb(engine.load.bytes)} ${from} · ready in ${secs} s${again}`);
+  ui.progress.classList.add("done");
+  ui.progress.dataset.done = "true";
+  ui.progress.dataset.source = engine.load.source;
+  const m = state.info.model;
+  const slidingWindow = m.sliding_window ? ` · window ${m.sliding_window}` : "";
+  ui.modelName.textContent = `${state.label} · ${weightTypesText(m.weight_types)} · KV ${state.info.kv_dtype} · blocks of ${state.info.block_size} · ${m.architecture}${slidingWindow}`;
+  ui.modelName.title = "Tensors of each weight type in the file, the KV cache's format, then the architecture and its sliding window";
+  setMode(m.chat_template ? "chat" : "completion");
+  // Browsers often hide the adapter's name; say at least what kind of device runs the model.
+  const name = state.info.adapter.split(" (")[0].trim();
+  ui.adapter.textContent = `${name || "WebGPU"} · ${state.info.is_cpu ? "software GPU" : "GPU"}`;
+  ui.adapter.title = `WebGPU adapter: ${state.info.adapter}`;
+  ui.input.disabled = false;
+  ui.newConversation.disabled = false;
+  ui.resetCache.disabled = false;
+  state.claims.clear();
+  // Saved snapshots go into this engine's prefix cache when their conversation continues.
+  for (const c of state.conversations) c.needsImport = !!c.snapshot;
+  buildKvMap();
+  renderKv();
+  updateButtons();
+  ui.input.focus();
+}
+
+/**
+ * The engine's GPU device was lost (a driver reset, memory reclaimed): its replies ended with
+ * DEVICE_LOST (each turn failed, so the saved conversations are as they were before it). Loads
+ * the model again on a new device from the same bytes; the conversations continue, their saved
+ * snapshots imported again at their next turn.
+ */
+async function recover(engine) {
+  if (state.engine !== engine) return;
+  state.deviceLosses += 1;
+  ui.progress.dataset.deviceLosses = String(state.deviceLosses);
+  ui.progress.classList.remove("done");
+  delete ui.progress.dataset.done;
+  setProgress("The GPU device was lost: loading the model again", null);
+  ui.input.disabled = true;
+  ui.resetCache.disabled = true;
+  clearKv();
+  updateButtons();
+  const t0 = performance.now();
+  try {
+    // Replies still streaming end with DEVICE_LOST first; restart() waits for them.
+    await engine.restart({ onProgress });
+    if (state.engine === engine) await engineReady(engine, t0, true);
+  } catch (e) {
+    if (state.engine !== engine) return;
     console.error(e);
     showError(e);
   }
@@ -317,13 +358,14 @@ function messagesOf(conv) {
  * them instead of recomputing the whole history. Without a snapshot the history is still saved.
  */
 async function persist(conv, engine) {
-  conv.snapshot = null;
   conv.needsImport = false;
   if (conv.history.length > 0) {
     try {
       conv.snapshot = await engine.exportConversation(messagesOf(conv));
     } catch (e) {
-      if (e.code !== "DISPOSED") console.warn("pagedlm: no KV snapshot for this conversation:", e);
+      // The snapshot saved before this turn (if any) still holds the history up to it: a prefix
+      // of the new one, so it is kept.
+      if (e.code !== "DISPOSED" && e.code !== "DEVICE_LOST") console.warn("pagedlm: no new KV snapshot for this conversation:", e);
     }
   }
   await saveConversation({ id: conv.id, title: conv.title, system: conv.system, history: conv.history, turns: conv.turns, snapshot: conv.snapshot });
@@ -340,7 +382,7 @@ async function importSnapshot(conv, engine) {
     if (e.code === "SNAPSHOT_MISMATCH" || e.code === "SNAPSHOT_CORRUPT") {
       conv.snapshot = null;
       await saveConversation({ id: conv.id, title: conv.title, system: conv.system, history: conv.history, turns: conv.turns, snapshot: null });
-    } else if (e.code !== "KV_POOL_FULL" && e.code !== "DISPOSED") {
+    } else if (e.code !== "KV_POOL_FULL" && e.code !== "DISPOSED" && e.code !== "DEVICE_LOST") {
       console.warn("pagedlm: the saved KV snapshot was not loaded:", e);
     }
   }
@@ -476,7 +518,7 @@ async function send() {
   if (state.mode === "completion") return complete();
   const conv = state.active;
   const text = ui.input.value.trim();
-  if (!text || !conv || conv.busy || !state.engine) return;
+  if (!text || !conv || conv.busy || !state.engine || state.engine.lost) return;
   ui.input.value = "";
   autosize();
   if (!conv.started) {
@@ -550,7 +592,8 @@ async function send() {
       outcome = "failed";
       // A setting or input the engine refuses is the user's to mend (shown under the reply),
       // not a fault of the page.
-      if (e.code !== "INVALID_ARGUMENT") console.error(e);
+      // A lost device is recovered from by itself (recover): nothing for the console either.
+      if (e.code !== "INVALID_ARGUMENT" && e.code !== "DEVICE_LOST") console.error(e);
       // The turn failed: drop it so the next turn starts from a consistent history.
       conv.history.splice(conv.history.length - turn.length);
       body.textContent = streamed;
@@ -581,7 +624,7 @@ async function send() {
 async function complete() {
   const conv = state.active;
   const prompt = ui.input.value;
-  if (!prompt.trim() || !conv || conv.busy || !state.engine) return;
+  if (!prompt.trim() || !conv || conv.busy || !state.engine || state.engine.lost) return;
   ui.input.value = "";
   autosize();
   if (!conv.started) {
@@ -630,7 +673,7 @@ async function complete() {
       }
     } else {
       outcome = "failed";
-      console.error(e);
+      if (e.code !== "DEVICE_LOST") console.error(e);
       markFailed(bubble, e);
     }
   } finally {
@@ -905,7 +948,7 @@ function renderGauge(blocksInUse) {
 
 function updateButtons() {
   const conv = state.active;
-  const ready = !!state.engine;
+  const ready = !!state.engine && !state.engine.lost;
   const busy = !!conv?.busy;
   ui.send.disabled = !ready || busy || ui.input.value.trim() === "";
   ui.stop.disabled = !busy;
@@ -974,6 +1017,9 @@ ui.picker.addEventListener("change", () => {
   const entry = MODELS.find((m) => m.id === ui.picker.value);
   if (entry) chooseModel(entry);
 });
+
+// For tests and the console: the page's engine (e.g. `chatPage.engine.simulateDeviceLoss()`).
+window.chatPage = { get engine() { return state.engine; } };
 
 newConversation();
 // Saved conversations come back while the model loads; their snapshots are imported on use.

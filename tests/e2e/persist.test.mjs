@@ -41,6 +41,23 @@ async function waitDone(page, n) {
   };
 }
 
+/** The conversations saved in IndexedDB: id, history, turns and a fingerprint of the snapshot bytes. */
+function savedRecords(page) {
+  return page.evaluate(() => new Promise((resolve, reject) => {
+    const open = indexedDB.open("pagedlm-chat", 1);
+    open.onerror = () => reject(open.error);
+    open.onsuccess = () => {
+      const all = open.result.transaction("conversations", "readonly").objectStore("conversations").getAll();
+      all.onerror = () => reject(all.error);
+      all.onsuccess = () => resolve(all.result.map((r) => {
+        let sum = 0;
+        for (const b of r.snapshot ?? []) sum = (sum * 31 + b) >>> 0;
+        return { id: r.id, history: r.history, turns: r.turns, snapshot: r.snapshot ? `${r.snapshot.length} bytes, ${sum}` : null };
+      }));
+    };
+  }));
+}
+
 describe("chat page persistence", () => {
   let server;
   let browser;
@@ -94,6 +111,35 @@ describe("chat page persistence", () => {
     const third = await waitDone(page, 2);
     assert.equal(third.error, null, `the turn after the refused snapshot failed: ${third.error}`);
     assert.equal(third.prefixHit, 0, "an f32 snapshot is not used by an int8 pool");
+    assert.deepEqual(problems.filter((p) => !/favicon|Failed to load resource/.test(p)), [], "no page errors");
+  });
+
+  it("recovers by itself from a lost GPU device: the turn fails, the saved conversation is untouched, the next turn continues from its snapshot", { timeout: LOAD_TIMEOUT + 3 * REPLY_TIMEOUT }, async () => {
+    // The restored conversation of the test before is shown, 3 turns, its snapshot saved (int8).
+    const saved = await savedRecords(page);
+    assert.ok(saved.length > 0 && saved.every((r) => r.snapshot), `conversations with snapshots are saved: ${JSON.stringify(saved)}`);
+    const users = await page.locator(byId("message-user")).count();
+    await ask(page, "Tell me about the sea.");
+    // Lost during the turn's prefill or decode: the reply ends with DEVICE_LOST either way.
+    await page.evaluate(() => window.chatPage.engine.simulateDeviceLoss());
+    const lost = await waitDone(page, users);
+    assert.match(lost.error ?? "", /DEVICE_LOST/, `the turn on the lost device failed with DEVICE_LOST: ${JSON.stringify(lost)}`);
+    await page.waitForSelector(`${byId("model-progress")}[data-done="true"][data-device-losses="1"]`, { timeout: LOAD_TIMEOUT });
+    assert.equal(await page.getAttribute(byId("model-progress"), "data-source"), "cache", "the model came back from the browser cache");
+    assert.deepEqual(await savedRecords(page), saved, "the saved conversations and their snapshots are untouched");
+
+    await ask(page, "One more?");
+    const next = await waitDone(page, users + 1);
+    assert.equal(next.error, null, `the turn after the recovery failed: ${next.error}`);
+    const history = saved.find((r) => r.history.length === 2 * users)?.history;
+    assert.ok(history, "the shown conversation is saved");
+    console.log(`after the device loss: prefix hit ${next.prefixHit} of ${next.promptTokens}`);
+    // The new engine's cache is empty: the hit can only come from the imported snapshot.
+    assert.ok(next.prefixHit > next.promptTokens / 2, `the turn after the recovery reuses the saved K/V (hit ${next.prefixHit} of ${next.promptTokens})`);
+    const after = (await savedRecords(page)).find((r) => r.history.length === 2 * users + 2);
+    assert.ok(after, "the conversation saved its new turn");
+    assert.deepEqual(after.history.slice(0, 2 * users), history, "after its history as it was, without the failed turn");
+    assert.equal(after.history[2 * users].content, "One more?");
     assert.deepEqual(problems.filter((p) => !/favicon|Failed to load resource/.test(p)), [], "no page errors");
   });
 });
