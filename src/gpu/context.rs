@@ -11,7 +11,8 @@ use super::{shaders, GpuError};
 
 /// How long [`Context::confirm_lost`] waits in the browser for the device-lost callback after a
 /// failed readback, in milliseconds (natively the callback comes with a poll: no wait).
-pub const LOST_CONFIRM_MS: u32 = 10_000;
+#[cfg(target_arch = "wasm32")]
+const LOST_CONFIRM_MS: u32 = 10_000;
 
 /// What the caller needs from the device.
 #[derive(Clone, Debug)]
@@ -236,7 +237,7 @@ impl Context {
     /// is lost, waiting for its lost callback. Natively it comes with a poll. In the browser it
     /// comes when the GPU process has handled the loss, which can be seconds after the failed
     /// map it caused while that process still runs earlier work (a prefill chunk on SwiftShader):
-    /// up to [`LOST_CONFIRM_MS`] are waited. A readback fails without a lost device only after a
+    /// up to `LOST_CONFIRM_MS` are waited. A readback fails without a lost device only after a
     /// validation error, a bug, so the wait costs nothing in a healthy engine.
     pub async fn confirm_lost(&self) -> bool {
         #[cfg(not(target_arch = "wasm32"))]
