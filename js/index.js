@@ -112,7 +112,14 @@ class Channel {
     if (this.broken) return { id: 0, promise: Promise.reject(this.broken) };
     const id = this.next++;
     const promise = new Promise((resolve, reject) => this.pending.set(id, { resolve, reject, onMessage }));
-    this.worker.postMessage({ ...message, id }, transfer);
+    try {
+      this.worker.postMessage({ ...message, id }, transfer);
+    } catch (e) {
+      // A value no Worker can receive (a function, a symbol, a BigInt inside an object...).
+      const refused = e?.name === "DataCloneError" ? invalid(`a parameter holds a value that cannot be sent to the engine's worker: ${e.message}`) : e;
+      this.pending.get(id).reject(refused);
+      this.pending.delete(id);
+    }
     return { id, promise };
   }
 
@@ -178,6 +185,15 @@ function abortError(signal) {
   const reason = signal?.reason;
   const why = reason instanceof Error ? `: ${reason.message}` : typeof reason === "string" ? `: ${reason}` : "";
   return new PagedlmError("ABORTED", `the request was aborted${why}`);
+}
+
+/** The parameters the package handles itself: `stream` a boolean, `stream_options` an object, `signal` an AbortSignal (each may be null). */
+function checkRequestParams({ stream, stream_options: streamOptions, signal }) {
+  if (stream != null && typeof stream !== "boolean") throw invalid("stream must be a boolean");
+  if (streamOptions != null && (typeof streamOptions !== "object" || Array.isArray(streamOptions))) throw invalid("stream_options must be an object ({include_usage})");
+  if (signal != null && !(typeof signal.aborted === "boolean" && typeof signal.addEventListener === "function" && typeof signal.removeEventListener === "function")) {
+    throw invalid("signal must be an AbortSignal");
+  }
 }
 
 function checkPrompt(prompt) {
@@ -489,6 +505,7 @@ export class Engine extends EventTarget {
     try {
       this.#alive();
       if (!params || typeof params !== "object") throw invalid("create(params): params must be an object");
+      checkRequestParams(params);
       const message = shape === SHAPES.chat
         ? toWorker.create(checkMessages(params.messages), requestOptions(params, true))
         : toWorker.complete(checkPrompt(params.prompt), requestOptions(params));
