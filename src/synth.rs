@@ -232,6 +232,8 @@ pub struct SynthConfig {
     /// Some: a `gemma3` file (QK norm, post-norms, GELU, embedding scale, NEOX RoPE, local layers
     /// l % 6 != 5 with this window); None: a llama file.
     pub gemma: Option<SynthGemma>,
+    /// `general.name`; None: "pagedlm synthetic {architecture}".
+    pub name: Option<String>,
 }
 
 /// What a synthetic `gemma3` file adds to the shape.
@@ -276,6 +278,7 @@ impl SynthConfig {
             seed: 0x5eed,
             types: SynthTypes::default(),
             gemma: None,
+            name: None,
         }
     }
 
@@ -382,7 +385,7 @@ pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
     let meta = [
         ("general.architecture", MetaValue::String(arch.into())),
         ("general.type", MetaValue::String("model".into())),
-        ("general.name", MetaValue::String(format!("pagedlm synthetic {arch}"))),
+        ("general.name", MetaValue::String(cfg.name.clone().unwrap_or_else(|| format!("pagedlm synthetic {arch}")))),
         ("general.alignment", MetaValue::U32(DEFAULT_ALIGNMENT as u32)),
         // By default 3 = mostly Q4_1, as in the real file.
         ("general.file_type", MetaValue::U32(llama_file_type(cfg.types.linear))),

@@ -22,7 +22,7 @@ const ui = {
   send: $("send-button"), stop: $("stop-button"), newConversation: $("new-conversation"), adapter: $("adapter"),
   picker: $("model-picker"),
   modelName: $("model-name"), modelFile: $("model-file"), dropOverlay: $("drop-overlay"),
-  conversations: $("conversations"), systemPrompt: $("system-prompt"),
+  conversations: $("conversations"), storeNotice: $("store-notice"), systemPrompt: $("system-prompt"),
   maxTokens: $("max-tokens"), temperature: $("temperature"), topP: $("top-p"), kvDtype: $("kv-dtype"),
   jsonOutput: $("json-output"), jsonSchema: $("json-schema"), tools: $("tools"), toolChoice: $("tool-choice"),
   kvStats: $("kv-stats"), kvMap: $("kv-map"), kvSummary: $("kv-summary"), kvBlocks: $("kv-blocks"), kvLive: $("kv-live"),
@@ -390,11 +390,15 @@ async function importSnapshot(conv, engine) {
 
 /** Brings back the conversations saved before the last reload; a new, empty one stays active. */
 async function restoreConversations() {
-  const saved = await loadConversations();
-  for (const record of saved) {
-    if (!Array.isArray(record.history) || record.history.length === 0) continue;
+  const { records, dropped } = await loadConversations();
+  for (const record of records) {
     newConversation(record);
     state.nextId = Math.max(state.nextId, record.id + 1);
+  }
+  if (dropped > 0) {
+    ui.storeNotice.textContent = `${plural(dropped, "saved conversation")} ${dropped === 1 ? "was" : "were"} damaged and removed; the others are back.`;
+    ui.storeNotice.dataset.dropped = String(dropped);
+    ui.storeNotice.hidden = false;
   }
   // The blank conversation is the newest: on top of the list.
   ui.conversations.prepend(state.active.item);

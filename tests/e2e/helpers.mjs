@@ -1,7 +1,7 @@
 // Shared by the end-to-end tests and the browser benchmark: static servers, Chromium with
 // WebGPU (SwiftShader when there is no GPU), and pages that report their errors.
-import { spawn } from "node:child_process";
-import { createReadStream, statSync } from "node:fs";
+import { execFileSync, spawn } from "node:child_process";
+import { createReadStream, mkdirSync, statSync } from "node:fs";
 import { createServer as createHttpServer } from "node:http";
 import { createServer } from "node:net";
 import { extname, join, normalize } from "node:path";
@@ -93,4 +93,18 @@ export async function openPage(browserOrContext, url, viewport = { width: 1280, 
   page.on("console", (m) => { if (m.type() === "error") problems.push(`console: ${m.text()}`); });
   if (url) await page.goto(url);
   return { page, problems };
+}
+
+/**
+ * A tiny synthetic model (random weights, a 259-token byte vocabulary: it decodes in
+ * milliseconds per token even on SwiftShader) at test-results/fixtures/`file`, written once by
+ * `examples/write_tiny_model.rs` with `args` (e.g. ["--name", "..."]). Returns its folder.
+ */
+export function tinyModel(file = "tiny.gguf", args = []) {
+  const dir = join(results, "fixtures");
+  const out = join(dir, file);
+  mkdirSync(dir, { recursive: true });
+  execFileSync("cargo", ["run", "--quiet", "--features", "testing", "--example", "write_tiny_model", "--", out, ...args],
+    { cwd: root, stdio: ["ignore", "inherit", "inherit"] });
+  return dir;
 }
