@@ -15,6 +15,8 @@ export type ErrorCode =
   | "GPU_ERROR"
   /** The GPU device was lost (a driver reset, memory reclaimed): the request ended with `partial`; `engine.restart()` recovers. */
   | "DEVICE_LOST"
+  /** Past `maxMemoryBytes`, or an allocation the device refused: the engine stays usable for what fits. */
+  | "OUT_OF_MEMORY"
   | "CALLBACK_ERROR"
   /** A KV snapshot made for another model, KV dtype, layout, block size or format version. */
   | "SNAPSHOT_MISMATCH"
@@ -68,6 +70,19 @@ export interface EngineOptions {
    * device offers; WebGPU guarantees 128). For testing that big matrices are split across bindings.
    */
   maxBindingMib?: number;
+  /**
+   * The limits the GPU device is created with: the adapter's (default), or `"phone"`: WebGPU's
+   * default limits (what every device offers: 8 storage buffers per stage, 16 KiB of workgroup
+   * storage) with buffers of at most 128 MiB, to try a page as a phone would run it.
+   */
+  deviceLimits?: "adapter" | "phone";
+  /**
+   * Cap on the GPU memory the engine holds: weights, KV pool and a step's activations. The KV
+   * pool shrinks to fit (unless `poolTokens` is given); a model that cannot fit is refused at load
+   * with OUT_OF_MEMORY, and a request whose step would need more fails with OUT_OF_MEMORY while
+   * the engine keeps serving what fits. `engine.stats().memory` says what it holds.
+   */
+  maxMemoryBytes?: number;
   /**
    * Tune the kernels as for this kind of adapter (default: the adapter's own). For comparing
    * variants; every variant computes the same results.
@@ -322,6 +337,15 @@ export interface PoolSnapshot {
   refcounts: number[];
   sequences: { id: number; len: number; blocks: number[] }[];
   prefix?: { enabled: boolean; requests: number; prompt_tokens: number; hit_tokens: number; hit_rate: number; evictions: number };
+  /**
+   * GPU bytes the engine holds: weights and KV pool (fixed at load) and the forward graphs of the
+   * step shapes run lately (they come and go).
+   */
+  memory: { weights_bytes: number; kv_bytes: number; graph_bytes: number };
+  /** null while the KV cache's invariants hold; else what broke (a bug worth reporting). */
+  integrity: string | null;
+  /** The wasm engine's linear memory (its CPU heap, which only grows). */
+  wasm_bytes: number;
 }
 
 export interface SchedStats {

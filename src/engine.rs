@@ -19,10 +19,10 @@ use std::sync::Arc;
 
 use crate::constraint::Grammars;
 use crate::gguf::Gguf;
-use crate::gpu::{ContextOptions, Counters, TimingMethod};
+use crate::gpu::{ContextOptions, Counters, GpuError, TimingMethod};
 use crate::kv::{CacheConfig, KvCache, KvPool, PoolStats, PrefixStats, SeqId};
 use crate::gpu::ops::sample::{HistoryRing, RowParams};
-use crate::model::{Choose, Logits, Model, ModelError, PendingStep, Runner, StepRow, Weights};
+use crate::model::{Choose, GraphBudget, Logits, Model, ModelError, PendingStep, Runner, StepRow, Weights};
 use crate::sampler::{top_k, Sampler, MAX_REPETITION_WINDOW};
 use crate::request::Handling;
 use crate::sched::{Plan, Scheduler};
@@ -30,7 +30,7 @@ use crate::tokenizer::{Tokenizer, TokenizerSpec};
 
 // The engine's public surface: everything a caller (the CLI, web.rs, tests) needs comes from here.
 pub use crate::error::{EngineError, ErrorKind};
-pub use crate::gpu::{AdapterClass, Context};
+pub use crate::gpu::{AdapterClass, Context, DeviceLimits};
 pub use crate::kv::{KvDtype, KvLayout};
 pub use crate::model::ModelConfig;
 pub use crate::profile::{ColdStep, Profile, ProfileSummary, StepProfile, TimedRun};
@@ -85,6 +85,13 @@ pub struct EngineOptions {
     /// Whether the matmuls quantize their activations to int8 ([`ContextOptions::int8_activations`]);
     /// `None` = the adapter's default. Like `max_binding_bytes`, used by [`Engine::load`].
     pub int8_activations: Option<bool>,
+    /// Create the device with the adapter's limits or a phone's ([`DeviceLimits`]). Like
+    /// `max_binding_bytes`, used by [`Engine::load`].
+    pub device_limits: DeviceLimits,
+    /// Cap on the GPU memory the engine holds (weights, KV pool, activations): the default pool
+    /// shrinks to fit, a load that cannot fit is refused, and a step whose activations would go
+    /// past it fails its requests; all as [`ErrorKind::OutOfMemory`]. `None` = no cap.
+    pub max_memory_bytes: Option<u64>,
 }
 
 impl EngineOptions {
@@ -96,6 +103,7 @@ impl EngineOptions {
             class: self.adapter_class,
             optional_features: self.optional_features,
             int8_activations: self.int8_activations,
+            limits: self.device_limits,
             ..Default::default()
         }
     }
@@ -117,7 +125,27 @@ impl Default for EngineOptions {
             adapter_class: None,
             optional_features: true,
             int8_activations: None,
+            device_limits: DeviceLimits::default(),
+            max_memory_bytes: None,
         }
+    }
+}
+
+/// GPU memory an engine holds ([`Engine::memory`]), in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct MemoryUse {
+    /// The weights, fixed at load.
+    pub weights_bytes: u64,
+    /// The KV pool and its block tables, fixed at load.
+    pub kv_bytes: u64,
+    /// The forward graphs of the step shapes run lately (activations, scratch, staging) and the
+    /// runner's rings: it grows with new shapes and shrinks when a graph cache is full.
+    pub graph_bytes: u64,
+}
+
+impl MemoryUse {
+    pub fn total(&self) -> u64 {
+        self.weights_bytes + self.kv_bytes + self.graph_bytes
     }
 }
 
@@ -139,6 +167,11 @@ pub struct EngineStats {
     pub block_states: Vec<u8>,
     pub refcounts: Vec<u32>,
     pub sequences: Vec<SequenceInfo>,
+    /// The GPU memory the engine holds now.
+    pub memory: MemoryUse,
+    /// `None` while the KV cache's invariants hold ([`KvCache::check_integrity`]), else what
+    /// broke (a bug: tests and the soak run watch it).
+    pub integrity: Option<String>,
 }
 
 /// How `score` runs the continuation.
@@ -195,12 +228,28 @@ impl Engine {
         let config = ModelConfig::from_gguf(&gguf)?;
         let tokenizer = Tokenizer::from_spec(TokenizerSpec::from_gguf(&gguf)?)?;
         let weights = Weights::upload(&ctx, &gguf, &config)?;
-        let kv = KvCache::new(&ctx, &config.kv_shape(), cache_config(&ctx, &config, &options))?;
+        let model = Model { config, weights };
+        let mut cache = cache_config(&ctx, &model.config, &options);
+        if let Some(cap) = options.max_memory_bytes {
+            fit_pool(&ctx, &model, &options, &mut cache, cap)?;
+        }
+        let kv = KvCache::new(&ctx, &model.config.kv_shape(), cache)?;
         let sched = Scheduler::new(options.sched.clone(), options.prefill_chunk)?;
-        let runner = Runner::new(&ctx, options.prefill_chunk, kv.max_seqs())?;
+        let mut runner = Runner::new(&ctx, options.prefill_chunk, kv.max_seqs())?;
+        if let Some(cap) = options.max_memory_bytes {
+            let fixed = model.weights.bytes() + kv.bytes_total() + runner.bytes();
+            if fixed > cap {
+                return Err(out_of_memory(format!("the weights and the KV cache take {fixed} bytes, over the {cap}-byte memory cap")));
+            }
+            runner.set_budget(GraphBudget { graphs: cap - fixed, cap });
+        }
+        // An allocation the device refused while loading (natively reported by now).
+        if let Some(e) = ctx.take_reported() {
+            return Err(e.into());
+        }
         let rings = vec![HistoryRing::default(); kv.max_seqs() as usize];
         let weight_types = gguf.tensor_type_counts();
-        Ok(Engine { ctx, model: Model { config, weights }, tokenizer, kv, options, runner, sched, weight_types, backlog: Vec::new(), in_flight: VecDeque::new(), open: None, rings, grammars: None })
+        Ok(Engine { ctx, model, tokenizer, kv, options, runner, sched, weight_types, backlog: Vec::new(), in_flight: VecDeque::new(), open: None, rings, grammars: None })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -225,9 +274,16 @@ impl Engine {
         self.kv.max_seq_len
     }
 
-    /// GPU bytes held by the weights and by the KV cache.
-    pub fn memory(&self) -> (u64, u64) {
-        (self.model.weights.bytes(), self.kv.bytes_total())
+    /// The device bytes the largest steps of a generation hold (a decode row, a prefill chunk
+    /// and a full batch step, measured by building them): what a memory cap keeps free of the KV
+    /// pool (`max_memory_bytes`).
+    pub fn largest_steps_bytes(&self) -> Result<u64, EngineError> {
+        Ok(largest_steps(&self.ctx, &self.model, &self.options, &cache_config(&self.ctx, &self.model.config, &self.options))?.0)
+    }
+
+    /// GPU bytes the engine holds now (see [`MemoryUse`]).
+    pub fn memory(&self) -> MemoryUse {
+        MemoryUse { weights_bytes: self.model.weights.bytes(), kv_bytes: self.kv.bytes_total(), graph_bytes: self.runner.bytes() }
     }
 
     /// The KV cache (pool statistics, integrity checks).
@@ -257,6 +313,8 @@ impl Engine {
                     blocks: self.kv.blocks(id).map(|b| b.to_vec()).unwrap_or_default(),
                 })
                 .collect(),
+            memory: self.memory(),
+            integrity: self.kv.check_integrity().err().map(|e| e.to_string()),
         }
     }
 
@@ -417,6 +475,12 @@ impl Engine {
             // The device went: every request, in this step or not, ends with what it has.
             return self.lose_device(events);
         }
+        // An error the device reported for this step's work (an allocation it refused, a
+        // validation error): what it read back cannot be trusted, so its requests fail.
+        let read = match self.ctx.take_reported() {
+            Some(e) => Err(ModelError::from(e)),
+            None => read,
+        };
         let committed = match read {
             Ok(outputs) => self.verify().and_then(|()| self.sched.commit(&mut self.kv, &plan, outputs, &self.tokenizer.eos_ids())),
             // The step failed as a whole: every request in it ends with the error.
@@ -901,6 +965,62 @@ impl Engine {
     pub fn import_snapshot(&mut self, bytes: &[u8]) -> Result<Vec<u32>, EngineError> {
         Ok(self.kv.import(bytes, self.model.config.vocab)?)
     }
+}
+
+fn out_of_memory(message: String) -> EngineError {
+    EngineError::Gpu(GpuError::OutOfMemory(message))
+}
+
+/// With a memory cap of `cap` bytes: measures what the forward graphs of a generation hold at
+/// most (a decode row, a prefill chunk, a full batch step; built against a one-block KV cache and
+/// dropped again, their pipelines staying compiled), then sizes the KV pool to what the weights
+/// and they leave (the pool asked for, if it fits), or refuses the cap as
+/// [`ErrorKind::OutOfMemory`] naming what does not fit.
+fn fit_pool(ctx: &Arc<Context>, model: &Model, options: &EngineOptions, cache: &mut CacheConfig, cap: u64) -> Result<(), EngineError> {
+    let weights = model.weights.bytes();
+    if weights > cap {
+        return Err(out_of_memory(format!("the weights take {weights} bytes, over the {cap}-byte memory cap")));
+    }
+    let block = cache.block_size.max(1);
+    let (graphs, per_token) = largest_steps(ctx, model, options, cache)?;
+    let room = cap.saturating_sub(weights + graphs);
+    let fits = match cache.layout {
+        KvLayout::Paged => (room / per_token).min(u32::MAX as u64) as u32 / block * block,
+        KvLayout::Contiguous => u32::MAX,
+    };
+    let asked = match cache.layout {
+        KvLayout::Paged if options.pool_tokens != 0 => Some(cache.pool_tokens),
+        KvLayout::Paged => None,
+        KvLayout::Contiguous => Some(cache.max_seqs * cache.max_seq_len),
+    };
+    let need = |tokens: u32| tokens as u64 * per_token;
+    match asked {
+        Some(tokens) if need(tokens) > room => Err(out_of_memory(format!(
+            "a KV pool of {tokens} tokens takes {} bytes, but the {cap}-byte memory cap leaves {room} after the weights ({weights}) and a step's activations ({graphs})",
+            need(tokens)
+        ))),
+        Some(_) => Ok(()),
+        None if fits < block => Err(out_of_memory(format!(
+            "the {cap}-byte memory cap leaves {room} bytes after the weights ({weights}) and a step's activations ({graphs}): not one KV block of {block} tokens ({} bytes) fits",
+            need(block)
+        ))),
+        None => {
+            cache.pool_tokens = cache.pool_tokens.min(fits);
+            Ok(())
+        }
+    }
+}
+
+/// The device bytes the largest steps of a generation hold (a decode row, a prefill chunk, a
+/// full batch step, with the runner's rings), built against a one-block KV cache of `cache`'s
+/// shape and dropped again (their pipelines stay compiled); and the KV bytes per token.
+fn largest_steps(ctx: &Arc<Context>, model: &Model, options: &EngineOptions, cache: &CacheConfig) -> Result<(u64, u64), EngineError> {
+    let block = cache.block_size.max(1);
+    let probe_kv = KvCache::new(ctx, &model.config.kv_shape(), CacheConfig { pool_tokens: block, local_pool_tokens: block, prefix_cache: false, ..*cache })?;
+    let mut probe = Runner::new(ctx, options.prefill_chunk, probe_kv.max_seqs())?;
+    let chunk = options.prefill_chunk.max(options.sched.step_tokens);
+    probe.build_largest(ctx, model, &probe_kv, chunk, options.sched.step_tokens, options.sched.max_batch)?;
+    Ok((probe.budget_bytes(), probe_kv.bytes_per_token().max(1)))
 }
 
 /// The KV cache's configuration for `options`.

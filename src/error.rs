@@ -83,8 +83,11 @@ pub enum ErrorKind {
     KvPoolFull,
     /// A caller's argument is out of range or malformed.
     InvalidArgument,
-    /// The device failed while running (validation, out of memory, readback).
+    /// The device failed while running (validation, readback).
     Gpu,
+    /// An allocation past the engine's memory cap (`max_memory_bytes`) or one the device
+    /// refused: the engine stays usable for what fits.
+    OutOfMemory,
     /// The device is gone: the engine must be recreated (the model bytes can be reused).
     DeviceLost,
     /// A KV snapshot from another model or engine configuration.
@@ -138,7 +141,8 @@ fn model_kind(e: &ModelError) -> ErrorKind {
 fn gpu_kind(e: &GpuError) -> ErrorKind {
     match e {
         GpuError::NoAdapter(_) | GpuError::Device(_) | GpuError::Limits(_) => ErrorKind::NoDevice,
-        GpuError::Readback(_) | GpuError::Timestamps(_) => ErrorKind::Gpu,
+        GpuError::Readback(_) | GpuError::Timestamps(_) | GpuError::Reported(_) => ErrorKind::Gpu,
+        GpuError::OutOfMemory(_) => ErrorKind::OutOfMemory,
         GpuError::Shape { .. } | GpuError::UnknownShader(_) => ErrorKind::Internal,
     }
 }

@@ -17,9 +17,10 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
 
 use crate::engine::{
-    AdapterClass, ChatFormatKind, Constraint, Context, Engine, EngineError, EngineOptions, EngineStats, ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout, Message,
+    AdapterClass, ChatFormatKind, Constraint, Context, DeviceLimits, Engine, EngineError, EngineOptions, EngineStats, ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout, Message,
     Profile, ProfileSummary, RequestId, SamplingParams, SchedStats, TokenEvent, Tools,
 };
 
@@ -44,6 +45,8 @@ pub enum ErrorCode {
     GpuError,
     /// The GPU device was lost: requests end with what they had; the engine must be recreated.
     DeviceLost,
+    /// Past `maxMemoryBytes`, or an allocation the device refused; the engine stays usable.
+    OutOfMemory,
     /// The token callback threw.
     Callback,
     /// A KV snapshot made for another model, KV dtype, layout, block size or format version.
@@ -66,6 +69,7 @@ impl ErrorCode {
             ErrorCode::Busy => "BUSY",
             ErrorCode::GpuError => "GPU_ERROR",
             ErrorCode::DeviceLost => "DEVICE_LOST",
+            ErrorCode::OutOfMemory => "OUT_OF_MEMORY",
             ErrorCode::Callback => "CALLBACK_ERROR",
             ErrorCode::SnapshotMismatch => "SNAPSHOT_MISMATCH",
             ErrorCode::SnapshotCorrupt => "SNAPSHOT_CORRUPT",
@@ -98,6 +102,7 @@ impl From<ErrorKind> for ErrorCode {
             ErrorKind::InvalidArgument => ErrorCode::InvalidArgument,
             ErrorKind::Gpu => ErrorCode::GpuError,
             ErrorKind::DeviceLost => ErrorCode::DeviceLost,
+            ErrorKind::OutOfMemory => ErrorCode::OutOfMemory,
             ErrorKind::SnapshotMismatch => ErrorCode::SnapshotMismatch,
             ErrorKind::SnapshotCorrupt => ErrorCode::SnapshotCorrupt,
             ErrorKind::Internal => ErrorCode::Internal,
@@ -145,6 +150,10 @@ struct LoadOptions {
     step_tokens: Option<u32>,
     /// Run as on a device whose largest storage binding (and buffer) is this many MiB.
     max_binding_mib: Option<u32>,
+    /// `"adapter"` (default) or `"phone"`: WebGPU's default limits, 128 MiB buffers.
+    device_limits: Option<String>,
+    /// Cap on the GPU bytes the engine holds (weights, KV pool, activations).
+    max_memory_bytes: Option<f64>,
     /// Tune the kernels as for `"cpu"`, `"integrated"` or `"discrete"` adapters; absent = the adapter's own.
     adapter_class: Option<String>,
     /// Use the adapter's optional features (subgroups, shader-f16) where offered (default true).
@@ -174,6 +183,16 @@ impl LoadOptions {
             })?),
         };
         o.optional_features = self.optional_features.unwrap_or(o.optional_features);
+        if let Some(bytes) = self.max_memory_bytes {
+            if !(bytes.is_finite() && bytes >= 1.0 && bytes <= 2f64.powi(53)) {
+                return Err(WebError::new(ErrorCode::InvalidArgument, format!("maxMemoryBytes must be a positive number of bytes, not {bytes}")));
+            }
+            o.max_memory_bytes = Some(bytes as u64);
+        }
+        if let Some(name) = self.device_limits.as_deref() {
+            o.device_limits = DeviceLimits::parse(name)
+                .ok_or_else(|| WebError::new(ErrorCode::InvalidArgument, format!("deviceLimits must be \"adapter\" or \"phone\", not {name:?}")))?;
+        }
         Ok(o)
     }
 }
@@ -335,7 +354,7 @@ struct KvInfo {
 
 impl Info {
     fn of(engine: &Engine, chat_template: Option<&'static str>) -> Info {
-        let (weights_bytes, kv_bytes) = engine.memory();
+        let memory = engine.memory();
         let kv = engine.kv_cache();
         Info {
             adapter: engine.context().adapter_name(),
@@ -346,7 +365,7 @@ impl Info {
             block_size: kv.block_size(),
             max_context: engine.max_context(),
             model: ModelInfo::of(engine, chat_template),
-            memory: Memory { weights_bytes, kv_bytes },
+            memory: Memory { weights_bytes: memory.weights_bytes, kv_bytes: memory.kv_bytes },
             kv: KvInfo { bytes_per_token: kv.bytes_per_token() },
         }
     }
@@ -391,6 +410,13 @@ struct Stats {
     #[serde(flatten)]
     engine: EngineStats,
     sched: SchedStats,
+    /// The wasm module's linear memory now (it only grows): the engine's CPU-side heap.
+    wasm_bytes: f64,
+}
+
+/// The byte length of this module's linear memory.
+fn wasm_bytes() -> f64 {
+    wasm_bindgen::memory().dyn_into::<js_sys::WebAssembly::Memory>().map_or(0.0, |m| m.buffer().dyn_into::<js_sys::ArrayBuffer>().map_or(0.0, |b| b.byte_length() as f64))
 }
 
 /// Options of `WebEngine.profile`; every field is optional.
@@ -685,7 +711,7 @@ impl WebEngine {
     /// `BUSY` during a `chat` or a `step` (the Worker answers from its last snapshot then).
     pub fn stats(&self) -> Result<JsValue, WebError> {
         let engine = self.inner.try_borrow().map_err(|_| busy())?;
-        to_js(&Stats { engine: engine.stats(), sched: engine.sched_stats() })
+        to_js(&Stats { engine: engine.stats(), sched: engine.sched_stats(), wasm_bytes: wasm_bytes() })
     }
 
     /// Drops every cached prefix (their blocks return to the free list) and restarts the hit counters.

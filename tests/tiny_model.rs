@@ -113,7 +113,7 @@ gpu_test! {
             let cfg = engine.config();
             // layers × tokens × KV heads × head dim × 2 (K and V) × 4 bytes (f32)
             let formula = cfg.n_layers as u64 * cfg.n_kv_heads as u64 * cfg.head_dim as u64 * 2 * 4;
-            let (_, kv_bytes) = engine.memory();
+            let kv_bytes = engine.memory().kv_bytes;
             // One reservation of the maximum length per sequence slot.
             let slots = engine.kv_cache().pool.n_blocks as u64;
             assert_eq!(kv_bytes, formula * 100 * slots, "{name}: the contiguous cache reserves its maximum length per sequence");

@@ -33,6 +33,8 @@ const USAGE: &str = "usage: pagedlm <tokenize|score|generate|bench|trace|profile
   common:   --model PATH  --kv-layout contiguous|paged  --kv-dtype f32|int8  --block-size N  --pool-tokens N
             --max-context N  --prefill-chunk N  --max-batch N  --step-tokens N  --no-prefix-cache  --no-cache-aware  --no-lookahead
             --max-binding-mib N   (run as on a device whose largest buffer binding is N MiB)
+            --device-limits adapter|phone  (phone: WebGPU's default limits, 128 MiB buffers)
+            --max-memory-mib N   (cap the GPU memory the engine holds; the KV pool shrinks to fit)
             --adapter-class cpu|integrated|discrete   (tune the kernels as for that kind of adapter)
             --no-optional-features   (the variants for adapters without subgroups and shader-f16)
             --activations auto|f32|int8   (the matmuls' activations; auto: f32)
@@ -62,7 +64,7 @@ mod cli {
     use pagedlm::engine::SchedConfig;
     use pagedlm::engine::{Constraint, Engine, EngineOptions, Event, GenerateRequest, Generation, KvDtype, KvLayout, Message, Profile, RequestId, ScoreMode, StepProfile, Tools};
     use pagedlm::gguf::Gguf;
-    use pagedlm::engine::AdapterClass;
+    use pagedlm::engine::{AdapterClass, DeviceLimits};
     use pagedlm::sampler::SamplingParams;
     use pagedlm::tokenizer::{ChatMessage, Tokenizer, TokenizerSpec};
     use serde_json::{json, Value};
@@ -141,6 +143,9 @@ mod cli {
                 Some("f32") => Some(false),
                 _ => None,
             },
+            // The parser admits only the names in args::DEVICE_LIMITS.
+            device_limits: args.text("device-limits").and_then(DeviceLimits::parse).unwrap_or_default(),
+            max_memory_bytes: args.given("max-memory-mib").then(|| u64::from(args.count("max-memory-mib", 0)) << 20),
         }
     }
 
@@ -798,7 +803,7 @@ mod cli {
             Some(c) => Some(bench_constrained(&mut engine, &make(decode_ctx), gen_tokens, c).await?),
             None => None,
         };
-        let (weights, kv) = engine.memory();
+        let memory = engine.memory();
         let mut line = json!({
             "adapter": engine.context().adapter_name(), "variant": engine.context().variant_name(),
             "prefill_tok_s": prompt_tokens as f64 / (prefill.prefill_ms / 1000.0),
@@ -813,8 +818,9 @@ mod cli {
             "block_size": engine.kv_cache().block_size(),
             "kv_dtype": engine.kv_cache().dtype().name(),
             "architecture": engine.config().arch,
-            "weights_bytes": weights,
-            "kv_bytes": kv,
+            "weights_bytes": memory.weights_bytes,
+            "kv_bytes": memory.kv_bytes,
+            "graph_bytes": memory.graph_bytes,
         });
         if let Some((tok_s, tokens, build_ms, mask_ms, ahead)) = constrained {
             line["constrained"] = json!({

@@ -1,5 +1,6 @@
 //! The one GPU context: adapter, device, queue, limits, features and the pipeline cache.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,6 +14,11 @@ use super::{shaders, GpuError};
 /// failed readback, in milliseconds (natively the callback comes with a poll: no wait).
 #[cfg(target_arch = "wasm32")]
 const LOST_CONFIRM_MS: u32 = 10_000;
+
+thread_local! {
+    /// Bytes of the buffers created on this thread inside [`Context::tally`], while one runs.
+    static TALLY: Cell<Option<u64>> = const { Cell::new(None) };
+}
 
 /// What the caller needs from the device.
 #[derive(Clone, Debug)]
@@ -38,6 +44,78 @@ pub struct ContextOptions {
     /// `gpu::ops::matmul::MatmulConfig::for_device`); `None` = the default, f32 activations
     /// (int8 is faster on CPU adapters but moves the logits further than llama.cpp's do).
     pub int8_activations: Option<bool>,
+    /// The limits the device is created with: the adapter's, or a phone's ([`DeviceLimits`]).
+    pub limits: DeviceLimits,
+}
+
+/// Which limits a device is created with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceLimits {
+    /// What the adapter offers.
+    Adapter,
+    /// What every WebGPU device offers, as phones do: WebGPU's default limits (8 storage buffers
+    /// per shader stage, 16 KiB of workgroup storage, 256 invocations per workgroup, 4 bind
+    /// groups) with storage bindings and buffers of at most 128 MiB. Natively the device is
+    /// created with exactly these, so whatever needs more fails here as it would on a phone.
+    Phone,
+}
+
+/// A phone's largest storage binding and buffer.
+pub const PHONE_MAX_BUFFER: u64 = 128 << 20;
+
+impl Default for DeviceLimits {
+    /// The adapter's; in the test suites (feature `testing`) `PAGEDLM_TEST_LIMITS=phone` makes
+    /// every default context a phone's (natively read when the test runs, in the browser when
+    /// the tests are compiled), so that a whole suite runs as on a phone
+    /// (`scripts/test-phone-limits.sh`).
+    fn default() -> DeviceLimits {
+        #[cfg(feature = "testing")]
+        {
+            #[cfg(not(target_arch = "wasm32"))]
+            let asked = std::env::var("PAGEDLM_TEST_LIMITS").ok();
+            #[cfg(target_arch = "wasm32")]
+            let asked = option_env!("PAGEDLM_TEST_LIMITS").map(str::to_string);
+            if asked.as_deref() == Some("phone") {
+                return DeviceLimits::Phone;
+            }
+        }
+        DeviceLimits::Adapter
+    }
+}
+
+impl DeviceLimits {
+    /// Parses `adapter` or `phone` (the CLI's and the package's spelling).
+    pub fn parse(name: &str) -> Option<DeviceLimits> {
+        match name {
+            "adapter" => Some(DeviceLimits::Adapter),
+            "phone" => Some(DeviceLimits::Phone),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceLimits::Adapter => "adapter",
+            DeviceLimits::Phone => "phone",
+        }
+    }
+
+    /// The limits to ask of an adapter offering `adapter`, lowered to `cap` bytes per storage
+    /// binding and buffer where given.
+    fn request(self, adapter: &wgpu::Limits, cap: Option<u64>) -> wgpu::Limits {
+        match self {
+            DeviceLimits::Adapter => lowered(adapter.clone(), cap),
+            DeviceLimits::Phone => lowered(wgpu::Limits::defaults(), Some(cap.map_or(PHONE_MAX_BUFFER, |c| c.min(PHONE_MAX_BUFFER)))),
+        }
+    }
+
+    /// The storage-binding cap these limits put on top of `cap`.
+    fn binding_cap(self, cap: Option<u64>) -> Option<u64> {
+        match self {
+            DeviceLimits::Adapter => cap,
+            DeviceLimits::Phone => Some(cap.map_or(PHONE_MAX_BUFFER, |c| c.min(PHONE_MAX_BUFFER))),
+        }
+    }
 }
 
 impl Default for ContextOptions {
@@ -49,6 +127,7 @@ impl Default for ContextOptions {
             class: None,
             optional_features: true,
             int8_activations: None,
+            limits: DeviceLimits::default(),
         }
     }
 }
@@ -143,6 +222,44 @@ pub struct Context {
     /// Set by the device-lost callback ([`Context::is_lost`]), with its reason and message.
     lost: Arc<AtomicBool>,
     lost_reason: Arc<Mutex<String>>,
+    /// Errors the device reported outside any error scope, oldest first ([`Context::take_reported`]).
+    reported: Arc<Mutex<Vec<GpuError>>>,
+}
+
+/// What a device's callbacks report, kept for the context.
+struct Watch {
+    lost: Arc<AtomicBool>,
+    lost_reason: Arc<Mutex<String>>,
+    reported: Arc<Mutex<Vec<GpuError>>>,
+}
+
+impl Watch {
+    /// Hooks `device`'s lost callback and its handler of errors outside error scopes.
+    fn device(device: &wgpu::Device) -> Watch {
+        let lost = Arc::new(AtomicBool::new(false));
+        let lost_reason = Arc::new(Mutex::new(String::new()));
+        let (flag, reason) = (lost.clone(), lost_reason.clone());
+        device.set_device_lost_callback(move |why, message| {
+            *reason.lock().unwrap_or_else(|p| p.into_inner()) = format!("{why:?}: {message}");
+            flag.store(true, Ordering::Relaxed);
+        });
+        // wgpu's own handler panics natively on the first device error (an allocation the device
+        // refuses among them); this one keeps it for the engine, which fails the work it hit.
+        let reported: Arc<Mutex<Vec<GpuError>>> = Arc::default();
+        let errors = reported.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            let error = match e {
+                wgpu::Error::OutOfMemory { .. } => GpuError::OutOfMemory(e.to_string()),
+                _ => GpuError::Reported(e.to_string()),
+            };
+            let mut errors = errors.lock().unwrap_or_else(|p| p.into_inner());
+            // A burst after one failure repeats it; the first few say what went wrong.
+            if errors.len() < 8 {
+                errors.push(error);
+            }
+        }));
+        Watch { lost, lost_reason, reported }
+    }
 }
 
 impl Context {
@@ -171,7 +288,8 @@ impl Context {
                 "a storage-binding limit of {cap} bytes was asked for; the least pagedlm runs with is {MIN_STORAGE_BINDING}"
             )));
         }
-        let need = options.min_storage_binding.min(options.max_storage_binding.unwrap_or(u64::MAX));
+        let cap = options.limits.binding_cap(options.max_storage_binding);
+        let need = options.min_storage_binding.min(cap.unwrap_or(u64::MAX));
         if (adapter_limits.max_storage_buffer_binding_size as u64) < need {
             return Err(GpuError::Limits(format!(
                 "maxStorageBufferBindingSize is {} bytes, {} needed",
@@ -194,22 +312,16 @@ impl Context {
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("pagedlm"),
                 required_features,
-                required_limits: lowered(adapter_limits.clone(), options.max_storage_binding),
+                required_limits: options.limits.request(&adapter_limits, options.max_storage_binding),
                 experimental_features: wgpu::ExperimentalFeatures::disabled(),
                 memory_hints: wgpu::MemoryHints::Performance,
                 trace: wgpu::Trace::Off,
             })
             .await
             .map_err(|e| GpuError::Device(e.to_string()))?;
-        let limits = lowered(device.limits(), options.max_storage_binding);
+        let limits = lowered(device.limits(), cap);
         let class = options.class.unwrap_or(AdapterClass::of(info.device_type));
-        let lost = Arc::new(AtomicBool::new(false));
-        let lost_reason = Arc::new(Mutex::new(String::new()));
-        let (flag, reason) = (lost.clone(), lost_reason.clone());
-        device.set_device_lost_callback(move |why, message| {
-            *reason.lock().unwrap_or_else(|p| p.into_inner()) = format!("{why:?}: {message}");
-            flag.store(true, Ordering::Relaxed);
-        });
+        let Watch { lost, lost_reason, reported } = Watch::device(&device);
         Ok(Context {
             class,
             device,
@@ -224,7 +336,18 @@ impl Context {
             capture: Mutex::new(None),
             lost,
             lost_reason,
+            reported,
         })
+    }
+
+    /// The first error the device reported since the last call (an allocation it refused, a
+    /// validation error: the work it hit computed nothing), clearing them all. Natively the
+    /// device reports during the call that failed; in the browser some event-loop turns later.
+    pub fn take_reported(&self) -> Option<GpuError> {
+        let mut errors = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+        let first = (!errors.is_empty()).then(|| errors.remove(0));
+        errors.clear();
+        first
     }
 
     /// True once the device is lost (or destroyed): nothing submitted to it runs any more, and
@@ -363,6 +486,18 @@ impl Context {
     fn count_buffer(&self, size: u64) {
         AtomicCounters::add(&self.counters.buffers, 1);
         AtomicCounters::add(&self.counters.buffer_bytes, size);
+        TALLY.with(|t| t.set(t.get().map(|bytes| bytes + size)));
+    }
+
+    /// Runs `f` and returns what it returned with the bytes of the buffers it created (on this
+    /// thread, through any context): what an object built by `f` holds on the device. Nests (an
+    /// inner tally's bytes count in the outer one too).
+    pub fn tally<T>(f: impl FnOnce() -> T) -> (T, u64) {
+        let outer = TALLY.with(|t| t.replace(Some(0)));
+        let result = f();
+        let bytes = TALLY.with(|t| t.get()).unwrap_or(0);
+        TALLY.with(|t| t.set(outer.map(|o| o + bytes)));
+        (result, bytes)
     }
 
     /// A buffer holding `contents` with `usage`.

@@ -15,7 +15,7 @@ mod shared;
 mod timing;
 pub mod shaders;
 
-pub use context::{AdapterClass, Context, ContextOptions, Mapping};
+pub use context::{AdapterClass, Context, ContextOptions, DeviceLimits, Mapping, PHONE_MAX_BUFFER};
 pub use kernel::{Kernel, Recorder};
 pub use timing::{Captured, Counters, KernelTime, TimingMethod};
 
@@ -36,6 +36,12 @@ pub enum GpuError {
     Readback(String),
     #[error("GPU timestamps: {0}")]
     Timestamps(String),
+    /// An allocation the device refused, or one past the engine's memory cap.
+    #[error("out of GPU memory: {0}")]
+    OutOfMemory(String),
+    /// An error the device reported for work already submitted (validation, internal).
+    #[error("the GPU reported an error: {0}")]
+    Reported(String),
 }
 
 /// A shape-contract failure, for launchers.

@@ -49,6 +49,7 @@
 //!   than the graph holds; the rest are padding (position `u32::MAX`, which the KV write skips,
 //!   and `kv_len` 0, which attention skips).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::gpu::ops::attention::{Attention, AttentionBatch, AttentionBuffers, BatchBuffers, BatchPlan, BatchRow, BatchStep};
@@ -325,11 +326,46 @@ pub struct ForwardGraph {
     layers: Vec<Node>,
     head: Vec<Node>,
     attention: Vec<AttentionNode>,
+    /// Device bytes of the buffers this graph created at build and for its sampler since, less
+    /// its staging buffers ([`ForwardGraph::bytes`]).
+    bytes: Arc<AtomicU64>,
+    /// Staging buffers created so far (each of `staging_bytes`).
+    staging_made: Arc<AtomicU64>,
 }
+
+/// Steps of one graph in flight at once at most (the engine reads a step while the next one
+/// runs): the staging buffers a graph's budget leaves room for ([`ForwardGraph::budget_bytes`]).
+pub const STEPS_IN_FLIGHT: u64 = 2;
 
 impl ForwardGraph {
     /// Builds the graph for `kind`, `max_rows` rows and `max_logits` ≤ `max_rows` logit rows.
     pub fn build(
+        ctx: &Context,
+        model: (&ModelConfig, &Weights),
+        kv: &KvCache,
+        kind: AttentionKind,
+        max_rows: u32,
+        max_logits: u32,
+    ) -> Result<ForwardGraph, ModelError> {
+        let (graph, bytes) = Context::tally(|| Self::build_uncounted(ctx, model, kv, kind, max_rows, max_logits));
+        let graph = graph?;
+        graph.bytes.store(bytes, Ordering::Relaxed);
+        Ok(graph)
+    }
+
+    /// Device bytes this graph holds: its activations, scratch, sampler and staging buffers.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed) + self.staging_made.load(Ordering::Relaxed) * self.staging_bytes
+    }
+
+    /// What this graph may come to hold: [`ForwardGraph::bytes`] with a staging buffer for each
+    /// of [`STEPS_IN_FLIGHT`] steps (they are made as steps go in flight, so a memory budget
+    /// counts them from the start).
+    pub fn budget_bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed) + self.staging_made.load(Ordering::Relaxed).max(STEPS_IN_FLIGHT) * self.staging_bytes
+    }
+
+    fn build_uncounted(
         ctx: &Context,
         (cfg, weights): (&ModelConfig, &Weights),
         kv: &KvCache,
@@ -376,6 +412,8 @@ impl ForwardGraph {
             argmax: argmax::argmax(ctx, &logits, &argmax_out, max_logits, cfg.vocab)?,
             sampler: None,
             attention: Vec::new(),
+            bytes: Arc::new(AtomicU64::new(0)),
+            staging_made: Arc::new(AtomicU64::new(0)),
             ids,
             positions,
             row_tables,
@@ -534,14 +572,21 @@ impl ForwardGraph {
     /// Builds the sampling head over `feed`'s rings at its first use.
     fn build_sampler(&mut self, ctx: &Context, feed: &Feed<'_>) -> Result<(), ModelError> {
         if self.sampler.is_none() {
-            let params = ctx.storage_zeroed("graph.sample_params", self.max_logits as u64 * std::mem::size_of::<RowParams>() as u64);
-            let n_rings = (feed.tokens.size() / 4) as u32;
-            let shape = SampleShape { n_rows: self.max_logits, vocab: self.vocab, history_capacity: feed.history_capacity, n_rings, out_offset: 0, out_stride: 1 };
-            let mask = ctx.storage_zeroed("graph.sample_mask", self.max_logits as u64 * self.vocab.div_ceil(32) as u64 * 4);
-            let buffers = SampleBuffers { logits: &self.logits, params: &params, history: feed.history, out: &self.argmax_out, mask: &mask };
-            self.sampler = Some((sample::sample(ctx, buffers, shape)?, params, mask));
+            let (sampler, bytes) = Context::tally(|| self.sampler_kernels(ctx, feed));
+            self.sampler = Some(sampler?);
+            self.bytes.fetch_add(bytes, Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    /// The sampling head's kernels, the [max_logits] RowParams and the masks they read.
+    fn sampler_kernels(&self, ctx: &Context, feed: &Feed<'_>) -> Result<(Vec<Kernel>, wgpu::Buffer, wgpu::Buffer), ModelError> {
+        let params = ctx.storage_zeroed("graph.sample_params", self.max_logits as u64 * std::mem::size_of::<RowParams>() as u64);
+        let n_rings = (feed.tokens.size() / 4) as u32;
+        let shape = SampleShape { n_rows: self.max_logits, vocab: self.vocab, history_capacity: feed.history_capacity, n_rings, out_offset: 0, out_stride: 1 };
+        let mask = ctx.storage_zeroed("graph.sample_mask", self.max_logits as u64 * self.vocab.div_ceil(32) as u64 * 4);
+        let buffers = SampleBuffers { logits: &self.logits, params: &params, history: feed.history, out: &self.argmax_out, mask: &mask };
+        Ok((sample::sample(ctx, buffers, shape)?, params, mask))
     }
 
     fn record(&self, rec: &mut Recorder, nodes: &[Node]) {
@@ -667,7 +712,11 @@ impl ForwardGraph {
                 rec.copy(&self.argmax_out, k as u64 * 4, feed.tokens, rows[r as usize].slot as u64 * 4, 4);
             }
         }
-        let staging = self.staging.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_else(|| ctx.staging("graph.staging", self.staging_bytes));
+        let staging = self.staging.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_else(|| {
+            // One more step in flight than ever before: a staging buffer the graph keeps.
+            self.staging_made.fetch_add(1, Ordering::Relaxed);
+            ctx.staging("graph.staging", self.staging_bytes)
+        });
         rec.copy(&self.argmax_out, 0, &staging, 0, m * 4);
         let logit_bytes = m * self.vocab as u64 * 4;
         let full = read == Logits::Full;

@@ -10,7 +10,7 @@ pub mod weights;
 
 pub use config::{Architecture, ModelConfig};
 pub use graph::{AttentionKind, Choose, Feed, ForwardGraph, Logits, PendingStep, RowOutput, StepRow};
-pub use runner::{Model, Runner};
+pub use runner::{GraphBudget, Model, Runner};
 pub use weights::Weights;
 
 use crate::gguf::GgufError;

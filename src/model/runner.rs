@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use crate::gpu::Context;
+use crate::gpu::{Context, GpuError};
 use crate::kv::{KvCache, SeqId};
 
 use super::graph::{AttentionKind, Choose, Feed, ForwardGraph, Logits, PendingStep, RowOutput, StepRow};
@@ -47,16 +47,108 @@ impl GraphCache {
         }
         Ok(self.graphs.get_mut(&key).expect("inserted above"))
     }
+
+    fn bytes(&self) -> u64 {
+        self.graphs.values().map(ForwardGraph::bytes).sum()
+    }
+
+    fn budget_bytes(&self) -> u64 {
+        self.graphs.values().map(ForwardGraph::budget_bytes).sum()
+    }
+}
+
+/// With a memory cap ([`Runner::set_budget`]): what the graphs may hold, and the cap it comes
+/// from (for the error's message).
+#[derive(Clone, Copy, Debug)]
+pub struct GraphBudget {
+    /// Bytes the graphs may hold together: the cap less the weights, the KV cache and the rings.
+    pub graphs: u64,
+    /// The engine's cap (`max_memory_bytes`).
+    pub cap: u64,
+}
+
+/// The graph caches, picked by a step's shape.
+struct Graphs {
+    /// The one-row decode graph, kept whatever else is built.
+    decode: GraphCache,
+    sequence: GraphCache,
+    batch: GraphCache,
+    budget: Option<GraphBudget>,
+}
+
+impl Graphs {
+    fn bytes(&self) -> u64 {
+        self.decode.bytes() + self.sequence.bytes() + self.batch.bytes()
+    }
+
+    /// What the graphs may come to hold with their steps in flight ([`ForwardGraph::budget_bytes`]).
+    fn budget_bytes(&self) -> u64 {
+        self.decode.budget_bytes() + self.sequence.budget_bytes() + self.batch.budget_bytes()
+    }
+
+    /// The graph for `rows` with `n_logits` logit rows, built on first use. Under a budget, a new
+    /// graph that takes the caches past it makes them drop every other graph (the decode one
+    /// stays unless it alone is too much), and one that is past it alone is refused as
+    /// [`GpuError::OutOfMemory`].
+    fn get(&mut self, (ctx, model, kv): (&Context, &Model, &KvCache), rows: &[StepRow], n_logits: usize) -> Result<&mut ForwardGraph, ModelError> {
+        let first = rows[0];
+        let one_sequence = rows.iter().enumerate().all(|(i, r)| r.table_base == first.table_base && r.position == first.position + i as u32);
+        let n = rows.len() as u32;
+        let (which, key) = if one_sequence && n == 1 && n_logits <= 1 {
+            (0, (1, 1))
+        } else if one_sequence {
+            (1, (n, (n_logits as u32).max(1)))
+        } else {
+            let capacity = n.next_power_of_two();
+            (2, (capacity, (n_logits as u32).max(1).next_power_of_two().min(capacity)))
+        };
+        let fresh = !self.cache(which).graphs.contains_key(&key);
+        self.cache(which).get(ctx, model, kv, key.0, key.1)?;
+        if let (true, Some(budget)) = (fresh, self.budget) {
+            self.fit(which, key, budget)?;
+        }
+        Ok(self.cache(which).graphs.get_mut(&key).expect("built above"))
+    }
+
+    fn cache(&mut self, which: usize) -> &mut GraphCache {
+        match which {
+            0 => &mut self.decode,
+            1 => &mut self.sequence,
+            _ => &mut self.batch,
+        }
+    }
+
+    /// Brings the graphs within `budget` after graph `key` of cache `which` was built.
+    fn fit(&mut self, which: usize, key: (u32, u32), budget: GraphBudget) -> Result<(), ModelError> {
+        for drop_decode in [false, true] {
+            if self.budget_bytes() <= budget.graphs {
+                return Ok(());
+            }
+            for w in 0..3 {
+                if w == which {
+                    self.cache(w).graphs.retain(|k, _| *k == key);
+                } else if w != 0 || drop_decode {
+                    self.cache(w).graphs.clear();
+                }
+            }
+        }
+        if self.budget_bytes() <= budget.graphs {
+            return Ok(());
+        }
+        let need = self.cache(which).graphs.remove(&key).map_or(0, |g| g.budget_bytes());
+        Err(ModelError::Gpu(GpuError::OutOfMemory(format!(
+            "a step of {} rows needs {need} bytes of activations, but the {}-byte memory cap leaves {} for them after the weights and the KV cache \
+             (raise maxMemoryBytes, or lower prefillChunk/stepTokens)",
+            key.0, budget.cap, budget.graphs
+        ))))
+    }
 }
 
 /// Owns the forward graphs of one engine.
 pub struct Runner {
     /// Most rows of one prefill pass outside the scheduler ([`Runner::prefill`]).
     prefill_chunk: u32,
-    /// The one-row decode graph, kept whatever else is built.
-    decode: GraphCache,
-    sequence: GraphCache,
-    batch: GraphCache,
+    graphs: Graphs,
     /// The tokens steps hand to each other on the GPU, one per sequence slot ([`Feed`]).
     feed: wgpu::Buffer,
     /// The sampler's penalty windows: a ring of [`MAX_REPETITION_WINDOW`] tokens per slot.
@@ -74,13 +166,50 @@ impl Runner {
         }
         Ok(Runner {
             prefill_chunk,
-            decode: GraphCache::new(AttentionKind::Sequence, 1),
-            sequence: GraphCache::new(AttentionKind::Sequence, 4),
-            batch: GraphCache::new(AttentionKind::Batch, 6),
+            graphs: Graphs {
+                decode: GraphCache::new(AttentionKind::Sequence, 1),
+                sequence: GraphCache::new(AttentionKind::Sequence, 4),
+                batch: GraphCache::new(AttentionKind::Batch, 6),
+                budget: None,
+            },
             feed: ctx.storage_zeroed("runner.feed", max_seqs as u64 * 4),
             history: ctx.storage_zeroed("runner.history", max_seqs as u64 * MAX_REPETITION_WINDOW as u64 * 4),
             open: None,
         })
+    }
+
+    /// Device bytes the runner holds now: its graphs (activations, scratch, sampler, staging)
+    /// and the feed and penalty rings. Graphs come and go with the step shapes asked for.
+    pub fn bytes(&self) -> u64 {
+        self.graphs.bytes() + self.feed.size() + self.history.size()
+    }
+
+    /// What the runner may come to hold with its steps in flight: [`Runner::bytes`] with every
+    /// graph's staging buffers ([`ForwardGraph::budget_bytes`]).
+    pub fn budget_bytes(&self) -> u64 {
+        self.graphs.budget_bytes() + self.feed.size() + self.history.size()
+    }
+
+    /// Keeps the graphs within `budget` from now on (see [`Graphs::get`]).
+    pub fn set_budget(&mut self, budget: GraphBudget) {
+        self.graphs.budget = Some(budget);
+    }
+
+    /// Builds the graphs a generation's steps take at most: one decode row, a single sequence's
+    /// chunk of `chunk_rows` rows, and (when `batch` sequences may run together) a batch step of
+    /// `step_rows` rows with `batch` logit rows. With a memory cap, the engine measures them this
+    /// way to size its KV pool.
+    pub fn build_largest(&mut self, ctx: &Context, model: &Model, kv: &KvCache, chunk_rows: u32, step_rows: u32, batch: u32) -> Result<(), ModelError> {
+        let row = |i: u32, table_base: u32| StepRow { token: 0, position: i, table_base, slot: 0 };
+        let mut shapes: Vec<(Vec<StepRow>, usize)> = vec![(vec![row(0, 0)], 1), ((0..chunk_rows.max(1)).map(|i| row(i, 0)).collect(), 1)];
+        if batch > 1 {
+            // Rows of different tables: a batch of sequences.
+            shapes.push(((0..step_rows.max(2)).map(|i| row(0, i)).collect(), batch as usize));
+        }
+        for (rows, logits) in &shapes {
+            self.graphs.get((ctx, model, kv), rows, *logits)?;
+        }
+        Ok(())
     }
 
     /// Runs one step over `rows` (their K/V slots already appended to their sequences) and
@@ -107,7 +236,7 @@ impl Runner {
     ) -> Result<PendingStep, ModelError> {
         self.check_closed(rows)?;
         let feed = Feed { tokens: &self.feed, history: &self.history, history_capacity: MAX_REPETITION_WINDOW };
-        let graph = Self::graph_for((&mut self.decode, &mut self.sequence, &mut self.batch), (ctx, model, kv), rows, logit_rows.len())?;
+        let graph = self.graphs.get((ctx, model, kv), rows, logit_rows.len())?;
         graph.submit(ctx, (rows, logit_rows), (read, choose), Some(&feed))
     }
 
@@ -118,7 +247,7 @@ impl Runner {
     pub fn submit_forward(&mut self, ctx: &Context, model: &Model, kv: &KvCache, (rows, logit_rows): (&[StepRow], &[u32])) -> Result<(), ModelError> {
         self.check_closed(rows)?;
         let feed = Feed { tokens: &self.feed, history: &self.history, history_capacity: MAX_REPETITION_WINDOW };
-        let graph = Self::graph_for((&mut self.decode, &mut self.sequence, &mut self.batch), (ctx, model, kv), rows, logit_rows.len())?;
+        let graph = self.graphs.get((ctx, model, kv), rows, logit_rows.len())?;
         graph.submit_forward(ctx, (rows, logit_rows), Some(&feed))?;
         self.open = Some((rows.to_vec(), logit_rows.to_vec()));
         Ok(())
@@ -129,7 +258,7 @@ impl Runner {
     pub fn submit_choice(&mut self, ctx: &Context, model: &Model, kv: &KvCache, (read, choose): (Logits, Choose<'_>)) -> Result<PendingStep, ModelError> {
         let (rows, logit_rows) = self.open.take().ok_or_else(|| ModelError::Format("no step's forward pass waits for its choice".into()))?;
         let feed = Feed { tokens: &self.feed, history: &self.history, history_capacity: MAX_REPETITION_WINDOW };
-        let graph = Self::graph_for((&mut self.decode, &mut self.sequence, &mut self.batch), (ctx, model, kv), &rows, logit_rows.len())?;
+        let graph = self.graphs.get((ctx, model, kv), &rows, logit_rows.len())?;
         graph.submit_choice(ctx, (&rows, &logit_rows), (read, choose), Some(&feed))
     }
 
@@ -146,26 +275,6 @@ impl Runner {
     }
 
     /// The graph a step of `rows` (not empty) with `n_logits` logit rows runs on.
-    fn graph_for<'g>(
-        (decode, sequence, batch): (&'g mut GraphCache, &'g mut GraphCache, &'g mut GraphCache),
-        (ctx, model, kv): (&Context, &Model, &KvCache),
-        rows: &[StepRow],
-        n_logits: usize,
-    ) -> Result<&'g mut ForwardGraph, ModelError> {
-        let first = rows[0];
-        let one_sequence = rows.iter().enumerate().all(|(i, r)| r.table_base == first.table_base && r.position == first.position + i as u32);
-        let n = rows.len() as u32;
-        if one_sequence && n == 1 && n_logits <= 1 {
-            decode.get(ctx, model, kv, 1, 1)
-        } else if one_sequence {
-            sequence.get(ctx, model, kv, n, (n_logits as u32).max(1))
-        } else {
-            let logits = (n_logits as u32).max(1).next_power_of_two();
-            let capacity = n.next_power_of_two();
-            batch.get(ctx, model, kv, capacity, logits.min(capacity))
-        }
-    }
-
     /// Runs `tokens` at positions `start..` of `seq` (appending their K/V slots) through
     /// prefill passes of at most `prefill_chunk` rows. Returns, for each position p in
     /// `start..start + len` with p >= `first_logit`, the argmax and (with [`Logits::Full`]) the
@@ -223,7 +332,7 @@ impl Runner {
     pub async fn time_kernels(&mut self, ctx: &Context, model: &Model, kv: &KvCache, rows: &[StepRow]) -> Result<Vec<(&'static str, f64)>, ModelError> {
         let mut times = Vec::new();
         for piece in rows.chunks(self.prefill_chunk as usize) {
-            let graph = Self::graph_for((&mut self.decode, &mut self.sequence, &mut self.batch), (ctx, model, kv), piece, 1)?;
+            let graph = self.graphs.get((ctx, model, kv), piece, 1)?;
             times.extend(graph.profile(ctx, piece).await?);
         }
         Ok(times)

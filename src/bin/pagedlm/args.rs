@@ -38,6 +38,7 @@ pub const KV_LAYOUTS: &[&str] = &["contiguous", "paged"];
 pub const KV_DTYPES: &[&str] = &["f32", "int8"];
 pub const ADAPTER_CLASSES: &[&str] = &["cpu", "integrated", "discrete"];
 pub const ACTIVATIONS: &[&str] = &["auto", "f32", "int8"];
+pub const DEVICE_LIMITS: &[&str] = &["adapter", "phone"];
 pub const SCORE_MODES: &[&str] = &["decode", "prefill"];
 
 /// The engine's options, which every command takes (CONTRACTS.md calls them common; `tokenize`
@@ -56,6 +57,8 @@ const ENGINE: &[Opt] = &[
     opt("no-cache-aware", Kind::Flag),
     opt("no-lookahead", Kind::Flag),
     opt("max-binding-mib", Kind::Count),
+    opt("device-limits", Kind::Choice(DEVICE_LIMITS)),
+    opt("max-memory-mib", Kind::Count),
     opt("adapter-class", Kind::Choice(ADAPTER_CLASSES)),
     opt("no-optional-features", Kind::Flag),
     opt("activations", Kind::Choice(ACTIVATIONS)),
