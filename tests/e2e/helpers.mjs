@@ -81,8 +81,8 @@ export async function staticServer(dir, routes = {}) {
 }
 
 /** Chromium, headless; with WebGPU unless `webgpu: false`. */
-export function launch({ webgpu = true } = {}) {
-  return chromium.launch({ executablePath: CHROMIUM, args: webgpu ? [...BASE_ARGS, "--enable-unsafe-webgpu"] : BASE_ARGS });
+export function launch({ webgpu = true, args = [] } = {}) {
+  return chromium.launch({ executablePath: CHROMIUM, args: [...BASE_ARGS, ...(webgpu ? ["--enable-unsafe-webgpu"] : []), ...args] });
 }
 
 /** A page that records its console errors and exceptions, to explain a failure. */
@@ -97,7 +97,7 @@ export async function openPage(browserOrContext, url, viewport = { width: 1280, 
 
 /**
  * A tiny synthetic model (random weights, a 259-token byte vocabulary: it decodes in
- * milliseconds per token even on SwiftShader) at test-results/fixtures/`file`, written once by
+ * milliseconds per token even on SwiftShader) at test-results/fixtures/`file`, written by
  * `examples/write_tiny_model.rs` with `args` (e.g. ["--name", "..."]). Returns its folder.
  */
 export function tinyModel(file = "tiny.gguf", args = []) {
