@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every test: natively (lavapipe) and in headless Chromium (SwiftShader WebGPU) side by side, then
-# end to end.
+# Every test: natively (lavapipe), then in headless Chromium (SwiftShader WebGPU) in two streams,
+# the end-to-end tests in one of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -24,10 +24,13 @@ bash scripts/fetch-gemma.sh --quiet
 # Elapsed time at each phase (from the start of this script), so a CI log says where the time went.
 phase() { echo "== $1 [$SECONDS s]"; }
 
-# The two runtimes side by side. A Chromium suite keeps about one core busy (SwiftShader compiles
-# each pipeline on one thread and the page waits on it), so the native tests run next to it
-# instead of after it: on 2 cores that saves ~10 minutes. Every line says which side it comes
-# from; both run to the end before either's failure fails the run.
+# How the run is packed on 2 cores. Beside a Chromium suite the native suites run 4-5x slower
+# (lavapipe and SwiftShader fight for the cores: 640 s alone, ~2,900 s beside the browser suites
+# on this project's machine kind), while a Chromium suite keeps about one core busy (SwiftShader
+# compiles and runs on one thread, the page waits on it). So: the native suites first, alone on
+# both cores; then the browser builds; then two streams of Chromium, one core each: the heaviest
+# browser suites then the end-to-end tests, and the other browser suites. Every line says which
+# stream it comes from; every stream runs to its end before a failure fails the run.
 # The browser golden test fetches the real model from a local static server.
 port=${PAGEDLM_TEST_PORT:-18931}
 PORT=$port node scripts/serve.mjs >/dev/null 2>&1 &
@@ -36,33 +39,51 @@ trap 'kill $server 2>/dev/null || true' EXIT
 export PAGEDLM_MODEL_URL="http://127.0.0.1:$port/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 vulkan=$(command -v vulkaninfo >/dev/null && vulkaninfo --summary 2>/dev/null | awk -F= '/deviceName/{print $2; exit}' || echo lavapipe)
-phase "native tests (Vulkan:${vulkan:- lavapipe}) [native] and browser tests (headless Chromium, WebGPU) [browser], side by side"
-(
-  set +e -o pipefail
-  cargo test --quiet 2>&1 | sed -u 's/^/[native] /'
-  rc=$?
-  # The release package the end-to-end tests load, built while the browser suites still run.
-  bash scripts/build-web.sh 2>&1 | sed -u 's/^/[native] /' || rc=1
-  exit $rc
-) &
-native=$!
-browser_rc=0
+phase "native tests (Vulkan:${vulkan:- lavapipe}) [native]"
+native_rc=0
+( set -o pipefail; cargo test --quiet 2>&1 | sed -u 's/^/[native] /' ) || native_rc=$?
+phase "native tests done (exit $native_rc)"
+
+# The release package the end-to-end tests load, the browser suites, and the writer of the tiny
+# synthetic model the end-to-end tests load (with the test build's features).
+build_rc=0
+bash scripts/build-web.sh || build_rc=$?
+cargo build --quiet --features testing --example write_tiny_model || build_rc=$?
+export PAGEDLM_TINY_MODEL_WRITER=target/debug/examples/write_tiny_model
+( set -o pipefail; WASM_BINDGEN_TEST_ONLY_WEB=1 cargo test --quiet --target wasm32-unknown-unknown --no-run 2>&1 | sed -u 's/^/[browser] /' ) || build_rc=$?
+phase "browser builds done (exit $build_rc)"
+
+# The heaviest browser suites (about half of the browser time), then the end-to-end tests; the
+# rest of the browser suites (a new test file goes there) beside them.
+heavy=(kernels_matmul kv_int8 kernels_qkv_heads weight_types)
+rest=(--lib)
+for f in tests/*.rs; do
+  t=$(basename "$f" .rs)
+  [[ " ${heavy[*]} " == *" $t "* ]] || rest+=(--test "$t")
+done
+browser() {
+  # A suite's timeout leaves room for the stream running beside it on a slow machine.
+  CHROMEDRIVER=/usr/bin/chromedriver WASM_BINDGEN_TEST_TIMEOUT=${WASM_BINDGEN_TEST_TIMEOUT:-1200} \
+    wasm-pack test --headless --chrome -- "$@" 2>&1 | grep --line-buffered -v "failed to get wasm-pack version"
+}
+phase "browser tests (headless Chromium, WebGPU) [browser], then end-to-end [e2e], beside the other browser tests [browser+]"
 (
   set -o pipefail
-  # A suite's timeout leaves room for the native tests running beside it on a slow machine.
-  CHROMEDRIVER=/usr/bin/chromedriver WASM_BINDGEN_TEST_TIMEOUT=${WASM_BINDGEN_TEST_TIMEOUT:-1200} \
-    wasm-pack test --headless --chrome 2>&1 | grep --line-buffered -v "failed to get wasm-pack version" | sed -u 's/^/[browser] /'
-) || browser_rc=$?
-phase "browser tests done (exit $browser_rc)"
-native_rc=0
-wait $native || native_rc=$?
-phase "native tests and the package build done (exit $native_rc)"
-if [ $native_rc -ne 0 ] || [ $browser_rc -ne 0 ]; then
-  echo "test: the native tests exited $native_rc, the browser tests $browser_rc" >&2
+  rc=0
+  browser $(printf -- '--test %s ' "${heavy[@]}") | sed -u 's/^/[browser] /' || rc=1
+  echo "== heavy browser tests done (exit $rc) [$SECONDS s]"
+  npm run --silent test:e2e 2>&1 | sed -u 's/^/[e2e] /' || rc=$((rc | 2))
+  exit $rc
+) &
+first=$!
+rest_rc=0
+( set -o pipefail; browser "${rest[@]}" | sed -u 's/^/[browser+] /' ) || rest_rc=$?
+phase "other browser tests done (exit $rest_rc)"
+first_rc=0
+wait $first || first_rc=$?
+phase "heavy browser tests and end-to-end done (exit $first_rc: 1 browser, 2 end-to-end)"
+if [ $native_rc -ne 0 ] || [ $build_rc -ne 0 ] || [ $first_rc -ne 0 ] || [ $rest_rc -ne 0 ]; then
+  echo "test: native tests exited $native_rc, builds $build_rc, heavy browser tests and end-to-end $first_rc, other browser tests $rest_rc" >&2
   exit 1
 fi
-
-phase "end-to-end (the chat page, the npm package from its tarball, its TypeScript types; headless Chromium)"
-bash scripts/build-web.sh  # quiet: built above
-npm run --silent test:e2e
 phase "all tests passed"

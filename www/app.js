@@ -143,16 +143,21 @@ function weightTypesText(types) {
     .map(([type, count]) => `${type} ×${count}`).join(", ");
 }
 
-async function loadModel(model, label) {
-  ui.errorPanel.hidden = true;
+/** The page while a model loads (or loads again): the progress panel, no input, no pool map. */
+function startLoading(label) {
   ui.progress.classList.remove("done");
   delete ui.progress.dataset.done;
-  setProgress("Starting the engine", null);
+  setProgress(label, null);
   ui.input.disabled = true;
   ui.newConversation.disabled = true;
   ui.resetCache.disabled = true;
   clearKv();
   updateButtons();
+}
+
+async function loadModel(model, label) {
+  ui.errorPanel.hidden = true;
+  startLoading("Starting the engine");
   const t0 = performance.now();
   try {
     const engine = await createEngine(model, engineOptions());
@@ -208,13 +213,7 @@ async function recover(engine) {
   if (state.engine !== engine) return;
   state.deviceLosses += 1;
   ui.progress.dataset.deviceLosses = String(state.deviceLosses);
-  ui.progress.classList.remove("done");
-  delete ui.progress.dataset.done;
-  setProgress("The GPU device was lost: loading the model again", null);
-  ui.input.disabled = true;
-  ui.resetCache.disabled = true;
-  clearKv();
-  updateButtons();
+  startLoading("The GPU device was lost: loading the model again");
   const t0 = performance.now();
   try {
     // Replies still streaming end with DEVICE_LOST first; restart() waits for them.

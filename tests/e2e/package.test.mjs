@@ -7,7 +7,7 @@ import { execFileSync } from "node:child_process";
 import { existsSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { launch, MODEL, openPage, root, staticServer } from "./helpers.mjs";
+import { launch, MODEL, openPage, root, staticServer, tinyModel } from "./helpers.mjs";
 
 const TIMEOUT = 240_000;
 const SITE_PAGE = `<!doctype html>
@@ -54,6 +54,9 @@ describe("npm package", () => {
     writeFileSync(join(site, "dying-worker.js"), DYING_WORKER);
     server = await staticServer(site, {
       "/model.gguf": { file: MODEL },
+      // The tiny synthetic model, for the tests of what happens around a model (a lost device, a
+      // dead worker), where the real one would only add minutes.
+      "/tiny.gguf": { file: join(tinyModel("tiny.gguf"), "tiny.gguf") },
       "/truncated.gguf": { file: MODEL, bytes: 1 << 20 },
     });
     browser = await launch();
@@ -300,12 +303,12 @@ describe("npm package", () => {
   it("survives a lost GPU device: requests end with DEVICE_LOST and their text, devicelost fires once, restart() loads again without a download", { timeout: TIMEOUT }, async () => {
     const out = await page.evaluate(async () => {
       const { createEngine } = window.pagedlm;
-      const engine = await createEngine("/model.gguf");
+      const engine = await createEngine("/tiny.gguf");
       const events = [];
       engine.addEventListener("devicelost", (e) => events.push(e.detail.message));
       const ask = (content) => [{ role: "user", content }];
       const caught = (e) => ({ code: e.code, partial: e.partial, message: e.message });
-      const stream = await engine.chat.completions.create({ messages: ask("Count from one to twenty."), max_tokens: 40, temperature: 0, stream: true });
+      const stream = await engine.chat.completions.create({ messages: ask("Count from one to twenty."), max_tokens: 200, temperature: 0, stream: true });
       const other = engine.chat.completions.create({ messages: ask("Name a color."), max_tokens: 40, temperature: 0 }).then(() => null, caught);
       let text = "";
       let error = null;
@@ -347,8 +350,8 @@ describe("npm package", () => {
       const { createEngine } = window.pagedlm;
       const code = (p) => p.then(() => null, (e) => e.code);
       const ask = (content, max_tokens) => ({ messages: [{ role: "user", content }], max_tokens, temperature: 0 });
-      const crashed = await code(createEngine("/model.gguf?crash", { workerUrl: "/dying-worker.js" }));
-      const engine = await createEngine("/model.gguf", { workerUrl: "/dying-worker.js", maxBatch: 1 });
+      const crashed = await code(createEngine("/tiny.gguf?crash", { workerUrl: "/dying-worker.js" }));
+      const engine = await createEngine("/tiny.gguf", { workerUrl: "/dying-worker.js", maxBatch: 1 });
       const t0 = performance.now();
       const stream = await engine.chat.completions.create({ ...ask("EXIT, then count to a hundred.", 200), stream: true });
       const queued = code(engine.chat.completions.create(ask("Name a color.", 4)));
@@ -364,7 +367,7 @@ describe("npm package", () => {
       const seconds = (performance.now() - t0) / 1000;
       const later = await code(engine.stats());
       await engine.dispose();
-      const fresh = await createEngine("/model.gguf");
+      const fresh = await createEngine("/tiny.gguf");
       const answer = await fresh.chat.completions.create(ask("Name a fruit.", 3));
       await fresh.dispose();
       return { crashed, streamed, chunks, queued: await queued, later, seconds, answer: answer.choices[0].message.content };

@@ -1,7 +1,8 @@
 // The soak run: many requests through the package, 4 streams at a time over a small KV pool (so
 // that blocks are evicted and requests preempted), with random prompts, lengths, sampling
 // settings and every way of stopping one (an AbortSignal, `break` out of a stream, disposing the
-// engine mid-stream). After every request the pool's invariants must hold; at the end every
+// engine mid-stream, losing its GPU device mid-stream and restarting it). After every request the
+// pool's invariants must hold; at the end every
 // block is free or cached, and resetting the cache frees all; the page's JS heap, the wasm
 // engine's memory and the GPU bytes it holds are sampled after every request, so that growth
 // between the first and the last 50 shows. tests/e2e/soak.test.mjs runs a short one;
@@ -52,7 +53,7 @@ export function memoryGrowth(samples, window = 50, ratio = 1.1) {
 }
 
 /** In the page. Returns {requests, ms, outcomes, failures, integrity, engines, final, reset, samples}. */
-export async function soakPage({ model, requests, seed, engineOptions, maxTokens = 40, disposeEvery = 60 }) {
+export async function soakPage({ model, requests, seed, engineOptions, maxTokens = 40, disposeEvery = 60, loseEvery = 0 }) {
   const { createEngine, PagedlmError } = await import("/js/index.js");
   let state = seed >>> 0;
   const rand = () => {
@@ -72,6 +73,7 @@ export async function soakPage({ model, requests, seed, engineOptions, maxTokens
 
   let engine = await createEngine(model, engineOptions);
   let engines = 1;
+  let losses = 0;
   let swapping = null;
   const outcomes = {};
   const failures = [];
@@ -91,17 +93,31 @@ export async function soakPage({ model, requests, seed, engineOptions, maxTokens
     swapping = null;
   };
 
+  /** Loses the engine's GPU device while its requests run, and restarts it; the others wait. */
+  const lose = async (old) => {
+    if (swapping || old !== engine) return swapping;
+    swapping = (async () => {
+      await old.simulateDeviceLoss();
+      await old.restart();
+      losses += 1;
+    })();
+    await swapping;
+    swapping = null;
+  };
+
   const one = async (i) => {
     while (swapping) await swapping;
     const mine = engine;
-    // Every `disposeEvery`-th request disposes the engine at its second chunk (a new one loads).
+    // Every `disposeEvery`-th request disposes the engine at its first chunk (a new one loads);
+    // every `loseEvery`-th loses its GPU device there (the engine restarts).
     const disposes = i > 0 && i % disposeEvery === 0;
-    const stream = disposes || rand() < 0.7;
+    const loses = loseEvery > 0 && i > 0 && i % loseEvery === 0 && !disposes;
+    const stream = disposes || loses || rand() < 0.7;
     const stop = rand();
     const controller = new AbortController();
     const params = {
       messages: messages(),
-      max_tokens: disposes ? maxTokens : 1 + Math.floor(rand() * maxTokens),
+      max_tokens: disposes || loses ? maxTokens : 1 + Math.floor(rand() * maxTokens),
       temperature: pick([0, 0, 0.7, 1.0]),
       top_p: pick([undefined, 0.9]),
       top_k: pick([undefined, 20]),
@@ -113,14 +129,16 @@ export async function soakPage({ model, requests, seed, engineOptions, maxTokens
     let timer = 0;
     try {
       // 8%: aborted by its signal after a random while; 8% of streams: `break` after a few chunks.
-      if (stop < 0.08 && !disposes) timer = setTimeout(() => controller.abort(), Math.floor(rand() * 400));
+      const plain = !disposes && !loses;
+      if (stop < 0.08 && plain) timer = setTimeout(() => controller.abort(), Math.floor(rand() * 400));
       const result = await mine.chat.completions.create(params);
       if (stream) {
         let n = 0;
-        const breakAt = stop > 0.08 && stop < 0.16 && !disposes ? 1 + Math.floor(rand() * 4) : Infinity;
+        const breakAt = stop > 0.08 && stop < 0.16 && plain ? 1 + Math.floor(rand() * 4) : Infinity;
         for await (const chunk of result) {
           n += 1;
-          if (disposes && n === 2) swap(mine);
+          if (disposes && n === 1) swap(mine);
+          if (loses && n === 1) lose(mine);
           if (n >= breakAt) break;
           if (chunk.choices?.[0]?.delta === undefined) throw new Error("a chunk without a delta");
         }
@@ -132,7 +150,7 @@ export async function soakPage({ model, requests, seed, engineOptions, maxTokens
     } catch (e) {
       const code = e instanceof PagedlmError ? e.code : `${e?.name}: ${e?.message}`;
       count(code);
-      if (!["ABORTED", "DISPOSED"].includes(code)) failures.push({ i, code, message: String(e?.message).slice(0, 300) });
+      if (!["ABORTED", "DISPOSED", "DEVICE_LOST"].includes(code)) failures.push({ i, code, message: String(e?.message).slice(0, 300) });
     } finally {
       clearTimeout(timer);
     }
@@ -159,7 +177,7 @@ export async function soakPage({ model, requests, seed, engineOptions, maxTokens
   const reset = await engine.resetCache();
   await engine.dispose();
   return {
-    requests, ms, outcomes, failures, integrity, engines, samples,
+    requests, ms, outcomes, failures, integrity, engines, losses, samples,
     final: { pool: final.pool, sequences: final.sequences.length, sched: final.sched, prefix: final.prefix },
     reset: { pool: reset.pool },
   };
@@ -170,7 +188,8 @@ export function checkSoak(out, { window = 50 } = {}) {
   assert.deepEqual(out.failures.slice(0, 5), [], `requests that failed other than by an abort or a dispose (${out.failures.length})`);
   assert.deepEqual(out.integrity.slice(0, 5), [], "the pool's invariants hold after every request");
   assert.ok((out.outcomes.ok ?? 0) > out.requests / 2, `most requests finish (${JSON.stringify(out.outcomes)})`);
-  for (const stop of ["ABORTED", "break", "DISPOSED"]) assert.ok(out.outcomes[stop] > 0, `some requests end by ${stop} (${JSON.stringify(out.outcomes)})`);
+  const stops = ["ABORTED", "break", "DISPOSED", ...(out.losses > 0 ? ["DEVICE_LOST"] : [])];
+  for (const stop of stops) assert.ok(out.outcomes[stop] > 0, `some requests end by ${stop} (${JSON.stringify(out.outcomes)})`);
   assert.ok(out.final.sched.preemptions > 0 || out.final.prefix.evictions > 0, `the small pool preempts or evicts (${JSON.stringify(out.final)})`);
   const { pool } = out.final;
   assert.equal(out.final.sequences, 0, "no sequence is left when every request has ended");
