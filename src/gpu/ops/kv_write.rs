@@ -43,7 +43,9 @@ pub struct KvWriteBuffers<'a> {
 /// f32 pools take the values as they are; INT8 pools ([`crate::quant::kv_int8::Int8Layout`])
 /// quantize each (token, kv head) as one group (`quantize_group`). A table index past the end of
 /// `block_table` or a physical block >= n_blocks writes nothing for that token (the engine
-/// allocates blocks first). `pool.max_len` plays no part.
+/// allocates blocks first). `pool.max_len` plays no part. No two tokens may map to one slot
+/// (a step's rows are distinct positions, and copy-on-write keeps shared blocks read-only): two
+/// writers of one slot race, and their order is undefined on a real GPU.
 pub fn write_paged(
     ctx: &Context,
     buffers: &KvWriteBuffers<'_>,
