@@ -184,8 +184,10 @@ async function engineReady(engine, t0, recovered = false) {
   ui.progress.dataset.source = engine.load.source;
   const m = state.info.model;
   const slidingWindow = m.sliding_window ? ` · window ${m.sliding_window}` : "";
-  ui.modelName.textContent = `${state.label} · ${weightTypesText(m.weight_types)} · KV ${state.info.kv_dtype} · blocks of ${state.info.block_size} · ${m.architecture}${slidingWindow}`;
-  ui.modelName.title = "Tensors of each weight type in the file, the KV cache's format, then the architecture and its sliding window";
+  // The file's own name (general.name) is text from anywhere: textContent only, never HTML.
+  const named = m.name && m.name !== state.label ? `${m.name} (${state.label})` : state.label;
+  ui.modelName.textContent = `${named} · ${weightTypesText(m.weight_types)} · KV ${state.info.kv_dtype} · blocks of ${state.info.block_size} · ${m.architecture}${slidingWindow}`;
+  ui.modelName.title = "The model's name in its file (and where it came from), the tensors of each weight type in the file, the KV cache's format, then the architecture and its sliding window";
   setMode(m.chat_template ? "chat" : "completion");
   // Browsers often hide the adapter's name; say at least what kind of device runs the model.
   const name = state.info.adapter.split(" (")[0].trim();

@@ -271,7 +271,7 @@ describe("chat page", () => {
     await page.waitForSelector(`${byId("model-progress")}:not([data-done])`, { timeout: 10_000 });
     await waitForModel(page, problems);
     assert.equal(await page.getAttribute(byId("model-progress"), "data-source"), "file");
-    assert.match(await page.locator("#model-name").textContent(), /dropped · Q4_1 ×210, F32 ×61, Q8_0 ×1 · KV/, "the page shows the file's weight types");
+    assert.match(await page.locator("#model-name").textContent(), /^\S.* \(dropped\) · Q4_1 ×210, F32 ×61, Q8_0 ×1 · KV/, "the page shows the name in the file, where it came from and the file's weight types");
     assert.match(await page.locator("#model-name").textContent(), / · llama$/, "and its architecture (no sliding window)");
     assert.equal(await page.getAttribute(byId("model-picker"), "data-mode"), "chat", "a model with a chat template: chat mode");
     const expected = /Failed to load resource|favicon|MODEL_FORMAT|not a usable GGUF/;

@@ -11,7 +11,10 @@ import { byId, launch, openPage, root, startServer, tinyModel } from "./helpers.
 const HOSTILE_NAME = `<img src=x onerror="window.__xss=(window.__xss||0)+1"><b>bold</b> & "tiny"`;
 /** The codes index.d.ts documents; INTERNAL and GPU_ERROR are the engine's own failures, not refusals. */
 const CODES = [...readFileSync(join(root, "js/index.d.ts"), "utf8").match(/export type ErrorCode =([^;]*);/)[1].matchAll(/"([A-Z_]+)"/g)].map((m) => m[1]);
-const REFUSALS = CODES.filter((c) => c !== "INTERNAL" && c !== "GPU_ERROR");
+/** A dead worker or a lost device is a crash, not a refusal: only a hostile `workerUrl` may fail the worker. */
+const CRASHES = ["INTERNAL", "GPU_ERROR", "WORKER_FAILED", "DEVICE_LOST"];
+const REFUSALS = CODES.filter((c) => !CRASHES.includes(c));
+const refused = (f) => REFUSALS.includes(f.code) || (f.code === "WORKER_FAILED" && /^createEngine .*workerUrl/.test(f.what));
 const CALLS = Number(process.env.PAGEDLM_FUZZ_CALLS || 300);
 const SEED = Number(process.env.PAGEDLM_FUZZ_SEED || 20261204);
 
@@ -37,7 +40,7 @@ describe("hostile input", () => {
     const out = await page.evaluate(fuzzApi, { calls: CALLS, seed: SEED });
     const byCode = Object.entries(out.outcomes).sort((a, b) => b[1] - a[1]).map(([k, v]) => `${k} ${v}`).join(", ");
     console.log(`API fuzz (seed ${SEED}): ${out.calls} calls and 16 loads in ${(out.ms / 1000).toFixed(1)} s: ${byCode}`);
-    const wrong = out.failures.filter((f) => !REFUSALS.includes(f.code));
+    const wrong = out.failures.filter((f) => !refused(f));
     assert.deepEqual(wrong.slice(0, 10), [], `calls that did not settle with a documented refusal (${wrong.length} in all)`);
     assert.ok((out.outcomes.ok ?? 0) > out.calls / 10, `some calls must be accepted and run (${byCode})`);
     assert.ok((out.outcomes.INVALID_ARGUMENT ?? 0) > out.calls / 10, `some calls must be refused (${byCode})`);
@@ -85,9 +88,11 @@ describe("hostile input", () => {
       images: document.querySelectorAll("img").length,
       bold: [...document.querySelectorAll("b")].filter((b) => b.textContent === "bold").length,
       text: document.body.innerText,
+      line: document.getElementById("model-name")?.textContent ?? "",
     }));
     assert.equal(shown.xss, 0, "no handler from the file ran");
     assert.equal(shown.images + shown.bold, 0, "no element from the file was made");
+    assert.ok(shown.line.includes(HOSTILE_NAME), `the model line shows the file's name as text: ${JSON.stringify(shown.line)}`);
     const info = await page.evaluate(() => window.chatPage.engine.info.model.name);
     assert.equal(info, HOSTILE_NAME, "engine.info keeps the name as it is");
     assert.deepEqual(problems.filter((p) => !/Failed to load resource|favicon/.test(p)), [], "no page errors");
@@ -194,7 +199,7 @@ async function fuzzApi({ calls, seed }) {
 
   // createEngine's options, each of a few loads given a hostile value or two.
   const engineOptions = ["kvDtype", "kvLayout", "blockSize", "poolTokens", "maxContext", "prefillChunk", "prefixCache", "maxBatch", "stepTokens",
-    "maxBindingMib", "adapterClass", "optionalFeatures", "onProgress", "cache", "cacheName", "workerUrl", "unknownOption"];
+    "maxBindingMib", "deviceLimits", "maxMemoryBytes", "adapterClass", "optionalFeatures", "onProgress", "cache", "cacheName", "workerUrl", "unknownOption"];
   for (let i = 0; i < 16; i++) {
     const options = { maxContext: 64 };
     for (let k = 1 + Math.floor(rand() * 2); k > 0; k--) options[pick(engineOptions)] = hostile();
