@@ -116,7 +116,7 @@ fn main(ids: Ids) {
     // attention_fresh.wgsl: the step's heads roped and their keys written, behind a barrier.
     before_keys(ids.lid, kv_head, vec2<u32>(0u, params.rows));
     let leader = group_leader(ids);
-    let keys = Keys(q_base, valid, low, lim, step.table_base, kv_head, begin, end, slice * D4S, item, ids.lid, leader, kv_lane(ids));
+    let keys = Keys(q_base, valid, low, lim, step.table_base, kv_head, begin, end, slice * D4S, item, ids.lid, leader, group_index(ids), group_count(ids), kv_lane(ids));
     let merged = attend(keys, out);
     if (!SPLIT && !WG_SPLIT) {
         for (var r = 0u; r < 4u; r++) {

@@ -131,6 +131,6 @@ fn main(ids: Ids) {
     // where each sequence has one row (else qkv_heads ran before).
     let fresh = busy && row_info.y > 0u && batch[0].z != 0u;
     before_keys(ids.lid, kv_head, select(vec2<u32>(0u), vec2<u32>(row, row + 1u), fresh));
-    let keys = Keys(q_base, valid, low, lim, row_info.x, kv_head, begin, end, slice * D4S, item, ids.lid, group_leader(ids), kv_lane(ids));
+    let keys = Keys(q_base, valid, low, lim, row_info.x, kv_head, begin, end, slice * D4S, item, ids.lid, group_leader(ids), group_index(ids), group_count(ids), kv_lane(ids));
     attend(keys, Out(base, valid, false, vec4<f32>(0.0), vec4<f32>(0.0)));
 }

@@ -59,8 +59,9 @@
 //              the table's end or a block >= n_blocks masks those keys.
 // dst:         the kernel's output records (see each body): SPLIT, one unnormalized record
 //              ((m, l, 0, 0), acc[head_dim/4]) per split and head; else the normalized output.
-// state:       WG_SPLIT: [items, WG, 2 + 4 * D4S] vec4, the record of invocation s of workgroup g
-//              at ((g * WG + s) * (2 + 4 * D4S)): per lane m, per lane l, then for each vec4 i of
+// state:       WG_SPLIT: [items, WG, 2 + 4 * D4S] vec4, the record of group s (an invocation, or a
+//              subgroup: group_index) of workgroup g at ((g * WG + s) * (2 + 4 * D4S)), group_count
+//              of them used: per lane m, per lane l, then for each vec4 i of
 //              the slice's head dims the 4 lanes' accumulators (acc[i] of lane r at 2 + 4 * i + r),
 //              unnormalized; a record with l = 0 holds no keys (its accumulators are never read).
 //              Without WG_SPLIT see each body.
@@ -309,8 +310,9 @@ fn put_record(rec: u32, i: u32, a: mat4x4<f32>) {
 
 // WG_SPLIT, after the barrier: the workgroup's records combined into the normalized output, each
 // invocation taking the output vec4 o = lid, lid + WG, ... of the item's 4 * D4S (lane o % 4,
-// head dims vec4 o / 4 of the slice). Zeros for a lane that saw no visible key. Loop budget:
-// (4 * D4S / WG + 1) * (2 * WG + 1).
+// head dims vec4 o / 4 of the slice) over the workgroup's group_count records (its subgroups', so
+// on a GPU a few loads each, not one per invocation). Zeros for a lane that saw no visible key.
+// Loop budget: (4 * D4S / WG + 1) * (2 * WG + 1) at most.
 fn combine_records(keys: Keys, out: Out) {
     let first = keys.item * WG * record_len();
     for (var o = keys.lid; o < 4u * D4S; o += WG) {
@@ -320,12 +322,12 @@ fn combine_records(keys: Keys, out: Out) {
             continue;
         }
         var m = NEG_BIG;
-        for (var s = 0u; s < WG; s++) {
+        for (var s = 0u; s < keys.groups; s++) {
             m = max(m, state[first + s * record_len()][r]);
         }
         var l = 0.0;
         var acc = vec4<f32>(0.0);
-        for (var s = 0u; s < WG; s++) {
+        for (var s = 0u; s < keys.groups; s++) {
             let rec = first + s * record_len();
             let l_s = state[rec + 1u][r];
             let w = exp(state[rec][r] - m);
@@ -348,11 +350,13 @@ struct Keys {
     begin: u32,
     end: u32,
     dim0: u32,          // the first vec4 of head dims this invocation accumulates (its slice)
-    // WG_SPLIT only: the workgroup's item (its records), the invocation in it, and whether it
-    // leads its group.
+    // WG_SPLIT only: the workgroup's item (its records), the invocation in it, whether it leads
+    // its group, its group's index (its record) and the workgroup's count of groups (records).
     item: u32,
     lid: u32,
     leader: bool,
+    group: u32,
+    groups: u32,
     // SHARED_KV: the invocation's lane among the 8 that share each key's loads.
     lane: u32,
 }
@@ -599,11 +603,11 @@ fn attend(keys: Keys, out: Out) -> Softmax {
         a30 = group_scaled(a30, 30u, w);
         a31 = group_scaled(a31, 31u, w);
         if (!ONE_GROUP) {
-            let rec = (keys.item * WG + keys.lid) * record_len();
-            // A record with l = 0 adds nothing: only the leader's accumulators are written.
-            state[rec] = select(vec4<f32>(NEG_BIG), m, keys.leader);
-            state[rec + 1u] = select(vec4<f32>(0.0), l, keys.leader);
+            // One record per group, its leader's: the group's state.
+            let rec = (keys.item * WG + keys.group) * record_len();
             if (keys.leader) {
+                state[rec] = m;
+                state[rec + 1u] = l;
                 put_record(rec, 0u, a0);
                 put_record(rec, 1u, a1);
                 put_record(rec, 2u, a2);

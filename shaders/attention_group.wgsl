@@ -26,6 +26,15 @@ fn group_leader(ids: Ids) -> bool {
     return true;
 }
 
+// The invocation's group among the workgroup's (the index of its record), and how many there are.
+fn group_index(ids: Ids) -> u32 {
+    return ids.lid;
+}
+
+fn group_count(ids: Ids) -> u32 {
+    return WG;
+}
+
 // SHARED_KV needs subgroups (attention_group_subgroup.wgsl): never set with this prelude, where
 // these keep every invocation on its own keys and loads.
 fn kv_lane(ids: Ids) -> u32 {

@@ -13,6 +13,8 @@ struct Ids {
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(subgroup_invocation_id) sl: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
 }
 
 fn group_max(v: vec4<f32>) -> vec4<f32> {
@@ -25,6 +27,17 @@ fn group_sum(v: vec4<f32>) -> vec4<f32> {
 
 fn group_leader(ids: Ids) -> bool {
     return ids.sl == 0u;
+}
+
+// The invocation's group among the workgroup's, and how many there are: the records a WG_SPLIT
+// workgroup writes and combines are its subgroups' (4 for 128 invocations in subgroups of 32),
+// not its invocations'.
+fn group_index(ids: Ids) -> u32 {
+    return ids.sg;
+}
+
+fn group_count(ids: Ids) -> u32 {
+    return ids.nsg;
 }
 
 // SHARED_KV (attention_common.wgsl): the invocation's lane among the 8 that share a key's loads.

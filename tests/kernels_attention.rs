@@ -200,18 +200,19 @@ gpu_test! {
     async fn every_adapter_class_variant_matches_cpu() {
         // The auto plan of every adapter class, with and without subgroups where the adapter has
         // them (natively lavapipe: subgroups of 8; in Chromium none): workgroups of 8, 64 and 128
-        // combining their splits in registers, through records, or both; past 2,048 keys the
-        // real-GPU classes switch to splits and a reduce. SmolLM2's heads, and Gemma 3's (sliced,
+        // combining their splits in registers, through records (one per subgroup, or per
+        // invocation without subgroups), or both; past 8,192 keys the real-GPU classes switch to
+        // splits and a reduce. SmolLM2's heads, and Gemma 3's (sliced,
         // a local layer's window) natively.
         let shapes: &[((u32, u32, u32), u32)] =
             if cfg!(target_arch = "wasm32") { &[((9, 3, 64), 0)] } else { &[((9, 3, 64), 0), ((4, 1, 256), 40)] };
         for ctx in variant_contexts().await {
             for (i, &(heads, window)) in shapes.iter().enumerate() {
-                let mut one = paged(1, heads, 3000, 16);
+                let mut one = paged(1, heads, 9000, 16);
                 one.pool.window = window;
                 let decode = Inputs::new(&ctx, one, 500 + i as u64, 1.0);
                 let mut attention = decode.attention(&ctx, None);
-                for kv_len in [3000u32, 1, 17, 300, 2048, 2049] {
+                for kv_len in [9000u32, 1, 17, 300, 2048, 2049, 8192, 8193] {
                     decode.check(&ctx, &mut attention, &[kv_len - 1], &format!("{} decode", ctx.variant_name())).await;
                 }
                 // A short prefill chunk (split-K up to 16 rows), lanes of 4 rows at their own positions.

@@ -296,13 +296,13 @@ gpu_test! {
     async fn every_adapter_class_variant_matches_cpu() {
         // The auto plan of every adapter class, with and without subgroups where the adapter has
         // them: one dispatch of workgroup splits (8, 64 or 128 invocations), and for the real-GPU
-        // classes splits and a reduce once a row passes 2,048 keys (the long rows of the mixed
+        // classes splits and a reduce once a row passes 8,192 keys (the max_len row of the mixed
         // steps). f32 and INT8 (natively) over SmolLM2's heads.
         let dtypes: &[KvDtype] = if cfg!(target_arch = "wasm32") { &[KvDtype::F32] } else { &[KvDtype::F32, KvDtype::Int8] };
         for ctx in variant_contexts().await {
             for &dtype in dtypes {
                 let shared = 112u32.div_ceil(16);
-                let mut pool = Pool::new(&ctx, spec((9, 3, 64), 16, 3000, 10, 5, shared), 71, 1.0);
+                let mut pool = Pool::new(&ctx, spec((9, 3, 64), 16, 9000, 10, 5, shared), 71, 1.0);
                 if dtype == KvDtype::Int8 {
                     pool = pool.int8(&ctx);
                 }

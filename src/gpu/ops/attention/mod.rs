@@ -19,10 +19,11 @@
 //! An invocation reads each K/V row once for its 4 lanes; no shared memory. Decode runs in one
 //! dispatch at any context (workgroup splits, `WG_SPLIT`): the invocations of a workgroup split
 //! one item's keys and combine their softmax states in the workgroup (subgroup reductions where
-//! the device has subgroups, records in storage and one barrier otherwise), so no reduce kernel
+//! the device has subgroups, then a record per subgroup, or per invocation without them, in
+//! storage and one barrier; none where the workgroup is one subgroup), so no reduce kernel
 //! follows. Variants per adapter class ([`crate::gpu::AdapterClass`]): CPU adapters take
 //! workgroups of 8 (one SIMD row of lavapipe's, one subgroup: no barrier at all), real GPUs 64
-//! (integrated) or 128 (discrete) and, past a few thousand keys, splits over workgroups with a
+//! (integrated) or 128 (discrete) and, past 8,192 keys, splits over workgroups with a
 //! reduce (more parallelism than one workgroup per KV head gives them).
 //!
 //! No variant computes in f16 (`shader-f16`): neither software adapter would run it faster
@@ -152,15 +153,20 @@ enum KernelMode {
 /// (workgroup size, keys up to which one workgroup-split dispatch runs, keys per split past it).
 /// CPU adapters: workgroups of 8 (lavapipe runs 8 invocations as one SIMD row, and a subgroup is 8
 /// there), one dispatch at every length (a workgroup per KV head and quad keeps both cores busy
-/// on SmolLM2's 3 KV heads, and a reduce dispatch costs more than the imbalance). Real GPUs
-/// (not measured here, no such device at hand): 64 (integrated) or 128 (discrete) invocations per
-/// workgroup, and past 2,048 keys splits of 128 (integrated) or 64 (discrete) keys over
-/// workgroups with a reduce, which spreads a long context over all the GPU's cores.
+/// on SmolLM2's 3 KV heads, and a reduce dispatch costs more than the imbalance). Real GPUs: 64
+/// (integrated) or 128 (discrete) invocations per workgroup, one dispatch up to 8,192 keys, and
+/// past that splits of 128 (integrated) or 64 (discrete) keys over workgroups with a reduce.
+/// Measured on an NVIDIA H200 (README, "On a real GPU"), same run, decode at 4,096 keys: one
+/// dispatch 54 tok/s, splits of 64 + reduce 14.4 (192 invocations for the whole GPU, each walking
+/// 64 keys alone); the `integrated` plan forced there 38 against 11.6. Past 8,192 keys a workgroup's
+/// invocations would each walk 64 keys and more, where the splits spread as many. This kernel
+/// family is still ~70% of a decode step there (its invocations hold a whole head of q and
+/// accumulators for 4 rows, which spills on a GPU): a real-GPU variant is still to come.
 fn class_plan(ctx: &Context, max_len: u32) -> (u32, u32, u32) {
     match ctx.class() {
         AdapterClass::Cpu => (8, max_len, 128),
-        AdapterClass::Integrated => (64, 2048.min(max_len), 128),
-        AdapterClass::Discrete => (128, 2048.min(max_len), 64),
+        AdapterClass::Integrated => (64, 8192.min(max_len), 128),
+        AdapterClass::Discrete => (128, 8192.min(max_len), 64),
     }
 }
 
