@@ -23,6 +23,15 @@ const SITE_PAGE = `<!doctype html>
 // model URL says "crash") and a silent end, as when the browser stops it for its memory (at the
 // second token of a request that says "EXIT").
 const DYING_WORKER = `import "./node_modules/pagedlm/js/worker.js";
+import { WebEngine } from "./node_modules/pagedlm/pkg/pagedlm.js";
+// A request whose messages say TRAP makes the engine's next step trap, as a Rust panic or an
+// exhausted wasm memory would (WebAssembly.RuntimeError).
+let trap = false;
+const step = WebEngine.prototype.step;
+WebEngine.prototype.step = function (...args) {
+  if (trap) throw new WebAssembly.RuntimeError("unreachable (the test worker's trap)");
+  return step.apply(this, args);
+};
 let exitAt = null;
 const post = self.postMessage.bind(self);
 self.postMessage = (message, transfer) => {
@@ -32,6 +41,7 @@ self.postMessage = (message, transfer) => {
 self.addEventListener("message", ({ data }) => {
   if (data.type === "load" && String(data.model).includes("crash")) throw new Error("the test worker crashed");
   if (data.type === "create" && JSON.stringify(data.messages).includes("EXIT")) exitAt = { id: data.id, tokens: 0 };
+  if (data.type === "create" && JSON.stringify(data.messages).includes("TRAP")) trap = true;
 });`;
 
 describe("npm package", () => {
@@ -345,7 +355,7 @@ describe("npm package", () => {
     assert.equal(out.notLost, "INVALID_ARGUMENT", "restart() refuses an engine whose device is fine");
   });
 
-  it("fails pending calls with WORKER_FAILED when its worker dies, and the next createEngine works", { timeout: TIMEOUT }, async () => {
+  it("fails pending calls with WORKER_FAILED when its worker dies (an uncaught error, a silent end, a wasm trap), and the next createEngine works", { timeout: TIMEOUT }, async () => {
     const out = await page.evaluate(async () => {
       const { createEngine } = window.pagedlm;
       const code = (p) => p.then(() => null, (e) => e.code);
@@ -367,16 +377,26 @@ describe("npm package", () => {
       const seconds = (performance.now() - t0) / 1000;
       const later = await code(engine.stats());
       await engine.dispose();
+      // A trap in the wasm engine while requests run and wait: the worker ends itself.
+      const trapping = await createEngine("/tiny.gguf", { workerUrl: "/dying-worker.js", maxBatch: 1 });
+      const warm = await trapping.chat.completions.create(ask("Say hi.", 2));
+      const trapped = code(trapping.chat.completions.create(ask("TRAP, then count to ten.", 50)));
+      const trappedQueued = code(trapping.chat.completions.create(ask("Name a color.", 4)));
+      const trap = { running: await trapped, queued: await trappedQueued, later: await code(trapping.stats()), before: warm.usage.completion_tokens };
+      await trapping.dispose();
       const fresh = await createEngine("/tiny.gguf");
       const answer = await fresh.chat.completions.create(ask("Name a fruit.", 3));
       await fresh.dispose();
-      return { crashed, streamed, chunks, queued: await queued, later, seconds, answer: answer.choices[0].message.content };
+      return { crashed, streamed, chunks, queued: await queued, later, seconds, trap, answer: answer.choices[0].message.content };
     });
     assert.equal(out.crashed, "WORKER_FAILED", `an uncaught error in the worker fails the load: ${JSON.stringify(out)}`);
     assert.equal(out.streamed, "WORKER_FAILED", `a worker that ends silently fails the running request: ${JSON.stringify(out)}`);
     assert.ok(out.chunks > 0, "the request ran before the worker ended");
     assert.equal(out.queued, "WORKER_FAILED", "and the queued one");
     assert.equal(out.later, "WORKER_FAILED", "and every later call");
+    assert.ok(out.trap.before > 0, `the trapping worker answered before its trap: ${JSON.stringify(out.trap)}`);
+    assert.deepEqual([out.trap.running, out.trap.queued, out.trap.later], ["WORKER_FAILED", "WORKER_FAILED", "WORKER_FAILED"],
+      `a trap in the wasm engine fails the running, the queued and every later call: ${JSON.stringify(out.trap)}`);
     assert.ok(out.answer.length > 0, "a new engine answers");
   });
 
