@@ -400,6 +400,40 @@ describe("npm package", () => {
     assert.ok(out.answer.length > 0, "a new engine answers");
   });
 
+  it("runs on a phone's device limits and under a memory cap that shrinks its pool; a cap that cannot fit is OUT_OF_MEMORY, naming the sizes", { timeout: TIMEOUT }, async () => {
+    const out = await page.evaluate(async () => {
+      const { createEngine } = window.pagedlm;
+      const refusal = (p) => p.then(() => null, (e) => ({ code: e.code, message: e.message }));
+      const ask = { messages: [{ role: "user", content: "Name a fruit." }], max_tokens: 8, temperature: 0 };
+      const total = (m) => m.weights_bytes + m.kv_bytes + m.graph_bytes;
+      const plain = await createEngine("/tiny.gguf");
+      const want = (await plain.chat.completions.create(ask)).choices[0].message.content;
+      const { pool: plainPool, memory: plainMemory } = await plain.stats();
+      const perToken = plain.info.kv.bytes_per_token;
+      await plain.dispose();
+      // Under the weights; then just over them, which names what a step's activations take.
+      const under = await refusal(createEngine("/tiny.gguf", { maxMemoryBytes: Math.floor(plainMemory.weights_bytes / 2) }));
+      const tight = await refusal(createEngine("/tiny.gguf", { maxMemoryBytes: plainMemory.weights_bytes + 1 }));
+      const activations = Number(/activations \((\d+)\)/.exec(tight?.message ?? "")?.[1]);
+      // Room for the weights, the activations and 200 tokens of K/V, on a phone's limits.
+      const cap = plainMemory.weights_bytes + activations + 200 * perToken;
+      const phone = await createEngine("/tiny.gguf", { deviceLimits: "phone", maxMemoryBytes: cap });
+      const got = (await phone.chat.completions.create(ask)).choices[0].message.content;
+      const { pool, memory } = await phone.stats();
+      await phone.dispose();
+      const badLimits = await refusal(createEngine("/tiny.gguf", { deviceLimits: "tablet" }));
+      return { want, got, cap, held: total(memory), memory, poolTokens: pool.blocks_total * pool.block_size, plainPoolTokens: plainPool.blocks_total * plainPool.block_size, under, tight, activations, badLimits };
+    });
+    assert.equal(out.under?.code, "OUT_OF_MEMORY", `a cap under the weights: ${JSON.stringify(out.under)}`);
+    assert.match(out.under.message, /weights/, "and it says what takes the memory");
+    assert.equal(out.tight?.code, "OUT_OF_MEMORY", `a cap that leaves no KV block: ${JSON.stringify(out.tight)}`);
+    assert.ok(out.activations > 0, `the refusal names a step's activations: ${out.tight?.message}`);
+    assert.equal(out.got, out.want, "a phone's limits and a cap give the same greedy reply");
+    assert.ok(out.held <= out.cap, `the engine holds ${out.held} bytes under its cap of ${out.cap}: ${JSON.stringify(out.memory)}`);
+    assert.ok(out.poolTokens >= 128 && out.poolTokens < out.plainPoolTokens, `the pool shrank to what the cap leaves: ${out.poolTokens} of ${out.plainPoolTokens} tokens`);
+    assert.equal(out.badLimits?.code, "INVALID_ARGUMENT", `an unknown deviceLimits: ${JSON.stringify(out.badLimits)}`);
+  });
+
   it("says WEBGPU_UNAVAILABLE without WebGPU", { timeout: 60_000 }, async () => {
     const plain = await launch({ webgpu: false });
     try {
