@@ -17,12 +17,13 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
+use crate::backend::{Backend, Pending};
 use crate::constraint::Grammars;
 use crate::gguf::Gguf;
 use crate::gpu::{ContextOptions, Counters, GpuError, TimingMethod};
 use crate::kv::{CacheConfig, KvCache, KvPool, PoolStats, PrefixStats, SeqId};
 use crate::gpu::ops::sample::{HistoryRing, RowParams};
-use crate::model::{Choose, GraphBudget, Logits, Model, ModelError, PendingStep, Runner, StepRow, Weights};
+use crate::model::{Choose, GraphBudget, Logits, Model, ModelError, Runner, StepRow, Weights};
 use crate::sampler::{top_k, Sampler, MAX_REPETITION_WINDOW};
 use crate::request::Handling;
 use crate::sched::{Plan, Scheduler};
@@ -30,6 +31,7 @@ use crate::tokenizer::{Tokenizer, TokenizerSpec};
 
 // The engine's public surface: everything a caller (the CLI, web.rs, tests) needs comes from here.
 pub use crate::error::{EngineError, ErrorKind};
+pub use crate::backend::BackendChoice;
 pub use crate::gpu::{AdapterClass, Context, DeviceLimits};
 pub use crate::kv::{KvDtype, KvLayout};
 pub use crate::model::ModelConfig;
@@ -92,6 +94,8 @@ pub struct EngineOptions {
     /// shrinks to fit, a load that cannot fit is refused, and a step whose activations would go
     /// past it fails its requests; all as [`ErrorKind::OutOfMemory`]. `None` = no cap.
     pub max_memory_bytes: Option<u64>,
+    /// Which backend runs the model ([`BackendChoice`]); used by [`Engine::load`].
+    pub backend: BackendChoice,
 }
 
 impl EngineOptions {
@@ -127,6 +131,7 @@ impl Default for EngineOptions {
             int8_activations: None,
             device_limits: DeviceLimits::default(),
             max_memory_bytes: None,
+            backend: BackendChoice::default(),
         }
     }
 }
@@ -184,12 +189,13 @@ pub enum ScoreMode {
 }
 
 pub struct Engine {
-    ctx: Arc<Context>,
-    model: Model,
+    /// The model on its backend (WebGPU or the CPU), with its runner.
+    backend: Backend,
+    /// Which backend runs and why ([`Engine::backend`]).
+    backend_reason: String,
     tokenizer: Tokenizer,
     kv: KvCache,
     options: EngineOptions,
-    runner: Runner,
     sched: Scheduler,
     /// Tensors of each type in the model file ([`Gguf::tensor_type_counts`]).
     weight_types: BTreeMap<String, u32>,
@@ -198,7 +204,7 @@ pub struct Engine {
     backlog: Vec<Event>,
     /// Steps on the GPU whose outputs are not read yet, oldest first (two while a decode step
     /// planned ahead runs behind the one before it).
-    in_flight: VecDeque<(Plan, PendingStep)>,
+    in_flight: VecDeque<(Plan, Pending)>,
     /// A step planned ahead whose forward pass is on the GPU and whose tokens wait for its
     /// constrained rows' masks ([`Engine::choose_open`]), with its rows' sampler parameters.
     open: Option<(Plan, Option<Vec<RowParams>>)>,
@@ -214,27 +220,77 @@ impl Engine {
     /// ([`Context::shared`]): the first engine creates the device, the next ones (another model,
     /// other KV settings) reuse it and every pipeline it compiled. For a context of one's own
     /// (counters no other engine touches), use [`Engine::load_with_context`].
+    ///
+    /// The backend is the one `options.backend` asks for: with [`BackendChoice::Auto`], WebGPU
+    /// on a real GPU and the CPU backend when there is no adapter or the adapter is a CPU
+    /// emulation ([`Engine::backend`] says which and why).
     pub async fn load(bytes: &[u8], options: EngineOptions) -> Result<Engine, EngineError> {
-        let ctx = Context::shared(options.context_options()).await?;
-        Engine::load_with_context(ctx, bytes, options)
+        match options.backend {
+            BackendChoice::Cpu => Engine::load_cpu(bytes, options, "asked for".into()),
+            BackendChoice::Webgpu => {
+                let ctx = Context::shared(options.context_options()).await?;
+                Engine::load_with_context(ctx, bytes, options)
+            }
+            BackendChoice::Auto => match Context::shared(options.context_options()).await {
+                Ok(ctx) if !ctx.is_cpu_adapter() => {
+                    let mut engine = Engine::load_with_context(ctx, bytes, options)?;
+                    engine.backend_reason = "auto: a GPU adapter".into();
+                    Ok(engine)
+                }
+                Ok(ctx) => Engine::load_cpu(bytes, options, format!("auto: the WebGPU adapter is a CPU emulation ({})", ctx.adapter_name())),
+                Err(e) => Engine::load_cpu(bytes, options, format!("auto: no usable WebGPU adapter ({e})")),
+            },
+        }
     }
 
-    /// Loads a GGUF model on an existing context.
-    pub fn load_with_context(ctx: Arc<Context>, bytes: &[u8], options: EngineOptions) -> Result<Engine, EngineError> {
+    /// Loads a GGUF model on the CPU backend ([`crate::cpu`]): weights and KV pool in CPU
+    /// memory, no device. `reason`: why this backend, for [`Engine::backend`].
+    /// A step runs when it is submitted there, so steps are not planned ahead
+    /// ([`SchedConfig::lookahead`] off): one planned past a request's end would only be undone.
+    pub fn load_cpu(bytes: &[u8], mut options: EngineOptions, reason: String) -> Result<Engine, EngineError> {
+        options.sched.lookahead = false;
+        let (gguf, config, tokenizer) = Engine::parse(bytes, &options)?;
+        let mut cache = cache_config(None, &config, &options);
+        // The CPU backend's default: f32 activations (int8 when asked for).
+        let backend = Backend::cpu(&gguf, &config, (options.prefill_chunk, cache.max_seqs), options.int8_activations.unwrap_or(false))?;
+        if let Some(cap) = options.max_memory_bytes {
+            let block = cache.block_size.max(1);
+            let probe = KvCache::new_host(&config.kv_shape(), CacheConfig { pool_tokens: block, local_pool_tokens: block, prefix_cache: false, ..cache })?;
+            fit_pool_to(cap, backend.weights_bytes(), (0, probe.bytes_per_token().max(1)), &options, &mut cache)?;
+        }
+        let kv = KvCache::new_host(&config.kv_shape(), cache)?;
+        Engine::assemble(backend, reason, (&gguf, tokenizer, kv), options)
+    }
+
+    /// The parsed file, its configuration and its tokenizer.
+    fn parse<'a>(bytes: &'a [u8], options: &EngineOptions) -> Result<(Gguf<'a>, ModelConfig, Tokenizer), EngineError> {
         if options.prefill_chunk == 0 {
             return Err(EngineError::InvalidArgument("prefill_chunk must be at least 1".into()));
         }
         let gguf = Gguf::parse(bytes).map_err(ModelError::from)?;
         let config = ModelConfig::from_gguf(&gguf)?;
         let tokenizer = Tokenizer::from_spec(TokenizerSpec::from_gguf(&gguf)?)?;
+        Ok((gguf, config, tokenizer))
+    }
+
+    /// The engine around a loaded backend and KV cache.
+    fn assemble(backend: Backend, backend_reason: String, (gguf, tokenizer, kv): (&Gguf<'_>, Tokenizer, KvCache), options: EngineOptions) -> Result<Engine, EngineError> {
+        let sched = Scheduler::new(options.sched.clone(), options.prefill_chunk)?;
+        let rings = vec![HistoryRing::default(); kv.max_seqs() as usize];
+        let weight_types = gguf.tensor_type_counts();
+        Ok(Engine { backend, backend_reason, tokenizer, kv, options, sched, weight_types, backlog: Vec::new(), in_flight: VecDeque::new(), open: None, rings, grammars: None })
+    }
+
+    /// Loads a GGUF model on an existing context.
+    pub fn load_with_context(ctx: Arc<Context>, bytes: &[u8], options: EngineOptions) -> Result<Engine, EngineError> {
+        let (gguf, config, tokenizer) = Engine::parse(bytes, &options)?;
         let weights = Weights::upload(&ctx, &gguf, &config)?;
         let model = Model { config, weights };
-        let mut cache = cache_config(&ctx, &model.config, &options);
+        let mut cache = cache_config(Some(&ctx), &model.config, &options);
         if let Some(cap) = options.max_memory_bytes {
             fit_pool(&ctx, &model, &options, &mut cache, cap)?;
         }
         let kv = KvCache::new(&ctx, &model.config.kv_shape(), cache)?;
-        let sched = Scheduler::new(options.sched.clone(), options.prefill_chunk)?;
         let mut runner = Runner::new(&ctx, options.prefill_chunk, kv.max_seqs())?;
         if let Some(cap) = options.max_memory_bytes {
             let fixed = model.weights.bytes() + kv.bytes_total() + runner.bytes();
@@ -247,13 +303,16 @@ impl Engine {
         if let Some(e) = ctx.take_reported() {
             return Err(e.into());
         }
-        let rings = vec![HistoryRing::default(); kv.max_seqs() as usize];
-        let weight_types = gguf.tensor_type_counts();
-        Ok(Engine { ctx, model, tokenizer, kv, options, runner, sched, weight_types, backlog: Vec::new(), in_flight: VecDeque::new(), open: None, rings, grammars: None })
+        Engine::assemble(Backend::Gpu { ctx, model, runner }, "asked for".into(), (&gguf, tokenizer, kv), options)
     }
 
     pub fn config(&self) -> &ModelConfig {
-        &self.model.config
+        self.backend.config()
+    }
+
+    /// The backend that runs the model (`"webgpu"` or `"cpu"`) and why it was chosen.
+    pub fn backend(&self) -> (&'static str, &str) {
+        (self.backend.name(), &self.backend_reason)
     }
 
     /// How many tensors of each weight type the model file holds, by ggml's type name
@@ -266,8 +325,33 @@ impl Engine {
         &self.tokenizer
     }
 
-    pub fn context(&self) -> &Arc<Context> {
-        &self.ctx
+    /// The GPU context; `None` on the CPU backend.
+    pub fn context(&self) -> Option<&Arc<Context>> {
+        self.backend.ctx()
+    }
+
+    /// The WebGPU adapter ([`Context::adapter_name`]), or the CPU backend and its threads.
+    pub fn adapter_name(&self) -> String {
+        match self.backend.ctx() {
+            Some(ctx) => ctx.adapter_name(),
+            None => format!("CPU backend ({} threads)", crate::cpu::kernels::threads()),
+        }
+    }
+
+    /// The kernel variants in use ([`Context::variant_name`]); `"cpu"` (with `+simd128` when the
+    /// wasm build has SIMD) on the CPU backend.
+    pub fn variant_name(&self) -> String {
+        match self.backend.ctx() {
+            Some(ctx) => ctx.variant_name(),
+            None if cfg!(target_feature = "simd128") => "cpu+simd128".into(),
+            None => "cpu".into(),
+        }
+    }
+
+    /// Whether the kernels run on a CPU: the CPU backend, or WebGPU on a CPU emulation
+    /// (kernels tuned for one, [`Context::is_cpu`]).
+    pub fn is_cpu(&self) -> bool {
+        self.backend.ctx().is_none_or(|ctx| ctx.is_cpu())
     }
 
     pub fn max_context(&self) -> u32 {
@@ -277,13 +361,17 @@ impl Engine {
     /// The device bytes the largest steps of a generation hold (a decode row, a prefill chunk
     /// and a full batch step, measured by building them): what a memory cap keeps free of the KV
     /// pool (`max_memory_bytes`).
+    /// On the CPU backend, 0: a step's activations are allocated while it runs.
     pub fn largest_steps_bytes(&self) -> Result<u64, EngineError> {
-        Ok(largest_steps(&self.ctx, &self.model, &self.options, &cache_config(&self.ctx, &self.model.config, &self.options))?.0)
+        match &self.backend {
+            Backend::Gpu { ctx, model, .. } => Ok(largest_steps(ctx, model, &self.options, &cache_config(Some(ctx), &model.config, &self.options))?.0),
+            Backend::Cpu { .. } => Ok(0),
+        }
     }
 
-    /// GPU bytes the engine holds now (see [`MemoryUse`]).
+    /// Bytes the engine holds now, on the GPU or (CPU backend) in memory (see [`MemoryUse`]).
     pub fn memory(&self) -> MemoryUse {
-        MemoryUse { weights_bytes: self.model.weights.bytes(), kv_bytes: self.kv.bytes_total(), graph_bytes: self.runner.bytes() }
+        MemoryUse { weights_bytes: self.backend.weights_bytes(), kv_bytes: self.kv.bytes_total(), graph_bytes: self.backend.runner_bytes() }
     }
 
     /// The KV cache (pool statistics, integrity checks).
@@ -359,7 +447,7 @@ impl Engine {
         if ids.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
-        let vocab = self.model.config.vocab;
+        let vocab = self.config().vocab;
         if let Some(&id) = ids.iter().find(|&&id| id >= vocab) {
             return Err(EngineError::BadToken { id, vocab });
         }
@@ -381,7 +469,7 @@ impl Engine {
     /// Queues a request for [`Engine::step`]; returns its id. The prompt and the sampling
     /// parameters are checked now.
     pub fn submit(&mut self, prompt: Vec<u32>, request: GenerateRequest) -> Result<RequestId, EngineError> {
-        if let Some(message) = self.ctx.lost_reason() {
+        if let Some(message) = self.backend.lost_reason() {
             return Err(EngineError::DeviceLost { message, tokens: Vec::new(), text: String::new() });
         }
         self.check_tokens(&prompt)?;
@@ -398,7 +486,7 @@ impl Engine {
     pub fn grammars(&mut self) -> Result<&Grammars, EngineError> {
         if self.grammars.is_none() {
             let t0 = crate::time::now_ms();
-            let grammars = Grammars::new(&self.tokenizer, self.model.config.vocab)?;
+            let grammars = Grammars::new(&self.tokenizer, self.config().vocab)?;
             self.grammars = Some((grammars, crate::time::now_ms() - t0));
         }
         Ok(&self.grammars.as_ref().expect("built above").0)
@@ -452,7 +540,7 @@ impl Engine {
 
     async fn step_once(&mut self) -> Result<Vec<Event>, EngineError> {
         let mut events = Vec::new();
-        if self.ctx.is_lost() {
+        if self.backend.is_lost() {
             return self.lose_device(events);
         }
         if self.in_flight.is_empty() {
@@ -470,14 +558,14 @@ impl Engine {
             self.launch(plan, &mut events)?;
         }
         let Some((plan, pending)) = self.in_flight.pop_front() else { return Ok(events) };
-        let read = pending.read(&self.ctx).await;
-        if read.is_err() && self.ctx.confirm_lost().await {
+        let read = self.backend.read(pending).await;
+        if read.is_err() && self.backend.confirm_lost().await {
             // The device went: every request, in this step or not, ends with what it has.
             return self.lose_device(events);
         }
         // An error the device reported for this step's work (an allocation it refused, a
         // validation error): what it read back cannot be trusted, so its requests fail.
-        let read = match self.ctx.take_reported() {
+        let read = match self.backend.take_reported() {
             Some(e) => Err(ModelError::from(e)),
             None => read,
         };
@@ -499,7 +587,7 @@ impl Engine {
     fn lose_device(&mut self, mut events: Vec<Event>) -> Result<Vec<Event>, EngineError> {
         self.in_flight.clear();
         self.open = None;
-        let reason = self.ctx.lost_reason().unwrap_or_default();
+        let reason = self.backend.lost_reason().unwrap_or_default();
         events.extend(self.sched.lose_all(&mut self.kv, &reason)?);
         Ok(events)
     }
@@ -507,7 +595,7 @@ impl Engine {
     /// Whether the engine's GPU device is lost: it runs nothing more (see
     /// [`EngineError::DeviceLost`]).
     pub fn is_lost(&self) -> bool {
-        self.ctx.is_lost()
+        self.backend.is_lost()
     }
 
     /// The sampler's parameters of a step's logit rows, `None` when all are greedy. Writes the
@@ -529,7 +617,7 @@ impl Engine {
             };
             let ring = &mut self.rings[slot as usize];
             if let Some(window) = &s.window {
-                self.runner.write_history(&self.ctx, slot, window)?;
+                self.backend.write_history(slot, window)?;
                 *ring = HistoryRing { head: window.len() as u32 % cap, len: window.len() as u32, ring: slot };
             }
             let mut row = RowParams::new(&s.params, s.counter, *ring)?;
@@ -562,7 +650,7 @@ impl Engine {
             }
         };
         if plan.awaits_masks() {
-            match self.runner.submit_forward(&self.ctx, &self.model, &self.kv, (&rows, &logit_rows)) {
+            match self.backend.submit_forward(&self.kv, (&rows, &logit_rows)) {
                 Ok(()) => self.open = Some((plan, params)),
                 Err(e) => events.extend(self.sched.fail(&mut self.kv, &plan, &e.into())?),
             }
@@ -573,7 +661,7 @@ impl Engine {
             Some(p) => Choose::Sample(p, &masks),
             None => Choose::Argmax,
         };
-        match self.runner.submit(&self.ctx, &self.model, &self.kv, (&rows, &logit_rows), (Logits::Argmax, choose)) {
+        match self.backend.submit(&self.kv, (&rows, &logit_rows), (Logits::Argmax, choose)) {
             Ok(pending) => self.in_flight.push_back((plan, pending)),
             Err(e) => events.extend(self.sched.fail(&mut self.kv, &plan, &e.into())?),
         }
@@ -599,7 +687,7 @@ impl Engine {
             Some(p) => Choose::Sample(p, &masks),
             None => Choose::Argmax,
         };
-        match self.runner.submit_choice(&self.ctx, &self.model, &self.kv, (Logits::Argmax, choose)) {
+        match self.backend.submit_choice(&self.kv, (Logits::Argmax, choose)) {
             Ok(pending) => self.in_flight.push_back((plan, pending)),
             Err(e) => events.extend(self.sched.fail(&mut self.kv, &plan, &e.into())?),
         }
@@ -670,7 +758,7 @@ impl Engine {
     }
 
     async fn prefill(&mut self, seq: SeqId, tokens: &[u32], start: u32, first_logit: u32, read: Logits) -> Result<(Vec<u32>, Vec<f32>), EngineError> {
-        let out = self.runner.prefill(&self.ctx, &self.model, &mut self.kv, seq, tokens, start, first_logit, read).await?;
+        let out = self.backend.prefill(&mut self.kv, seq, tokens, (start, first_logit), read).await?;
         self.verify()?;
         Ok(out)
     }
@@ -680,7 +768,7 @@ impl Engine {
         if len >= self.kv.max_seq_len {
             return Err(EngineError::ContextOverflow { prompt: len as usize + 1, limit: self.kv.max_seq_len as usize });
         }
-        let out = self.runner.decode(&self.ctx, &self.model, &mut self.kv, seq, token, read).await?;
+        let out = self.backend.decode(&mut self.kv, seq, token, read).await?;
         self.verify()?;
         Ok(out)
     }
@@ -731,15 +819,16 @@ impl Engine {
                 self.kv.max_seq_len
             )));
         }
-        let method = if timestamps && self.ctx.has_timestamps() { TimingMethod::Timestamps } else { TimingMethod::WallClockPerKernel };
-        let vocab = self.model.config.vocab;
+        let ctx = self.backend.gpu("a profile")?.0.clone();
+        let method = if timestamps && ctx.has_timestamps() { TimingMethod::Timestamps } else { TimingMethod::WallClockPerKernel };
+        let vocab = self.config().vocab;
         let tokens: Vec<u32> = (0..n).map(|i| (100 + i) % vocab).collect();
         let (prefill_cold, per_kernel) = self.profile_cold_prefill(&tokens, method).await?;
         let decode = self.profile_decode(&tokens, method, per_kernel).await?;
         let prefill = self.profile_prefill(&tokens, method).await?;
         Ok(Profile {
-            adapter: self.ctx.adapter_name(),
-            variant: self.ctx.variant_name(),
+            adapter: ctx.adapter_name(),
+            variant: ctx.variant_name(),
             method,
             prompt_tokens: n,
             prefill_chunk: self.options.prefill_chunk,
@@ -757,16 +846,18 @@ impl Engine {
     async fn profile_cold_prefill(&mut self, tokens: &[u32], method: TimingMethod) -> Result<(ColdStep, Option<TimedRun>), EngineError> {
         self.scratch_sequence(async |e: &mut Self, seq| {
             let last = tokens.len() as u32 - 1;
-            let (pipelines, mark) = (e.ctx.pipeline_count(), e.mark());
+            let ctx = e.backend.gpu("a profile")?.0.clone();
+            let (pipelines, mark) = (ctx.pipeline_count(), e.mark());
             let (ids, _) = e.prefill(seq, tokens, 0, last, Logits::Argmax).await?;
             let (counters, wall) = e.since(mark);
-            let cold = ColdStep::new(&counters, wall, (e.ctx.pipeline_count() - pipelines) as u64);
+            let cold = ColdStep::new(&counters, wall, (ctx.pipeline_count() - pipelines) as u64);
             if method == TimingMethod::Timestamps {
                 return Ok((cold, None));
             }
             let pos = e.kv.append(seq, 1)?;
             let rows = Runner::rows_of(&e.kv, seq, &ids[ids.len() - 1..], pos);
-            let dispatches = e.runner.time_kernels(&e.ctx, &e.model, &e.kv, &rows).await?;
+            let (ctx, model, runner) = e.backend.gpu("a profile")?;
+            let dispatches = runner.time_kernels(ctx, model, &e.kv, &rows).await?;
             Ok((cold, Some(TimedRun { dispatches, span_ms: None })))
         })
         .await
@@ -803,7 +894,7 @@ impl Engine {
             }
             if capturing {
                 let armed = samples.iter().map(|s| s.0.dispatches).max().unwrap_or(0) as u32 + PROFILE_CAPTURE_SLACK;
-                if let Err(e) = self.ctx.begin_capture(armed) {
+                if let Err(e) = self.gpu_ctx().begin_capture(armed) {
                     break Err(e.into());
                 }
             }
@@ -812,7 +903,7 @@ impl Engine {
             let (counters, wall) = self.since(mark);
             if capturing {
                 // Ended whatever the step did, so that the next profile can arm one.
-                match self.ctx.end_capture().await {
+                match self.gpu_ctx().end_capture().await {
                     Ok(captured) => runs.push(TimedRun::from(captured)),
                     Err(e) => break Err(e.into()),
                 }
@@ -855,16 +946,18 @@ impl Engine {
         let times = self
             .scratch_sequence(async |e: &mut Self, seq| match method {
                 TimingMethod::Timestamps => {
-                    e.ctx.begin_capture(counters.dispatches as u32 + PROFILE_CAPTURE_SLACK)?;
+                    let ctx = e.backend.gpu("a profile")?.0.clone();
+                    ctx.begin_capture(counters.dispatches as u32 + PROFILE_CAPTURE_SLACK)?;
                     let stepped = e.prefill(seq, tokens, 0, last, Logits::Argmax).await;
-                    let captured = e.ctx.end_capture().await;
+                    let captured = ctx.end_capture().await;
                     stepped?;
                     Ok(TimedRun::from(captured?))
                 }
                 TimingMethod::WallClockPerKernel => {
                     e.kv.append(seq, n)?;
                     let rows = Runner::rows_of(&e.kv, seq, tokens, 0);
-                    Ok(TimedRun { dispatches: e.runner.time_kernels(&e.ctx, &e.model, &e.kv, &rows).await?, span_ms: None })
+                    let (ctx, model, runner) = e.backend.gpu("a profile")?;
+                    Ok(TimedRun { dispatches: runner.time_kernels(ctx, model, &e.kv, &rows).await?, span_ms: None })
                 }
             })
             .await?;
@@ -873,12 +966,23 @@ impl Engine {
 
     /// The counters and the clock now, for [`Engine::since`].
     fn mark(&self) -> (Counters, f64) {
-        (self.ctx.counters(), crate::time::now_ms())
+        (self.counters(), crate::time::now_ms())
+    }
+
+    /// The GPU context's counters (all zero on the CPU backend).
+    fn counters(&self) -> Counters {
+        self.backend.ctx().map(|c| c.counters()).unwrap_or_default()
+    }
+
+    /// The GPU context, in the profile's decode loop, which [`Engine::profile`] enters only
+    /// on the WebGPU backend.
+    fn gpu_ctx(&self) -> Arc<Context> {
+        self.backend.ctx().expect("profiles run on the WebGPU backend only").clone()
     }
 
     /// What the context did and the milliseconds that passed since `mark`.
     fn since(&self, (counters, t0): (Counters, f64)) -> (Counters, f64) {
-        (self.ctx.counters().since(&counters), crate::time::now_ms() - t0)
+        (self.counters().since(&counters), crate::time::now_ms() - t0)
     }
 
     /// For benchmarks: generates from `prompt` through the scheduler, like any request, the
@@ -919,7 +1023,7 @@ impl Engine {
         if from == 0 || from > ids.len() {
             return Err(EngineError::InvalidArgument(format!("from must be in 1..={}, got {from}", ids.len())));
         }
-        let vocab = self.model.config.vocab as usize;
+        let vocab = self.config().vocab as usize;
         self.scratch_sequence(async |e: &mut Self, seq| {
             let mut out = Vec::with_capacity(ids.len() - from + 1);
             match mode {
@@ -963,7 +1067,7 @@ impl Engine {
     /// tokens reuses them. Returns the tokens. Refused with a typed error, changing nothing, if
     /// it comes from another model, KV dtype, layout, block size or format version, or is damaged.
     pub fn import_snapshot(&mut self, bytes: &[u8]) -> Result<Vec<u32>, EngineError> {
-        Ok(self.kv.import(bytes, self.model.config.vocab)?)
+        Ok(self.kv.import(bytes, self.config().vocab)?)
     }
 }
 
@@ -981,8 +1085,16 @@ fn fit_pool(ctx: &Arc<Context>, model: &Model, options: &EngineOptions, cache: &
     if weights > cap {
         return Err(out_of_memory(format!("the weights take {weights} bytes, over the {cap}-byte memory cap")));
     }
+    fit_pool_to(cap, weights, largest_steps(ctx, model, options, cache)?, options, cache)
+}
+
+/// Sizes the KV pool of `cache` to what `cap` leaves after `weights` and `graphs` (a step's
+/// activations), the pool taking `per_token` bytes a token, or refuses the cap (see [`fit_pool`]).
+fn fit_pool_to(cap: u64, weights: u64, (graphs, per_token): (u64, u64), options: &EngineOptions, cache: &mut CacheConfig) -> Result<(), EngineError> {
+    if weights > cap {
+        return Err(out_of_memory(format!("the weights take {weights} bytes, over the {cap}-byte memory cap")));
+    }
     let block = cache.block_size.max(1);
-    let (graphs, per_token) = largest_steps(ctx, model, options, cache)?;
     let room = cap.saturating_sub(weights + graphs);
     let fits = match cache.layout {
         KvLayout::Paged => (room / per_token).min(u32::MAX as u64) as u32 / block * block,
@@ -1024,7 +1136,7 @@ fn largest_steps(ctx: &Arc<Context>, model: &Model, options: &EngineOptions, cac
 }
 
 /// The KV cache's configuration for `options`.
-fn cache_config(ctx: &Context, config: &ModelConfig, options: &EngineOptions) -> CacheConfig {
+fn cache_config(ctx: Option<&Arc<Context>>, config: &ModelConfig, options: &EngineOptions) -> CacheConfig {
     let max_context = match options.max_context {
         0 => config.context_length.min(4096),
         n => n.min(config.context_length.max(1)),
@@ -1037,7 +1149,7 @@ fn cache_config(ctx: &Context, config: &ModelConfig, options: &EngineOptions) ->
         // Default: room for the longest sequence, capped by what one layer's buffer may bind
         // on this device.
         pool_tokens: if options.pool_tokens == 0 {
-            let device_max = KvPool::max_blocks(ctx, &config.kv_shape(), block_size) * block_size as u64;
+            let device_max = ctx.map_or(u64::MAX, |ctx| KvPool::max_blocks(ctx, &config.kv_shape(), block_size) * block_size as u64);
             (max_context as u64).min(device_max) as u32
         } else {
             options.pool_tokens

@@ -1,7 +1,9 @@
 //! pagedlm: a small decoder-only LLM runtime on WebGPU (natively on Vulkan), built around a
 //! paged, prefix-sharing KV cache.
 
+pub mod backend;
 pub mod constraint;
+pub mod cpu;
 pub mod engine;
 pub mod error;
 pub mod gguf;

@@ -20,7 +20,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
 use crate::engine::{
-    AdapterClass, ChatFormatKind, Constraint, Context, DeviceLimits, Engine, EngineError, EngineOptions, EngineStats, ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout, Message,
+    AdapterClass, BackendChoice, ChatFormatKind, Constraint, Context, DeviceLimits, Engine, EngineError, EngineOptions, EngineStats, ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout, Message,
     Profile, ProfileSummary, RequestId, SamplingParams, SchedStats, TokenEvent, Tools,
 };
 
@@ -158,6 +158,8 @@ struct LoadOptions {
     adapter_class: Option<String>,
     /// Use the adapter's optional features (subgroups, shader-f16) where offered (default true).
     optional_features: Option<bool>,
+    /// `"webgpu"` (default), `"cpu"` or `"auto"` (WebGPU on a real GPU, else the CPU backend).
+    backend: Option<String>,
 }
 
 impl LoadOptions {
@@ -183,6 +185,11 @@ impl LoadOptions {
             })?),
         };
         o.optional_features = self.optional_features.unwrap_or(o.optional_features);
+        if let Some(name) = self.backend.as_deref() {
+            o.backend = BackendChoice::parse(name).ok_or_else(|| {
+                WebError::new(ErrorCode::InvalidArgument, format!("backend must be \"auto\", \"webgpu\" or \"cpu\", not {name:?}"))
+            })?;
+        }
         if let Some(bytes) = self.max_memory_bytes {
             if !(bytes.is_finite() && bytes >= 1.0 && bytes <= 2f64.powi(53)) {
                 return Err(WebError::new(ErrorCode::InvalidArgument, format!("maxMemoryBytes must be a positive number of bytes, not {bytes}")));
@@ -335,8 +342,12 @@ struct Info {
     adapter: String,
     /// True on a software GPU (SwiftShader, lavapipe).
     is_cpu: bool,
-    /// The kernel variants in use (`Context::variant_name`).
+    /// The kernel variants in use (`Context::variant_name`; `"cpu"` on the CPU backend).
     variant: String,
+    /// `"webgpu"` or `"cpu"`: which backend runs the model.
+    backend: &'static str,
+    /// Why that backend (`"asked for"`, or what `backend: "auto"` found).
+    backend_reason: String,
     kv_layout: KvLayout,
     kv_dtype: &'static str,
     block_size: u32,
@@ -357,9 +368,11 @@ impl Info {
         let memory = engine.memory();
         let kv = engine.kv_cache();
         Info {
-            adapter: engine.context().adapter_name(),
-            is_cpu: engine.context().is_cpu(),
-            variant: engine.context().variant_name(),
+            adapter: engine.adapter_name(),
+            is_cpu: engine.is_cpu(),
+            variant: engine.variant_name(),
+            backend: engine.backend().0,
+            backend_reason: engine.backend().1.to_string(),
             kv_layout: kv.layout,
             kv_dtype: kv.dtype().name(),
             block_size: kv.block_size(),
@@ -572,7 +585,8 @@ pub struct WebEngine {
     inner: Rc<RefCell<Engine>>,
     info: Info,
     /// The engine's GPU context, reachable while a step holds the engine.
-    ctx: Arc<Context>,
+    /// The GPU context; `None` on the CPU backend.
+    ctx: Option<Arc<Context>>,
 }
 
 impl WebEngine {
@@ -593,7 +607,7 @@ impl WebEngine {
         let opts: LoadOptions = self::options(options, "load options")?;
         let engine = Engine::load(&bytes, opts.engine_options()?).await?;
         let info = Info::of(&engine, chat_template(&engine));
-        let ctx = engine.context().clone();
+        let ctx = engine.context().cloned();
         Ok(WebEngine { inner: Rc::new(RefCell::new(engine)), info, ctx })
     }
 
@@ -673,15 +687,18 @@ impl WebEngine {
     /// and only a new engine (on the same model bytes) runs again. Answers during a step too.
     #[wasm_bindgen(js_name = isLost)]
     pub fn is_lost(&self) -> bool {
-        self.ctx.is_lost()
+        self.ctx.as_ref().is_some_and(|c| c.is_lost())
     }
 
     /// Destroys the engine's GPU device as a driver reset would lose it, to test how a page
     /// recovers (what `WEBGL_lose_context.loseContext()` is to WebGL): the running and queued
-    /// requests end with `DEVICE_LOST` at the next step. Works during a step too.
+    /// requests end with `DEVICE_LOST` at the next step. Works during a step too. Nothing on
+    /// the CPU backend, which has no device to lose.
     #[wasm_bindgen(js_name = simulateDeviceLoss)]
     pub fn simulate_device_loss(&self) {
-        self.ctx.device.destroy();
+        if let Some(ctx) = &self.ctx {
+            ctx.device.destroy();
+        }
     }
 
     /// Whether a submitted request has not finished yet.

@@ -37,7 +37,7 @@ async fn load_lowered(bytes: &[u8], opts: &EngineOptions, limit: u64) -> Engine 
              The largest tensor, {name}, is {size} bytes: a matrix over the limit must be split across bindings (issue 14, item 3)"
         )
     });
-    let limits = &engine.context().limits;
+    let limits = &engine.context().expect("a WebGPU engine").limits;
     assert!(
         limits.max_storage_buffer_binding_size <= limit && limits.max_buffer_size <= limit,
         "the context reports limits of {} (binding) and {} (buffer) bytes, above the {limit} asked for",

@@ -135,7 +135,7 @@ async fn speed(engine: &mut Engine) -> String {
     let (n, decode_ms) = engine.generate_ignoring_eos(&prompt, 32).await.unwrap();
     format!(
         "speed on {}: prefill {:.1} tok/s (64 tokens), decode {:.2} tok/s ({n} tokens after 64)",
-        engine.context().adapter_name(),
+        engine.context().expect("a WebGPU engine").adapter_name(),
         64.0 / (g.prefill_ms / 1000.0),
         n as f64 / (decode_ms / 1000.0)
     )
@@ -149,7 +149,7 @@ async fn golden(mode: ScoreMode, layout: KvLayout, only: Option<&[&str]>, (int8_
     let opts = EngineOptions { max_context: 1024, kv_layout: layout, int8_activations, optional_features, ..Default::default() };
     let mut engine = Engine::load(&bytes, opts).await.unwrap();
     let items = items();
-    let int8 = MatmulConfig::for_device(engine.context(), 1).int8_activations;
+    let int8 = MatmulConfig::for_device(engine.context().expect("a WebGPU engine"), 1).int8_activations;
     let numpy_tol = if int8 { 2.0 * llamacpp_numpy_distance(&items) } else { NUMPY_LOGIT_TOL };
     let mut stats = Stats::default();
     let mut checked = 0;

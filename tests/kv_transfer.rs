@@ -305,7 +305,7 @@ gpu_test! {
             }
             if i % 512 == 0 {
                 engine.kv_cache().check_integrity().unwrap();
-                engine.context().queue.submit(None);
+                engine.context().expect("a WebGPU engine").queue.submit(None);
             }
         }
         engine.kv_cache().check_integrity().unwrap();

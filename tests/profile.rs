@@ -195,7 +195,7 @@ gpu_test!(
         // A new device: the first prefill's compiles are part of what the profile accounts for.
         let mut engine = common::load_fresh(&bytes, options()).await.unwrap();
         let with = engine.profile(PROMPT, true).await.unwrap();
-        let want = if engine.context().has_timestamps() { TimingMethod::Timestamps } else { TimingMethod::WallClockPerKernel };
+        let want = if engine.context().expect("a WebGPU engine").has_timestamps() { TimingMethod::Timestamps } else { TimingMethod::WallClockPerKernel };
         assert_eq!(with.method, want);
         check_accounts("timestamps where offered", &with);
         let cold = &with.prefill_cold;
@@ -228,9 +228,9 @@ gpu_test!(
 /// the steady state: a step planned ahead behind every step read).
 async fn per_decode_step(engine: &mut Engine, prompt: &[u32], steps: u32) -> Counters {
     let run = async |engine: &mut Engine, n: u32| {
-        let c0 = engine.context().counters();
+        let c0 = engine.context().expect("a WebGPU engine").counters();
         engine.generate_ignoring_eos(prompt, n).await.unwrap();
-        engine.context().counters().since(&c0)
+        engine.context().expect("a WebGPU engine").counters().since(&c0)
     };
     // Host times differ run to run; only the counts are compared.
     // Once first, so that both measured runs find the prompt in the prefix cache alike.
@@ -284,9 +284,9 @@ gpu_test!(
         }
         let mut widest = 0;
         while engine.has_work() {
-            let c0 = engine.context().counters();
+            let c0 = engine.context().expect("a WebGPU engine").counters();
             let events = engine.step().await.unwrap();
-            let step = engine.context().counters().since(&c0);
+            let step = engine.context().expect("a WebGPU engine").counters().since(&c0);
             let tokens = events.iter().filter(|e| matches!(e, Event::Token { .. })).count() as u64;
             if step.readbacks > 0 {
                 // Each token is a logit row's argmax; a pass with none reads its last row's.

@@ -46,7 +46,7 @@ gpu_test! {
         let prompt: Vec<u32> = (0..40).map(|i| 3 + (i * 7) % 250).collect();
         let mut want = Engine::load(&bytes, EngineOptions { device_limits: DeviceLimits::Adapter, ..Default::default() }).await.unwrap();
         let mut phone = Engine::load(&bytes, EngineOptions { device_limits: DeviceLimits::Phone, ..Default::default() }).await.unwrap();
-        assert_eq!(phone.context().device.limits().max_storage_buffers_per_shader_stage, 8, "the phone engine runs on a phone's device");
+        assert_eq!(phone.context().expect("a WebGPU engine").device.limits().max_storage_buffers_per_shader_stage, 8, "the phone engine runs on a phone's device");
         let a = want.generate(&prompt, &greedy(12), &mut |_| true).await.unwrap();
         let b = phone.generate(&prompt, &greedy(12), &mut |_| true).await.unwrap();
         assert_eq!(a.tokens, b.tokens, "a phone's limits change no token");

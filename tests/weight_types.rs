@@ -18,9 +18,8 @@ use pagedlm::kv::snapshot::SnapshotError;
 use pagedlm::kv::KvError;
 use pagedlm::model::reference::forward_cpu;
 use pagedlm::model::ModelConfig;
-use pagedlm::quant::{dequantize, quantize};
 use pagedlm::rng::Rng;
-use pagedlm::synth::{tiny_llama_gguf, GgufWriter, SynthConfig};
+use pagedlm::synth::{tiny_llama_gguf, SynthConfig};
 
 /// |GPU f32 − CPU f64| on every logit: both dequantize the same blocks; what remains is f32
 /// accumulation over a few hundred terms per dot product (as in tests/tiny_model.rs).
@@ -32,33 +31,6 @@ fn base_model(seed: u64) -> Vec<u8> {
     tiny_llama_gguf(&synth)
 }
 
-/// A copy of the GGUF `bytes` with each tensor `pick` gives a type for re-encoded to it (through
-/// f32), and with `output.weight` added as the embedding re-encoded to `output` when given.
-fn retyped(bytes: &[u8], pick: &dyn Fn(&str) -> Option<GgmlType>, output: Option<GgmlType>) -> Vec<u8> {
-    let g = Gguf::parse(bytes).unwrap();
-    let mut w = GgufWriter::new();
-    for (k, v) in &g.metadata {
-        if k != "general.alignment" {
-            w.add_meta(k.clone(), v.clone()).unwrap();
-        }
-    }
-    let values = |t: &pagedlm::gguf::TensorInfo| {
-        let mut out = vec![0f32; t.dims.iter().product::<u64>() as usize];
-        dequantize(t.ggml_type, g.tensor_data(t), &mut out).unwrap();
-        out
-    };
-    for t in &g.tensors {
-        match pick(&t.name).filter(|_| t.dims.len() == 2) {
-            Some(ty) => w.add_tensor(t.name.clone(), &t.dims, ty, quantize(ty, &values(t)).unwrap()).unwrap(),
-            None => w.add_tensor(t.name.clone(), &t.dims, t.ggml_type, g.tensor_data(t).to_vec()).unwrap(),
-        }
-    }
-    if let Some(ty) = output {
-        let embd = g.tensor("token_embd.weight").unwrap();
-        w.add_tensor("output.weight", &embd.dims, ty, quantize(ty, &values(embd)).unwrap()).unwrap();
-    }
-    w.to_bytes()
-}
 
 /// The roles of a llama.cpp "Q4_K_M" file, each a different type here: q and k Q5_0 with v Q8_0
 /// (one stack, two types), gate Q4_K with up Q5_K, down Q6_K, the output Q2_K, the embedding Q3_K.
@@ -77,7 +49,7 @@ fn mixed_type(name: &str) -> Option<GgmlType> {
 }
 
 fn mixed_model(seed: u64) -> Vec<u8> {
-    retyped(&base_model(seed), &mixed_type, Some(GgmlType::Q2_K))
+    common::retyped(&base_model(seed), &mixed_type, Some(GgmlType::Q2_K))
 }
 
 fn random_ids(rng: &mut Rng, n: usize, vocab: u32) -> Vec<u32> {
@@ -111,7 +83,7 @@ fn every_type_alone_matches_the_cpu_recompute() {
         let vocab = ModelConfig::from_gguf(&Gguf::parse(&base).unwrap()).unwrap().vocab;
         let ids = random_ids(&mut Rng::new(5), 20, vocab);
         for t in GgmlType::SUPPORTED {
-            let bytes = retyped(&base, &|name| mixed_type(name).map(|_| t), None);
+            let bytes = common::retyped(&base, &|name| mixed_type(name).map(|_| t), None);
             let held = Gguf::parse(&bytes).unwrap().tensors.iter().filter(|i| i.ggml_type == t).count();
             assert!(held >= 15, "{}: only {held} tensors re-encoded", t.name());
             let opts = EngineOptions { prefill_chunk: 8, max_context: 64, ..Default::default() };
@@ -184,7 +156,7 @@ gpu_test! {
             assert_eq!(moved.prefix_hit_tokens as usize, history.len());
             assert_eq!(moved.tokens, in_place.tokens, "{kv_dtype:?}: tokens differ after the transfer");
             // The same shapes with other weights (here: all Q4_1) have another fingerprint.
-            let plain = retyped(&base_model(53), &|name| mixed_type(name).map(|_| GgmlType::Q4_1), None);
+            let plain = common::retyped(&base_model(53), &|name| mixed_type(name).map(|_| GgmlType::Q4_1), None);
             let mut other = Engine::load(&plain, opts).await.unwrap();
             match other.import_snapshot(&snapshot) {
                 Err(EngineError::Kv(KvError::Snapshot(SnapshotError::Mismatch { what, .. }))) => {

@@ -38,6 +38,7 @@ const USAGE: &str = "usage: pagedlm <tokenize|score|generate|bench|trace|profile
             --adapter-class cpu|integrated|discrete   (tune the kernels as for that kind of adapter)
             --no-optional-features   (the variants for adapters without subgroups and shader-f16)
             --activations auto|f32|int8   (the matmuls' activations; auto: f32)
+            --backend webgpu|cpu|auto   (cpu: CPU kernels, no device; auto: WebGPU on a real GPU, else cpu)
             (every command takes them; tokenize reads only --model)
   tokenize  --texts FILE.json
   score     --input FILE.json [--mode decode|prefill]
@@ -64,7 +65,7 @@ mod cli {
     use pagedlm::engine::SchedConfig;
     use pagedlm::engine::{Constraint, Engine, EngineOptions, Event, GenerateRequest, Generation, KvDtype, KvLayout, Message, Profile, RequestId, ScoreMode, StepProfile, Tools};
     use pagedlm::gguf::Gguf;
-    use pagedlm::engine::{AdapterClass, DeviceLimits};
+    use pagedlm::engine::{AdapterClass, BackendChoice, DeviceLimits};
     use pagedlm::sampler::SamplingParams;
     use pagedlm::tokenizer::{ChatMessage, Tokenizer, TokenizerSpec};
     use serde_json::{json, Value};
@@ -137,6 +138,8 @@ mod cli {
             max_binding_bytes: args.given("max-binding-mib").then(|| u64::from(args.count("max-binding-mib", 0)) << 20),
             // The parser admits only the names in args::ADAPTER_CLASSES.
             adapter_class: args.text("adapter-class").and_then(AdapterClass::parse),
+            // The parser admits only the names in args::BACKENDS.
+            backend: args.text("backend").and_then(BackendChoice::parse).unwrap_or_default(),
             optional_features: !args.flag("no-optional-features"),
             int8_activations: match args.text("activations") {
                 Some("int8") => Some(true),
@@ -614,7 +617,7 @@ mod cli {
         }
         let ms = t1.unwrap_or_else(pagedlm::time::now_ms) - t0.unwrap_or(0.0);
         print_line(&json!({
-            "adapter": engine.context().adapter_name(), "variant": engine.context().variant_name(),
+            "adapter": engine.adapter_name(), "variant": engine.variant_name(), "backend": engine.backend().0,
             "batch": batch,
             "context": context,
             "decode_tok_s": tokens as f64 / (ms / 1000.0),
@@ -654,7 +657,9 @@ mod cli {
             let t2 = pagedlm::time::now_ms();
             target.import_snapshot(&snapshot)?;
             // Wait for the uploads to land.
-            target.context().read_u32(&target.kv_cache().table_buffer, 0, 1).await?;
+            if let (Some(ctx), Some(table)) = (target.context(), target.kv_cache().table_buffer()) {
+                ctx.read_u32(table, 0, 1).await?;
+            }
             let t3 = pagedlm::time::now_ms();
             print_line(&json!({
                 "tokens": n,
@@ -730,7 +735,7 @@ mod cli {
         gaps.sort_by(|a, b| a.total_cmp(b));
         let pct = |q: f64| gaps.get(((gaps.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
         print_line(&json!({
-            "adapter": engine.context().adapter_name(), "variant": engine.context().variant_name(),
+            "adapter": engine.adapter_name(), "variant": engine.variant_name(), "backend": engine.backend().0,
             "step_tokens": opts.sched.step_tokens,
             "long_prompt_tokens": long,
             "long_prompt_ms": prefill_ms,
@@ -805,7 +810,7 @@ mod cli {
         };
         let memory = engine.memory();
         let mut line = json!({
-            "adapter": engine.context().adapter_name(), "variant": engine.context().variant_name(),
+            "adapter": engine.adapter_name(), "variant": engine.variant_name(), "backend": engine.backend().0,
             "prefill_tok_s": prompt_tokens as f64 / (prefill.prefill_ms / 1000.0),
             "decode_tok_s": decode.0 as f64 / (decode.1 / 1000.0),
             "prompt_tokens": prompt_tokens,

@@ -391,6 +391,12 @@ impl Context {
         self.class == AdapterClass::Cpu
     }
 
+    /// True when the adapter itself is a CPU emulation (its device type, whatever class the
+    /// kernels were asked to be tuned for): what `backend: "auto"` leaves for the CPU backend.
+    pub fn is_cpu_adapter(&self) -> bool {
+        self.info.device_type == wgpu::DeviceType::Cpu
+    }
+
     /// The kind of adapter the kernels are tuned for: the adapter's own, or the one
     /// [`ContextOptions::class`] asked for.
     pub fn class(&self) -> AdapterClass {

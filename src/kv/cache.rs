@@ -77,18 +77,21 @@ struct Sequence {
 /// The local (sliding-window) layers' block group.
 struct LocalGroup {
     pool: KvPool,
-    /// `[max_seqs][max_blocks_per_seq] u32`, the same rows as the global table.
-    table_buffer: wgpu::Buffer,
+    /// `[max_seqs][max_blocks_per_seq] u32`, the same rows as the global table (GPU only).
+    table_buffer: Option<wgpu::Buffer>,
     rule: WindowRule,
 }
 
 pub struct KvCache {
     /// The device the pool lives on: copy-on-write and block-table uploads go through it.
-    ctx: Arc<Context>,
+    /// `None` for a cache in CPU memory (the CPU backend, [`KvCache::new_host`]), whose kernels
+    /// read the tables from [`KvCache::blocks`] and [`KvCache::local_blocks`].
+    ctx: Option<Arc<Context>>,
     pub layout: KvLayout,
     pub pool: KvPool,
-    /// `[max_seqs][max_blocks_per_seq] u32`: each sequence's block table as the kernels read it.
-    pub table_buffer: wgpu::Buffer,
+    /// `[max_seqs][max_blocks_per_seq] u32`: each sequence's block table as the kernels read it
+    /// (GPU only).
+    table_buffer: Option<wgpu::Buffer>,
     pub max_blocks_per_seq: u32,
     /// The longest sequence this cache holds.
     pub max_seq_len: u32,
@@ -120,7 +123,23 @@ pub struct CacheConfig {
 }
 
 impl KvCache {
+    /// A cache whose pool lives in GPU buffers of `ctx`.
     pub fn new(ctx: &Arc<Context>, shape: &KvShape, config: CacheConfig) -> Result<KvCache, KvError> {
+        Self::build(Some(ctx), shape, config)
+    }
+
+    /// A cache whose pool lives in CPU memory ([`crate::kv::HostPool`]), for the CPU backend:
+    /// the same blocks, tables, prefix tree and snapshots, no device.
+    pub fn new_host(shape: &KvShape, config: CacheConfig) -> Result<KvCache, KvError> {
+        Self::build(None, shape, config)
+    }
+
+    fn build(ctx: Option<&Arc<Context>>, shape: &KvShape, config: CacheConfig) -> Result<KvCache, KvError> {
+        let new_pool = |shape: &KvShape, n_blocks: u32, block_size: u32| match ctx {
+            Some(ctx) => KvPool::new(ctx, shape, config.dtype, block_size, n_blocks),
+            None => KvPool::new_host(shape, config.dtype, block_size, n_blocks),
+        };
+        let new_table = |label: &str, bytes: u64| ctx.map(|ctx| ctx.storage_zeroed(label, bytes));
         let CacheConfig { layout, dtype, block_size, pool_tokens, max_seqs, max_seq_len, prefix_cache, .. } = config;
         if max_seqs == 0 || max_seq_len == 0 {
             return Err(KvError::Config("max_seqs and max_seq_len must be at least 1".into()));
@@ -135,10 +154,10 @@ impl KvCache {
             }
         };
         let n_local = shape.n_local();
-        let pool = KvPool::new(ctx, &shape.with_layers(shape.n_layers - n_local), dtype, block_size, n_blocks)?;
+        let pool = new_pool(&shape.with_layers(shape.n_layers - n_local), n_blocks, block_size)?;
         let max_blocks_per_seq = max_seq_len.div_ceil(block_size);
         let table_bytes = max_seqs as u64 * max_blocks_per_seq as u64 * 4;
-        let table_buffer = ctx.storage_zeroed("kv.block_table", table_bytes);
+        let table_buffer = new_table("kv.block_table", table_bytes);
         let key = CacheKey { model: shape.fingerprint, dtype, layout, block_size };
         let rule = WindowRule { window: shape.window, block_size };
         let local = if n_local == 0 {
@@ -149,8 +168,8 @@ impl KvCache {
                 KvLayout::Paged => Self::default_local_pool_tokens(shape, &config).div_ceil(block_size).min(n_blocks).max(1),
             };
             let local_blocks = if config.local_pool_tokens > 0 && layout == KvLayout::Paged { config.local_pool_tokens.div_ceil(block_size) } else { local_blocks };
-            let pool = KvPool::new(ctx, &shape.with_layers(n_local), dtype, block_size, local_blocks)?;
-            Some(LocalGroup { pool, table_buffer: ctx.storage_zeroed("kv.block_table.local", table_bytes), rule })
+            let pool = new_pool(&shape.with_layers(n_local), local_blocks, block_size)?;
+            Some(LocalGroup { pool, table_buffer: new_table("kv.block_table.local", table_bytes), rule })
         };
         let mut radix = if local.is_some() { RadixTree::windowed(key, rule) } else { RadixTree::new(key) };
         radix.set_enabled(prefix_cache && layout == KvLayout::Paged);
@@ -163,7 +182,7 @@ impl KvCache {
             })
             .collect();
         Ok(KvCache {
-            ctx: ctx.clone(),
+            ctx: ctx.cloned(),
             layout,
             pool,
             table_buffer,
@@ -210,15 +229,16 @@ impl KvCache {
     }
 
     /// Writes a sequence's table rows (both groups) from logical block `from_block` on.
+    /// Nothing for a cache in CPU memory (its kernels read the tables where they are kept).
     fn upload_table(&self, id: SeqId, from_block: usize) {
-        let Ok(seq) = self.seq(id) else { return };
+        let (Ok(seq), Some(ctx), Some(table)) = (self.seq(id), &self.ctx, &self.table_buffer) else { return };
         let offset = (id.0 as u64 * self.max_blocks_per_seq as u64 + from_block as u64) * 4;
         if from_block < seq.blocks.len() {
-            self.ctx.queue.write_buffer(&self.table_buffer, offset, bytemuck::cast_slice(&seq.blocks[from_block..]));
+            ctx.queue.write_buffer(table, offset, bytemuck::cast_slice(&seq.blocks[from_block..]));
         }
-        if let Some(local) = &self.local {
+        if let Some(LocalGroup { table_buffer: Some(local_table), .. }) = &self.local {
             if from_block < seq.local.len() {
-                self.ctx.queue.write_buffer(&local.table_buffer, offset, bytemuck::cast_slice(&seq.local[from_block..]));
+                ctx.queue.write_buffer(local_table, offset, bytemuck::cast_slice(&seq.local[from_block..]));
             }
         }
     }
@@ -230,9 +250,13 @@ impl KvCache {
             (Some(group), true) => &group.pool,
             _ => &self.pool,
         };
-        let mut encoder = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
+        let Some(ctx) = &self.ctx else {
+            pool.copy_block_host(src, dst);
+            return;
+        };
+        let mut encoder = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
         pool.copy_block(&mut encoder, src, dst);
-        self.ctx.submit(Some(encoder.finish()));
+        ctx.submit(Some(encoder.finish()));
     }
 
     /// The tree and the allocators of both groups, borrowed together.
@@ -328,9 +352,9 @@ impl KvCache {
         let freed: Vec<u32> = seq.local[from..to].iter_mut().map(|b| std::mem::replace(b, NO_BLOCK)).collect();
         self.release(&[], &freed)?;
         // Only the local table's freed slots change (now NO_BLOCK).
-        if let Some(local) = &self.local {
+        if let (Some(LocalGroup { table_buffer: Some(table), .. }), Some(ctx)) = (&self.local, &self.ctx) {
             let offset = (id.0 as u64 * self.max_blocks_per_seq as u64 + from as u64) * 4;
-            self.ctx.queue.write_buffer(&local.table_buffer, offset, bytemuck::cast_slice(&self.seq(id)?.local[from..to]));
+            ctx.queue.write_buffer(table, offset, bytemuck::cast_slice(&self.seq(id)?.local[from..to]));
         }
         Ok(())
     }
@@ -501,13 +525,32 @@ impl KvCache {
     }
 
     /// Layer `l`'s K and V buffers and the block table of its group, as the kernels bind them.
+    /// A GPU cache's only: the CPU backend reads [`KvCache::layer_host`].
     pub fn layer_buffers(&self, l: usize) -> PoolBuffers<'_> {
         let (pool, i) = self.layer_pool(l);
         let block_table = match (self.layer_slots[l].0, &self.local) {
-            (true, Some(group)) => &group.table_buffer,
-            _ => &self.table_buffer,
+            (true, Some(group)) => group.table_buffer.as_ref(),
+            _ => self.table_buffer.as_ref(),
         };
-        PoolBuffers { k: &pool.k[i], v: &pool.v[i], block_table }
+        PoolBuffers { k: &pool.k[i], v: &pool.v[i], block_table: block_table.expect("a GPU cache has block-table buffers") }
+    }
+
+    /// A cache in CPU memory: layer `l`'s pool ([`KvPool::host`] holds its buffers), the index
+    /// of its buffers there, and whether it is a local (windowed) layer, whose blocks are a
+    /// sequence's [`KvCache::local_blocks`].
+    pub fn layer_host(&self, l: usize) -> (&KvPool, usize, bool) {
+        let (pool, i) = self.layer_pool(l);
+        (pool, i, self.layer_slots[l].0 && self.local.is_some())
+    }
+
+    /// The global block-table buffer a GPU cache's kernels read; `None` in CPU memory.
+    pub fn table_buffer(&self) -> Option<&wgpu::Buffer> {
+        self.table_buffer.as_ref()
+    }
+
+    /// Whether the pool lives in CPU memory (the CPU backend).
+    pub fn is_host(&self) -> bool {
+        self.ctx.is_none()
     }
 
     /// Physical blocks of layer `l`'s group (the kernels' `n_blocks` for that layer).
@@ -875,7 +918,7 @@ impl KvCache {
         blocks.extend(m.partial.map(|(b, _)| b));
         let mut local = m.local.clone();
         local.extend(m.partial_local);
-        super::snapshot::export(&self.ctx, &self.layer_blocks_of(&blocks, &local), &self.key, &self.shape, tokens).await
+        super::snapshot::export(self.ctx.as_deref(), &self.layer_blocks_of(&blocks, &local), &self.key, &self.shape, tokens).await
     }
 
     /// Loads a snapshot into the prefix cache: its blocks are allocated (evicting cached
@@ -907,7 +950,7 @@ impl KvCache {
                 }
             }
         }
-        snap.upload(&self.ctx, &self.layer_blocks_of(&blocks, &local))?;
+        snap.upload(self.ctx.as_deref(), &self.layer_blocks_of(&blocks, &local))?;
         self.seqs[slot] = Some(Sequence { blocks, local, len: n, step_start: n });
         self.finish(SeqId(slot as u32), &snap.tokens)?;
         Ok(snap.tokens)

@@ -13,7 +13,7 @@ pub mod window;
 
 pub use crate::quant::KvDtype;
 pub use cache::{CacheConfig, KvCache, KvLayout, SeqId};
-pub use pool::{GroupStats, KvPool, PoolStats};
+pub use pool::{GroupStats, HostPool, KvPool, PoolStats};
 pub use radix::{CacheKey, PrefixMatch, PrefixStats, RadixTree};
 pub use window::WindowRule;
 

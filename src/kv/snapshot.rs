@@ -150,7 +150,7 @@ fn unit_count(shape: &KvShape, block_size: u32, n_tokens: u32) -> u64 {
 
 /// Reads the blocks of `layers` (holding `tokens`, in order) back from the GPU and serializes
 /// them: copies of every region into staging buffers, one map each.
-pub async fn export(ctx: &Context, layers: &[LayerBlocks<'_>], key: &CacheKey, shape: &KvShape, tokens: &[u32]) -> Result<Vec<u8>, KvError> {
+pub async fn export(ctx: Option<&Context>, layers: &[LayerBlocks<'_>], key: &CacheKey, shape: &KvShape, tokens: &[u32]) -> Result<Vec<u8>, KvError> {
     let pool = layers.first().map(|l| l.pool).ok_or_else(|| KvError::Internal("a snapshot of no layers".into()))?;
     let n_blocks = (tokens.len() as u64).div_ceil(pool.block_size as u64);
     if layers.iter().any(|l| l.blocks.len() as u64 != n_blocks) {
@@ -166,6 +166,19 @@ pub async fn export(ctx: &Context, layers: &[LayerBlocks<'_>], key: &CacheKey, s
     }
     let total = all.len() as u64 * 2 * bb;
     let mut data = Vec::with_capacity(total as usize);
+    let Some(ctx) = ctx else {
+        // A pool in CPU memory: the regions are read where they are.
+        for &(layer, b) in &all {
+            let host = layer.pool.host.as_ref().ok_or_else(|| KvError::Internal("a GPU pool without its device".into()))?;
+            let (k, v) = host.lock(layer.buffer);
+            for words in [&*k, &*v] {
+                for (offset, len) in block_regions(layer.pool, b) {
+                    data.extend_from_slice(bytemuck::cast_slice(&words[(offset / 4) as usize..((offset + len) / 4) as usize]));
+                }
+            }
+        }
+        return Ok(serialize(pool, (key, shape), tokens, n_blocks, &data)?);
+    };
     if total > 0 {
         // Stage in pieces no larger than the device allows for one buffer.
         let limit = (ctx.limits.max_buffer_size / 2).max(bb * 2);
@@ -188,6 +201,11 @@ pub async fn export(ctx: &Context, layers: &[LayerBlocks<'_>], key: &CacheKey, s
             data.extend_from_slice(&bytes);
         }
     }
+    serialize(pool, (key, shape), tokens, n_blocks, &data)
+}
+
+/// The snapshot's bytes: magic, version, header, tokens, the K/V `data`, checksum.
+fn serialize(pool: &KvPool, (key, shape): (&CacheKey, &KvShape), tokens: &[u32], n_blocks: u64, data: &[u8]) -> Result<Vec<u8>, KvError> {
     let header = serde_json::to_vec(&header_for(pool, key, shape, tokens.len() as u32, n_blocks as u32))
         .map_err(|e| KvError::Internal(e.to_string()))?;
     let mut out = Vec::with_capacity(24 + header.len() + tokens.len() * 4 + data.len() + 8);
@@ -196,7 +214,7 @@ pub async fn export(ctx: &Context, layers: &[LayerBlocks<'_>], key: &CacheKey, s
     out.extend_from_slice(&(header.len() as u32).to_le_bytes());
     out.extend_from_slice(&header);
     tokens.iter().for_each(|t| out.extend_from_slice(&t.to_le_bytes()));
-    out.extend_from_slice(&data);
+    out.extend_from_slice(data);
     let sum = fnv(&out);
     out.extend_from_slice(&sum.to_le_bytes());
     Ok(out)
@@ -259,13 +277,26 @@ pub fn parse<'a>(bytes: &'a [u8], pool: &KvPool, key: &CacheKey, shape: &KvShape
 impl Snapshot<'_> {
     /// Uploads the snapshot's K/V into the blocks of `layers` (a sequence holding exactly the
     /// blocks the window rule keeps for its tokens, as [`parse`] checked the data has).
-    pub fn upload(&self, ctx: &Context, layers: &[LayerBlocks<'_>]) -> Result<(), KvError> {
+    /// `ctx`: the device of a GPU pool, `None` for a pool in CPU memory.
+    pub fn upload(&self, ctx: Option<&Context>, layers: &[LayerBlocks<'_>]) -> Result<(), KvError> {
         let mut at = 0usize;
         for (layer, b) in units(layers) {
-            for buf in [&layer.pool.k[layer.buffer], &layer.pool.v[layer.buffer]] {
+            for which in 0..2 {
                 for (offset, len) in block_regions(layer.pool, b) {
                     let bytes = self.data.get(at..at + len as usize).ok_or_else(|| KvError::Internal("the snapshot holds fewer blocks than the sequence".into()))?;
-                    ctx.queue.write_buffer(buf, offset, bytes);
+                    match (ctx, &layer.pool.host) {
+                        (_, Some(host)) => {
+                            let (mut k, mut v) = host.lock(layer.buffer);
+                            let words = if which == 0 { &mut *k } else { &mut *v };
+                            let at_word = (offset / 4) as usize;
+                            bytemuck::cast_slice_mut::<u32, u8>(&mut words[at_word..at_word + (len / 4) as usize]).copy_from_slice(bytes);
+                        }
+                        (Some(ctx), None) => {
+                            let buf = if which == 0 { &layer.pool.k[layer.buffer] } else { &layer.pool.v[layer.buffer] };
+                            ctx.queue.write_buffer(buf, offset, bytes);
+                        }
+                        (None, None) => return Err(KvError::Internal("a GPU pool without its device".into())),
+                    }
                     at += len as usize;
                 }
             }

@@ -1,6 +1,6 @@
-//! Runs rows through the model: picks (and caches) the forward graph for a step's shape, and
-//! the one-sequence paths the engine uses outside the scheduler (teacher-forced scoring,
-//! benchmarks, caching a prefix for a snapshot).
+//! Runs rows through the model on the GPU: picks (and caches) the forward graph for a step's
+//! shape (the one-sequence paths outside the scheduler, prefill and decode, are the backends'
+//! own: [`crate::backend::Backend::prefill`]).
 //!
 //! A step whose rows are consecutive positions of one sequence (a prefill chunk, or a lone
 //! decode token) takes a [`AttentionKind::Sequence`] graph built for exactly its row count,
@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use crate::gpu::{Context, GpuError};
 use crate::kv::{KvCache, SeqId};
 
-use super::graph::{AttentionKind, Choose, Feed, ForwardGraph, Logits, PendingStep, RowOutput, StepRow};
+use super::graph::{AttentionKind, Choose, Feed, ForwardGraph, Logits, PendingStep, StepRow};
 use crate::sampler::MAX_REPETITION_WINDOW;
 use super::{ModelConfig, ModelError, Weights};
 
@@ -212,16 +212,8 @@ impl Runner {
         Ok(())
     }
 
-    /// Runs one step over `rows` (their K/V slots already appended to their sequences) and
-    /// returns one output per entry of `logit_rows` (indices into `rows`), in order.
-    pub async fn run(&mut self, ctx: &Context, model: &Model, kv: &KvCache, rows: &[StepRow], logit_rows: &[u32], read: Logits) -> Result<Vec<RowOutput>, ModelError> {
-        if rows.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.submit(ctx, model, kv, (rows, logit_rows), (read, Choose::Argmax))?.read(ctx).await
-    }
-
-    /// [`Runner::run`] without waiting: the step is on the GPU when this returns and its
+    /// Submits one step over `rows` (their K/V slots already appended to their sequences),
+    /// without waiting: the step is on the GPU when this returns and its
     /// outputs come through the [`PendingStep`]. Rows may be [`StepRow::FED`]: their token is
     /// the last one their sequence's earlier steps produced, handed over on the GPU. With
     /// [`Choose::Sample`] the logit rows' tokens are sampled on the GPU, each row's penalty window
@@ -274,41 +266,9 @@ impl Runner {
         Ok(())
     }
 
-    /// The graph a step of `rows` (not empty) with `n_logits` logit rows runs on.
-    /// Runs `tokens` at positions `start..` of `seq` (appending their K/V slots) through
-    /// prefill passes of at most `prefill_chunk` rows. Returns, for each position p in
-    /// `start..start + len` with p >= `first_logit`, the argmax and (with [`Logits::Full`]) the
-    /// logits predicting position p + 1, concatenated.
-    pub async fn prefill(&mut self, ctx: &Context, model: &Model, kv: &mut KvCache, seq: SeqId, tokens: &[u32], start: u32, first_logit: u32, read: Logits) -> Result<(Vec<u32>, Vec<f32>), ModelError> {
-        let mut argmaxes = Vec::new();
-        let mut logits = Vec::new();
-        let mut pos = start;
-        for piece in tokens.chunks(self.prefill_chunk as usize) {
-            let rows = self.append_rows(kv, seq, piece, pos)?;
-            let end = pos + piece.len() as u32;
-            let logit_rows: Vec<u32> = (first_logit.max(pos).min(end)..end).map(|p| p - pos).collect();
-            for (id, l) in self.run(ctx, model, kv, &rows, &logit_rows, read).await? {
-                argmaxes.push(id);
-                logits.extend(l.unwrap_or_default());
-            }
-            pos = end;
-        }
-        Ok((argmaxes, logits))
-    }
-
-    /// One decode step: `token` at the next position of `seq`.
-    pub async fn decode(&mut self, ctx: &Context, model: &Model, kv: &mut KvCache, seq: SeqId, token: u32, read: Logits) -> Result<RowOutput, ModelError> {
-        let pos = kv.len(seq)?;
-        let rows = self.append_rows(kv, seq, &[token], pos)?;
-        let mut out = self.run(ctx, model, kv, &rows, &[0], read).await?;
-        Ok(out.remove(0))
-    }
-
-    /// Appends K/V slots for `tokens` at `start..` of `seq` and returns their rows.
-    fn append_rows(&self, kv: &mut KvCache, seq: SeqId, tokens: &[u32], start: u32) -> Result<Vec<StepRow>, ModelError> {
-        let at = kv.append(seq, tokens.len() as u32)?;
-        debug_assert_eq!(at, start);
-        Ok(Self::rows_of(kv, seq, tokens, start))
+    /// Most rows of one prefill pass outside the scheduler.
+    pub fn prefill_chunk(&self) -> u32 {
+        self.prefill_chunk
     }
 
     /// Writes `tokens` (at most [`MAX_REPETITION_WINDOW`], oldest first) as the penalty ring of

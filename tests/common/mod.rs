@@ -263,3 +263,31 @@ pub async fn finish_streamed(engine: &mut pagedlm::engine::Engine, check_integri
     }
     done
 }
+
+/// A copy of the GGUF `bytes` with each tensor `pick` gives a type for re-encoded to it (through
+/// f32), and with `output.weight` added as the embedding re-encoded to `output` when given.
+pub fn retyped(bytes: &[u8], pick: &dyn Fn(&str) -> Option<pagedlm::gguf::GgmlType>, output: Option<pagedlm::gguf::GgmlType>) -> Vec<u8> {
+    let g = pagedlm::gguf::Gguf::parse(bytes).unwrap();
+    let mut w = pagedlm::synth::GgufWriter::new();
+    for (k, v) in &g.metadata {
+        if k != "general.alignment" {
+            w.add_meta(k.clone(), v.clone()).unwrap();
+        }
+    }
+    let values = |t: &pagedlm::gguf::TensorInfo| {
+        let mut out = vec![0f32; t.dims.iter().product::<u64>() as usize];
+        pagedlm::quant::dequantize(t.ggml_type, g.tensor_data(t), &mut out).unwrap();
+        out
+    };
+    for t in &g.tensors {
+        match pick(&t.name).filter(|_| t.dims.len() == 2) {
+            Some(ty) => w.add_tensor(t.name.clone(), &t.dims, ty, pagedlm::quant::quantize(ty, &values(t)).unwrap()).unwrap(),
+            None => w.add_tensor(t.name.clone(), &t.dims, t.ggml_type, g.tensor_data(t).to_vec()).unwrap(),
+        }
+    }
+    if let Some(ty) = output {
+        let embd = g.tensor("token_embd.weight").unwrap();
+        w.add_tensor("output.weight", &embd.dims, ty, pagedlm::quant::quantize(ty, &values(embd)).unwrap()).unwrap();
+    }
+    w.to_bytes()
+}

@@ -37,6 +37,8 @@ const fn opt(name: &'static str, kind: Kind) -> Opt {
 pub const KV_LAYOUTS: &[&str] = &["contiguous", "paged"];
 pub const KV_DTYPES: &[&str] = &["f32", "int8"];
 pub const ADAPTER_CLASSES: &[&str] = &["cpu", "integrated", "discrete"];
+/// `--backend`'s values ([`pagedlm::engine::BackendChoice::parse`]).
+pub const BACKENDS: &[&str] = &["auto", "webgpu", "cpu"];
 pub const ACTIVATIONS: &[&str] = &["auto", "f32", "int8"];
 pub const DEVICE_LIMITS: &[&str] = &["adapter", "phone"];
 pub const SCORE_MODES: &[&str] = &["decode", "prefill"];
@@ -62,6 +64,7 @@ const ENGINE: &[Opt] = &[
     opt("adapter-class", Kind::Choice(ADAPTER_CLASSES)),
     opt("no-optional-features", Kind::Flag),
     opt("activations", Kind::Choice(ACTIVATIONS)),
+    opt("backend", Kind::Choice(BACKENDS)),
 ];
 
 /// The commands, for dispatching without matching on names.

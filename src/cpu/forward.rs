@@ -1,0 +1,249 @@
+//! The forward pass on the CPU: the graph of [`crate::model::graph`] (llama and Gemma 3, every
+//! feature of [`ModelConfig`]) over the rows of one step, with the K/V in a KV cache in CPU
+//! memory ([`KvCache::new_host`]). Rows may be consecutive positions of one sequence (a prefill
+//! chunk) or rows of many sequences (a batched step): each row reads its own sequence's block
+//! table, so one code path serves both.
+
+use crate::gguf::{GgmlType, Gguf};
+use crate::kv::{KvCache, SeqId};
+use crate::model::{ModelConfig, ModelError};
+use crate::quant::kv_int8::Int8Layout;
+
+use super::kernels::{self, AttnRow, PoolView, QMatrix};
+
+/// One layer's weights, kept in their file's formats.
+struct Layer {
+    attn_norm: Vec<f32>,
+    wq: QMatrix,
+    wk: QMatrix,
+    wv: QMatrix,
+    /// Gemma 3's per-head norms of q and k.
+    qk_norm: Option<(Vec<f32>, Vec<f32>)>,
+    wo: QMatrix,
+    post_attention_norm: Option<Vec<f32>>,
+    ffn_norm: Vec<f32>,
+    gate: QMatrix,
+    up: QMatrix,
+    down: QMatrix,
+    post_ffw_norm: Option<Vec<f32>>,
+}
+
+/// The model's weights in CPU memory.
+pub struct HostModel {
+    pub config: ModelConfig,
+    /// Whether the matmuls quantize their activations to int8 blocks (as llama.cpp's CPU
+    /// kernels do) instead of multiplying them in f32.
+    pub int8_activations: bool,
+    embd: QMatrix,
+    layers: Vec<Layer>,
+    output_norm: Vec<f32>,
+    /// `None`: the output projection is the embedding (tied weights).
+    output: Option<QMatrix>,
+}
+
+fn matrix(gguf: &Gguf<'_>, name: &str, cols: u32, rows: u32) -> Result<QMatrix, ModelError> {
+    let (info, data) = gguf.require_tensor(name, &GgmlType::SUPPORTED)?;
+    if info.dims.as_slice() != [cols as u64, rows as u64] {
+        return Err(ModelError::Format(format!("{name} has dims {:?}, expected [{cols}, {rows}]", info.dims)));
+    }
+    QMatrix::new(info.ggml_type, rows as usize, cols as usize, data).map_err(|e| ModelError::Format(format!("tensor {name}: {e}")))
+}
+
+fn vector(gguf: &Gguf<'_>, name: &str, dim: u32) -> Result<Vec<f32>, ModelError> {
+    let (info, data) = gguf.require_tensor(name, &[GgmlType::F32])?;
+    if info.dims.as_slice() != [dim as u64] {
+        return Err(ModelError::Format(format!("{name} has dims {:?}, expected [{dim}]", info.dims)));
+    }
+    Ok(data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+}
+
+impl HostModel {
+    /// Copies the model's tensors out of the file (kept quantized) and checks their shapes.
+    pub fn load(gguf: &Gguf<'_>, config: &ModelConfig, int8_activations: bool) -> Result<HostModel, ModelError> {
+        crate::model::weights::check_types(gguf)?;
+        let c = config;
+        let (q_width, kv_width) = (c.q_width(), c.n_kv_heads * c.head_dim);
+        let layers = (0..c.n_layers)
+            .map(|l| {
+                let p = |s: &str| format!("blk.{l}.{s}");
+                Ok(Layer {
+                    attn_norm: vector(gguf, &p("attn_norm.weight"), c.hidden)?,
+                    wq: matrix(gguf, &p("attn_q.weight"), c.hidden, q_width)?,
+                    wk: matrix(gguf, &p("attn_k.weight"), c.hidden, kv_width)?,
+                    wv: matrix(gguf, &p("attn_v.weight"), c.hidden, kv_width)?,
+                    qk_norm: match c.qk_norm {
+                        true => Some((vector(gguf, &p("attn_q_norm.weight"), c.head_dim)?, vector(gguf, &p("attn_k_norm.weight"), c.head_dim)?)),
+                        false => None,
+                    },
+                    wo: matrix(gguf, &p("attn_output.weight"), q_width, c.hidden)?,
+                    post_attention_norm: c.post_norms.then(|| vector(gguf, &p("post_attention_norm.weight"), c.hidden)).transpose()?,
+                    ffn_norm: vector(gguf, &p("ffn_norm.weight"), c.hidden)?,
+                    gate: matrix(gguf, &p("ffn_gate.weight"), c.hidden, c.ffn)?,
+                    up: matrix(gguf, &p("ffn_up.weight"), c.hidden, c.ffn)?,
+                    down: matrix(gguf, &p("ffn_down.weight"), c.ffn, c.hidden)?,
+                    post_ffw_norm: c.post_norms.then(|| vector(gguf, &p("post_ffw_norm.weight"), c.hidden)).transpose()?,
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        let output = match gguf.tensor("output.weight") {
+            Some(_) => Some(matrix(gguf, "output.weight", c.hidden, c.vocab)?),
+            None => None,
+        };
+        Ok(HostModel {
+            config: config.clone(),
+            int8_activations,
+            embd: matrix(gguf, "token_embd.weight", c.hidden, c.vocab)?,
+            layers,
+            output_norm: vector(gguf, "output_norm.weight", c.hidden)?,
+            output,
+        })
+    }
+
+    /// Bytes of the weights in memory.
+    pub fn bytes(&self) -> u64 {
+        let v = |x: &Vec<f32>| x.len() as u64 * 4;
+        let layers: u64 = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down].iter().map(|m| m.bytes()).sum::<u64>()
+                    + v(&l.attn_norm)
+                    + v(&l.ffn_norm)
+                    + l.qk_norm.as_ref().map_or(0, |(a, b)| v(a) + v(b))
+                    + l.post_attention_norm.as_ref().map_or(0, v)
+                    + l.post_ffw_norm.as_ref().map_or(0, v)
+            })
+            .sum();
+        layers + self.embd.bytes() + self.output.as_ref().map_or(0, QMatrix::bytes) + v(&self.output_norm)
+    }
+}
+
+/// One row of a step on the CPU: a token at a position of a sequence.
+#[derive(Clone, Copy, Debug)]
+pub struct HostRow {
+    pub token: u32,
+    pub position: u32,
+    pub seq: SeqId,
+}
+
+/// Runs `rows` (their K/V slots appended to their sequences in `kv`, tokens below the
+/// vocabulary) through the model, writing their K/V into `kv`'s pool, and returns the logits
+/// of the rows `logit_rows` names (indices into `rows`), `[logit_rows.len()][vocab]`.
+pub fn forward(model: &HostModel, kv: &KvCache, rows: &[HostRow], logit_rows: &[u32]) -> Result<Vec<f32>, ModelError> {
+    let c = &model.config;
+    let (n, hidden, hd) = (rows.len(), c.hidden as usize, c.head_dim as usize);
+    let (nq, nkv) = (c.n_heads as usize, c.n_kv_heads as usize);
+    if !kv.is_host() {
+        return Err(ModelError::Format("the CPU forward pass needs a KV cache in CPU memory".into()));
+    }
+    if let Some(r) = rows.iter().find(|r| r.token >= c.vocab) {
+        return Err(ModelError::Format(format!("token {} is outside the vocabulary of {}", r.token, c.vocab)));
+    }
+    if let Some(&i) = logit_rows.iter().find(|&&i| i as usize >= n) {
+        return Err(ModelError::Format(format!("logit row {i} of a step of {n} rows")));
+    }
+    for r in rows {
+        let len = kv.len(r.seq)?;
+        if r.position >= len {
+            return Err(ModelError::Format(format!("row at position {} of a sequence of {len} appended slots", r.position)));
+        }
+    }
+    let eps = c.rms_eps;
+    let mut x = vec![0f32; n * hidden];
+    for (r, xr) in rows.iter().zip(x.chunks_mut(hidden)) {
+        model.embd.row_into(r.token as usize, xr);
+        if c.embedding_scale != 1.0 {
+            xr.iter_mut().for_each(|v| *v *= c.embedding_scale);
+        }
+    }
+    let (q_width, kv_width) = (nq * hd, nkv * hd);
+    let (mut h, mut q, mut k, mut v) = (vec![0f32; n * hidden], vec![0f32; n * q_width], vec![0f32; n * kv_width], vec![0f32; n * kv_width]);
+    let (mut att, mut o) = (vec![0f32; n * q_width], vec![0f32; n * hidden]);
+    let ffn = c.ffn as usize;
+    let (mut gate, mut up) = (vec![0f32; n * ffn], vec![0f32; n * ffn]);
+    for (l, layer) in model.layers.iter().enumerate() {
+        norm_rows(&x, &layer.attn_norm, eps, &mut h);
+        kernels::matmul(&layer.wq, &h, n, &mut q);
+        kernels::matmul(&layer.wk, &h, n, &mut k);
+        kernels::matmul(&layer.wv, &h, n, &mut v);
+        if let Some((qn, kn)) = &layer.qk_norm {
+            kernels::rms_norm_pieces(&mut q, qn, eps);
+            kernels::rms_norm_pieces(&mut k, kn, eps);
+        }
+        let rope = (c.layer_rope_base(l as u32), c.rope_pairing);
+        for (i, r) in rows.iter().enumerate() {
+            kernels::rope(&mut q[i * q_width..(i + 1) * q_width], hd, r.position, rope);
+            kernels::rope(&mut k[i * kv_width..(i + 1) * kv_width], hd, r.position, rope);
+        }
+        attend(kv, l, (rows, &q, &k, &v), c, &mut att)?;
+        kernels::matmul(&layer.wo, &att, n, &mut o);
+        residual(&mut x, &mut o, layer.post_attention_norm.as_deref(), eps);
+
+        norm_rows(&x, &layer.ffn_norm, eps, &mut h);
+        kernels::matmul(&layer.gate, &h, n, &mut gate);
+        kernels::matmul(&layer.up, &h, n, &mut up);
+        for (g, u) in gate.iter_mut().zip(&up) {
+            *g = c.activation.apply(f64::from(*g)) as f32 * u;
+        }
+        kernels::matmul(&layer.down, &gate, n, &mut o);
+        residual(&mut x, &mut o, layer.post_ffw_norm.as_deref(), eps);
+    }
+    let m = logit_rows.len();
+    let mut last = vec![0f32; m * hidden];
+    for (i, &r) in logit_rows.iter().enumerate() {
+        kernels::rms_norm(&x[r as usize * hidden..(r as usize + 1) * hidden], &model.output_norm, eps, &mut last[i * hidden..(i + 1) * hidden]);
+    }
+    let out_w = model.output.as_ref().unwrap_or(&model.embd);
+    let mut logits = vec![0f32; m * out_w.rows];
+    kernels::matmul(out_w, &last, m, &mut logits);
+    Ok(logits)
+}
+
+/// `out[row] = rms_norm(x[row]) · w` for every row.
+fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    for (xr, or) in x.chunks(w.len()).zip(out.chunks_mut(w.len())) {
+        kernels::rms_norm(xr, w, eps, or);
+    }
+}
+
+/// `x += delta`, through the post-norm `post` when the model has one.
+fn residual(x: &mut [f32], delta: &mut [f32], post: Option<&[f32]>, eps: f32) {
+    if let Some(w) = post {
+        kernels::rms_norm_pieces(delta, w, eps);
+    }
+    x.iter_mut().zip(delta.iter()).for_each(|(a, b)| *a += b);
+}
+
+/// Writes the rows' K/V into layer `l`'s pool, then runs their attention over it into `out`.
+fn attend(kv: &KvCache, l: usize, (rows, q, k, v): (&[HostRow], &[f32], &[f32], &[f32]), c: &ModelConfig, out: &mut [f32]) -> Result<(), ModelError> {
+    let (pool, buffer, local) = kv.layer_host(l);
+    let host = pool.host.as_ref().ok_or_else(|| ModelError::Format("the KV pool is not in CPU memory".into()))?;
+    let view = PoolView {
+        n_kv_heads: pool.n_kv_heads as usize,
+        block_size: pool.block_size as usize,
+        head_dim: pool.head_dim as usize,
+        int8_scales_at: match pool.int8_layout() {
+            Some(layout) => Some(Int8Layout::data_words(&layout) as usize),
+            None => None,
+        },
+    };
+    let (hd, nkv, bs) = (view.head_dim, view.n_kv_heads, view.block_size);
+    let tables: Vec<&[u32]> = rows.iter().map(|r| if local { kv.local_blocks(r.seq) } else { kv.blocks(r.seq) }).collect::<Result<_, _>>()?;
+    let (mut k_words, mut v_words) = host.lock(buffer);
+    for (i, (r, table)) in rows.iter().zip(&tables).enumerate() {
+        let block = table[r.position as usize / bs];
+        for h in 0..nkv {
+            let at = (block, h, r.position as usize % bs);
+            view.write(&mut k_words, at, &k[(i * nkv + h) * hd..(i * nkv + h + 1) * hd]);
+            view.write(&mut v_words, at, &v[(i * nkv + h) * hd..(i * nkv + h + 1) * hd]);
+        }
+    }
+    let window = kv.window(l);
+    let attn_rows: Vec<AttnRow<'_>> = rows
+        .iter()
+        .zip(&tables)
+        .map(|(r, table)| AttnRow { table, first: window.map_or(0, |w| (r.position + 1).saturating_sub(w)), last: r.position })
+        .collect();
+    kernels::attention(&view, (&k_words, &v_words), &attn_rows, q, c.n_heads as usize, out);
+    Ok(())
+}

@@ -1,0 +1,269 @@
+//! The CPU backend's kernels: the same arithmetic as the WGSL kernels (f32 activations, weights
+//! dequantized from their GGUF blocks as they are read, K/V in the paged pool's own layout), in
+//! plain Rust written so the compiler vectorizes it (SIMD128 in wasm, SSE/AVX/NEON natively), and
+//! spread over the machine's cores natively (rayon; one thread in the browser).
+//!
+//! Shape contracts are in each function's documentation and checked by the forward pass
+//! ([`super::forward`]) before it calls them; slices of the wrong length panic here (a bug).
+
+use crate::gguf::GgmlType;
+use crate::gpu::ops::rope::RopePairing;
+use crate::quant::kv_int8;
+use crate::quant::{bytes_of, dequantize};
+
+/// Weight rows one parallel task takes: small enough to share a 576-row matrix among cores,
+/// large enough that a task outweighs its scheduling.
+const ROWS_PER_TASK: usize = 32;
+
+/// A weight matrix `[rows, cols]` (GGUF `ne0 = cols`) kept in its file's block format.
+pub struct QMatrix {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    /// The rows' blocks, `row_bytes` per row (F32 matrices keep their values in `f32`).
+    data: Vec<u8>,
+    /// F32 matrices: the values.
+    f32: Vec<f32>,
+    row_bytes: usize,
+}
+
+impl QMatrix {
+    /// A matrix of type `ty` from its raw bytes (`rows · cols` values of `ty`).
+    pub fn new(ty: GgmlType, rows: usize, cols: usize, raw: &[u8]) -> Result<QMatrix, String> {
+        let row_bytes = bytes_of(ty, cols as u64).ok_or_else(|| format!("{cols} columns are not whole {} blocks", ty.name()))? as usize;
+        if raw.len() != row_bytes * rows {
+            return Err(format!("{rows}×{cols} {} values take {} bytes, not {}", ty.name(), row_bytes * rows, raw.len()));
+        }
+        if ty == GgmlType::F32 {
+            let f32 = raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            return Ok(QMatrix { ty, rows, cols, data: Vec::new(), f32, row_bytes });
+        }
+        // Checks the type is one pagedlm decodes, once, on the first row.
+        let mut probe = vec![0f32; cols];
+        if rows > 0 {
+            dequantize(ty, &raw[..row_bytes], &mut probe).map_err(|e| e.to_string())?;
+        }
+        Ok(QMatrix { ty, rows, cols, data: raw.to_vec(), f32: Vec::new(), row_bytes })
+    }
+
+    /// Bytes the matrix holds in memory.
+    pub fn bytes(&self) -> u64 {
+        (self.data.len() + self.f32.len() * 4) as u64
+    }
+
+    /// Row `r`'s values into `out` (`cols` of them).
+    pub fn row_into(&self, r: usize, out: &mut [f32]) {
+        if self.ty == GgmlType::F32 {
+            out.copy_from_slice(&self.f32[r * self.cols..(r + 1) * self.cols]);
+        } else {
+            // The type and length were checked when the matrix was made.
+            dequantize(self.ty, &self.data[r * self.row_bytes..(r + 1) * self.row_bytes], out).expect("checked at load");
+        }
+    }
+}
+
+/// Σ a·b with eight independent sums (vectorized; the order differs from a plain loop by
+/// rounding only). `a` and `b` have one length.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    let mut s = [0f32; 8];
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            s[i] += x[i] * y[i];
+        }
+    }
+    ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail
+}
+
+/// `y += a · x` elementwise (same length).
+pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += a * x;
+    }
+}
+
+/// Threads the kernels use: rayon's pool natively (`RAYON_NUM_THREADS`, else one per core), one
+/// in the browser.
+pub fn threads() -> usize {
+    #[cfg(not(target_arch = "wasm32"))]
+    return rayon::current_num_threads();
+    #[cfg(target_arch = "wasm32")]
+    return 1;
+}
+
+/// Runs `work(first_row, rows_out)` over `out` cut into tasks of `per_task · width` values
+/// (`width` values per row), in parallel natively and in order in the browser.
+fn par_rows(out: &mut [f32], width: usize, per_task: usize, work: impl Fn(usize, &mut [f32]) + Sync) {
+    let chunk = (per_task * width).max(1);
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        use rayon::prelude::*;
+        out.par_chunks_mut(chunk).enumerate().for_each(|(i, part)| work(i * per_task, part));
+    }
+    #[cfg(target_arch = "wasm32")]
+    out.chunks_mut(chunk).enumerate().for_each(|(i, part)| work(i * per_task, part));
+}
+
+/// `out[t][r] = Σ_c w[r][c] · x[t][c]`: x `[n][cols]`, out `[n][rows]`. Each weight row is
+/// decoded once and multiplied with every activation row.
+pub fn matmul(w: &QMatrix, x: &[f32], n: usize, out: &mut [f32]) {
+    assert_eq!(x.len(), n * w.cols, "matmul input");
+    assert_eq!(out.len(), n * w.rows, "matmul output");
+    if n == 0 || w.rows == 0 {
+        return;
+    }
+    // [rows][n], so that a task owns a contiguous run of rows.
+    let mut by_row = vec![0f32; w.rows * n];
+    par_rows(&mut by_row, n, ROWS_PER_TASK, |first, part| {
+        let mut row = vec![0f32; w.cols];
+        for (i, ys) in part.chunks_mut(n).enumerate() {
+            w.row_into(first + i, &mut row);
+            for (t, y) in ys.iter_mut().enumerate() {
+                *y = dot(&row, &x[t * w.cols..(t + 1) * w.cols]);
+            }
+        }
+    });
+    if n == 1 {
+        out.copy_from_slice(&by_row);
+        return;
+    }
+    for r in 0..w.rows {
+        for t in 0..n {
+            out[t * w.rows + r] = by_row[r * n + t];
+        }
+    }
+}
+
+/// `out = x / rms(x) · w` (over `x.len()`, `w` of the same length).
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ms = dot(x, x) / x.len() as f32;
+    let s = 1.0 / (ms + eps).sqrt();
+    for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * s * g;
+    }
+}
+
+/// [`rms_norm`] of each `w.len()`-wide piece of `x` in place (per-head norms, or rows).
+pub fn rms_norm_pieces(x: &mut [f32], w: &[f32], eps: f32) {
+    let mut tmp = vec![0f32; w.len()];
+    for piece in x.chunks_mut(w.len()) {
+        rms_norm(piece, w, eps, &mut tmp);
+        piece.copy_from_slice(&tmp);
+    }
+}
+
+/// Rotary embedding of the `head_dim`-wide heads of `x` at position `pos` ([`RopePairing`]:
+/// which dimensions rotate together; angles computed in f64, applied in f32).
+pub fn rope(x: &mut [f32], head_dim: usize, pos: u32, (base, pairing): (f32, RopePairing)) {
+    for head in x.chunks_mut(head_dim) {
+        for i in 0..head_dim / 2 {
+            let theta = (base as f64).powf(-2.0 * i as f64 / head_dim as f64) * pos as f64;
+            let (s, c) = theta.sin_cos();
+            let (s, c) = (s as f32, c as f32);
+            let (d0, d1) = pairing.dims(i, head_dim);
+            let (a, b) = (head[d0], head[d1]);
+            head[d0] = a * c - b * s;
+            head[d1] = a * s + b * c;
+        }
+    }
+}
+
+/// Where one layer's K/V live: its buffers' words (the pool's layout, [`crate::kv::pool`]) and
+/// its pool's shape.
+#[derive(Clone, Copy)]
+pub struct PoolView {
+    pub n_kv_heads: usize,
+    pub block_size: usize,
+    pub head_dim: usize,
+    /// INT8: the word where the scales start ([`kv_int8::Int8Layout::data_words`]); `None` for f32.
+    pub int8_scales_at: Option<usize>,
+}
+
+impl PoolView {
+    /// Index of (block, kv head, slot): the f32 pool's value index / head_dim, INT8's group.
+    fn group(&self, block: u32, kv_head: usize, slot: usize) -> usize {
+        (block as usize * self.n_kv_heads + kv_head) * self.block_size + slot
+    }
+
+    /// Writes one token's `x` (`head_dim` values) of `kv_head` into `words` at `block`, `slot`.
+    pub fn write(&self, words: &mut [u32], (block, kv_head, slot): (u32, usize, usize), x: &[f32]) {
+        let g = self.group(block, kv_head, slot);
+        match self.int8_scales_at {
+            None => words[g * self.head_dim..(g + 1) * self.head_dim].iter_mut().zip(x).for_each(|(w, v)| *w = v.to_bits()),
+            Some(scales) => {
+                let mut codes = vec![0i8; self.head_dim];
+                let scale = kv_int8::quantize_group(x, &mut codes);
+                let at = g * self.head_dim / 4;
+                for (w, c) in words[at..at + self.head_dim / 4].iter_mut().zip(codes.chunks_exact(4)) {
+                    *w = kv_int8::pack4([c[0], c[1], c[2], c[3]]);
+                }
+                words[scales + g] = scale.to_bits();
+            }
+        }
+    }
+
+    /// Reads one token's values of `kv_head` at `block`, `slot` into `out` (`head_dim`).
+    pub fn read(&self, words: &[u32], (block, kv_head, slot): (u32, usize, usize), out: &mut [f32]) {
+        let g = self.group(block, kv_head, slot);
+        match self.int8_scales_at {
+            None => out.iter_mut().zip(&words[g * self.head_dim..(g + 1) * self.head_dim]).for_each(|(o, w)| *o = f32::from_bits(*w)),
+            Some(scales) => {
+                let scale = f32::from_bits(words[scales + g]);
+                let at = g * self.head_dim / 4;
+                for (o, w) in out.chunks_exact_mut(4).zip(&words[at..at + self.head_dim / 4]) {
+                    let c = kv_int8::unpack4(*w);
+                    for i in 0..4 {
+                        o[i] = f32::from(c[i]) * scale;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One query row of attention: the keys it sees and where they are.
+pub struct AttnRow<'a> {
+    /// Its sequence's block table in this layer's group (`u32::MAX` for a block freed out of a
+    /// window, never read).
+    pub table: &'a [u32],
+    /// Keys `first..=last` (absolute positions).
+    pub first: u32,
+    pub last: u32,
+}
+
+/// Causal attention of `rows` (q `[rows][n_heads · head_dim]`, already rotated) over the K/V in
+/// `k_words`/`v_words` (`pool`'s layout), scaled by 1/√head_dim, each query head reading KV head
+/// `head / (n_heads / n_kv_heads)`: out `[rows][n_heads · head_dim]`. Online softmax in f32.
+pub fn attention(pool: &PoolView, (k_words, v_words): (&[u32], &[u32]), rows: &[AttnRow<'_>], q: &[f32], n_heads: usize, out: &mut [f32]) {
+    let hd = pool.head_dim;
+    let group = n_heads / pool.n_kv_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    // One task per (row, head): out is [rows][heads][hd].
+    par_rows(out, hd, 1, |task, o| {
+        let (r, head) = (task / n_heads, task % n_heads);
+        let row = &rows[r];
+        let qh = &q[(r * n_heads + head) * hd..(r * n_heads + head + 1) * hd];
+        let kvh = head / group;
+        let (mut k, mut v) = (vec![0f32; hd], vec![0f32; hd]);
+        let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
+        o.fill(0.0);
+        for j in row.first..=row.last {
+            let at = (row.table[(j as usize) / pool.block_size], kvh, j as usize % pool.block_size);
+            pool.read(k_words, at, &mut k);
+            let s = dot(qh, &k) * scale;
+            let new_max = max.max(s);
+            let correction = (max - new_max).exp();
+            let p = (s - new_max).exp();
+            sum = sum * correction + p;
+            if correction != 1.0 {
+                o.iter_mut().for_each(|x| *x *= correction);
+            }
+            pool.read(v_words, at, &mut v);
+            axpy(o, p, &v);
+            max = new_max;
+        }
+        let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+        o.iter_mut().for_each(|x| *x *= inv);
+    });
+}
