@@ -90,6 +90,13 @@ export interface EngineOptions {
   adapterClass?: "cpu" | "integrated" | "discrete";
   /** Use the adapter's optional WebGPU features (subgroups, shader-f16) where offered (default true). */
   optionalFeatures?: boolean;
+  /**
+   * Which backend runs the model (default "webgpu"): "cpu" runs it on CPU kernels in wasm (no
+   * device; the same KV cache, snapshots and results), "auto" takes WebGPU on a real GPU and the
+   * CPU backend when there is no adapter or the adapter is a CPU emulation. `info.backend` and
+   * `info.backend_reason` say which runs and why.
+   */
+  backend?: "auto" | "webgpu" | "cpu";
   onProgress?: (progress: LoadProgress) => void;
   /** Keep a downloaded model in the Cache API so a reload does not download it again (default true). */
   cache?: boolean;
@@ -370,10 +377,16 @@ export interface EngineStats extends PoolSnapshot {
 }
 
 export interface EngineInfo {
+  /** The WebGPU adapter, or "CPU backend (1 threads)" on the CPU backend. */
   adapter: string;
+  /** True when the kernels run on a CPU: the CPU backend, or WebGPU on a software GPU. */
   is_cpu: boolean;
-  /** The kernel variants in use: adapter class and optional features, e.g. "cpu" or "discrete+f16". */
+  /** The kernel variants in use: adapter class and optional features, e.g. "cpu" or "discrete+f16"; "cpu+simd128" on the CPU backend. */
   variant: string;
+  /** Which backend runs the model. */
+  backend: "webgpu" | "cpu";
+  /** Why that backend: "asked for", or what `backend: "auto"` found. */
+  backend_reason: string;
   kv_layout: "paged" | "contiguous";
   kv_dtype: "f32" | "int8";
   block_size: number;

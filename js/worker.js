@@ -173,7 +173,15 @@ function die(e) {
 async function load({ id, model, options, cache: cacheOptions, lock }, progress) {
   if (engine) throw fail("INVALID_ARGUMENT", "this worker already holds an engine");
   if (await holdLock(lock)) post(fromWorker.held(id));
-  await checkWebGpu();
+  // The CPU backend needs no WebGPU; "auto" without it takes the CPU backend and says why.
+  let noWebGpu = null;
+  const backend = options?.backend ?? "webgpu";
+  if (backend === "auto") {
+    noWebGpu = await checkWebGpu().then(() => null, (e) => e.message);
+    if (noWebGpu) options = { ...options, backend: "cpu" };
+  } else if (backend !== "cpu") {
+    await checkWebGpu();
+  }
   const t0 = performance.now();
   const got = await modelBytes(model, cacheOptions, progress);
   const downloadMs = performance.now() - t0;
@@ -188,6 +196,7 @@ async function load({ id, model, options, cache: cacheOptions, lock }, progress)
     throw e;
   }
   const info = engine.info();
+  if (noWebGpu) info.backend_reason = `auto: no usable WebGPU adapter (${noWebGpu})`;
   lastStats = engine.stats();
   loadedFrom = { id, model: got.source === "buffer" ? null : model, options, cache: cacheOptions };
   lossReported = false;

@@ -145,6 +145,35 @@ fn score_and_generate_print_the_contract_shapes() {
     assert_eq!(got[1]["prompt_tokens"][0], 1);
 }
 
+/// `--backend cpu` runs the same commands on the CPU backend with the WebGPU backend's greedy
+/// tokens and scores, and `bench` says which backend ran.
+#[test]
+fn the_cpu_backend_runs_the_commands_and_says_so() {
+    let dir = temp_dir("cpu");
+    let model = dir.join("tiny.gguf");
+    std::fs::write(&model, tiny_model(SynthConfig::tiny().seed)).unwrap();
+    let model = model.to_str().unwrap();
+    let prompts = dir.join("prompts.json");
+    std::fs::write(&prompts, r#"[{"id": "chat", "messages": [{"role": "user", "content": "hi"}]}]"#).unwrap();
+    let items = dir.join("score.json");
+    std::fs::write(&items, r#"[{"id": "a", "ids": [10, 20, 30, 40, 50], "from": 2}]"#).unwrap();
+    let run = |args: &[&str], backend: &str| lines(&bin().args(args).args(["--model", model, "--backend", backend]).output().unwrap());
+    let generate = ["generate", "--input", prompts.to_str().unwrap(), "--max-tokens", "8"];
+    assert_eq!(run(&generate, "cpu")[0]["tokens"], run(&generate, "webgpu")[0]["tokens"], "generate: the same greedy tokens on both backends");
+    let score = ["score", "--input", items.to_str().unwrap(), "--mode", "prefill"];
+    assert_eq!(run(&score, "cpu")[0]["argmax"], run(&score, "webgpu")[0]["argmax"], "score: the same argmax on both backends");
+    let bench = run(&["bench", "--prompt-tokens", "8", "--gen-tokens", "16"], "cpu");
+    assert_eq!(bench[0]["backend"], "cpu", "{}", bench[0]);
+    assert!(bench[0]["adapter"].as_str().unwrap().starts_with("CPU backend"), "{}", bench[0]);
+    assert!(bench[0]["decode_tok_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(run(&["bench", "--prompt-tokens", "8", "--gen-tokens", "16"], "webgpu")[0]["backend"], "webgpu");
+    // What only the WebGPU backend does says so.
+    let out = bin().args(["profile", "--model", model, "--prompt-tokens", "8", "--backend", "cpu"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("WebGPU backend"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(fails(&["bench", "--backend", "gpu"]).contains("--backend"));
+}
+
 /// `profile` prints one JSON line (the same with `--json`): the profile of a prefill and a decode
 /// step, the summary fields CONTRACTS names, and the per-kernel `prefill_ms`/`decode_ms` pairs
 /// it printed before; `--table` prints the same for people.

@@ -19,7 +19,7 @@ mod common;
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 use common::{llamacpp_items, real_model_bytes, report, LlamaCppItem};
-use pagedlm::engine::{Engine, EngineOptions, KvLayout, ScoreMode};
+use pagedlm::engine::{BackendChoice, Engine, EngineOptions, KvDtype, KvLayout, ScoreMode};
 use pagedlm::gpu::ops::matmul::MatmulConfig;
 use pagedlm::sampler::argmax;
 use serde_json::Value;
@@ -135,7 +135,7 @@ async fn speed(engine: &mut Engine) -> String {
     let (n, decode_ms) = engine.generate_ignoring_eos(&prompt, 32).await.unwrap();
     format!(
         "speed on {}: prefill {:.1} tok/s (64 tokens), decode {:.2} tok/s ({n} tokens after 64)",
-        engine.context().expect("a WebGPU engine").adapter_name(),
+        engine.adapter_name(),
         64.0 / (g.prefill_ms / 1000.0),
         n as f64 / (decode_ms / 1000.0)
     )
@@ -145,11 +145,22 @@ async fn speed(engine: &mut Engine) -> String {
 /// default has them (`int8_activations` None) or as asked, the device's optional features
 /// (subgroups) used or not; `strict` off only reports.
 async fn golden(mode: ScoreMode, layout: KvLayout, only: Option<&[&str]>, (int8_activations, optional_features, strict): (Option<bool>, bool, bool)) {
+    let opts = EngineOptions { kv_layout: layout, int8_activations, optional_features, ..EngineOptions::default() };
+    golden_with(mode, opts, only, strict).await;
+}
+
+/// [`golden`] on an engine of `opts` (its context set here).
+async fn golden_with(mode: ScoreMode, opts: EngineOptions, only: Option<&[&str]>, strict: bool) {
     let bytes = real_model_bytes().await;
-    let opts = EngineOptions { max_context: 1024, kv_layout: layout, int8_activations, optional_features, ..Default::default() };
-    let mut engine = Engine::load(&bytes, opts).await.unwrap();
+    let (layout, kv_dtype, backend) = (opts.kv_layout, opts.kv_dtype, opts.backend);
+    let mut engine = Engine::load(&bytes, EngineOptions { max_context: 1024, ..opts }).await.unwrap();
     let items = items();
-    let int8 = MatmulConfig::for_device(engine.context().expect("a WebGPU engine"), 1).int8_activations;
+    let int8 = match engine.context() {
+        Some(ctx) => MatmulConfig::for_device(ctx, 1).int8_activations,
+        None => opts_int8(&engine),
+    };
+    // INT8 K/V moves the logits by its rounding: held to llama.cpp's own distance from numpy.
+    let int8 = int8 || kv_dtype == KvDtype::Int8;
     let numpy_tol = if int8 { 2.0 * llamacpp_numpy_distance(&items) } else { NUMPY_LOGIT_TOL };
     let mut stats = Stats::default();
     let mut checked = 0;
@@ -164,7 +175,7 @@ async fn golden(mode: ScoreMode, layout: KvLayout, only: Option<&[&str]>, (int8_
     let rate = stats.agree as f64 / stats.steps as f64;
     let acts = if int8 { "int8" } else { "f32" };
     let line = format!(
-        "golden {mode:?} {layout:?} {acts} activations: {checked} prompts, {} steps, top-1 agreement with llama.cpp {:.1}% ({} clear steps missed, largest margin missed {:.3}), max |Δlogit| vs llama.cpp {:.3}, vs numpy f64 {:.4} (allowed {numpy_tol:.3})",
+        "golden {backend:?} {mode:?} {layout:?} {kv_dtype:?} KV, {acts} activations: {checked} prompts, {} steps, top-1 agreement with llama.cpp {:.1}% ({} clear steps missed, largest margin missed {:.3}), max |Δlogit| vs llama.cpp {:.3}, vs numpy f64 {:.4} (allowed {numpy_tol:.3})",
         stats.steps,
         rate * 100.0,
         stats.clear_missed,
@@ -209,6 +220,22 @@ fn golden_with_int8_activations_is_measured() {
     for mode in [ScoreMode::Decode, ScoreMode::Prefill] {
         pollster::block_on(golden(mode, KvLayout::Paged, None, (Some(true), true, false)));
     }
+}
+
+/// Whether a CPU-backend engine multiplies int8 activations (reported in its variant).
+fn opts_int8(engine: &Engine) -> bool {
+    engine.variant_name().contains("int8")
+}
+
+/// The CPU backend (tests/cpu_backend.rs has its breadth): every prompt through the prefill
+/// path with f32 K/V, and two through the decode path with INT8 K/V.
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+fn golden_on_the_cpu_backend_matches_llamacpp_and_numpy() {
+    let cpu = EngineOptions { backend: BackendChoice::Cpu, ..EngineOptions::default() };
+    pollster::block_on(golden_with(ScoreMode::Prefill, cpu.clone(), None, true));
+    let int8_kv = EngineOptions { kv_dtype: KvDtype::Int8, ..cpu };
+    pollster::block_on(golden_with(ScoreMode::Decode, int8_kv, Some(&["pub_raw_capital", "pub_raw_numbers"]), true));
 }
 
 /// In the browser: two short prompts through the decode path (SwiftShader is slow).

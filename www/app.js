@@ -123,7 +123,7 @@ function onProgress(p) {
     case "cache": return setProgress("Reading the model from the browser cache", p.fraction, `${mb(p.loaded)}${total}${pct}`);
     case "read": return setProgress("Reading the model file", p.fraction, `${mb(p.loaded)}${total}${pct}`);
     case "stored": return setProgress("Stored in the browser cache for next time", 1, mb(p.loaded));
-    case "load": return setProgress("Uploading weights to the GPU", null, mb(p.total));
+    case "load": return setProgress(params.get("backend") === "cpu" ? "Loading the weights" : "Uploading weights to the GPU", null, mb(p.total));
     default: return undefined;
   }
 }
@@ -134,6 +134,8 @@ function engineOptions() {
     if (params.get(param)) options[key] = Number(params.get(param));
   }
   if (params.get("prefix_cache") === "0") options.prefixCache = false;
+  // ?backend=cpu|auto|webgpu: which backend runs the model (the package's default otherwise).
+  if (["cpu", "auto", "webgpu"].includes(params.get("backend"))) options.backend = params.get("backend");
   return options;
 }
 
@@ -189,10 +191,17 @@ async function engineReady(engine, t0, recovered = false) {
   ui.modelName.textContent = `${named} · ${weightTypesText(m.weight_types)} · KV ${state.info.kv_dtype} · blocks of ${state.info.block_size} · ${m.architecture}${slidingWindow}`;
   ui.modelName.title = "The model's name in its file (and where it came from), the tensors of each weight type in the file, the KV cache's format, then the architecture and its sliding window";
   setMode(m.chat_template ? "chat" : "completion");
-  // Browsers often hide the adapter's name; say at least what kind of device runs the model.
+  // Which backend runs the model; browsers often hide the adapter's name, so say at least what
+  // kind of device runs it.
   const name = state.info.adapter.split(" (")[0].trim();
-  ui.adapter.textContent = `${name || "WebGPU"} · ${state.info.is_cpu ? "software GPU" : "GPU"}`;
-  ui.adapter.title = `WebGPU adapter: ${state.info.adapter}`;
+  if (state.info.backend === "cpu") {
+    ui.adapter.textContent = `CPU backend (wasm${state.info.variant.includes("simd128") ? " SIMD" : ""})`;
+    ui.adapter.title = `The model runs on CPU kernels in WebAssembly: ${state.info.backend_reason}`;
+  } else {
+    ui.adapter.textContent = `${name || "WebGPU"} · ${state.info.is_cpu ? "software GPU" : "GPU"}`;
+    ui.adapter.title = `WebGPU adapter: ${state.info.adapter} (${state.info.backend_reason})`;
+  }
+  ui.adapter.dataset.backend = state.info.backend;
   ui.input.disabled = false;
   ui.newConversation.disabled = false;
   ui.resetCache.disabled = false;

@@ -79,6 +79,22 @@ describe("hostile input", () => {
     await context.close();
   });
 
+  it("the page runs on the CPU backend when asked (?backend=cpu) and says so", { timeout: 240_000 }, async () => {
+    const context = await browser.newContext();
+    const { page, problems } = await openPage(context, `${server.url}/?model=/models/tiny.gguf&backend=cpu&max_tokens=4&temperature=0`);
+    await page.waitForSelector(`${byId("model-progress")}[data-done="true"]`, { timeout: 120_000 });
+    const adapter = page.locator("#adapter");
+    assert.equal(await adapter.getAttribute("data-backend"), "cpu");
+    assert.match(await adapter.textContent(), /^CPU backend/);
+    await page.fill(byId("chat-input"), "hi");
+    await page.click(byId("send-button"));
+    await page.waitForSelector(`${byId("message-assistant")}[data-done="true"]`, { timeout: 120_000 });
+    assert.equal(await page.locator(`${byId("message-assistant")} .message-error`).count(), 0, "the reply runs on the CPU backend");
+    assert.ok(Number(await page.locator(byId("kv-stats")).getAttribute("data-blocks-total")) > 0, "the KV map shows the CPU backend's pool");
+    assert.deepEqual(problems.filter((p) => !/Failed to load resource|favicon/.test(p)), [], "no page errors");
+    await context.close();
+  });
+
   it("text from a GGUF (its name) is shown as text, never as HTML", { timeout: 240_000 }, async () => {
     const context = await browser.newContext();
     const { page, problems } = await openPage(context, `${server.url}/?model=/models/html-name.gguf`);

@@ -434,7 +434,37 @@ describe("npm package", () => {
     assert.equal(out.badLimits?.code, "INVALID_ARGUMENT", `an unknown deviceLimits: ${JSON.stringify(out.badLimits)}`);
   });
 
-  it("says WEBGPU_UNAVAILABLE without WebGPU", { timeout: 60_000 }, async () => {
+  it("runs on the CPU backend: the WebGPU backend's greedy reply, auto takes it on a software GPU and says why, a bad backend is INVALID_ARGUMENT", { timeout: TIMEOUT }, async () => {
+    const out = await page.evaluate(async () => {
+      const { createEngine } = window.pagedlm;
+      const ask = { messages: [{ role: "user", content: "Name a fruit." }], max_tokens: 12, temperature: 0 };
+      const reply = async (options) => {
+        const engine = await createEngine("/tiny.gguf", options);
+        const text = (await engine.chat.completions.create(ask)).choices[0].message.content;
+        const { memory } = await engine.stats();
+        const info = engine.info;
+        await engine.dispose();
+        return { text, info, memory };
+      };
+      const webgpu = await reply({ backend: "webgpu" });
+      const cpu = await reply({ backend: "cpu" });
+      const auto = await reply({ backend: "auto" });
+      const bad = await createEngine("/tiny.gguf", { backend: "gpu" }).then(() => null, (e) => e.code);
+      return { webgpu, cpu, auto, bad };
+    });
+    assert.equal(out.webgpu.info.backend, "webgpu");
+    assert.equal(out.cpu.info.backend, "cpu", JSON.stringify(out.cpu.info));
+    assert.equal(out.cpu.info.backend_reason, "asked for");
+    assert.match(out.cpu.info.adapter, /^CPU backend/);
+    assert.ok(out.cpu.memory.weights_bytes > 0 && out.cpu.memory.kv_bytes > 0, JSON.stringify(out.cpu.memory));
+    assert.equal(out.cpu.text, out.webgpu.text, "the CPU backend gives the WebGPU backend's greedy reply");
+    // SwiftShader is a fallback adapter (a CPU emulation): auto leaves it for the CPU backend.
+    assert.equal(out.auto.info.backend, out.webgpu.info.is_cpu ? "cpu" : "webgpu", JSON.stringify(out.auto.info));
+    if (out.auto.info.backend === "cpu") assert.match(out.auto.info.backend_reason, /CPU emulation/);
+    assert.equal(out.bad, "INVALID_ARGUMENT");
+  });
+
+  it("says WEBGPU_UNAVAILABLE without WebGPU, and runs there on the CPU backend (backend cpu or auto)", { timeout: TIMEOUT }, async () => {
     const plain = await launch({ webgpu: false });
     try {
       const { page: p } = await openPage(plain, `${server.url}/`);
@@ -442,6 +472,22 @@ describe("npm package", () => {
       const got = await p.evaluate(() => window.pagedlm.createEngine("/model.gguf").then(() => "resolved", (e) => ({ code: e.code, message: e.message })));
       assert.equal(got.code, "WEBGPU_UNAVAILABLE");
       assert.match(got.message, /--enable-unsafe-webgpu|WebGPU/);
+      const cpu = await p.evaluate(async () => {
+        const ask = { messages: [{ role: "user", content: "Name a fruit." }], max_tokens: 6, temperature: 0 };
+        const out = {};
+        for (const backend of ["cpu", "auto"]) {
+          const engine = await window.pagedlm.createEngine("/tiny.gguf", { backend });
+          const reply = await engine.chat.completions.create(ask);
+          out[backend] = { info: engine.info, tokens: reply.usage.completion_tokens };
+          await engine.dispose();
+        }
+        return out;
+      });
+      for (const backend of ["cpu", "auto"]) {
+        assert.equal(cpu[backend].info.backend, "cpu", `${backend}: ${JSON.stringify(cpu[backend].info)}`);
+        assert.ok(cpu[backend].tokens > 0, `${backend}: it answers without WebGPU`);
+      }
+      assert.match(cpu.auto.info.backend_reason, /^auto: no usable WebGPU adapter/, cpu.auto.info.backend_reason);
     } finally {
       await plain.close();
     }
