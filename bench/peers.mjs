@@ -33,6 +33,8 @@ const FIGURES = (env.FIGURES || "").split(/[ ,]+/).filter(Boolean);
 const WLLAMA = (env.WLLAMA || "2 3").split(/[ ,]+/).filter(Boolean);
 const PEER_PYTHON = env.PEER_PYTHON || "python3";
 const PAGEDLM_ARGS = (env.PAGEDLM_ARGS || "").split(/\s+/).filter(Boolean);
+// The browser engine's backend (createEngine's `backend`): webgpu (default), cpu or auto.
+const BACKEND = env.BACKEND || "webgpu";
 
 if (!["all", "native", "browser"].includes(side)) {
   console.error(`usage: node bench/peers.mjs [all|native|browser] (got ${side})`);
@@ -139,7 +141,7 @@ function nativeSide() {
  * wall clock around the calls in wllama 2.x, which reports none); aggregate decode is wall clock
  * for all of them (see `aggregate`).
  */
-async function install({ modelUrl, wllama, threads }) {
+async function install({ modelUrl, wllama, threads, backend }) {
   const { createEngine } = await import("/js/index.js");
   const abs = (path) => new URL(path, location.origin).href;
   const now = () => performance.now();
@@ -152,7 +154,7 @@ async function install({ modelUrl, wllama, threads }) {
   const kinds = {
     pagedlm: {
       async open(o) {
-        const options = { cache: false, maxContext: o.n_ctx, prefixCache: o.prefixCache };
+        const options = { cache: false, maxContext: o.n_ctx, prefixCache: o.prefixCache, backend };
         if (o.batch > 1) Object.assign(options, { maxBatch: o.batch, poolTokens: o.n_ctx * o.batch });
         const engine = await createEngine(modelUrl, options);
         return { engine, info: { adapter: engine.info.adapter } };
@@ -316,7 +318,7 @@ async function browserSide() {
   try {
     const { page, problems } = await openPage(browser, `${server.url}/bench-peers`);
     page.context().on("request", (r) => { if (/^https?:/.test(r.url()) && !r.url().startsWith(server.url)) external.push(r.url()); });
-    const setup = await page.evaluate(install, { modelUrl: `/models/${basename(MODEL)}`, wllama, threads: THREADS });
+    const setup = await page.evaluate(install, { modelUrl: `/models/${basename(MODEL)}`, wllama, threads: THREADS, backend: BACKEND });
     if (!setup.isolated) log("the page is not cross-origin isolated: wllama runs single-threaded");
 
     const figures = [

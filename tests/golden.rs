@@ -19,7 +19,9 @@ mod common;
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 use common::{llamacpp_items, real_model_bytes, report, LlamaCppItem};
-use pagedlm::engine::{BackendChoice, Engine, EngineOptions, KvDtype, KvLayout, ScoreMode};
+#[cfg(not(target_arch = "wasm32"))]
+use pagedlm::engine::BackendChoice;
+use pagedlm::engine::{Engine, EngineOptions, KvDtype, KvLayout, ScoreMode};
 use pagedlm::gpu::ops::matmul::MatmulConfig;
 use pagedlm::sampler::argmax;
 use serde_json::Value;
