@@ -82,15 +82,6 @@ impl Backend {
         }
     }
 
-    /// The GPU's context, model and runner, for what only the WebGPU backend does (`what`
-    /// names it in the error).
-    pub fn gpu(&mut self, what: &str) -> Result<(&Arc<Context>, &Model, &mut Runner), ModelError> {
-        match self {
-            Backend::Gpu { ctx, model, runner } => Ok((ctx, model, runner)),
-            Backend::Cpu { .. } => Err(ModelError::NotOnBackend(format!("{what} needs the WebGPU backend; this engine runs on the CPU backend"))),
-        }
-    }
-
     /// Bytes of the weights (on the GPU, or in CPU memory).
     pub fn weights_bytes(&self) -> u64 {
         match self {
@@ -178,6 +169,16 @@ impl Backend {
         }
         let pending = self.submit(kv, (rows, logit_rows), (read, Choose::Argmax))?;
         self.read(pending).await
+    }
+
+    /// Host-clock times of the work of the steps [`Backend::prefill`] runs over `rows`
+    /// (consecutive positions of one sequence, K/V slots appended): each GPU dispatch run alone
+    /// ([`Runner::time_kernels`]), or the CPU forward pass's stages ([`crate::cpu::forward`]).
+    pub async fn time_kernels(&mut self, kv: &KvCache, rows: &[StepRow]) -> Result<Vec<(&'static str, f64)>, ModelError> {
+        match self {
+            Backend::Gpu { ctx, model, runner } => runner.time_kernels(ctx, model, kv, rows).await,
+            Backend::Cpu { model, runner } => runner.time_kernels(model, kv, rows),
+        }
     }
 
     /// Most rows of one prefill pass outside the scheduler.

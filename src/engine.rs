@@ -819,16 +819,16 @@ impl Engine {
                 self.kv.max_seq_len
             )));
         }
-        let ctx = self.backend.gpu("a profile")?.0.clone();
-        let method = if timestamps && ctx.has_timestamps() { TimingMethod::Timestamps } else { TimingMethod::WallClockPerKernel };
+        let has_timestamps = self.backend.ctx().is_some_and(|c| c.has_timestamps());
+        let method = if timestamps && has_timestamps { TimingMethod::Timestamps } else { TimingMethod::WallClockPerKernel };
         let vocab = self.config().vocab;
         let tokens: Vec<u32> = (0..n).map(|i| (100 + i) % vocab).collect();
         let (prefill_cold, per_kernel) = self.profile_cold_prefill(&tokens, method).await?;
         let decode = self.profile_decode(&tokens, method, per_kernel).await?;
         let prefill = self.profile_prefill(&tokens, method).await?;
         Ok(Profile {
-            adapter: ctx.adapter_name(),
-            variant: ctx.variant_name(),
+            adapter: self.adapter_name(),
+            variant: self.variant_name(),
             method,
             prompt_tokens: n,
             prefill_chunk: self.options.prefill_chunk,
@@ -846,18 +846,17 @@ impl Engine {
     async fn profile_cold_prefill(&mut self, tokens: &[u32], method: TimingMethod) -> Result<(ColdStep, Option<TimedRun>), EngineError> {
         self.scratch_sequence(async |e: &mut Self, seq| {
             let last = tokens.len() as u32 - 1;
-            let ctx = e.backend.gpu("a profile")?.0.clone();
-            let (pipelines, mark) = (ctx.pipeline_count(), e.mark());
+            let pipelines = |e: &Self| e.backend.ctx().map_or(0, |c| c.pipeline_count());
+            let (before, mark) = (pipelines(e), e.mark());
             let (ids, _) = e.prefill(seq, tokens, 0, last, Logits::Argmax).await?;
             let (counters, wall) = e.since(mark);
-            let cold = ColdStep::new(&counters, wall, (ctx.pipeline_count() - pipelines) as u64);
+            let cold = ColdStep::new(&counters, wall, (pipelines(e) - before) as u64);
             if method == TimingMethod::Timestamps {
                 return Ok((cold, None));
             }
             let pos = e.kv.append(seq, 1)?;
             let rows = Runner::rows_of(&e.kv, seq, &ids[ids.len() - 1..], pos);
-            let (ctx, model, runner) = e.backend.gpu("a profile")?;
-            let dispatches = runner.time_kernels(ctx, model, &e.kv, &rows).await?;
+            let dispatches = e.backend.time_kernels(&e.kv, &rows).await?;
             Ok((cold, Some(TimedRun { dispatches, span_ms: None })))
         })
         .await
@@ -946,7 +945,7 @@ impl Engine {
         let times = self
             .scratch_sequence(async |e: &mut Self, seq| match method {
                 TimingMethod::Timestamps => {
-                    let ctx = e.backend.gpu("a profile")?.0.clone();
+                    let ctx = e.gpu_ctx();
                     ctx.begin_capture(counters.dispatches as u32 + PROFILE_CAPTURE_SLACK)?;
                     let stepped = e.prefill(seq, tokens, 0, last, Logits::Argmax).await;
                     let captured = ctx.end_capture().await;
@@ -956,8 +955,7 @@ impl Engine {
                 TimingMethod::WallClockPerKernel => {
                     e.kv.append(seq, n)?;
                     let rows = Runner::rows_of(&e.kv, seq, tokens, 0);
-                    let (ctx, model, runner) = e.backend.gpu("a profile")?;
-                    Ok(TimedRun { dispatches: runner.time_kernels(ctx, model, &e.kv, &rows).await?, span_ms: None })
+                    Ok(TimedRun { dispatches: e.backend.time_kernels(&e.kv, &rows).await?, span_ms: None })
                 }
             })
             .await?;
@@ -974,10 +972,10 @@ impl Engine {
         self.backend.ctx().map(|c| c.counters()).unwrap_or_default()
     }
 
-    /// The GPU context, in the profile's decode loop, which [`Engine::profile`] enters only
-    /// on the WebGPU backend.
+    /// The GPU context, for timestamp captures, which [`Engine::profile`] asks for only where
+    /// the device has timestamps (so never on the CPU backend).
     fn gpu_ctx(&self) -> Arc<Context> {
-        self.backend.ctx().expect("profiles run on the WebGPU backend only").clone()
+        self.backend.ctx().expect("timestamps are a GPU's").clone()
     }
 
     /// What the context did and the milliseconds that passed since `mark`.

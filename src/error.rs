@@ -135,7 +135,6 @@ fn model_kind(e: &ModelError) -> ErrorKind {
         ModelError::Gpu(g) => gpu_kind(g),
         ModelError::Kv(k) => kv_kind(k),
         ModelError::Gguf(_) | ModelError::Format(_) | ModelError::Unsupported(_) => ErrorKind::ModelFormat,
-        ModelError::NotOnBackend(_) => ErrorKind::Unsupported,
     }
 }
 

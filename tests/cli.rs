@@ -167,11 +167,9 @@ fn the_cpu_backend_runs_the_commands_and_says_so() {
     assert!(bench[0]["adapter"].as_str().unwrap().starts_with("CPU backend"), "{}", bench[0]);
     assert!(bench[0]["decode_tok_s"].as_f64().unwrap() > 0.0);
     assert_eq!(run(&["bench", "--prompt-tokens", "8", "--gen-tokens", "16"], "webgpu")[0]["backend"], "webgpu");
-    // What only the WebGPU backend does says so.
-    let out = bin().args(["profile", "--model", model, "--prompt-tokens", "8", "--backend", "cpu"]).output().unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("WebGPU backend"), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(fails(&["bench", "--backend", "gpu"]).contains("--backend"));
+    let profile = run(&["profile", "--prompt-tokens", "8"], "cpu");
+    assert_eq!(profile[0]["backend"], "cpu", "{}", profile[0]);
+    assert_eq!(profile[0]["dispatches_per_decode_step"], 0, "a CPU step dispatches nothing: {}", profile[0]);
 }
 
 /// `profile` prints one JSON line (the same with `--json`): the profile of a prefill and a decode
@@ -309,7 +307,7 @@ fn options_are_checked_before_anything_is_loaded() {
     };
     check(&["generate", "--prompt", "x", "--kv-dtpye", "int8"], &["--kv-dtpye", "did you mean --kv-dtype?"]);
     check(&["generate", "--prompt", "x", "--max-token", "5"], &["--max-token", "did you mean --max-tokens?"]);
-    check(&["generate", "--prompt", "x", "--backend", "cpu"], &["--backend"]);
+    check(&["generate", "--prompt", "x", "--backend", "gpu"], &["--backend", "gpu"]);
     check(&["generate", "--prompt", "x", "--kv-dtype", "fp16"], &["--kv-dtype", "f32 or int8", "fp16"]);
     check(&["score", "--input", "items.json", "--mode", "greedy"], &["--mode", "decode or prefill", "greedy"]);
     check(&["score", "--input"], &["--input", "needs a value"]);

@@ -11,8 +11,9 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 use std::collections::HashMap;
 
-use pagedlm::engine::{BackendChoice, Constraint, Engine, EngineOptions, ErrorKind, Event, GenerateRequest, KvDtype, KvLayout, SamplingParams, SchedConfig, ScoreMode};
+use pagedlm::engine::{BackendChoice, Constraint, Engine, EngineOptions, Event, GenerateRequest, KvDtype, KvLayout, SamplingParams, SchedConfig, ScoreMode};
 use pagedlm::gguf::{GgmlType, Gguf};
+use pagedlm::gpu::TimingMethod;
 use pagedlm::model::reference::forward_cpu;
 use pagedlm::model::ModelConfig;
 use pagedlm::rng::Rng;
@@ -240,10 +241,13 @@ gpu_test! {
         }
         let webgpu = Engine::load(&bytes, EngineOptions::default()).await.unwrap();
         assert_eq!(webgpu.backend(), ("webgpu", "asked for"), "WebGPU stays the default");
-        // What only the WebGPU backend does is refused with a clear kind, not a panic.
+        // A profile on the CPU backend: host-clock stages, no GPU work.
         let mut on_cpu = Engine::load(&bytes, cpu(EngineOptions { max_context: 64, ..Default::default() })).await.unwrap();
-        let e = on_cpu.profile(8, false).await.unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+        let profile = on_cpu.profile(8, true).await.unwrap();
+        assert_eq!(profile.method, TimingMethod::WallClockPerKernel, "no timestamps without a GPU");
+        assert!(profile.adapter.starts_with("CPU backend"), "{}", profile.adapter);
+        assert!(profile.decode.gpu_ms > 0.0 && profile.prefill.gpu_ms > 0.0, "the stages are timed: {profile:?}");
+        assert_eq!(profile.decode.dispatches, 0, "a CPU step dispatches nothing");
         assert!(on_cpu.memory().weights_bytes > 0 && on_cpu.memory().kv_bytes > 0);
     }
 }

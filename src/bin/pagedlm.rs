@@ -525,6 +525,7 @@ mod cli {
         }
         line["prefill_ms"] = json!(pairs(&p.prefill));
         line["decode_ms"] = json!(pairs(&p.decode));
+        line["backend"] = json!(engine.backend().0);
         print_line(&line)
     }
 

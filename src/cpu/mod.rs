@@ -122,6 +122,20 @@ impl HostRunner {
         Ok(())
     }
 
+    /// Host-clock times of the forward passes over `rows` (consecutive positions of one sequence,
+    /// K/V slots appended) in chunks of the prefill chunk, one entry per pass; the K/V they
+    /// write are the values already there.
+    pub fn time_kernels(&mut self, model: &HostModel, kv: &KvCache, rows: &[StepRow]) -> Result<Vec<(&'static str, f64)>, ModelError> {
+        let mut times = Vec::new();
+        for piece in rows.chunks(self.prefill_chunk as usize) {
+            let t0 = crate::time::now_ms();
+            let host_rows: Vec<HostRow> = piece.iter().map(|r| HostRow { token: r.token, position: r.position, seq: SeqId(r.slot) }).collect();
+            forward(model, kv, &host_rows, &[piece.len() as u32 - 1])?;
+            times.push(("cpu.forward", crate::time::now_ms() - t0));
+        }
+        Ok(times)
+    }
+
     /// Most rows of one prefill pass outside the scheduler.
     pub fn prefill_chunk(&self) -> u32 {
         self.prefill_chunk

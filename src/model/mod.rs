@@ -27,9 +27,6 @@ pub enum ModelError {
     Format(String),
     #[error("pagedlm does not support {0}")]
     Unsupported(String),
-    /// What the engine's backend cannot do (a GPU profile on the CPU backend).
-    #[error("{0}")]
-    NotOnBackend(String),
     #[error(transparent)]
     Gpu(#[from] GpuError),
     #[error(transparent)]
