@@ -10,6 +10,7 @@ use crate::model::{ModelConfig, ModelError};
 use crate::quant::kv_int8::Int8Layout;
 
 use super::kernels::{self, AttnRow, PoolView, QMatrix};
+use super::qdot::{Acts, Int8Rows};
 
 /// One layer's weights, kept in their file's formats.
 struct Layer {
@@ -163,9 +164,10 @@ pub fn forward(model: &HostModel, kv: &KvCache, rows: &[HostRow], logit_rows: &[
     let (mut gate, mut up) = (vec![0f32; n * ffn], vec![0f32; n * ffn]);
     for (l, layer) in model.layers.iter().enumerate() {
         norm_rows(&x, &layer.attn_norm, eps, &mut h);
-        kernels::matmul(&layer.wq, &h, n, &mut q);
-        kernels::matmul(&layer.wk, &h, n, &mut k);
-        kernels::matmul(&layer.wv, &h, n, &mut v);
+        let hq = int8_rows(model, &h, n);
+        matmul(&layer.wq, (&h, hq.as_ref()), n, &mut q);
+        matmul(&layer.wk, (&h, hq.as_ref()), n, &mut k);
+        matmul(&layer.wv, (&h, hq.as_ref()), n, &mut v);
         if let Some((qn, kn)) = &layer.qk_norm {
             kernels::rms_norm_pieces(&mut q, qn, eps);
             kernels::rms_norm_pieces(&mut k, kn, eps);
@@ -176,16 +178,17 @@ pub fn forward(model: &HostModel, kv: &KvCache, rows: &[HostRow], logit_rows: &[
             kernels::rope(&mut k[i * kv_width..(i + 1) * kv_width], hd, r.position, rope);
         }
         attend(kv, l, (rows, &q, &k, &v), c, &mut att)?;
-        kernels::matmul(&layer.wo, &att, n, &mut o);
+        matmul(&layer.wo, (&att, int8_rows(model, &att, n).as_ref()), n, &mut o);
         residual(&mut x, &mut o, layer.post_attention_norm.as_deref(), eps);
 
         norm_rows(&x, &layer.ffn_norm, eps, &mut h);
-        kernels::matmul(&layer.gate, &h, n, &mut gate);
-        kernels::matmul(&layer.up, &h, n, &mut up);
+        let hq = int8_rows(model, &h, n);
+        matmul(&layer.gate, (&h, hq.as_ref()), n, &mut gate);
+        matmul(&layer.up, (&h, hq.as_ref()), n, &mut up);
         for (g, u) in gate.iter_mut().zip(&up) {
             *g = c.activation.apply(f64::from(*g)) as f32 * u;
         }
-        kernels::matmul(&layer.down, &gate, n, &mut o);
+        matmul(&layer.down, (&gate, int8_rows(model, &gate, n).as_ref()), n, &mut o);
         residual(&mut x, &mut o, layer.post_ffw_norm.as_deref(), eps);
     }
     let m = logit_rows.len();
@@ -195,8 +198,29 @@ pub fn forward(model: &HostModel, kv: &KvCache, rows: &[HostRow], logit_rows: &[
     }
     let out_w = model.output.as_ref().unwrap_or(&model.embd);
     let mut logits = vec![0f32; m * out_w.rows];
-    kernels::matmul(out_w, &last, m, &mut logits);
+    matmul(out_w, (&last, int8_rows(model, &last, m).as_ref()), m, &mut logits);
     Ok(logits)
+}
+
+/// The `n` rows of `x` quantized to int8 blocks once for the matmuls that read them, when the
+/// model multiplies with int8 activations (`None` otherwise, or for rows that are not whole
+/// 32-value blocks, which stay f32).
+fn int8_rows(model: &HostModel, x: &[f32], n: usize) -> Option<Int8Rows> {
+    if model.int8_activations {
+        Int8Rows::quantize(x, n)
+    } else {
+        None
+    }
+}
+
+/// [`kernels::matmul_acts`] of `w` with the rows `x` (`[n][cols]`), through their int8 form
+/// `xq` when there is one.
+fn matmul(w: &QMatrix, (x, xq): (&[f32], Option<&Int8Rows>), n: usize, out: &mut [f32]) {
+    let acts = match xq {
+        Some(q) => Acts::Int8(q, x),
+        None => Acts::F32(x),
+    };
+    kernels::matmul_acts(w, acts, n, out)
 }
 
 /// `out[row] = rms_norm(x[row]) · w` for every row.

@@ -11,9 +11,12 @@ use crate::gpu::ops::rope::RopePairing;
 use crate::quant::kv_int8;
 use crate::quant::{bytes_of, dequantize};
 
-/// Weight rows one parallel task takes: small enough to share a 576-row matrix among cores,
-/// large enough that a task outweighs its scheduling.
-const ROWS_PER_TASK: usize = 32;
+use super::qdot::{self, Acts, Weights};
+
+/// Parallel tasks per thread a matmul is cut into: enough that two or more threads finish
+/// together when some rows cost more (or a thread is late), few enough that a task outweighs
+/// its scheduling.
+const TASKS_PER_THREAD: usize = 8;
 
 /// A weight matrix `[rows, cols]` (GGUF `ne0 = cols`) kept in its file's block format.
 pub struct QMatrix {
@@ -49,6 +52,15 @@ impl QMatrix {
     /// Bytes the matrix holds in memory.
     pub fn bytes(&self) -> u64 {
         (self.data.len() + self.f32.len() * 4) as u64
+    }
+
+    /// Rows `first..first + count` (within the matrix) in their stored form.
+    pub fn weights(&self, first: usize, count: usize) -> Weights<'_> {
+        if self.ty == GgmlType::F32 {
+            Weights::F32(&self.f32[first * self.cols..(first + count) * self.cols])
+        } else {
+            Weights::Blocks(self.ty, &self.data[first * self.row_bytes..(first + count) * self.row_bytes])
+        }
     }
 
     /// Row `r`'s values into `out` (`cols` of them).
@@ -105,32 +117,40 @@ fn par_rows(out: &mut [f32], width: usize, per_task: usize, work: impl Fn(usize,
     out.chunks_mut(chunk).enumerate().for_each(|(i, part)| work(i * per_task, part));
 }
 
-/// `out[t][r] = Σ_c w[r][c] · x[t][c]`: x `[n][cols]`, out `[n][rows]`. Each weight row is
-/// decoded once and multiplied with every activation row.
+/// `out[t][r] = Σ_c w[r][c] · x[t][c]`: x `[n][cols]`, out `[n][rows]`, with f32 activations
+/// ([`matmul_acts`]).
 pub fn matmul(w: &QMatrix, x: &[f32], n: usize, out: &mut [f32]) {
+    matmul_acts(w, Acts::F32(x), n, out)
+}
+
+/// `out[t][r] = Σ_c w[r][c] · x[t][c]` for the `n` activation rows `x` (`[n][cols]`, as f32
+/// or also quantized to int8: [`qdot::Acts`], whose int8 rows must be `n` rows of `cols`),
+/// out `[n][rows]`. The weight rows are shared among threads in runs of consecutive rows; each
+/// weight row is unpacked once and multiplied with every activation row ([`qdot::rows_times`]).
+pub fn matmul_acts(w: &QMatrix, acts: Acts<'_>, n: usize, out: &mut [f32]) {
+    let x = match acts {
+        Acts::F32(x) | Acts::Int8(_, x) => x,
+    };
     assert_eq!(x.len(), n * w.cols, "matmul input");
     assert_eq!(out.len(), n * w.rows, "matmul output");
+    if let Acts::Int8(q, _) = acts {
+        assert_eq!((q.n, q.cols), (n, w.cols), "matmul int8 input");
+    }
     if n == 0 || w.rows == 0 {
+        return;
+    }
+    let per_task = w.rows.div_ceil(threads() * TASKS_PER_THREAD).max(1);
+    let work = |first: usize, part: &mut [f32]| qdot::rows_times(w.weights(first, part.len() / n), w.cols, acts, n, part);
+    if n == 1 {
+        par_rows(out, 1, per_task, work);
         return;
     }
     // [rows][n], so that a task owns a contiguous run of rows.
     let mut by_row = vec![0f32; w.rows * n];
-    par_rows(&mut by_row, n, ROWS_PER_TASK, |first, part| {
-        let mut row = vec![0f32; w.cols];
-        for (i, ys) in part.chunks_mut(n).enumerate() {
-            w.row_into(first + i, &mut row);
-            for (t, y) in ys.iter_mut().enumerate() {
-                *y = dot(&row, &x[t * w.cols..(t + 1) * w.cols]);
-            }
-        }
-    });
-    if n == 1 {
-        out.copy_from_slice(&by_row);
-        return;
-    }
-    for r in 0..w.rows {
-        for t in 0..n {
-            out[t * w.rows + r] = by_row[r * n + t];
+    par_rows(&mut by_row, n, per_task, work);
+    for (r, ys) in by_row.chunks_exact(n).enumerate() {
+        for (t, y) in ys.iter().enumerate() {
+            out[t * w.rows + r] = *y;
         }
     }
 }
@@ -252,16 +272,17 @@ pub fn attention(pool: &PoolView, (k_words, v_words): (&[u32], &[u32]), rows: &[
             let at = (row.table[(j as usize) / pool.block_size], kvh, j as usize % pool.block_size);
             pool.read(k_words, at, &mut k);
             let s = dot(qh, &k) * scale;
-            let new_max = max.max(s);
-            let correction = (max - new_max).exp();
-            let p = (s - new_max).exp();
-            sum = sum * correction + p;
-            if correction != 1.0 {
+            if s > max {
+                // A new maximum rescales what was summed so far (one exp only then).
+                let correction = (max - s).exp();
+                sum *= correction;
                 o.iter_mut().for_each(|x| *x *= correction);
+                max = s;
             }
+            let p = (s - max).exp();
+            sum += p;
             pool.read(v_words, at, &mut v);
             axpy(o, p, &v);
-            max = new_max;
         }
         let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
         o.iter_mut().for_each(|x| *x *= inv);

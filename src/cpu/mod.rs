@@ -12,6 +12,7 @@
 
 pub mod forward;
 pub mod kernels;
+pub mod qdot;
 
 use crate::gpu::ops::sample::{sample_cpu, SampleShape};
 use crate::kv::{KvCache, SeqId};
