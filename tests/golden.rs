@@ -162,8 +162,8 @@ async fn golden_with(mode: ScoreMode, opts: EngineOptions, only: Option<&[&str]>
         None => opts_int8(&engine),
     };
     // INT8 K/V moves the logits by its rounding: held to llama.cpp's own distance from numpy.
-    let int8 = int8 || kv_dtype == KvDtype::Int8;
-    let numpy_tol = if int8 { 2.0 * llamacpp_numpy_distance(&items) } else { NUMPY_LOGIT_TOL };
+    let loose = int8 || kv_dtype == KvDtype::Int8;
+    let numpy_tol = if loose { 2.0 * llamacpp_numpy_distance(&items) } else { NUMPY_LOGIT_TOL };
     let mut stats = Stats::default();
     let mut checked = 0;
     for item in &items {

@@ -13,7 +13,7 @@
 mod common;
 
 use common::{gemma_model_bytes, llamacpp_items, report, LlamaCppItem};
-use pagedlm::engine::{Engine, EngineOptions, KvDtype, KvLayout, ScoreMode};
+use pagedlm::engine::{BackendChoice, Engine, EngineOptions, KvDtype, KvLayout, ScoreMode};
 use pagedlm::sampler::argmax;
 
 const LLAMACPP: &str = include_str!("data/gemma3/llamacpp_public.json");
@@ -61,7 +61,12 @@ async fn check(engine: &mut Engine, item: &LlamaCppItem, mode: ScoreMode, stats:
 /// long prompt or the short ones: on lavapipe its prefill alone takes minutes); `clear_rate`: the
 /// share of llama.cpp's clear steps that must agree.
 async fn golden(mode: ScoreMode, kv_dtype: KvDtype, long: bool, clear_rate: f64) {
-    let opts = EngineOptions { max_context: 1280, kv_layout: KvLayout::Paged, kv_dtype, ..Default::default() };
+    golden_on(BackendChoice::Webgpu, mode, kv_dtype, long, clear_rate).await;
+}
+
+/// [`golden`] on `backend`.
+async fn golden_on(backend: BackendChoice, mode: ScoreMode, kv_dtype: KvDtype, long: bool, clear_rate: f64) {
+    let opts = EngineOptions { max_context: 1280, kv_layout: KvLayout::Paged, kv_dtype, backend, ..Default::default() };
     let mut engine = Engine::load(&gemma_model_bytes(), opts).await.unwrap();
     let mut stats = Stats::default();
     for item in items().into_iter().filter(|i| long || i.from < 512) {
@@ -70,7 +75,7 @@ async fn golden(mode: ScoreMode, kv_dtype: KvDtype, long: bool, clear_rate: f64)
     }
     let (rate, clear) = (stats.agree as f64 / stats.steps as f64, stats.clear_agree as f64 / stats.clear as f64);
     report(&format!(
-        "golden gemma3 {mode:?} {kv_dtype:?}: {} steps, top-1 agreement with llama.cpp {:.1}% ({}/{} where its margin >= {CLEAR_MARGIN}), max |Δlogit| on its token {:.3}",
+        "golden gemma3 {backend:?} {mode:?} {kv_dtype:?}: {} steps, top-1 agreement with llama.cpp {:.1}% ({}/{} where its margin >= {CLEAR_MARGIN}), max |Δlogit| on its token {:.3}",
         stats.steps,
         rate * 100.0,
         stats.clear_agree,
@@ -96,4 +101,12 @@ fn gemma_prefill_path_matches_llamacpp_on_the_short_prompts() {
 #[test]
 fn gemma_with_int8_kv_matches_llamacpp_on_the_short_prompts() {
     pollster::block_on(golden(ScoreMode::Decode, KvDtype::Int8, false, 0.98));
+}
+
+/// The CPU backend (tests/cpu_backend.rs has its breadth): the short prompts through the prefill
+/// path with f32 K/V and through the decode path with INT8 K/V.
+#[test]
+fn gemma_on_the_cpu_backend_matches_llamacpp_on_the_short_prompts() {
+    pollster::block_on(golden_on(BackendChoice::Cpu, ScoreMode::Prefill, KvDtype::F32, false, 1.0));
+    pollster::block_on(golden_on(BackendChoice::Cpu, ScoreMode::Decode, KvDtype::Int8, false, 0.98));
 }
