@@ -407,7 +407,8 @@ mod tests {
         assert_eq!(err("generate --temp 1").to_string(), "the generate command has no option --temp; did you mean --temperature?");
         assert_eq!(err("score --texts a.json").to_string(), "the score command has no option --texts (pagedlm tokenize takes it)");
         assert_eq!(err("tokenize --input a.json").to_string(), "the tokenize command has no option --input (pagedlm score, generate and trace take it)");
-        assert_eq!(err("score --backend cpu").to_string(), "the score command has no option --backend (`pagedlm help` lists the options)");
+        assert_eq!(err("score --quantum 3").to_string(), "the score command has no option --quantum (`pagedlm help` lists the options)");
+        assert!(err("score --backend gpu").to_string().contains("--backend must be auto or webgpu or cpu, got 'gpu'"), "{}", err("score --backend gpu"));
         assert_eq!(err("generate --kv-dtype fp16").to_string(), "--kv-dtype must be f32 or int8, got 'fp16'");
         assert_eq!(err("generate --max-tokens"), ArgError::MissingValue("max-tokens"));
         assert_eq!(err("generate --max-tokens --seed 1"), ArgError::MissingValue("max-tokens"));
