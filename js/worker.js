@@ -175,7 +175,7 @@ async function load({ id, model, options, cache: cacheOptions, lock }, progress)
   if (await holdLock(lock)) post(fromWorker.held(id));
   // The CPU backend needs no WebGPU; "auto" without it takes the CPU backend and says why.
   let noWebGpu = null;
-  const backend = options?.backend ?? "webgpu";
+  const backend = options?.backend ?? "auto";
   if (backend === "auto") {
     noWebGpu = await checkWebGpu().then(() => null, (e) => e.message);
     if (noWebGpu) options = { ...options, backend: "cpu" };
@@ -316,8 +316,25 @@ function finish(entry, result) {
   post(fromWorker.done(entry.id, { ...result, queue_ms: queueMs }, lastStats));
 }
 
+/**
+ * Resolves in a new task, so the page's messages (create, abort, stats, dispose) are handled
+ * between steps. A CPU backend step resolves without waiting on anything outside: awaiting it
+ * alone would keep the loop in microtasks and the inbox closed until every request had ended.
+ * A MessageChannel, not setTimeout: no 4 ms clamp per step.
+ */
+const nextTask = (() => {
+  const channel = new MessageChannel();
+  const waiting = [];
+  channel.port1.onmessage = () => waiting.shift()?.();
+  return () => new Promise((resolve) => {
+    waiting.push(resolve);
+    channel.port2.postMessage(null);
+  });
+})();
+
 async function loop() {
-  for (;;) {
+  for (let first = true; ; first = false) {
+    if (!first) await nextTask();
     await applyInbox();
     if (!engine || !engine.hasWork()) return;
     let events;
