@@ -91,7 +91,7 @@ export interface EngineOptions {
   /** Use the adapter's optional WebGPU features (subgroups, shader-f16) where offered (default true). */
   optionalFeatures?: boolean;
   /**
-   * Which backend runs the model (default "webgpu"): "cpu" runs it on CPU kernels in wasm (no
+   * Which backend runs the model (default "auto"): "cpu" runs it on CPU kernels in wasm (no
    * device; the same KV cache, snapshots and results), "auto" takes WebGPU on a real GPU and the
    * CPU backend when there is no adapter or the adapter is a CPU emulation. `info.backend` and
    * `info.backend_reason` say which runs and why.

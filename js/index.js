@@ -618,7 +618,7 @@ export class Engine extends EventTarget {
  * Loads a model in a new Web Worker.
  * @param model a URL (string or URL), an ArrayBuffer/typed array, or a File/Blob (e.g. a dropped .gguf)
  * @param options {kvDtype, blockSize, poolTokens, maxContext, prefillChunk, kvLayout, prefixCache, maxBatch, stepTokens,
- *   maxBindingMib, deviceLimits, maxMemoryBytes, adapterClass, optionalFeatures, backend ("webgpu" | "cpu" | "auto"), onProgress({phase, loaded, total, fraction}), cache (default true), cacheName, workerUrl}
+ *   maxBindingMib, deviceLimits, maxMemoryBytes, adapterClass, optionalFeatures, backend ("auto" (default) | "webgpu" | "cpu"), onProgress({phase, loaded, total, fraction}), cache (default true), cacheName, workerUrl}
  */
 export async function createEngine(model, options = {}) {
   const { onProgress, cache = true, cacheName = DEFAULT_CACHE, workerUrl, ...rest } = options ?? {};

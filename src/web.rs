@@ -158,7 +158,7 @@ struct LoadOptions {
     adapter_class: Option<String>,
     /// Use the adapter's optional features (subgroups, shader-f16) where offered (default true).
     optional_features: Option<bool>,
-    /// `"webgpu"` (default), `"cpu"` or `"auto"` (WebGPU on a real GPU, else the CPU backend).
+    /// `"auto"` (default: WebGPU on a real GPU, else the CPU backend), `"webgpu"` or `"cpu"`.
     backend: Option<String>,
 }
 
@@ -185,11 +185,12 @@ impl LoadOptions {
             })?),
         };
         o.optional_features = self.optional_features.unwrap_or(o.optional_features);
-        if let Some(name) = self.backend.as_deref() {
-            o.backend = BackendChoice::parse(name).ok_or_else(|| {
+        o.backend = match self.backend.as_deref() {
+            None => BackendChoice::Auto,
+            Some(name) => BackendChoice::parse(name).ok_or_else(|| {
                 WebError::new(ErrorCode::InvalidArgument, format!("backend must be \"auto\", \"webgpu\" or \"cpu\", not {name:?}"))
-            })?;
-        }
+            })?,
+        };
         if let Some(bytes) = self.max_memory_bytes {
             if !(bytes.is_finite() && bytes >= 1.0 && bytes <= 2f64.powi(53)) {
                 return Err(WebError::new(ErrorCode::InvalidArgument, format!("maxMemoryBytes must be a positive number of bytes, not {bytes}")));

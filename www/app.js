@@ -123,7 +123,7 @@ function onProgress(p) {
     case "cache": return setProgress("Reading the model from the browser cache", p.fraction, `${mb(p.loaded)}${total}${pct}`);
     case "read": return setProgress("Reading the model file", p.fraction, `${mb(p.loaded)}${total}${pct}`);
     case "stored": return setProgress("Stored in the browser cache for next time", 1, mb(p.loaded));
-    case "load": return setProgress(params.get("backend") === "cpu" ? "Loading the weights" : "Uploading weights to the GPU", null, mb(p.total));
+    case "load": return setProgress(params.get("backend") === "webgpu" ? "Uploading weights to the GPU" : "Loading the weights", null, mb(p.total));
     default: return undefined;
   }
 }
@@ -134,7 +134,7 @@ function engineOptions() {
     if (params.get(param)) options[key] = Number(params.get(param));
   }
   if (params.get("prefix_cache") === "0") options.prefixCache = false;
-  // ?backend=cpu|auto|webgpu: which backend runs the model (the package's default otherwise).
+  // ?backend=cpu|auto|webgpu: which backend runs the model (the package's default, auto, otherwise).
   if (["cpu", "auto", "webgpu"].includes(params.get("backend"))) options.backend = params.get("backend");
   return options;
 }

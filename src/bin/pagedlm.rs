@@ -38,7 +38,7 @@ const USAGE: &str = "usage: pagedlm <tokenize|score|generate|bench|trace|profile
             --adapter-class cpu|integrated|discrete   (tune the kernels as for that kind of adapter)
             --no-optional-features   (the variants for adapters without subgroups and shader-f16)
             --activations auto|f32|int8   (the matmuls' activations; auto: f32)
-            --backend webgpu|cpu|auto   (cpu: CPU kernels, no device; auto: WebGPU on a real GPU, else cpu)
+            --backend auto|webgpu|cpu   (default auto: WebGPU on a real GPU, else cpu; cpu: CPU kernels, no device)
             (every command takes them; tokenize reads only --model)
   tokenize  --texts FILE.json
   score     --input FILE.json [--mode decode|prefill]
@@ -139,7 +139,7 @@ mod cli {
             // The parser admits only the names in args::ADAPTER_CLASSES.
             adapter_class: args.text("adapter-class").and_then(AdapterClass::parse),
             // The parser admits only the names in args::BACKENDS.
-            backend: args.text("backend").and_then(BackendChoice::parse).unwrap_or_default(),
+            backend: args.text("backend").and_then(BackendChoice::parse).unwrap_or(BackendChoice::Auto),
             optional_features: !args.flag("no-optional-features"),
             int8_activations: match args.text("activations") {
                 Some("int8") => Some(true),
@@ -526,6 +526,7 @@ mod cli {
         line["prefill_ms"] = json!(pairs(&p.prefill));
         line["decode_ms"] = json!(pairs(&p.decode));
         line["backend"] = json!(engine.backend().0);
+        line["backend_reason"] = json!(engine.backend().1);
         print_line(&line)
     }
 
@@ -618,7 +619,7 @@ mod cli {
         }
         let ms = t1.unwrap_or_else(pagedlm::time::now_ms) - t0.unwrap_or(0.0);
         print_line(&json!({
-            "adapter": engine.adapter_name(), "variant": engine.variant_name(), "backend": engine.backend().0,
+            "adapter": engine.adapter_name(), "variant": engine.variant_name(), "backend": engine.backend().0, "backend_reason": engine.backend().1,
             "batch": batch,
             "context": context,
             "decode_tok_s": tokens as f64 / (ms / 1000.0),
@@ -736,7 +737,7 @@ mod cli {
         gaps.sort_by(|a, b| a.total_cmp(b));
         let pct = |q: f64| gaps.get(((gaps.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
         print_line(&json!({
-            "adapter": engine.adapter_name(), "variant": engine.variant_name(), "backend": engine.backend().0,
+            "adapter": engine.adapter_name(), "variant": engine.variant_name(), "backend": engine.backend().0, "backend_reason": engine.backend().1,
             "step_tokens": opts.sched.step_tokens,
             "long_prompt_tokens": long,
             "long_prompt_ms": prefill_ms,
@@ -811,7 +812,7 @@ mod cli {
         };
         let memory = engine.memory();
         let mut line = json!({
-            "adapter": engine.adapter_name(), "variant": engine.variant_name(), "backend": engine.backend().0,
+            "adapter": engine.adapter_name(), "variant": engine.variant_name(), "backend": engine.backend().0, "backend_reason": engine.backend().1,
             "prefill_tok_s": prompt_tokens as f64 / (prefill.prefill_ms / 1000.0),
             "decode_tok_s": decode.0 as f64 / (decode.1 / 1000.0),
             "prompt_tokens": prompt_tokens,
