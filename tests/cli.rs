@@ -166,7 +166,16 @@ fn the_cpu_backend_runs_the_commands_and_says_so() {
     assert_eq!(bench[0]["backend"], "cpu", "{}", bench[0]);
     assert!(bench[0]["adapter"].as_str().unwrap().starts_with("CPU backend"), "{}", bench[0]);
     assert!(bench[0]["decode_tok_s"].as_f64().unwrap() > 0.0);
-    assert_eq!(run(&["bench", "--prompt-tokens", "8", "--gen-tokens", "16"], "webgpu")[0]["backend"], "webgpu");
+    let webgpu = run(&["bench", "--prompt-tokens", "8", "--gen-tokens", "16"], "webgpu");
+    assert_eq!(webgpu[0]["backend"], "webgpu");
+    assert_eq!(webgpu[0]["backend_reason"], "asked for");
+    // The default is auto: the CPU backend where the adapter is a CPU emulation (lavapipe; its
+    // kernels then run as the "cpu" class), WebGPU on a real GPU; the line says which and why.
+    let default = lines(&bin().args(["bench", "--prompt-tokens", "8", "--gen-tokens", "16", "--model", model]).output().unwrap());
+    let emulated = webgpu[0]["variant"].as_str().unwrap().starts_with("cpu");
+    assert_eq!(default[0]["backend"], if emulated { "cpu" } else { "webgpu" }, "{}", default[0]);
+    let reason = default[0]["backend_reason"].as_str().unwrap();
+    assert!(reason.starts_with(if emulated { "auto: the WebGPU adapter is a CPU emulation" } else { "auto: a GPU adapter" }), "{reason}");
     let profile = run(&["profile", "--prompt-tokens", "8"], "cpu");
     assert_eq!(profile[0]["backend"], "cpu", "{}", profile[0]);
     assert_eq!(profile[0]["dispatches_per_decode_step"], 0, "a CPU step dispatches nothing: {}", profile[0]);
@@ -181,7 +190,7 @@ fn profile_prints_one_json_line_with_the_contract_fields() {
     let model = dir.join("tiny.gguf");
     std::fs::write(&model, tiny_model(SynthConfig::tiny().seed)).unwrap();
     let model = model.to_str().unwrap();
-    let args = ["profile", "--model", model, "--prompt-tokens", "20", "--prefill-chunk", "8"];
+    let args = ["profile", "--model", model, "--prompt-tokens", "20", "--prefill-chunk", "8", "--backend", "webgpu"];
     let plain = lines(&bin().args(args).output().unwrap());
     let json = lines(&bin().args(args).arg("--json").output().unwrap());
     assert_eq!((plain.len(), json.len()), (1, 1));
@@ -242,9 +251,9 @@ fn errors_go_to_stderr_with_a_nonzero_exit() {
     assert!(fails(&["generate", "--model", model, "--prompt", "x", "--temperature", "-2"]).contains("temperature"));
     // The binding limit reaches the device: too small a one is refused naming it, and a small
     // model runs under 1 MiB.
-    let err = fails(&["generate", "--model", model, "--prompt", "x", "--max-binding-mib", "0"]);
+    let err = fails(&["generate", "--model", model, "--prompt", "x", "--max-binding-mib", "0", "--backend", "webgpu"]);
     assert!(err.contains("storage-binding limit of 0 bytes"), "{err}");
-    let out = bin().args(["generate", "--model", model, "--prompt", "x", "--max-tokens", "2", "--max-binding-mib", "1"]).output().unwrap();
+    let out = bin().args(["generate", "--model", model, "--prompt", "x", "--max-tokens", "2", "--max-binding-mib", "1", "--backend", "webgpu"]).output().unwrap();
     assert!(out.status.success(), "a tiny model under a 1 MiB binding limit: {}", String::from_utf8_lossy(&out.stderr));
     // Input files: missing, not JSON, the wrong shape.
     let err = fails(&["score", "--model", model, "--input", "/nonexistent.json"]);
@@ -484,10 +493,10 @@ fn generate_follows_json_schemas_grammars_and_response_formats() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.trim_end().len() == 4 && text.starts_with("x=") && text[2..4].bytes().all(|b| b.is_ascii_digit()), "{text:?}");
-    // The bench's constrained decode: its steps go ahead of the token before, like free ones.
+    // The bench's constrained decode on the GPU: its steps go ahead of the token before, like free ones.
     let prose = dir.join("prose.lark");
     std::fs::write(&prose, "start: /[a-z ]{16,64}/\n").unwrap();
-    let line = &lines(&bin().args(["bench", "--model", model, "--prompt-tokens", "8", "--gen-tokens", "12", "--grammar", prose.to_str().unwrap()]).output().unwrap())[0];
+    let line = &lines(&bin().args(["bench", "--model", model, "--prompt-tokens", "8", "--gen-tokens", "12", "--grammar", prose.to_str().unwrap(), "--backend", "webgpu"]).output().unwrap())[0];
     let c = &line["constrained"];
     assert_eq!(c["tokens"], 12, "{line}");
     assert!(c["steps_ahead_share"].as_f64().unwrap() > 0.5 && c["mask_ms_per_token"].as_f64().unwrap() > 0.0, "{line}");

@@ -45,7 +45,18 @@ fn tiny() -> Vec<u8> {
     tiny_llama_gguf(&SynthConfig::tiny())
 }
 
+/// Loads with `options`, on the WebGPU backend unless they name one: these tests are the WebGPU
+/// path's (the default, `auto`, takes the CPU backend on SwiftShader; `load_default` keeps it).
 async fn load(bytes: Vec<u8>, options: &str) -> Result<WebEngine, WebError> {
+    let mut options: serde_json::Value = serde_json::from_str(options).expect("test options are JSON");
+    if let Some(map) = options.as_object_mut() {
+        map.entry("backend").or_insert("webgpu".into());
+    }
+    load_default(bytes, &options.to_string()).await
+}
+
+/// Loads with `options` as they are.
+async fn load_default(bytes: Vec<u8>, options: &str) -> Result<WebEngine, WebError> {
     WebEngine::load(bytes, json(options)).await
 }
 
@@ -242,6 +253,25 @@ async fn without_webgpu_loading_is_webgpu_unavailable() {
     restore.call0(&JsValue::NULL).expect("restore navigator.gpu");
     let message = expect_code("no navigator.gpu", result, ErrorCode::WebGpuUnavailable);
     assert!(message.contains("WebGPU"), "the message names what is missing: {message}");
+    // The default, auto, runs there on the CPU backend and says why.
+    hide.call0(&JsValue::NULL).expect("hide navigator.gpu");
+    let result = load_default(tiny(), "{}").await;
+    restore.call0(&JsValue::NULL).expect("restore navigator.gpu");
+    let info = result.unwrap_or_else(|e| panic!("auto without WebGPU: {e:?}")).info().expect("info");
+    assert_eq!(text(&info, "backend"), "cpu");
+    assert!(text(&info, "backend_reason").starts_with("auto: no usable WebGPU adapter"), "{}", text(&info, "backend_reason"));
+}
+
+/// The default backend is auto: on a CPU emulation (SwiftShader) the CPU backend, on a real GPU
+/// WebGPU; `info` says which and why.
+#[wasm_bindgen_test]
+async fn the_default_backend_is_auto() {
+    let webgpu = engine().await.info().expect("info");
+    let default = load_default(tiny(), "{}").await.expect("loads").info().expect("info");
+    let emulated = get(&webgpu, "is_cpu").as_bool().expect("is_cpu");
+    assert_eq!(text(&default, "backend"), if emulated { "cpu" } else { "webgpu" });
+    let reason = text(&default, "backend_reason");
+    assert!(reason.starts_with(if emulated { "auto: the WebGPU adapter is a CPU emulation" } else { "auto: a GPU adapter" }), "{reason}");
 }
 
 #[wasm_bindgen_test]

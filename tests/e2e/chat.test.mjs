@@ -4,7 +4,7 @@ import { after, before, describe, it } from "node:test";
 import assert from "node:assert/strict";
 import { existsSync, mkdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { byId, launch, MODEL, openPage, results, root, startServer } from "./helpers.mjs";
+import { byId, launch, MODEL, openPage, results, root, startServer, tinyModel } from "./helpers.mjs";
 
 // Small replies keep the test quick: SwiftShader decodes a few tokens per second.
 const MAX_TOKENS = 8;
@@ -302,11 +302,25 @@ describe("chat page", () => {
 });
 
 describe("chat page without WebGPU", () => {
-  it("shows a clear error", { timeout: 60_000 }, async () => {
-    const server = await startServer();
+  it("runs on the CPU backend by default and says why; asked for WebGPU, shows a clear error", { timeout: 240_000 }, async () => {
+    tinyModel("tiny.gguf");
+    const server = await startServer({ PAGEDLM_MODELS_DIR: join(results, "fixtures") });
     const browser = await launch({ webgpu: false });
     try {
-      const { page } = await openPage(browser, `${server.url}/`);
+      // The default backend (auto) takes the CPU backend when there is no WebGPU.
+      const { page: cpu, problems } = await openPage(browser, `${server.url}/?model=/models/tiny.gguf&max_tokens=4&temperature=0`);
+      await cpu.waitForSelector(`${byId("model-progress")}[data-done="true"]`, { timeout: 120_000 });
+      const adapter = cpu.locator("#adapter");
+      assert.equal(await adapter.getAttribute("data-backend"), "cpu");
+      assert.match(await adapter.getAttribute("title"), /no usable WebGPU adapter/);
+      await cpu.fill(byId("chat-input"), "hi");
+      await cpu.click(byId("send-button"));
+      await cpu.waitForSelector(`${byId("message-assistant")}[data-done="true"]`, { timeout: 120_000 });
+      assert.equal(await cpu.locator(`${byId("message-assistant")} .message-error`).count(), 0, "the reply runs on the CPU backend");
+      assert.deepEqual(problems.filter((p) => !/Failed to load resource|favicon/.test(p)), [], "no page errors");
+      await cpu.close();
+      // ?backend=webgpu asks for WebGPU: a clear error, nothing loaded.
+      const { page } = await openPage(browser, `${server.url}/?model=/models/tiny.gguf&backend=webgpu`);
       const panel = await page.waitForSelector(`${byId("error-panel")}:not([hidden])`, { timeout: 30_000 });
       assert.match(await panel.innerText(), /WebGPU/);
       assert.equal(await page.getAttribute(byId("error-panel"), "data-code"), "WEBGPU_UNAVAILABLE");

@@ -215,7 +215,7 @@ async function fuzzApi({ calls, seed }) {
 
   // createEngine's options, each of a few loads given a hostile value or two.
   const engineOptions = ["kvDtype", "kvLayout", "blockSize", "poolTokens", "maxContext", "prefillChunk", "prefixCache", "maxBatch", "stepTokens",
-    "maxBindingMib", "deviceLimits", "maxMemoryBytes", "adapterClass", "optionalFeatures", "onProgress", "cache", "cacheName", "workerUrl", "unknownOption"];
+    "maxBindingMib", "deviceLimits", "maxMemoryBytes", "adapterClass", "optionalFeatures", "backend", "onProgress", "cache", "cacheName", "workerUrl", "unknownOption"];
   for (let i = 0; i < 16; i++) {
     const options = { maxContext: 64 };
     for (let k = 1 + Math.floor(rand() * 2); k > 0; k--) options[pick(engineOptions)] = hostile();

@@ -188,7 +188,8 @@ describe("npm package", () => {
     const out = await page.evaluate(async () => {
       const { createEngine } = window.pagedlm;
       const codeOf = (p) => p.then(() => "resolved", (e) => `${e.name}:${e.code}:${e instanceof Error}`);
-      const engine = await createEngine("/model.gguf");
+      // WebGPU: the profile below is a GPU step's (the default, auto, takes the CPU backend on SwiftShader).
+      const engine = await createEngine("/model.gguf", { backend: "webgpu" });
       const r = {};
       // Abort mid-stream: the iterator throws ABORTED, the partial reply comes with the error.
       const controller = new AbortController();
@@ -313,7 +314,7 @@ describe("npm package", () => {
   it("survives a lost GPU device: requests end with DEVICE_LOST and their text, devicelost fires once, restart() loads again without a download", { timeout: TIMEOUT }, async () => {
     const out = await page.evaluate(async () => {
       const { createEngine } = window.pagedlm;
-      const engine = await createEngine("/tiny.gguf");
+      const engine = await createEngine("/tiny.gguf", { backend: "webgpu" });
       const events = [];
       engine.addEventListener("devicelost", (e) => events.push(e.detail.message));
       const ask = (content) => [{ role: "user", content }];
@@ -406,22 +407,24 @@ describe("npm package", () => {
       const refusal = (p) => p.then(() => null, (e) => ({ code: e.code, message: e.message }));
       const ask = { messages: [{ role: "user", content: "Name a fruit." }], max_tokens: 8, temperature: 0 };
       const total = (m) => m.weights_bytes + m.kv_bytes + m.graph_bytes;
-      const plain = await createEngine("/tiny.gguf");
+      // Device limits and a cap on device memory: the WebGPU backend's.
+      const gpu = { backend: "webgpu" };
+      const plain = await createEngine("/tiny.gguf", gpu);
       const want = (await plain.chat.completions.create(ask)).choices[0].message.content;
       const { pool: plainPool, memory: plainMemory } = await plain.stats();
       const perToken = plain.info.kv.bytes_per_token;
       await plain.dispose();
       // Under the weights; then just over them, which names what a step's activations take.
-      const under = await refusal(createEngine("/tiny.gguf", { maxMemoryBytes: Math.floor(plainMemory.weights_bytes / 2) }));
-      const tight = await refusal(createEngine("/tiny.gguf", { maxMemoryBytes: plainMemory.weights_bytes + 1 }));
+      const under = await refusal(createEngine("/tiny.gguf", { ...gpu, maxMemoryBytes: Math.floor(plainMemory.weights_bytes / 2) }));
+      const tight = await refusal(createEngine("/tiny.gguf", { ...gpu, maxMemoryBytes: plainMemory.weights_bytes + 1 }));
       const activations = Number(/activations \((\d+)\)/.exec(tight?.message ?? "")?.[1]);
       // Room for the weights, the activations and 200 tokens of K/V, on a phone's limits.
       const cap = plainMemory.weights_bytes + activations + 200 * perToken;
-      const phone = await createEngine("/tiny.gguf", { deviceLimits: "phone", maxMemoryBytes: cap });
+      const phone = await createEngine("/tiny.gguf", { ...gpu, deviceLimits: "phone", maxMemoryBytes: cap });
       const got = (await phone.chat.completions.create(ask)).choices[0].message.content;
       const { pool, memory } = await phone.stats();
       await phone.dispose();
-      const badLimits = await refusal(createEngine("/tiny.gguf", { deviceLimits: "tablet" }));
+      const badLimits = await refusal(createEngine("/tiny.gguf", { ...gpu, deviceLimits: "tablet" }));
       return { want, got, cap, held: total(memory), memory, poolTokens: pool.blocks_total * pool.block_size, plainPoolTokens: plainPool.blocks_total * plainPool.block_size, under, tight, activations, badLimits };
     });
     assert.equal(out.under?.code, "OUT_OF_MEMORY", `a cap under the weights: ${JSON.stringify(out.under)}`);
@@ -434,7 +437,7 @@ describe("npm package", () => {
     assert.equal(out.badLimits?.code, "INVALID_ARGUMENT", `an unknown deviceLimits: ${JSON.stringify(out.badLimits)}`);
   });
 
-  it("runs on the CPU backend: the WebGPU backend's greedy reply, auto takes it on a software GPU and says why, a bad backend is INVALID_ARGUMENT", { timeout: TIMEOUT }, async () => {
+  it("runs on the CPU backend: the WebGPU backend's greedy reply, auto (the default) takes it on a software GPU and says why, a bad backend is INVALID_ARGUMENT", { timeout: TIMEOUT }, async () => {
     const out = await page.evaluate(async () => {
       const { createEngine } = window.pagedlm;
       const ask = { messages: [{ role: "user", content: "Name a fruit." }], max_tokens: 12, temperature: 0 };
@@ -449,8 +452,28 @@ describe("npm package", () => {
       const webgpu = await reply({ backend: "webgpu" });
       const cpu = await reply({ backend: "cpu" });
       const auto = await reply({ backend: "auto" });
+      const byDefault = await reply({});
+      // A CPU step waits on nothing: the worker still hears an abort, and a request sent
+      // mid-stream, between its steps.
+      const engine = await createEngine("/tiny.gguf", { backend: "cpu" });
+      const controller = new AbortController();
+      const stream = await engine.chat.completions.create({ ...ask, max_tokens: 200, stream: true, signal: controller.signal });
+      const abort = { pieces: 0, joined: null };
+      try {
+        for await (const chunk of stream) {
+          if (!chunk.choices[0]?.delta?.content) continue;
+          if (++abort.pieces === 2) abort.joined = engine.chat.completions.create({ ...ask, max_tokens: 3 });
+          if (abort.pieces === 4) controller.abort();
+        }
+        abort.code = "resolved";
+      } catch (e) {
+        abort.code = e.code;
+        abort.partial = e.partial?.usage.completion_tokens;
+      }
+      abort.joined = (await abort.joined).usage.completion_tokens;
+      await engine.dispose();
       const bad = await createEngine("/tiny.gguf", { backend: "gpu" }).then(() => null, (e) => e.code);
-      return { webgpu, cpu, auto, bad };
+      return { webgpu, cpu, auto, byDefault, abort, bad };
     });
     assert.equal(out.webgpu.info.backend, "webgpu");
     assert.equal(out.cpu.info.backend, "cpu", JSON.stringify(out.cpu.info));
@@ -461,33 +484,38 @@ describe("npm package", () => {
     // SwiftShader is a fallback adapter (a CPU emulation): auto leaves it for the CPU backend.
     assert.equal(out.auto.info.backend, out.webgpu.info.is_cpu ? "cpu" : "webgpu", JSON.stringify(out.auto.info));
     if (out.auto.info.backend === "cpu") assert.match(out.auto.info.backend_reason, /CPU emulation/);
+    assert.deepEqual([out.byDefault.info.backend, out.byDefault.info.backend_reason], [out.auto.info.backend, out.auto.info.backend_reason], "the default is auto");
+    assert.equal(out.byDefault.text, out.webgpu.text);
+    assert.equal(out.abort.code, "ABORTED", `an abort mid-stream on the CPU backend: ${JSON.stringify(out.abort)}`);
+    assert.ok(out.abort.partial >= 4 && out.abort.partial < 100, `it stops the stream within a few steps: ${JSON.stringify(out.abort)}`);
+    assert.equal(out.abort.joined, 3, "a request sent mid-stream runs");
     assert.equal(out.bad, "INVALID_ARGUMENT");
   });
 
-  it("says WEBGPU_UNAVAILABLE without WebGPU, and runs there on the CPU backend (backend cpu or auto)", { timeout: TIMEOUT }, async () => {
+  it("says WEBGPU_UNAVAILABLE without WebGPU when asked for it, and runs there on the CPU backend (backend cpu, auto or the default)", { timeout: TIMEOUT }, async () => {
     const plain = await launch({ webgpu: false });
     try {
       const { page: p } = await openPage(plain, `${server.url}/`);
       await p.waitForFunction(() => document.title === "ready", null, { timeout: 30_000 });
-      const got = await p.evaluate(() => window.pagedlm.createEngine("/model.gguf").then(() => "resolved", (e) => ({ code: e.code, message: e.message })));
+      const got = await p.evaluate(() => window.pagedlm.createEngine("/model.gguf", { backend: "webgpu" }).then(() => "resolved", (e) => ({ code: e.code, message: e.message })));
       assert.equal(got.code, "WEBGPU_UNAVAILABLE");
       assert.match(got.message, /--enable-unsafe-webgpu|WebGPU/);
       const cpu = await p.evaluate(async () => {
         const ask = { messages: [{ role: "user", content: "Name a fruit." }], max_tokens: 6, temperature: 0 };
         const out = {};
-        for (const backend of ["cpu", "auto"]) {
-          const engine = await window.pagedlm.createEngine("/tiny.gguf", { backend });
+        for (const backend of ["cpu", "auto", "default"]) {
+          const engine = await window.pagedlm.createEngine("/tiny.gguf", backend === "default" ? {} : { backend });
           const reply = await engine.chat.completions.create(ask);
           out[backend] = { info: engine.info, tokens: reply.usage.completion_tokens };
           await engine.dispose();
         }
         return out;
       });
-      for (const backend of ["cpu", "auto"]) {
+      for (const backend of ["cpu", "auto", "default"]) {
         assert.equal(cpu[backend].info.backend, "cpu", `${backend}: ${JSON.stringify(cpu[backend].info)}`);
         assert.ok(cpu[backend].tokens > 0, `${backend}: it answers without WebGPU`);
       }
-      assert.match(cpu.auto.info.backend_reason, /^auto: no usable WebGPU adapter/, cpu.auto.info.backend_reason);
+      for (const backend of ["auto", "default"]) assert.match(cpu[backend].info.backend_reason, /^auto: no usable WebGPU adapter/, cpu[backend].info.backend_reason);
     } finally {
       await plain.close();
     }

@@ -69,7 +69,7 @@ describe("chat page persistence", () => {
     assert.ok(existsSync(MODEL), "the model is missing: run `npm run fetch-model`");
     server = await startServer();
     browser = await launch();
-    ({ page, problems } = await openPage(browser, `${server.url}/?max_tokens=${MAX_TOKENS}&temperature=0`));
+    ({ page, problems } = await openPage(browser, `${server.url}/?max_tokens=${MAX_TOKENS}&temperature=0&backend=webgpu`));
   });
 
   after(async () => {

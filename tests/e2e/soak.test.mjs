@@ -20,7 +20,8 @@ describe("soak", () => {
   it(`${REQUESTS} requests, 4 at a time over a small pool, with aborts, breaks, disposes and a lost device: nothing lost, nothing grows`, { timeout: 900_000 }, async () => {
     const out = await soak(setup.browser, setup.server.url, {
       model: "/models/tiny.gguf", requests: REQUESTS, seed: 7, disposeEvery: 70, loseEvery: 40,
-      engineOptions: { maxContext: 512, poolTokens: 640, blockSize: 16, maxBatch: 4 },
+      // WebGPU: the lost devices are its (the default, auto, takes the CPU backend on SwiftShader).
+      engineOptions: { maxContext: 512, poolTokens: 640, blockSize: 16, maxBatch: 4, backend: "webgpu" },
     });
     const g = checkSoak(out, { window: Math.min(50, Math.floor(REQUESTS / 3)) });
     const mb = (b) => (b / 1e6).toFixed(1);
