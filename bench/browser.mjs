@@ -21,6 +21,8 @@ const onlyBatch = process.env.BENCH_ONLY_BATCH === "1";
 const onlySpeed = process.env.BENCH_ONLY_SPEED === "1";
 const modelPath = process.env.BENCH_MODEL || "SmolLM2-135M-Instruct.Q4_1.gguf";
 const constrained = process.env.BENCH_CONSTRAINED === "1";
+// createEngine's backend: webgpu here by default (the package's own default is auto).
+const backend = process.env.BACKEND || "webgpu";
 const pairs = Number(process.env.BENCH_PAIRS || 3);
 const grammar = readFileSync(join(root, "bench/constraints/prose.lark"), "utf8");
 
@@ -33,7 +35,7 @@ const server = await startServer();
 const browser = await launch();
 try {
   const { page, problems } = await openPage(browser, `${server.url}/bench-blank`);
-  const figures = await page.evaluate(async ({ prefillWords, decodeTokens, batches, batchTokens, onlyBatch, onlySpeed, modelPath, constrained, pairs, grammar }) => {
+  const figures = await page.evaluate(async ({ prefillWords, decodeTokens, batches, batchTokens, onlyBatch, onlySpeed, modelPath, constrained, pairs, grammar, backend }) => {
     const { createEngine } = await import("/js/index.js");
     const MODEL_URL = `/models/${modelPath}`;
     const user = (content) => ({ role: "user", content });
@@ -64,7 +66,7 @@ try {
     };
     if (constrained) {
       // The same prompt each time (its K/V come from the prefix cache): decode only.
-      const engine = await createEngine(MODEL_URL, { cacheName: "pagedlm-bench" });
+      const engine = await createEngine(MODEL_URL, { backend, cacheName: "pagedlm-bench" });
       const run = async (extra) => {
         const r = await engine.chat.completions.create({ messages: [user("Write a long story about a dragon who learns to paint.")], max_tokens: decodeTokens, ...greedy, ...extra });
         return { tok_s: (r.usage.completion_tokens - 1) / (r.pagedlm.decode_ms / 1000), tokens: r.usage.completion_tokens };
@@ -87,7 +89,7 @@ try {
       return out;
     }
     if (onlyBatch) {
-      const engine = await createEngine(MODEL_URL, { cacheName: "pagedlm-bench", prefixCache: false, maxBatch: Math.max(...batches) });
+      const engine = await createEngine(MODEL_URL, { backend, cacheName: "pagedlm-bench", prefixCache: false, maxBatch: Math.max(...batches) });
       await aggregate(engine, 1);
       out.aggregate_decode_tok_s = {};
       for (const n of batches) out.aggregate_decode_tok_s[n] = await aggregate(engine, n);
@@ -96,14 +98,14 @@ try {
     }
 
     let t0 = performance.now();
-    let engine = await createEngine(MODEL_URL, { cacheName: "pagedlm-bench" });
+    let engine = await createEngine(MODEL_URL, { backend, cacheName: "pagedlm-bench" });
     out.load_ms = performance.now() - t0;
     out.load_download_ms = engine.load.download_ms;
     out.load_engine_ms = engine.load.engine_ms;
     out.adapter = engine.info.adapter;
     await engine.dispose();
     t0 = performance.now();
-    engine = await createEngine(MODEL_URL, { cacheName: "pagedlm-bench" });
+    engine = await createEngine(MODEL_URL, { backend, cacheName: "pagedlm-bench" });
     out.load_from_cache_ms = performance.now() - t0;
     out.load_source_second = engine.load.source;
     await caches.delete("pagedlm-bench");
@@ -148,12 +150,12 @@ try {
     await engine.resetCache();
     out.follow_up_cached = await followUp(engine);
     await engine.dispose();
-    const uncached = await createEngine(MODEL_URL, { prefixCache: false, cache: false });
+    const uncached = await createEngine(MODEL_URL, { backend, prefixCache: false, cache: false });
     await followUp(uncached);
     out.follow_up_uncached = await followUp(uncached);
     await uncached.dispose();
     return out;
-  }, { prefillWords, decodeTokens, batches, batchTokens, onlyBatch, onlySpeed, modelPath, constrained, pairs, grammar });
+  }, { prefillWords, decodeTokens, batches, batchTokens, onlyBatch, onlySpeed, modelPath, constrained, pairs, grammar, backend });
   const round = (x) => (typeof x === "number" ? Math.round(x * 100) / 100 : x);
   const roundAll = (v) => (Array.isArray(v) ? v.map(roundAll) : v && typeof v === "object" ? Object.fromEntries(Object.entries(v).map(([a, b]) => [a, roundAll(b)])) : round(v));
   const result = roundAll(figures);

@@ -20,7 +20,7 @@ GEN=${GEN:-128}
 figure() {
   local name=$1 model=$2; shift 2
   local line
-  if line=$("$bin" "$@" --model "$model" 2>&1 | tail -n 1) && [ "${line:0:1}" = "{" ]; then
+  if line=$("$bin" "$@" --backend "${BACKEND:-webgpu}" --model "$model" 2>&1 | tail -n 1) && [ "${line:0:1}" = "{" ]; then
     echo "{\"figure\": \"$name\", \"model\": \"$(basename "$model")\", \"result\": $line}"
   else
     printf '{"figure": "%s", "model": "%s", "error": %s}\n' "$name" "$(basename "$model")" "$(printf '%s' "$line" | python3 -c 'import json,sys; print(json.dumps(sys.stdin.read()))' 2>/dev/null || echo '"failed"')"

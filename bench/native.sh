@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-$(mktemp -d)}
 bin=target/release/pagedlm
 echo "# pagedlm vs llama.cpp"
-$bin bench --prompt-tokens 512 --gen-tokens 128 --kv-layout contiguous "$@"
+$bin bench --backend "${BACKEND:-webgpu}" --prompt-tokens 512 --gen-tokens 128 --kv-layout contiguous "$@"
 if python3 -c "import llama_cpp" 2>/dev/null; then
   python3 bench/llamacpp_peer.py --prompt-tokens 512 --gen-tokens 128
 else
@@ -17,5 +17,5 @@ else
 fi
 echo "# decode cost against context"
 for ctx in ${CONTEXTS:-128 512 1024 2048 4096}; do
-  $bin bench --prompt-tokens 16 --context "$ctx" --gen-tokens 32 --kv-layout contiguous "$@"
+  $bin bench --backend "${BACKEND:-webgpu}" --prompt-tokens 16 --context "$ctx" --gen-tokens 32 --kv-layout contiguous "$@"
 done

@@ -33,7 +33,8 @@ const FIGURES = (env.FIGURES || "").split(/[ ,]+/).filter(Boolean);
 const WLLAMA = (env.WLLAMA || "2 3").split(/[ ,]+/).filter(Boolean);
 const PEER_PYTHON = env.PEER_PYTHON || "python3";
 const PAGEDLM_ARGS = (env.PAGEDLM_ARGS || "").split(/\s+/).filter(Boolean);
-// The browser engine's backend (createEngine's `backend`): webgpu (default), cpu or auto.
+// pagedlm's backend, natively (`--backend`) and in the browser (createEngine's `backend`): webgpu
+// (this script's default: issue 16's figures are the WebGPU backend's), cpu or auto.
 const BACKEND = env.BACKEND || "webgpu";
 
 if (!["all", "native", "browser"].includes(side)) {
@@ -118,7 +119,7 @@ function nativeSide() {
     let adapter = null;
     for (let i = 0; i < PAIRS; i++) {
       log(`${figure}: pair ${i + 1}/${PAIRS}, pagedlm`);
-      const a = runJson(bin, ["bench", "--model", MODEL, ...args, ...PAGEDLM_ARGS]);
+      const a = runJson(bin, ["bench", "--model", MODEL, "--backend", BACKEND, ...args, ...PAGEDLM_ARGS]);
       adapter = a.adapter;
       ours.push(a[key]);
       if (!version) continue;

@@ -15,8 +15,9 @@
 #        PREFILL=512  CONTEXTS="128 4096"  BATCH=8  BATCH_CONTEXT=128
 #        THREADS=2 (the peers' threads)  FIGURES="decode_ctx128 prefill" (only figures whose name holds one)
 #        WLLAMA="2 3"  PAGEDLM_ARGS="--kv-dtype int8" (extra `pagedlm bench` flags)  PEER_PYTHON=python with llama_cpp
-#        The CPU backend (issue 19): natively PAGEDLM_ARGS="--backend cpu" (THREADS=2 both sides); in the
-#        browser BACKEND=cpu (createEngine's backend; one thread in wasm, so THREADS=1 for the same thread count)
+#        BACKEND=webgpu (pagedlm's backend, here by default; the CLI's and the package's own default is auto)
+#        The CPU backend (issue 19): BACKEND=cpu; natively THREADS=2 both sides, in the browser one thread
+#        of wasm, so THREADS=1 for the same thread count
 # Peers (optional: a missing one is reported in the line, pagedlm is still measured):
 #   llama.cpp: python3 -m venv .cache/peer && .cache/peer/bin/pip install llama-cpp-python==0.3.36
 #              (builds llama.cpp, ~10 min; or a wheel built for the machine); found at .cache/peer, or PEER_PYTHON.

@@ -14,7 +14,7 @@ fi
 file() { if [ "$1" = Q4_1 ]; then echo models/SmolLM2-135M-Instruct.Q4_1.gguf; else echo "models/reencoded/SmolLM2-135M-Instruct.$1.gguf"; fi; }
 for t in $TYPES; do
   f=$(file "$t")
-  line=$(target/release/pagedlm bench --model "$f" --prompt-tokens ${PROMPT:-128} --gen-tokens ${GEN:-32} --kv-layout contiguous)
+  line=$(target/release/pagedlm bench --backend "${BACKEND:-webgpu}" --model "$f" --prompt-tokens ${PROMPT:-128} --gen-tokens ${GEN:-32} --kv-layout contiguous)
   echo "{\"type\": \"$t\", \"file_bytes\": $(stat -c %s "$f"), \"native\": $line}"
   if [ "${BROWSER:-0}" = 1 ]; then
     echo "{\"type\": \"$t\", \"chromium\": $(BENCH_MODEL=${f#models/} BENCH_ONLY_SPEED=1 BENCH_PREFILL_WORDS=${WORDS:-40} BENCH_DECODE_TOKENS=${GEN:-16} node bench/browser.mjs)}"
