@@ -453,9 +453,10 @@ fn rows_times_with<const AVX2: bool>(w: Weights<'_>, cols: usize, acts: Acts<'_>
         }
         return;
     }
-    // Few activation rows (decode) with AVX2: each unpacked row is multiplied in registers,
-    // its minimums times each row's sub-block sums, without expanding it to f32 values first.
-    let fused = AVX2 && n < 4;
+    // Few activation rows (decode) with AVX2 or SIMD128: each unpacked row is multiplied in
+    // registers, its minimums times each row's sub-block sums, without expanding it to f32
+    // values first.
+    let fused = (AVX2 || SIMD128) && n < 4;
     let x_sums: Vec<f32> = if fused && u.has_min { x_f32.chunks_exact(u.sub).map(|c| c.iter().sum()).collect() } else { Vec::new() };
     for (wr, o) in data.chunks_exact(rb.max(1)).zip(out.chunks_exact_mut(n.max(1))) {
         u.unpack(ty, wr);
@@ -477,6 +478,9 @@ fn rows_times_with<const AVX2: bool>(w: Weights<'_>, cols: usize, acts: Acts<'_>
         }
     }
 }
+
+/// Whether this is a wasm build with SIMD128 (`.cargo/config.toml` turns it on).
+const SIMD128: bool = cfg!(all(target_arch = "wasm32", target_feature = "simd128"));
 
 /// F16 / BF16 values of `raw` into `out`.
 #[inline(always)]
@@ -515,6 +519,9 @@ fn unpacked_dot_f32<const AVX2: bool>(u: &Unpacked, x: &[f32]) -> f32 {
         // SAFETY: as in `dot_f32`; the length was checked above.
         return unsafe { avx2::unpacked_dot_f32(u, x) };
     }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    return simd128::unpacked_dot_f32(u, x);
+    #[allow(unreachable_code)]
     let mut acc = 0f32;
     for (s, (q, x)) in u.q.chunks_exact(u.sub).zip(x.chunks_exact(u.sub)).enumerate() {
         acc += u.scale[s] * q.iter().zip(x).map(|(&q, x)| q as f32 * x).sum::<f32>();
@@ -641,6 +648,36 @@ mod simd128 {
     use core::arch::wasm32::*;
 
     use super::{block_scaled, Int8Row, Unpacked, ACT_BLOCK};
+
+    /// [`super::unpacked_dot_f32`] with SIMD128: per 32-value block, the quants widened to f32
+    /// (i8 → i16 → i32 → f32) and multiplied with the activations four at a time, each 16-value
+    /// half times its sub-block's scale into its own accumulator. The caller checked the length.
+    #[inline(always)]
+    pub(super) fn unpacked_dot_f32(u: &Unpacked, x: &[f32]) -> f32 {
+        let blocks = u.q.len() / ACT_BLOCK;
+        let (pq, px) = (u.q.as_ptr(), x.as_ptr());
+        let (mut acc_lo, mut acc_hi) = (f32x4_splat(0.0), f32x4_splat(0.0));
+        for b in 0..blocks {
+            // SAFETY: `q` and `x` hold `blocks` whole blocks of 32 values (checked by the caller);
+            // block b reads values 32b..32b+32 of each, unaligned loads.
+            let (lo, hi) = unsafe {
+                let (q, xb) = (pq.add(b * ACT_BLOCK), px.add(b * ACT_BLOCK));
+                let half = |h: usize| {
+                    let v = v128_load(q.add(16 * h) as *const v128);
+                    let (a, c) = (i16x8_extend_low_i8x16(v), i16x8_extend_high_i8x16(v));
+                    let f = [i32x4_extend_low_i16x8(a), i32x4_extend_high_i16x8(a), i32x4_extend_low_i16x8(c), i32x4_extend_high_i16x8(c)].map(|v| f32x4_convert_i32x4(v));
+                    let xs = |k: usize| v128_load(xb.add(16 * h + 4 * k) as *const v128);
+                    f32x4_add(f32x4_add(f32x4_mul(f[0], xs(0)), f32x4_mul(f[1], xs(1))), f32x4_add(f32x4_mul(f[2], xs(2)), f32x4_mul(f[3], xs(3))))
+                };
+                (half(0), half(1))
+            };
+            let (s_lo, s_hi) = if u.sub == 16 { (u.scale[2 * b], u.scale[2 * b + 1]) } else { (u.scale[b], u.scale[b]) };
+            acc_lo = f32x4_add(acc_lo, f32x4_mul(lo, f32x4_splat(s_lo)));
+            acc_hi = f32x4_add(acc_hi, f32x4_mul(hi, f32x4_splat(s_hi)));
+        }
+        let acc = f32x4_add(acc_lo, acc_hi);
+        (f32x4_extract_lane::<0>(acc) + f32x4_extract_lane::<1>(acc)) + (f32x4_extract_lane::<2>(acc) + f32x4_extract_lane::<3>(acc))
+    }
 
     /// [`super::dot_i8_portable`] with SIMD128: i8 widened to i16, `i32x4.dot_i16x8` pairs.
     #[inline(always)]
