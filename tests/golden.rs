@@ -19,7 +19,6 @@ mod common;
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 use common::{llamacpp_items, real_model_bytes, report, LlamaCppItem};
-#[cfg(not(target_arch = "wasm32"))]
 use pagedlm::engine::BackendChoice;
 use pagedlm::engine::{Engine, EngineOptions, KvDtype, KvLayout, ScoreMode};
 use pagedlm::gpu::ops::matmul::MatmulConfig;
@@ -245,4 +244,15 @@ fn golden_on_the_cpu_backend_matches_llamacpp_and_numpy() {
 #[wasm_bindgen_test::wasm_bindgen_test]
 async fn golden_in_browser_on_two_prompts() {
     golden(ScoreMode::Decode, KvLayout::Paged, Some(&["pub_raw_capital", "pub_raw_numbers"]), (None, true, true)).await;
+}
+
+/// In the browser on the CPU backend (wasm SIMD128, kernels of their own): the same two prompts
+/// through the decode path, f32 K/V, then INT8 K/V.
+#[cfg(target_arch = "wasm32")]
+#[wasm_bindgen_test::wasm_bindgen_test]
+async fn golden_in_browser_on_the_cpu_backend() {
+    let cpu = EngineOptions { backend: BackendChoice::Cpu, ..EngineOptions::default() };
+    golden_with(ScoreMode::Decode, cpu.clone(), Some(&["pub_raw_capital", "pub_raw_numbers"]), true).await;
+    let int8_kv = EngineOptions { kv_dtype: KvDtype::Int8, ..cpu };
+    golden_with(ScoreMode::Decode, int8_kv, Some(&["pub_raw_capital", "pub_raw_numbers"]), true).await;
 }
