@@ -16,7 +16,7 @@ use crate::kv::{KvCache, SeqId};
 use crate::model::{Choose, Logits, Model, ModelConfig, ModelError, PendingStep, RowOutput, Runner, StepRow};
 
 /// Which backend an engine asks for (`backend` in the package, `--backend` in the CLI; both
-/// default to `Auto`). The Rust API's default ([`crate::engine::EngineOptions::default`]) is
+/// default to `Auto`). The Rust API's default (`EngineOptions::default` in `src/engine.rs`) is
 /// `Webgpu`: code that builds options by hand (the tests among it) gets the GPU path it names.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -65,7 +65,7 @@ pub struct GroupStats {
     pub bytes_total: u64,
 }
 
-/// A pool in CPU memory (the CPU backend, [`crate::cpu`]): per layer a K and a V buffer of
+/// A pool in CPU memory (the CPU backend, `src/cpu/`): per layer a K and a V buffer of
 /// 32-bit words in exactly the byte layout of the GPU pool's buffers (f32 values as their bits,
 /// INT8 codes and scales as [`Int8Layout`] places them), so a snapshot is the same bytes on
 /// either backend. Each buffer sits behind its own lock: a step writes a layer's K/V through a

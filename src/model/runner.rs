@@ -1,6 +1,6 @@
 //! Runs rows through the model on the GPU: picks (and caches) the forward graph for a step's
 //! shape (the one-sequence paths outside the scheduler, prefill and decode, are the backends'
-//! own: [`crate::backend::Backend::prefill`]).
+//! own: `Backend::prefill` in `src/backend.rs`).
 //!
 //! A step whose rows are consecutive positions of one sequence (a prefill chunk, or a lone
 //! decode token) takes a [`AttentionKind::Sequence`] graph built for exactly its row count,

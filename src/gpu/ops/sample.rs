@@ -340,7 +340,7 @@ pub fn kernels_for<'k>(kernels: &'k [Kernel], params: &[RowParams]) -> impl Iter
     kernels.iter().filter(move |k| search || k.name != "sample.step")
 }
 
-/// CPU reference of [`sample`], and the CPU backend's sampler ([`crate::cpu`]): [`crate::sampler::sample_row`] on each active row with its
+/// CPU reference of [`sample`], and the CPU backend's sampler (`src/cpu/`): [`crate::sampler::sample_row`] on each active row with its
 /// window decoded from the ring, penalizing `logits` in place and appending to the rings of
 /// [`RowParams::APPEND_HISTORY`] rows as the GPU does, and setting the logits a
 /// [`RowParams::MASKED`] row's mask clears to `-inf` first. Returns each row's token (`None` for
