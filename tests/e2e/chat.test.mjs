@@ -8,6 +8,8 @@ import { byId, launch, MODEL, openPage, results, root, startServer, tinyModel } 
 
 // Small replies keep the test quick: SwiftShader decodes a few tokens per second.
 const MAX_TOKENS = 8;
+/** A limit no reply reaches before the test stops it (in tests that look at replies while they run). */
+const LONG_REPLY = 1000;
 const LOAD_TIMEOUT = 240_000;
 const REPLY_TIMEOUT = 120_000;
 
@@ -96,19 +98,11 @@ describe("chat page", () => {
     assert.equal(await page.getAttribute(byId("model-progress"), "data-source"), "cache", "a reload reads the model from the Cache API");
   });
 
-  it("streams a reply, then a follow-up hits the prefix cache", { timeout: 3 * REPLY_TIMEOUT }, async () => {
+  // What the page shows while a reply runs is checked on long replies (stopped mid-way, below):
+  // an eight-token reply can end before a look at the page (the CPU backend, which a software
+  // GPU gets by default, writes one in a fraction of a second).
+  it("replies, then a follow-up hits the prefix cache", { timeout: 3 * REPLY_TIMEOUT }, async () => {
     await ask(page, "What is the capital of France?");
-    // Text shows up while the reply is still being generated.
-    await page.waitForFunction(() => {
-      const m = document.querySelector('[data-testid="message-assistant"]');
-      return m && m.dataset.done !== "true" && m.querySelector(".body").textContent.length > 0;
-    }, null, { timeout: REPLY_TIMEOUT });
-    // The map shows the running reply's blocks while it streams.
-    await page.waitForFunction(() => [...document.querySelectorAll('[data-testid="kv-map"] .kv-cell')].some((c) => c.dataset.state === "1")
-      && document.querySelector('[data-testid="message-assistant"]').dataset.done !== "true", null, { timeout: 10_000 });
-    assert.ok(Number(await page.getAttribute(byId("kv-stats"), "data-blocks-used")) > 0, "kv-stats counts the held blocks");
-    await page.screenshot({ path: join(results, "chat-streaming.png") });
-
     const first = await waitDone(page, 0);
     assert.equal(first.error, null, `the reply failed: ${first.error}`);
     assert.ok(first.text.trim().length > 0, "the first reply is empty");
@@ -140,9 +134,13 @@ describe("chat page", () => {
     await page.click(byId("new-conversation"));
     assert.equal(await page.locator(byId("message-user")).count(), 0, "a new conversation starts empty");
     assert.equal(await page.locator(byId("conversation")).count(), 2);
-    await ask(page, "Name a fruit.");
+    // Long replies, so that both are still running when the page is looked at; stopped below.
+    await page.fill("#max-tokens", String(LONG_REPLY));
+    const fruitQuestion = "Tell me a long story about a fruit.";
+    const animalQuestion = "Tell me a long story about an animal.";
+    await ask(page, fruitQuestion);
     await page.click(byId("new-conversation"));
-    await ask(page, "Name an animal.");
+    await ask(page, animalQuestion);
     // Both are in flight now, batched by the engine's scheduler: while the second streams, the
     // map shows blocks held by both conversations.
     assert.equal(await page.locator(`${byId("conversation")}.busy`).count(), 2, "both conversations are generating");
@@ -152,17 +150,21 @@ describe("chat page", () => {
       return colors.size >= 2 && body.textContent.length > 0;
     }, null, { timeout: REPLY_TIMEOUT });
     await page.screenshot({ path: join(results, "chat-two-conversations.png") });
+    await page.click(byId("stop-button"));
     const animal = await waitDone(page, 0);
     assert.equal(animal.error, null, `the second conversation failed: ${animal.error}`);
     assert.ok(animal.text.trim().length > 0);
-    assert.equal(await page.locator(byId("message-user")).first().textContent(), "Name an animal.");
+    assert.equal(await page.locator(byId("message-user")).first().textContent(), animalQuestion);
 
     await page.locator(byId("conversation")).nth(1).click();
+    // Stopped too, unless it has ended by itself (a disabled button's click does nothing).
+    await page.$eval(byId("stop-button"), (b) => b.click());
     const fruit = await waitDone(page, 0);
+    await page.fill("#max-tokens", String(MAX_TOKENS));
     assert.equal(fruit.error, null, `the first conversation failed: ${fruit.error}`);
     assert.ok(fruit.text.trim().length > 0);
     assert.equal(await page.locator(byId("message-user")).count(), 1);
-    assert.equal(await page.locator(byId("message-user")).first().textContent(), "Name a fruit.");
+    assert.equal(await page.locator(byId("message-user")).first().textContent(), fruitQuestion);
     assert.ok(animal.prefixHit > 0 && fruit.prefixHit > 0, "conversations share the system prompt's blocks");
     const cells = await kvCells(page);
     assert.ok(cells.shared > 0, `the map shows a prefix shared by conversations (${JSON.stringify(cells)})`);
@@ -170,23 +172,27 @@ describe("chat page", () => {
     assert.ok(await firstConversation.count());
   });
 
-  it("stops a reply mid-way and frees its blocks; renders text as text", { timeout: 2 * REPLY_TIMEOUT }, async () => {
+  it("streams a long reply, showing its text and held blocks as it runs; stops it mid-way and frees its blocks; renders text as text", { timeout: 2 * REPLY_TIMEOUT }, async () => {
     await page.click(byId("new-conversation"));
     // A long limit, so only the stop button can end this reply early.
-    await page.fill("#max-tokens", "200");
+    await page.fill("#max-tokens", String(LONG_REPLY));
     const question = "Tell me a long story about <b>dragons</b> & knights.";
     await ask(page, question);
+    // Text shows up while the reply is still being generated.
     await page.waitForFunction(() => {
       const m = document.querySelector('[data-testid="message-assistant"]');
-      return m && m.querySelector(".body").textContent.length > 0;
+      return m && m.dataset.done !== "true" && m.querySelector(".body").textContent.length > 0;
     }, null, { timeout: REPLY_TIMEOUT });
-    await page.waitForFunction(() => [...document.querySelectorAll('[data-testid="kv-map"] .kv-cell')].some((c) => c.dataset.state === "1"),
-      null, { timeout: 10_000 });
+    // The map shows the running reply's blocks while it streams.
+    await page.waitForFunction(() => [...document.querySelectorAll('[data-testid="kv-map"] .kv-cell')].some((c) => c.dataset.state === "1")
+      && document.querySelector('[data-testid="message-assistant"]').dataset.done !== "true", null, { timeout: 30_000 });
+    assert.ok(Number(await page.getAttribute(byId("kv-stats"), "data-blocks-used")) > 0, "kv-stats counts the held blocks");
+    await page.screenshot({ path: join(results, "chat-streaming.png") });
     await page.click(byId("stop-button"));
     const reply = await waitDone(page, 0);
     assert.equal(reply.error, null, `the reply failed: ${reply.error}`);
     assert.equal(reply.finish, "abort");
-    assert.ok(reply.tokens >= 1 && reply.tokens < 200, `stopped early (${reply.tokens} tokens)`);
+    assert.ok(reply.tokens >= 1 && reply.tokens < LONG_REPLY, `stopped early (${reply.tokens} tokens)`);
     assert.ok(reply.text.length > 0, "the stopped reply keeps its partial text");
     const kv = await kvStats(page);
     assert.equal(kv.used, 0, "no block stays held once the reply is stopped (they are cached or free)");
