@@ -32,6 +32,10 @@ pub enum BackendChoice {
 }
 
 impl BackendChoice {
+    /// What the package and the CLI take when no backend is named (the Rust API's default is
+    /// `Webgpu`, see above; the worker in `js/worker.js` says `"auto"` for the same reason).
+    pub const FOR_USERS: BackendChoice = BackendChoice::Auto;
+
     /// Parses `auto`, `webgpu` or `cpu`.
     pub fn parse(name: &str) -> Option<BackendChoice> {
         match name {

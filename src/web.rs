@@ -186,7 +186,7 @@ impl LoadOptions {
         };
         o.optional_features = self.optional_features.unwrap_or(o.optional_features);
         o.backend = match self.backend.as_deref() {
-            None => BackendChoice::Auto,
+            None => BackendChoice::FOR_USERS,
             Some(name) => BackendChoice::parse(name).ok_or_else(|| {
                 WebError::new(ErrorCode::InvalidArgument, format!("backend must be \"auto\", \"webgpu\" or \"cpu\", not {name:?}"))
             })?,

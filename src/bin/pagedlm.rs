@@ -139,7 +139,7 @@ mod cli {
             // The parser admits only the names in args::ADAPTER_CLASSES.
             adapter_class: args.text("adapter-class").and_then(AdapterClass::parse),
             // The parser admits only the names in args::BACKENDS.
-            backend: args.text("backend").and_then(BackendChoice::parse).unwrap_or(BackendChoice::Auto),
+            backend: args.text("backend").and_then(BackendChoice::parse).unwrap_or(BackendChoice::FOR_USERS),
             optional_features: !args.flag("no-optional-features"),
             int8_activations: match args.text("activations") {
                 Some("int8") => Some(true),

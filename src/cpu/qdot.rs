@@ -633,8 +633,14 @@ fn dot_i8_portable(u: &Unpacked, x: Int8Row<'_>) -> f32 {
     acc[0] + acc[1]
 }
 
-/// Block `b`'s two 16-value integer sums times the weight's sub-block scales.
+/// The scales of block `b`'s two 16-value halves (one scale for both where sub-blocks are 32).
 #[inline(always)]
+fn half_scales(u: &Unpacked, b: usize) -> (f32, f32) {
+    if u.sub == 16 { (u.scale[2 * b], u.scale[2 * b + 1]) } else { (u.scale[b], u.scale[b]) }
+}
+
+/// Block `b`'s two 16-value integer sums times the weight's sub-block scales.
+#[inline]
 fn block_scaled(u: &Unpacked, b: usize, s: [i32; 2]) -> f32 {
     if u.sub == 16 {
         u.scale[2 * b] * s[0] as f32 + u.scale[2 * b + 1] * s[1] as f32
@@ -647,7 +653,7 @@ fn block_scaled(u: &Unpacked, b: usize, s: [i32; 2]) -> f32 {
 mod simd128 {
     use core::arch::wasm32::*;
 
-    use super::{block_scaled, Int8Row, Unpacked, ACT_BLOCK};
+    use super::{block_scaled, half_scales, Int8Row, Unpacked, ACT_BLOCK};
 
     /// [`super::unpacked_dot_f32`] with SIMD128: per 32-value block, the quants widened to f32
     /// (i8 → i16 → i32 → f32) and multiplied with the activations four at a time, each 16-value
@@ -671,7 +677,7 @@ mod simd128 {
                 };
                 (half(0), half(1))
             };
-            let (s_lo, s_hi) = if u.sub == 16 { (u.scale[2 * b], u.scale[2 * b + 1]) } else { (u.scale[b], u.scale[b]) };
+            let (s_lo, s_hi) = half_scales(u, b);
             acc_lo = f32x4_add(acc_lo, f32x4_mul(lo, f32x4_splat(s_lo)));
             acc_hi = f32x4_add(acc_hi, f32x4_mul(hi, f32x4_splat(s_hi)));
         }
@@ -703,7 +709,7 @@ mod simd128 {
 mod avx2 {
     use core::arch::x86_64::*;
 
-    use super::{Acts, Int8Row, Unpacked, Weights, ACT_BLOCK};
+    use super::{half_scales, Acts, Int8Row, Unpacked, Weights, ACT_BLOCK};
 
     /// Whether this CPU has AVX2, FMA and F16C (detected once by std, cached).
     pub(super) fn available() -> bool {
@@ -884,7 +890,7 @@ mod avx2 {
             let f = |k: usize| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(q.add(8 * k) as *const __m128i)));
             let lo = _mm256_fmadd_ps(f(1), _mm256_loadu_ps(xb.add(8)), _mm256_mul_ps(f(0), _mm256_loadu_ps(xb)));
             let hi = _mm256_fmadd_ps(f(3), _mm256_loadu_ps(xb.add(24)), _mm256_mul_ps(f(2), _mm256_loadu_ps(xb.add(16))));
-            let (s_lo, s_hi) = if u.sub == 16 { (u.scale[2 * b], u.scale[2 * b + 1]) } else { (u.scale[b], u.scale[b]) };
+            let (s_lo, s_hi) = half_scales(u, b);
             acc_lo = _mm256_fmadd_ps(lo, _mm256_set1_ps(s_lo), acc_lo);
             acc_hi = _mm256_fmadd_ps(hi, _mm256_set1_ps(s_hi), acc_hi);
         }
