@@ -333,8 +333,7 @@ const nextTask = (() => {
 })();
 
 async function loop() {
-  for (let first = true; ; first = false) {
-    if (!first) await nextTask();
+  for (;;) {
     await applyInbox();
     if (!engine || !engine.hasWork()) return;
     let events;
@@ -376,6 +375,7 @@ async function loop() {
         post(fromWorker.error(entry.id, { code: event.code, message: event.message }));
       }
     }
+    await nextTask();
   }
 }
 // ====================================================================================================
