@@ -80,6 +80,12 @@ impl Backend {
         }
     }
 
+    /// Whether the CPU backend quantizes its matmuls' activations to int8 (`false` on the GPU,
+    /// whose `Context` says for itself).
+    pub fn cpu_int8_activations(&self) -> bool {
+        matches!(self, Backend::Cpu { model, .. } if model.int8_activations)
+    }
+
     /// The GPU context; `None` on the CPU.
     pub fn ctx(&self) -> Option<&Arc<Context>> {
         match self {

@@ -43,6 +43,14 @@ pub use crate::sampler::SamplingParams;
 pub use crate::sched::{RunningInfo, SchedConfig, SchedStats};
 pub use crate::tokenizer::{ChatFormatKind, ChatMessage};
 
+/// Whether the CPU backend quantizes its matmuls' activations to int8 unless asked otherwise
+/// (`EngineOptions::int8_activations`). No, on every target, though in wasm they are faster
+/// (Chromium, one SIMD128 thread: decode 1.05-1.2×, prefill 1.2-1.5×, an aggregate of 8 1.7×):
+/// they move SmolLM2's logit of llama.cpp's chosen token up to 2.2 from llama.cpp's (1.6 in wasm
+/// on the browser's two prompts, 2.2 natively on all), where tests/golden.rs allows 1.5 and f32
+/// activations stay within it.
+pub const CPU_INT8_ACTIVATIONS: bool = false;
+
 /// Decode steps [`Engine::profile`] runs before it measures (graphs built, pipelines compiled).
 pub const PROFILE_WARMUP_DECODE: u32 = 4;
 /// Decode steps [`Engine::profile`] measures; it reports the one of median wall time.
@@ -251,8 +259,7 @@ impl Engine {
         options.sched.lookahead = false;
         let (gguf, config, tokenizer) = Engine::parse(bytes, &options)?;
         let mut cache = cache_config(None, &config, &options);
-        // The CPU backend's default: f32 activations (int8 when asked for).
-        let backend = Backend::cpu(&gguf, &config, (options.prefill_chunk, cache.max_seqs), options.int8_activations.unwrap_or(false))?;
+        let backend = Backend::cpu(&gguf, &config, (options.prefill_chunk, cache.max_seqs), options.int8_activations.unwrap_or(CPU_INT8_ACTIVATIONS))?;
         if let Some(cap) = options.max_memory_bytes {
             let block = cache.block_size.max(1);
             let probe = KvCache::new_host(&config.kv_shape(), CacheConfig { pool_tokens: block, local_pool_tokens: block, prefix_cache: false, ..cache })?;
@@ -338,13 +345,21 @@ impl Engine {
         }
     }
 
-    /// The kernel variants in use ([`Context::variant_name`]); `"cpu"` (with `+simd128` when the
-    /// wasm build has SIMD) on the CPU backend.
+    /// The kernel variants in use ([`Context::variant_name`]); `"cpu"` on the CPU backend, with
+    /// `+simd128` when the wasm build has SIMD and `+int8-activations` when its matmuls use them.
     pub fn variant_name(&self) -> String {
         match self.backend.ctx() {
             Some(ctx) => ctx.variant_name(),
-            None if cfg!(target_feature = "simd128") => "cpu+simd128".into(),
-            None => "cpu".into(),
+            None => {
+                let mut name = String::from("cpu");
+                if cfg!(target_feature = "simd128") {
+                    name += "+simd128";
+                }
+                if self.backend.cpu_int8_activations() {
+                    name += "+int8-activations";
+                }
+                name
+            }
         }
     }
 

@@ -20,8 +20,10 @@ use pagedlm::rng::Rng;
 use pagedlm::sampler::argmax;
 use pagedlm::synth::{tiny_llama_gguf, SynthConfig, SynthGemma};
 
-/// |CPU backend f32 − recompute f64| on every logit (as the WebGPU backend's tests).
+/// |CPU backend f32 − recompute f64| on every logit (as the WebGPU backend's tests), with f32
+/// activations: `EXACT` (whatever the default; int8 activations are checked on their own below).
 const LOGIT_TOL: f32 = 2e-3;
+const EXACT: Option<bool> = Some(false);
 /// With INT8 K/V the logits move by the quantization error (as tests/gemma_synth.rs).
 const INT8_TOL: f32 = 0.15;
 
@@ -55,7 +57,7 @@ async fn check_against_recompute(what: &str, bytes: &[u8], ids: &[u32], layouts:
     for &kv_dtype in dtypes {
         let tol = if kv_dtype == KvDtype::Int8 { INT8_TOL } else { LOGIT_TOL };
         for &(kv_layout, block_size) in layouts {
-            let opts = cpu(EngineOptions { max_context: 128, prefill_chunk: 7, kv_layout, block_size, kv_dtype, ..Default::default() });
+            let opts = cpu(EngineOptions { max_context: 128, prefill_chunk: 7, kv_layout, block_size, kv_dtype, int8_activations: EXACT, ..Default::default() });
             let mut engine = Engine::load(bytes, opts).await.unwrap();
             assert_eq!(engine.backend().0, "cpu");
             for (mode, from) in [(ScoreMode::Prefill, 1), (ScoreMode::Decode, ids.len() / 2)] {
@@ -100,6 +102,28 @@ gpu_test! {
             check_against_recompute(&t.name(), &bytes, &ids, &[(KvLayout::Paged, 16)], &[KvDtype::F32]).await;
         }
     }
+}
+
+gpu_test! {
+    async fn int8_activations_stay_within_their_rounding_of_the_recompute() {
+        // Asked for (engine::CPU_INT8_ACTIVATIONS says the default) on llama, and on Gemma 3
+        // whose sandwich norms quantize the next matmul's input too; prefill (four rows at a
+        // time) and decode (one).
+        let opts = cpu(EngineOptions { max_context: 64, prefill_chunk: 16, block_size: 4, ..Default::default() });
+        let llama = common::tiny_model(35);
+        let ids = random_ids(&mut Rng::new(11), 40, vocab_of(&llama));
+        common::assert_int8_within_rounding("llama on the CPU", &llama, &ids, opts.clone()).await;
+        let gemma = tiny_llama_gguf(&gemma(16, 32, 10));
+        let ids = random_ids(&mut Rng::new(10), 40, vocab_of(&gemma));
+        common::assert_int8_within_rounding("gemma on the CPU", &gemma, &ids, opts).await;
+        let engine = Engine::load(&llama, cpu(EngineOptions { max_context: 64, ..Default::default() })).await.unwrap();
+        assert_eq!(opts_int8(&engine), pagedlm::engine::CPU_INT8_ACTIVATIONS, "the default: {}", engine.variant_name());
+    }
+}
+
+/// Whether a CPU-backend engine multiplies int8 activations (its variant says so).
+fn opts_int8(engine: &Engine) -> bool {
+    engine.variant_name().contains("int8")
 }
 
 /// Runs every submitted request to the end (the cache checked after each step); each request's

@@ -596,7 +596,7 @@ fn dot_i8_x4<const AVX2: bool>(u: &Unpacked, x: [Int8Row<'_>; 4]) -> [f32; 4] {
         return unsafe { avx2::dot_i8_x4(u, x) };
     }
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    return x.map(|x| simd128::dot_i8(u, x));
+    return simd128::dot_i8_x4(u, x);
     #[allow(unreachable_code)]
     x.map(|x| dot_i8_portable(u, x))
 }
@@ -653,7 +653,7 @@ fn block_scaled(u: &Unpacked, b: usize, s: [i32; 2]) -> f32 {
 mod simd128 {
     use core::arch::wasm32::*;
 
-    use super::{block_scaled, half_scales, Int8Row, Unpacked, ACT_BLOCK};
+    use super::{half_scales, Int8Row, Unpacked, ACT_BLOCK};
 
     /// [`super::unpacked_dot_f32`] with SIMD128: per 32-value block, the quants widened to f32
     /// (i8 → i16 → i32 → f32) and multiplied with the activations four at a time, each 16-value
@@ -681,27 +681,68 @@ mod simd128 {
             acc_lo = f32x4_add(acc_lo, f32x4_mul(lo, f32x4_splat(s_lo)));
             acc_hi = f32x4_add(acc_hi, f32x4_mul(hi, f32x4_splat(s_hi)));
         }
-        let acc = f32x4_add(acc_lo, acc_hi);
-        (f32x4_extract_lane::<0>(acc) + f32x4_extract_lane::<1>(acc)) + (f32x4_extract_lane::<2>(acc) + f32x4_extract_lane::<3>(acc))
+        hsum(f32x4_add(acc_lo, acc_hi))
     }
 
-    /// [`super::dot_i8_portable`] with SIMD128: i8 widened to i16, `i32x4.dot_i16x8` pairs.
+    /// The i32 code-product sums of one 16-value half: i8 widened to i16, `i32x4.dot_i16x8`
+    /// pairs (|w| ≤ 128, |x| ≤ 127: no pair overflows), four lanes each holding four products.
+    #[inline(always)]
+    fn half_dot(w: v128, x: v128) -> v128 {
+        i32x4_add(
+            i32x4_dot_i16x8(i16x8_extend_low_i8x16(w), i16x8_extend_low_i8x16(x)),
+            i32x4_dot_i16x8(i16x8_extend_high_i8x16(w), i16x8_extend_high_i8x16(x)),
+        )
+    }
+
+    #[inline(always)]
+    fn hsum(v: v128) -> f32 {
+        (f32x4_extract_lane::<0>(v) + f32x4_extract_lane::<1>(v)) + (f32x4_extract_lane::<2>(v) + f32x4_extract_lane::<3>(v))
+    }
+
+    /// [`super::dot_i8_x4`] with SIMD128: per 32-value block, each half's i32 sums
+    /// ([`half_dot`]) converted to f32 and multiplied by (weight half scale × activation block
+    /// scale) into one accumulator per row; the weight halves are loaded once for the four rows.
+    /// The caller checked every row's length.
+    #[inline(always)]
+    pub(super) fn dot_i8_x4(u: &Unpacked, x: [Int8Row<'_>; 4]) -> [f32; 4] {
+        let blocks = u.q.len() / ACT_BLOCK;
+        let pw = u.q.as_ptr();
+        let px = x.map(|x| x.qs.as_ptr());
+        let mut acc = [f32x4_splat(0.0); 4];
+        for b in 0..blocks {
+            // SAFETY: the weight row and every activation row hold `blocks` whole blocks of 32
+            // codes (checked by the caller); block b reads codes 32b..32b+32, unaligned loads.
+            let (w_lo, w_hi) = unsafe { (v128_load(pw.add(b * ACT_BLOCK) as *const v128), v128_load(pw.add(b * ACT_BLOCK + 16) as *const v128)) };
+            let (s_lo, s_hi) = half_scales(u, b);
+            for k in 0..4 {
+                // SAFETY: as above.
+                let (x_lo, x_hi) = unsafe { (v128_load(px[k].add(b * ACT_BLOCK) as *const v128), v128_load(px[k].add(b * ACT_BLOCK + 16) as *const v128)) };
+                let d = x[k].d[b];
+                let lo = f32x4_mul(f32x4_convert_i32x4(half_dot(w_lo, x_lo)), f32x4_splat(s_lo * d));
+                let hi = f32x4_mul(f32x4_convert_i32x4(half_dot(w_hi, x_hi)), f32x4_splat(s_hi * d));
+                acc[k] = f32x4_add(acc[k], f32x4_add(lo, hi));
+            }
+        }
+        acc.map(hsum)
+    }
+
+    /// [`dot_i8_x4`] for one row.
     #[inline(always)]
     pub(super) fn dot_i8(u: &Unpacked, x: Int8Row<'_>) -> f32 {
-        let mut acc = 0f32;
-        for (b, (w, q)) in u.q.chunks_exact(ACT_BLOCK).zip(x.qs.chunks_exact(ACT_BLOCK)).enumerate() {
-            let mut s = [0i32; 2];
-            for h in 0..2 {
-                // SAFETY: each chunk holds 32 bytes; half h reads bytes 16h..16h+16.
-                let (wv, qv) = unsafe { (v128_load(w.as_ptr().add(16 * h) as *const v128), v128_load(q.as_ptr().add(16 * h) as *const v128)) };
-                let lo = i32x4_dot_i16x8(i16x8_extend_low_i8x16(wv), i16x8_extend_low_i8x16(qv));
-                let hi = i32x4_dot_i16x8(i16x8_extend_high_i8x16(wv), i16x8_extend_high_i8x16(qv));
-                let p = i32x4_add(lo, hi);
-                s[h] = i32x4_extract_lane::<0>(p) + i32x4_extract_lane::<1>(p) + i32x4_extract_lane::<2>(p) + i32x4_extract_lane::<3>(p);
-            }
-            acc += x.d[b] * block_scaled(u, b, s);
+        let blocks = u.q.len() / ACT_BLOCK;
+        let (pw, px) = (u.q.as_ptr(), x.qs.as_ptr());
+        let mut acc = f32x4_splat(0.0);
+        for b in 0..blocks {
+            // SAFETY: as in `dot_i8_x4`.
+            let (lo, hi) = unsafe {
+                let (w, q) = (pw.add(b * ACT_BLOCK), px.add(b * ACT_BLOCK));
+                (half_dot(v128_load(w as *const v128), v128_load(q as *const v128)), half_dot(v128_load(w.add(16) as *const v128), v128_load(q.add(16) as *const v128)))
+            };
+            let (s_lo, s_hi) = half_scales(u, b);
+            let d = x.d[b];
+            acc = f32x4_add(acc, f32x4_add(f32x4_mul(f32x4_convert_i32x4(lo), f32x4_splat(s_lo * d)), f32x4_mul(f32x4_convert_i32x4(hi), f32x4_splat(s_hi * d))));
         }
-        acc
+        hsum(acc)
     }
 }
 

@@ -229,7 +229,7 @@ pub async fn assert_int8_within_rounding(what: &str, bytes: &[u8], ids: &[u32], 
     let effect = exact.iter().zip(&rounded).map(|(a, b)| max_diff(a, b)).fold(0.0, f32::max);
     assert!(effect > LOGIT_TOL, "{what}: int8 rounding moves the recompute by only {effect}: the test would not see it");
     let tol = 3.0 * effect + LOGIT_TOL;
-    // Asked for explicitly (the default is f32), checked on every adapter.
+    // Asked for explicitly (whatever the default), checked on every adapter.
     let mut engine = Engine::load(bytes, EngineOptions { int8_activations: Some(true), ..opts }).await.unwrap();
     for (mode, from) in [(ScoreMode::Prefill, 1), (ScoreMode::Decode, ids.len() / 2)] {
         let rows = engine.score_logits(ids, from, mode).await.unwrap();
