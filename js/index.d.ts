@@ -381,7 +381,7 @@ export interface EngineInfo {
   adapter: string;
   /** True when the kernels run on a CPU: the CPU backend, or WebGPU on a software GPU. */
   is_cpu: boolean;
-  /** The kernel variants in use: adapter class and optional features, e.g. "cpu" or "discrete+f16"; "cpu+simd128" on the CPU backend. */
+  /** The kernel variants in use: adapter class and optional features, e.g. "cpu" or "discrete+f16"; "cpu+simd128+int8-activations" on the CPU backend in a browser. */
   variant: string;
   /** Which backend runs the model. */
   backend: "webgpu" | "cpu";

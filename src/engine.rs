@@ -44,12 +44,11 @@ pub use crate::sched::{RunningInfo, SchedConfig, SchedStats};
 pub use crate::tokenizer::{ChatFormatKind, ChatMessage};
 
 /// Whether the CPU backend quantizes its matmuls' activations to int8 unless asked otherwise
-/// (`EngineOptions::int8_activations`). No, on every target, though in wasm they are faster
-/// (Chromium, one SIMD128 thread: decode 1.05-1.2×, prefill 1.2-1.5×, an aggregate of 8 1.7×):
-/// they move SmolLM2's logit of llama.cpp's chosen token up to 2.2 from llama.cpp's (1.6 in wasm
-/// on the browser's two prompts, 2.2 natively on all), where tests/golden.rs allows 1.5 and f32
-/// activations stay within it.
-pub const CPU_INT8_ACTIVATIONS: bool = false;
+/// (`EngineOptions::int8_activations`): in wasm, where one SIMD128 thread is bound by the
+/// arithmetic (Chromium: an aggregate of 8 1.7×, decode 1.05-1.2×, prefill 1.2-1.5×) and
+/// SmolLM2 keeps every confident step of llama.cpp's; not natively, where AVX2 on f32
+/// activations is as fast.
+pub const CPU_INT8_ACTIVATIONS: bool = cfg!(target_arch = "wasm32");
 
 /// Decode steps [`Engine::profile`] runs before it measures (graphs built, pipelines compiled).
 pub const PROFILE_WARMUP_DECODE: u32 = 4;

@@ -1,7 +1,8 @@
 //! The CPU backend's matrix products (`pagedlm::cpu::kernels::matmul_acts`, `cpu::qdot`) for
 //! every supported weight type: the f32 path against dequantize + a float64 dot product, the
-//! int8-activation path against a float64 computation over the int8-rounded activations (with
-//! the exact block sums that minimums multiply), the unpacked rows bit-equal to the dequantizer,
+//! int8-activation path against the dequantized weights times the int8-rounded activations in
+//! float64 (minimums included: they multiply the rounded sums), the unpacked rows bit-equal to
+//! the dequantizer,
 //! and the activation quantization against its formula. Odd row counts (rows that do not fill
 //! the last parallel task), one and many activation rows, weights from the quantizers and from
 //! random bytes (every code of every field). Pure CPU; natively and in the browser.
@@ -29,20 +30,6 @@ fn f16_fields(t: GgmlType) -> &'static [usize] {
         G::Q3_K => &[108],
         G::Q6_K => &[208],
         _ => &[],
-    }
-}
-
-/// The bytes of quants in one block (zeroing them leaves each value its minimum), for the
-/// types whose 32-value sub-blocks have a minimum (Q2_K's 16-value minimums multiply the
-/// rounded activations' sums, so they need no correction).
-fn quant_bytes(t: GgmlType) -> Option<std::ops::Range<usize>> {
-    use GgmlType as G;
-    match t {
-        G::Q4_1 => Some(4..20),
-        G::Q5_1 => Some(4..24),
-        G::Q4_K => Some(16..144),
-        G::Q5_K => Some(16..176),
-        _ => None,
     }
 }
 
@@ -150,26 +137,15 @@ fn the_f32_path_matches_dequantize_then_dot() {
 }
 
 /// The int8 view of one activation row: per 32-value block d = max|x| / 127 and the dequantized
-/// values d · round_ties_even(x · (1 / d)) in f64, and the block's exact sum.
-fn int8_view(x: &[f32]) -> (Vec<f64>, Vec<f64>) {
-    let (mut view, mut sums) = (Vec::new(), Vec::new());
+/// values d · round_ties_even(x · (1 / d)) in f64.
+fn int8_view(x: &[f32]) -> Vec<f64> {
+    let mut view = Vec::new();
     for block in x.chunks(ACT_BLOCK) {
         let d = block.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
         let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
         view.extend(block.iter().map(|&v| f64::from(d) * f64::from((v * inv).round_ties_even())));
-        sums.push(block.iter().map(|&v| f64::from(v)).sum());
     }
-    (view, sums)
-}
-
-/// Each value's minimum (the value its quant 0 gives), for the types whose 32-value sub-blocks
-/// multiply the exact activation sums; `None` for the others.
-fn minimums(t: GgmlType, raw: &[u8], rows: usize, cols: usize) -> Option<Vec<f32>> {
-    let quants = quant_bytes(t)?;
-    let block_bytes = t.block_size().unwrap().1 as usize;
-    let mut zeroed = raw.to_vec();
-    zeroed.chunks_exact_mut(block_bytes).for_each(|b| b[quants.clone()].fill(0));
-    Some(dequantized(t, &zeroed, rows, cols))
+    view
 }
 
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
@@ -181,7 +157,6 @@ fn the_int8_path_matches_the_int8_rounded_activations() {
         for (rows, random_bytes) in ROWS.into_iter().zip([true, false, true, false]) {
             let raw = weights(t, rows, cols, random_bytes, &mut rng);
             let w = dequantized(t, &raw, rows, cols);
-            let mins = minimums(t, &raw, rows, cols);
             let m = QMatrix::new(t, rows, cols, &raw).unwrap();
             for n in NS {
                 let x = activations(n, cols, &mut rng);
@@ -190,22 +165,14 @@ fn the_int8_path_matches_the_int8_rounded_activations() {
                 matmul_acts(&m, Acts::Int8(&xq, &x), n, &mut out);
                 for t_ in 0..n {
                     let xr = &x[t_ * cols..(t_ + 1) * cols];
-                    let (view, sums) = int8_view(xr);
+                    let view = int8_view(xr);
                     // Float weights multiply the activations themselves.
                     let xs: Vec<f64> = if float { xr.iter().map(|&v| f64::from(v)).collect() } else { view.clone() };
                     for r in 0..rows {
                         let wr = &w[r * cols..(r + 1) * cols];
-                        let mut want: f64 = wr.iter().zip(&xs).map(|(a, b)| f64::from(*a) * b).sum();
-                        let mut scale: f64 = wr.iter().zip(&xs).map(|(a, b)| (f64::from(*a) * b).abs()).sum();
-                        if let Some(mins) = &mins {
-                            // A minimum multiplies the exact sum, not the sum of the rounded values.
-                            for (b, s) in sums.iter().enumerate() {
-                                let rounded: f64 = view[b * ACT_BLOCK..(b + 1) * ACT_BLOCK].iter().sum();
-                                let min = f64::from(mins[r * cols + b * ACT_BLOCK]);
-                                want += min * (s - rounded);
-                                scale += (min * s).abs();
-                            }
-                        }
+                        // Minimums too multiply the rounded activations (their sums).
+                        let want: f64 = wr.iter().zip(&xs).map(|(a, b)| f64::from(*a) * b).sum();
+                        let scale: f64 = wr.iter().zip(&xs).map(|(a, b)| (f64::from(*a) * b).abs()).sum();
                         check(&format!("{} {rows}×{cols} ({}), n {n}: out[{t_}][{r}]", t.name(), if random_bytes { "random bytes" } else { "quantized" }), out[t_ * rows + r], want, scale);
                     }
                 }
@@ -232,8 +199,8 @@ fn activations_quantize_as_the_shaders_do() {
             for (j, &v) in block.iter().enumerate() {
                 assert_eq!(i32::from(row.qs[b * ACT_BLOCK + j]), (v * inv).round_ties_even() as i32, "row {t} value {}", b * ACT_BLOCK + j);
             }
-            let exact: f64 = block.iter().map(|&v| f64::from(v)).sum();
-            assert_eq!(row.sum[b], exact as f32, "row {t} block {b}: sum");
+            let codes: i32 = row.qs[b * ACT_BLOCK..][..ACT_BLOCK].iter().map(|&c| i32::from(c)).sum();
+            assert_eq!(row.sum[b], d * codes as f32, "row {t} block {b}: the rounded values' sum");
             for h in 0..2 {
                 let codes: i32 = row.qs[b * ACT_BLOCK + 16 * h..][..16].iter().map(|&c| i32::from(c)).sum();
                 assert_eq!(row.dsum16[2 * b + h], d * codes as f32, "row {t} block {b}: half {h}'s sum");

@@ -15,9 +15,12 @@
 //!   quantized once per matmul into 32-value blocks ([`Int8Rows`], as
 //!   `shaders/quantize_common.wgsl` does), the quants are multiplied as integers (i32 sums per
 //!   16 values) and scaled by the weight's sub-block scale times the activation block's scale;
-//!   a minimum multiplies the exact f32 sum of the activation block (32-value sub-blocks: Q4_1,
-//!   Q5_1, Q4_K, Q5_K) or, for Q2_K's 16-value sub-blocks, the sum of the dequantized
-//!   activations (scale × the sum of the codes). F32, F16 and BF16 weights always take f32
+//!   a minimum multiplies the sum of the dequantized activations (block scale × the sum of the
+//!   codes, per 32 or 16 values), as llama.cpp's Q8_1 does: the product is then exactly the
+//!   dequantized weights times the rounded activations, whose rounding errors meet the centred
+//!   weights. (A minimum times the exact sum, as `shaders/quantize_common.wgsl` has it, leaves
+//!   the rounding errors to meet the codes alone, all ≥ 0: twice the error, and SmolLM2's logits
+//!   2.3 from llama.cpp's instead of 1.1.) F32, F16 and BF16 weights always take f32
 //!   activations.
 //!
 //! The inner loops come in three builds: AVX2 + FMA on x86_64 (chosen at run time), SIMD128 in
@@ -310,8 +313,9 @@ fn q6_k(b: &[u8], q: &mut [i8; QK_K], sc: &mut [f32], _: &mut [f32]) {
 
 /// Activation rows quantized to int8 in [`ACT_BLOCK`]-value blocks, as
 /// `shaders/quantize_common.wgsl` and `model::reference`'s int8 view do: per block
-/// `d = max|x| / 127` (f32), codes `round_ties_even(x · (1 / d))` (0 when `d` is 0), plus the
-/// block's exact sum (rounded once to f32) and per 16 values `d ·` the sum of the codes.
+/// `d = max|x| / 127` (f32), codes `round_ties_even(x · (1 / d))` (0 when `d` is 0), plus
+/// `d ·` the sum of the codes per block and per 16 values (what minimums multiply: the module's
+/// doc says why not the exact sum, which the shader keeps).
 pub struct Int8Rows {
     /// Values per row (a multiple of [`ACT_BLOCK`]).
     pub cols: usize,
@@ -347,9 +351,10 @@ impl Int8Rows {
             let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
             q.iter_mut().zip(v).for_each(|(q, &x)| *q = round_ties_even(x * inv) as i8);
             r.d[i] = d;
-            r.sum[i] = v.iter().map(|&x| f64::from(x)).sum::<f64>() as f32;
+            let halves = [0, 1].map(|h| q[16 * h..16 * h + 16].iter().map(|&c| c as i32).sum::<i32>());
+            r.sum[i] = d * (halves[0] + halves[1]) as f32;
             for h in 0..2 {
-                r.dsum16[2 * i + h] = d * q[16 * h..16 * h + 16].iter().map(|&c| c as i32).sum::<i32>() as f32;
+                r.dsum16[2 * i + h] = d * halves[h] as f32;
             }
         }
         Some(r)
@@ -549,8 +554,8 @@ fn int8_times<const AVX2: bool>(u: &Unpacked, xq: &Int8Rows, o: &mut [f32]) {
     }
 }
 
-/// What the weights' minimums add: Σ min · (exact block sum) for 32-value sub-blocks, Σ min ·
-/// (dequantized 16-value sum) for 16-value ones; 0 without minimums.
+/// What the weights' minimums add: Σ min · (dequantized block sum) per 32-value or 16-value
+/// sub-block; 0 without minimums.
 #[inline(always)]
 fn min_term<const AVX2: bool>(u: &Unpacked, x: Int8Row<'_>) -> f32 {
     match (u.has_min, u.sub) {
