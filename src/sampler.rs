@@ -271,6 +271,152 @@ pub fn top_k(values: &[f32], k: usize) -> Vec<(u32, f32)> {
     idx.into_iter().map(|i| (i, values[i as usize])).collect()
 }
 
+/// One row's sampling request for a step, as the GPU's sampling op (`shaders/sample.wgsl`) reads it (64 bytes).
+/// Build it with [`RowParams::new`] or [`RowParams::INACTIVE`]: the reciprocals must be the
+/// same f32 values the CPU definition computes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct RowParams {
+    pub flags: u32,
+    pub temperature: f32,
+    pub inv_temperature: f32,
+    pub top_k: u32,
+    pub top_p: f32,
+    pub penalty: f32,
+    pub inv_penalty: f32,
+    pub window: u32,
+    pub history_head: u32,
+    pub history_len: u32,
+    pub seed_lo: u32,
+    pub seed_hi: u32,
+    pub counter: u32,
+    /// The ring of `history` this row's penalty window lives in ([`HistoryRing::ring`]).
+    pub history_ring: u32,
+    pub _pad: [u32; 2],
+}
+
+/// Where a row's history ring stands: the slot the next token goes to, and how many tokens it
+/// holds (at most the ring's capacity).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HistoryRing {
+    pub head: u32,
+    pub len: u32,
+    /// Which ring of the `history` buffer (below [`SampleShape::n_rings`]): a sequence keeps its
+    /// ring whatever row it takes in a step.
+    pub ring: u32,
+}
+
+impl RowParams {
+    /// `flags` bit of a row to sample.
+    pub const ACTIVE: u32 = 1;
+    /// `flags` bit of a row whose token is also written to its history ring at `history_head`.
+    pub const APPEND_HISTORY: u32 = 2;
+    /// `flags` bit of a row that chooses among the tokens its row of `mask` allows.
+    pub const MASKED: u32 = 4;
+    /// A row not sampled this step: its `out` slot is left alone.
+    pub const INACTIVE: RowParams = RowParams {
+        flags: 0,
+        temperature: 0.0,
+        inv_temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        penalty: 1.0,
+        inv_penalty: 1.0,
+        window: 0,
+        history_head: 0,
+        history_len: 0,
+        seed_lo: 0,
+        seed_hi: 0,
+        counter: 0,
+        history_ring: 0,
+        _pad: [0; 2],
+    };
+
+    /// The row of a sequence sampling with `sampling`, drawing number `counter` (by convention
+    /// the position being predicted), its penalty window in the ring `history`.
+    pub fn new(sampling: &SamplingParams, counter: u32, history: HistoryRing) -> Result<RowParams, SamplingError> {
+        sampling.validate()?;
+        let inv = |v: f32| if v == 0.0 { 0.0 } else { 1.0 / v };
+        Ok(RowParams {
+            flags: Self::ACTIVE,
+            temperature: sampling.temperature,
+            inv_temperature: inv(sampling.temperature),
+            top_k: sampling.top_k,
+            top_p: sampling.top_p,
+            penalty: sampling.repetition_penalty,
+            inv_penalty: inv(sampling.repetition_penalty),
+            window: sampling.repetition_window,
+            history_head: history.head,
+            history_len: history.len,
+            seed_lo: sampling.seed as u32,
+            seed_hi: (sampling.seed >> 32) as u32,
+            counter,
+            history_ring: history.ring,
+            _pad: [0; 2],
+        })
+    }
+}
+
+/// The sizes of a sampling op, fixed when it is built.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SampleShape {
+    /// Logit rows (the graph's `max_logits`); rows are switched on per step by their params.
+    pub n_rows: u32,
+    pub vocab: u32,
+    /// Tokens of each history ring (the longest penalty window it can serve; 0: none).
+    pub history_capacity: u32,
+    /// Rings in `history` (one per sequence slot, say); a row names its own.
+    pub n_rings: u32,
+    /// Row r's token goes to `out[out_offset + r * out_stride]`.
+    pub out_offset: u32,
+    pub out_stride: u32,
+}
+
+/// The CPU twin of the GPU's sampling op (`gpu::ops::sample`, whose reference it is) and the CPU
+/// backend's sampler: [`sample_row`] on each active row with its
+/// window decoded from the ring, penalizing `logits` in place and appending to the rings of
+/// [`RowParams::APPEND_HISTORY`] rows as the GPU does, and setting the logits a
+/// [`RowParams::MASKED`] row's mask clears to `-inf` first. Returns each row's token (`None` for
+/// an inactive row). logits: [n_rows, vocab], history: [n_rows, history_capacity],
+/// mask: [n_rows, ceil(vocab / 32)] (may be empty when no row is masked).
+pub fn sample_cpu(logits: &mut [f32], params: &[RowParams], history: &mut [u32], mask: &[u32], shape: &SampleShape) -> Vec<Option<u32>> {
+    let (vocab, cap) = (shape.vocab as usize, shape.history_capacity);
+    let words = vocab.div_ceil(32);
+    (0..shape.n_rows as usize)
+        .map(|r| {
+            let p = &params[r];
+            if p.flags & RowParams::ACTIVE == 0 {
+                return None;
+            }
+            if p.flags & RowParams::MASKED != 0 {
+                for (t, l) in logits[r * vocab..(r + 1) * vocab].iter_mut().enumerate() {
+                    if mask[r * words + t / 32] >> (t % 32) & 1 == 0 {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
+            let has_ring = p.history_ring < shape.n_rings;
+            let ring = p.history_ring as usize * cap as usize;
+            let n = if has_ring { p.window.min(p.history_len.min(cap)) } else { 0 };
+            let window: Vec<u32> =
+                (0..n).map(|i| history[ring + ((p.history_head % cap + cap - 1 - i) % cap) as usize]).collect();
+            let sampling = SamplingParams {
+                temperature: p.temperature,
+                top_k: p.top_k,
+                top_p: p.top_p,
+                repetition_penalty: p.penalty,
+                repetition_window: n,
+                seed: (p.seed_hi as u64) << 32 | p.seed_lo as u64,
+            };
+            let token = sample_row(&sampling, &mut logits[r * vocab..(r + 1) * vocab], &window, p.counter);
+            if p.flags & RowParams::APPEND_HISTORY != 0 && cap != 0 && has_ring {
+                history[ring + (p.history_head % cap) as usize] = token;
+            }
+            Some(token)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,7 +25,7 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 use common::gpu;
 use pagedlm::gpu::ops::embed::{embedding, embedding_cpu};
 use pagedlm::gguf::GgmlType;
-use pagedlm::gpu::ops::act::Activation;
+use pagedlm::model::Activation;
 use pagedlm::gpu::ops::matmul::{
     int8_error_bound, matmul, matmul_configured, matmul_cpu, matmul_input, matmul_int8_cpu, matmul_into, matmul_with, Epilogue, Input,
     MatmulConfig, QuantMatrix, MAX_TILE_ROWS,

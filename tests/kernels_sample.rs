@@ -8,7 +8,8 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 use common::{gpu, now_ms, report};
 use pagedlm::gpu::ops::argmax::argmax_cpu;
-use pagedlm::gpu::ops::sample::{sample, sample_cpu, HistoryRing, RowParams, SampleBuffers, SampleShape};
+use pagedlm::gpu::ops::sample::{sample, SampleBuffers};
+use pagedlm::sampler::{sample_cpu, HistoryRing, RowParams, SampleShape};
 use pagedlm::gpu::{Context, GpuError, Kernel, Recorder};
 use pagedlm::rng::Rng;
 use pagedlm::sampler::{order_key, SamplingParams};

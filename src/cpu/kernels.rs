@@ -7,11 +7,11 @@
 //! ([`super::forward`]) before it calls them; slices of the wrong length panic here (a bug).
 
 use crate::gguf::GgmlType;
-use crate::gpu::ops::rope::RopePairing;
+use crate::model::RopePairing;
 use crate::quant::kv_int8;
 use crate::quant::{bytes_of, dequantize};
 
-use super::qdot::{self, Acts, Weights};
+use super::qdot::{self, dot, Acts, Weights};
 
 /// Parallel tasks per thread a matmul is cut into: enough that two or more threads finish
 /// together when some rows cost more (or a thread is late), few enough that a task outweighs
@@ -72,20 +72,6 @@ impl QMatrix {
             dequantize(self.ty, &self.data[r * self.row_bytes..(r + 1) * self.row_bytes], out).expect("checked at load");
         }
     }
-}
-
-/// Σ a·b with eight independent sums (vectorized; the order differs from a plain loop by
-/// rounding only). `a` and `b` have one length.
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
-    let mut s = [0f32; 8];
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            s[i] += x[i] * y[i];
-        }
-    }
-    ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail
 }
 
 /// `y += a · x` elementwise (same length).

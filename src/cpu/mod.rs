@@ -7,14 +7,14 @@
 //! it is submitted (there is no device to run behind the CPU), so its outputs are ready at once;
 //! tokens handed from step to step ([`StepRow::FED`]) and the sampler's penalty rings are kept
 //! here as the GPU keeps them in its buffers, and sampling is the GPU sampler's CPU reference
-//! ([`crate::gpu::ops::sample::sample_cpu`]), so a seeded request draws the same tokens on
+//! ([`crate::sampler::sample_cpu`]), so a seeded request draws the same tokens on
 //! either backend from the same logits.
 
 pub mod forward;
 pub mod kernels;
 pub mod qdot;
 
-use crate::gpu::ops::sample::{sample_cpu, SampleShape};
+use crate::sampler::{sample_cpu, SampleShape};
 use crate::kv::{KvCache, SeqId};
 use crate::model::{Choose, Logits, ModelError, RowOutput, StepRow};
 use crate::sampler::MAX_REPETITION_WINDOW;

@@ -1,5 +1,5 @@
 //! Fused dot products of GGUF weight rows with activation rows, for the CPU backend's matmul
-//! ([`super::kernels::matmul`]).
+//! (`kernels::matmul_acts`).
 //!
 //! A weight row is first *unpacked* ([`Unpacked`]): its quants as small signed integers (one
 //! `i8` per value, the symmetric types' offset already taken off) and, per sub-block (16 or 32
@@ -381,6 +381,20 @@ fn round_ties_even(v: f32) -> f32 {
     }
 }
 
+/// Σ a·b with eight independent sums (vectorized; the order differs from a plain loop by
+/// rounding only). `a` and `b` have one length.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    let mut s = [0f32; 8];
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            s[i] += x[i] * y[i];
+        }
+    }
+    ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail
+}
+
 /// The activations a matmul multiplies its weights with.
 #[derive(Clone, Copy)]
 pub enum Acts<'a> {
@@ -573,7 +587,7 @@ fn dot_f32<const AVX2: bool>(a: &[f32], b: &[f32]) -> f32 {
         // SAFETY: AVX2 is only true where the CPU has AVX2 and FMA.
         return unsafe { avx2::dot_f32(a, b) };
     }
-    super::kernels::dot(a, b)
+    dot(a, b)
 }
 
 /// `[w · x[0], .., w · x[3]]` in f32 (all of `w`'s length).
@@ -584,7 +598,7 @@ fn dot_f32_x4<const AVX2: bool>(w: &[f32], x: [&[f32]; 4]) -> [f32; 4] {
         // SAFETY: as in `dot_f32`.
         return unsafe { avx2::dot_f32_x4(w, x) };
     }
-    x.map(|x| super::kernels::dot(w, x))
+    x.map(|x| dot(w, x))
 }
 
 /// The integer part of `u · x[k]` for four int8 rows: Σ over blocks of (weight sub-block scale ×

@@ -2,8 +2,6 @@
 //! every width, head count and constant comes from the file.
 
 use crate::gguf::{Gguf, MetaValue};
-use crate::gpu::ops::act::Activation;
-use crate::gpu::ops::rope::RopePairing;
 
 use super::ModelError;
 
@@ -48,6 +46,49 @@ impl Architecture {
             "vocab_size",
         ];
         COMMON.contains(&key) || (self == Architecture::Gemma3 && key == "attention.sliding_window")
+    }
+}
+
+/// Which two dimensions of a head rotate together: a property of how the file's q/k weights
+/// were converted ([`ModelConfig::rope_pairing`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RopePairing {
+    /// (x[2i], x[2i+1]): llama's GGUF files.
+    Norm,
+    /// (x[i], x[i + head_dim/2]): Gemma's (and GPT-NeoX's).
+    Neox,
+}
+
+impl RopePairing {
+    /// The two dimensions of pair `i` in a head of `head_dim`.
+    pub fn dims(self, i: usize, head_dim: usize) -> (usize, usize) {
+        match self {
+            RopePairing::Norm => (2 * i, 2 * i + 1),
+            RopePairing::Neox => (i, i + head_dim / 2),
+        }
+    }
+}
+
+/// The activation of the FFN's gate (SwiGLU for llama, GeGLU with tanh GELU for Gemma).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// silu(g) = g / (1 + exp(-g)).
+    Silu,
+    /// gelu_tanh(g) = g/2 * (1 + tanh(√(2/π) (g + 0.044715 g³))).
+    GeluTanh,
+}
+
+impl Activation {
+    /// The activation of one value, in f64 (the CPU references).
+    pub fn apply(self, g: f64) -> f64 {
+        match self {
+            Activation::Silu => g / (1.0 + (-g).exp()),
+            Activation::GeluTanh => {
+                0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh())
+            }
+        }
     }
 }
 

@@ -56,15 +56,15 @@ use crate::gpu::ops::attention::{Attention, AttentionBatch, AttentionBuffers, Ba
 use crate::gpu::ops::kv_write::KvWriteBuffers;
 use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
 use crate::gpu::ops::qkv_heads::QkNorm;
-use crate::gpu::ops::rope::RopePairing;
 use crate::gpu::ops::matmul::{Epilogue, Input, MatmulConfig, QuantMatrix};
 use crate::gpu::ops::norm::NormOut;
-use crate::gpu::ops::sample::{self, RowParams, SampleBuffers, SampleShape};
+use crate::gpu::ops::sample::{self, SampleBuffers};
+use crate::sampler::{RowParams, SampleShape};
 use crate::gpu::ops::{act, argmax, embed, matmul, norm, qkv_heads};
 use crate::gpu::{Context, Kernel, Recorder};
 use crate::kv::KvCache;
 
-use super::{ModelConfig, ModelError, Weights};
+use super::{ModelConfig, ModelError, RopePairing, Weights};
 
 /// What a step reads back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

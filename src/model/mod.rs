@@ -8,7 +8,7 @@ pub mod reference;
 pub mod runner;
 pub mod weights;
 
-pub use config::{Architecture, ModelConfig};
+pub use config::{Activation, Architecture, ModelConfig, RopePairing};
 pub use graph::{AttentionKind, Choose, Feed, ForwardGraph, Logits, PendingStep, RowOutput, StepRow};
 pub use runner::{GraphBudget, Model, Runner};
 pub use weights::Weights;

@@ -16,7 +16,7 @@
 use crate::gguf::{GgmlType, Gguf};
 use crate::quant::dequantize;
 
-use crate::gpu::ops::rope::RopePairing;
+use super::RopePairing;
 
 use super::{ModelConfig, ModelError};
 

@@ -3,6 +3,7 @@
 
 use super::{check_binding, check_size, grid, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
+use crate::model::Activation;
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -14,28 +15,6 @@ struct GluParams {
 const GLU_WG: u64 = 64;
 /// Consecutive columns per invocation.
 const GLU_PER: u64 = 4;
-
-/// The activation of the gate.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Activation {
-    /// silu(g) = g / (1 + exp(-g)).
-    Silu,
-    /// gelu_tanh(g) = g/2 * (1 + tanh(√(2/π) (g + 0.044715 g³))).
-    GeluTanh,
-}
-
-impl Activation {
-    /// The activation of one value, in f64 (the CPU references).
-    pub fn apply(self, g: f64) -> f64 {
-        match self {
-            Activation::Silu => g / (1.0 + (-g).exp()),
-            Activation::GeluTanh => {
-                0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh())
-            }
-        }
-    }
-}
 
 /// `out = act(gate) * up` ([`Activation`]), finite for any finite gate.
 /// gu: [n_rows, 2 * ffn] f32, each row `ffn` gate values then `ffn` up values (the fused

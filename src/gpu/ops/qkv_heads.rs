@@ -6,7 +6,8 @@
 
 use super::kv_write::{check_write, KvWriteBuffers};
 use super::pool::PoolShape;
-use super::rope::{check_rope, turn_table, RopePairing, TURN_TABLE_WORDS};
+use super::rope::{check_rope, turn_table, TURN_TABLE_WORDS};
+use crate::model::RopePairing;
 use super::{check_binding, check_size, grid, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
 use crate::quant::KvDtype;

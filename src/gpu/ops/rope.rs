@@ -1,6 +1,7 @@
 //! Rotary position embedding (llama's NORM pairing or NEOX pairing) on the fused q/k rows.
 
 use super::pool::PoolShape;
+use crate::model::RopePairing;
 use super::{check_binding, check_size, grid, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
 
@@ -26,27 +27,6 @@ pub struct RopeShape {
     pub base: f32,
     /// Which dimensions pair up.
     pub pairing: RopePairing,
-}
-
-/// Which two dimensions of a head rotate together: a property of how the file's q/k weights
-/// were converted (`ModelConfig::rope_pairing`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RopePairing {
-    /// (x[2i], x[2i+1]): llama's GGUF files.
-    Norm,
-    /// (x[i], x[i + head_dim/2]): Gemma's (and GPT-NeoX's).
-    Neox,
-}
-
-impl RopePairing {
-    /// The two dimensions of pair `i` in a head of `head_dim`.
-    pub fn dims(self, i: usize, head_dim: usize) -> (usize, usize) {
-        match self {
-            RopePairing::Norm => (2 * i, 2 * i + 1),
-            RopePairing::Neox => (i, i + head_dim / 2),
-        }
-    }
 }
 
 impl RopeShape {

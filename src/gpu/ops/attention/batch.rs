@@ -37,7 +37,8 @@ use super::{
     reduce_pipeline, workgroups, KernelMode, MainBindings, MainParams, LANES, MAX_CHUNK,
 };
 use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
-use crate::gpu::ops::rope::{turn_table, RopePairing};
+use crate::gpu::ops::rope::turn_table;
+use crate::model::RopePairing;
 use crate::gpu::ops::{check_binding, check_size, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
 

@@ -45,7 +45,8 @@
 use std::sync::Arc;
 
 use super::pool::{PoolBuffers, PoolShape};
-use super::rope::{check_rope, RopePairing};
+use super::rope::check_rope;
+use crate::model::RopePairing;
 use super::whole;
 use crate::gpu::kernel::split_count;
 use crate::gpu::{shape_err, AdapterClass, Context, GpuError, Kernel};

@@ -40,7 +40,7 @@ pub(crate) mod layout;
 #[cfg(feature = "testing")]
 mod reference;
 
-use super::act::Activation;
+use crate::model::Activation;
 use super::{check_binding, check_size, whole};
 use crate::gguf::GgmlType;
 use crate::gpu::kernel::split_workgroups;
