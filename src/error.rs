@@ -132,8 +132,6 @@ fn tokenizer_kind(e: &TokenizerError) -> ErrorKind {
 
 fn model_kind(e: &ModelError) -> ErrorKind {
     match e {
-        ModelError::Gpu(g) => gpu_kind(g),
-        ModelError::Kv(k) => kv_kind(k),
         ModelError::Gguf(_) | ModelError::Format(_) | ModelError::Unsupported(_) => ErrorKind::ModelFormat,
     }
 }

@@ -1,5 +1,5 @@
-//! pagedlm: a small decoder-only LLM runtime on WebGPU (natively on Vulkan), built around a
-//! paged, prefix-sharing KV cache.
+//! pagedlm: a small decoder-only LLM runtime on WebGPU (natively on Vulkan) or the CPU, built
+//! around a paged, prefix-sharing KV cache.
 
 pub mod backend;
 pub mod constraint;
@@ -23,3 +23,4 @@ pub mod tokenizer;
 pub mod tools;
 #[cfg(target_arch = "wasm32")]
 pub mod web;
+pub mod webgpu;

@@ -162,9 +162,6 @@ pub(crate) struct Scheduler {
     running: Vec<Request>,
     stats: SchedStats,
     next_id: u64,
-    /// Steps planned and not yet committed (or failed): 1 while the engine runs a step, 2 while
-    /// it runs one planned ahead behind it.
-    in_flight: u32,
 }
 
 impl Scheduler {
@@ -172,7 +169,7 @@ impl Scheduler {
         if config.max_batch == 0 || config.step_tokens == 0 || max_chunk == 0 {
             return Err(EngineError::InvalidArgument("max_batch, step_tokens and prefill_chunk must be at least 1".into()));
         }
-        Ok(Scheduler { config, max_chunk, waiting: VecDeque::new(), running: Vec::new(), stats: SchedStats::default(), next_id: 0, in_flight: 0 })
+        Ok(Scheduler { config, max_chunk, waiting: VecDeque::new(), running: Vec::new(), stats: SchedStats::default(), next_id: 0 })
     }
 
     /// Queues a request (its prompt and parameters already checked); returns its id.
@@ -350,9 +347,6 @@ impl Scheduler {
     /// grow ends with the error, and a sequence at the context limit ends with what it has
     /// (both reported in `events`). An empty plan means there is nothing to run.
     pub fn reserve(&mut self, kv: &mut KvCache, events: &mut Vec<Event>) -> Result<Plan, EngineError> {
-        if self.in_flight != 0 {
-            return Err(EngineError::InvalidArgument(format!("a step was planned with {} steps not committed", self.in_flight)));
-        }
         loop {
             let plan = self.plan();
             let bs = kv.block_size();
@@ -385,7 +379,6 @@ impl Scheduler {
                 }
                 if !plan.rows.is_empty() {
                     self.stats.steps += 1;
-                    self.in_flight += 1;
                 }
                 return Ok(plan);
             }
@@ -409,8 +402,8 @@ impl Scheduler {
 
     /// Plans the step after the one in flight, before that one's tokens are known: the next row
     /// of every running sequence, each fed on the GPU with the token the step in flight produces
-    /// for it ([`Row::token`] `None`). Only in steady decoding, with exactly one step in flight:
-    /// no request waits for a free place in the batch, no sequence is reading its context, and
+    /// for it ([`Row::token`] `None`). The engine asks only with exactly one step in flight;
+    /// the plan comes only in steady decoding: no request waits for a free place in the batch, no sequence is reading its context, and
     /// the pool holds the new rows without preempting; otherwise `None`, and the engine commits
     /// the step in flight and plans as usual. A constrained sequence's row is planned too, but
     /// its mask needs the token in flight ([`Plan::awaits_masks`]): the engine submits such a
@@ -423,7 +416,7 @@ impl Scheduler {
     /// what it returns and what the prefix cache keeps are as without lookahead.
     pub fn plan_ahead(&mut self, kv: &mut KvCache) -> Result<Option<Plan>, EngineError> {
         let could_admit = !self.waiting.is_empty() && self.running.len() < self.config.max_batch as usize;
-        if !self.config.lookahead || self.in_flight != 1 || could_admit {
+        if !self.config.lookahead || could_admit {
             return Ok(None);
         }
         if self.running.iter().any(|r| r.in_prefill() || r.pending().is_none()) {
@@ -458,7 +451,6 @@ impl Scheduler {
         }
         self.stats.steps += 1;
         self.stats.steps_ahead += 1;
-        self.in_flight += 1;
         Ok(Some(plan))
     }
 
@@ -490,7 +482,6 @@ impl Scheduler {
     /// (requests arriving while this one runs can share them from now on), and every request
     /// that got logits handles its next token. Returns the tokens and finished requests.
     pub fn commit(&mut self, kv: &mut KvCache, plan: &Plan, outputs: Vec<(u32, Option<Vec<f32>>)>, eos: &[u32]) -> Result<Vec<Event>, EngineError> {
-        self.in_flight = self.in_flight.saturating_sub(1);
         for &id in &plan.decode {
             if let Some(i) = self.still_running(id) {
                 self.running[i].computed_rows(1, false, false);
@@ -529,7 +520,6 @@ impl Scheduler {
     /// A step failed as a whole: every request in it ends with (a copy of) the error, and
     /// their K/V, which the step may have half written, are not cached.
     pub fn fail(&mut self, kv: &mut KvCache, plan: &Plan, err: &EngineError) -> Result<Vec<Event>, EngineError> {
-        self.in_flight = self.in_flight.saturating_sub(1);
         let mut events = Vec::new();
         for id in plan.requests() {
             if self.still_running(id).is_some() {
@@ -541,9 +531,8 @@ impl Scheduler {
 
     /// The device is lost: every running and waiting request ends with
     /// [`EngineError::DeviceLost`] carrying what it had generated, and nothing goes to the
-    /// prefix cache (the K/V went with the device); no step is in flight any more.
+    /// prefix cache (the K/V went with the device).
     pub fn lose_all(&mut self, kv: &mut KvCache, message: &str) -> Result<Vec<Event>, EngineError> {
-        self.in_flight = 0;
         let mut events = Vec::new();
         let running = std::mem::take(&mut self.running).into_iter().map(|mut r| (r.seq.take(), r));
         let waiting = std::mem::take(&mut self.waiting).into_iter().map(|r| (None, r));

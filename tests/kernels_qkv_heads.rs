@@ -579,7 +579,9 @@ gpu_test! {
 fn dispatches_per_decode_step() {
     use pagedlm::gguf::Gguf;
     use pagedlm::kv::{CacheConfig, KvCache, KvDtype, KvLayout};
-    use pagedlm::model::{AttentionKind, ForwardGraph, Logits, ModelConfig, StepRow, Weights};
+    use pagedlm::engine::kv_shape;
+    use pagedlm::model::{Logits, ModelConfig, StepRow};
+    use pagedlm::webgpu::{AttentionKind, ForwardGraph, Weights};
     pollster::block_on(async {
         let ctx = common::gpu().await;
         let models = [("SmolLM2-135M", common::real_model_bytes().await), ("Gemma 3 270M", common::gemma_model_bytes())];
@@ -599,7 +601,7 @@ fn dispatches_per_decode_step() {
                         prefix_cache: false,
                         local_pool_tokens: 0,
                     };
-                    let mut kv = KvCache::new(&ctx, &cfg.kv_shape(), config).unwrap();
+                    let mut kv = KvCache::new(&ctx, &kv_shape(&cfg), config).unwrap();
                     let seq = kv.allocate().unwrap();
                     kv.append(seq, context).unwrap();
                     let mut decode = ForwardGraph::build(&ctx, (&cfg, &weights), &kv, AttentionKind::Sequence, 1, 1).unwrap();

@@ -7,6 +7,7 @@ mod common;
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 use common::{gpu, tiny_config};
+use pagedlm::engine::kv_shape;
 use pagedlm::kv::{CacheConfig, KvCache, KvDtype, KvError, KvLayout, SeqId};
 use pagedlm::rng::Rng;
 use pagedlm::synth::SynthConfig;
@@ -17,7 +18,7 @@ gpu_test! {
         let cfg = tiny_config(SynthConfig::tiny().seed);
         for (layout, block_size, seed) in [(KvLayout::Paged, 16, 1u64), (KvLayout::Paged, 1, 2), (KvLayout::Paged, 7, 3), (KvLayout::Contiguous, 0, 4)] {
             let config = CacheConfig { layout, dtype: KvDtype::F32, block_size, pool_tokens: 400, max_seqs: 8, max_seq_len: 120, prefix_cache: false, local_pool_tokens: 0 };
-            let mut cache = KvCache::new(&ctx, &cfg.kv_shape(), config).unwrap();
+            let mut cache = KvCache::new(&ctx, &kv_shape(&cfg), config).unwrap();
             let mut rng = Rng::new(seed);
             let mut live: Vec<(SeqId, u32)> = Vec::new();
             let (mut exhausted, mut forks) = (0, 0);
@@ -94,7 +95,7 @@ gpu_test! {
     async fn stats_report_fragmentation_and_exhaustion_is_typed() {
         let ctx = gpu().await;
         let cfg = tiny_config(SynthConfig::tiny().seed);
-        let mut cache = KvCache::new(&ctx, &cfg.kv_shape(), CacheConfig { layout: KvLayout::Paged, dtype: KvDtype::F32, block_size: 16, pool_tokens: 64, max_seqs: 4, max_seq_len: 64, prefix_cache: false, local_pool_tokens: 0 }).unwrap();
+        let mut cache = KvCache::new(&ctx, &kv_shape(&cfg), CacheConfig { layout: KvLayout::Paged, dtype: KvDtype::F32, block_size: 16, pool_tokens: 64, max_seqs: 4, max_seq_len: 64, prefix_cache: false, local_pool_tokens: 0 }).unwrap();
         let a = cache.allocate().unwrap();
         cache.append(a, 17).unwrap();
         let s = cache.stats();
@@ -116,7 +117,7 @@ gpu_test! {
         assert_ne!(cache.blocks(c).unwrap()[1], cache.blocks(a).unwrap()[1]);
         cache.check_integrity().unwrap();
         // Contiguous reserves the maximum length up front.
-        let mut contiguous = KvCache::new(&ctx, &cfg.kv_shape(), CacheConfig { layout: KvLayout::Contiguous, dtype: KvDtype::F32, block_size: 16, pool_tokens: 0, max_seqs: 2, max_seq_len: 64, prefix_cache: false, local_pool_tokens: 0 }).unwrap();
+        let mut contiguous = KvCache::new(&ctx, &kv_shape(&cfg), CacheConfig { layout: KvLayout::Contiguous, dtype: KvDtype::F32, block_size: 16, pool_tokens: 0, max_seqs: 2, max_seq_len: 64, prefix_cache: false, local_pool_tokens: 0 }).unwrap();
         let d = contiguous.allocate().unwrap();
         assert_eq!(contiguous.stats().internal_fragmentation, 64);
         contiguous.append(d, 10).unwrap();
@@ -141,7 +142,7 @@ fn memory_for_sixteen_sequences_paged_vs_contiguous() {
         let mut held = Vec::new();
         for layout in [KvLayout::Contiguous, KvLayout::Paged] {
             let config = CacheConfig { layout, dtype: KvDtype::F32, block_size: 16, pool_tokens: 16 * 2000, max_seqs: 16, max_seq_len: 2000, prefix_cache: false, local_pool_tokens: 0 };
-            let mut cache = KvCache::new(&ctx, &one_layer.kv_shape(), config).unwrap();
+            let mut cache = KvCache::new(&ctx, &kv_shape(&one_layer), config).unwrap();
             for &len in &lengths {
                 let id = cache.allocate().unwrap();
                 cache.append(id, len).unwrap();

@@ -272,7 +272,7 @@ fn granularities(n_blocks: usize, n_kv: usize, bs: usize, hd: usize, n_layers: u
 #[cfg(not(target_arch = "wasm32"))]
 async fn decode_after(
     ctx: &pagedlm::gpu::Context,
-    (kv, decode): (&mut pagedlm::kv::KvCache, &mut pagedlm::model::ForwardGraph),
+    (kv, decode): (&mut pagedlm::kv::KvCache, &mut pagedlm::webgpu::ForwardGraph),
     (ids, prefix, steps): (&[u32], usize, usize),
     k: &[Vec<f32>],
     v: &[Vec<f32>],
@@ -306,7 +306,9 @@ async fn decode_after(
 fn granularity_is_measured_on_real_kv() {
     use pagedlm::gguf::Gguf;
     use pagedlm::kv::{CacheConfig, KvCache, KvLayout};
-    use pagedlm::model::{AttentionKind, ForwardGraph, Logits, ModelConfig, StepRow, Weights};
+    use pagedlm::engine::kv_shape;
+    use pagedlm::model::{Logits, ModelConfig, StepRow};
+    use pagedlm::webgpu::{AttentionKind, ForwardGraph, Weights};
     const PREFIX: usize = 1024;
     const STEPS: usize = 64;
     pollster::block_on(async {
@@ -318,7 +320,7 @@ fn granularity_is_measured_on_real_kv() {
         let weights = Weights::upload(&ctx, &gguf, &cfg).unwrap();
         let total = (PREFIX + STEPS) as u32;
         let config = CacheConfig { layout: KvLayout::Paged, dtype: KvDtype::F32, block_size: 16, pool_tokens: total, max_seqs: 1, max_seq_len: total, prefix_cache: false, local_pool_tokens: 0 };
-        let mut kv = KvCache::new(&ctx, &cfg.kv_shape(), config).unwrap();
+        let mut kv = KvCache::new(&ctx, &kv_shape(&cfg), config).unwrap();
         let seq = kv.allocate().unwrap();
         kv.append(seq, PREFIX as u32).unwrap();
         let base = kv.table_base(seq);

@@ -9,7 +9,7 @@ mod common;
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 use common::{assert_close, gpu, now_ms, report};
-use pagedlm::engine::{Engine, EngineOptions, KvDtype, KvLayout, ScoreMode};
+use pagedlm::engine::{kv_shape, Engine, EngineOptions, KvDtype, KvLayout, ScoreMode};
 use pagedlm::gguf::Gguf;
 use pagedlm::gpu::ops::attention::{attention_int8_cpu, Attention, AttentionBuffers, AttentionPath, AttentionPlan};
 use pagedlm::gpu::ops::kv_write::{self, KvWriteBuffers};
@@ -382,8 +382,8 @@ gpu_test! {
         let ctx = gpu().await;
         let cfg = tiny_config(&SynthConfig::tiny());
         let (bs, n_blocks) = (16u32, 6u32);
-        let f32_pool = KvPool::new(&ctx, &cfg.kv_shape(), KvDtype::F32, bs, n_blocks).unwrap();
-        let pool = KvPool::new(&ctx, &cfg.kv_shape(), KvDtype::Int8, bs, n_blocks).unwrap();
+        let f32_pool = KvPool::new(&ctx, &kv_shape(&cfg), KvDtype::F32, bs, n_blocks).unwrap();
+        let pool = KvPool::new(&ctx, &kv_shape(&cfg), KvDtype::Int8, bs, n_blocks).unwrap();
         // Per token, all layers, K and V: head_dim codes + one f32 scale per KV head.
         let per_head = cfg.head_dim as u64 + 4;
         assert_eq!(pool.bytes_per_token(), cfg.n_layers as u64 * cfg.n_kv_heads as u64 * 2 * per_head);
@@ -391,13 +391,13 @@ gpu_test! {
         let layout = pool.int8_layout().unwrap();
         assert_eq!(pool.bytes_total(), 2 * cfg.n_layers as u64 * layout.buffer_bytes());
         // The same byte budget holds head_dim·4 / (head_dim + 4) times the blocks, less padding.
-        let f32_max = KvPool::max_blocks_for(&ctx, &cfg.kv_shape(), KvDtype::F32, bs);
-        let int8_max = KvPool::max_blocks_for(&ctx, &cfg.kv_shape(), KvDtype::Int8, bs);
+        let f32_max = KvPool::max_blocks_for(&ctx, &kv_shape(&cfg), KvDtype::F32, bs);
+        let int8_max = KvPool::max_blocks_for(&ctx, &kv_shape(&cfg), KvDtype::Int8, bs);
         let ratio = (cfg.head_dim as f64 * 4.0) / per_head as f64;
         assert!((int8_max as f64) >= (f32_max as f64 * ratio).floor() - 1.0, "{int8_max} INT8 vs {f32_max} f32 blocks");
-        assert_eq!(KvPool::max_blocks(&ctx, &cfg.kv_shape(), bs), f32_max);
+        assert_eq!(KvPool::max_blocks(&ctx, &kv_shape(&cfg), bs), f32_max);
         let odd = SynthConfig { hidden: 96, n_heads: 4, n_kv_heads: 2, ..SynthConfig::tiny() };
-        assert!(KvPool::new(&ctx, &tiny_config(&odd).kv_shape(), KvDtype::Int8, bs, n_blocks).is_err(), "head dim 24 is refused");
+        assert!(KvPool::new(&ctx, &kv_shape(&tiny_config(&odd)), KvDtype::Int8, bs, n_blocks).is_err(), "head dim 24 is refused");
 
         // Copy-on-write copies both regions of the block and nothing else.
         let mut rng = Rng::new(8);

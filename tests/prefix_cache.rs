@@ -12,7 +12,7 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 use std::collections::HashMap;
 
 use common::{gpu, tiny_config, tiny_model};
-use pagedlm::engine::{Engine, EngineOptions, GenerateRequest, KvDtype, KvLayout, ScoreMode};
+use pagedlm::engine::{kv_shape, Engine, EngineOptions, GenerateRequest, KvDtype, KvLayout, ScoreMode};
 use pagedlm::kv::{CacheConfig, CacheKey, KvCache, KvError, RadixTree, SeqId};
 use pagedlm::kv::alloc::BlockAllocator;
 use pagedlm::rng::Rng;
@@ -212,7 +212,7 @@ gpu_test! {
                 prefix_cache: true,
                 local_pool_tokens: 0,
             };
-            let mut cache = KvCache::new(&ctx, &cfg.kv_shape(), config).unwrap();
+            let mut cache = KvCache::new(&ctx, &kv_shape(&cfg), config).unwrap();
             let mut rng = Rng::new(seed);
             // Shared system prompts; conversations branch from each other at turn boundaries.
             let systems: Vec<Vec<u32>> = (0..3).map(|_| { let n = 5 + rng.below(12) as usize; ids(&mut rng, n) }).collect();

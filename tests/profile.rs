@@ -12,11 +12,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use common::{report, tiny_model};
-use pagedlm::engine::{Engine, EngineOptions, Event, GenerateRequest, Profile, SchedConfig, StepProfile, PROFILE_EXTRA_TOKENS};
+use pagedlm::engine::{kv_shape, Engine, EngineOptions, Event, GenerateRequest, Profile, SchedConfig, StepProfile, PROFILE_EXTRA_TOKENS};
 use pagedlm::gguf::Gguf;
 use pagedlm::gpu::{ops::elementwise, Counters, GpuError, Recorder, TimingMethod};
 use pagedlm::kv::{CacheConfig, KvCache, KvDtype, KvLayout};
-use pagedlm::model::{AttentionKind, ForwardGraph, Logits, ModelConfig, StepRow, Weights};
+use pagedlm::model::{Logits, ModelConfig, StepRow};
+use pagedlm::webgpu::{AttentionKind, ForwardGraph, Weights};
 use pagedlm::sampler::SamplingParams;
 
 const SEED: u64 = 0x9f0f;
@@ -75,7 +76,7 @@ fn tiny_parts(ctx: &Arc<pagedlm::gpu::Context>) -> (ModelConfig, Weights, KvCach
         prefix_cache: false,
         local_pool_tokens: 0,
     };
-    let kv = KvCache::new(ctx, &cfg.kv_shape(), cache).unwrap();
+    let kv = KvCache::new(ctx, &kv_shape(&cfg), cache).unwrap();
     (cfg, weights, kv)
 }
 

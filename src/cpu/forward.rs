@@ -4,120 +4,14 @@
 //! chunk) or rows of many sequences (a batched step): each row reads its own sequence's block
 //! table, so one code path serves both.
 
-use crate::gguf::{GgmlType, Gguf};
+use crate::error::EngineError;
 use crate::kv::{KvCache, SeqId};
 use crate::model::{ModelConfig, ModelError};
 use crate::quant::kv_int8::Int8Layout;
 
 use super::kernels::{self, AttnRow, PoolView, QMatrix};
 use super::qdot::{Acts, Int8Rows};
-
-/// One layer's weights, kept in their file's formats.
-struct Layer {
-    attn_norm: Vec<f32>,
-    wq: QMatrix,
-    wk: QMatrix,
-    wv: QMatrix,
-    /// Gemma 3's per-head norms of q and k.
-    qk_norm: Option<(Vec<f32>, Vec<f32>)>,
-    wo: QMatrix,
-    post_attention_norm: Option<Vec<f32>>,
-    ffn_norm: Vec<f32>,
-    gate: QMatrix,
-    up: QMatrix,
-    down: QMatrix,
-    post_ffw_norm: Option<Vec<f32>>,
-}
-
-/// The model's weights in CPU memory.
-pub struct HostModel {
-    pub config: ModelConfig,
-    /// Whether the matmuls quantize their activations to int8 blocks (as llama.cpp's CPU
-    /// kernels do) instead of multiplying them in f32.
-    pub int8_activations: bool,
-    embd: QMatrix,
-    layers: Vec<Layer>,
-    output_norm: Vec<f32>,
-    /// `None`: the output projection is the embedding (tied weights).
-    output: Option<QMatrix>,
-}
-
-fn matrix(gguf: &Gguf<'_>, name: &str, cols: u32, rows: u32) -> Result<QMatrix, ModelError> {
-    let (info, data) = gguf.require_tensor(name, &GgmlType::SUPPORTED)?;
-    if info.dims.as_slice() != [cols as u64, rows as u64] {
-        return Err(ModelError::Format(format!("{name} has dims {:?}, expected [{cols}, {rows}]", info.dims)));
-    }
-    QMatrix::new(info.ggml_type, rows as usize, cols as usize, data).map_err(|e| ModelError::Format(format!("tensor {name}: {e}")))
-}
-
-fn vector(gguf: &Gguf<'_>, name: &str, dim: u32) -> Result<Vec<f32>, ModelError> {
-    let (info, data) = gguf.require_tensor(name, &[GgmlType::F32])?;
-    if info.dims.as_slice() != [dim as u64] {
-        return Err(ModelError::Format(format!("{name} has dims {:?}, expected [{dim}]", info.dims)));
-    }
-    Ok(data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
-}
-
-impl HostModel {
-    /// Copies the model's tensors out of the file (kept quantized) and checks their shapes.
-    pub fn load(gguf: &Gguf<'_>, config: &ModelConfig, int8_activations: bool) -> Result<HostModel, ModelError> {
-        crate::model::weights::check_types(gguf)?;
-        let c = config;
-        let (q_width, kv_width) = (c.q_width(), c.n_kv_heads * c.head_dim);
-        let layers = (0..c.n_layers)
-            .map(|l| {
-                let p = |s: &str| format!("blk.{l}.{s}");
-                Ok(Layer {
-                    attn_norm: vector(gguf, &p("attn_norm.weight"), c.hidden)?,
-                    wq: matrix(gguf, &p("attn_q.weight"), c.hidden, q_width)?,
-                    wk: matrix(gguf, &p("attn_k.weight"), c.hidden, kv_width)?,
-                    wv: matrix(gguf, &p("attn_v.weight"), c.hidden, kv_width)?,
-                    qk_norm: match c.qk_norm {
-                        true => Some((vector(gguf, &p("attn_q_norm.weight"), c.head_dim)?, vector(gguf, &p("attn_k_norm.weight"), c.head_dim)?)),
-                        false => None,
-                    },
-                    wo: matrix(gguf, &p("attn_output.weight"), q_width, c.hidden)?,
-                    post_attention_norm: c.post_norms.then(|| vector(gguf, &p("post_attention_norm.weight"), c.hidden)).transpose()?,
-                    ffn_norm: vector(gguf, &p("ffn_norm.weight"), c.hidden)?,
-                    gate: matrix(gguf, &p("ffn_gate.weight"), c.hidden, c.ffn)?,
-                    up: matrix(gguf, &p("ffn_up.weight"), c.hidden, c.ffn)?,
-                    down: matrix(gguf, &p("ffn_down.weight"), c.ffn, c.hidden)?,
-                    post_ffw_norm: c.post_norms.then(|| vector(gguf, &p("post_ffw_norm.weight"), c.hidden)).transpose()?,
-                })
-            })
-            .collect::<Result<Vec<_>, ModelError>>()?;
-        let output = match gguf.tensor("output.weight") {
-            Some(_) => Some(matrix(gguf, "output.weight", c.hidden, c.vocab)?),
-            None => None,
-        };
-        Ok(HostModel {
-            config: config.clone(),
-            int8_activations,
-            embd: matrix(gguf, "token_embd.weight", c.hidden, c.vocab)?,
-            layers,
-            output_norm: vector(gguf, "output_norm.weight", c.hidden)?,
-            output,
-        })
-    }
-
-    /// Bytes of the weights in memory.
-    pub fn bytes(&self) -> u64 {
-        let v = |x: &Vec<f32>| x.len() as u64 * 4;
-        let layers: u64 = self
-            .layers
-            .iter()
-            .map(|l| {
-                [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down].iter().map(|m| m.bytes()).sum::<u64>()
-                    + v(&l.attn_norm)
-                    + v(&l.ffn_norm)
-                    + l.qk_norm.as_ref().map_or(0, |(a, b)| v(a) + v(b))
-                    + l.post_attention_norm.as_ref().map_or(0, v)
-                    + l.post_ffw_norm.as_ref().map_or(0, v)
-            })
-            .sum();
-        layers + self.embd.bytes() + self.output.as_ref().map_or(0, QMatrix::bytes) + v(&self.output_norm)
-    }
-}
+use super::weights::HostModel;
 
 /// One row of a step on the CPU: a token at a position of a sequence.
 #[derive(Clone, Copy, Debug)]
@@ -130,23 +24,23 @@ pub struct HostRow {
 /// Runs `rows` (their K/V slots appended to their sequences in `kv`, tokens below the
 /// vocabulary) through the model, writing their K/V into `kv`'s pool, and returns the logits
 /// of the rows `logit_rows` names (indices into `rows`), `[logit_rows.len()][vocab]`.
-pub fn forward(model: &HostModel, kv: &KvCache, rows: &[HostRow], logit_rows: &[u32]) -> Result<Vec<f32>, ModelError> {
+pub fn forward(model: &HostModel, kv: &KvCache, rows: &[HostRow], logit_rows: &[u32]) -> Result<Vec<f32>, EngineError> {
     let c = &model.config;
     let (n, hidden, hd) = (rows.len(), c.hidden as usize, c.head_dim as usize);
     let (nq, nkv) = (c.n_heads as usize, c.n_kv_heads as usize);
     if !kv.is_host() {
-        return Err(ModelError::Format("the CPU forward pass needs a KV cache in CPU memory".into()));
+        return Err(ModelError::Format("the CPU forward pass needs a KV cache in CPU memory".into()).into());
     }
     if let Some(r) = rows.iter().find(|r| r.token >= c.vocab) {
-        return Err(ModelError::Format(format!("token {} is outside the vocabulary of {}", r.token, c.vocab)));
+        return Err(ModelError::Format(format!("token {} is outside the vocabulary of {}", r.token, c.vocab)).into());
     }
     if let Some(&i) = logit_rows.iter().find(|&&i| i as usize >= n) {
-        return Err(ModelError::Format(format!("logit row {i} of a step of {n} rows")));
+        return Err(ModelError::Format(format!("logit row {i} of a step of {n} rows")).into());
     }
     for r in rows {
         let len = kv.len(r.seq)?;
         if r.position >= len {
-            return Err(ModelError::Format(format!("row at position {} of a sequence of {len} appended slots", r.position)));
+            return Err(ModelError::Format(format!("row at position {} of a sequence of {len} appended slots", r.position)).into());
         }
     }
     let eps = c.rms_eps;
@@ -239,7 +133,7 @@ fn residual(x: &mut [f32], delta: &mut [f32], post: Option<&[f32]>, eps: f32) {
 }
 
 /// Writes the rows' K/V into layer `l`'s pool, then runs their attention over it into `out`.
-fn attend(kv: &KvCache, l: usize, (rows, q, k, v): (&[HostRow], &[f32], &[f32], &[f32]), c: &ModelConfig, out: &mut [f32]) -> Result<(), ModelError> {
+fn attend(kv: &KvCache, l: usize, (rows, q, k, v): (&[HostRow], &[f32], &[f32], &[f32]), c: &ModelConfig, out: &mut [f32]) -> Result<(), EngineError> {
     let (pool, buffer, local) = kv.layer_host(l);
     let host = pool.host.as_ref().ok_or_else(|| ModelError::Format("the KV pool is not in CPU memory".into()))?;
     let view = PoolView {

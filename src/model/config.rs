@@ -139,19 +139,6 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
-    /// What the KV cache needs of the model: its pool shape and identity.
-    pub fn kv_shape(&self) -> crate::kv::KvShape {
-        let local_layers = (0..self.n_layers).filter(|&l| self.layer_window(l).is_some()).fold(0u64, |m, l| m | 1 << l);
-        crate::kv::KvShape {
-            n_layers: self.n_layers,
-            n_kv_heads: self.n_kv_heads,
-            head_dim: self.head_dim,
-            fingerprint: self.fingerprint,
-            window: self.sliding_window.unwrap_or(0),
-            local_layers,
-        }
-    }
-
     /// The window of layer `l`'s attention: Some(w) for a local layer, None for a global one.
     pub fn layer_window(&self, l: u32) -> Option<u32> {
         let p = self.window_pattern.max(1);

@@ -1,24 +1,20 @@
-//! The llama model: configuration from GGUF metadata, weights uploaded once and kept quantized,
-//! the forward graph ([`graph`]) and what runs rows through it ([`runner`]).
+//! The model, whichever backend runs it: its hyper-parameters and features read from GGUF
+//! metadata ([`config`]), what one forward step asks of a backend ([`step`]), and the float64
+//! oracle the backends are tested against ([`reference`]). Nothing here knows a GPU or a CPU
+//! kernel: the backends (`src/webgpu/`, `src/cpu/`) read this and run it.
 
 pub mod config;
-pub mod graph;
 #[cfg(feature = "testing")]
 pub mod reference;
-pub mod runner;
-pub mod weights;
+pub mod step;
 
 pub use config::{Activation, Architecture, ModelConfig, RopePairing};
-pub use graph::{AttentionKind, Choose, Feed, ForwardGraph, Logits, PendingStep, RowOutput, StepRow};
-pub use runner::{GraphBudget, Model, Runner};
-pub use weights::Weights;
+pub use step::{Choose, Logits, RowOutput, StepRow};
 
-use crate::gguf::GgufError;
-use crate::gpu::GpuError;
-use crate::kv::KvError;
+use crate::gguf::{GgmlType, Gguf, GgufError};
 
-/// Errors of the model layer. A wrapped error is shown as itself (`transparent`) or as a prefix
-/// plus its text, never also as a `source()`, so an error chain says each message once.
+/// Errors of the model layer: a file pagedlm cannot read or run. A wrapped error is shown as a
+/// prefix plus its text, never also as a `source()`, so an error chain says each message once.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error("not a usable GGUF file: {0}")]
@@ -27,14 +23,24 @@ pub enum ModelError {
     Format(String),
     #[error("pagedlm does not support {0}")]
     Unsupported(String),
-    #[error(transparent)]
-    Gpu(#[from] GpuError),
-    #[error(transparent)]
-    Kv(#[from] KvError),
 }
 
 impl From<GgufError> for ModelError {
     fn from(e: GgufError) -> ModelError {
         ModelError::Gguf(e)
+    }
+}
+
+/// Refuses a file holding a tensor of a type pagedlm does not compute with, naming the first one,
+/// before any weight is loaded.
+pub fn check_types(gguf: &Gguf<'_>) -> Result<(), ModelError> {
+    match gguf.tensors.iter().find(|t| !t.ggml_type.is_supported()) {
+        Some(t) => Err(ModelError::Unsupported(format!(
+            "tensor {} has type {}; pagedlm computes with {}",
+            t.name,
+            t.ggml_type.name(),
+            GgmlType::SUPPORTED.map(|t| t.name()).join(", ")
+        ))),
+        None => Ok(()),
     }
 }

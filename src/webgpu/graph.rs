@@ -59,21 +59,15 @@ use crate::gpu::ops::qkv_heads::QkNorm;
 use crate::gpu::ops::matmul::{Epilogue, Input, MatmulConfig, QuantMatrix};
 use crate::gpu::ops::norm::NormOut;
 use crate::gpu::ops::sample::{self, SampleBuffers};
-use crate::sampler::{RowParams, SampleShape};
 use crate::gpu::ops::{act, argmax, embed, matmul, norm, qkv_heads};
 use crate::gpu::{Context, Kernel, Recorder};
+use crate::backend::{Choice, StepRows};
+use crate::error::EngineError;
 use crate::kv::KvCache;
+use crate::model::{Choose, Logits, ModelConfig, ModelError, RopePairing, RowOutput, StepRow};
+use crate::sampler::{RowParams, SampleShape};
 
-use super::{ModelConfig, ModelError, RopePairing, Weights};
-
-/// What a step reads back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Logits {
-    /// Only the argmax token of each logit row.
-    Argmax,
-    /// The argmax and the full logits of each logit row.
-    Full,
-}
+use super::Weights;
 
 /// Which attention a graph runs: see the module documentation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -82,25 +76,6 @@ pub enum AttentionKind {
     Sequence,
     /// Rows of any sequences.
     Batch,
-}
-
-/// One row of a step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StepRow {
-    /// The token, or [`StepRow::FED`].
-    pub token: u32,
-    /// Absolute position in its sequence.
-    pub position: u32,
-    /// The sequence's row in the block-table buffer ([`KvCache::table_base`]).
-    pub table_base: u32,
-    /// The sequence's index (`SeqId.0`): its entry in a step's [`Feed`].
-    pub slot: u32,
-}
-
-impl StepRow {
-    /// The token is the one the sequence's last step produced, still on the GPU (in the
-    /// [`Feed`]): consecutive decode steps need no round trip through the CPU.
-    pub const FED: u32 = u32::MAX;
 }
 
 /// The tokens steps hand to each other on the GPU: `[n_slots] u32`, entry `slot` the token
@@ -114,17 +89,6 @@ pub struct Feed<'a> {
     pub tokens: &'a wgpu::Buffer,
     pub history: &'a wgpu::Buffer,
     pub history_capacity: u32,
-}
-
-/// How a step chooses its logit rows' tokens.
-#[derive(Clone, Copy, Debug)]
-pub enum Choose<'a> {
-    /// The argmax of every row (greedy without a penalty).
-    Argmax,
-    /// On the GPU with [`crate::gpu::ops::sample`], one [`RowParams`] per logit row (rings of
-    /// the step's [`Feed`]), and the token masks of its [`RowParams::MASKED`] rows: (logit row
-    /// index, `ceil(vocab / 32)` words).
-    Sample(&'a [RowParams], &'a [(u32, &'a [u32])]),
 }
 
 /// A submitted step whose outputs are still on their way back ([`ForwardGraph::submit`]);
@@ -143,7 +107,7 @@ pub struct PendingStep {
 impl PendingStep {
     /// Waits for the step and returns, for each logit row, its argmax and (with
     /// [`Logits::Full`]) its logits.
-    pub async fn read(self, ctx: &Context) -> Result<Vec<RowOutput>, ModelError> {
+    pub async fn read(self, ctx: &Context) -> Result<Vec<RowOutput>, EngineError> {
         let bytes = self.mapping.bytes(ctx).await?;
         self.free.lock().unwrap_or_else(|p| p.into_inner()).push(self.staging);
         if self.none_asked {
@@ -156,9 +120,6 @@ impl PendingStep {
         Ok(ids.iter().enumerate().map(|(k, &id)| (id, logits.map(|l| l[k * vocab..(k + 1) * vocab].to_vec()))).collect())
     }
 }
-
-/// What one logit row of a step gives: its argmax and, with [`Logits::Full`], its logits.
-pub type RowOutput = (u32, Option<Vec<f32>>);
 
 enum Node {
     Kernel(Kernel),
@@ -280,7 +241,7 @@ impl Activations {
 
     /// The matmul over `w` reading the f32 `x` (attn or act, `w.cols` wide): with int8
     /// activations, a quantize dispatch into `xq` first.
-    fn quantized_matmul(&self, ctx: &Context, w: &QuantMatrix, (x, xq, y): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer), n: u32, epilogue: Epilogue) -> Result<Vec<Kernel>, ModelError> {
+    fn quantized_matmul(&self, ctx: &Context, w: &QuantMatrix, (x, xq, y): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer), n: u32, epilogue: Epilogue) -> Result<Vec<Kernel>, EngineError> {
         if !w.reads_int8(&self.matmul) {
             return Ok(matmul::matmul_input(ctx, w, (Input::F32(x), y), n, self.matmul, epilogue)?);
         }
@@ -346,7 +307,7 @@ impl ForwardGraph {
         kind: AttentionKind,
         max_rows: u32,
         max_logits: u32,
-    ) -> Result<ForwardGraph, ModelError> {
+    ) -> Result<ForwardGraph, EngineError> {
         let (graph, bytes) = Context::tally(|| Self::build_uncounted(ctx, model, kv, kind, max_rows, max_logits));
         let graph = graph?;
         graph.bytes.store(bytes, Ordering::Relaxed);
@@ -372,9 +333,9 @@ impl ForwardGraph {
         kind: AttentionKind,
         max_rows: u32,
         max_logits: u32,
-    ) -> Result<ForwardGraph, ModelError> {
+    ) -> Result<ForwardGraph, EngineError> {
         if max_rows == 0 || max_logits == 0 || max_logits > max_rows {
-            return Err(ModelError::Format(format!("a step of {max_rows} rows cannot give {max_logits} logit rows")));
+            return Err(ModelError::Format(format!("a step of {max_rows} rows cannot give {max_logits} logit rows")).into());
         }
         let (n, rows, f) = (max_rows as u64, max_logits as u64, 4u64);
         let ids = ctx.storage_zeroed("graph.ids", n * 4);
@@ -437,7 +398,7 @@ impl ForwardGraph {
         kv: &KvCache,
         (a, attention): (&Activations, &AttentionBuilder),
         l: usize,
-    ) -> Result<(), ModelError> {
+    ) -> Result<(), EngineError> {
         let (n, hidden, lw) = (self.max_rows, cfg.hidden, &weights.layers[l]);
         // The layer's window and its block group's size (local layers hold fewer blocks).
         let window = cfg.layer_window(l as u32).unwrap_or(0);
@@ -474,7 +435,7 @@ impl ForwardGraph {
         // The matmul's input is (f32 x, its int8 blocks); `next` the next norm's weight and the
         // matrix its output feeds (whose types say whether it writes f32, int8 or both).
         type Next<'w> = Option<(&'w wgpu::Buffer, &'w matmul::QuantMatrix)>;
-        let residual = |nodes: &mut Vec<Node>, w: &matmul::QuantMatrix, input: (&wgpu::Buffer, &wgpu::Buffer), post: Option<&wgpu::Buffer>, next: Next<'_>| -> Result<(), ModelError> {
+        let residual = |nodes: &mut Vec<Node>, w: &matmul::QuantMatrix, input: (&wgpu::Buffer, &wgpu::Buffer), post: Option<&wgpu::Buffer>, next: Next<'_>| -> Result<(), EngineError> {
             let (x, xq) = input;
             match post {
                 None => {
@@ -509,13 +470,13 @@ impl ForwardGraph {
     /// Checks `rows` and `logit_rows` against the graph's contract: 1..=max_rows rows (exactly
     /// max_rows, all of one sequence at consecutive positions, for [`AttentionKind::Sequence`]),
     /// at most max_logits logit rows, each an index into `rows`.
-    fn check(&self, rows: &[StepRow], logit_rows: &[u32], feed: Option<&Feed<'_>>) -> Result<(), ModelError> {
+    fn check(&self, rows: &[StepRow], logit_rows: &[u32], feed: Option<&Feed<'_>>) -> Result<(), EngineError> {
         let n = rows.len();
         let slots = feed.map_or(0, |f| f.tokens.size() / 4);
         if let Some(r) = rows.iter().find(|r| (r.token == StepRow::FED || feed.is_some()) && r.slot as u64 >= slots) {
-            return Err(ModelError::Format(format!("row of slot {} (token {}) needs a feed of more than {slots} entries", r.slot, r.token)));
+            return Err(ModelError::Format(format!("row of slot {} (token {}) needs a feed of more than {slots} entries", r.slot, r.token)).into());
         }
-        let bad = |what: String| Err(ModelError::Format(format!("a {:?} graph of {} rows and {} logit rows {what}", self.kind, self.max_rows, self.max_logits)));
+        let bad = |what: String| Err(ModelError::Format(format!("a {:?} graph of {} rows and {} logit rows {what}", self.kind, self.max_rows, self.max_logits)).into());
         if n == 0 || n > self.max_rows as usize || logit_rows.len() > self.max_logits as usize {
             return bad(format!("was given {n} rows and {} logit rows", logit_rows.len()));
         }
@@ -532,7 +493,7 @@ impl ForwardGraph {
     }
 
     /// Writes a step's inputs and sizes the attention dispatches for it (`rows` checked).
-    fn prepare(&mut self, ctx: &Context, rows: &[StepRow]) -> Result<(), ModelError> {
+    fn prepare(&mut self, ctx: &Context, rows: &[StepRow]) -> Result<(), EngineError> {
         let pad = self.max_rows as usize - rows.len();
         let column = |f: fn(&StepRow) -> u32, fill: u32| -> Vec<u32> { rows.iter().map(f).chain(std::iter::repeat_n(fill, pad)).collect() };
         ctx.queue.write_buffer(&self.ids, 0, bytemuck::cast_slice(&column(|r| r.token, 0)));
@@ -570,7 +531,7 @@ impl ForwardGraph {
     }
 
     /// Builds the sampling head over `feed`'s rings at its first use.
-    fn build_sampler(&mut self, ctx: &Context, feed: &Feed<'_>) -> Result<(), ModelError> {
+    fn build_sampler(&mut self, ctx: &Context, feed: &Feed<'_>) -> Result<(), EngineError> {
         if self.sampler.is_none() {
             let (sampler, bytes) = Context::tally(|| self.sampler_kernels(ctx, feed));
             self.sampler = Some(sampler?);
@@ -580,7 +541,7 @@ impl ForwardGraph {
     }
 
     /// The sampling head's kernels, the [max_logits] RowParams and the masks they read.
-    fn sampler_kernels(&self, ctx: &Context, feed: &Feed<'_>) -> Result<(Vec<Kernel>, wgpu::Buffer, wgpu::Buffer), ModelError> {
+    fn sampler_kernels(&self, ctx: &Context, feed: &Feed<'_>) -> Result<(Vec<Kernel>, wgpu::Buffer, wgpu::Buffer), EngineError> {
         let params = ctx.storage_zeroed("graph.sample_params", self.max_logits as u64 * std::mem::size_of::<RowParams>() as u64);
         let n_rings = (feed.tokens.size() / 4) as u32;
         let shape = SampleShape { n_rows: self.max_logits, vocab: self.vocab, history_capacity: feed.history_capacity, n_rings, out_offset: 0, out_stride: 1 };
@@ -602,7 +563,7 @@ impl ForwardGraph {
     /// Runs one step over `rows` and returns, for each index in `logit_rows`, the argmax and,
     /// with [`Logits::Full`], the logits predicting the next position. With no logit rows
     /// (a prefill chunk that does not end its prompt) nothing is read but the step's end.
-    pub async fn run(&mut self, ctx: &Context, rows: &[StepRow], logit_rows: &[u32], read: Logits) -> Result<Vec<RowOutput>, ModelError> {
+    pub async fn run(&mut self, ctx: &Context, rows: &[StepRow], logit_rows: &[u32], read: Logits) -> Result<Vec<RowOutput>, EngineError> {
         self.submit(ctx, (rows, logit_rows), (read, Choose::Argmax), None)?.read(ctx).await
     }
 
@@ -614,10 +575,10 @@ impl ForwardGraph {
     pub fn submit(
         &mut self,
         ctx: &Context,
-        (rows, logit_rows): (&[StepRow], &[u32]),
-        (read, choose): (Logits, Choose<'_>),
+        (rows, logit_rows): StepRows<'_>,
+        (read, choose): Choice<'_>,
         feed: Option<&Feed<'_>>,
-    ) -> Result<PendingStep, ModelError> {
+    ) -> Result<PendingStep, EngineError> {
         self.check(rows, logit_rows, feed)?;
         self.check_choice(ctx, logit_rows, choose, feed)?;
         let rec = self.record_forward(ctx, (rows, logit_rows), feed)?;
@@ -628,7 +589,7 @@ impl ForwardGraph {
     /// up to its logits. Its tokens are chosen by [`ForwardGraph::submit_choice`] with the same
     /// rows, which must come before anything else is submitted on this graph (the logits are
     /// the step's until then): a constrained row's mask can be computed while this runs.
-    pub fn submit_forward(&mut self, ctx: &Context, (rows, logit_rows): (&[StepRow], &[u32]), feed: Option<&Feed<'_>>) -> Result<(), ModelError> {
+    pub fn submit_forward(&mut self, ctx: &Context, (rows, logit_rows): StepRows<'_>, feed: Option<&Feed<'_>>) -> Result<(), EngineError> {
         self.check(rows, logit_rows, feed)?;
         self.record_forward(ctx, (rows, logit_rows), feed)?.submit();
         Ok(())
@@ -639,10 +600,10 @@ impl ForwardGraph {
     pub fn submit_choice(
         &mut self,
         ctx: &Context,
-        (rows, logit_rows): (&[StepRow], &[u32]),
-        (read, choose): (Logits, Choose<'_>),
+        (rows, logit_rows): StepRows<'_>,
+        (read, choose): Choice<'_>,
         feed: Option<&Feed<'_>>,
-    ) -> Result<PendingStep, ModelError> {
+    ) -> Result<PendingStep, EngineError> {
         self.check(rows, logit_rows, feed)?;
         self.check_choice(ctx, logit_rows, choose, feed)?;
         let rec = Recorder::new(ctx, "step.choice");
@@ -651,21 +612,21 @@ impl ForwardGraph {
 
     /// Checks a sampled step's parameters and masks against its logit rows and builds the
     /// sampler at its first use.
-    fn check_choice(&mut self, ctx: &Context, logit_rows: &[u32], choose: Choose<'_>, feed: Option<&Feed<'_>>) -> Result<(), ModelError> {
+    fn check_choice(&mut self, ctx: &Context, logit_rows: &[u32], choose: Choose<'_>, feed: Option<&Feed<'_>>) -> Result<(), EngineError> {
         let Choose::Sample(params, masks) = choose else { return Ok(()) };
         match feed {
             Some(feed) if params.len() == logit_rows.len() => self.build_sampler(ctx, feed)?,
-            _ => return Err(ModelError::Format(format!("a sampled step needs a feed and one RowParams per logit row ({} for {})", params.len(), logit_rows.len()))),
+            _ => return Err(ModelError::Format(format!("a sampled step needs a feed and one RowParams per logit row ({} for {})", params.len(), logit_rows.len())).into()),
         }
         let words = self.vocab.div_ceil(32) as usize;
         if let Some((k, m)) = masks.iter().find(|(k, m)| *k as usize >= params.len() || m.len() != words) {
-            return Err(ModelError::Format(format!("a token mask of {} words for logit row {k} (a step of {} rows, masks of {words} words)", m.len(), params.len())));
+            return Err(ModelError::Format(format!("a token mask of {} words for logit row {k} (a step of {} rows, masks of {words} words)", m.len(), params.len())).into());
         }
         Ok(())
     }
 
     /// Records a step's inputs, its layers and its head (`rows` checked).
-    fn record_forward<'c>(&mut self, ctx: &'c Context, (rows, logit_rows): (&[StepRow], &[u32]), feed: Option<&Feed<'_>>) -> Result<Recorder<'c>, ModelError> {
+    fn record_forward<'c>(&mut self, ctx: &'c Context, (rows, logit_rows): StepRows<'_>, feed: Option<&Feed<'_>>) -> Result<Recorder<'c>, EngineError> {
         self.prepare(ctx, rows)?;
         // The head needs a row: with none asked for, the last one stands in and is not returned.
         let stand_in = [rows.len() as u32 - 1];
@@ -692,7 +653,7 @@ impl ForwardGraph {
     /// Records the choice of a step's tokens (the argmax, or the sampler with its parameters and
     /// masks written), their hand-over to the feed and their readback, after the head on `rec`,
     /// and submits it (`choose` checked by [`ForwardGraph::check_choice`]).
-    fn record_choice(&self, ctx: &Context, mut rec: Recorder<'_>, (rows, logit_rows): (&[StepRow], &[u32]), (read, choose): (Logits, Choose<'_>), feed: Option<&Feed<'_>>) -> PendingStep {
+    fn record_choice(&self, ctx: &Context, mut rec: Recorder<'_>, (rows, logit_rows): StepRows<'_>, (read, choose): Choice<'_>, feed: Option<&Feed<'_>>) -> PendingStep {
         // With no logit rows the stand-in's argmax is read (the step's end), not returned.
         let (m, read) = if logit_rows.is_empty() { (1, Logits::Argmax) } else { (logit_rows.len() as u64, read) };
         match (choose, feed, self.sampler.as_ref()) {
@@ -732,7 +693,7 @@ impl ForwardGraph {
     /// after each), and returns each dispatch's kernel name and host-clock time in milliseconds,
     /// in order: the per-kernel profile of a device without timestamp queries (each time
     /// includes a submit and a wait). The results of the step are discarded.
-    pub async fn profile(&mut self, ctx: &Context, rows: &[StepRow]) -> Result<Vec<(&'static str, f64)>, ModelError> {
+    pub async fn profile(&mut self, ctx: &Context, rows: &[StepRow]) -> Result<Vec<(&'static str, f64)>, EngineError> {
         self.check(rows, &[], None)?;
         self.prepare(ctx, rows)?;
         let mut times = Vec::with_capacity(self.dispatch_count());
@@ -830,7 +791,7 @@ impl AttentionBuilder {
     /// One layer's attention over `pool` (the builder's, with the layer's window); with `fresh`
     /// (the layer's rope) it ropes and writes the heads where it can
     /// ([`Attention::appending_heads`], [`AttentionBatch::appending_heads`]).
-    fn layer(&self, ctx: &Context, b: &LayerBuffers<'_>, pool: &PoolShape, rows: u32, fresh: Option<(f32, RopePairing)>) -> Result<LayerAttention, ModelError> {
+    fn layer(&self, ctx: &Context, b: &LayerBuffers<'_>, pool: &PoolShape, rows: u32, fresh: Option<(f32, RopePairing)>) -> Result<LayerAttention, EngineError> {
         Ok(match self {
             AttentionBuilder::Sequence(_) => {
                 let buffers = AttentionBuffers { qkv: b.qkv, pool: b.pool, positions: b.positions, step: b.step, out: b.out };

@@ -6,7 +6,8 @@ use crate::gguf::{GgmlType, Gguf};
 use crate::gpu::ops::matmul::QuantMatrix;
 use crate::gpu::Context;
 
-use super::{ModelConfig, ModelError};
+use crate::error::EngineError;
+use crate::model::{ModelConfig, ModelError};
 
 pub struct LayerWeights {
     /// [hidden] f32
@@ -41,43 +42,29 @@ pub struct Weights {
 }
 
 /// A matrix tensor: its bytes and type, after checking its dims are [cols, rows].
-fn matrix<'a>(gguf: &Gguf<'a>, name: &str, cols: u32, rows: u32) -> Result<(&'a [u8], GgmlType), ModelError> {
+fn matrix<'a>(gguf: &Gguf<'a>, name: &str, cols: u32, rows: u32) -> Result<(&'a [u8], GgmlType), EngineError> {
     let (info, data) = gguf.require_tensor(name, &GgmlType::SUPPORTED)?;
     if info.dims.as_slice() != [cols as u64, rows as u64] {
-        return Err(ModelError::Format(format!("{name} has dims {:?}, expected [{cols}, {rows}]", info.dims)));
+        return Err(ModelError::Format(format!("{name} has dims {:?}, expected [{cols}, {rows}]", info.dims)).into());
     }
     let (block, _) = info.ggml_type.block_size().unwrap_or((1, 1));
     if cols as u64 % block.max(32) != 0 {
-        return Err(ModelError::Format(format!("{name}: {cols} columns are not whole {} blocks", info.ggml_type.name())));
+        return Err(ModelError::Format(format!("{name}: {cols} columns are not whole {} blocks", info.ggml_type.name())).into());
     }
     Ok((data, info.ggml_type))
 }
 
-/// Refuses a file holding a tensor of a type pagedlm does not compute with, naming the first one,
-/// before any GPU memory is used.
-pub fn check_types(gguf: &Gguf<'_>) -> Result<(), ModelError> {
-    match gguf.tensors.iter().find(|t| !t.ggml_type.is_supported()) {
-        Some(t) => Err(ModelError::Unsupported(format!(
-            "tensor {} has type {}; pagedlm computes with {}",
-            t.name,
-            t.ggml_type.name(),
-            GgmlType::SUPPORTED.map(|t| t.name()).join(", ")
-        ))),
-        None => Ok(()),
-    }
-}
-
-fn norm(ctx: &Context, gguf: &Gguf<'_>, name: &str, dim: u32) -> Result<wgpu::Buffer, ModelError> {
+fn norm(ctx: &Context, gguf: &Gguf<'_>, name: &str, dim: u32) -> Result<wgpu::Buffer, EngineError> {
     norms(ctx, gguf, name, &[name], dim)
 }
 
 /// The norm weights `names` ([dim] f32 each) one after the other in one buffer.
-fn norms(ctx: &Context, gguf: &Gguf<'_>, label: &str, names: &[&str], dim: u32) -> Result<wgpu::Buffer, ModelError> {
+fn norms(ctx: &Context, gguf: &Gguf<'_>, label: &str, names: &[&str], dim: u32) -> Result<wgpu::Buffer, EngineError> {
     let mut bytes = Vec::with_capacity(names.len() * dim as usize * 4);
     for name in names {
         let (info, data) = gguf.require_tensor(name, &[GgmlType::F32])?;
         if info.dims.as_slice() != [dim as u64] {
-            return Err(ModelError::Format(format!("{name} has dims {:?}, expected [{dim}]", info.dims)));
+            return Err(ModelError::Format(format!("{name} has dims {:?}, expected [{dim}]", info.dims)).into());
         }
         bytes.extend_from_slice(data);
     }
@@ -86,7 +73,7 @@ fn norms(ctx: &Context, gguf: &Gguf<'_>, label: &str, names: &[&str], dim: u32) 
 
 /// Layer `l`'s gate and up projections (`p` names its tensors): interleaved when they can be,
 /// else stacked.
-fn gate_up(ctx: &Context, gguf: &Gguf<'_>, p: &dyn Fn(&str) -> String, cfg: &ModelConfig) -> Result<QuantMatrix, ModelError> {
+fn gate_up(ctx: &Context, gguf: &Gguf<'_>, p: &dyn Fn(&str) -> String, cfg: &ModelConfig) -> Result<QuantMatrix, EngineError> {
     let (gate, up) = (p("ffn_gate.weight"), p("ffn_up.weight"));
     let (g, gt) = matrix(gguf, &gate, cfg.hidden, cfg.ffn)?;
     let (u, ut) = matrix(gguf, &up, cfg.hidden, cfg.ffn)?;
@@ -102,7 +89,7 @@ fn stacked(
     label: &str,
     parts: &[(String, u32)],
     cols: u32,
-) -> Result<QuantMatrix, ModelError> {
+) -> Result<QuantMatrix, EngineError> {
     let mut raw = Vec::with_capacity(parts.len());
     for (name, rows) in parts {
         let (data, t) = matrix(gguf, name, cols, *rows)?;
@@ -112,8 +99,8 @@ fn stacked(
 }
 
 impl Weights {
-    pub fn upload(ctx: &Context, gguf: &Gguf<'_>, cfg: &ModelConfig) -> Result<Weights, ModelError> {
-        check_types(gguf)?;
+    pub fn upload(ctx: &Context, gguf: &Gguf<'_>, cfg: &ModelConfig) -> Result<Weights, EngineError> {
+        crate::model::check_types(gguf)?;
         let (embd, embd_kind) = matrix(gguf, "token_embd.weight", cfg.hidden, cfg.vocab)?;
         let token_embd = QuantMatrix::upload(ctx, "token_embd", embd_kind, embd, cfg.vocab, cfg.hidden)?;
         let output = match gguf.tensor("output.weight") {

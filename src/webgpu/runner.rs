@@ -1,6 +1,6 @@
 //! Runs rows through the model on the GPU: picks (and caches) the forward graph for a step's
-//! shape (the one-sequence paths outside the scheduler, prefill and decode, are the backends'
-//! own: `Backend::prefill` in `src/backend.rs`).
+//! shape, and holds what steps hand to each other on the GPU (the feed of tokens and the
+//! sampler's penalty rings).
 //!
 //! A step whose rows are consecutive positions of one sequence (a prefill chunk, or a lone
 //! decode token) takes a [`AttentionKind::Sequence`] graph built for exactly its row count,
@@ -10,12 +10,15 @@
 
 use std::collections::HashMap;
 
+use crate::backend::{Choice, LargestSteps, StepRows};
+use crate::error::EngineError;
 use crate::gpu::{Context, GpuError};
-use crate::kv::{KvCache, SeqId};
-
-use super::graph::{AttentionKind, Choose, Feed, ForwardGraph, Logits, PendingStep, StepRow};
+use crate::kv::KvCache;
+use crate::model::{ModelConfig, ModelError, StepRow};
 use crate::sampler::MAX_REPETITION_WINDOW;
-use super::{ModelConfig, ModelError, Weights};
+
+use super::graph::{AttentionKind, Feed, ForwardGraph, PendingStep};
+use super::Weights;
 
 /// The loaded model: its configuration and its weights on the device.
 pub struct Model {
@@ -36,7 +39,7 @@ impl GraphCache {
         GraphCache { kind, cap, graphs: HashMap::new() }
     }
 
-    fn get(&mut self, ctx: &Context, model: &Model, kv: &KvCache, rows: u32, logits: u32) -> Result<&mut ForwardGraph, ModelError> {
+    fn get(&mut self, ctx: &Context, model: &Model, kv: &KvCache, rows: u32, logits: u32) -> Result<&mut ForwardGraph, EngineError> {
         let key = (rows, logits);
         if !self.graphs.contains_key(&key) {
             if self.graphs.len() >= self.cap {
@@ -90,7 +93,7 @@ impl Graphs {
     /// graph that takes the caches past it makes them drop every other graph (the decode one
     /// stays unless it alone is too much), and one that is past it alone is refused as
     /// [`GpuError::OutOfMemory`].
-    fn get(&mut self, (ctx, model, kv): (&Context, &Model, &KvCache), rows: &[StepRow], n_logits: usize) -> Result<&mut ForwardGraph, ModelError> {
+    fn get(&mut self, (ctx, model, kv): (&Context, &Model, &KvCache), rows: &[StepRow], n_logits: usize) -> Result<&mut ForwardGraph, EngineError> {
         let first = rows[0];
         let one_sequence = rows.iter().enumerate().all(|(i, r)| r.table_base == first.table_base && r.position == first.position + i as u32);
         let n = rows.len() as u32;
@@ -119,7 +122,7 @@ impl Graphs {
     }
 
     /// Brings the graphs within `budget` after graph `key` of cache `which` was built.
-    fn fit(&mut self, which: usize, key: (u32, u32), budget: GraphBudget) -> Result<(), ModelError> {
+    fn fit(&mut self, which: usize, key: (u32, u32), budget: GraphBudget) -> Result<(), EngineError> {
         for drop_decode in [false, true] {
             if self.budget_bytes() <= budget.graphs {
                 return Ok(());
@@ -136,7 +139,7 @@ impl Graphs {
             return Ok(());
         }
         let need = self.cache(which).graphs.remove(&key).map_or(0, |g| g.budget_bytes());
-        Err(ModelError::Gpu(GpuError::OutOfMemory(format!(
+        Err(EngineError::Gpu(GpuError::OutOfMemory(format!(
             "a step of {} rows needs {need} bytes of activations, but the {}-byte memory cap leaves {} for them after the weights and the KV cache \
              (raise maxMemoryBytes, or lower prefillChunk/stepTokens)",
             key.0, budget.cap, budget.graphs
@@ -146,23 +149,20 @@ impl Graphs {
 
 /// Owns the forward graphs of one engine.
 pub struct Runner {
-    /// Most rows of one prefill pass outside the scheduler ([`Runner::prefill`]).
+    /// Most rows of one prefill pass outside the scheduler.
     prefill_chunk: u32,
     graphs: Graphs,
     /// The tokens steps hand to each other on the GPU, one per sequence slot ([`Feed`]).
     feed: wgpu::Buffer,
     /// The sampler's penalty windows: a ring of [`MAX_REPETITION_WINDOW`] tokens per slot.
     history: wgpu::Buffer,
-    /// The step whose forward pass is submitted and whose tokens are not chosen yet
-    /// ([`Runner::submit_forward`]): its rows and logit rows.
-    open: Option<(Vec<StepRow>, Vec<u32>)>,
 }
 
 impl Runner {
     /// `max_seqs`: the KV cache's sequence slots (the rows' `slot`s are below it).
-    pub fn new(ctx: &Context, prefill_chunk: u32, max_seqs: u32) -> Result<Runner, ModelError> {
+    pub fn new(ctx: &Context, prefill_chunk: u32, max_seqs: u32) -> Result<Runner, EngineError> {
         if prefill_chunk == 0 {
-            return Err(ModelError::Format("prefill_chunk must be at least 1".into()));
+            return Err(ModelError::Format("prefill_chunk must be at least 1".into()).into());
         }
         Ok(Runner {
             prefill_chunk,
@@ -174,7 +174,6 @@ impl Runner {
             },
             feed: ctx.storage_zeroed("runner.feed", max_seqs as u64 * 4),
             history: ctx.storage_zeroed("runner.history", max_seqs as u64 * MAX_REPETITION_WINDOW as u64 * 4),
-            open: None,
         })
     }
 
@@ -199,7 +198,8 @@ impl Runner {
     /// chunk of `chunk_rows` rows, and (when `batch` sequences may run together) a batch step of
     /// `step_rows` rows with `batch` logit rows. With a memory cap, the engine measures them this
     /// way to size its KV pool.
-    pub fn build_largest(&mut self, ctx: &Context, model: &Model, kv: &KvCache, chunk_rows: u32, step_rows: u32, batch: u32) -> Result<(), ModelError> {
+    pub fn build_largest(&mut self, ctx: &Context, model: &Model, kv: &KvCache, steps: LargestSteps) -> Result<(), EngineError> {
+        let LargestSteps { chunk_rows, step_rows, batch } = steps;
         let row = |i: u32, table_base: u32| StepRow { token: 0, position: i, table_base, slot: 0 };
         let mut shapes: Vec<(Vec<StepRow>, usize)> = vec![(vec![row(0, 0)], 1), ((0..chunk_rows.max(1)).map(|i| row(i, 0)).collect(), 1)];
         if batch > 1 {
@@ -212,58 +212,31 @@ impl Runner {
         Ok(())
     }
 
-    /// Submits one step over `rows` (their K/V slots already appended to their sequences),
-    /// without waiting: the step is on the GPU when this returns and its
-    /// outputs come through the [`PendingStep`]. Rows may be [`StepRow::FED`]: their token is
-    /// the last one their sequence's earlier steps produced, handed over on the GPU. With
-    /// [`Choose::Sample`] the logit rows' tokens are sampled on the GPU, each row's penalty window
-    /// in its slot's ring (of [`MAX_REPETITION_WINDOW`] tokens).
-    pub fn submit(
-        &mut self,
-        ctx: &Context,
-        model: &Model,
-        kv: &KvCache,
-        (rows, logit_rows): (&[StepRow], &[u32]),
-        (read, choose): (Logits, Choose<'_>),
-    ) -> Result<PendingStep, ModelError> {
-        self.check_closed(rows)?;
+    /// The graph of `step`'s shape (built on first use) and the feed and rings it reads and
+    /// writes on the GPU.
+    fn graph_for(&mut self, (ctx, model, kv): (&Context, &Model, &KvCache), step: StepRows<'_>) -> Result<(&mut ForwardGraph, Feed<'_>), EngineError> {
         let feed = Feed { tokens: &self.feed, history: &self.history, history_capacity: MAX_REPETITION_WINDOW };
-        let graph = self.graphs.get((ctx, model, kv), rows, logit_rows.len())?;
-        graph.submit(ctx, (rows, logit_rows), (read, choose), Some(&feed))
+        let graph = self.graphs.get((ctx, model, kv), step.0, step.1.len())?;
+        Ok((graph, feed))
     }
 
-    /// [`Runner::submit`] in two halves: this submits the step's forward pass, and
-    /// [`Runner::submit_choice`] (the next step submitted, nothing in between) chooses its
-    /// tokens. Between the two the CPU can work out what the choice needs (a constrained row's
-    /// mask, from the token of the step before) while the GPU runs the forward pass.
-    pub fn submit_forward(&mut self, ctx: &Context, model: &Model, kv: &KvCache, (rows, logit_rows): (&[StepRow], &[u32])) -> Result<(), ModelError> {
-        self.check_closed(rows)?;
-        let feed = Feed { tokens: &self.feed, history: &self.history, history_capacity: MAX_REPETITION_WINDOW };
-        let graph = self.graphs.get((ctx, model, kv), rows, logit_rows.len())?;
-        graph.submit_forward(ctx, (rows, logit_rows), Some(&feed))?;
-        self.open = Some((rows.to_vec(), logit_rows.to_vec()));
-        Ok(())
+    /// Submits one step (`Backend::submit` in `src/backend.rs`) on the graph of its shape.
+    pub fn submit(&mut self, at: (&Context, &Model, &KvCache), step: StepRows<'_>, how: Choice<'_>) -> Result<PendingStep, EngineError> {
+        let (graph, feed) = self.graph_for(at, step)?;
+        graph.submit(at.0, step, how, Some(&feed))
     }
 
-    /// Chooses the tokens of the step [`Runner::submit_forward`] submitted and queues them for
-    /// reading, as [`Runner::submit`] would have.
-    pub fn submit_choice(&mut self, ctx: &Context, model: &Model, kv: &KvCache, (read, choose): (Logits, Choose<'_>)) -> Result<PendingStep, ModelError> {
-        let (rows, logit_rows) = self.open.take().ok_or_else(|| ModelError::Format("no step's forward pass waits for its choice".into()))?;
-        let feed = Feed { tokens: &self.feed, history: &self.history, history_capacity: MAX_REPETITION_WINDOW };
-        let graph = self.graphs.get((ctx, model, kv), &rows, logit_rows.len())?;
-        graph.submit_choice(ctx, (&rows, &logit_rows), (read, choose), Some(&feed))
+    /// The forward pass of a step alone (`Backend::submit_forward`).
+    pub fn submit_forward(&mut self, at: (&Context, &Model, &KvCache), step: StepRows<'_>) -> Result<(), EngineError> {
+        let (graph, feed) = self.graph_for(at, step)?;
+        graph.submit_forward(at.0, step, Some(&feed))
     }
 
-    /// A step needs rows, and none may be submitted while one waits for its choice (the graphs'
-    /// logits and the feed are that step's until then).
-    fn check_closed(&self, rows: &[StepRow]) -> Result<(), ModelError> {
-        if rows.is_empty() {
-            return Err(ModelError::Format("a step needs at least one row".into()));
-        }
-        if self.open.is_some() {
-            return Err(ModelError::Format("a step was submitted while another waits for its choice".into()));
-        }
-        Ok(())
+    /// Chooses the tokens of the step [`Runner::submit_forward`] submitted with these rows and
+    /// queues them for reading (`Backend::submit_choice`).
+    pub fn submit_choice(&mut self, at: (&Context, &Model, &KvCache), step: StepRows<'_>, how: Choice<'_>) -> Result<PendingStep, EngineError> {
+        let (graph, feed) = self.graph_for(at, step)?;
+        graph.submit_choice(at.0, step, how, Some(&feed))
     }
 
     /// Most rows of one prefill pass outside the scheduler.
@@ -271,12 +244,11 @@ impl Runner {
         self.prefill_chunk
     }
 
-    /// Writes `tokens` (at most [`MAX_REPETITION_WINDOW`], oldest first) as the penalty ring of
-    /// sequence slot `slot`, from the ring's start: a step sampling for it then names the ring
-    /// with head and length `tokens.len()` (queued, so steps already submitted keep their view).
-    pub fn write_history(&self, ctx: &Context, slot: u32, tokens: &[u32]) -> Result<(), ModelError> {
+    /// Writes slot `slot`'s penalty ring (`Backend::write_history`), queued behind the steps
+    /// already submitted.
+    pub fn write_history(&self, ctx: &Context, slot: u32, tokens: &[u32]) -> Result<(), EngineError> {
         if tokens.len() > MAX_REPETITION_WINDOW as usize || slot as u64 >= self.feed.size() / 4 {
-            return Err(ModelError::Format(format!("a penalty ring of {} tokens for slot {slot}", tokens.len())));
+            return Err(ModelError::Format(format!("a penalty ring of {} tokens for slot {slot}", tokens.len())).into());
         }
         if !tokens.is_empty() {
             ctx.queue.write_buffer(&self.history, slot as u64 * MAX_REPETITION_WINDOW as u64 * 4, bytemuck::cast_slice(tokens));
@@ -284,23 +256,14 @@ impl Runner {
         Ok(())
     }
 
-    /// Host-clock times of every dispatch (see [`ForwardGraph::profile`]) of the steps that
-    /// [`Runner::prefill`] (or, for one row, [`Runner::decode`]) runs over `rows`: consecutive
-    /// positions of one sequence whose K/V slots are appended, in chunks of `prefill_chunk`,
-    /// each on the graph its step takes. For devices without timestamp queries; the K/V the
-    /// steps write are the values already there.
-    pub async fn time_kernels(&mut self, ctx: &Context, model: &Model, kv: &KvCache, rows: &[StepRow]) -> Result<Vec<(&'static str, f64)>, ModelError> {
+    /// Host-clock times of every dispatch (see [`ForwardGraph::profile`]) of the prefill steps
+    /// over `rows` (`Backend::time_kernels`), each on the graph its step takes.
+    pub async fn time_kernels(&mut self, ctx: &Context, model: &Model, kv: &KvCache, rows: &[StepRow]) -> Result<Vec<(&'static str, f64)>, EngineError> {
         let mut times = Vec::new();
         for piece in rows.chunks(self.prefill_chunk as usize) {
             let graph = self.graphs.get((ctx, model, kv), piece, 1)?;
             times.extend(graph.profile(ctx, piece).await?);
         }
         Ok(times)
-    }
-
-    /// The rows of positions `start..start + len` of `seq` (their slots appended), with `tokens`.
-    pub fn rows_of(kv: &KvCache, seq: SeqId, tokens: &[u32], start: u32) -> Vec<StepRow> {
-        let table_base = kv.table_base(seq);
-        tokens.iter().enumerate().map(|(i, &token)| StepRow { token, position: start + i as u32, table_base, slot: seq.0 }).collect()
     }
 }
