@@ -12,6 +12,8 @@
 //! - ids 259..: one token per merge of [`SYNTH_MERGES`], in order, when `vocab` asks for more.
 
 use crate::gguf::{tensor_size_bytes, GgmlType, GgufError, MetaValue, DEFAULT_ALIGNMENT, MAX_STRING_LEN};
+use crate::model::arch::{Dims, Shape};
+use crate::model::{Architecture, Role};
 use crate::quant::quantize;
 use crate::rng::Rng;
 
@@ -354,7 +356,6 @@ pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
     cfg.validate()?;
     let mut rng = Rng::new(cfg.seed);
     let hd = cfg.head_dim();
-    let (hidden, ffn, q_dim, kv_dim) = (cfg.hidden as u64, cfg.ffn as u64, (cfg.n_heads * hd) as u64, (cfg.n_kv_heads * hd) as u64);
     let u32_meta = |v: usize| MetaValue::U32(v as u32);
 
     let linear = cfg.types.linear;
@@ -407,46 +408,37 @@ pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
         w.add_meta(key, value)?;
     }
 
-    // [ne0 = fan_in, ne1 = fan_out] matrices, random normal scaled by gain / sqrt(fan_in).
-    let matrix = |rng: &mut Rng, fan_in: u64, fan_out: u64, gain: f32| -> Vec<f32> {
-        let std = gain / (fan_in as f32).sqrt();
-        (0..fan_in * fan_out).map(|_| rng.normal() * std).collect()
+    // Every tensor the architecture's table lists but an optional one (the output projection:
+    // tied), in the table's order. Matrices [ne0 = fan_in, ne1 = fan_out] are random normal
+    // scaled by gain / sqrt(fan_in); norms are 1 ± 0.1.
+    let description = if cfg.gemma.is_some() { Architecture::Gemma3 } else { Architecture::Llama }.description();
+    let dims = Dims {
+        n_layers: cfg.n_layers as u32,
+        hidden: cfg.hidden as u32,
+        ffn: cfg.ffn as u32,
+        n_heads: cfg.n_heads as u32,
+        n_kv_heads: cfg.n_kv_heads as u32,
+        head_dim: hd as u32,
+        vocab: cfg.vocab as u32,
     };
-    let norm_of = |rng: &mut Rng, dim: u64| -> Vec<u8> {
-        let v: Vec<f32> = (0..dim).map(|_| 1.0 + 0.1 * rng.normal()).collect();
-        bytemuck::cast_slice(&v).to_vec()
-    };
-    let norm = |rng: &mut Rng| norm_of(rng, hidden);
-    // Tied output: logits = h·E with |h| ≈ sqrt(hidden), so gain 2 gives logits of std ≈ 2.
-    let embd = matrix(&mut rng, hidden, cfg.vocab as u64, 2.0);
-    w.add_tensor("token_embd.weight", &[hidden, cfg.vocab as u64], cfg.types.embedding, encode(cfg.types.embedding, &embd)?)?;
-    for layer in 0..cfg.n_layers {
-        let name = |t: &str| format!("blk.{layer}.{t}.weight");
-        // The real file's order within a block.
-        w.add_tensor(name("attn_norm"), &[hidden], GgmlType::F32, norm(&mut rng))?;
-        let down = matrix(&mut rng, ffn, hidden, 0.5);
-        w.add_tensor(name("ffn_down"), &[ffn, hidden], linear, encode(linear, &down)?)?;
-        for t in ["ffn_gate", "ffn_up"] {
-            let m = matrix(&mut rng, hidden, ffn, 1.0);
-            w.add_tensor(name(t), &[hidden, ffn], linear, encode(linear, &m)?)?;
-        }
-        w.add_tensor(name("ffn_norm"), &[hidden], GgmlType::F32, norm(&mut rng))?;
-        let k = matrix(&mut rng, hidden, kv_dim, 1.0);
-        w.add_tensor(name("attn_k"), &[hidden, kv_dim], linear, encode(linear, &k)?)?;
-        let o = matrix(&mut rng, q_dim, hidden, 0.5);
-        w.add_tensor(name("attn_output"), &[q_dim, hidden], linear, encode(linear, &o)?)?;
-        let q = matrix(&mut rng, hidden, q_dim, 1.0);
-        w.add_tensor(name("attn_q"), &[hidden, q_dim], linear, encode(linear, &q)?)?;
-        let v = matrix(&mut rng, hidden, kv_dim, 1.0);
-        w.add_tensor(name("attn_v"), &[hidden, kv_dim], linear, encode(linear, &v)?)?;
-        if cfg.gemma.is_some() {
-            w.add_tensor(name("attn_q_norm"), &[hd as u64], GgmlType::F32, norm_of(&mut rng, hd as u64))?;
-            w.add_tensor(name("attn_k_norm"), &[hd as u64], GgmlType::F32, norm_of(&mut rng, hd as u64))?;
-            w.add_tensor(name("post_attention_norm"), &[hidden], GgmlType::F32, norm(&mut rng))?;
-            w.add_tensor(name("post_ffw_norm"), &[hidden], GgmlType::F32, norm(&mut rng))?;
-        }
+    for t in description.tensors(&dims).tensors.into_iter().filter(|t| !t.optional) {
+        let (ggml_type, values) = match t.shape {
+            Shape::Vector(len) => (GgmlType::F32, (0..len).map(|_| 1.0 + 0.1 * rng.normal()).collect::<Vec<f32>>()),
+            Shape::Matrix { cols, rows } => {
+                // Tied output: logits = h·E with |h| ≈ sqrt(hidden), so gain 2 gives logits of
+                // std ≈ 2; the projections into the residual stream are damped.
+                let gain = match t.role {
+                    Role::TokenEmbd => 2.0,
+                    Role::FfnDown | Role::AttnOutput => 0.5,
+                    _ => 1.0,
+                };
+                let std = gain / (cols as f32).sqrt();
+                let ty = if t.role == Role::TokenEmbd { cfg.types.embedding } else { linear };
+                (ty, (0..cols as u64 * rows as u64).map(|_| rng.normal() * std).collect())
+            }
+        };
+        w.add_tensor(t.name, &t.shape.dims(), ggml_type, encode(ggml_type, &values)?)?;
     }
-    w.add_tensor("output_norm.weight", &[hidden], GgmlType::F32, norm(&mut rng))?;
     Ok(w.to_bytes())
 }
 

@@ -1,12 +1,12 @@
-//! The forward pass on the CPU: the graph of [`crate::model::graph`] (llama and Gemma 3, every
-//! feature of [`ModelConfig`]) over the rows of one step, with the K/V in a KV cache in CPU
-//! memory ([`KvCache::new_host`]). Rows may be consecutive positions of one sequence (a prefill
-//! chunk) or rows of many sequences (a batched step): each row reads its own sequence's block
-//! table, so one code path serves both.
+//! The forward pass on the CPU: the model's layer plan ([`crate::model::Plan`]) interpreted op by
+//! op over the rows of one step, with the K/V in a KV cache in CPU memory
+//! ([`KvCache::new_host`]). Rows may be consecutive positions of one sequence (a prefill chunk)
+//! or rows of many sequences (a batched step): each row reads its own sequence's block table,
+//! so one code path serves both.
 
 use crate::error::EngineError;
 use crate::kv::{KvCache, SeqId};
-use crate::model::{ModelConfig, ModelError};
+use crate::model::{ModelConfig, ModelError, Op, Proj};
 use crate::quant::kv_int8::Int8Layout;
 
 use super::kernels::{self, AttnRow, PoolView, QMatrix};
@@ -21,13 +21,63 @@ pub struct HostRow {
     pub seq: SeqId,
 }
 
+/// The activations of a step's rows as they pass through a block (`[rows][width]` each).
+struct Rows {
+    /// The residual stream.
+    x: Vec<f32>,
+    /// A normed copy of x, and its int8 blocks when the matmuls take int8 activations.
+    h: Vec<f32>,
+    hq: Option<Int8Rows>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    /// The attention output.
+    att: Vec<f32>,
+    /// The FFN's gate values (then its activation) and up values.
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    /// What the next residual adds.
+    delta: Vec<f32>,
+}
+
 /// Runs `rows` (their K/V slots appended to their sequences in `kv`, tokens below the
-/// vocabulary) through the model, writing their K/V into `kv`'s pool, and returns the logits
-/// of the rows `logit_rows` names (indices into `rows`), `[logit_rows.len()][vocab]`.
+/// vocabulary) through the model's layer plan, writing their K/V into `kv`'s pool, and returns
+/// the logits of the rows `logit_rows` names (indices into `rows`), `[logit_rows.len()][vocab]`.
 pub fn forward(model: &HostModel, kv: &KvCache, rows: &[HostRow], logit_rows: &[u32]) -> Result<Vec<f32>, EngineError> {
     let c = &model.config;
-    let (n, hidden, hd) = (rows.len(), c.hidden as usize, c.head_dim as usize);
-    let (nq, nkv) = (c.n_heads as usize, c.n_kv_heads as usize);
+    let (n, hidden) = (rows.len(), c.hidden as usize);
+    check_step(c, kv, rows, logit_rows)?;
+    let plan = &model.plan;
+    let mut x = vec![0f32; n * hidden];
+    for (r, xr) in rows.iter().zip(x.chunks_mut(hidden)) {
+        model.embd.row_into(r.token as usize, xr);
+        if plan.embedding_scale != 1.0 {
+            xr.iter_mut().for_each(|v| *v *= plan.embedding_scale);
+        }
+    }
+    let (q_width, kv_width, ffn) = (c.q_width() as usize, (c.n_kv_heads * c.head_dim) as usize, c.ffn as usize);
+    let zeros = |width: usize| vec![0f32; n * width];
+    let mut a = Rows { x, h: zeros(hidden), hq: None, q: zeros(q_width), k: zeros(kv_width), v: zeros(kv_width), att: zeros(q_width), gate: zeros(ffn), up: zeros(ffn), delta: zeros(hidden) };
+    for (l, ops) in plan.layers.iter().enumerate() {
+        for op in ops {
+            run_op(model, (kv, l, rows), op, &mut a)?;
+        }
+    }
+    let (eps, m) = (plan.rms_eps, logit_rows.len());
+    let mut last = vec![0f32; m * hidden];
+    for (i, &r) in logit_rows.iter().enumerate() {
+        kernels::rms_norm(&a.x[r as usize * hidden..(r as usize + 1) * hidden], &model.output_norm, eps, &mut last[i * hidden..(i + 1) * hidden]);
+    }
+    let out_w = model.output.as_ref().unwrap_or(&model.embd);
+    let mut logits = vec![0f32; m * out_w.rows];
+    matmul(out_w, (&last, int8_rows(model, &last, m).as_ref()), m, &mut logits);
+    Ok(logits)
+}
+
+/// Refuses a step the forward pass cannot run: a KV cache on a GPU, a token outside the
+/// vocabulary, a logit row outside the step, a row past its sequence's appended slots.
+fn check_step(c: &ModelConfig, kv: &KvCache, rows: &[HostRow], logit_rows: &[u32]) -> Result<(), EngineError> {
+    let n = rows.len();
     if !kv.is_host() {
         return Err(ModelError::Format("the CPU forward pass needs a KV cache in CPU memory".into()).into());
     }
@@ -43,57 +93,64 @@ pub fn forward(model: &HostModel, kv: &KvCache, rows: &[HostRow], logit_rows: &[
             return Err(ModelError::Format(format!("row at position {} of a sequence of {len} appended slots", r.position)).into());
         }
     }
-    let eps = c.rms_eps;
-    let mut x = vec![0f32; n * hidden];
-    for (r, xr) in rows.iter().zip(x.chunks_mut(hidden)) {
-        model.embd.row_into(r.token as usize, xr);
-        if c.embedding_scale != 1.0 {
-            xr.iter_mut().for_each(|v| *v *= c.embedding_scale);
-        }
-    }
-    let (q_width, kv_width) = (nq * hd, nkv * hd);
-    let (mut h, mut q, mut k, mut v) = (vec![0f32; n * hidden], vec![0f32; n * q_width], vec![0f32; n * kv_width], vec![0f32; n * kv_width]);
-    let (mut att, mut o) = (vec![0f32; n * q_width], vec![0f32; n * hidden]);
-    let ffn = c.ffn as usize;
-    let (mut gate, mut up) = (vec![0f32; n * ffn], vec![0f32; n * ffn]);
-    for (l, layer) in model.layers.iter().enumerate() {
-        norm_rows(&x, &layer.attn_norm, eps, &mut h);
-        let hq = int8_rows(model, &h, n);
-        matmul(&layer.wq, (&h, hq.as_ref()), n, &mut q);
-        matmul(&layer.wk, (&h, hq.as_ref()), n, &mut k);
-        matmul(&layer.wv, (&h, hq.as_ref()), n, &mut v);
-        if let Some((qn, kn)) = &layer.qk_norm {
-            kernels::rms_norm_pieces(&mut q, qn, eps);
-            kernels::rms_norm_pieces(&mut k, kn, eps);
-        }
-        let rope = (c.layer_rope_base(l as u32), c.rope_pairing);
-        for (i, r) in rows.iter().enumerate() {
-            kernels::rope(&mut q[i * q_width..(i + 1) * q_width], hd, r.position, rope);
-            kernels::rope(&mut k[i * kv_width..(i + 1) * kv_width], hd, r.position, rope);
-        }
-        attend(kv, l, (rows, &q, &k, &v), c, &mut att)?;
-        matmul(&layer.wo, (&att, int8_rows(model, &att, n).as_ref()), n, &mut o);
-        residual(&mut x, &mut o, layer.post_attention_norm.as_deref(), eps);
+    Ok(())
+}
 
-        norm_rows(&x, &layer.ffn_norm, eps, &mut h);
-        let hq = int8_rows(model, &h, n);
-        matmul(&layer.gate, (&h, hq.as_ref()), n, &mut gate);
-        matmul(&layer.up, (&h, hq.as_ref()), n, &mut up);
-        for (g, u) in gate.iter_mut().zip(&up) {
-            *g = c.activation.apply(f64::from(*g)) as f32 * u;
+/// One op of layer `l`'s plan over the step's rows ([`crate::model::Op`]).
+fn run_op(model: &HostModel, (kv, l, rows): (&KvCache, usize, &[HostRow]), op: &Op, a: &mut Rows) -> Result<(), EngineError> {
+    let (c, layer, n) = (&model.config, &model.layers[l], rows.len());
+    let eps = model.plan.rms_eps;
+    match *op {
+        Op::Norm(role) => {
+            norm_rows(&a.x, layer.vector(role)?, eps, &mut a.h);
+            a.hq = int8_rows(model, &a.h, n);
         }
-        matmul(&layer.down, (&gate, int8_rows(model, &gate, n).as_ref()), n, &mut o);
-        residual(&mut x, &mut o, layer.post_ffw_norm.as_deref(), eps);
+        Op::Matmul { proj, weights } => {
+            // h was quantized by its norm; the attention output and the FFN activation here.
+            let quantized;
+            let (input, input_q, outputs): (&[f32], Option<&Int8Rows>, Vec<&mut Vec<f32>>) = match proj {
+                Proj::Qkv => (&a.h, a.hq.as_ref(), vec![&mut a.q, &mut a.k, &mut a.v]),
+                Proj::GateUp => (&a.h, a.hq.as_ref(), vec![&mut a.gate, &mut a.up]),
+                Proj::Out => {
+                    quantized = int8_rows(model, &a.att, n);
+                    (&a.att, quantized.as_ref(), vec![&mut a.delta])
+                }
+                Proj::Down => {
+                    quantized = int8_rows(model, &a.gate, n);
+                    (&a.gate, quantized.as_ref(), vec![&mut a.delta])
+                }
+            };
+            if outputs.len() != weights.len() {
+                return Err(ModelError::Unsupported(format!("on the CPU backend, the {proj:?} projection over {weights:?}")).into());
+            }
+            for (&role, out) in weights.iter().zip(outputs) {
+                matmul(layer.matrix(role)?, (input, input_q), n, out);
+            }
+        }
+        Op::HeadNorm { q, k } => {
+            kernels::rms_norm_pieces(&mut a.q, layer.vector(q)?, eps);
+            kernels::rms_norm_pieces(&mut a.k, layer.vector(k)?, eps);
+        }
+        Op::Rope(rope) => {
+            let hd = c.head_dim as usize;
+            if rope.dims != c.head_dim {
+                return Err(ModelError::Unsupported(format!("partial rotary embedding ({} of {hd} dimensions)", rope.dims)).into());
+            }
+            let (q_width, kv_width) = (a.q.len() / n, a.k.len() / n);
+            for (i, r) in rows.iter().enumerate() {
+                kernels::rope(&mut a.q[i * q_width..(i + 1) * q_width], hd, r.position, (rope.base, rope.pairing));
+                kernels::rope(&mut a.k[i * kv_width..(i + 1) * kv_width], hd, r.position, (rope.base, rope.pairing));
+            }
+        }
+        Op::Attention(attend) => attention(kv, l, (rows, &a.q, &a.k, &a.v), (c, attend.window), &mut a.att)?,
+        Op::Residual { post_norm } => residual(&mut a.x, &mut a.delta, post_norm.map(|role| layer.vector(role)).transpose()?, eps),
+        Op::Glu(activation) => {
+            for (g, u) in a.gate.iter_mut().zip(&a.up) {
+                *g = activation.apply(f64::from(*g)) as f32 * u;
+            }
+        }
     }
-    let m = logit_rows.len();
-    let mut last = vec![0f32; m * hidden];
-    for (i, &r) in logit_rows.iter().enumerate() {
-        kernels::rms_norm(&x[r as usize * hidden..(r as usize + 1) * hidden], &model.output_norm, eps, &mut last[i * hidden..(i + 1) * hidden]);
-    }
-    let out_w = model.output.as_ref().unwrap_or(&model.embd);
-    let mut logits = vec![0f32; m * out_w.rows];
-    matmul(out_w, (&last, int8_rows(model, &last, m).as_ref()), m, &mut logits);
-    Ok(logits)
+    Ok(())
 }
 
 /// The `n` rows of `x` quantized to int8 blocks once for the matmuls that read them, when the
@@ -132,8 +189,9 @@ fn residual(x: &mut [f32], delta: &mut [f32], post: Option<&[f32]>, eps: f32) {
     x.iter_mut().zip(delta.iter()).for_each(|(a, b)| *a += b);
 }
 
-/// Writes the rows' K/V into layer `l`'s pool, then runs their attention over it into `out`.
-fn attend(kv: &KvCache, l: usize, (rows, q, k, v): (&[HostRow], &[f32], &[f32], &[f32]), c: &ModelConfig, out: &mut [f32]) -> Result<(), EngineError> {
+/// Writes the rows' K/V into layer `l`'s pool, then runs their attention over it (over the last
+/// `window` positions of each row's sequence, where there is one) into `out`.
+fn attention(kv: &KvCache, l: usize, (rows, q, k, v): (&[HostRow], &[f32], &[f32], &[f32]), (c, window): (&ModelConfig, Option<u32>), out: &mut [f32]) -> Result<(), EngineError> {
     let (pool, buffer, local) = kv.layer_host(l);
     let host = pool.host.as_ref().ok_or_else(|| ModelError::Format("the KV pool is not in CPU memory".into()))?;
     let view = PoolView {
@@ -156,7 +214,6 @@ fn attend(kv: &KvCache, l: usize, (rows, q, k, v): (&[HostRow], &[f32], &[f32], 
             view.write(&mut v_words, at, &v[(i * nkv + h) * hd..(i * nkv + h + 1) * hd]);
         }
     }
-    let window = kv.window(l);
     let attn_rows: Vec<AttnRow<'_>> = rows
         .iter()
         .zip(&tables)

@@ -1,53 +1,11 @@
-//! The model's hyper-parameters, read from GGUF metadata. Nothing here is specific to SmolLM2:
+//! The model's hyper-parameters, read from GGUF metadata, and the features of its blocks, from
+//! its architecture's description ([`super::arch`]). Nothing here is specific to one model:
 //! every width, head count and constant comes from the file.
 
 use crate::gguf::{Gguf, MetaValue};
 
+use super::arch::{Architecture, Description, Role};
 use super::ModelError;
-
-/// The architectures pagedlm runs (`general.architecture`), and what each adds to the llama block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Architecture {
-    /// Pre-norm blocks, SwiGLU, NORM RoPE pairing (SmolLM2, Llama).
-    Llama,
-    /// Gemma 3: per-head q/k RMSNorm, norms after attention and after the FFN, GeGLU (tanh),
-    /// the embedding scaled by √hidden, NEOX RoPE pairing, five local (sliding-window) layers of
-    /// every six with their own RoPE base.
-    Gemma3,
-}
-
-impl Architecture {
-    fn from_name(name: &str) -> Option<Architecture> {
-        match name {
-            "llama" => Some(Architecture::Llama),
-            "gemma3" => Some(Architecture::Gemma3),
-            _ => None,
-        }
-    }
-
-    /// Whether pagedlm understands the `{arch}.` metadata key `key` (the part after the prefix)
-    /// for this architecture. Any other key under the prefix names a feature it does not
-    /// implement (RoPE scaling, soft-capping, experts...) and the file is refused with that key's
-    /// name rather than run wrongly.
-    fn knows_key(self, key: &str) -> bool {
-        const COMMON: &[&str] = &[
-            "block_count",
-            "context_length",
-            "embedding_length",
-            "feed_forward_length",
-            "attention.head_count",
-            "attention.head_count_kv",
-            "attention.layer_norm_rms_epsilon",
-            "attention.key_length",
-            "attention.value_length",
-            "rope.freq_base",
-            "rope.dimension_count",
-            "vocab_size",
-        ];
-        COMMON.contains(&key) || (self == Architecture::Gemma3 && key == "attention.sliding_window")
-    }
-}
 
 /// Which two dimensions of a head rotate together: a property of how the file's q/k weights
 /// were converted ([`ModelConfig::rope_pairing`]).
@@ -92,10 +50,28 @@ impl Activation {
     }
 }
 
-/// Gemma 3's fixed conventions (llama.cpp's `gemma3` model): every sixth layer (l % 6 == 5) is
-/// global, the others local; local layers use RoPE base 10,000 whatever `rope.freq_base` says.
-const GEMMA3_WINDOW_PATTERN: u32 = 6;
-const GEMMA3_LOCAL_ROPE_BASE: f32 = 10_000.0;
+/// The sizes and constants of a model, as its file's metadata gives them; the architecture's
+/// [`Description`] adds the features of its blocks ([`ModelConfig::new`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HyperParams {
+    pub n_layers: u32,
+    pub hidden: u32,
+    pub ffn: u32,
+    pub n_heads: u32,
+    pub n_kv_heads: u32,
+    /// `attention.key_length`; `None`: hidden / n_heads.
+    pub head_dim: Option<u32>,
+    /// `attention.value_length`, if given.
+    pub value_dim: Option<u32>,
+    /// `rope.dimension_count`, if given: the dimensions of a head RoPE rotates.
+    pub rope_dims: Option<u32>,
+    pub vocab: u32,
+    pub context_length: u32,
+    pub rope_base: f32,
+    pub rms_eps: f32,
+    /// `attention.sliding_window` where the architecture reads one (0: none).
+    pub sliding_window: Option<u32>,
+}
 
 /// A decoder-only model's shape and the features of its blocks, all from GGUF metadata.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -154,85 +130,54 @@ impl ModelConfig {
         }
     }
 
-    // Long: one read per metadata key, with its check next to it.
+    /// Reads the file's architecture and hyper-parameters (refusing metadata its description
+    /// does not know, by name) and makes the model's configuration ([`ModelConfig::new`]).
     pub fn from_gguf(gguf: &Gguf<'_>) -> Result<ModelConfig, ModelError> {
         let arch = gguf.get_str("general.architecture")?.to_string();
-        let architecture = Architecture::from_name(&arch).ok_or_else(|| {
-            ModelError::Unsupported(format!("architecture '{arch}': pagedlm runs the llama and gemma3 architectures"))
-        })?;
+        let architecture = Architecture::named(&arch)
+            .ok_or_else(|| ModelError::Unsupported(format!("architecture '{arch}': pagedlm runs the {} architectures", Architecture::names())))?;
+        let description = architecture.description();
         let prefix = format!("{arch}.");
-        if let Some((key, _)) = gguf.metadata.iter().find(|(k, _)| k.strip_prefix(&prefix).is_some_and(|rest| !architecture.knows_key(rest))) {
+        if let Some((key, _)) = gguf.metadata.iter().find(|(k, _)| k.strip_prefix(&prefix).is_some_and(|rest| !description.knows_key(rest))) {
             return Err(ModelError::Unsupported(format!("metadata key '{key}': a {arch} feature pagedlm does not implement")));
         }
-        let key = |k: &str| format!("{arch}.{k}");
-        let n_layers = gguf.get_u32(&key("block_count"))?;
-        let hidden = gguf.get_u32(&key("embedding_length"))?;
-        let ffn = gguf.get_u32(&key("feed_forward_length"))?;
-        let n_heads = gguf.get_u32(&key("attention.head_count"))?;
-        let n_kv_heads = match gguf.get(&key("attention.head_count_kv")) {
-            Some(_) => gguf.get_u32(&key("attention.head_count_kv"))?,
-            None => n_heads,
-        };
-        let context_length = gguf.get_u32(&key("context_length"))?;
-        let rope_base = match gguf.get(&key("rope.freq_base")) {
-            Some(_) => gguf.get_f32(&key("rope.freq_base"))?,
-            None => 10_000.0,
-        };
-        let rms_eps = gguf.get_f32(&key("attention.layer_norm_rms_epsilon"))?;
+        let params = HyperParams::from_gguf(gguf, description)?;
+        let name = gguf.get_str("general.name").unwrap_or("unnamed").to_string();
+        ModelConfig::new(description, params, name, fingerprint(gguf))
+    }
+
+    /// The configuration of a model of the architecture `description` with `params`: the
+    /// features of its blocks from the description, every size checked against what pagedlm
+    /// computes.
+    pub fn new(description: &Description, params: HyperParams, name: String, fingerprint: u64) -> Result<ModelConfig, ModelError> {
+        let HyperParams { n_layers, hidden, ffn, n_heads, n_kv_heads, head_dim, value_dim, rope_dims, vocab, context_length, rope_base, rms_eps, sliding_window } = params;
         if n_layers == 0 || hidden == 0 || ffn == 0 || n_heads == 0 || n_kv_heads == 0 {
             return Err(ModelError::Format("a layer count, width or head count is zero".into()));
         }
-        let head_dim = match gguf.get(&key("attention.key_length")) {
-            Some(_) => gguf.get_u32(&key("attention.key_length"))?,
+        let head_dim = match head_dim {
+            Some(d) => d,
             None if hidden % n_heads == 0 => hidden / n_heads,
             None => return Err(ModelError::Format(format!("embedding length {hidden} is not a multiple of the {n_heads} heads"))),
         };
-        if gguf.get(&key("attention.value_length")).is_some() {
-            let v = gguf.get_u32(&key("attention.value_length"))?;
-            if v != head_dim {
-                return Err(ModelError::Unsupported(format!("value length {v} differs from key length {head_dim}")));
-            }
+        if let Some(v) = value_dim.filter(|&v| v != head_dim) {
+            return Err(ModelError::Unsupported(format!("value length {v} differs from key length {head_dim}")));
         }
         if n_heads % n_kv_heads != 0 {
-            return Err(ModelError::Format(format!(
-                "{n_heads} query heads cannot be grouped over {n_kv_heads} KV heads"
-            )));
+            return Err(ModelError::Format(format!("{n_heads} query heads cannot be grouped over {n_kv_heads} KV heads")));
         }
         if head_dim % 4 != 0 || head_dim > 256 {
             return Err(ModelError::Unsupported(format!("head dimension {head_dim} (pagedlm needs a multiple of 4 up to 256)")));
         }
-        if gguf.get(&key("rope.dimension_count")).is_some() {
-            let rot = gguf.get_u32(&key("rope.dimension_count"))?;
-            if rot != head_dim {
-                return Err(ModelError::Unsupported(format!("partial rotary embedding ({rot} of {head_dim} dimensions)")));
-            }
+        if let Some(rot) = rope_dims.filter(|&rot| rot != head_dim) {
+            return Err(ModelError::Unsupported(format!("partial rotary embedding ({rot} of {head_dim} dimensions)")));
         }
-        let embd = gguf
-            .tensor("token_embd.weight")
-            .ok_or_else(|| ModelError::Format("the file has no token_embd.weight tensor".into()))?;
-        if embd.dims.len() != 2 || embd.dims[0] != hidden as u64 {
-            return Err(ModelError::Format(format!(
-                "token_embd.weight has dims {:?}, expected [{hidden}, vocab]",
-                embd.dims
-            )));
-        }
-        let vocab = u32::try_from(embd.dims[1]).map_err(|_| ModelError::Format("vocabulary too large".into()))?;
-        let name = gguf.get_str("general.name").unwrap_or("unnamed").to_string();
-        let gemma = architecture == Architecture::Gemma3;
-        let sliding_window = match (gemma, gguf.get(&key("attention.sliding_window"))) {
-            (true, Some(_)) => Some(gguf.get_u32(&key("attention.sliding_window"))?).filter(|&w| w > 0),
-            _ => None,
-        };
+        let sliding_window = sliding_window.filter(|&w| w > 0 && description.window.is_some());
         if sliding_window.is_some() && n_layers > 64 {
             return Err(ModelError::Unsupported(format!("{n_layers} layers with a sliding window (the KV cache marks local layers in 64 bits)")));
         }
-        if gemma && n_layers == 62 {
-            // llama.cpp scales Gemma 3 27B's queries by 1/√(hidden / n_heads), not 1/√head_dim.
-            return Err(ModelError::Unsupported("Gemma 3 27B's attention scale".into()));
-        }
-        Ok(ModelConfig {
-            arch,
-            architecture,
+        let config = ModelConfig {
+            arch: description.name.to_string(),
+            architecture: description.architecture,
             name,
             n_layers,
             hidden,
@@ -243,17 +188,21 @@ impl ModelConfig {
             vocab,
             context_length,
             rope_base,
-            rope_base_local: if gemma { GEMMA3_LOCAL_ROPE_BASE } else { rope_base },
-            rope_pairing: if gemma { RopePairing::Neox } else { RopePairing::Norm },
+            rope_base_local: description.window.map_or(rope_base, |w| w.local_rope_base),
+            rope_pairing: description.rope_pairing,
             rms_eps,
-            activation: if gemma { Activation::GeluTanh } else { Activation::Silu },
-            embedding_scale: if gemma { (hidden as f32).sqrt() } else { 1.0 },
-            qk_norm: gemma,
-            post_norms: gemma,
+            activation: description.activation,
+            embedding_scale: if description.scaled_embedding { (hidden as f32).sqrt() } else { 1.0 },
+            qk_norm: description.qk_norm,
+            post_norms: description.post_norms,
             sliding_window,
-            window_pattern: if gemma { GEMMA3_WINDOW_PATTERN } else { 1 },
-            fingerprint: fingerprint(gguf),
-        })
+            window_pattern: description.window.map_or(1, |w| w.pattern),
+            fingerprint,
+        };
+        match (description.refuse)(&config) {
+            Some(reason) => Err(ModelError::Unsupported(reason)),
+            None => Ok(config),
+        }
     }
 
     /// Floats in one fused q|k|v row.
@@ -264,6 +213,43 @@ impl ModelConfig {
     /// Floats in one attention output row.
     pub fn q_width(&self) -> u32 {
         self.n_heads * self.head_dim
+    }
+}
+
+impl HyperParams {
+    /// The hyper-parameters in `gguf`'s metadata (under the architecture's prefix) and the
+    /// vocabulary from its embedding's dims.
+    fn from_gguf(gguf: &Gguf<'_>, description: &Description) -> Result<HyperParams, ModelError> {
+        let key = |k: &str| format!("{}.{k}", description.name);
+        let optional_u32 = |k: &str| -> Result<Option<u32>, ModelError> {
+            Ok(match gguf.get(&key(k)) {
+                Some(_) => Some(gguf.get_u32(&key(k))?),
+                None => None,
+            })
+        };
+        let n_layers = gguf.get_u32(&key("block_count"))?;
+        let hidden = gguf.get_u32(&key("embedding_length"))?;
+        let ffn = gguf.get_u32(&key("feed_forward_length"))?;
+        let n_heads = gguf.get_u32(&key("attention.head_count"))?;
+        let n_kv_heads = optional_u32("attention.head_count_kv")?.unwrap_or(n_heads);
+        let context_length = gguf.get_u32(&key("context_length"))?;
+        let rope_base = match gguf.get(&key("rope.freq_base")) {
+            Some(_) => gguf.get_f32(&key("rope.freq_base"))?,
+            None => 10_000.0,
+        };
+        let rms_eps = gguf.get_f32(&key("attention.layer_norm_rms_epsilon"))?;
+        let (head_dim, value_dim, rope_dims) = (optional_u32("attention.key_length")?, optional_u32("attention.value_length")?, optional_u32("rope.dimension_count")?);
+        let embd_name = Role::TokenEmbd.name(None);
+        let embd = gguf.tensor(&embd_name).ok_or_else(|| ModelError::Format(format!("the file has no {embd_name} tensor")))?;
+        if embd.dims.len() != 2 || embd.dims[0] != hidden as u64 {
+            return Err(ModelError::Format(format!("{embd_name} has dims {:?}, expected [{hidden}, vocab]", embd.dims)));
+        }
+        let vocab = u32::try_from(embd.dims[1]).map_err(|_| ModelError::Format("vocabulary too large".into()))?;
+        let sliding_window = match description.window {
+            Some(_) => optional_u32("attention.sliding_window")?,
+            None => None,
+        };
+        Ok(HyperParams { n_layers, hidden, ffn, n_heads, n_kv_heads, head_dim, value_dim, rope_dims, vocab, context_length, rope_base, rms_eps, sliding_window })
     }
 }
 

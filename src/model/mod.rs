@@ -1,14 +1,17 @@
-//! The model, whichever backend runs it: its hyper-parameters and features read from GGUF
-//! metadata ([`config`]), what one forward step asks of a backend ([`step`]), and the float64
-//! oracle the backends are tested against ([`reference`]). Nothing here knows a GPU or a CPU
+//! The model, whichever backend runs it: the architectures' descriptions ([`arch`]: tensor
+//! table and layer plan), the hyper-parameters and features read from GGUF metadata
+//! ([`config`]), what one forward step asks of a backend ([`step`]), and the float64 oracle the
+//! backends are tested against ([`reference`]). Nothing here knows a GPU or a CPU
 //! kernel: the backends (`src/webgpu/`, `src/cpu/`) read this and run it.
 
+pub mod arch;
 pub mod config;
 #[cfg(feature = "testing")]
 pub mod reference;
 pub mod step;
 
-pub use config::{Activation, Architecture, ModelConfig, RopePairing};
+pub use arch::{Architecture, Description, Op, Plan, Proj, Role, TensorSpec, TensorTable};
+pub use config::{Activation, HyperParams, ModelConfig, RopePairing};
 pub use step::{Choose, Logits, RowOutput, StepRow};
 
 use crate::gguf::{GgmlType, Gguf, GgufError};

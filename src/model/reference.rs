@@ -16,7 +16,7 @@
 use crate::gguf::{GgmlType, Gguf};
 use crate::quant::dequantize;
 
-use super::RopePairing;
+use super::{Role, RopePairing, TensorTable};
 
 use super::{ModelConfig, ModelError};
 
@@ -224,13 +224,13 @@ fn attention(cfg: &ModelConfig, window: Option<u32>, q: &[Vec<f64>], k: &[Vec<f6
         .collect()
 }
 
-/// `x += delta`, through the post-norm `name` when the model has post-norms.
-fn residual(gguf: &Gguf<'_>, cfg: &ModelConfig, name: &str, x: &mut [Vec<f64>], delta: Vec<Vec<f64>>) -> Result<(), ModelError> {
+/// `x += delta`, through the post-norm `role` of layer `l` when the model has post-norms.
+fn residual(gguf: &Gguf<'_>, (cfg, table): (&ModelConfig, &TensorTable), (l, role): (u32, Role), x: &mut [Vec<f64>], delta: Vec<Vec<f64>>) -> Result<(), ModelError> {
     if !cfg.post_norms {
         add(x, &delta);
         return Ok(());
     }
-    let w = vector(gguf, name)?;
+    let w = vector(gguf, &table.spec(Some(l), role)?.name)?;
     let normed: Vec<Vec<f64>> = delta.iter().map(|d| rms_norm(d, &w, cfg.rms_eps as f64)).collect();
     add(x, &normed);
     Ok(())
@@ -238,20 +238,21 @@ fn residual(gguf: &Gguf<'_>, cfg: &ModelConfig, name: &str, x: &mut [Vec<f64>], 
 
 // Long: one block, step by step as the module documentation of graph.rs writes it.
 /// One block over every position of `x` (the residual stream), in place.
-fn layer(gguf: &Gguf<'_>, cfg: &ModelConfig, l: u32, x: &mut [Vec<f64>], act: Activations) -> Result<(), ModelError> {
+fn layer(gguf: &Gguf<'_>, (cfg, table): (&ModelConfig, &TensorTable), l: u32, x: &mut [Vec<f64>], act: Activations) -> Result<(), ModelError> {
     let (nq, nkv, hd) = (cfg.n_heads as usize, cfg.n_kv_heads as usize, cfg.head_dim as usize);
     let eps = cfg.rms_eps as f64;
     let rope_of = (cfg.layer_rope_base(l) as f64, cfg.rope_pairing);
-    let m = |s: &str| dequant(gguf, &format!("blk.{l}.{s}"));
-    let norm = |s: &str| vector(gguf, &format!("blk.{l}.{s}"));
+    let name = |role: Role| table.spec(Some(l), role).map(|t| t.name.as_str());
+    let m = |role: Role| dequant(gguf, name(role)?);
+    let norm = |role: Role| vector(gguf, name(role)?);
 
-    let attn_norm = norm("attn_norm.weight")?;
+    let attn_norm = norm(Role::AttnNorm)?;
     let h: Vec<Vec<f64>> = x.iter().map(|xt| rms_norm(xt, &attn_norm, eps)).collect();
-    let mut q = matmul(&m("attn_q.weight")?, &h, act);
-    let mut k = matmul(&m("attn_k.weight")?, &h, act);
-    let v = matmul(&m("attn_v.weight")?, &h, act);
+    let mut q = matmul(&m(Role::AttnQ)?, &h, act);
+    let mut k = matmul(&m(Role::AttnK)?, &h, act);
+    let v = matmul(&m(Role::AttnV)?, &h, act);
     if cfg.qk_norm {
-        let (qn, kn) = (norm("attn_q_norm.weight")?, norm("attn_k_norm.weight")?);
+        let (qn, kn) = (norm(Role::AttnQNorm)?, norm(Role::AttnKNorm)?);
         q.iter_mut().for_each(|qt| head_norm(qt, hd, &qn, eps));
         k.iter_mut().for_each(|kt| head_norm(kt, hd, &kn, eps));
     }
@@ -260,15 +261,15 @@ fn layer(gguf: &Gguf<'_>, cfg: &ModelConfig, l: u32, x: &mut [Vec<f64>], act: Ac
         rope(kt, (nkv, hd), pos, rope_of);
     }
     let att = attention(cfg, cfg.layer_window(l), &q, &k, &v);
-    residual(gguf, cfg, &format!("blk.{l}.post_attention_norm.weight"), x, matmul(&m("attn_output.weight")?, &att, act))?;
+    residual(gguf, (cfg, table), (l, Role::PostAttnNorm), x, matmul(&m(Role::AttnOutput)?, &att, act))?;
 
-    let ffn_norm = norm("ffn_norm.weight")?;
+    let ffn_norm = norm(Role::FfnNorm)?;
     let h: Vec<Vec<f64>> = x.iter().map(|xt| rms_norm(xt, &ffn_norm, eps)).collect();
-    let gate = matmul(&m("ffn_gate.weight")?, &h, act);
-    let up = matmul(&m("ffn_up.weight")?, &h, act);
+    let gate = matmul(&m(Role::FfnGate)?, &h, act);
+    let up = matmul(&m(Role::FfnUp)?, &h, act);
     let glu: Vec<Vec<f64>> =
         gate.iter().zip(&up).map(|(g, u)| g.iter().zip(u).map(|(g, u)| cfg.activation.apply(*g) * u).collect()).collect();
-    residual(gguf, cfg, &format!("blk.{l}.post_ffw_norm.weight"), x, matmul(&m("ffn_down.weight")?, &glu, act))?;
+    residual(gguf, (cfg, table), (l, Role::PostFfnNorm), x, matmul(&m(Role::FfnDown)?, &glu, act))?;
     Ok(())
 }
 
@@ -286,7 +287,9 @@ pub fn forward_cpu_from(gguf: &Gguf<'_>, cfg: &ModelConfig, ids: &[u32], first_l
 
 /// [`forward_cpu_from`] with the matmuls' [`Activations`] (those of the engine compared with).
 pub fn forward_cpu_with(gguf: &Gguf<'_>, cfg: &ModelConfig, ids: &[u32], first_logit: usize, act: Activations) -> Result<Vec<Vec<f32>>, ModelError> {
-    let embd = dequant(gguf, "token_embd.weight")?;
+    let table = cfg.tensors();
+    let name = |role: Role| table.spec(None, role).map(|t| t.name.as_str());
+    let embd = dequant(gguf, name(Role::TokenEmbd)?)?;
     if let Some(&id) = ids.iter().find(|&&id| id as usize >= embd.rows) {
         return Err(ModelError::Format(format!("token {id} is outside the embedding's {} rows", embd.rows)));
     }
@@ -294,10 +297,11 @@ pub fn forward_cpu_with(gguf: &Gguf<'_>, cfg: &ModelConfig, ids: &[u32], first_l
     let scale = cfg.embedding_scale;
     let mut x: Vec<Vec<f64>> = ids.iter().map(|&t| embd.row(t as usize).iter().map(|&v| f64::from(v * scale)).collect()).collect();
     for l in 0..cfg.n_layers {
-        layer(gguf, cfg, l, &mut x, act)?;
+        layer(gguf, (cfg, &table), l, &mut x, act)?;
     }
-    let out_norm = vector(gguf, "output_norm.weight")?;
+    let out_norm = vector(gguf, name(Role::OutputNorm)?)?;
     let h: Vec<Vec<f64>> = x[first_logit.min(x.len())..].iter().map(|xt| rms_norm(xt, &out_norm, cfg.rms_eps as f64)).collect();
-    let out_w = if gguf.tensor("output.weight").is_some() { dequant(gguf, "output.weight")? } else { embd };
+    let output = table.spec(None, Role::Output)?;
+    let out_w = if output.present_in(gguf) { dequant(gguf, &output.name)? } else { embd };
     Ok(matmul(&out_w, &h, act).into_iter().map(|row| row.into_iter().map(|v| v as f32).collect()).collect())
 }

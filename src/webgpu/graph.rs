@@ -52,21 +52,19 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::gpu::ops::attention::{Attention, AttentionBatch, AttentionBuffers, BatchBuffers, BatchPlan, BatchRow, BatchStep};
-use crate::gpu::ops::kv_write::KvWriteBuffers;
-use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
-use crate::gpu::ops::qkv_heads::QkNorm;
-use crate::gpu::ops::matmul::{Epilogue, Input, MatmulConfig, QuantMatrix};
-use crate::gpu::ops::norm::NormOut;
-use crate::gpu::ops::sample::{self, SampleBuffers};
-use crate::gpu::ops::{act, argmax, embed, matmul, norm, qkv_heads};
-use crate::gpu::{Context, Kernel, Recorder};
 use crate::backend::{Choice, StepRows};
 use crate::error::EngineError;
+use crate::gpu::ops::attention::BatchRow;
+use crate::gpu::ops::matmul::{Epilogue, Input, MatmulConfig};
+use crate::gpu::ops::norm::NormOut;
+use crate::gpu::ops::sample::{self, SampleBuffers};
+use crate::gpu::ops::{argmax, embed, matmul, norm};
+use crate::gpu::{Context, Kernel, Recorder};
 use crate::kv::KvCache;
-use crate::model::{Choose, Logits, ModelConfig, ModelError, RopePairing, RowOutput, StepRow};
+use crate::model::{Choose, Logits, ModelConfig, ModelError, Op, Proj, RowOutput, StepRow};
 use crate::sampler::{RowParams, SampleShape};
 
+use super::plan::{Activations, AttentionBuilder, AttentionNode, LayerAttention, Layers, Node, NodeKernels};
 use super::Weights;
 
 /// Which attention a graph runs: see the module documentation.
@@ -118,137 +116,6 @@ impl PendingStep {
         let vocab = self.vocab;
         let logits: Option<&[f32]> = self.full.then(|| bytemuck::cast_slice(&bytes[m * 4..]));
         Ok(ids.iter().enumerate().map(|(k, &id)| (id, logits.map(|l| l[k * vocab..(k + 1) * vocab].to_vec()))).collect())
-    }
-}
-
-enum Node {
-    Kernel(Kernel),
-    Kernels(Vec<Kernel>),
-    /// Index into `ForwardGraph::attention`.
-    Attention(usize),
-}
-
-enum LayerAttention {
-    Sequence(Attention),
-    Batch(AttentionBatch),
-}
-
-impl LayerAttention {
-    fn kernels(&self) -> &[Kernel] {
-        match self {
-            LayerAttention::Sequence(a) => a.kernels(),
-            LayerAttention::Batch(a) => a.kernels(),
-        }
-    }
-}
-
-/// A layer's qkv_heads kernel and its attention, which may do the heads' work itself.
-struct AttentionNode {
-    heads: Kernel,
-    attention: LayerAttention,
-}
-
-/// The dispatches of one node of a step: a kernel, then a run of kernels.
-type NodeKernels<'a> = std::iter::Chain<std::option::IntoIter<&'a Kernel>, std::slice::Iter<'a, Kernel>>;
-
-impl AttentionNode {
-    /// The step's dispatches: qkv_heads, unless attention ropes and writes the heads itself at
-    /// this step ([`Attention::fuses_heads`]), then attention's.
-    fn kernels(&self) -> NodeKernels<'_> {
-        let fused = match &self.attention {
-            LayerAttention::Sequence(a) => a.fuses_heads(),
-            LayerAttention::Batch(a) => a.fuses_heads(),
-        };
-        (!fused).then_some(&self.heads).into_iter().chain(self.attention.kernels())
-    }
-}
-
-/// The activation buffers of a graph, `rows` rows each.
-struct Activations {
-    x: wgpu::Buffer,
-    h: wgpu::Buffer,
-    qkv: wgpu::Buffer,
-    attn: wgpu::Buffer,
-    /// The stacked gate/up matmul's output (a placeholder when every layer's is gated).
-    gate_up: wgpu::Buffer,
-    act: wgpu::Buffer,
-    /// The post-norms' output (models with `post_norms` only; else a placeholder).
-    post: wgpu::Buffer,
-    /// h, attn and act as int8 blocks for matmuls with int8 activations (placeholders without):
-    /// h quantized by the norm that writes it, attn and act by a quantize dispatch of their own.
-    hq: wgpu::Buffer,
-    attn_q: wgpu::Buffer,
-    act_q: wgpu::Buffer,
-    /// The matmuls' kernel variant for this many rows.
-    matmul: MatmulConfig,
-    /// The pre-norms before the qkv and gate/up matmuls run in their prologue where they read f32
-    /// ([`matmul::norm_prologue_pays`]).
-    prologue: bool,
-}
-
-impl Activations {
-    /// `gated`: every layer's FFN activation runs in its gate/up matmul (no `gate_up` needed).
-    fn new(ctx: &Context, cfg: &ModelConfig, rows: u32, gated: bool) -> Activations {
-        let (f, n) = (4u64, rows as u64);
-        let matmul = MatmulConfig::for_device(ctx, rows);
-        let int8 = |label, cols| ctx.storage_zeroed(label, if matmul.int8_activations { matmul::int8_bytes(rows, cols) } else { 48 });
-        Activations {
-            x: ctx.storage_zeroed("graph.x", n * cfg.hidden as u64 * f),
-            h: ctx.storage_zeroed("graph.h", n * cfg.hidden as u64 * f),
-            qkv: ctx.storage_zeroed("graph.qkv", n * cfg.qkv_width() as u64 * f),
-            attn: ctx.storage_zeroed("graph.attn", n * cfg.q_width() as u64 * f),
-            gate_up: ctx.storage_zeroed("graph.gate_up", if gated { 4 } else { n * 2 * cfg.ffn as u64 * f }),
-            act: ctx.storage_zeroed("graph.act", n * cfg.ffn as u64 * f),
-            post: ctx.storage_zeroed("graph.post", if cfg.post_norms { n * cfg.hidden as u64 * f } else { 4 }),
-            hq: int8("graph.hq", cfg.hidden),
-            attn_q: int8("graph.attn_q", cfg.q_width()),
-            act_q: int8("graph.act_q", cfg.ffn),
-            prologue: matmul::norm_prologue_pays(ctx, &matmul),
-            matmul,
-        }
-    }
-
-    /// What a norm writing h for the matmul over `w` writes: f32 rows where some part of `w`
-    /// reads them, int8 blocks where some part takes int8 activations.
-    fn h_out(&self, w: &QuantMatrix) -> NormOut<'_> {
-        NormOut { f32: w.needs_f32(&self.matmul).then_some(&self.h), int8: w.reads_int8(&self.matmul).then_some(&self.hq) }
-    }
-
-    /// The input of the matmul over `w` reading h (as [`Activations::h_out`] wrote it).
-    fn h_in(&self, w: &QuantMatrix) -> Input<'_> {
-        match self.h_out(w) {
-            NormOut { int8: Some(q), f32, .. } => Input::Int8 { q, f32 },
-            _ => Input::F32(&self.h),
-        }
-    }
-
-    /// Whether the matmul over `w` takes a pre-norm of x in its prologue ([`Input::Norm`]) rather
-    /// than h from a norm dispatch: where that pays on this adapter and it reads f32 activations
-    /// (a norm that quantizes stays a dispatch of its own).
-    fn normalizes(&self, w: &QuantMatrix) -> bool {
-        self.prologue && !w.reads_int8(&self.matmul)
-    }
-
-    /// The input of the matmul over `w` after the pre-norm `rms_norm(x) · weight`: x normalized in
-    /// its prologue, or h (which a norm dispatch then writes: see [`Activations::normalizes`]).
-    fn normed_in<'b>(&'b self, w: &QuantMatrix, weight: &'b wgpu::Buffer, eps: f32) -> Input<'b> {
-        if self.normalizes(w) {
-            Input::Norm { x: &self.x, weight, eps }
-        } else {
-            self.h_in(w)
-        }
-    }
-
-    /// The matmul over `w` reading the f32 `x` (attn or act, `w.cols` wide): with int8
-    /// activations, a quantize dispatch into `xq` first.
-    fn quantized_matmul(&self, ctx: &Context, w: &QuantMatrix, (x, xq, y): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer), n: u32, epilogue: Epilogue) -> Result<Vec<Kernel>, EngineError> {
-        if !w.reads_int8(&self.matmul) {
-            return Ok(matmul::matmul_input(ctx, w, (Input::F32(x), y), n, self.matmul, epilogue)?);
-        }
-        let mut kernels = vec![matmul::quantize(ctx, x, xq, n, w.cols)?];
-        let f32 = w.needs_f32(&self.matmul).then_some(x);
-        kernels.extend(matmul::matmul_input(ctx, w, (Input::Int8 { q: xq, f32 }, y), n, self.matmul, epilogue)?);
-        Ok(kernels)
     }
 }
 
@@ -341,7 +208,10 @@ impl ForwardGraph {
         let ids = ctx.storage_zeroed("graph.ids", n * 4);
         let positions = ctx.storage_zeroed("graph.positions", n * 4);
         let row_tables = ctx.storage_zeroed("graph.row_tables", n * 4);
-        let a = Activations::new(ctx, cfg, max_rows, weights.layers.iter().all(|l| l.w_gate_up.gated));
+        let plan = cfg.plan();
+        let gated = weights.layers.iter().all(|l| l.matrix(Proj::GateUp).is_ok_and(|m| m.gated));
+        let post = plan.layers.iter().flatten().any(|op| matches!(op, Op::Residual { post_norm: Some(_) }));
+        let a = Activations::new(ctx, cfg, max_rows, (gated, post));
         let x_last = ctx.storage_zeroed("graph.x_last", rows * cfg.hidden as u64 * f);
         let h_last = ctx.storage_zeroed("graph.h_last", rows * cfg.hidden as u64 * f);
         // The head's norm quantizes for the output matmul as a layer's norm does for its matmuls.
@@ -365,9 +235,9 @@ impl ForwardGraph {
             hidden: cfg.hidden,
             staging: Arc::new(Mutex::new(Vec::new())),
             staging_bytes: rows * 4 + rows * cfg.vocab as u64 * f,
-            layers: vec![Node::Kernels(embed::embedding(ctx, &weights.token_embd, (&ids, &a.x), max_rows, cfg.embedding_scale)?)],
+            layers: vec![Node::Kernels(embed::embedding(ctx, &weights.token_embd, (&ids, &a.x), max_rows, plan.embedding_scale)?)],
             head: vec![
-                Node::Kernel(norm::rms_norm_to(ctx, &x_last, &weights.output_norm, head_out, max_logits, cfg.hidden, cfg.rms_eps)?),
+                Node::Kernel(norm::rms_norm_to(ctx, &x_last, &weights.output_norm, head_out, max_logits, cfg.hidden, plan.rms_eps)?),
                 Node::Kernels(matmul::matmul_input(ctx, lm_head, (head_in, &logits), max_logits, head, Epilogue::Store)?),
             ],
             argmax: argmax::argmax(ctx, &logits, &argmax_out, max_logits, cfg.vocab)?,
@@ -384,87 +254,11 @@ impl ForwardGraph {
             argmax_out,
             logits,
         };
-        for l in 0..cfg.n_layers as usize {
-            graph.push_layer(ctx, (cfg, weights), kv, (&a, &attention), l)?;
-        }
+        let layers = Layers { ctx, cfg, weights, kv, a: &a, attention: &attention, positions: &graph.positions, row_tables: &graph.row_tables, step: &graph.step, n: max_rows };
+        let built = layers.build(&plan)?;
+        graph.layers.extend(built.nodes);
+        graph.attention = built.attention;
         Ok(graph)
-    }
-
-    /// The nodes of layer `l` (see the module documentation).
-    fn push_layer(
-        &mut self,
-        ctx: &Context,
-        (cfg, weights): (&ModelConfig, &Weights),
-        kv: &KvCache,
-        (a, attention): (&Activations, &AttentionBuilder),
-        l: usize,
-    ) -> Result<(), EngineError> {
-        let (n, hidden, lw) = (self.max_rows, cfg.hidden, &weights.layers[l]);
-        // The layer's window and its block group's size (local layers hold fewer blocks).
-        let window = cfg.layer_window(l as u32).unwrap_or(0);
-        let pool = PoolShape { window, n_blocks: kv.layer_blocks(l), ..*attention.pool() };
-        let pool = &pool;
-        let nodes = &mut self.layers;
-        // The pre-norm is the qkv matmul's prologue, except where it quantizes (a dispatch of its
-        // own, here in the first layer and at the end of the layer before in the others) and in
-        // post-normed layers after the first (Gemma 3), whose pre-norm rode on the residual of
-        // the layer before (residual_norm).
-        let post = lw.post_norms.as_ref();
-        let qkv_in = if l > 0 && post.is_some() { a.h_in(&lw.wqkv) } else { a.normed_in(&lw.wqkv, &lw.attn_norm, cfg.rms_eps) };
-        if l == 0 && !a.normalizes(&lw.wqkv) {
-            nodes.push(Node::Kernel(norm::rms_norm_to(ctx, &a.x, &lw.attn_norm, a.h_out(&lw.wqkv), n, hidden, cfg.rms_eps)?));
-        }
-        nodes.push(Node::Kernels(matmul::matmul_input(ctx, &lw.wqkv, (qkv_in, &a.qkv), n, a.matmul, Epilogue::Store)?));
-        // One kernel for the q/k norms, RoPE and the KV write. The pool's dtype picks its
-        // variant: INT8 quantizes here and is dequantized inside attention.
-        let qk_norm = lw.qk_norm.as_ref().map(|weights| QkNorm { weights, eps: cfg.rms_eps });
-        let rope_of = (cfg.layer_rope_base(l as u32), cfg.rope_pairing);
-        let pool_buffers = kv.layer_buffers(l);
-        let write = KvWriteBuffers { qkv: &a.qkv, pool: pool_buffers, positions: &self.positions, row_tables: &self.row_tables };
-        let heads = qkv_heads::qkv_heads(ctx, &write, qk_norm, pool, n, rope_of)?;
-        // Decode attention does the heads' work itself where it can (not with head norms): one
-        // dispatch fewer per layer.
-        let fresh = qk_norm.is_none().then_some(rope_of);
-        let layer = LayerBuffers { qkv: &a.qkv, pool: pool_buffers, positions: &self.positions, step: &self.step, out: &a.attn };
-        self.attention.push(AttentionNode { heads, attention: attention.layer(ctx, &layer, pool, n, fresh)? });
-        let nodes = &mut self.layers;
-        nodes.push(Node::Attention(self.attention.len() - 1));
-        // The residual adds ride on the matmuls that produce them (their accumulating epilogue);
-        // a post-normed residual (Gemma 3) is one kernel with the next pre-norm.
-        let last = l + 1 == cfg.n_layers as usize;
-        // The matmul's input is (f32 x, its int8 blocks); `next` the next norm's weight and the
-        // matrix its output feeds (whose types say whether it writes f32, int8 or both).
-        type Next<'w> = Option<(&'w wgpu::Buffer, &'w matmul::QuantMatrix)>;
-        let residual = |nodes: &mut Vec<Node>, w: &matmul::QuantMatrix, input: (&wgpu::Buffer, &wgpu::Buffer), post: Option<&wgpu::Buffer>, next: Next<'_>| -> Result<(), EngineError> {
-            let (x, xq) = input;
-            match post {
-                None => {
-                    nodes.push(Node::Kernels(a.quantized_matmul(ctx, w, (x, xq, &a.x), n, Epilogue::Accumulate)?));
-                    // The next pre-norm, unless its matmul normalizes in its prologue.
-                    if let Some((norm, consumer)) = next.filter(|(_, consumer)| !a.normalizes(consumer)) {
-                        nodes.push(Node::Kernel(norm::rms_norm_to(ctx, &a.x, norm, a.h_out(consumer), n, hidden, cfg.rms_eps)?));
-                    }
-                }
-                Some(post) => {
-                    nodes.push(Node::Kernels(a.quantized_matmul(ctx, w, (x, xq, &a.post), n, Epilogue::Store)?));
-                    let next = next.map(|(norm, consumer)| (norm, a.h_out(consumer)));
-                    nodes.push(Node::Kernel(norm::residual_norm(ctx, (&a.x, &a.post), post, next, (n, hidden, cfg.rms_eps))?));
-                }
-            }
-            Ok(())
-        };
-        residual(nodes, &lw.wo, (&a.attn, &a.attn_q), post.map(|[attn, _]| attn), Some((&lw.ffn_norm, &lw.w_gate_up)))?;
-        let gate_up_in = if post.is_some() { a.h_in(&lw.w_gate_up) } else { a.normed_in(&lw.w_gate_up, &lw.ffn_norm, cfg.rms_eps) };
-        if lw.w_gate_up.gated {
-            nodes.push(Node::Kernels(matmul::matmul_input(ctx, &lw.w_gate_up, (gate_up_in, &a.act), n, a.matmul, Epilogue::Gated(cfg.activation))?));
-        } else {
-            nodes.push(Node::Kernels(matmul::matmul_input(ctx, &lw.w_gate_up, (gate_up_in, &a.gate_up), n, a.matmul, Epilogue::Store)?));
-            nodes.push(Node::Kernel(act::glu(ctx, (&a.gate_up, &a.act), n, cfg.ffn, cfg.activation)?));
-        }
-        // The next layer's pre-norm follows here (the head norms its own rows).
-        let next = if last { None } else { Some((&weights.layers[l + 1].attn_norm, &weights.layers[l + 1].wqkv)) };
-        residual(nodes, &lw.w_down, (&a.act, &a.act_q), post.map(|[_, ffn]| ffn), next)?;
-        Ok(())
     }
 
     /// Checks `rows` and `logit_rows` against the graph's contract: 1..=max_rows rows (exactly
@@ -734,79 +528,3 @@ impl ForwardGraph {
     }
 }
 
-/// The buffers one layer's attention binds.
-struct LayerBuffers<'a> {
-    qkv: &'a wgpu::Buffer,
-    pool: PoolBuffers<'a>,
-    positions: &'a wgpu::Buffer,
-    /// The step buffer ([`AttentionBuilder::step_buffer`]).
-    step: &'a wgpu::Buffer,
-    out: &'a wgpu::Buffer,
-}
-
-/// Builds each layer's attention of one kind over the pool: for the batch kind, with the plan
-/// and the split scratch every layer shares (layers run one after the other).
-enum AttentionBuilder {
-    Sequence(PoolShape),
-    Batch { pool: PoolShape, plan: BatchPlan, scratch: wgpu::Buffer },
-}
-
-impl AttentionBuilder {
-    fn new(ctx: &Context, cfg: &ModelConfig, kv: &KvCache, kind: AttentionKind, max_rows: u32) -> AttentionBuilder {
-        let pool = PoolShape {
-            n_heads: cfg.n_heads,
-            n_kv_heads: cfg.n_kv_heads,
-            head_dim: cfg.head_dim,
-            max_len: kv.max_seq_len,
-            block_size: kv.block_size(),
-            // Layer 0's group; each layer takes its own group's count and window (push_layer).
-            n_blocks: kv.layer_blocks(0),
-            dtype: kv.dtype(),
-            window: 0,
-        };
-        match kind {
-            AttentionKind::Sequence => AttentionBuilder::Sequence(pool),
-            AttentionKind::Batch => {
-                let plan = BatchPlan::auto(ctx, &pool);
-                let scratch = ctx.storage_zeroed("graph.attention_scratch", AttentionBatch::scratch_bytes(ctx, &pool, max_rows, &plan));
-                AttentionBuilder::Batch { pool, plan, scratch }
-            }
-        }
-    }
-
-    fn pool(&self) -> &PoolShape {
-        match self {
-            AttentionBuilder::Sequence(pool) | AttentionBuilder::Batch { pool, .. } => pool,
-        }
-    }
-
-    /// The buffer attention reads a step's rows from.
-    fn step_buffer(&self, ctx: &Context, max_rows: u32) -> wgpu::Buffer {
-        match self {
-            AttentionBuilder::Sequence(_) => ctx.uniform_init("graph.step", bytemuck::bytes_of(&0u32)),
-            AttentionBuilder::Batch { .. } => ctx.storage_zeroed("graph.batch", BatchStep::buffer_bytes(max_rows)),
-        }
-    }
-
-    /// One layer's attention over `pool` (the builder's, with the layer's window); with `fresh`
-    /// (the layer's rope) it ropes and writes the heads where it can
-    /// ([`Attention::appending_heads`], [`AttentionBatch::appending_heads`]).
-    fn layer(&self, ctx: &Context, b: &LayerBuffers<'_>, pool: &PoolShape, rows: u32, fresh: Option<(f32, RopePairing)>) -> Result<LayerAttention, EngineError> {
-        Ok(match self {
-            AttentionBuilder::Sequence(_) => {
-                let buffers = AttentionBuffers { qkv: b.qkv, pool: b.pool, positions: b.positions, step: b.step, out: b.out };
-                LayerAttention::Sequence(match fresh {
-                    Some(rope) => Attention::appending_heads(ctx, &buffers, *pool, rows, None, rope)?,
-                    None => Attention::new(ctx, &buffers, *pool, rows, None)?,
-                })
-            }
-            AttentionBuilder::Batch { plan, scratch, .. } => {
-                let buffers = BatchBuffers { qkv: b.qkv, pool: b.pool, batch: b.step, out: b.out, scratch: Some(scratch) };
-                LayerAttention::Batch(match fresh {
-                    Some(rope) => AttentionBatch::appending_heads(ctx, &buffers, *pool, rows, Some(*plan), rope)?,
-                    None => AttentionBatch::new(ctx, &buffers, *pool, rows, Some(*plan))?,
-                })
-            }
-        })
-    }
-}

@@ -4,6 +4,7 @@
 //! The kernels themselves are the GPU layer's (`src/gpu/ops/`).
 
 pub mod graph;
+mod plan;
 pub mod runner;
 pub mod weights;
 

@@ -1,38 +1,50 @@
 //! Weights uploaded to the GPU once, kept in their GGUF formats (any of [`GgmlType::SUPPORTED`],
-//! in any mix). q|k|v and gate|up are stacked into one matrix each, so a layer runs 4 matmuls
-//! instead of 7 (one more dispatch per extra type when the parts of a stack differ in type).
+//! in any mix), loaded as the model's layer plan asks for them and found in its tensor table.
+//! A projection's tensors are stacked into one matrix (q|k|v, gate|up), so a layer runs 4
+//! matmuls instead of 7 (one more dispatch per extra type when the parts of a stack differ in
+//! type); gate and up are interleaved for the gated epilogue when they share a type.
 
+use crate::error::EngineError;
 use crate::gguf::{GgmlType, Gguf};
 use crate::gpu::ops::matmul::QuantMatrix;
 use crate::gpu::Context;
+use crate::model::{ModelConfig, ModelError, Op, Proj, Role, TensorTable};
 
-use crate::error::EngineError;
-use crate::model::{ModelConfig, ModelError};
-
+/// One layer's weights, by what the plan's ops name them.
+#[derive(Default)]
 pub struct LayerWeights {
-    /// [hidden] f32
-    pub attn_norm: wgpu::Buffer,
-    /// [(n_heads + 2 n_kv_heads) · head_dim, hidden]: q, then k, then v.
-    pub wqkv: QuantMatrix,
-    /// [hidden, n_heads · head_dim]
-    pub wo: QuantMatrix,
-    /// [hidden] f32
-    pub ffn_norm: wgpu::Buffer,
-    /// [2 · ffn, hidden]: gate and up, interleaved for the matmul's gated epilogue
-    /// ([`QuantMatrix::upload_gated`]) when they share a type, else gate then up (`gated` false).
-    pub w_gate_up: QuantMatrix,
-    /// [hidden, ffn]
-    pub w_down: QuantMatrix,
-    /// With `ModelConfig::qk_norm`: the per-head norms of q and of k in one buffer, [2, head_dim]
-    /// f32, q's first (the layout `qkv_heads` binds, [`crate::gpu::ops::qkv_heads::QkNorm`]).
-    pub qk_norm: Option<wgpu::Buffer>,
-    /// With `ModelConfig::post_norms`: the norms of the attention output and of the FFN output
-    /// before their residual adds, [hidden] f32 each.
-    pub post_norms: Option<[wgpu::Buffer; 2]>,
+    /// Each norm's weights, `[len]` f32: the pre-norms, the post-norms, and under
+    /// [`Role::AttnQNorm`] the per-head norms of q and k in one buffer, `[2, head_dim]`, q's
+    /// first (the layout `qkv_heads` binds, [`crate::gpu::ops::qkv_heads::QkNorm`]).
+    norms: Vec<(Role, wgpu::Buffer)>,
+    /// Each projection's matrix, its tensors' rows stacked in the plan's order (gate and up
+    /// interleaved instead where [`QuantMatrix::upload_gated`] applies: `gated`).
+    matrices: Vec<(Proj, QuantMatrix)>,
+}
+
+impl LayerWeights {
+    /// The norm weights the plan names `role`.
+    pub fn norm(&self, role: Role) -> Result<&wgpu::Buffer, EngineError> {
+        self.norms.iter().find(|(r, _)| *r == role).map(|(_, b)| b).ok_or_else(|| missing(format!("{role:?}")))
+    }
+
+    /// The matrix of projection `proj`.
+    pub fn matrix(&self, proj: Proj) -> Result<&QuantMatrix, EngineError> {
+        self.matrices.iter().find(|(p, _)| *p == proj).map(|(_, m)| m).ok_or_else(|| missing(format!("the {proj:?} projection")))
+    }
+
+    fn bytes(&self) -> u64 {
+        self.norms.iter().map(|(_, b)| b.size()).sum::<u64>() + self.matrices.iter().map(|(_, m)| m.bytes()).sum::<u64>()
+    }
+}
+
+/// A weight the graph asks for and the plan did not load: a bug.
+fn missing(what: String) -> EngineError {
+    ModelError::Format(format!("the layer plan loaded no weights for {what}")).into()
 }
 
 pub struct Weights {
-    /// [vocab, hidden]: the embedding table, and the output projection when the file has no output.weight.
+    /// [vocab, hidden]: the embedding table, and the output projection when the file has none.
     pub token_embd: QuantMatrix,
     /// [vocab, hidden] when the model has an untied output projection.
     pub output: Option<QuantMatrix>,
@@ -41,112 +53,74 @@ pub struct Weights {
     pub layers: Vec<LayerWeights>,
 }
 
-/// A matrix tensor: its bytes and type, after checking its dims are [cols, rows].
-fn matrix<'a>(gguf: &Gguf<'a>, name: &str, cols: u32, rows: u32) -> Result<(&'a [u8], GgmlType), EngineError> {
-    let (info, data) = gguf.require_tensor(name, &GgmlType::SUPPORTED)?;
-    if info.dims.as_slice() != [cols as u64, rows as u64] {
-        return Err(ModelError::Format(format!("{name} has dims {:?}, expected [{cols}, {rows}]", info.dims)).into());
-    }
-    let (block, _) = info.ggml_type.block_size().unwrap_or((1, 1));
+/// A matrix tensor's type and bytes, after checking its columns are whole blocks of at least 32
+/// values (the kernels read activations per 32-value chunk).
+fn matrix<'a>(gguf: &Gguf<'a>, table: &TensorTable, (layer, role): (Option<u32>, Role)) -> Result<(GgmlType, &'a [u8], u32), EngineError> {
+    let spec = table.spec(layer, role)?;
+    let (ggml_type, data) = spec.read(gguf)?;
+    let (cols, rows) = spec.shape.matrix()?;
+    let (block, _) = ggml_type.block_size().unwrap_or((1, 1));
     if cols as u64 % block.max(32) != 0 {
-        return Err(ModelError::Format(format!("{name}: {cols} columns are not whole {} blocks", info.ggml_type.name())).into());
+        return Err(ModelError::Format(format!("{}: {cols} columns are not whole {} blocks", spec.name, ggml_type.name())).into());
     }
-    Ok((data, info.ggml_type))
+    Ok((ggml_type, data, rows))
 }
 
-fn norm(ctx: &Context, gguf: &Gguf<'_>, name: &str, dim: u32) -> Result<wgpu::Buffer, EngineError> {
-    norms(ctx, gguf, name, &[name], dim)
+/// The norm weights `roles` of `layer` ([len] f32 each) one after the other in one buffer.
+fn norms(ctx: &Context, gguf: &Gguf<'_>, table: &TensorTable, layer: Option<u32>, roles: &[Role]) -> Result<wgpu::Buffer, EngineError> {
+    let mut bytes = Vec::new();
+    let mut label = Vec::new();
+    for &role in roles {
+        let spec = table.spec(layer, role)?;
+        bytes.extend_from_slice(spec.read(gguf)?.1);
+        label.push(spec.name.as_str());
+    }
+    Ok(ctx.storage_init(&label.join("|"), &bytes))
 }
 
-/// The norm weights `names` ([dim] f32 each) one after the other in one buffer.
-fn norms(ctx: &Context, gguf: &Gguf<'_>, label: &str, names: &[&str], dim: u32) -> Result<wgpu::Buffer, EngineError> {
-    let mut bytes = Vec::with_capacity(names.len() * dim as usize * 4);
-    for name in names {
-        let (info, data) = gguf.require_tensor(name, &[GgmlType::F32])?;
-        if info.dims.as_slice() != [dim as u64] {
-            return Err(ModelError::Format(format!("{name} has dims {:?}, expected [{dim}]", info.dims)).into());
+/// The matrix of a projection over `parts` of `layer`: their rows stacked, or gate and up
+/// interleaved when they can be.
+fn projection(ctx: &Context, gguf: &Gguf<'_>, table: &TensorTable, layer: Option<u32>, (proj, parts): (Proj, &[Role])) -> Result<QuantMatrix, EngineError> {
+    let raw = parts.iter().map(|&role| matrix(gguf, table, (layer, role))).collect::<Result<Vec<_>, _>>()?;
+    let label = parts.iter().map(|&role| role.name(layer)).collect::<Vec<_>>().join("|");
+    let cols = table.spec(layer, parts[0])?.shape.matrix()?.0;
+    if let (Proj::GateUp, [(gt, g, ffn), (ut, u, _)]) = (proj, raw.as_slice()) {
+        if let Some(m) = QuantMatrix::upload_gated(ctx, &label, (*gt, g), (*ut, u), *ffn, cols)? {
+            return Ok(m);
         }
-        bytes.extend_from_slice(data);
     }
-    Ok(ctx.storage_init(label, &bytes))
-}
-
-/// Layer `l`'s gate and up projections (`p` names its tensors): interleaved when they can be,
-/// else stacked.
-fn gate_up(ctx: &Context, gguf: &Gguf<'_>, p: &dyn Fn(&str) -> String, cfg: &ModelConfig) -> Result<QuantMatrix, EngineError> {
-    let (gate, up) = (p("ffn_gate.weight"), p("ffn_up.weight"));
-    let (g, gt) = matrix(gguf, &gate, cfg.hidden, cfg.ffn)?;
-    let (u, ut) = matrix(gguf, &up, cfg.hidden, cfg.ffn)?;
-    match QuantMatrix::upload_gated(ctx, &p("ffn_gate_up"), (gt, g), (ut, u), cfg.ffn, cfg.hidden)? {
-        Some(m) => Ok(m),
-        None => stacked(ctx, gguf, &p("ffn_gate_up"), &[(gate, cfg.ffn), (up, cfg.ffn)], cfg.hidden),
-    }
-}
-
-fn stacked(
-    ctx: &Context,
-    gguf: &Gguf<'_>,
-    label: &str,
-    parts: &[(String, u32)],
-    cols: u32,
-) -> Result<QuantMatrix, EngineError> {
-    let mut raw = Vec::with_capacity(parts.len());
-    for (name, rows) in parts {
-        let (data, t) = matrix(gguf, name, cols, *rows)?;
-        raw.push((t, data, *rows));
-    }
-    Ok(QuantMatrix::upload_stacked(ctx, label, &raw, cols)?)
+    let stack: Vec<(GgmlType, &[u8], u32)> = raw.iter().map(|&(t, data, rows)| (t, data, rows)).collect();
+    Ok(QuantMatrix::upload_stacked(ctx, &label, &stack, cols)?)
 }
 
 impl Weights {
+    /// Uploads the weights `cfg`'s layer plan computes with, as its tensor table finds them in
+    /// `gguf`.
     pub fn upload(ctx: &Context, gguf: &Gguf<'_>, cfg: &ModelConfig) -> Result<Weights, EngineError> {
         crate::model::check_types(gguf)?;
-        let (embd, embd_kind) = matrix(gguf, "token_embd.weight", cfg.hidden, cfg.vocab)?;
-        let token_embd = QuantMatrix::upload(ctx, "token_embd", embd_kind, embd, cfg.vocab, cfg.hidden)?;
-        let output = match gguf.tensor("output.weight") {
-            Some(_) => {
-                let (out, out_kind) = matrix(gguf, "output.weight", cfg.hidden, cfg.vocab)?;
-                Some(QuantMatrix::upload(ctx, "output", out_kind, out, cfg.vocab, cfg.hidden)?)
-            }
-            None => None,
+        let (table, plan) = (cfg.tensors(), cfg.plan());
+        let head = |role| -> Result<QuantMatrix, EngineError> {
+            let (ty, data, rows) = matrix(gguf, &table, (None, role))?;
+            Ok(QuantMatrix::upload(ctx, &role.name(None), ty, data, rows, cfg.hidden)?)
         };
-        let output_norm = norm(ctx, gguf, "output_norm.weight", cfg.hidden)?;
-        let q_width = cfg.q_width();
-        let kv_width = cfg.n_kv_heads * cfg.head_dim;
-        let mut layers = Vec::with_capacity(cfg.n_layers as usize);
-        for l in 0..cfg.n_layers {
-            let p = |s: &str| format!("blk.{l}.{s}");
-            layers.push(LayerWeights {
-                attn_norm: norm(ctx, gguf, &p("attn_norm.weight"), cfg.hidden)?,
-                wqkv: stacked(
-                    ctx,
-                    gguf,
-                    &p("attn_qkv"),
-                    &[(p("attn_q.weight"), q_width), (p("attn_k.weight"), kv_width), (p("attn_v.weight"), kv_width)],
-                    cfg.hidden,
-                )?,
-                wo: {
-                    let (data, k) = matrix(gguf, &p("attn_output.weight"), q_width, cfg.hidden)?;
-                    QuantMatrix::upload(ctx, &p("attn_output"), k, data, cfg.hidden, q_width)?
-                },
-                ffn_norm: norm(ctx, gguf, &p("ffn_norm.weight"), cfg.hidden)?,
-                w_gate_up: gate_up(ctx, gguf, &p, cfg)?,
-                w_down: {
-                    let (data, k) = matrix(gguf, &p("ffn_down.weight"), cfg.ffn, cfg.hidden)?;
-                    QuantMatrix::upload(ctx, &p("ffn_down"), k, data, cfg.hidden, cfg.ffn)?
-                },
-                qk_norm: match cfg.qk_norm {
-                    true => Some(norms(ctx, gguf, &p("attn_qk_norm"), &[&p("attn_q_norm.weight"), &p("attn_k_norm.weight")], cfg.head_dim)?),
-                    false => None,
-                },
-                post_norms: match cfg.post_norms {
-                    true => Some([
-                        norm(ctx, gguf, &p("post_attention_norm.weight"), cfg.hidden)?,
-                        norm(ctx, gguf, &p("post_ffw_norm.weight"), cfg.hidden)?,
-                    ]),
-                    false => None,
-                },
-            });
+        let token_embd = head(Role::TokenEmbd)?;
+        let output = match table.spec(None, Role::Output)?.present_in(gguf) {
+            true => Some(head(Role::Output)?),
+            false => None,
+        };
+        let output_norm = norms(ctx, gguf, &table, None, &[plan.output_norm])?;
+        let mut layers = Vec::with_capacity(plan.layers.len());
+        for (l, ops) in (0u32..).zip(&plan.layers) {
+            let mut lw = LayerWeights::default();
+            for op in ops {
+                match *op {
+                    Op::Norm(role) | Op::Residual { post_norm: Some(role) } => lw.norms.push((role, norms(ctx, gguf, &table, Some(l), &[role])?)),
+                    Op::HeadNorm { q, k } => lw.norms.push((q, norms(ctx, gguf, &table, Some(l), &[q, k])?)),
+                    Op::Matmul { proj, weights } => lw.matrices.push((proj, projection(ctx, gguf, &table, Some(l), (proj, weights))?)),
+                    Op::Rope(_) | Op::Attention(_) | Op::Residual { post_norm: None } | Op::Glu(_) => {}
+                }
+            }
+            layers.push(lw);
         }
         Ok(Weights { token_embd, output, output_norm, layers })
     }
@@ -158,14 +132,7 @@ impl Weights {
 
     /// GPU bytes held by the weights.
     pub fn bytes(&self) -> u64 {
-        let layers: u64 = self
-            .layers
-            .iter()
-            .map(|l| {
-                let extra = l.qk_norm.iter().chain(l.post_norms.iter().flatten()).map(|b| b.size()).sum::<u64>();
-                l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes() + l.attn_norm.size() + l.ffn_norm.size() + extra
-            })
-            .sum();
+        let layers: u64 = self.layers.iter().map(LayerWeights::bytes).sum();
         layers + self.token_embd.bytes() + self.output.as_ref().map_or(0, |o| o.bytes()) + self.output_norm.size()
     }
 }
