@@ -70,9 +70,11 @@ pub trait Backend {
 
     fn config(&self) -> &ModelConfig;
 
-    /// The GPU context, for GPU-only reports (counters, timestamps, device loss); `None` on the
-    /// CPU.
-    fn device(&self) -> Option<&Arc<Context>>;
+    /// The GPU context, for GPU-only reports (counters, timestamps, device loss); `None` for a
+    /// backend without one (the CPU).
+    fn device(&self) -> Option<&Arc<Context>> {
+        None
+    }
 
     /// The adapter the kernels run on ([`Context::adapter_name`]), or the CPU and its threads.
     fn adapter_name(&self) -> String;

@@ -5,11 +5,8 @@
 //! sampler's penalty rings. Sampling is [`sample_cpu`], the GPU sampler's CPU twin, so a seeded
 //! request draws the same tokens on either backend from the same logits.
 
-use std::sync::Arc;
-
 use crate::backend::{Backend, Choice, LargestSteps, LocalFuture, Pending, StepRows};
 use crate::error::EngineError;
-use crate::gpu::Context;
 use crate::kv::{CacheConfig, KvCache, KvShape, SeqId};
 use crate::model::{Choose, Logits, ModelConfig, ModelError, RowOutput, StepRow};
 use crate::sampler::{sample_cpu, SampleShape, MAX_REPETITION_WINDOW};
@@ -91,10 +88,6 @@ impl Backend for CpuBackend {
 
     fn config(&self) -> &ModelConfig {
         &self.model.config
-    }
-
-    fn device(&self) -> Option<&Arc<Context>> {
-        None
     }
 
     fn adapter_name(&self) -> String {

@@ -16,7 +16,6 @@
 
 use crate::gguf::{GgmlType, Gguf};
 
-use super::config::{Activation, ModelConfig, RopePairing};
 use super::ModelError;
 
 /// The architectures pagedlm runs (`general.architecture`).
@@ -29,6 +28,49 @@ pub enum Architecture {
     /// the embedding scaled by √hidden, NEOX RoPE pairing, five local (sliding-window) layers of
     /// every six with their own RoPE base.
     Gemma3,
+}
+
+/// Which two dimensions of a head rotate together: a property of how the file's q/k weights
+/// were converted (`ModelConfig::rope_pairing`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RopePairing {
+    /// (x[2i], x[2i+1]): llama's GGUF files.
+    Norm,
+    /// (x[i], x[i + head_dim/2]): Gemma's (and GPT-NeoX's).
+    Neox,
+}
+
+impl RopePairing {
+    /// The two dimensions of pair `i` in a head of `head_dim`.
+    pub fn dims(self, i: usize, head_dim: usize) -> (usize, usize) {
+        match self {
+            RopePairing::Norm => (2 * i, 2 * i + 1),
+            RopePairing::Neox => (i, i + head_dim / 2),
+        }
+    }
+}
+
+/// The activation of the FFN's gate (SwiGLU for llama, GeGLU with tanh GELU for Gemma).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// silu(g) = g / (1 + exp(-g)).
+    Silu,
+    /// gelu_tanh(g) = g/2 * (1 + tanh(√(2/π) (g + 0.044715 g³))).
+    GeluTanh,
+}
+
+impl Activation {
+    /// The activation of one value, in f64 (the CPU references).
+    pub fn apply(self, g: f64) -> f64 {
+        match self {
+            Activation::Silu => g / (1.0 + (-g).exp()),
+            Activation::GeluTanh => {
+                0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh())
+            }
+        }
+    }
 }
 
 /// What an architecture is: its name in the file, the metadata keys it reads beyond
@@ -54,7 +96,7 @@ pub struct Description {
     /// Sliding-window attention in some layers (the window from `attention.sliding_window`).
     pub window: Option<WindowLayers>,
     /// A model of this architecture pagedlm cannot run as it computes it: the reason.
-    pub refuse: fn(&ModelConfig) -> Option<String>,
+    pub refuse: fn(&Dims) -> Option<String>,
 }
 
 /// Which layers attend through the sliding window, and their RoPE base.
@@ -108,7 +150,7 @@ pub const DESCRIPTIONS: &[Description] = &[
         post_norms: true,
         window: Some(WindowLayers { pattern: 6, local_rope_base: 10_000.0 }),
         // llama.cpp scales Gemma 3 27B's queries by 1/√(hidden / n_heads), not 1/√head_dim.
-        refuse: |c| (c.n_layers == 62).then(|| "Gemma 3 27B's attention scale".into()),
+        refuse: |d| (d.n_layers == 62).then(|| "Gemma 3 27B's attention scale".into()),
     },
 ];
 
@@ -289,9 +331,9 @@ impl TensorSpec {
 }
 
 /// q, k and v as separate tensors, stacked q|k|v.
-const QKV_SPLIT: &[Role] = &[Role::AttnQ, Role::AttnK, Role::AttnV];
+pub const QKV_SPLIT: &[Role] = &[Role::AttnQ, Role::AttnK, Role::AttnV];
 /// Gate and up as separate tensors, stacked gate|up.
-const GATE_UP_SPLIT: &[Role] = &[Role::FfnGate, Role::FfnUp];
+pub const GATE_UP_SPLIT: &[Role] = &[Role::FfnGate, Role::FfnUp];
 
 /// The projections of a block, by what they read and write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -357,50 +399,6 @@ pub struct Plan {
     /// The head: `logits = rms_norm(x) · output_norm · Woutᵀ` (the embedding when the file has no
     /// output projection).
     pub output_norm: Role,
-}
-
-impl ModelConfig {
-    /// The sizes of this model's tensors.
-    pub fn dims(&self) -> Dims {
-        Dims {
-            n_layers: self.n_layers,
-            hidden: self.hidden,
-            ffn: self.ffn,
-            n_heads: self.n_heads,
-            n_kv_heads: self.n_kv_heads,
-            head_dim: self.head_dim,
-            vocab: self.vocab,
-        }
-    }
-
-    /// Every tensor of this model.
-    pub fn tensors(&self) -> TensorTable {
-        self.architecture.description().tensors(&self.dims())
-    }
-
-    /// The ops of this model, layer by layer.
-    pub fn plan(&self) -> Plan {
-        let layer = |l: u32| {
-            let rope = Rope { base: self.layer_rope_base(l), pairing: self.rope_pairing, dims: self.head_dim };
-            let mut ops = vec![Op::Norm(Role::AttnNorm), Op::Matmul { proj: Proj::Qkv, weights: QKV_SPLIT }];
-            if self.qk_norm {
-                ops.push(Op::HeadNorm { q: Role::AttnQNorm, k: Role::AttnKNorm });
-            }
-            ops.extend([
-                Op::Rope(rope),
-                Op::Attention(Attend { window: self.layer_window(l) }),
-                Op::Matmul { proj: Proj::Out, weights: &[Role::AttnOutput] },
-                Op::Residual { post_norm: self.post_norms.then_some(Role::PostAttnNorm) },
-                Op::Norm(Role::FfnNorm),
-                Op::Matmul { proj: Proj::GateUp, weights: GATE_UP_SPLIT },
-                Op::Glu(self.activation),
-                Op::Matmul { proj: Proj::Down, weights: &[Role::FfnDown] },
-                Op::Residual { post_norm: self.post_norms.then_some(Role::PostFfnNorm) },
-            ]);
-            ops
-        };
-        Plan { embedding_scale: self.embedding_scale, rms_eps: self.rms_eps, layers: (0..self.n_layers).map(layer).collect(), output_norm: Role::OutputNorm }
-    }
 }
 
 impl Description {

@@ -4,51 +4,8 @@
 
 use crate::gguf::{Gguf, MetaValue};
 
-use super::arch::{Architecture, Description, Role};
+use super::arch::{self, Activation, Architecture, Attend, Description, Dims, Op, Plan, Proj, Role, Rope, RopePairing, TensorTable};
 use super::ModelError;
-
-/// Which two dimensions of a head rotate together: a property of how the file's q/k weights
-/// were converted ([`ModelConfig::rope_pairing`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RopePairing {
-    /// (x[2i], x[2i+1]): llama's GGUF files.
-    Norm,
-    /// (x[i], x[i + head_dim/2]): Gemma's (and GPT-NeoX's).
-    Neox,
-}
-
-impl RopePairing {
-    /// The two dimensions of pair `i` in a head of `head_dim`.
-    pub fn dims(self, i: usize, head_dim: usize) -> (usize, usize) {
-        match self {
-            RopePairing::Norm => (2 * i, 2 * i + 1),
-            RopePairing::Neox => (i, i + head_dim / 2),
-        }
-    }
-}
-
-/// The activation of the FFN's gate (SwiGLU for llama, GeGLU with tanh GELU for Gemma).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Activation {
-    /// silu(g) = g / (1 + exp(-g)).
-    Silu,
-    /// gelu_tanh(g) = g/2 * (1 + tanh(√(2/π) (g + 0.044715 g³))).
-    GeluTanh,
-}
-
-impl Activation {
-    /// The activation of one value, in f64 (the CPU references).
-    pub fn apply(self, g: f64) -> f64 {
-        match self {
-            Activation::Silu => g / (1.0 + (-g).exp()),
-            Activation::GeluTanh => {
-                0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh())
-            }
-        }
-    }
-}
 
 /// The sizes and constants of a model, as its file's metadata gives them; the architecture's
 /// [`Description`] adds the features of its blocks ([`ModelConfig::new`]).
@@ -199,7 +156,7 @@ impl ModelConfig {
             window_pattern: description.window.map_or(1, |w| w.pattern),
             fingerprint,
         };
-        match (description.refuse)(&config) {
+        match (description.refuse)(&config.dims()) {
             Some(reason) => Err(ModelError::Unsupported(reason)),
             None => Ok(config),
         }
@@ -213,6 +170,50 @@ impl ModelConfig {
     /// Floats in one attention output row.
     pub fn q_width(&self) -> u32 {
         self.n_heads * self.head_dim
+    }
+}
+
+impl ModelConfig {
+    /// The sizes of this model's tensors.
+    pub fn dims(&self) -> Dims {
+        Dims {
+            n_layers: self.n_layers,
+            hidden: self.hidden,
+            ffn: self.ffn,
+            n_heads: self.n_heads,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+            vocab: self.vocab,
+        }
+    }
+
+    /// Every tensor of this model.
+    pub fn tensors(&self) -> TensorTable {
+        self.architecture.description().tensors(&self.dims())
+    }
+
+    /// The ops of this model, layer by layer.
+    pub fn plan(&self) -> Plan {
+        let layer = |l: u32| {
+            let rope = Rope { base: self.layer_rope_base(l), pairing: self.rope_pairing, dims: self.head_dim };
+            let mut ops = vec![Op::Norm(Role::AttnNorm), Op::Matmul { proj: Proj::Qkv, weights: arch::QKV_SPLIT }];
+            if self.qk_norm {
+                ops.push(Op::HeadNorm { q: Role::AttnQNorm, k: Role::AttnKNorm });
+            }
+            ops.extend([
+                Op::Rope(rope),
+                Op::Attention(Attend { window: self.layer_window(l) }),
+                Op::Matmul { proj: Proj::Out, weights: &[Role::AttnOutput] },
+                Op::Residual { post_norm: self.post_norms.then_some(Role::PostAttnNorm) },
+                Op::Norm(Role::FfnNorm),
+                Op::Matmul { proj: Proj::GateUp, weights: arch::GATE_UP_SPLIT },
+                Op::Glu(self.activation),
+                Op::Matmul { proj: Proj::Down, weights: &[Role::FfnDown] },
+                Op::Residual { post_norm: self.post_norms.then_some(Role::PostFfnNorm) },
+            ]);
+            ops
+        };
+        Plan { embedding_scale: self.embedding_scale, rms_eps: self.rms_eps, layers: (0..self.n_layers).map(layer).collect(), output_norm: Role::OutputNorm }
     }
 }
 

@@ -10,8 +10,8 @@ pub mod config;
 pub mod reference;
 pub mod step;
 
-pub use arch::{Architecture, Description, Op, Plan, Proj, Role, TensorSpec, TensorTable};
-pub use config::{Activation, HyperParams, ModelConfig, RopePairing};
+pub use arch::{Activation, Architecture, Description, Op, Plan, Proj, Role, RopePairing, TensorSpec, TensorTable};
+pub use config::{HyperParams, ModelConfig};
 pub use step::{Choose, Logits, RowOutput, StepRow};
 
 use crate::gguf::{GgmlType, Gguf, GgufError};

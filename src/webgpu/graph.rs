@@ -1,9 +1,10 @@
 //! The forward pass as a graph of kernels, built once per step shape and recorded into one
-//! submission per step, whether the step holds one sequence's rows or a batch of sequences. The
-//! model's features ([`ModelConfig`]: llama, Gemma 3) choose the nodes; one graph serves both.
+//! submission per step, whether the step holds one sequence's rows or a batch of sequences.
+//! The model's layer plan ([`crate::model::Plan`]: llama's, Gemma 3's) chooses the nodes
+//! ([`super::plan`]); one graph serves every architecture.
 //!
-//! `x = embed(ids) · embedding_scale`, then for each layer (pre-norm residual blocks; the
-//! bracketed steps only where the config has the feature):
+//! `x = embed(ids) · embedding_scale`, then each layer's ops (for llama and Gemma 3: pre-norm
+//! residual blocks; the bracketed ops only where the plan has them):
 //! ```text
 //! h    = rms_norm(x) · attn_norm
 //! qkv  = h · Wqkvᵀ                  (q, k, v heads in one row)
@@ -19,23 +20,18 @@
 //! read back between layers: a step ends with the argmax (and, when asked, the logits) copied
 //! into one staging buffer.
 //!
-//! Dispatches are fused where the arithmetic allows it unchanged: the residual adds are the
-//! accumulating epilogue of the matmul before them (`x += a · Woᵀ`), the activation is the gated
-//! epilogue of the gate/up matmul (when gate and up share a type), the pre-norms before the qkv
-//! and gate/up matmuls are those matmuls' prologue where that pays ([`Input::Norm`],
-//! [`matmul::norm_prologue_pays`]: each normalizes the rows of x it reads, x stays as it is),
-//! and a post-normed residual runs in one kernel with the next pre-norm
-//! ([`norm::residual_norm`], Gemma 3, whose first layer's pre-norm is again the qkv prologue). A
-//! llama layer is then 6 dispatches (qkv, qkv_heads, attention (+ its reduce on long contexts),
-//! wo, gate/up, down), and 5 in a decode step whose attention can rope and write the heads itself
-//! (where one workgroup owns each KV head of a row and each sequence has one row:
-//! [`Attention::appending_heads`], [`AttentionBatch::appending_heads`]; not with head norms).
+//! Consecutive ops are fused where the arithmetic allows it unchanged ([`super::plan`] says
+//! which). A llama layer is 6 dispatches (qkv, qkv_heads, attention (+ its reduce on long
+//! contexts), wo, gate/up, down), and 5 in a decode step whose attention can rope and write the
+//! heads itself (where one workgroup owns each KV head of a row and each sequence has one row:
+//! `Attention::appending_heads`, `AttentionBatch::appending_heads`; not with head norms).
 //! The head keeps its norm as a dispatch: it runs once per step over few rows, while in the
-//! prologue of the vocabulary-wide matmul every invocation would load the norm weight again. With int8 activations (`MatmulConfig::int8_activations`, opt-in)
-//! the norms before the qkv, gate/up and output matmuls write their rows as int8 blocks in the
-//! same pass (and as f32 where a part of the matrix has no int8 body; these norms stay dispatches
-//! of their own), and the attention output and the FFN activation are quantized by a dispatch of
-//! their own before the matmuls that read them.
+//! prologue of the vocabulary-wide matmul every invocation would load the norm weight again.
+//! With int8 activations (`MatmulConfig::int8_activations`, opt-in) the norms before the qkv,
+//! gate/up and output matmuls write their rows as int8 blocks in the same pass (and as f32
+//! where a part of the matrix has no int8 body; these norms stay dispatches of their own), and
+//! the attention output and the FFN activation are quantized by a dispatch of their own before
+//! the matmuls that read them.
 //!
 //! Every row is a token at an absolute position of a sequence, found through that sequence's
 //! row of the block-table buffer. Matmuls, norms, RoPE and the MLP run over all rows at once
@@ -64,17 +60,8 @@ use crate::kv::KvCache;
 use crate::model::{Choose, Logits, ModelConfig, ModelError, Op, Proj, RowOutput, StepRow};
 use crate::sampler::{RowParams, SampleShape};
 
-use super::plan::{Activations, AttentionBuilder, AttentionNode, LayerAttention, Layers, Node, NodeKernels};
+use super::plan::{Activations, AttentionBuilder, AttentionKind, AttentionNode, LayerAttention, Layers, Node, NodeKernels};
 use super::Weights;
-
-/// Which attention a graph runs: see the module documentation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum AttentionKind {
-    /// Consecutive rows of one sequence.
-    Sequence,
-    /// Rows of any sequences.
-    Batch,
-}
 
 /// The tokens steps hand to each other on the GPU: `[n_slots] u32`, entry `slot` the token
 /// the last step with a logit row of that sequence produced (its argmax). A step copies the

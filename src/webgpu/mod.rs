@@ -17,7 +17,8 @@ use crate::gpu::{Context, GpuError};
 use crate::kv::{CacheConfig, KvCache, KvShape};
 use crate::model::{ModelConfig, StepRow};
 
-pub use graph::{AttentionKind, Feed, ForwardGraph, PendingStep};
+pub use graph::{Feed, ForwardGraph, PendingStep};
+pub use plan::AttentionKind;
 pub use runner::{GraphBudget, Model, Runner};
 pub use weights::Weights;
 

@@ -28,8 +28,17 @@ use crate::gpu::{Context, Kernel};
 use crate::kv::KvCache;
 use crate::model::{ModelConfig, ModelError, Op, Plan, Proj, RopePairing};
 
-use super::graph::AttentionKind;
 use super::Weights;
+
+/// Which attention a graph's layers run (see `graph.rs`'s module documentation): over
+/// consecutive rows of one sequence, or over rows of any sequences.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttentionKind {
+    /// Consecutive rows of one sequence.
+    Sequence,
+    /// Rows of any sequences.
+    Batch,
+}
 
 /// One node of a step's recording: a kernel, a run of kernels, or a layer's attention (whose
 /// dispatches depend on the step's sizes).

@@ -17,7 +17,8 @@ use crate::kv::KvCache;
 use crate::model::{ModelConfig, ModelError, StepRow};
 use crate::sampler::MAX_REPETITION_WINDOW;
 
-use super::graph::{AttentionKind, Feed, ForwardGraph, PendingStep};
+use super::graph::{Feed, ForwardGraph, PendingStep};
+use super::plan::AttentionKind;
 use super::Weights;
 
 /// The loaded model: its configuration and its weights on the device.
