@@ -13,12 +13,12 @@
 //! submitted, its input tokens handed over on the backend ([`StepRow::FED`](crate::model::StepRow::FED)); end of
 //! generation, stop strings and token limits are found in the tokens read behind it, and the row
 //! planned past an end is undone through the KV cache, so nothing a caller sees or the cache
-//! keeps changes. What is in flight has one owner ([`flight`]).
+//! keeps changes. What is in flight has one owner (`flight.rs`).
 //!
-//! The rest of the engine, by concern: its [`options`], [`load`]ing a model (and fitting the KV
-//! pool to a memory cap), what it reports ([`info`]), prompts ([`prompt`]), one-shot work on one
-//! sequence outside the scheduler ([`oneshot`]: scoring, benchmarks, snapshots) and the
-//! [`profile`] of a step.
+//! The rest of the engine, by concern: its options and their defaults (`options.rs`), loading a
+//! model and fitting the KV pool to a memory cap (`load.rs`), what it reports (`info.rs`),
+//! prompts (`prompt.rs`), one-shot work on one sequence outside the scheduler (`oneshot.rs`:
+//! scoring, benchmarks, snapshots) and the profile of a step (`profile.rs`).
 
 mod flight;
 mod info;
