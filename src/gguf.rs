@@ -56,45 +56,51 @@ pub enum GgmlType {
     Other(u32),
 }
 
+/// The ggml id of every variant but `Other`, in ggml's id order: the one place the supported
+/// types are listed in this file. The ids stay here rather than in the quant type table
+/// (`quant::WEIGHT_TYPES`, which holds everything else pagedlm knows of each type) because they
+/// are the file format's: parsing maps ids to variants before any layer above exists, and
+/// `gguf.rs` imports nothing above it. The table's tests check it has one row per entry here.
+const SUPPORTED_IDS: &[(GgmlType, u32)] = &[
+    (GgmlType::F32, 0),
+    (GgmlType::F16, 1),
+    (GgmlType::Q4_0, 2),
+    (GgmlType::Q4_1, 3),
+    (GgmlType::Q5_0, 6),
+    (GgmlType::Q5_1, 7),
+    (GgmlType::Q8_0, 8),
+    (GgmlType::Q2_K, 10),
+    (GgmlType::Q3_K, 11),
+    (GgmlType::Q4_K, 12),
+    (GgmlType::Q5_K, 13),
+    (GgmlType::Q6_K, 14),
+    (GgmlType::BF16, 30),
+];
+
 impl GgmlType {
-    /// The weight types pagedlm computes with, in ggml's id order.
-    pub const SUPPORTED: [GgmlType; 13] = [
-        GgmlType::F32,
-        GgmlType::F16,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q8_0,
-        GgmlType::Q2_K,
-        GgmlType::Q3_K,
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-        GgmlType::BF16,
-    ];
+    /// The weight types pagedlm computes with, in ggml's id order (the types of `SUPPORTED_IDS`).
+    pub const SUPPORTED: [GgmlType; SUPPORTED_IDS.len()] = {
+        let mut types = [GgmlType::F32; SUPPORTED_IDS.len()];
+        let mut i = 0;
+        while i < types.len() {
+            types[i] = SUPPORTED_IDS[i].0;
+            i += 1;
+        }
+        types
+    };
 
     pub fn from_u32(v: u32) -> GgmlType {
-        GgmlType::SUPPORTED.into_iter().find(|t| t.to_u32() == v).unwrap_or(GgmlType::Other(v))
+        SUPPORTED_IDS.iter().find(|&&(_, id)| id == v).map_or(GgmlType::Other(v), |&(t, _)| t)
     }
 
     /// The id ggml uses for this type.
     pub fn to_u32(&self) -> u32 {
         match self {
-            GgmlType::F32 => 0,
-            GgmlType::F16 => 1,
-            GgmlType::Q4_0 => 2,
-            GgmlType::Q4_1 => 3,
-            GgmlType::Q5_0 => 6,
-            GgmlType::Q5_1 => 7,
-            GgmlType::Q8_0 => 8,
-            GgmlType::Q2_K => 10,
-            GgmlType::Q3_K => 11,
-            GgmlType::Q4_K => 12,
-            GgmlType::Q5_K => 13,
-            GgmlType::Q6_K => 14,
-            GgmlType::BF16 => 30,
             GgmlType::Other(v) => *v,
+            known => match SUPPORTED_IDS.iter().find(|(t, _)| t == known) {
+                Some(&(_, id)) => id,
+                None => unreachable!("every variant but Other is in SUPPORTED_IDS"),
+            },
         }
     }
 

@@ -14,7 +14,7 @@
 use crate::gguf::{tensor_size_bytes, GgmlType, GgufError, MetaValue, DEFAULT_ALIGNMENT, MAX_STRING_LEN};
 use crate::model::arch::{Dims, Shape};
 use crate::model::{Architecture, Role};
-use crate::quant::quantize;
+use crate::quant::{quantize, WeightType};
 use crate::rng::Rng;
 
 mod requantize;
@@ -447,23 +447,8 @@ fn encode(t: GgmlType, values: &[f32]) -> Result<Vec<u8>, GgufError> {
     quantize(t, values).map_err(|e| GgufError::InvalidWrite(format!("synthetic weights: {e}")))
 }
 
-/// llama.cpp's `general.file_type` (`llama_ftype`) for a file whose matrices are mostly `t`; the
-/// K-quants as their "_M" mixes.
+/// llama.cpp's `general.file_type` (`llama_ftype`) for a file whose matrices are mostly `t`
+/// (its [`WeightType`] row; a validated config names a supported type).
 fn llama_file_type(t: GgmlType) -> u32 {
-    match t {
-        GgmlType::F32 => 0,
-        GgmlType::F16 => 1,
-        GgmlType::Q4_0 => 2,
-        GgmlType::Q4_1 => 3,
-        GgmlType::Q8_0 => 7,
-        GgmlType::Q5_0 => 8,
-        GgmlType::Q5_1 => 9,
-        GgmlType::Q2_K => 10,
-        GgmlType::Q3_K => 12,
-        GgmlType::Q4_K => 15,
-        GgmlType::Q5_K => 17,
-        GgmlType::Q6_K => 18,
-        GgmlType::BF16 => 32,
-        GgmlType::Other(_) => 0,
-    }
+    WeightType::of(t).map_or(0, |row| row.llama_file_type)
 }

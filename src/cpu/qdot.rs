@@ -27,23 +27,17 @@
 //! wasm when the crate is built with `+simd128`, and portable Rust that LLVM vectorizes.
 
 use crate::gguf::GgmlType;
-use crate::quant::{QK, QK_K};
+use crate::quant::{SubBlocks, WeightType, QK, QK_K};
 
 /// Values per activation block of [`Int8Rows`] (one f32 scale each).
 pub const ACT_BLOCK: usize = QK;
 
 /// How a quantized type's row unpacks: values per sub-block (one scale, maybe one minimum)
-/// and whether values have a minimum term. `None` for F32, F16, BF16 and unsupported types.
+/// and whether values have a minimum term (the type's [`SubBlocks`]). `None` for F32, F16,
+/// BF16 and unsupported types.
 pub fn sub_blocks(ty: GgmlType) -> Option<(usize, bool)> {
-    use GgmlType as G;
-    Some(match ty {
-        G::Q4_0 | G::Q5_0 | G::Q8_0 => (QK, false),
-        G::Q4_1 | G::Q5_1 => (QK, true),
-        G::Q2_K => (16, true),
-        G::Q3_K | G::Q6_K => (16, false),
-        G::Q4_K | G::Q5_K => (32, true),
-        _ => return None,
-    })
+    let SubBlocks { values, has_min } = WeightType::of(ty)?.cpu?;
+    Some((values, has_min))
 }
 
 /// Bytes of one row of `cols` values of `ty`, `None` if `cols` is not whole blocks of it.

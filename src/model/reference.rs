@@ -14,7 +14,7 @@
 //! positions whose logits are asked for.
 
 use crate::gguf::{GgmlType, Gguf};
-use crate::quant::dequantize;
+use crate::quant::{dequantize, WeightType};
 
 use super::{Role, RopePairing, TensorTable};
 
@@ -58,7 +58,7 @@ fn dequant(gguf: &Gguf<'_>, name: &str) -> Result<Matrix, ModelError> {
     let mut values = vec![0f32; n];
     dequantize(info.ggml_type, data, &mut values).map_err(|e| ModelError::Format(format!("tensor {name}: {e}")))?;
     // The types whose GPU matmul bodies take int8 activations (`Layout::has_int8_path`).
-    let int8_body = matches!(info.ggml_type, GgmlType::Q4_1 | GgmlType::Q8_0);
+    let int8_body = WeightType::of(info.ggml_type).is_some_and(|row| row.gpu.int8_body());
     let mins = if info.ggml_type == GgmlType::Q4_1 {
         data.chunks_exact(crate::quant::Q4_1_BLOCK_BYTES).map(|b| half::f16::from_le_bytes([b[2], b[3]]).to_f32()).collect()
     } else {

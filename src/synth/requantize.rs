@@ -4,21 +4,15 @@
 
 use super::GgufWriter;
 use crate::gguf::{GgmlType, Gguf, GgufError};
-use crate::quant::{dequantize, quantize};
+use crate::quant::{dequantize, quantize, WeightType};
 
 /// The type llama.cpp's quantizer writes for a matrix with rows of `ne0` values when asked for
 /// `target`: a K-quant needs whole 256-value super-blocks per row and otherwise falls back as
-/// llama.cpp does (Q2_K, Q3_K → Q4_0; Q4_K → Q5_0; Q5_K → Q5_1; Q6_K → Q8_0); a row that is not
-/// whole blocks of that type either is F16.
+/// llama.cpp does (its row's `row_fallback` in [`crate::quant::WEIGHT_TYPES`]: Q4_K → Q5_0, ...);
+/// a row that is not whole blocks of that type either is F16.
 pub fn row_type(target: GgmlType, ne0: u64) -> GgmlType {
     let fits = |t: GgmlType| t.block_size().is_some_and(|(values, _)| ne0 % values == 0);
-    let fallback = match target {
-        GgmlType::Q2_K | GgmlType::Q3_K => GgmlType::Q4_0,
-        GgmlType::Q4_K => GgmlType::Q5_0,
-        GgmlType::Q5_K => GgmlType::Q5_1,
-        GgmlType::Q6_K => GgmlType::Q8_0,
-        other => other,
-    };
+    let fallback = WeightType::of(target).and_then(|row| row.row_fallback).unwrap_or(target);
     [target, fallback].into_iter().find(|&t| fits(t)).unwrap_or(GgmlType::F16)
 }
 

@@ -15,6 +15,7 @@ mod float;
 mod kquants;
 mod legacy;
 
+use super::types::{Codec, WeightType};
 use crate::gguf::GgmlType;
 
 /// Values per block of the legacy formats (Q4_0 .. Q8_0).
@@ -44,12 +45,11 @@ enum Family {
 }
 
 fn family(t: GgmlType) -> Result<Family, QuantError> {
-    use GgmlType as G;
-    Ok(match t {
-        G::F32 | G::F16 | G::BF16 => Family::Float,
-        G::Q4_0 | G::Q4_1 | G::Q5_0 | G::Q5_1 | G::Q8_0 => Family::Legacy(legacy::Format::of(t)),
-        G::Q2_K | G::Q3_K | G::Q4_K | G::Q5_K | G::Q6_K => Family::K(kquants::Format::of(t)),
-        G::Other(_) => return Err(QuantError::Unsupported(t.name())),
+    let row = WeightType::of(t).ok_or_else(|| QuantError::Unsupported(t.name()))?;
+    Ok(match row.codec {
+        Codec::Float => Family::Float,
+        Codec::Legacy => Family::Legacy(legacy::Format::of(t)),
+        Codec::K => Family::K(kquants::Format::of(t)),
     })
 }
 

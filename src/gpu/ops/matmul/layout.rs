@@ -1,6 +1,7 @@
 //! How each GGUF weight type lies in GPU memory: the repacked layouts the kernels read
 //! (documented in `shaders/quant_common.wgsl`, `shaders/matmul_q4_1.wgsl`, `shaders/matmul_q8_0.wgsl`)
-//! and the repacking done once at upload.
+//! and the repacking done once at upload. Which type takes which layout, and with how many rows
+//! per group, is its row of [`WEIGHT_TYPES`] ([`GpuPacking`]); this file only carries it out.
 //!
 //! - Q4_1 and Q8_0 keep the interleaved layouts their own matmul bodies read (scales of a row group
 //!   first, then each row's quants, per 32 columns), measured fastest on the software GPUs.
@@ -10,8 +11,11 @@
 //!   GGUF data but for that padding (Q4_0 +11%, Q5_0 +9%, Q3_K/Q6_K +1%) and the zero rows that
 //!   complete the last group.
 
+use std::sync::OnceLock;
+
 use super::Preludes;
 use crate::gguf::GgmlType;
+use crate::quant::{Codec, GpuPacking, PadAt, WeightType, QK, WEIGHT_TYPES};
 
 /// The GPU side of one weight type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,46 +29,67 @@ pub(crate) struct Layout {
     pub group_rows: u32,
     /// u32 words one group occupies per block of columns.
     pub group_block_words: u32,
-    /// Where the 2 padding bytes of a block go, for blocks that are not whole words.
-    pad: Pad,
+    /// How the blocks lie (the type's row of [`WEIGHT_TYPES`]).
+    packing: GpuPacking,
+    names: &'static ShaderNames,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Pad {
-    /// The block is whole words.
-    None,
-    /// After the leading f16 (Q4_0, Q5_0).
-    AfterHeader,
-    /// At the end (Q3_K, Q6_K).
-    End,
-    /// Q4_1 and Q8_0: their own interleaved layouts.
-    Interleaved,
+/// The shaders of one type (src/gpu/shaders.rs), named after the type's lower-case name: the
+/// matmul shader `matmul_<type>` with its `_wide`, `_subgroup` and `_subgroup_sum` variants,
+/// and `embed_<type>`.
+#[derive(Debug, PartialEq, Eq)]
+struct ShaderNames {
+    plain: String,
+    wide: String,
+    shared: String,
+    sum: String,
+    embed: String,
+}
+
+impl ShaderNames {
+    /// The names of `t`'s shaders, made once per supported type and kept for the program's life
+    /// (a [`Kernel`](crate::gpu::Kernel) keeps its shader's name as a `&'static str`).
+    fn of(t: GgmlType) -> Option<&'static ShaderNames> {
+        static NAMES: OnceLock<Vec<(GgmlType, ShaderNames)>> = OnceLock::new();
+        let all = NAMES.get_or_init(|| {
+            WEIGHT_TYPES
+                .iter()
+                .map(|row| {
+                    let lower = row.ggml_type.name().to_ascii_lowercase();
+                    let matmul = format!("matmul_{lower}");
+                    let names = ShaderNames {
+                        wide: format!("{matmul}_wide"),
+                        shared: format!("{matmul}_subgroup"),
+                        sum: format!("{matmul}_subgroup_sum"),
+                        embed: format!("embed_{lower}"),
+                        plain: matmul,
+                    };
+                    (row.ggml_type, names)
+                })
+                .collect()
+        });
+        all.iter().find(|(ty, _)| *ty == t).map(|(_, names)| names)
+    }
 }
 
 impl Layout {
     /// The layout of `t`, or `None` for a type pagedlm does not compute with.
     pub fn of(t: GgmlType) -> Option<Layout> {
-        let (block_values, block_bytes) = match t {
+        let row = WeightType::of(t)?;
+        let (values, bytes) = t.block_size()?;
+        let (block_values, block_bytes) = match row.codec {
             // Float types go in 32-value "blocks", so every type is read per 32-value chunk.
-            GgmlType::F32 => (32, 128),
-            GgmlType::F16 | GgmlType::BF16 => (32, 64),
-            GgmlType::Other(_) => return None,
-            _ => {
-                let (v, b) = t.block_size()?;
-                (v as u32, b as u32)
-            }
+            Codec::Float => (QK as u32, (QK as u64 * bytes) as u32),
+            Codec::Legacy | Codec::K => (values as u32, bytes as u32),
         };
-        let pad = match t {
-            GgmlType::Q4_1 | GgmlType::Q8_0 => Pad::Interleaved,
-            GgmlType::Q4_0 | GgmlType::Q5_0 => Pad::AfterHeader,
-            GgmlType::Q3_K | GgmlType::Q6_K => Pad::End,
-            _ => Pad::None,
-        };
-        let group_rows = if t == GgmlType::Q8_0 { 8 } else { 4 };
+        let packing = row.gpu;
+        let group_rows = packing.group_rows();
         // The interleaved layouts keep the GGUF size (8 Q8_0 blocks of 34 bytes are 68 words).
-        let group_block_words =
-            if pad == Pad::Interleaved { group_rows * block_bytes / 4 } else { group_rows * block_bytes.div_ceil(4) };
-        Some(Layout { ggml_type: t, block_values, block_bytes, group_rows, group_block_words, pad })
+        let group_block_words = match packing {
+            GpuPacking::Interleaved { .. } => group_rows * block_bytes / 4,
+            GpuPacking::Blocks(_) => group_rows * block_bytes.div_ceil(4),
+        };
+        Some(Layout { ggml_type: t, block_values, block_bytes, group_rows, group_block_words, packing, names: ShaderNames::of(t)? })
     }
 
     /// The matmul shader of this type (src/gpu/shaders.rs) built with `preludes`: plain, its
@@ -72,51 +97,24 @@ impl Layout {
     /// `_subgroup_sum` variant (split rows summed within a subgroup), or the plain one's `_wide`
     /// kernel (tiles past 16 slots).
     pub fn matmul_shader(&self, preludes: Preludes) -> &'static str {
-        let (plain, wide, shared, sum) = match self.ggml_type {
-            GgmlType::F32 => ("matmul_f32", "matmul_f32_wide", "matmul_f32_subgroup", "matmul_f32_subgroup_sum"),
-            GgmlType::F16 => ("matmul_f16", "matmul_f16_wide", "matmul_f16_subgroup", "matmul_f16_subgroup_sum"),
-            GgmlType::BF16 => ("matmul_bf16", "matmul_bf16_wide", "matmul_bf16_subgroup", "matmul_bf16_subgroup_sum"),
-            GgmlType::Q4_0 => ("matmul_q4_0", "matmul_q4_0_wide", "matmul_q4_0_subgroup", "matmul_q4_0_subgroup_sum"),
-            GgmlType::Q4_1 => ("matmul_q4_1", "matmul_q4_1_wide", "matmul_q4_1_subgroup", "matmul_q4_1_subgroup_sum"),
-            GgmlType::Q5_0 => ("matmul_q5_0", "matmul_q5_0_wide", "matmul_q5_0_subgroup", "matmul_q5_0_subgroup_sum"),
-            GgmlType::Q5_1 => ("matmul_q5_1", "matmul_q5_1_wide", "matmul_q5_1_subgroup", "matmul_q5_1_subgroup_sum"),
-            GgmlType::Q8_0 => ("matmul_q8_0", "matmul_q8_0_wide", "matmul_q8_0_subgroup", "matmul_q8_0_subgroup_sum"),
-            GgmlType::Q2_K => ("matmul_q2_k", "matmul_q2_k_wide", "matmul_q2_k_subgroup", "matmul_q2_k_subgroup_sum"),
-            GgmlType::Q3_K => ("matmul_q3_k", "matmul_q3_k_wide", "matmul_q3_k_subgroup", "matmul_q3_k_subgroup_sum"),
-            GgmlType::Q4_K => ("matmul_q4_k", "matmul_q4_k_wide", "matmul_q4_k_subgroup", "matmul_q4_k_subgroup_sum"),
-            GgmlType::Q5_K => ("matmul_q5_k", "matmul_q5_k_wide", "matmul_q5_k_subgroup", "matmul_q5_k_subgroup_sum"),
-            GgmlType::Q6_K | GgmlType::Other(_) => ("matmul_q6_k", "matmul_q6_k_wide", "matmul_q6_k_subgroup", "matmul_q6_k_subgroup_sum"),
-        };
+        let names: &'static ShaderNames = self.names;
         match preludes {
-            Preludes::Plain => plain,
-            Preludes::PlainWide => wide,
-            Preludes::SharedLoads => shared,
-            Preludes::SubgroupSum => sum,
+            Preludes::Plain => &names.plain,
+            Preludes::PlainWide => &names.wide,
+            Preludes::SharedLoads => &names.shared,
+            Preludes::SubgroupSum => &names.sum,
         }
     }
 
     /// The embedding shader of this type: `embed_` and the matmul shader's suffix.
     pub fn embed_shader(&self) -> &'static str {
-        match self.ggml_type {
-            GgmlType::F32 => "embed_f32",
-            GgmlType::F16 => "embed_f16",
-            GgmlType::BF16 => "embed_bf16",
-            GgmlType::Q4_0 => "embed_q4_0",
-            GgmlType::Q4_1 => "embed_q4_1",
-            GgmlType::Q5_0 => "embed_q5_0",
-            GgmlType::Q5_1 => "embed_q5_1",
-            GgmlType::Q8_0 => "embed_q8_0",
-            GgmlType::Q2_K => "embed_q2_k",
-            GgmlType::Q3_K => "embed_q3_k",
-            GgmlType::Q4_K => "embed_q4_k",
-            GgmlType::Q5_K => "embed_q5_k",
-            GgmlType::Q6_K | GgmlType::Other(_) => "embed_q6_k",
-        }
+        let names: &'static ShaderNames = self.names;
+        &names.embed
     }
 
     /// Whether this type's matmul body can take int8 activations (`dot4I8Packed`).
     pub fn has_int8_path(&self) -> bool {
-        self.pad == Pad::Interleaved
+        self.packing.int8_body()
     }
 
     /// GGUF bytes of one row of `cols` values.
@@ -162,40 +160,59 @@ impl Layout {
         out
     }
 
-    /// Writes row r's GGUF `block` into the group block `dst`.
+    /// Writes row r's GGUF `block` into the group block `dst` (zeroed before).
     fn place(&self, block: &[u8], r: usize, dst: &mut [u32]) {
-        let word = |at: usize| u32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]]);
-        match (self.pad, self.ggml_type) {
-            (Pad::Interleaved, GgmlType::Q4_1) => {
-                // u32 r: d | m << 16, the first 4 bytes of the block read little-endian.
-                dst[r] = word(0);
-                for i in 0..4 {
-                    dst[4 + 4 * r + i] = word(4 + 4 * i);
-                }
+        match self.packing {
+            GpuPacking::Interleaved { group_rows, header_bytes } => {
+                // Row r's header (scale, and minimum) at byte r · header_bytes of the group's
+                // headers, its quants in words after every row's header.
+                let header = header_bytes as usize;
+                or_bytes(dst, r * header, &block[..header]);
+                let quants = &block[header..];
+                or_bytes(dst, group_rows as usize * header + r * quants.len(), quants);
             }
-            (Pad::Interleaved, _) => {
-                let d = u16::from_le_bytes([block[0], block[1]]) as u32;
-                dst[r / 2] |= d << (16 * (r % 2));
-                for i in 0..8 {
-                    dst[4 + 8 * r + i] = word(2 + 4 * i);
-                }
-            }
-            (pad, _) => {
+            GpuPacking::Blocks(pad) => {
                 let words = self.group_block_words as usize / self.group_rows as usize;
-                let mut bytes = Vec::with_capacity(words * 4);
+                let at = r * words * 4;
                 match pad {
-                    Pad::AfterHeader => {
-                        bytes.extend_from_slice(&block[..2]);
-                        bytes.extend_from_slice(&[0, 0]);
-                        bytes.extend_from_slice(&block[2..]);
+                    PadAt::AfterHeader => {
+                        or_bytes(dst, at, &block[..2]);
+                        or_bytes(dst, at + 4, &block[2..]);
                     }
-                    _ => bytes.extend_from_slice(block),
-                }
-                bytes.resize(words * 4, 0);
-                for (i, w) in bytes.chunks_exact(4).enumerate() {
-                    dst[r * words + i] = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                    PadAt::Nowhere | PadAt::End => or_bytes(dst, at, block),
                 }
             }
         }
+    }
+}
+
+/// ORs `bytes` into the little-endian words of `dst` from byte `at` on: whole words at once
+/// where `at` is word-aligned (the quants of every layout), byte by byte otherwise.
+fn or_bytes(dst: &mut [u32], at: usize, bytes: &[u8]) {
+    let whole = if at % 4 == 0 { bytes.len() / 4 * 4 } else { 0 };
+    for (d, w) in dst[at / 4..].iter_mut().zip(bytes[..whole].chunks_exact(4)) {
+        *d |= u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+    }
+    for (i, &b) in bytes.iter().enumerate().skip(whole) {
+        dst[(at + i) / 4] |= (b as u32) << (8 * ((at + i) % 4));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_supported_type_has_its_shaders() {
+        for t in GgmlType::SUPPORTED {
+            let layout = Layout::of(t).unwrap_or_else(|| panic!("{} has no layout", t.name()));
+            let matmuls = [Preludes::Plain, Preludes::PlainWide, Preludes::SharedLoads, Preludes::SubgroupSum].map(|p| layout.matmul_shader(p));
+            for name in matmuls.into_iter().chain([layout.embed_shader()]) {
+                assert!(crate::gpu::shaders::source(name).is_some(), "{}: no shader {name}", t.name());
+            }
+        }
+        let q4_k = Layout::of(GgmlType::Q4_K).unwrap();
+        assert_eq!((q4_k.matmul_shader(Preludes::SubgroupSum), q4_k.embed_shader()), ("matmul_q4_k_subgroup_sum", "embed_q4_k"));
+        assert_eq!(Layout::of(GgmlType::Other(23)), None);
     }
 }
