@@ -21,7 +21,7 @@ use wasm_bindgen::JsCast;
 
 use crate::engine::{
     AdapterClass, BackendChoice, ChatFormatKind, Constraint, Context, DeviceLimits, Engine, EngineError, EngineOptions, EngineStats, ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout, Message,
-    Profile, ProfileSummary, RequestId, SamplingParams, SchedStats, TokenEvent, Tools,
+    Profile, ProfileSummary, RequestId, SchedStats, TokenEvent, Tools,
 };
 
 /// What kind of failure an error is; JS sees it as `error.code` ([`ErrorCode::as_str`]). A
@@ -133,8 +133,10 @@ struct LoadOptions {
 }
 
 impl LoadOptions {
+    /// The engine's options: [`EngineOptions::for_users`], the defaults the CLI starts from too,
+    /// with what JS set.
     fn engine_options(self) -> Result<EngineOptions, WebError> {
-        let mut o = EngineOptions::default();
+        let mut o = EngineOptions::for_users();
         o.max_context = self.max_context.unwrap_or(o.max_context);
         o.prefill_chunk = self.prefill_chunk.unwrap_or(o.prefill_chunk);
         o.kv_dtype = self.kv_dtype.unwrap_or(o.kv_dtype);
@@ -144,18 +146,17 @@ impl LoadOptions {
         o.prefix_cache = self.prefix_cache.unwrap_or(o.prefix_cache);
         o.sched.max_batch = self.max_batch.unwrap_or(o.sched.max_batch);
         o.sched.step_tokens = self.step_tokens.unwrap_or(o.sched.step_tokens);
-        o.max_binding_bytes = self.max_binding_mib.map(|mib| u64::from(mib) << 20);
+        o.max_binding_bytes = self.max_binding_mib.map(|mib| u64::from(mib) << 20).or(o.max_binding_bytes);
         if let Some(name) = self.adapter_class.as_deref() {
             o.adapter_class = Some(AdapterClass::parse(name).ok_or_else(|| {
                 WebError::invalid(format!("adapterClass must be \"cpu\", \"integrated\" or \"discrete\", not {name:?}"))
             })?);
         }
         o.optional_features = self.optional_features.unwrap_or(o.optional_features);
-        o.backend = match self.backend.as_deref() {
-            None => BackendChoice::FOR_USERS,
-            Some(name) => BackendChoice::parse(name)
-                .ok_or_else(|| WebError::invalid(format!("backend must be \"auto\", \"webgpu\" or \"cpu\", not {name:?}")))?,
-        };
+        if let Some(name) = self.backend.as_deref() {
+            o.backend = BackendChoice::parse(name)
+                .ok_or_else(|| WebError::invalid(format!("backend must be \"auto\", \"webgpu\" or \"cpu\", not {name:?}")))?;
+        }
         if let Some(bytes) = self.max_memory_bytes {
             if !(bytes.is_finite() && bytes >= 1.0 && bytes <= 2f64.powi(53)) {
                 return Err(WebError::invalid(format!("maxMemoryBytes must be a positive number of bytes, not {bytes}")));
@@ -204,34 +205,29 @@ struct ChatOptions {
 }
 
 impl ChatOptions {
+    /// The request: [`GenerateRequest::default`], the defaults the CLI starts from too, with
+    /// what JS set.
     fn request(self) -> Result<GenerateRequest, WebError> {
-        let base = GenerateRequest::default();
-        let d = SamplingParams::default();
-        let constraint = match (&self.response_format, self.grammar) {
+        let mut request = GenerateRequest::default();
+        request.constraint = match (&self.response_format, self.grammar) {
             (Some(_), Some(_)) => return Err(WebError::invalid("response_format and grammar exclude each other: give one")),
             (Some(format), None) => Constraint::from_response_format(format).map_err(EngineError::from)?,
             (None, grammar) => grammar.map(Constraint::Lark),
         };
-        let tools = Tools::from_options(self.tools.as_ref(), self.tool_choice.as_ref(), self.parallel_tool_calls).map_err(EngineError::from)?;
-        Ok(GenerateRequest {
-            ignore_eos: false,
-            constraint,
-            tools,
-            max_tokens: self.max_tokens.unwrap_or(base.max_tokens),
-            sampling: SamplingParams {
-                temperature: self.temperature.unwrap_or(d.temperature),
-                top_k: self.top_k.unwrap_or(d.top_k),
-                top_p: self.top_p.unwrap_or(d.top_p),
-                repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
-                repetition_window: d.repetition_window,
-                seed: self.seed.unwrap_or(d.seed),
-            },
-            stop: match self.stop {
-                None => Vec::new(),
-                Some(Stop::One(s)) => vec![s],
-                Some(Stop::Many(v)) => v,
-            },
-        })
+        request.tools = Tools::from_options(self.tools.as_ref(), self.tool_choice.as_ref(), self.parallel_tool_calls).map_err(EngineError::from)?;
+        request.max_tokens = self.max_tokens.unwrap_or(request.max_tokens);
+        let sampling = &mut request.sampling;
+        sampling.temperature = self.temperature.unwrap_or(sampling.temperature);
+        sampling.top_k = self.top_k.unwrap_or(sampling.top_k);
+        sampling.top_p = self.top_p.unwrap_or(sampling.top_p);
+        sampling.repetition_penalty = self.repetition_penalty.unwrap_or(sampling.repetition_penalty);
+        sampling.seed = self.seed.unwrap_or(sampling.seed);
+        match self.stop {
+            None => {}
+            Some(Stop::One(s)) => request.stop = vec![s],
+            Some(Stop::Many(v)) => request.stop = v,
+        }
+        Ok(request)
     }
 }
 
@@ -495,6 +491,13 @@ pub fn option_names() -> Result<JsValue, WebError> {
     // Tools are for chat: a raw-text prompt cannot offer them (`submitPrompt` refuses them).
     let completion = request.iter().copied().filter(|n| !CHAT_ONLY_OPTIONS.contains(n)).collect();
     to_js(&OptionNames { load: field_names::<LoadOptions>(), chat: request, completion })
+}
+
+/// The backend `WebEngine.load` takes when its options name none (`"auto"`:
+/// [`EngineOptions::for_users`]), for the Worker, which probes WebGPU for it before loading.
+#[wasm_bindgen(js_name = defaultBackend)]
+pub fn default_backend() -> Result<JsValue, WebError> {
+    to_js(&EngineOptions::for_users().backend)
 }
 
 /// Parses an optional JS options object: `undefined` and `null` mean "all defaults".

@@ -8,7 +8,7 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use pagedlm::engine::ErrorKind;
+use pagedlm::engine::{BackendChoice, EngineOptions, ErrorKind};
 use pagedlm::gguf::GgmlType;
 use pagedlm::synth::{tiny_llama_gguf, SynthConfig, SynthTypes};
 use pagedlm::web::{ErrorCode, WebEngine, WebError};
@@ -318,6 +318,42 @@ fn every_code_is_distinct_and_listed_in_the_package_type() {
         assert!(union.contains(&format!("| \"{text}\"")), "{code:?}: js/index.d.ts's ErrorCode lacks {text}");
     }
     assert_eq!(seen.len(), ErrorKind::ALL.len() + ErrorCode::WEB_ONLY.len());
+}
+
+/// The backend the Worker probes WebGPU for when `createEngine` names none is the one
+/// `WebEngine.load` takes then: the library's default for users.
+#[wasm_bindgen_test]
+fn the_default_backend_is_the_one_users_get() {
+    let backend = pagedlm::web::default_backend().expect("defaultBackend");
+    let name = backend.as_string().unwrap_or_else(|| panic!("defaultBackend() gave {backend:?}"));
+    assert_eq!(name, "auto");
+    assert_eq!(BackendChoice::parse(&name), Some(EngineOptions::for_users().backend));
+}
+
+/// The defaults js/index.d.ts documents for `createEngine`'s options are the ones `load` takes
+/// ([`EngineOptions::for_users`]).
+#[wasm_bindgen_test]
+fn the_documented_engine_defaults_are_the_library_ones() {
+    let d_ts = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/js/index.d.ts"));
+    let options = &d_ts[d_ts.find("export interface EngineOptions {").expect("js/index.d.ts has no EngineOptions")..];
+    let o = EngineOptions::for_users();
+    let name = |value: serde_json::Value| value.as_str().map(String::from).unwrap_or_else(|| panic!("{value} is not a name"));
+    let documented = [
+        ("kvDtype", format!("\"{}\" (default)", name(serde_json::json!(o.kv_dtype)))),
+        ("kvLayout", format!("\"{}\" (default)", name(serde_json::json!(o.kv_layout)))),
+        ("blockSize", format!("(default {})", o.block_size)),
+        ("prefillChunk", format!("(default {})", o.prefill_chunk)),
+        ("prefixCache", format!("(default {})", o.prefix_cache)),
+        ("maxBatch", format!("(default {})", o.sched.max_batch)),
+        ("stepTokens", format!("(default {})", o.sched.step_tokens)),
+        ("optionalFeatures", format!("(default {})", o.optional_features)),
+        ("backend", format!("(default \"{}\")", name(serde_json::json!(o.backend)))),
+    ];
+    for (option, said) in documented {
+        let at = options.find(&format!("\n  {option}?:")).unwrap_or_else(|| panic!("EngineOptions has no {option}"));
+        let doc = &options[options[..at].rfind("/**").expect("a doc comment")..at];
+        assert!(doc.contains(&said), "js/index.d.ts documents {option} as {doc:?}, the library's default is {said}");
+    }
 }
 
 #[wasm_bindgen_test]
