@@ -2,7 +2,7 @@
 // the page never blocks. It downloads the model (with progress, through the Cache API), loads
 // it, runs every request (chat, or raw-text completion) through the engine's continuous-batching scheduler, and streams
 // tokens back. Its messages, in and out, are those of js/protocol.js.
-import init, { WebEngine } from "../pkg/pagedlm.js";
+import init, { WebEngine, defaultBackend } from "../pkg/pagedlm.js";
 import { fromWorker } from "./protocol.js";
 
 /** @type {WebEngine | null} */
@@ -173,9 +173,11 @@ function die(e) {
 async function load({ id, model, options, cache: cacheOptions, lock }, progress) {
   if (engine) throw fail("INVALID_ARGUMENT", "this worker already holds an engine");
   if (await holdLock(lock)) post(fromWorker.held(id));
+  // The wasm module first: it says which backend a load that names none takes.
+  await init();
   // The CPU backend needs no WebGPU; "auto" without it takes the CPU backend and says why.
   let noWebGpu = null;
-  const backend = options?.backend ?? "auto";
+  const backend = options?.backend ?? defaultBackend();
   if (backend === "auto") {
     noWebGpu = await checkWebGpu().then(() => null, (e) => e.message);
     if (noWebGpu) options = { ...options, backend: "cpu" };
@@ -188,7 +190,6 @@ async function load({ id, model, options, cache: cacheOptions, lock }, progress)
   progress({ phase: "load", loaded: got.bytes.length, total: got.bytes.length });
   const t1 = performance.now();
   try {
-    await init();
     engine = await WebEngine.load(got.bytes, options);
   } catch (e) {
     // A cached file that does not load is not worth keeping: the next try downloads it again.

@@ -1,6 +1,6 @@
-//! The engine's error and the kind of each failure, which the JS layer maps to a code and the
-//! CLI prints. Every lower layer has its own error enum; this one wraps them and says, through
-//! [`EngineError::kind`], what the caller can do about it.
+//! The engine's error and the kind of each failure, with the code JS sees for it
+//! ([`ErrorKind::code`]). Every lower layer has its own error enum; this one wraps them and says,
+//! through [`EngineError::kind`], what the caller can do about it.
 //!
 //! Messages are said once: a wrapped error is shown as itself (`transparent`) or as a prefix
 //! plus the inner text, never both as text and as a `source()` (which error chains print again).
@@ -66,36 +66,60 @@ impl From<GgufError> for EngineError {
     }
 }
 
-/// What kind of failure an [`EngineError`] is: what the caller can do about it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ErrorKind {
+/// Declares [`ErrorKind`] from rows of `doc, Kind => "CODE"`, so that a kind, what it means and
+/// the code JS sees for it are said once, together; [`ErrorKind::ALL`] and [`ErrorKind::code`]
+/// follow from the rows.
+macro_rules! error_kinds {
+    ($($(#[$doc:meta])* $kind:ident => $code:literal,)+) => {
+        /// What kind of failure an [`EngineError`] is: what the caller can do about it.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum ErrorKind {
+            $($(#[$doc])* $kind,)+
+        }
+
+        impl ErrorKind {
+            /// Every kind, in the order declared.
+            pub const ALL: &'static [ErrorKind] = &[$(ErrorKind::$kind),+];
+
+            /// The code JS sees as `error.code` for this kind (`js/index.d.ts` lists the codes
+            /// in its `ErrorCode` type, with the few the JS and the wasm layer add).
+            pub fn code(self) -> &'static str {
+                match self {
+                    $(ErrorKind::$kind => $code,)+
+                }
+            }
+        }
+    };
+}
+
+error_kinds! {
     /// No usable WebGPU/Vulkan adapter or device.
-    NoDevice,
+    NoDevice => "WEBGPU_UNAVAILABLE",
     /// The model file is not one pagedlm can read or run.
-    ModelFormat,
+    ModelFormat => "MODEL_FORMAT",
     /// An engine feature this configuration lacks (e.g. a snapshot of an INT8 pool): a
     /// setting to change. A model file pagedlm cannot run (a tensor type, a head size) is
     /// [`ErrorKind::ModelFormat`]: the caller's remedy is another file.
-    Unsupported,
+    Unsupported => "UNSUPPORTED",
     /// The prompt or sequence does not fit the context.
-    ContextOverflow,
+    ContextOverflow => "CONTEXT_OVERFLOW",
     /// The KV pool cannot hold the sequence.
-    KvPoolFull,
+    KvPoolFull => "KV_POOL_FULL",
     /// A caller's argument is out of range or malformed.
-    InvalidArgument,
+    InvalidArgument => "INVALID_ARGUMENT",
     /// The device failed while running (validation, readback).
-    Gpu,
+    Gpu => "GPU_ERROR",
     /// An allocation past the engine's memory cap (`max_memory_bytes`) or one the device
     /// refused: the engine stays usable for what fits.
-    OutOfMemory,
+    OutOfMemory => "OUT_OF_MEMORY",
     /// The device is gone: the engine must be recreated (the model bytes can be reused).
-    DeviceLost,
+    DeviceLost => "DEVICE_LOST",
     /// A KV snapshot from another model or engine configuration.
-    SnapshotMismatch,
+    SnapshotMismatch => "SNAPSHOT_MISMATCH",
     /// KV snapshot bytes that are damaged.
-    SnapshotCorrupt,
+    SnapshotCorrupt => "SNAPSHOT_CORRUPT",
     /// A bug in pagedlm: a broken invariant or contract.
-    Internal,
+    Internal => "INTERNAL",
 }
 
 impl EngineError {
@@ -172,5 +196,95 @@ impl EngineError {
     /// The error each request of a failed step ends with.
     pub fn step_failure(&self) -> EngineError {
         EngineError::Step { kind: self.kind(), message: self.to_string() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::ErrorKind;
+
+    const INDEX_D_TS: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/js/index.d.ts"));
+    /// The package's JS, which raises a few codes of its own (a failed download, an abort).
+    const PACKAGE_JS: [(&str, &str); 3] = [
+        ("js/index.js", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/js/index.js"))),
+        ("js/worker.js", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/js/worker.js"))),
+        ("js/protocol.js", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/js/protocol.js"))),
+    ];
+    /// The wasm layer, whose `ErrorCode::as_str` adds the codes of the failures only it has.
+    const WEB_RS: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/web.rs"));
+
+    fn is_code(text: &str) -> bool {
+        text.len() > 1 && text.starts_with(|c: char| c.is_ascii_uppercase()) && text.bytes().all(|b| b.is_ascii_uppercase() || b == b'_')
+    }
+
+    /// What `source` quotes that is written like a code (`"MODEL_DOWNLOAD"`). Every stretch
+    /// between two double quotes counts, so that a quote in a comment or a template string cannot
+    /// hide the literals after it; text outside a literal is never a lone capitalized word.
+    fn code_literals(source: &str) -> BTreeSet<&str> {
+        source.split('"').skip(1).filter(|s| is_code(s)).collect()
+    }
+
+    /// The codes `js/index.d.ts` lists in `export type ErrorCode = | "A" | "B" ...;`.
+    fn package_codes() -> BTreeSet<String> {
+        const HEAD: &str = "export type ErrorCode =";
+        let start = INDEX_D_TS.find(HEAD).expect("js/index.d.ts has no `export type ErrorCode`");
+        // The members, without their doc comments (which may quote codes, or hold a `;`).
+        let (mut rest, mut members) = (&INDEX_D_TS[start + HEAD.len()..], String::new());
+        loop {
+            let end = rest.find(';').expect("the ErrorCode type ends with ;");
+            match rest.find("/**") {
+                Some(comment) if comment < end => {
+                    members += &rest[..comment];
+                    let close = rest[comment..].find("*/").expect("a doc comment in ErrorCode ends");
+                    rest = &rest[comment + close + 2..];
+                }
+                _ => break members += &rest[..end],
+            }
+        }
+        let codes: BTreeSet<String> = code_literals(&members).into_iter().map(String::from).collect();
+        assert!(codes.len() >= ErrorKind::ALL.len(), "js/index.d.ts's ErrorCode lists only {codes:?}");
+        codes
+    }
+
+    /// Every kind has its own code, in the SCREAMING_SNAKE_CASE JS codes are written in.
+    #[test]
+    fn every_kind_has_a_distinct_code() {
+        let mut seen = std::collections::HashMap::new();
+        for &kind in ErrorKind::ALL {
+            let code = kind.code();
+            assert!(is_code(code), "{kind:?}: {code:?}");
+            if let Some(other) = seen.insert(code, kind) {
+                panic!("{kind:?} and {other:?} share the code {code}");
+            }
+        }
+    }
+
+    /// The package's `ErrorCode` type lists exactly the codes pagedlm gives: every kind's, the
+    /// wasm layer's own (`ErrorCode::as_str` in src/web.rs) and those the package's JS raises
+    /// itself; every code the JS names is one of them.
+    #[test]
+    fn the_package_type_lists_exactly_the_codes_given() {
+        let listed = package_codes();
+        let kinds: BTreeSet<&str> = ErrorKind::ALL.iter().map(|k| k.code()).collect();
+        let web_only: BTreeSet<&str> = WEB_RS.lines().filter(|l| l.trim_start().starts_with("ErrorCode::") && l.contains("=> \"")).flat_map(code_literals).collect();
+        assert!(!web_only.is_empty(), "found no `ErrorCode::X => \"CODE\"` arm in src/web.rs: has ErrorCode::as_str moved?");
+        let mut given = kinds.clone();
+        given.extend(&web_only);
+        for (file, source) in PACKAGE_JS {
+            for code in code_literals(source) {
+                assert!(listed.contains(code), "{file} names the code {code}, which js/index.d.ts's ErrorCode does not list");
+                given.insert(code);
+            }
+        }
+        for &code in &kinds {
+            assert!(listed.contains(code), "js/index.d.ts's ErrorCode lacks {code}, an ErrorKind's code");
+        }
+        for &code in &web_only {
+            assert!(listed.contains(code), "js/index.d.ts's ErrorCode lacks {code}, which src/web.rs gives");
+        }
+        let unused: Vec<&String> = listed.iter().filter(|c| !given.contains(c.as_str())).collect();
+        assert!(unused.is_empty(), "js/index.d.ts's ErrorCode lists {unused:?}, which neither the engine, src/web.rs nor the package's JS gives");
     }
 }

@@ -21,60 +21,38 @@ use wasm_bindgen::JsCast;
 
 use crate::engine::{
     AdapterClass, BackendChoice, ChatFormatKind, Constraint, Context, DeviceLimits, Engine, EngineError, EngineOptions, EngineStats, ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout, Message,
-    Profile, ProfileSummary, RequestId, SamplingParams, SchedStats, TokenEvent, Tools,
+    Profile, ProfileSummary, RequestId, SchedStats, TokenEvent, Tools,
 };
 
-/// What kind of failure an error is; JS sees it as `error.code`.
+/// What kind of failure an error is; JS sees it as `error.code` ([`ErrorCode::as_str`]). A
+/// failure of the engine carries its [`ErrorKind`], whose code is the kind's own
+/// ([`ErrorKind::code`]); only the failures this layer adds have codes of their own here.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorCode {
-    /// No WebGPU adapter or device, or one without the limits the model needs.
-    WebGpuUnavailable,
-    /// The file is not a GGUF model pagedlm can run (truncated, corrupt, unsupported type).
-    ModelFormat,
-    /// The prompt (plus the reply) does not fit the context.
-    ContextOverflow,
-    /// The KV pool has no free block left for this request.
-    KvPoolFull,
-    /// A feature the engine does not offer yet (e.g. `kvDtype: "int8"` before it lands).
-    Unsupported,
-    /// Bad options or messages.
-    InvalidArgument,
+    /// A failure of the engine, or a refusal of this layer's that has the same meaning (a bad
+    /// option is [`ErrorKind::InvalidArgument`]).
+    Kind(ErrorKind),
     /// A generation is running on this engine.
     Busy,
-    /// A GPU failure after loading (validation, out of memory, a failed readback).
-    GpuError,
-    /// The GPU device was lost: requests end with what they had; the engine must be recreated.
-    DeviceLost,
-    /// Past `maxMemoryBytes`, or an allocation the device refused; the engine stays usable.
-    OutOfMemory,
     /// The token callback threw.
     Callback,
-    /// A KV snapshot made for another model, KV dtype, layout, block size or format version.
-    SnapshotMismatch,
-    /// Bytes that are not an intact KV snapshot (truncated, flipped, not a snapshot at all).
-    SnapshotCorrupt,
-    /// A bookkeeping bug in pagedlm itself.
-    Internal,
 }
 
 impl ErrorCode {
+    /// The codes only this layer gives (every [`ErrorKind`]'s comes as [`ErrorCode::Kind`]).
+    pub const WEB_ONLY: &'static [ErrorCode] = &[ErrorCode::Busy, ErrorCode::Callback];
+
     pub fn as_str(self) -> &'static str {
         match self {
-            ErrorCode::WebGpuUnavailable => "WEBGPU_UNAVAILABLE",
-            ErrorCode::ModelFormat => "MODEL_FORMAT",
-            ErrorCode::ContextOverflow => "CONTEXT_OVERFLOW",
-            ErrorCode::KvPoolFull => "KV_POOL_FULL",
-            ErrorCode::Unsupported => "UNSUPPORTED",
-            ErrorCode::InvalidArgument => "INVALID_ARGUMENT",
+            ErrorCode::Kind(kind) => kind.code(),
             ErrorCode::Busy => "BUSY",
-            ErrorCode::GpuError => "GPU_ERROR",
-            ErrorCode::DeviceLost => "DEVICE_LOST",
-            ErrorCode::OutOfMemory => "OUT_OF_MEMORY",
             ErrorCode::Callback => "CALLBACK_ERROR",
-            ErrorCode::SnapshotMismatch => "SNAPSHOT_MISMATCH",
-            ErrorCode::SnapshotCorrupt => "SNAPSHOT_CORRUPT",
-            ErrorCode::Internal => "INTERNAL",
         }
+    }
+
+    /// Every code this layer can give JS: each kind's, then its own.
+    pub fn all() -> impl Iterator<Item = ErrorCode> {
+        ErrorKind::ALL.iter().map(|&kind| ErrorCode::Kind(kind)).chain(ErrorCode::WEB_ONLY.iter().copied())
     }
 }
 
@@ -86,33 +64,25 @@ pub struct WebError {
 }
 
 impl WebError {
-    fn new(code: ErrorCode, message: impl Into<String>) -> WebError {
-        WebError { code, message: message.into() }
+    fn new(code: impl Into<ErrorCode>, message: impl Into<String>) -> WebError {
+        WebError { code: code.into(), message: message.into() }
+    }
+
+    /// A bad option or argument from JS.
+    fn invalid(message: impl Into<String>) -> WebError {
+        WebError::new(ErrorKind::InvalidArgument, message)
     }
 }
 
 impl From<ErrorKind> for ErrorCode {
     fn from(kind: ErrorKind) -> ErrorCode {
-        match kind {
-            ErrorKind::NoDevice => ErrorCode::WebGpuUnavailable,
-            ErrorKind::ModelFormat => ErrorCode::ModelFormat,
-            ErrorKind::Unsupported => ErrorCode::Unsupported,
-            ErrorKind::ContextOverflow => ErrorCode::ContextOverflow,
-            ErrorKind::KvPoolFull => ErrorCode::KvPoolFull,
-            ErrorKind::InvalidArgument => ErrorCode::InvalidArgument,
-            ErrorKind::Gpu => ErrorCode::GpuError,
-            ErrorKind::DeviceLost => ErrorCode::DeviceLost,
-            ErrorKind::OutOfMemory => ErrorCode::OutOfMemory,
-            ErrorKind::SnapshotMismatch => ErrorCode::SnapshotMismatch,
-            ErrorKind::SnapshotCorrupt => ErrorCode::SnapshotCorrupt,
-            ErrorKind::Internal => ErrorCode::Internal,
-        }
+        ErrorCode::Kind(kind)
     }
 }
 
 impl From<EngineError> for WebError {
     fn from(e: EngineError) -> WebError {
-        WebError::new(ErrorCode::from(e.kind()), e.to_string())
+        WebError::new(e.kind(), e.to_string())
     }
 }
 
@@ -163,8 +133,10 @@ struct LoadOptions {
 }
 
 impl LoadOptions {
+    /// The engine's options: [`EngineOptions::for_users`], the defaults the CLI starts from too,
+    /// with what JS set.
     fn engine_options(self) -> Result<EngineOptions, WebError> {
-        let mut o = EngineOptions::default();
+        let mut o = EngineOptions::for_users();
         o.max_context = self.max_context.unwrap_or(o.max_context);
         o.prefill_chunk = self.prefill_chunk.unwrap_or(o.prefill_chunk);
         o.kv_dtype = self.kv_dtype.unwrap_or(o.kv_dtype);
@@ -174,32 +146,26 @@ impl LoadOptions {
         o.prefix_cache = self.prefix_cache.unwrap_or(o.prefix_cache);
         o.sched.max_batch = self.max_batch.unwrap_or(o.sched.max_batch);
         o.sched.step_tokens = self.step_tokens.unwrap_or(o.sched.step_tokens);
-        o.max_binding_bytes = self.max_binding_mib.map(|mib| u64::from(mib) << 20);
-        o.adapter_class = match self.adapter_class.as_deref() {
-            None => None,
-            Some(name) => Some(AdapterClass::parse(name).ok_or_else(|| {
-                WebError::new(
-                    ErrorCode::InvalidArgument,
-                    format!("adapterClass must be \"cpu\", \"integrated\" or \"discrete\", not {name:?}"),
-                )
-            })?),
-        };
+        o.max_binding_bytes = self.max_binding_mib.map(|mib| u64::from(mib) << 20).or(o.max_binding_bytes);
+        if let Some(name) = self.adapter_class.as_deref() {
+            o.adapter_class = Some(AdapterClass::parse(name).ok_or_else(|| {
+                WebError::invalid(format!("adapterClass must be \"cpu\", \"integrated\" or \"discrete\", not {name:?}"))
+            })?);
+        }
         o.optional_features = self.optional_features.unwrap_or(o.optional_features);
-        o.backend = match self.backend.as_deref() {
-            None => BackendChoice::FOR_USERS,
-            Some(name) => BackendChoice::parse(name).ok_or_else(|| {
-                WebError::new(ErrorCode::InvalidArgument, format!("backend must be \"auto\", \"webgpu\" or \"cpu\", not {name:?}"))
-            })?,
-        };
+        if let Some(name) = self.backend.as_deref() {
+            o.backend = BackendChoice::parse(name)
+                .ok_or_else(|| WebError::invalid(format!("backend must be \"auto\", \"webgpu\" or \"cpu\", not {name:?}")))?;
+        }
         if let Some(bytes) = self.max_memory_bytes {
             if !(bytes.is_finite() && bytes >= 1.0 && bytes <= 2f64.powi(53)) {
-                return Err(WebError::new(ErrorCode::InvalidArgument, format!("maxMemoryBytes must be a positive number of bytes, not {bytes}")));
+                return Err(WebError::invalid(format!("maxMemoryBytes must be a positive number of bytes, not {bytes}")));
             }
             o.max_memory_bytes = Some(bytes as u64);
         }
         if let Some(name) = self.device_limits.as_deref() {
             o.device_limits = DeviceLimits::parse(name)
-                .ok_or_else(|| WebError::new(ErrorCode::InvalidArgument, format!("deviceLimits must be \"adapter\" or \"phone\", not {name:?}")))?;
+                .ok_or_else(|| WebError::invalid(format!("deviceLimits must be \"adapter\" or \"phone\", not {name:?}")))?;
         }
         Ok(o)
     }
@@ -239,34 +205,29 @@ struct ChatOptions {
 }
 
 impl ChatOptions {
+    /// The request: [`GenerateRequest::default`], the defaults the CLI starts from too, with
+    /// what JS set.
     fn request(self) -> Result<GenerateRequest, WebError> {
-        let base = GenerateRequest::default();
-        let d = SamplingParams::default();
-        let constraint = match (&self.response_format, self.grammar) {
-            (Some(_), Some(_)) => return Err(WebError::new(ErrorCode::InvalidArgument, "response_format and grammar exclude each other: give one")),
+        let mut request = GenerateRequest::default();
+        request.constraint = match (&self.response_format, self.grammar) {
+            (Some(_), Some(_)) => return Err(WebError::invalid("response_format and grammar exclude each other: give one")),
             (Some(format), None) => Constraint::from_response_format(format).map_err(EngineError::from)?,
             (None, grammar) => grammar.map(Constraint::Lark),
         };
-        let tools = Tools::from_options(self.tools.as_ref(), self.tool_choice.as_ref(), self.parallel_tool_calls).map_err(EngineError::from)?;
-        Ok(GenerateRequest {
-            ignore_eos: false,
-            constraint,
-            tools,
-            max_tokens: self.max_tokens.unwrap_or(base.max_tokens),
-            sampling: SamplingParams {
-                temperature: self.temperature.unwrap_or(d.temperature),
-                top_k: self.top_k.unwrap_or(d.top_k),
-                top_p: self.top_p.unwrap_or(d.top_p),
-                repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
-                repetition_window: d.repetition_window,
-                seed: self.seed.unwrap_or(d.seed),
-            },
-            stop: match self.stop {
-                None => Vec::new(),
-                Some(Stop::One(s)) => vec![s],
-                Some(Stop::Many(v)) => v,
-            },
-        })
+        request.tools = Tools::from_options(self.tools.as_ref(), self.tool_choice.as_ref(), self.parallel_tool_calls).map_err(EngineError::from)?;
+        request.max_tokens = self.max_tokens.unwrap_or(request.max_tokens);
+        let sampling = &mut request.sampling;
+        sampling.temperature = self.temperature.unwrap_or(sampling.temperature);
+        sampling.top_k = self.top_k.unwrap_or(sampling.top_k);
+        sampling.top_p = self.top_p.unwrap_or(sampling.top_p);
+        sampling.repetition_penalty = self.repetition_penalty.unwrap_or(sampling.repetition_penalty);
+        sampling.seed = self.seed.unwrap_or(sampling.seed);
+        match self.stop {
+            None => {}
+            Some(Stop::One(s)) => request.stop = vec![s],
+            Some(Stop::Many(v)) => request.stop = v,
+        }
+        Ok(request)
     }
 }
 
@@ -457,7 +418,7 @@ fn request_id(id: f64) -> Result<RequestId, WebError> {
     if id.is_finite() && id >= 0.0 && id.fract() == 0.0 && id < 9_007_199_254_740_992.0 {
         Ok(RequestId(id as u64))
     } else {
-        Err(WebError::new(ErrorCode::InvalidArgument, format!("{id} is not a request id")))
+        Err(WebError::invalid(format!("{id} is not a request id")))
     }
 }
 
@@ -532,6 +493,13 @@ pub fn option_names() -> Result<JsValue, WebError> {
     to_js(&OptionNames { load: field_names::<LoadOptions>(), chat: request, completion })
 }
 
+/// The backend `WebEngine.load` takes when its options name none (`"auto"`:
+/// [`EngineOptions::for_users`]), for the Worker, which probes WebGPU for it before loading.
+#[wasm_bindgen(js_name = defaultBackend)]
+pub fn default_backend() -> Result<JsValue, WebError> {
+    to_js(&EngineOptions::for_users().backend)
+}
+
 /// Parses an optional JS options object: `undefined` and `null` mean "all defaults".
 fn options<T: for<'de> Deserialize<'de> + Default>(value: JsValue, what: &str) -> Result<T, WebError> {
     if value.is_undefined() || value.is_null() {
@@ -541,10 +509,7 @@ fn options<T: for<'de> Deserialize<'de> + Default>(value: JsValue, what: &str) -
         let known = field_names::<T>();
         for key in js_sys::Object::keys(object).iter().filter_map(|k| k.as_string()) {
             if !known.contains(&key.as_str()) {
-                return Err(WebError::new(
-                    ErrorCode::InvalidArgument,
-                    format!("invalid {what}: unknown option `{key}` (known: {})", known.join(", ")),
-                ));
+                return Err(WebError::invalid(format!("invalid {what}: unknown option `{key}` (known: {})", known.join(", "))));
             }
         }
     }
@@ -554,13 +519,13 @@ fn options<T: for<'de> Deserialize<'de> + Default>(value: JsValue, what: &str) -
 /// serde-wasm-bindgen's errors print as a JS `Error` ("Error: invalid type ..."); keep the message.
 fn conversion_error(context: &str, e: serde_wasm_bindgen::Error) -> WebError {
     let text = e.to_string();
-    WebError::new(ErrorCode::InvalidArgument, format!("{context}: {}", text.strip_prefix("Error: ").unwrap_or(&text)))
+    WebError::invalid(format!("{context}: {}", text.strip_prefix("Error: ").unwrap_or(&text)))
 }
 
 fn to_js<T: Serialize>(value: &T) -> Result<JsValue, WebError> {
     value.serialize(&serde_wasm_bindgen::Serializer::json_compatible()).map_err(|e| {
         let text = e.to_string();
-        WebError::new(ErrorCode::Internal, format!("cannot convert the result to JS: {text}"))
+        WebError::new(ErrorKind::Internal, format!("cannot convert the result to JS: {text}"))
     })
 }
 
@@ -664,7 +629,7 @@ impl WebEngine {
     pub fn submit_prompt(&self, prompt: String, options: JsValue) -> Result<JsValue, WebError> {
         let request = self::options::<ChatOptions>(options, "chat options")?.request()?;
         if request.tools.is_some() {
-            return Err(WebError::new(ErrorCode::InvalidArgument, "tools are for chat requests (a raw-text prompt cannot offer them)"));
+            return Err(WebError::invalid("tools are for chat requests (a raw-text prompt cannot offer them)"));
         }
         let mut engine = self.inner.try_borrow_mut().map_err(|_| busy())?;
         let ids = engine.text_prompt(&prompt)?;

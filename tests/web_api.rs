@@ -8,7 +8,7 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use pagedlm::engine::ErrorKind;
+use pagedlm::engine::{BackendChoice, EngineOptions, ErrorKind};
 use pagedlm::gguf::GgmlType;
 use pagedlm::synth::{tiny_llama_gguf, SynthConfig, SynthTypes};
 use pagedlm::web::{ErrorCode, WebEngine, WebError};
@@ -204,13 +204,13 @@ async fn a_second_call_while_generating_is_busy() {
 async fn a_truncated_or_foreign_file_is_model_format() {
     let bytes = tiny();
     let half = bytes[..bytes.len() / 2].to_vec();
-    let message = expect_code("truncated model", load(half, "{}").await, ErrorCode::ModelFormat);
+    let message = expect_code("truncated model", load(half, "{}").await, ErrorCode::Kind(ErrorKind::ModelFormat));
     assert!(message.contains("GGUF") || message.contains("model"), "{message}");
-    expect_code("not a GGUF", load(b"<html>404 not found</html>".to_vec(), "{}").await, ErrorCode::ModelFormat);
-    expect_code("empty file", load(Vec::new(), "{}").await, ErrorCode::ModelFormat);
+    expect_code("not a GGUF", load(b"<html>404 not found</html>".to_vec(), "{}").await, ErrorCode::Kind(ErrorKind::ModelFormat));
+    expect_code("empty file", load(Vec::new(), "{}").await, ErrorCode::Kind(ErrorKind::ModelFormat));
     // A well-formed GGUF with heads of 6 dimensions, which pagedlm has no kernels for.
     let odd_heads = tiny_llama_gguf(&SynthConfig { hidden: 96, n_heads: 16, n_kv_heads: 8, ..SynthConfig::tiny() });
-    let message = expect_code("an unsupported head size", load(odd_heads, "{}").await, ErrorCode::ModelFormat);
+    let message = expect_code("an unsupported head size", load(odd_heads, "{}").await, ErrorCode::Kind(ErrorKind::ModelFormat));
     assert!(message.contains("head dimension"), "{message}");
 }
 
@@ -240,7 +240,7 @@ async fn a_file_of_other_weight_types_runs_and_info_names_them() {
     assert_eq!(t.ggml_type, GgmlType::Q4_1);
     drop(g);
     iq[at..at + 4].copy_from_slice(&20u32.to_le_bytes());
-    let message = expect_code("an IQ4_NL tensor", load(iq, "{}").await, ErrorCode::ModelFormat);
+    let message = expect_code("an IQ4_NL tensor", load(iq, "{}").await, ErrorCode::Kind(ErrorKind::ModelFormat));
     assert!(message.contains("blk.0.ffn_down.weight") && message.contains("IQ4_NL"), "{message}");
 }
 
@@ -251,7 +251,7 @@ async fn without_webgpu_loading_is_webgpu_unavailable() {
     hide.call0(&JsValue::NULL).expect("hide navigator.gpu");
     let result = load(tiny(), "{}").await;
     restore.call0(&JsValue::NULL).expect("restore navigator.gpu");
-    let message = expect_code("no navigator.gpu", result, ErrorCode::WebGpuUnavailable);
+    let message = expect_code("no navigator.gpu", result, ErrorCode::Kind(ErrorKind::NoDevice));
     assert!(message.contains("WebGPU"), "the message names what is missing: {message}");
     // The default, auto, runs there on the CPU backend and says why.
     hide.call0(&JsValue::NULL).expect("hide navigator.gpu");
@@ -276,14 +276,14 @@ async fn the_default_backend_is_auto() {
 
 #[wasm_bindgen_test]
 async fn bad_options_and_messages_are_invalid_arguments() {
-    expect_code("unknown kv dtype", load(tiny(), r#"{"kvDtype": "f16"}"#).await, ErrorCode::InvalidArgument);
-    expect_code("misspelled option", load(tiny(), r#"{"maxContxt": 64}"#).await, ErrorCode::InvalidArgument);
-    expect_code("block size 0", load(tiny(), r#"{"blockSize": 0}"#).await, ErrorCode::InvalidArgument);
+    expect_code("unknown kv dtype", load(tiny(), r#"{"kvDtype": "f16"}"#).await, ErrorCode::Kind(ErrorKind::InvalidArgument));
+    expect_code("misspelled option", load(tiny(), r#"{"maxContxt": 64}"#).await, ErrorCode::Kind(ErrorKind::InvalidArgument));
+    expect_code("block size 0", load(tiny(), r#"{"blockSize": 0}"#).await, ErrorCode::Kind(ErrorKind::InvalidArgument));
     let engine = engine().await;
     let counter = Counter::new(None);
-    expect_code("messages not a list", engine.chat(json(r#""hi""#), JsValue::UNDEFINED, counter.function()).await, ErrorCode::InvalidArgument);
-    expect_code("max_tokens negative", engine.chat(json(HELLO), json(r#"{"max_tokens": -1}"#), counter.function()).await, ErrorCode::InvalidArgument);
-    expect_code("temperature below 0", engine.chat(json(HELLO), json(r#"{"temperature": -1}"#), counter.function()).await, ErrorCode::InvalidArgument);
+    expect_code("messages not a list", engine.chat(json(r#""hi""#), JsValue::UNDEFINED, counter.function()).await, ErrorCode::Kind(ErrorKind::InvalidArgument));
+    expect_code("max_tokens negative", engine.chat(json(HELLO), json(r#"{"max_tokens": -1}"#), counter.function()).await, ErrorCode::Kind(ErrorKind::InvalidArgument));
+    expect_code("temperature below 0", engine.chat(json(HELLO), json(r#"{"temperature": -1}"#), counter.function()).await, ErrorCode::Kind(ErrorKind::InvalidArgument));
     assert_eq!(counter.calls.get(), 0, "nothing was generated");
 }
 
@@ -291,7 +291,7 @@ async fn bad_options_and_messages_are_invalid_arguments() {
 async fn a_prompt_longer_than_the_context_is_context_overflow() {
     let engine = load(tiny(), r#"{"maxContext": 32}"#).await.expect("load");
     let long = format!(r#"[{{"role": "user", "content": "{}"}}]"#, "a".repeat(64));
-    expect_code("64-token prompt in 32", engine.chat(json(&long), JsValue::UNDEFINED, Counter::new(None).function()).await, ErrorCode::ContextOverflow);
+    expect_code("64-token prompt in 32", engine.chat(json(&long), JsValue::UNDEFINED, Counter::new(None).function()).await, ErrorCode::Kind(ErrorKind::ContextOverflow));
     assert_eq!(num(&engine.stats().expect("stats"), "pool.blocks_used"), 0.0);
 }
 
@@ -299,32 +299,66 @@ async fn a_prompt_longer_than_the_context_is_context_overflow() {
 async fn int8_kv_loads_or_says_it_is_unsupported() {
     match load(tiny(), r#"{"kvDtype": "int8"}"#).await {
         Ok(engine) => assert_eq!(text(&engine.info().expect("info"), "kv_dtype"), "int8"),
-        Err(e) => assert_eq!(e.code, ErrorCode::Unsupported, "{}", e.message),
+        Err(e) => assert_eq!(e.code, ErrorCode::Kind(ErrorKind::Unsupported), "{}", e.message),
     }
 }
 
+/// Every code this layer gives JS is its own and one the package's `ErrorCode` type
+/// (js/index.d.ts) lists; the library's `error::tests` check that type against every kind's code
+/// and the package's JS.
 #[wasm_bindgen_test]
-fn every_error_kind_has_its_js_code() {
-    let codes = [
-        (ErrorKind::NoDevice, "WEBGPU_UNAVAILABLE"),
-        (ErrorKind::ModelFormat, "MODEL_FORMAT"),
-        (ErrorKind::Unsupported, "UNSUPPORTED"),
-        (ErrorKind::ContextOverflow, "CONTEXT_OVERFLOW"),
-        (ErrorKind::KvPoolFull, "KV_POOL_FULL"),
-        (ErrorKind::InvalidArgument, "INVALID_ARGUMENT"),
-        (ErrorKind::Gpu, "GPU_ERROR"),
-        (ErrorKind::SnapshotMismatch, "SNAPSHOT_MISMATCH"),
-        (ErrorKind::SnapshotCorrupt, "SNAPSHOT_CORRUPT"),
-        (ErrorKind::Internal, "INTERNAL"),
+fn every_code_is_distinct_and_listed_in_the_package_type() {
+    let d_ts = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/js/index.d.ts"));
+    let union = &d_ts[d_ts.find("export type ErrorCode =").expect("js/index.d.ts has no ErrorCode type")..];
+    let union = &union[..union.find("\n\n").unwrap_or(union.len())];
+    let mut seen = std::collections::HashSet::new();
+    for code in ErrorCode::all() {
+        let text = code.as_str();
+        assert!(seen.insert(text), "{code:?}: {text} is another code's too");
+        assert!(union.contains(&format!("| \"{text}\"")), "{code:?}: js/index.d.ts's ErrorCode lacks {text}");
+    }
+    assert_eq!(seen.len(), ErrorKind::ALL.len() + ErrorCode::WEB_ONLY.len());
+}
+
+/// The backend the Worker probes WebGPU for when `createEngine` names none is the one
+/// `WebEngine.load` takes then: the library's default for users.
+#[wasm_bindgen_test]
+fn the_default_backend_is_the_one_users_get() {
+    let backend = pagedlm::web::default_backend().expect("defaultBackend");
+    let name = backend.as_string().unwrap_or_else(|| panic!("defaultBackend() gave {backend:?}"));
+    assert_eq!(name, "auto");
+    assert_eq!(BackendChoice::parse(&name), Some(EngineOptions::for_users().backend));
+}
+
+/// The defaults js/index.d.ts documents for `createEngine`'s options are the ones `load` takes
+/// ([`EngineOptions::for_users`]).
+#[wasm_bindgen_test]
+fn the_documented_engine_defaults_are_the_library_ones() {
+    let d_ts = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/js/index.d.ts"));
+    let options = &d_ts[d_ts.find("export interface EngineOptions {").expect("js/index.d.ts has no EngineOptions")..];
+    let o = EngineOptions::for_users();
+    let name = |value: serde_json::Value| value.as_str().map(String::from).unwrap_or_else(|| panic!("{value} is not a name"));
+    let documented = [
+        ("kvDtype", format!("\"{}\" (default)", name(serde_json::json!(o.kv_dtype)))),
+        ("kvLayout", format!("\"{}\" (default)", name(serde_json::json!(o.kv_layout)))),
+        ("blockSize", format!("(default {})", o.block_size)),
+        ("prefillChunk", format!("(default {})", o.prefill_chunk)),
+        ("prefixCache", format!("(default {})", o.prefix_cache)),
+        ("maxBatch", format!("(default {})", o.sched.max_batch)),
+        ("stepTokens", format!("(default {})", o.sched.step_tokens)),
+        ("optionalFeatures", format!("(default {})", o.optional_features)),
+        ("backend", format!("(default \"{}\")", name(serde_json::json!(o.backend)))),
     ];
-    for (kind, code) in codes {
-        assert_eq!(ErrorCode::from(kind).as_str(), code, "{kind:?}");
+    for (option, said) in documented {
+        let at = options.find(&format!("\n  {option}?:")).unwrap_or_else(|| panic!("EngineOptions has no {option}"));
+        let doc = &options[options[..at].rfind("/**").expect("a doc comment")..at];
+        assert!(doc.contains(&said), "js/index.d.ts documents {option} as {doc:?}, the library's default is {said}");
     }
 }
 
 #[wasm_bindgen_test]
 fn errors_reach_js_as_errors_with_a_code() {
-    let value = JsValue::from(WebError { code: ErrorCode::ModelFormat, message: "the file ends early".into() });
+    let value = JsValue::from(WebError { code: ErrorCode::Kind(ErrorKind::ModelFormat), message: "the file ends early".into() });
     assert!(value.is_instance_of::<js_sys::Error>());
     assert_eq!(text(&value, "code"), "MODEL_FORMAT");
     assert_eq!(text(&value, "name"), "PagedlmError");
@@ -414,9 +448,9 @@ async fn abort_ends_a_submitted_request_and_releases_its_blocks() {
     assert_eq!(num(&engine.stats().expect("stats"), "pool.blocks_used"), 0.0, "its blocks are released at once");
     assert!(!engine.has_work().expect("hasWork"));
     assert!(engine.abort(id).expect("abort again").is_null(), "a finished request aborts to null");
-    expect_code("a fractional id", engine.abort(1.5), ErrorCode::InvalidArgument);
+    expect_code("a fractional id", engine.abort(1.5), ErrorCode::Kind(ErrorKind::InvalidArgument));
     let long = format!(r#"[{{"role": "user", "content": "{}"}}]"#, "a".repeat(600));
-    expect_code("an overlong prompt fails at submit", engine.submit(json(&long), JsValue::UNDEFINED), ErrorCode::ContextOverflow);
+    expect_code("an overlong prompt fails at submit", engine.submit(json(&long), JsValue::UNDEFINED), ErrorCode::Kind(ErrorKind::ContextOverflow));
 }
 
 #[wasm_bindgen_test]
@@ -446,11 +480,11 @@ async fn a_snapshot_moves_a_conversation_to_another_engine_and_bad_bytes_are_ref
     let mut flipped = snapshot.clone();
     let middle = flipped.len() / 2;
     flipped[middle] ^= 0x40;
-    expect_code("a flipped byte", fresh.import_snapshot(flipped), ErrorCode::SnapshotCorrupt);
-    expect_code("a truncated snapshot", fresh.import_snapshot(snapshot[..snapshot.len() - 9].to_vec()), ErrorCode::SnapshotCorrupt);
-    expect_code("not a snapshot", fresh.import_snapshot(b"hello".to_vec()), ErrorCode::SnapshotCorrupt);
+    expect_code("a flipped byte", fresh.import_snapshot(flipped), ErrorCode::Kind(ErrorKind::SnapshotCorrupt));
+    expect_code("a truncated snapshot", fresh.import_snapshot(snapshot[..snapshot.len() - 9].to_vec()), ErrorCode::Kind(ErrorKind::SnapshotCorrupt));
+    expect_code("not a snapshot", fresh.import_snapshot(b"hello".to_vec()), ErrorCode::Kind(ErrorKind::SnapshotCorrupt));
     let int8 = load(tiny(), r#"{"kvDtype": "int8"}"#).await.expect("an int8 engine");
-    expect_code("an f32 snapshot in an int8 pool", int8.import_snapshot(snapshot), ErrorCode::SnapshotMismatch);
+    expect_code("an f32 snapshot in an int8 pool", int8.import_snapshot(snapshot), ErrorCode::Kind(ErrorKind::SnapshotMismatch));
     for refused in [&fresh, &int8] {
         let stats = refused.stats().expect("stats");
         assert_eq!(num(&stats, "pool.blocks_free"), num(&stats, "pool.blocks_total"), "a refused snapshot changes nothing");
@@ -574,7 +608,7 @@ async fn a_base_model_completes_raw_text_and_refuses_chat() {
         engine.submit(json(HELLO), options.clone()).map(|_| ()),
         engine.chat(json(HELLO), options.clone(), Counter::new(None).function()).await.map(|_| ()),
     ] {
-        let message = expect_code("chat on a base model", refused, ErrorCode::InvalidArgument);
+        let message = expect_code("chat on a base model", refused, ErrorCode::Kind(ErrorKind::InvalidArgument));
         assert!(message.contains("completion mode") && message.contains("chat template"), "{message}");
     }
     let prompt = "Once upon a time, in a land far away";
@@ -594,8 +628,8 @@ async fn a_base_model_completes_raw_text_and_refuses_chat() {
     let again = run_steps(&engine).await;
     assert_eq!(text(&again[0].2, "text"), text(result, "text"), "greedy: the same completion");
     assert!(num(&again[0].2, "prefix_hit_tokens") > 0.0, "{:?}", again[0].2);
-    expect_code("an empty prompt", engine.submit_prompt(String::new(), options.clone()), ErrorCode::InvalidArgument);
-    expect_code("a bad option", engine.submit_prompt(prompt.into(), json(r#"{"max_token": 3}"#)), ErrorCode::InvalidArgument);
+    expect_code("an empty prompt", engine.submit_prompt(String::new(), options.clone()), ErrorCode::Kind(ErrorKind::InvalidArgument));
+    expect_code("a bad option", engine.submit_prompt(prompt.into(), json(r#"{"max_token": 3}"#)), ErrorCode::Kind(ErrorKind::InvalidArgument));
 
     // A file that asks for BOS gets it before the text.
     let mut bos = tiny_base();
@@ -627,10 +661,10 @@ async fn profile_reports_the_decode_step_and_refuses_bad_calls() {
     assert_eq!(text(&host, "method"), "wall_clock_per_kernel");
     assert_eq!(num(&host, "decode.dispatches"), listed);
 
-    expect_code("an unknown option", engine.profile(20, json(r#"{"timestamp": false}"#)).await, ErrorCode::InvalidArgument);
-    expect_code("longer than the context", engine.profile(60, JsValue::UNDEFINED).await, ErrorCode::InvalidArgument);
+    expect_code("an unknown option", engine.profile(20, json(r#"{"timestamp": false}"#)).await, ErrorCode::Kind(ErrorKind::InvalidArgument));
+    expect_code("longer than the context", engine.profile(60, JsValue::UNDEFINED).await, ErrorCode::Kind(ErrorKind::InvalidArgument));
     engine.submit_prompt("hi".into(), json(r#"{"max_tokens": 2}"#)).expect("submitPrompt");
-    expect_code("while a request waits", engine.profile(20, JsValue::UNDEFINED).await, ErrorCode::InvalidArgument);
+    expect_code("while a request waits", engine.profile(20, JsValue::UNDEFINED).await, ErrorCode::Kind(ErrorKind::InvalidArgument));
     run_steps(&engine).await;
     engine.profile(20, JsValue::UNDEFINED).await.expect("profile once idle again");
 }
@@ -660,7 +694,7 @@ async fn response_format_and_grammar_constrain_chat_and_bad_ones_are_invalid_arg
         (r#"{"grammar": "start: \"a\"", "response_format": {"type": "json_object"}}"#, "exclude"),
     ];
     for (options, needle) in bad {
-        let message = expect_code(options, engine.chat(json(HELLO), json(options), counter.function()).await, ErrorCode::InvalidArgument);
+        let message = expect_code(options, engine.chat(json(HELLO), json(options), counter.function()).await, ErrorCode::Kind(ErrorKind::InvalidArgument));
         assert!(message.contains(needle), "{options}: {message}");
     }
     assert_eq!(counter.calls.get(), 0, "nothing was generated");
@@ -694,10 +728,10 @@ async fn tools_answer_with_calls_that_a_tool_turn_continues_and_bad_tools_are_in
         (r#"{"tools": [{"type": "custom", "custom": {"name": "x"}}]}"#.to_string(), "function"),
     ];
     for (options, needle) in &bad {
-        let message = expect_code(options, engine.chat(json(HELLO), json(options), counter.function()).await, ErrorCode::InvalidArgument);
+        let message = expect_code(options, engine.chat(json(HELLO), json(options), counter.function()).await, ErrorCode::Kind(ErrorKind::InvalidArgument));
         assert!(message.contains(needle), "{options}: {message}");
     }
-    let message = expect_code("tools in completion mode", engine.submit_prompt("x".into(), json(&auto)), ErrorCode::InvalidArgument);
+    let message = expect_code("tools in completion mode", engine.submit_prompt("x".into(), json(&auto)), ErrorCode::Kind(ErrorKind::InvalidArgument));
     assert!(message.contains("chat"), "{message}");
     assert_eq!(counter.calls.get(), 0, "nothing was generated");
 }

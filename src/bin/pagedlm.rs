@@ -48,7 +48,7 @@ const USAGE: &str = "usage: pagedlm <tokenize|score|generate|bench|trace|profile
              `response_format` does the same for that item)
   bench     [--prompt-tokens 512] [--gen-tokens 128] [--context N] [--batch N]
             [--json-schema FILE.json | --grammar FILE.lark]   (decode under it too: `constrained`)
-  bench     --transfer [--lengths 256,1024,4096]   (KV snapshot export/import vs recomputing the prefill)
+  bench     --transfer [--lengths 256,512,1024,2048,4096]   (KV snapshot export/import vs recomputing the prefill)
   bench     --interference [--prompt-tokens 2048] [--step-tokens N]   (4 decoding sequences while a long prompt arrives)
   trace     --input FILE.jsonl [--max-batch N] [--no-prefix-cache] [--disaggregate] [--step-tokens N]
   profile   [--prompt-tokens 512] [--json | --table] [--no-timestamps]
@@ -62,7 +62,6 @@ mod cli {
     use std::io::Write;
 
     use anyhow::{anyhow, bail, Context as _, Result};
-    use pagedlm::engine::SchedConfig;
     use pagedlm::engine::{Constraint, Engine, EngineOptions, Event, GenerateRequest, Generation, KvDtype, KvLayout, Message, Profile, RequestId, ScoreMode, StepProfile, Tools};
     use pagedlm::gguf::Gguf;
     use pagedlm::engine::{AdapterClass, BackendChoice, DeviceLimits};
@@ -74,6 +73,26 @@ mod cli {
     use crate::USAGE;
 
     const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+    // The commands' own defaults. Every engine, request and sampling default comes from the
+    // library ([`EngineOptions::for_users`], [`GenerateRequest::default`]), as in the package;
+    // these are the measurements' sizes and the one schedule CONTRACTS.md fixes for the CLI.
+    /// `trace --max-batch`: one request at a time unless asked (CONTRACTS.md), so that a trace
+    /// replays as a single user would see it; the engine's own default batches 8.
+    const TRACE_MAX_BATCH: u32 = 1;
+    /// `bench --prompt-tokens` and `--gen-tokens` (CONTRACTS.md): the prompt read for the prefill
+    /// rate and the tokens decoded for the decode rate.
+    const BENCH_PROMPT_TOKENS: u32 = 512;
+    const BENCH_GEN_TOKENS: u32 = 128;
+    /// `bench --batch`: one sequence; naming a batch (even 1) measures aggregate decode instead.
+    const BENCH_BATCH: u32 = 1;
+    /// `bench --interference --prompt-tokens`: a prompt that takes several steps to read at the
+    /// engine's default `step_tokens`, so the decoders' latency shows how it is chunked.
+    const INTERFERENCE_PROMPT_TOKENS: u32 = 2048;
+    /// `bench --transfer --lengths`: prompt lengths from a short turn to a long conversation.
+    const TRANSFER_LENGTHS: &[u32] = &[256, 512, 1024, 2048, 4096];
+    /// `profile --prompt-tokens`: the same as the package's `engine.profile()` (js/index.js).
+    const PROFILE_PROMPT_TOKENS: u32 = 512;
 
     /// Parses the whole command line first, so a mistake in it stops the run before any file is read.
     pub fn run(argv: Vec<String>) -> Result<()> {
@@ -109,47 +128,45 @@ mod cli {
         serde_json::from_str(&text).with_context(|| format!("{path} is not valid JSON"))
     }
 
+    /// The engine's options: [`EngineOptions::for_users`], the defaults the package starts from
+    /// too, with what the command line set.
     fn engine_options(args: &Args) -> EngineOptions {
+        let mut o = EngineOptions::for_users();
+        o.max_context = args.count("max-context", o.max_context);
+        o.prefill_chunk = args.count("prefill-chunk", o.prefill_chunk);
         // The parser admits only the values in args::KV_LAYOUTS, args::KV_DTYPES and args::ACTIVATIONS.
-        let kv_layout = match args.text("kv-layout") {
+        o.kv_layout = match args.text("kv-layout") {
             Some("contiguous") => KvLayout::Contiguous,
-            _ => KvLayout::Paged,
+            Some(_) => KvLayout::Paged,
+            None => o.kv_layout,
         };
-        let kv_dtype = match args.text("kv-dtype") {
+        o.kv_dtype = match args.text("kv-dtype") {
             Some("int8") => KvDtype::Int8,
-            _ => KvDtype::F32,
+            Some(_) => KvDtype::F32,
+            None => o.kv_dtype,
         };
-        EngineOptions {
-            max_context: args.count("max-context", 0),
-            prefill_chunk: args.count("prefill-chunk", 512),
-            kv_layout,
-            kv_dtype,
-            block_size: args.count("block-size", 16),
-            pool_tokens: args.count("pool-tokens", 0),
-            prefix_cache: !args.flag("no-prefix-cache"),
-            check_integrity: false,
-            sched: SchedConfig {
-                max_batch: args.count("max-batch", SchedConfig::default().max_batch),
-                step_tokens: args.count("step-tokens", SchedConfig::default().step_tokens),
-                cache_aware: !args.flag("no-cache-aware"),
-                lookahead: !args.flag("no-lookahead"),
-                ..SchedConfig::default()
-            },
-            max_binding_bytes: args.given("max-binding-mib").then(|| u64::from(args.count("max-binding-mib", 0)) << 20),
-            // The parser admits only the names in args::ADAPTER_CLASSES.
-            adapter_class: args.text("adapter-class").and_then(AdapterClass::parse),
-            // The parser admits only the names in args::BACKENDS.
-            backend: args.text("backend").and_then(BackendChoice::parse).unwrap_or(BackendChoice::FOR_USERS),
-            optional_features: !args.flag("no-optional-features"),
-            int8_activations: match args.text("activations") {
-                Some("int8") => Some(true),
-                Some("f32") => Some(false),
-                _ => None,
-            },
-            // The parser admits only the names in args::DEVICE_LIMITS.
-            device_limits: args.text("device-limits").and_then(DeviceLimits::parse).unwrap_or_default(),
-            max_memory_bytes: args.given("max-memory-mib").then(|| u64::from(args.count("max-memory-mib", 0)) << 20),
-        }
+        o.block_size = args.count("block-size", o.block_size);
+        o.pool_tokens = args.count("pool-tokens", o.pool_tokens);
+        o.prefix_cache &= !args.flag("no-prefix-cache");
+        o.sched.max_batch = args.count("max-batch", o.sched.max_batch);
+        o.sched.step_tokens = args.count("step-tokens", o.sched.step_tokens);
+        o.sched.cache_aware &= !args.flag("no-cache-aware");
+        o.sched.lookahead &= !args.flag("no-lookahead");
+        o.max_binding_bytes = args.given_count("max-binding-mib").map(|mib| u64::from(mib) << 20).or(o.max_binding_bytes);
+        // The parser admits only the names in args::ADAPTER_CLASSES, args::BACKENDS and args::DEVICE_LIMITS.
+        o.adapter_class = args.text("adapter-class").and_then(AdapterClass::parse).or(o.adapter_class);
+        o.backend = args.text("backend").and_then(BackendChoice::parse).unwrap_or(o.backend);
+        o.device_limits = args.text("device-limits").and_then(DeviceLimits::parse).unwrap_or(o.device_limits);
+        o.optional_features &= !args.flag("no-optional-features");
+        o.int8_activations = match args.text("activations") {
+            Some("int8") => Some(true),
+            Some("f32") => Some(false),
+            // `auto`: the adapter's default.
+            Some(_) => None,
+            None => o.int8_activations,
+        };
+        o.max_memory_bytes = args.given_count("max-memory-mib").map(|mib| u64::from(mib) << 20).or(o.max_memory_bytes);
+        o
     }
 
     async fn load(args: &Args) -> Result<Engine> {
@@ -199,15 +216,18 @@ mod cli {
         Ok(())
     }
 
-    fn sampling(args: &Args) -> SamplingParams {
-        SamplingParams {
-            temperature: args.number("temperature", 0.0),
-            top_k: args.count("top-k", 0),
-            top_p: args.number("top-p", 1.0),
-            repetition_penalty: args.number("repetition-penalty", 1.0),
-            repetition_window: 64,
-            seed: args.seed("seed", 0),
-        }
+    /// `generate`'s request: [`GenerateRequest::default`], the defaults the package starts from
+    /// too, with the sampling options and the token limit the command line set.
+    fn request_options(args: &Args) -> GenerateRequest {
+        let mut request = GenerateRequest::default();
+        request.max_tokens = args.count("max-tokens", request.max_tokens);
+        let sampling = &mut request.sampling;
+        sampling.temperature = args.number("temperature", sampling.temperature);
+        sampling.top_k = args.count("top-k", sampling.top_k);
+        sampling.top_p = args.number("top-p", sampling.top_p);
+        sampling.repetition_penalty = args.number("repetition-penalty", sampling.repetition_penalty);
+        sampling.seed = args.seed("seed", sampling.seed);
+        request
     }
 
     /// The constraint every item of `generate` gets: `--json-schema FILE` or `--grammar FILE`.
@@ -221,12 +241,7 @@ mod cli {
     }
 
     async fn generate(args: &Args) -> Result<()> {
-        let request = GenerateRequest {
-            max_tokens: args.count("max-tokens", 128),
-            sampling: sampling(args),
-            constraint: constraint_option(args)?,
-            ..Default::default()
-        };
+        let request = GenerateRequest { constraint: constraint_option(args)?, ..request_options(args) };
         request.sampling.validate()?;
         if let Some(prompt) = args.text("prompt") {
             let mut engine = load(args).await?;
@@ -304,10 +319,10 @@ mod cli {
     /// Replays conversations: each line `{id, conversation, system?, user, max_tokens}` continues its
     /// conversation (system prompt, earlier turns with the engine's own replies, then this turn),
     /// greedy. A conversation's turns run in file order, each after the previous one finished;
-    /// different conversations run concurrently, up to `--max-batch` (default 1).
+    /// different conversations run concurrently, up to `--max-batch` ([`TRACE_MAX_BATCH`]).
     async fn trace(args: &Args) -> Result<()> {
         let path = args.text("input").ok_or_else(|| anyhow!("--input FILE.jsonl is required"))?;
-        let max_batch = args.count("max-batch", 1);
+        let max_batch = args.count("max-batch", TRACE_MAX_BATCH);
         if max_batch == 0 {
             bail!("--max-batch must be at least 1");
         }
@@ -337,8 +352,8 @@ mod cli {
                     Some(p) => Some(transfer_prefix(p, &mut engine, &prompt).await?),
                     None => None,
                 };
-                let max_tokens = line.get("max_tokens").and_then(Value::as_u64).unwrap_or(128) as u32;
-                let request = GenerateRequest { max_tokens, sampling: SamplingParams::greedy(), ..Default::default() };
+                let mut request = GenerateRequest { sampling: SamplingParams::greedy(), ..Default::default() };
+                request.max_tokens = line.get("max_tokens").and_then(Value::as_u64).map_or(request.max_tokens, |n| n as u32);
                 let prompt_len = prompt.len();
                 let id = engine.submit(prompt, request)?;
                 in_flight.insert(id, Turn { line, conversation, prompt_len, transfer });
@@ -508,7 +523,7 @@ mod cli {
         if args.flag("json") && args.flag("table") {
             bail!("profile prints JSON (--json, the default) or a table (--table), not both");
         }
-        let n = args.count("prompt-tokens", 512);
+        let n = args.count("prompt-tokens", PROFILE_PROMPT_TOKENS);
         let mut opts = engine_options(args);
         opts.max_context = opts.max_context.max(n + pagedlm::engine::PROFILE_EXTRA_TOKENS);
         let bytes = model_bytes(args)?;
@@ -633,9 +648,9 @@ mod cli {
     }
 
     /// Per prompt length: snapshot size, and export + import time against recomputing the
-    /// prefill (`pagedlm bench --transfer --lengths 256,1024,4096`).
+    /// prefill (`pagedlm bench --transfer --lengths 256,1024,4096`; [`TRANSFER_LENGTHS`] when absent).
     async fn bench_transfer(args: &Args) -> Result<()> {
-        let lengths = args.counts("lengths").unwrap_or(&[256, 512, 1024, 2048, 4096]).to_vec();
+        let lengths = args.counts("lengths").unwrap_or(TRANSFER_LENGTHS).to_vec();
         let longest = lengths.iter().copied().max().unwrap_or(256);
         let mut opts = engine_options(args);
         if opts.max_context == 0 {
@@ -683,7 +698,7 @@ mod cli {
     /// read, for the configured `--step-tokens` (chunked prefill) — run it with a small and a
     /// large value to compare.
     async fn bench_interference(args: &Args) -> Result<()> {
-        let long = args.count("prompt-tokens", 2048);
+        let long = args.count("prompt-tokens", INTERFERENCE_PROMPT_TOKENS);
         let mut opts = engine_options(args);
         opts.prefix_cache = false;
         opts.sched.max_batch = 5;
@@ -770,10 +785,11 @@ mod cli {
     }
 
     async fn bench(args: &Args) -> Result<()> {
-        let prompt_tokens = args.count("prompt-tokens", 512);
-        let gen_tokens = args.count("gen-tokens", 128);
-        let context = args.count("context", 0);
-        let batch = args.count("batch", 1);
+        let prompt_tokens = args.count("prompt-tokens", BENCH_PROMPT_TOKENS);
+        let gen_tokens = args.count("gen-tokens", BENCH_GEN_TOKENS);
+        // Absent: decode right after the prompt.
+        let context = args.given_count("context").unwrap_or(0);
+        let batch = args.count("batch", BENCH_BATCH);
         if batch == 0 {
             bail!("--batch must be at least 1");
         }
@@ -836,5 +852,28 @@ mod cli {
             });
         }
         print_line(&line)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        /// The usage text shows the defaults the commands take: their own constants, and the
+        /// library's backend for users.
+        #[test]
+        fn usage_shows_the_defaults() {
+            let lengths: Vec<String> = TRANSFER_LENGTHS.iter().map(u32::to_string).collect();
+            let backend = serde_json::to_value(EngineOptions::for_users().backend).unwrap();
+            let backend = backend.as_str().unwrap();
+            for shown in [
+                format!("bench     [--prompt-tokens {BENCH_PROMPT_TOKENS}] [--gen-tokens {BENCH_GEN_TOKENS}]"),
+                format!("--transfer [--lengths {}]", lengths.join(",")),
+                format!("--interference [--prompt-tokens {INTERFERENCE_PROMPT_TOKENS}]"),
+                format!("profile   [--prompt-tokens {PROFILE_PROMPT_TOKENS}]"),
+                format!("--backend auto|webgpu|cpu   (default {backend}:"),
+            ] {
+                assert!(USAGE.contains(&shown), "the usage text does not say {shown:?}");
+            }
+        }
     }
 }

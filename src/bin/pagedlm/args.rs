@@ -333,10 +333,16 @@ impl Args {
         }
     }
 
+    /// A count, or `default` (the library's, or a named constant of the command's) when absent.
     pub fn count(&self, name: &str, default: u32) -> u32 {
+        self.given_count(name).unwrap_or(default)
+    }
+
+    /// A count, if given (for options whose absence means "no value" rather than a default).
+    pub fn given_count(&self, name: &str) -> Option<u32> {
         match self.get(name, |k| k == Kind::Count) {
-            Some(Value::Count(n)) => *n,
-            _ => default,
+            Some(Value::Count(n)) => Some(*n),
+            _ => None,
         }
     }
 
