@@ -4,7 +4,7 @@
 //! greedy completion, through the decode and the prefill paths, with f32 and INT8 K/V. One prompt
 //! (~1,160 tokens) runs past the 512-token window of the local layers.
 //!
-//! What "close" means (tests/data/gemma3 and ../shared/reference/README.md): llama.cpp keeps K/V
+//! What "close" means (the reference set's notes, measured on tests/data/gemma3/): llama.cpp keeps K/V
 //! in f16 and quantizes activations, so a float64 recompute of the same file agrees with it on
 //! every step where its margin to the runner-up is ≥ 0.5, on 281 of 288 steps in all, and within
 //! 0.82 on llama.cpp's token (Gemma's logits run to ~30). The file comes from

@@ -133,7 +133,7 @@ impl Default for ContextOptions {
 }
 
 /// The kind of adapter the kernels are tuned for ([`Context::class`]): it picks workgroup sizes,
-/// tiles and reductions (`KERNELS.md`). Every variant is correct on every adapter; this only
+/// tiles and reductions (the README's Kernels on emulated GPUs). Every variant is correct on every adapter; this only
 /// chooses which one is expected to be fastest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AdapterClass {
@@ -386,7 +386,7 @@ impl Context {
     }
 
     /// True when the "GPU" is a CPU emulation (lavapipe, SwiftShader): kernels choose
-    /// register-heavy, barrier-free variants there (see KERNELS.md).
+    /// register-heavy, barrier-free variants there (see the README's Kernels on emulated GPUs).
     pub fn is_cpu(&self) -> bool {
         self.class == AdapterClass::Cpu
     }

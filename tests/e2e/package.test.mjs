@@ -120,7 +120,7 @@ describe("npm package", () => {
     assert.equal(out.load.source, "network");
     assert.equal(out.reloaded, "cache", "a second engine for the same URL reads the Cache API");
     assert.equal(out.info.kv_layout, "paged");
-    // The file's make-up as shared/reference/README.md states it (272 tensors).
+    // The file's make-up (272 tensors), as llama.cpp lists it for this GGUF.
     assert.deepEqual(out.info.model.weight_types, { F32: 61, Q4_1: 210, Q8_0: 1 });
 
     const c = out.plain;

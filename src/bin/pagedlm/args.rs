@@ -43,7 +43,8 @@ pub const ACTIVATIONS: &[&str] = &["auto", "f32", "int8"];
 pub const DEVICE_LIMITS: &[&str] = &["adapter", "phone"];
 pub const SCORE_MODES: &[&str] = &["decode", "prefill"];
 
-/// The engine's options, which every command takes (CONTRACTS.md calls them common; `tokenize`
+/// The engine's options, which every command takes (the README's Command line section calls them
+/// common; `tokenize`
 /// reads only `--model` and checks the others without using them).
 const ENGINE: &[Opt] = &[
     opt("model", Kind::Text),

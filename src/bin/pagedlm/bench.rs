@@ -12,7 +12,8 @@ use serde_json::{json, Value};
 use crate::args::Args;
 use crate::setup::{constraint_option, engine_options, model_bytes, print_line};
 
-/// `bench --prompt-tokens` and `--gen-tokens` (CONTRACTS.md): the prompt read for the prefill
+/// `bench --prompt-tokens` and `--gen-tokens` (as the README's Command line section documents):
+/// the prompt read for the prefill
 /// rate and the tokens decoded for the decode rate.
 pub(crate) const BENCH_PROMPT_TOKENS: u32 = 512;
 pub(crate) const BENCH_GEN_TOKENS: u32 = 128;

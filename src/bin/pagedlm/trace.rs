@@ -11,7 +11,8 @@ use serde_json::{json, Value};
 use crate::args::Args;
 use crate::setup::{engine_options, model_bytes, print_line};
 
-/// `trace --max-batch`: one request at a time unless asked (CONTRACTS.md), so that a trace
+/// `trace --max-batch`: one request at a time unless asked (the interface the README's Command
+/// line section documents), so that a trace
 /// replays as a single user would see it; the engine's own default batches 8.
 pub(crate) const TRACE_MAX_BATCH: u32 = 1;
 

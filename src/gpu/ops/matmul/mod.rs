@@ -18,7 +18,7 @@
 //! One kernel per format serves decode (1 activation row), small batches and prefill: an
 //! invocation computes TM activation rows × G output rows, TM chosen from `n_rows` (register
 //! tiling: every weight block is dequantized once per TM rows). On CPU adapters each invocation
-//! walks a whole row (no shared memory, no barriers, see KERNELS.md) and, where the device has
+//! walks a whole row (no shared memory, no barriers: see the README's Kernels on emulated GPUs) and, where the device has
 //! subgroups of 8 or more, the 8 lanes of a subgroup load each activation block together and
 //! broadcast it ([`MatmulConfig::subgroup`]): on lavapipe every storage load is a loop over the
 //! SIMD lanes, so the words an invocation loads are what a matmul costs. On other adapters KSPLIT
