@@ -144,7 +144,14 @@ pub async fn run(backend: &mut dyn Backend, kv: &KvCache, step: StepRows<'_>, re
 /// passes of at most the prefill chunk's rows. Returns, for each position p in
 /// `start..start + len` with p >= `first_logit`, the argmax and (with [`Logits::Full`]) the
 /// logits predicting position p + 1, concatenated.
-pub async fn prefill(backend: &mut dyn Backend, kv: &mut KvCache, seq: SeqId, tokens: &[u32], (start, first_logit): (u32, u32), read: Logits) -> Result<(Vec<u32>, Vec<f32>), EngineError> {
+pub async fn prefill(
+    backend: &mut dyn Backend,
+    kv: &mut KvCache,
+    seq: SeqId,
+    tokens: &[u32],
+    (start, first_logit): (u32, u32),
+    read: Logits,
+) -> Result<(Vec<u32>, Vec<f32>), EngineError> {
     let mut argmaxes = Vec::new();
     let mut logits = Vec::new();
     let mut pos = start;

@@ -43,12 +43,16 @@ impl Constraint {
     /// schema allows any JSON object). Anything else is [`ConstraintError::Invalid`].
     pub fn from_response_format(format: &serde_json::Value) -> Result<Option<Constraint>, ConstraintError> {
         let invalid = |why: &str| ConstraintError::Invalid(format!("response_format {why}"));
-        let kind = format.get("type").and_then(serde_json::Value::as_str).ok_or_else(|| invalid("needs a \"type\": \"text\", \"json_object\" or \"json_schema\""))?;
+        let kind =
+            format.get("type").and_then(serde_json::Value::as_str).ok_or_else(|| invalid("needs a \"type\": \"text\", \"json_object\" or \"json_schema\""))?;
         match kind {
             "text" => Ok(None),
             "json_object" => Ok(Some(Constraint::JsonObject)),
             "json_schema" => {
-                let spec = format.get("json_schema").filter(|s| s.is_object()).ok_or_else(|| invalid("of type json_schema needs a \"json_schema\": {name, schema, strict} object"))?;
+                let spec = format
+                    .get("json_schema")
+                    .filter(|s| s.is_object())
+                    .ok_or_else(|| invalid("of type json_schema needs a \"json_schema\": {name, schema, strict} object"))?;
                 Ok(Some(match spec.get("schema") {
                     None | Some(serde_json::Value::Null) => Constraint::JsonObject,
                     Some(schema) => Constraint::JsonSchema(schema.clone()),
@@ -163,9 +167,7 @@ impl Grammars {
 /// `schema` with pagedlm's default JSON layout unless it sets its own (`x-guidance`).
 pub(crate) fn json_layout(mut schema: serde_json::Value) -> serde_json::Value {
     if let Some(obj) = schema.as_object_mut() {
-        obj.entry("x-guidance").or_insert_with(|| {
-            serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
-        });
+        obj.entry("x-guidance").or_insert_with(|| serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}));
     }
     schema
 }

@@ -136,9 +136,7 @@ impl EngineError {
                 ConstraintError::Vocabulary(_) => ErrorKind::Unsupported,
                 ConstraintError::Failed(_) => ErrorKind::Internal,
             },
-            EngineError::Sampling(_) | EngineError::EmptyPrompt | EngineError::BadToken { .. } | EngineError::InvalidArgument(_) => {
-                ErrorKind::InvalidArgument
-            }
+            EngineError::Sampling(_) | EngineError::EmptyPrompt | EngineError::BadToken { .. } | EngineError::InvalidArgument(_) => ErrorKind::InvalidArgument,
             EngineError::Step { kind, .. } => *kind,
             EngineError::DeviceLost { .. } => ErrorKind::DeviceLost,
         }
@@ -177,16 +175,10 @@ fn kv_kind(e: &KvError) -> ErrorKind {
         KvError::Snapshot(s) => match s {
             // Intact bytes from another engine configuration: the page drops them and recomputes.
             SnapshotError::Mismatch { .. } | SnapshotError::Version(_) => ErrorKind::SnapshotMismatch,
-            SnapshotError::NotASnapshot | SnapshotError::Length(_) | SnapshotError::Checksum | SnapshotError::Header(_) => {
-                ErrorKind::SnapshotCorrupt
-            }
+            SnapshotError::NotASnapshot | SnapshotError::Length(_) | SnapshotError::Checksum | SnapshotError::Header(_) => ErrorKind::SnapshotCorrupt,
         },
         KvError::Config(_) | KvError::WindowFreed { .. } => ErrorKind::InvalidArgument,
-        KvError::UnknownSequence(_)
-        | KvError::TooManySequences(_)
-        | KvError::CacheKeyMismatch(_)
-        | KvError::Internal(_)
-        | KvError::Integrity(_) => {
+        KvError::UnknownSequence(_) | KvError::TooManySequences(_) | KvError::CacheKeyMismatch(_) | KvError::Internal(_) | KvError::Integrity(_) => {
             ErrorKind::Internal
         }
     }
@@ -268,7 +260,8 @@ mod tests {
     fn the_package_type_lists_exactly_the_codes_given() {
         let listed = package_codes();
         let kinds: BTreeSet<&str> = ErrorKind::ALL.iter().map(|k| k.code()).collect();
-        let web_only: BTreeSet<&str> = WEB_RS.lines().filter(|l| l.trim_start().starts_with("ErrorCode::") && l.contains("=> \"")).flat_map(code_literals).collect();
+        let web_only: BTreeSet<&str> =
+            WEB_RS.lines().filter(|l| l.trim_start().starts_with("ErrorCode::") && l.contains("=> \"")).flat_map(code_literals).collect();
         assert!(!web_only.is_empty(), "found no `ErrorCode::X => \"CODE\"` arm in src/web.rs: has ErrorCode::as_str moved?");
         let mut given = kinds.clone();
         given.extend(&web_only);

@@ -114,7 +114,7 @@ impl GgmlType {
         !matches!(self, GgmlType::Other(_))
     }
 
-/// ggml's name for the type ("Q4_1", "Q5_K", ...), or "type N" for an id ggml does not know.
+    /// ggml's name for the type ("Q4_1", "Q5_K", ...), or "type N" for an id ggml does not know.
     pub fn name(&self) -> String {
         // Ids 4, 5 (Q4_2, Q4_3), 31-33 and 36-38 (repacked variants) were removed from ggml;
         // files never store them.
@@ -718,11 +718,7 @@ fn read_value(
             }
             let elem_at = cur.pos as u64;
             let elem_type = cur.u32(ctx)?;
-            let elem_size = min_encoded_size(elem_type).ok_or_else(|| GgufError::UnknownValueType {
-                type_id: elem_type,
-                at: elem_at,
-                context: ctx(),
-            })?;
+            let elem_size = min_encoded_size(elem_type).ok_or_else(|| GgufError::UnknownValueType { type_id: elem_type, at: elem_at, context: ctx() })?;
             let count_at = cur.pos as u64;
             let count = cur.u64(ctx)?;
             if count > *array_budget {
@@ -755,12 +751,7 @@ fn read_tensor_info(cur: &mut Cursor<'_>, index: u64) -> Result<TensorInfo, Gguf
     let dims_at = cur.pos as u64;
     let n_dims = cur.u32(&ctx)?;
     if n_dims > MAX_DIMS {
-        return Err(GgufError::TooLarge {
-            what: format!("dimension count of {}", ctx()),
-            at: dims_at,
-            value: n_dims as u64,
-            limit: MAX_DIMS as u64,
-        });
+        return Err(GgufError::TooLarge { what: format!("dimension count of {}", ctx()), at: dims_at, value: n_dims as u64, limit: MAX_DIMS as u64 });
     }
     let mut dims = Vec::with_capacity(n_dims as usize);
     for _ in 0..n_dims {
@@ -768,9 +759,7 @@ fn read_tensor_info(cur: &mut Cursor<'_>, index: u64) -> Result<TensorInfo, Gguf
     }
     let ggml_type = GgmlType::from_u32(cur.u32(&ctx)?);
     let offset = cur.u64(&ctx)?;
-    let size_bytes = tensor_size_bytes(&dims, ggml_type)
-        .map_err(|reason| GgufError::BadShape { name: name.clone(), dims: dims.clone(), reason })?
-        .unwrap_or(0);
+    let size_bytes = tensor_size_bytes(&dims, ggml_type).map_err(|reason| GgufError::BadShape { name: name.clone(), dims: dims.clone(), reason })?.unwrap_or(0);
     Ok(TensorInfo { name, dims, ggml_type, offset, size_bytes })
 }
 
@@ -782,8 +771,7 @@ pub(crate) fn tensor_size_bytes(dims: &[u64], ggml_type: GgmlType) -> Result<Opt
     if dims.iter().any(|&d| d > i64::MAX as u64) {
         return Err("a dimension exceeds i64::MAX".into());
     }
-    let n_elements =
-        dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).ok_or_else(|| "the element count overflows 64 bits".to_string())?;
+    let n_elements = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).ok_or_else(|| "the element count overflows 64 bits".to_string())?;
     let Some((block_values, block_bytes)) = ggml_type.block_size() else {
         return Ok(None);
     };

@@ -47,9 +47,9 @@ impl GenerateRequest {
     /// The constraint its output follows: `constraint`, or its tools' grammar.
     pub fn output_constraint(&self) -> Result<Option<Constraint>, crate::constraint::ConstraintError> {
         match (&self.constraint, &self.tools) {
-            (Some(_), Some(t)) if t.offered() => Err(crate::constraint::ConstraintError::Invalid(
-                "tools cannot be combined with response_format or a grammar: give one".into(),
-            )),
+            (Some(_), Some(t)) if t.offered() => {
+                Err(crate::constraint::ConstraintError::Invalid("tools cannot be combined with response_format or a grammar: give one".into()))
+            }
             (Some(c), _) => Ok(Some(c.clone())),
             (None, Some(t)) => Ok(t.constraint()),
             (None, None) => Ok(None),
@@ -281,7 +281,6 @@ impl Request {
         self.generated.len() + 1 >= self.params.max_tokens as usize || self.computed + 1 >= max_len
     }
 
-
     /// Called when the scheduler (re)admits it on `seq` with `hit` tokens already cached;
     /// returns the [`Event::Admitted`] of its first admission.
     pub fn admitted(&mut self, seq: SeqId, hit: u32, step: u64) -> Option<Event> {
@@ -376,9 +375,11 @@ impl Request {
             prefill_ms: prefill_done - self.submitted_ms,
             decode_ms: now - prefill_done,
             blocks,
-            warning: self.constrained.as_ref().filter(|c| !c.is_accepting()).map(|_| {
-                format!("the output ended ({}) before its constraint was complete: it does not match the schema or grammar", reason.as_str())
-            }),
+            warning: self
+                .constrained
+                .as_ref()
+                .filter(|c| !c.is_accepting())
+                .map(|_| format!("the output ended ({}) before its constraint was complete: it does not match the schema or grammar", reason.as_str())),
             tool_calls,
         }
     }

@@ -398,8 +398,7 @@ pub fn sample_cpu(logits: &mut [f32], params: &[RowParams], history: &mut [u32],
             let has_ring = p.history_ring < shape.n_rings;
             let ring = p.history_ring as usize * cap as usize;
             let n = if has_ring { p.window.min(p.history_len.min(cap)) } else { 0 };
-            let window: Vec<u32> =
-                (0..n).map(|i| history[ring + ((p.history_head % cap + cap - 1 - i) % cap) as usize]).collect();
+            let window: Vec<u32> = (0..n).map(|i| history[ring + ((p.history_head % cap + cap - 1 - i) % cap) as usize]).collect();
             let sampling = SamplingParams {
                 temperature: p.temperature,
                 top_k: p.top_k,

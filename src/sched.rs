@@ -91,7 +91,6 @@ pub(crate) struct Plan {
     sampling: Vec<Option<RowSampling>>,
 }
 
-
 impl Plan {
     pub fn rows(&self) -> &[Row] {
         &self.rows
@@ -204,13 +203,7 @@ impl Scheduler {
         if !self.config.cache_aware {
             return Some(0);
         }
-        if let Some((i, _)) = self
-            .waiting
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| self.over_age(r, step))
-            .min_by_key(|(_, r)| r.enqueued_step)
-        {
+        if let Some((i, _)) = self.waiting.iter().enumerate().filter(|(_, r)| self.over_age(r, step)).min_by_key(|(_, r)| r.enqueued_step) {
             return Some(i);
         }
         self.waiting
@@ -277,7 +270,11 @@ impl Scheduler {
         let probe = r.cache_probe();
         let hit = kv.peek_prefix(&probe);
         let bs = kv.block_size();
-        if self.config.cache_aware && kv.prefix_cache_enabled() && !self.over_age(r, self.stats.steps) && self.shared_with_prefilling(&probe, bs) >= hit / bs * bs + bs {
+        if self.config.cache_aware
+            && kv.prefix_cache_enabled()
+            && !self.over_age(r, self.stats.steps)
+            && self.shared_with_prefilling(&probe, bs) >= hit / bs * bs + bs
+        {
             return Admission::Deferred;
         }
         let need_blocks = (ctx_len + 1).div_ceil(bs);
@@ -458,14 +455,7 @@ impl Scheduler {
     /// go to the prefix cache, its sequence is freed, and it returns to the front of the queue.
     /// Returns false when there is nothing else to preempt.
     fn preempt_one(&mut self, kv: &mut KvCache, keep: RequestId) -> Result<bool, EngineError> {
-        let Some(i) = self
-            .running
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.id != keep)
-            .max_by_key(|(_, r)| (r.admitted_step, r.id))
-            .map(|(i, _)| i)
-        else {
+        let Some(i) = self.running.iter().enumerate().filter(|(_, r)| r.id != keep).max_by_key(|(_, r)| (r.admitted_step, r.id)).map(|(i, _)| i) else {
             return Ok(false);
         };
         let mut r = self.running.remove(i);
@@ -559,7 +549,13 @@ impl Scheduler {
 
     /// Ends running request `id` with `result`: finished, its computed K/V go to the prefix
     /// cache; failed, its K/V are not trusted and nothing goes to the cache.
-    fn finish_running(&mut self, kv: &mut KvCache, id: RequestId, result: Result<FinishReason, EngineError>, events: &mut Vec<Event>) -> Result<(), EngineError> {
+    fn finish_running(
+        &mut self,
+        kv: &mut KvCache,
+        id: RequestId,
+        result: Result<FinishReason, EngineError>,
+        events: &mut Vec<Event>,
+    ) -> Result<(), EngineError> {
         let mut r = self.running.remove(self.running_index(id));
         let seq = r.seq.take().expect("running requests have a sequence");
         Self::undo_ahead(kv, seq, &r)?;

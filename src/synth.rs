@@ -70,9 +70,7 @@ impl GgufWriter {
         }
         match tensor_size_bytes(dims, ggml_type) {
             Err(reason) => return invalid(reason),
-            Ok(Some(size)) if size != data.len() as u64 => {
-                return invalid(format!("{} {:?} needs {size} bytes, got {}", ggml_type.name(), dims, data.len()))
-            }
+            Ok(Some(size)) if size != data.len() as u64 => return invalid(format!("{} {:?} needs {size} bytes, got {}", ggml_type.name(), dims, data.len())),
             Ok(_) => {}
         }
         self.tensors.push(PendingTensor { name, dims: dims.to_vec(), ggml_type, data });
@@ -81,12 +79,7 @@ impl GgufWriter {
 
     /// The alignment the file is laid out with: `general.alignment` if it is a power of two.
     pub fn alignment(&self) -> u64 {
-        self.metadata
-            .iter()
-            .find(|(k, _)| k == "general.alignment")
-            .and_then(|(_, v)| v.as_u64())
-            .filter(|a| a.is_power_of_two())
-            .unwrap_or(DEFAULT_ALIGNMENT)
+        self.metadata.iter().find(|(k, _)| k == "general.alignment").and_then(|(_, v)| v.as_u64()).filter(|a| a.is_power_of_two()).unwrap_or(DEFAULT_ALIGNMENT)
     }
 
     /// The file: header, metadata, tensor infos, zero padding to the alignment, then every
@@ -138,11 +131,7 @@ fn check_writable(key: &str, value: &MetaValue) -> Result<(), GgufError> {
         MetaValue::Array(items) => {
             if let Some(first) = items.first() {
                 if let Some(odd) = items.iter().find(|v| v.type_id() != first.type_id()) {
-                    return Err(GgufError::InvalidWrite(format!(
-                        "array {key} mixes {} and {} elements",
-                        first.type_name(),
-                        odd.type_name()
-                    )));
+                    return Err(GgufError::InvalidWrite(format!("array {key} mixes {} and {} elements", first.type_name(), odd.type_name())));
                 }
             }
             items.iter().try_for_each(|v| check_writable(key, v))

@@ -106,7 +106,10 @@ impl Tools {
     /// Whether each parameter schema can be used is checked when the request's constraint
     /// starts ([`crate::constraint::Grammars::start`]).
     pub fn from_openai(tools: &Value, choice: Option<&Value>, parallel: Option<bool>) -> Result<Tools, ConstraintError> {
-        let list = tools.as_array().filter(|a| !a.is_empty()).ok_or_else(|| invalid("tools must be a non-empty array of {type: \"function\", function: {name, description, parameters}}"))?;
+        let list = tools
+            .as_array()
+            .filter(|a| !a.is_empty())
+            .ok_or_else(|| invalid("tools must be a non-empty array of {type: \"function\", function: {name, description, parameters}}"))?;
         let mut functions: Vec<Function> = Vec::with_capacity(list.len());
         for (i, tool) in list.iter().enumerate() {
             let kind = tool.get("type").and_then(Value::as_str);
@@ -136,7 +139,9 @@ impl Tools {
                 "auto" => ToolChoice::Auto,
                 "none" => ToolChoice::None,
                 "required" => ToolChoice::Required,
-                other => return Err(invalid(format!("tool_choice {other:?} is not \"auto\", \"none\", \"required\" or {{type: \"function\", function: {{name}}}}"))),
+                other => {
+                    return Err(invalid(format!("tool_choice {other:?} is not \"auto\", \"none\", \"required\" or {{type: \"function\", function: {{name}}}}")))
+                }
             },
             Some(named) => {
                 let name = named.pointer("/function/name").and_then(Value::as_str).filter(|_| named.get("type").and_then(Value::as_str) == Some("function"));
@@ -348,7 +353,11 @@ mod tests {
     #[test]
     fn writes_tools_calls_and_responses_into_the_conversation() {
         let tools = Tools::from_openai(&weather(), None, None).unwrap();
-        let call = ToolCall { id: "c0".into(), kind: "function".into(), function: FunctionCall { name: "get_weather".into(), arguments: "{\"city\":\"Oslo\"}".into() } };
+        let call = ToolCall {
+            id: "c0".into(),
+            kind: "function".into(),
+            function: FunctionCall { name: "get_weather".into(), arguments: "{\"city\":\"Oslo\"}".into() },
+        };
         let messages = vec![
             Message { role: "user".into(), content: Some("Weather in Oslo?".into()), ..Default::default() },
             Message { role: "assistant".into(), content: None, tool_calls: vec![call], ..Default::default() },
@@ -382,7 +391,12 @@ mod tests {
         assert_eq!(calls.len(), 2);
         assert_eq!((calls[0].id.as_str(), calls[0].function.name.as_str()), ("call_7_0", "get_weather"));
         assert_eq!(calls[1].function.arguments, "{\"zone\": \"utc\"}", "the arguments as the model wrote them");
-        for text in ["It is sunny.", "<tool_call>\n{\"name\": \"get_mail\", \"arguments\": {}}\n</tool_call>", "<tool_call>\n{\"name\": \"get_time\"", &format!("{reply} and more")] {
+        for text in [
+            "It is sunny.",
+            "<tool_call>\n{\"name\": \"get_mail\", \"arguments\": {}}\n</tool_call>",
+            "<tool_call>\n{\"name\": \"get_time\"",
+            &format!("{reply} and more"),
+        ] {
             assert_eq!(tools.read_calls(text, "c"), None, "{text}");
         }
         let none = Tools { choice: ToolChoice::None, ..tools };

@@ -20,8 +20,8 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
 use crate::engine::{
-    AdapterClass, BackendChoice, ChatFormatKind, Constraint, Context, DeviceLimits, Engine, EngineError, EngineOptions, EngineStats, ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout, Message,
-    Profile, ProfileSummary, RequestId, SchedStats, TokenEvent, Tools,
+    AdapterClass, BackendChoice, ChatFormatKind, Constraint, Context, DeviceLimits, Engine, EngineError, EngineOptions, EngineStats, ErrorKind, Event,
+    GenerateRequest, Generation, KvDtype, KvLayout, Message, Profile, ProfileSummary, RequestId, SchedStats, TokenEvent, Tools,
 };
 
 /// What kind of failure an error is; JS sees it as `error.code` ([`ErrorCode::as_str`]). A
@@ -148,14 +148,15 @@ impl LoadOptions {
         o.sched.step_tokens = self.step_tokens.unwrap_or(o.sched.step_tokens);
         o.max_binding_bytes = self.max_binding_mib.map(|mib| u64::from(mib) << 20).or(o.max_binding_bytes);
         if let Some(name) = self.adapter_class.as_deref() {
-            o.adapter_class = Some(AdapterClass::parse(name).ok_or_else(|| {
-                WebError::invalid(format!("adapterClass must be \"cpu\", \"integrated\" or \"discrete\", not {name:?}"))
-            })?);
+            o.adapter_class = Some(
+                AdapterClass::parse(name)
+                    .ok_or_else(|| WebError::invalid(format!("adapterClass must be \"cpu\", \"integrated\" or \"discrete\", not {name:?}")))?,
+            );
         }
         o.optional_features = self.optional_features.unwrap_or(o.optional_features);
         if let Some(name) = self.backend.as_deref() {
-            o.backend = BackendChoice::parse(name)
-                .ok_or_else(|| WebError::invalid(format!("backend must be \"auto\", \"webgpu\" or \"cpu\", not {name:?}")))?;
+            o.backend =
+                BackendChoice::parse(name).ok_or_else(|| WebError::invalid(format!("backend must be \"auto\", \"webgpu\" or \"cpu\", not {name:?}")))?;
         }
         if let Some(bytes) = self.max_memory_bytes {
             if !(bytes.is_finite() && bytes >= 1.0 && bytes <= 2f64.powi(53)) {
@@ -164,8 +165,8 @@ impl LoadOptions {
             o.max_memory_bytes = Some(bytes as u64);
         }
         if let Some(name) = self.device_limits.as_deref() {
-            o.device_limits = DeviceLimits::parse(name)
-                .ok_or_else(|| WebError::invalid(format!("deviceLimits must be \"adapter\" or \"phone\", not {name:?}")))?;
+            o.device_limits =
+                DeviceLimits::parse(name).ok_or_else(|| WebError::invalid(format!("deviceLimits must be \"adapter\" or \"phone\", not {name:?}")))?;
         }
         Ok(o)
     }
@@ -391,7 +392,9 @@ struct Stats {
 
 /// The byte length of this module's linear memory.
 fn wasm_bytes() -> f64 {
-    wasm_bindgen::memory().dyn_into::<js_sys::WebAssembly::Memory>().map_or(0.0, |m| m.buffer().dyn_into::<js_sys::ArrayBuffer>().map_or(0.0, |b| b.byte_length() as f64))
+    wasm_bindgen::memory()
+        .dyn_into::<js_sys::WebAssembly::Memory>()
+        .map_or(0.0, |m| m.buffer().dyn_into::<js_sys::ArrayBuffer>().map_or(0.0, |b| b.byte_length() as f64))
 }
 
 /// Options of `WebEngine.profile`; every field is optional.
@@ -454,12 +457,7 @@ fn field_names<T: for<'de> Deserialize<'de>>() -> &'static [&'static str] {
             Err(de::Error::custom("not a struct"))
         }
 
-        fn deserialize_struct<V: Visitor<'de>>(
-            self,
-            _name: &'static str,
-            fields: &'static [&'static str],
-            _: V,
-        ) -> Result<V::Value, Self::Error> {
+        fn deserialize_struct<V: Visitor<'de>>(self, _name: &'static str, fields: &'static [&'static str], _: V) -> Result<V::Value, Self::Error> {
             *self.0 = fields;
             Err(de::Error::custom("only the field names were wanted"))
         }

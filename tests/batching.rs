@@ -11,10 +11,10 @@ use std::collections::HashMap;
 
 use common::tiny_model;
 
+use pagedlm::engine::{Constraint, Event, RequestId, SchedConfig};
 use pagedlm::engine::{Engine, EngineOptions, FinishReason, GenerateRequest, KvDtype};
 use pagedlm::rng::Rng;
 use pagedlm::sampler::SamplingParams;
-use pagedlm::engine::{Constraint, Event, RequestId, SchedConfig};
 
 fn ids(rng: &mut Rng, n: usize) -> Vec<u32> {
     (0..n).map(|_| 3 + rng.below(256) as u32).collect()
@@ -297,14 +297,13 @@ fn real_model_batched_requests_give_their_solo_tokens() {
     use pagedlm::tokenizer::ChatMessage;
     pollster::block_on(async {
         let bytes = common::real_model_bytes().await;
-        let questions = ["What is the capital of France?", "Name a primary color.", "Write one word that rhymes with cat.", "How many legs does a spider have?"];
+        let questions =
+            ["What is the capital of France?", "Name a primary color.", "Write one word that rhymes with cat.", "How many legs does a spider have?"];
         let opts = EngineOptions { max_context: 256, ..Default::default() };
         let mut engine = Engine::load(&bytes, opts.clone()).await.unwrap();
         let request = GenerateRequest { max_tokens: 16, ..Default::default() };
-        let prompts: Vec<(Vec<u32>, GenerateRequest)> = questions
-            .iter()
-            .map(|q| (engine.chat_prompt(&[ChatMessage { role: "user".into(), content: (*q).into() }]).unwrap(), request.clone()))
-            .collect();
+        let prompts: Vec<(Vec<u32>, GenerateRequest)> =
+            questions.iter().map(|q| (engine.chat_prompt(&[ChatMessage { role: "user".into(), content: (*q).into() }]).unwrap(), request.clone())).collect();
         let mut solo = Engine::load(&bytes, EngineOptions { prefix_cache: false, ..opts }).await.unwrap();
         let mut want = Vec::new();
         for (p, r) in &prompts {
@@ -324,7 +323,11 @@ fn real_model_batched_requests_give_their_solo_tokens() {
 /// aborted after `abort_after` steps. Returns each request's (tokens, text, finish reason,
 /// prefix hit) in submission order, and the pool's and prefix cache's counters at the end.
 /// Also returns the scheduler's (steps, steps planned ahead).
-async fn lookahead_run(engine: &mut Engine, prompts: &[(Vec<u32>, GenerateRequest)], abort_after: u32) -> (Vec<(Vec<u32>, String, FinishReason, u32)>, String, (u64, u64)) {
+async fn lookahead_run(
+    engine: &mut Engine,
+    prompts: &[(Vec<u32>, GenerateRequest)],
+    abort_after: u32,
+) -> (Vec<(Vec<u32>, String, FinishReason, u32)>, String, (u64, u64)) {
     let order: Vec<RequestId> = prompts.iter().map(|(p, r)| engine.submit(p.clone(), r.clone()).unwrap()).collect();
     let mut done: HashMap<RequestId, pagedlm::engine::Generation> = HashMap::new();
     let mut steps = 0;

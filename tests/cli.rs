@@ -22,8 +22,7 @@ fn temp_dir(name: &str) -> PathBuf {
 }
 
 fn real_model() -> String {
-    let path = std::env::var("PAGEDLM_MODEL")
-        .unwrap_or_else(|_| format!("{}/models/SmolLM2-135M-Instruct.Q4_1.gguf", env!("CARGO_MANIFEST_DIR")));
+    let path = std::env::var("PAGEDLM_MODEL").unwrap_or_else(|_| format!("{}/models/SmolLM2-135M-Instruct.Q4_1.gguf", env!("CARGO_MANIFEST_DIR")));
     assert!(std::path::Path::new(&path).exists(), "the real model is needed at {path}: run `npm run fetch-model`");
     path
 }
@@ -115,17 +114,11 @@ fn score_and_generate_print_the_contract_shapes() {
     }
 
     let prompts = dir.join("prompts.json");
-    std::fs::write(
-        &prompts,
-        r#"[{"id": "raw", "prompt": "hello"}, {"id": "chat", "messages": [{"role": "user", "content": "hi"}]}]"#,
-    )
-    .unwrap();
+    std::fs::write(&prompts, r#"[{"id": "raw", "prompt": "hello"}, {"id": "chat", "messages": [{"role": "user", "content": "hi"}]}]"#).unwrap();
     let out = bin().args(["generate", "--model", model, "--input", prompts.to_str().unwrap(), "--max-tokens", "5"]).output().unwrap();
     let got = lines(&out);
-    let contiguous = bin()
-        .args(["generate", "--model", model, "--input", prompts.to_str().unwrap(), "--max-tokens", "5", "--kv-layout", "contiguous"])
-        .output()
-        .unwrap();
+    let contiguous =
+        bin().args(["generate", "--model", model, "--input", prompts.to_str().unwrap(), "--max-tokens", "5", "--kv-layout", "contiguous"]).output().unwrap();
     let contiguous = lines(&contiguous);
     for (p, c) in got.iter().zip(&contiguous) {
         assert_eq!(p["tokens"], c["tokens"], "paged (default) and contiguous give the same greedy tokens");
@@ -253,7 +246,8 @@ fn errors_go_to_stderr_with_a_nonzero_exit() {
     // model runs under 1 MiB.
     let err = fails(&["generate", "--model", model, "--prompt", "x", "--max-binding-mib", "0", "--backend", "webgpu"]);
     assert!(err.contains("storage-binding limit of 0 bytes"), "{err}");
-    let out = bin().args(["generate", "--model", model, "--prompt", "x", "--max-tokens", "2", "--max-binding-mib", "1", "--backend", "webgpu"]).output().unwrap();
+    let out =
+        bin().args(["generate", "--model", model, "--prompt", "x", "--max-tokens", "2", "--max-binding-mib", "1", "--backend", "webgpu"]).output().unwrap();
     assert!(out.status.success(), "a tiny model under a 1 MiB binding limit: {}", String::from_utf8_lossy(&out.stderr));
     // Input files: missing, not JSON, the wrong shape.
     let err = fails(&["score", "--model", model, "--input", "/nonexistent.json"]);
@@ -373,16 +367,16 @@ fn trace_continues_conversations_and_prints_the_summary() {
     std::fs::write(
         &input,
         concat!(
-            r#"{"id": "a1", "conversation": "a", "system": "Be brief.", "user": "hi", "max_tokens": 4}"#, "\n",
-            r#"{"id": "b1", "conversation": "b", "user": "yo", "max_tokens": 3}"#, "\n",
-            r#"{"id": "a2", "conversation": "a", "user": "and then?", "max_tokens": 4}"#, "\n",
+            r#"{"id": "a1", "conversation": "a", "system": "Be brief.", "user": "hi", "max_tokens": 4}"#,
+            "\n",
+            r#"{"id": "b1", "conversation": "b", "user": "yo", "max_tokens": 3}"#,
+            "\n",
+            r#"{"id": "a2", "conversation": "a", "user": "and then?", "max_tokens": 4}"#,
+            "\n",
         ),
     )
     .unwrap();
-    let out = bin()
-        .args(["trace", "--model", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--block-size", "8"])
-        .output()
-        .unwrap();
+    let out = bin().args(["trace", "--model", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--block-size", "8"]).output().unwrap();
     let mut got = lines(&out);
     assert_eq!(got.len(), 4, "three requests and the summary");
     // Lines come in finishing order; the checks below read them in file order.
@@ -438,10 +432,8 @@ fn trace_continues_conversations_and_prints_the_summary() {
     assert_eq!(batched[3]["summary"]["integrity_ok"], true);
     assert_eq!(batched[3]["summary"]["max_batch"], 3);
     // Disaggregated: a prefill engine hands each prompt's K/V to the decoding engine.
-    let out = bin()
-        .args(["trace", "--model", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--block-size", "8", "--disaggregate"])
-        .output()
-        .unwrap();
+    let out =
+        bin().args(["trace", "--model", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--block-size", "8", "--disaggregate"]).output().unwrap();
     let split = lines(&out);
     assert_eq!(split.len(), 4, "{}", String::from_utf8_lossy(&out.stderr));
     for g in &got[..3] {
@@ -466,7 +458,11 @@ fn generate_follows_json_schemas_grammars_and_response_formats() {
     std::fs::write(&model, tiny_model(61)).unwrap();
     let model = model.to_str().unwrap();
     let schema = dir.join("schema.json");
-    std::fs::write(&schema, r#"{"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["n"], "additionalProperties": false}"#).unwrap();
+    std::fs::write(
+        &schema,
+        r#"{"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["n"], "additionalProperties": false}"#,
+    )
+    .unwrap();
     let items = dir.join("items.json");
     std::fs::write(
         &items,
@@ -496,7 +492,12 @@ fn generate_follows_json_schemas_grammars_and_response_formats() {
     // The bench's constrained decode on the GPU: its steps go ahead of the token before, like free ones.
     let prose = dir.join("prose.lark");
     std::fs::write(&prose, "start: /[a-z ]{16,64}/\n").unwrap();
-    let line = &lines(&bin().args(["bench", "--model", model, "--prompt-tokens", "8", "--gen-tokens", "12", "--grammar", prose.to_str().unwrap(), "--backend", "webgpu"]).output().unwrap())[0];
+    let line = &lines(
+        &bin()
+            .args(["bench", "--model", model, "--prompt-tokens", "8", "--gen-tokens", "12", "--grammar", prose.to_str().unwrap(), "--backend", "webgpu"])
+            .output()
+            .unwrap(),
+    )[0];
     let c = &line["constrained"];
     assert_eq!(c["tokens"], 12, "{line}");
     assert!(c["steps_ahead_share"].as_f64().unwrap() > 0.5 && c["mask_ms_per_token"].as_f64().unwrap() > 0.0, "{line}");

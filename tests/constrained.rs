@@ -9,11 +9,12 @@ mod common;
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-
 use common::tiny_model;
 use serde_json::{json, Value};
 
-use pagedlm::engine::{Constraint, Engine, EngineOptions, ErrorKind, FinishReason, GenerateRequest, Generation, Message, RequestId, SchedConfig, ToolCall, Tools};
+use pagedlm::engine::{
+    Constraint, Engine, EngineOptions, ErrorKind, FinishReason, GenerateRequest, Generation, Message, RequestId, SchedConfig, ToolCall, Tools,
+};
 use pagedlm::rng::Rng;
 use pagedlm::sampler::SamplingParams;
 
@@ -55,7 +56,6 @@ fn matches(k: usize, v: &Value) -> bool {
 fn constrained(schema: &Value, sampling: SamplingParams) -> GenerateRequest {
     GenerateRequest { max_tokens: 96, sampling, constraint: Some(Constraint::JsonSchema(schema.clone())), ..Default::default() }
 }
-
 
 fn assert_matches(what: &str, k: usize, g: &Generation) {
     assert_eq!(g.finish_reason, FinishReason::Stop, "{what}: schema {k} did not complete: {:?} ({:?})", g.text, g.warning);
@@ -180,7 +180,11 @@ fn valid_call(call: &ToolCall) -> bool {
     let Ok(args) = serde_json::from_str::<Value>(&call.function.arguments) else { return false };
     let keys = |want: &[&str]| args.as_object().is_some_and(|o| o.len() == want.len() && want.iter().all(|k| o.contains_key(*k)));
     match call.function.name.as_str() {
-        "get_weather" => keys(&["city", "unit"]) && args["city"].as_str().is_some_and(|s| s.chars().count() <= 6) && ["c", "f"].contains(&args["unit"].as_str().unwrap_or("")),
+        "get_weather" => {
+            keys(&["city", "unit"])
+                && args["city"].as_str().is_some_and(|s| s.chars().count() <= 6)
+                && ["c", "f"].contains(&args["unit"].as_str().unwrap_or(""))
+        }
         "get_time" => keys(&["zone"]) && args["zone"].as_i64().is_some_and(|z| (-12..=14).contains(&z)),
         _ => false,
     }

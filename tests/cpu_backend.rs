@@ -33,7 +33,16 @@ fn cpu(opts: EngineOptions) -> EngineOptions {
 
 /// 7 layers (local 0-4 and 6, global 5), 4 query heads over 1 KV head, a window of `window`.
 fn gemma(window: usize, head_dim: usize, seed: u64) -> SynthConfig {
-    SynthConfig { n_layers: 7, n_heads: 4, n_kv_heads: 1, rope_base: 1_000_000.0, eps: 1e-6, seed, gemma: Some(SynthGemma { window, head_dim }), ..SynthConfig::tiny() }
+    SynthConfig {
+        n_layers: 7,
+        n_heads: 4,
+        n_kv_heads: 1,
+        rope_base: 1_000_000.0,
+        eps: 1e-6,
+        seed,
+        gemma: Some(SynthGemma { window, head_dim }),
+        ..SynthConfig::tiny()
+    }
 }
 
 fn random_ids(rng: &mut Rng, n: usize, vocab: u32) -> Vec<u32> {
@@ -57,7 +66,8 @@ async fn check_against_recompute(what: &str, bytes: &[u8], ids: &[u32], layouts:
     for &kv_dtype in dtypes {
         let tol = if kv_dtype == KvDtype::Int8 { INT8_TOL } else { LOGIT_TOL };
         for &(kv_layout, block_size) in layouts {
-            let opts = cpu(EngineOptions { max_context: 128, prefill_chunk: 7, kv_layout, block_size, kv_dtype, int8_activations: EXACT, ..Default::default() });
+            let opts =
+                cpu(EngineOptions { max_context: 128, prefill_chunk: 7, kv_layout, block_size, kv_dtype, int8_activations: EXACT, ..Default::default() });
             let mut engine = Engine::load(bytes, opts).await.unwrap();
             assert_eq!(engine.backend().0, "cpu");
             for (mode, from) in [(ScoreMode::Prefill, 1), (ScoreMode::Decode, ids.len() / 2)] {

@@ -173,7 +173,12 @@ fn the_int8_path_matches_the_int8_rounded_activations() {
                         // Minimums too multiply the rounded activations (their sums).
                         let want: f64 = wr.iter().zip(&xs).map(|(a, b)| f64::from(*a) * b).sum();
                         let scale: f64 = wr.iter().zip(&xs).map(|(a, b)| (f64::from(*a) * b).abs()).sum();
-                        check(&format!("{} {rows}×{cols} ({}), n {n}: out[{t_}][{r}]", t.name(), if random_bytes { "random bytes" } else { "quantized" }), out[t_ * rows + r], want, scale);
+                        check(
+                            &format!("{} {rows}×{cols} ({}), n {n}: out[{t_}][{r}]", t.name(), if random_bytes { "random bytes" } else { "quantized" }),
+                            out[t_ * rows + r],
+                            want,
+                            scale,
+                        );
                     }
                 }
             }
@@ -218,7 +223,14 @@ fn activations_quantize_as_the_shaders_do() {
 #[ignore]
 fn matmul_timings() {
     let mut rng = Rng::new(15);
-    let shapes = [(GgmlType::Q8_0, 49152, 576), (GgmlType::Q4_1, 1536, 576), (GgmlType::Q4_1, 576, 1536), (GgmlType::Q5_0, 2048, 640), (GgmlType::Q4_K, 640, 1024), (GgmlType::Q6_K, 640, 2048)];
+    let shapes = [
+        (GgmlType::Q8_0, 49152, 576),
+        (GgmlType::Q4_1, 1536, 576),
+        (GgmlType::Q4_1, 576, 1536),
+        (GgmlType::Q5_0, 2048, 640),
+        (GgmlType::Q4_K, 640, 1024),
+        (GgmlType::Q6_K, 640, 2048),
+    ];
     for (t, rows, cols) in shapes {
         let raw = weights(t, rows, cols, false, &mut rng);
         let m = QMatrix::new(t, rows, cols, &raw).unwrap();

@@ -75,11 +75,8 @@ async fn check_against_recompute(synth: &SynthConfig, len: usize, dtypes: &[KvDt
         // INT8 K/V: the logits move by the quantization error, far above f32 rounding.
         let tol = if kv_dtype == KvDtype::Int8 { 0.15 } else { LOGIT_TOL };
         // The browser (SwiftShader is slow) takes the paged cache in blocks of 4 only.
-        let layouts: &[(KvLayout, u32)] = if cfg!(target_arch = "wasm32") {
-            &[(KvLayout::Paged, 4)]
-        } else {
-            &[(KvLayout::Paged, 16), (KvLayout::Paged, 4), (KvLayout::Contiguous, 16)]
-        };
+        let layouts: &[(KvLayout, u32)] =
+            if cfg!(target_arch = "wasm32") { &[(KvLayout::Paged, 4)] } else { &[(KvLayout::Paged, 16), (KvLayout::Paged, 4), (KvLayout::Contiguous, 16)] };
         for &(kv_layout, block_size) in layouts {
             let opts = EngineOptions { max_context: 128, prefill_chunk: 7, kv_layout, block_size, kv_dtype, int8_activations: EXACT, ..Default::default() };
             let mut engine = Engine::load(&bytes, opts).await.unwrap();

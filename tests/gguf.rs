@@ -11,8 +11,7 @@ use pagedlm::gguf::{GgmlType, Gguf, GgufError, MetaValue, TensorInfo, MAX_ARRAY_
 use pagedlm::quant::{dequantize_q4_1, dequantize_q8_0};
 use pagedlm::rng::Rng;
 use pagedlm::synth::{
-    gpt2_byte_to_char, tiny_llama_gguf, try_tiny_llama_gguf, GgufWriter, SynthConfig, SMOLLM2_CHAT_TEMPLATE, SYNTH_BASE_VOCAB,
-    SYNTH_MERGES, SYNTH_SPECIALS,
+    gpt2_byte_to_char, tiny_llama_gguf, try_tiny_llama_gguf, GgufWriter, SynthConfig, SMOLLM2_CHAT_TEMPLATE, SYNTH_BASE_VOCAB, SYNTH_MERGES, SYNTH_SPECIALS,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -25,9 +24,8 @@ fn real_model() -> &'static [u8] {
         let path = std::env::var_os("PAGEDLM_MODEL")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models").join("SmolLM2-135M-Instruct.Q4_1.gguf"));
-        std::fs::read(&path).unwrap_or_else(|e| {
-            panic!("the real model is needed at {} ({e}): run `npm run fetch-model`, or set PAGEDLM_MODEL to the .gguf", path.display())
-        })
+        std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("the real model is needed at {} ({e}): run `npm run fetch-model`, or set PAGEDLM_MODEL to the .gguf", path.display()))
     })
 }
 
@@ -144,12 +142,7 @@ fn every_type_metadata() -> Vec<(String, MetaValue)> {
         ("a.empty", Array(vec![])),
         (
             "a.nested_mixed",
-            Array(vec![
-                Array(vec![U8(1), U8(2)]),
-                Array(vec![]),
-                Array(vec![String("inner".into())]),
-                Array(vec![Array(vec![F64(1.0)]), Array(vec![])]),
-            ]),
+            Array(vec![Array(vec![U8(1), U8(2)]), Array(vec![]), Array(vec![String("inner".into())]), Array(vec![Array(vec![F64(1.0)]), Array(vec![])])]),
         ),
         ("a.depth8", nested(8)),
         ("general.name", String("every type".into())),
@@ -336,12 +329,9 @@ fn real_model_tokenizer_conventions_are_the_synthetic_ones() {
     assert_eq!(present, 256 - 21);
     let merges = g.get_str_array("tokenizer.ggml.merges").unwrap();
     assert_eq!(&merges[..SYNTH_MERGES.len()], &SYNTH_MERGES);
-    for (key, want) in [
-        ("tokenizer.ggml.bos_token_id", 1),
-        ("tokenizer.ggml.eos_token_id", 2),
-        ("tokenizer.ggml.unknown_token_id", 0),
-        ("tokenizer.ggml.padding_token_id", 2),
-    ] {
+    for (key, want) in
+        [("tokenizer.ggml.bos_token_id", 1), ("tokenizer.ggml.eos_token_id", 2), ("tokenizer.ggml.unknown_token_id", 0), ("tokenizer.ggml.padding_token_id", 2)]
+    {
         assert_eq!(g.get_u32(key).unwrap(), want, "{key}");
     }
 }
@@ -836,10 +826,7 @@ fn typed_getters_report_missing_keys_and_wrong_types() {
     assert_eq!(g.get_f32("t.u16").unwrap(), 65535.0);
     assert_eq!(g.get_str("general.name").unwrap(), "every type");
     assert_eq!(g.get_i32_array("a.u8").unwrap(), vec![0, 1, 255]);
-    assert_eq!(
-        g.get_i32_array("a.i64").map_err(|e| e.to_string()).unwrap_err(),
-        "metadata key a.i64 is 9223372036854775807, which does not fit in i32"
-    );
+    assert_eq!(g.get_i32_array("a.i64").map_err(|e| e.to_string()).unwrap_err(), "metadata key a.i64 is 9223372036854775807, which does not fit in i32");
     assert_eq!(g.get_str_array("a.string").unwrap(), vec!["Ġ t", "", "<|im_end|>"]);
     assert!(g.get_str_array("a.empty").unwrap().is_empty());
 
@@ -850,10 +837,7 @@ fn typed_getters_report_missing_keys_and_wrong_types() {
     assert_eq!(g.get_u32("t.string").unwrap_err().to_string(), "metadata key t.string has type string, expected a non-negative integer");
     assert!(matches!(g.get_str("t.u8"), Err(GgufError::WrongType { key, found, .. }) if key == "t.u8" && found == "u8"));
     assert!(matches!(g.get_f32("t.bool_true"), Err(GgufError::WrongType { .. })));
-    assert_eq!(
-        g.get_str_array("a.u32").unwrap_err().to_string(),
-        "metadata key a.u32 has type an array of u32, expected an array of strings"
-    );
+    assert_eq!(g.get_str_array("a.u32").unwrap_err().to_string(), "metadata key a.u32 has type an array of u32, expected an array of strings");
     assert!(matches!(g.get_i32_array("a.f32"), Err(GgufError::WrongType { .. })));
     assert!(matches!(g.get_i32_array("t.u8"), Err(GgufError::WrongType { .. })));
 }
@@ -1012,11 +996,7 @@ fn fuzz_mutated_files_never_panic_and_stay_in_bounds() {
         match std::panic::catch_unwind(|| exercise(bytes)) {
             Ok(outcome) => *outcomes.entry(outcome).or_default() += 1,
             Err(payload) => {
-                let msg = payload
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
+                let msg = payload.downcast_ref::<String>().cloned().or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
                 if panics.len() < 10 {
                     panics.push(format!("{}: {msg}", what()));
                 }

@@ -118,12 +118,7 @@ async fn check(engine: &mut Engine, item: &Item, (mode, numpy_tol, strict): (Sco
             for &(tok, logit) in top5 {
                 let d = (row[tok as usize] - logit).abs();
                 stats.max_numpy_diff = stats.max_numpy_diff.max(d);
-                assert!(
-                    !strict || d <= numpy_tol,
-                    "{} ({mode:?}) position {i}: logit of {tok} is {} vs numpy f64 {logit}",
-                    item.id,
-                    row[tok as usize]
-                );
+                assert!(!strict || d <= numpy_tol, "{} ({mode:?}) position {i}: logit of {tok} is {} vs numpy f64 {logit}", item.id, row[tok as usize]);
             }
         }
     }

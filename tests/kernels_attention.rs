@@ -35,10 +35,7 @@ struct Shape {
 /// A shape with `block_size`-key blocks and two spare blocks in the pool.
 fn paged(n_tokens: u32, (n_heads, n_kv_heads, head_dim): (u32, u32, u32), max_len: u32, block_size: u32) -> Shape {
     let n_blocks = max_len.div_ceil(block_size) + 2;
-    Shape {
-        n_tokens,
-        pool: PoolShape { n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::F32, window: 0 },
-    }
+    Shape { n_tokens, pool: PoolShape { n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::F32, window: 0 } }
 }
 
 /// A block table whose row at `table_base` maps the sequence's ceil(max_len / block_size)
@@ -85,14 +82,7 @@ impl Inputs {
         Inputs::with_table(ctx, shape, seed, q_k_scale, table, table_base)
     }
 
-    fn with_table(
-        ctx: &Context,
-        shape: Shape,
-        seed: u64,
-        q_k_scale: f32,
-        table: Vec<u32>,
-        table_base: u32,
-    ) -> Inputs {
+    fn with_table(ctx: &Context, shape: Shape, seed: u64, q_k_scale: f32, table: Vec<u32>, table_base: u32) -> Inputs {
         let mut rng = Rng::new(seed ^ 0x9e37);
         let qkv = rng.vec_uniform(shape.n_tokens as usize * shape.pool.qkv_row() as usize, -q_k_scale, q_k_scale);
         let pool = shape.pool.pool_len() as usize;
@@ -129,8 +119,7 @@ impl Inputs {
 
     fn attention(&self, ctx: &Context, plan: Option<AttentionPlan>) -> Attention {
         let s = self.shape;
-        Attention::new(ctx, &self.buffers(&self.out_buf), s.pool, s.n_tokens, plan)
-            .unwrap_or_else(|e| panic!("{s:?} {plan:?}: {e}"))
+        Attention::new(ctx, &self.buffers(&self.out_buf), s.pool, s.n_tokens, plan).unwrap_or_else(|e| panic!("{s:?} {plan:?}: {e}"))
     }
 
     /// Runs one step at `positions` and compares with the reference.
@@ -145,9 +134,7 @@ impl Inputs {
         rec.submit();
         let s = self.shape;
         let got = ctx.read_f32(&self.out_buf, 0, s.n_tokens as u64 * s.pool.out_row()).await.unwrap();
-        let want =
-            attention_cpu(&s.pool, &self.qkv, &self.k_pool, &self.v_pool, positions, &self.table, self.table_base)
-                .unwrap();
+        let want = attention_cpu(&s.pool, &self.qkv, &self.k_pool, &self.v_pool, positions, &self.table, self.table_base).unwrap();
         let v_max = self.v_pool.iter().fold(0f32, |m, v| m.max(v.abs()));
         assert_close(&format!("{what} {s:?} {:?} kv_len {kv_len}", attention.plan()), &got, &want, TOL * v_max, TOL);
     }
@@ -459,9 +446,7 @@ async fn bench_attention_body() {
                 attention.set_kv_len(kv_len).unwrap();
                 let (first_ms, us) = time_us(&ctx, attention, &inputs.out_buf, 50).await;
                 let first = if kv_len == 128 { format!("  (first call {first_ms:.0} ms)") } else { String::new() };
-                report(&format!(
-                    "decode 9q/3kv hd64 block {block_size:4} kv_len {kv_len:5} {name:40} {us:9.1} µs{first}"
-                ));
+                report(&format!("decode 9q/3kv hd64 block {block_size:4} kv_len {kv_len:5} {name:40} {us:9.1} µs{first}"));
             }
         }
     }
@@ -470,11 +455,9 @@ async fn bench_attention_body() {
     let inputs = Inputs::new(&ctx, prefill, 4, 1.0);
     let positions: Vec<u32> = (0..512).collect();
     ctx.queue.write_buffer(&inputs.pos_buf, 0, bytemuck::cast_slice(&positions));
-    for (name, plan) in [
-        ("one pass (auto)", None),
-        ("passes of 128 keys", plan(AttentionPath::Passes, 128)),
-        ("split-K, 128-key splits", plan(AttentionPath::SplitK, 128)),
-    ] {
+    for (name, plan) in
+        [("one pass (auto)", None), ("passes of 128 keys", plan(AttentionPath::Passes, 128)), ("split-K, 128-key splits", plan(AttentionPath::SplitK, 128))]
+    {
         let attention = inputs.attention(&ctx, plan);
         let (first_ms, us) = time_us(&ctx, &attention, &inputs.out_buf, 3).await;
         report(&format!("prefill 512 tokens from 0, 9q/3kv hd64 {name:28} {us:9.1} µs  (first call {first_ms:.0} ms)"));

@@ -12,13 +12,11 @@ mod common;
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 use common::{assert_close, gpu, now_ms, report, variant_contexts};
-use pagedlm::gpu::ops::attention::{
-    attention_batch_cpu, Attention, AttentionBatch, AttentionBuffers, BatchBuffers, BatchPlan, BatchRow, BatchStep,
-};
+use pagedlm::gpu::ops::attention::{attention_batch_cpu, Attention, AttentionBatch, AttentionBuffers, BatchBuffers, BatchPlan, BatchRow, BatchStep};
 use pagedlm::gpu::ops::pool::{PoolBuffers, PoolShape};
 use pagedlm::gpu::{Context, GpuError, Recorder};
-use pagedlm::quant::kv_int8::{dequantize_pool, quantize_pool, Int8Layout};
 use pagedlm::kv::KvDtype;
+use pagedlm::quant::kv_int8::{dequantize_pool, quantize_pool, Int8Layout};
 use pagedlm::rng::Rng;
 
 /// Tolerance against the f64 reference: |got - want| <= TOL * max|v| + TOL * |want|. An output is
@@ -69,8 +67,7 @@ struct PoolSpec {
 
 impl Pool {
     fn new(ctx: &Context, spec: PoolSpec, seed: u64, q_k_scale: f32) -> Pool {
-        let PoolSpec { heads: (n_heads, n_kv_heads, head_dim), block_size, max_len, max_rows, n_seqs, shared_blocks } =
-            spec;
+        let PoolSpec { heads: (n_heads, n_kv_heads, head_dim), block_size, max_len, max_rows, n_seqs, shared_blocks } = spec;
         let mut rng = Rng::new(seed);
         let row_len = max_len.div_ceil(block_size);
         let n_blocks = n_seqs * row_len + 2;
@@ -160,8 +157,7 @@ impl Batch {
     }
 
     fn attention(&self, ctx: &Context, pool: &Pool, plan: Option<BatchPlan>) -> AttentionBatch {
-        AttentionBatch::new(ctx, &self.buffers(pool), pool.shape, pool.max_rows, plan)
-            .unwrap_or_else(|e| panic!("{:?} {plan:?}: {e}", pool.shape))
+        AttentionBatch::new(ctx, &self.buffers(pool), pool.shape, pool.max_rows, plan).unwrap_or_else(|e| panic!("{:?} {plan:?}: {e}", pool.shape))
     }
 
     /// Runs one step of `rows` with out poisoned by NaN; returns all max_rows output rows.
@@ -262,8 +258,7 @@ async fn mixed_rows(dtype: KvDtype, block_sizes: &[u32]) {
         for &block_size in block_sizes {
             // Sequences 0 and 1 share their first 100-odd keys.
             let shared = 112u32.div_ceil(block_size);
-            let mut pool =
-                Pool::new(&ctx, spec(heads, block_size, max_len, 10, 5, shared), 10 + i as u64 * 31 + block_size as u64, 1.0);
+            let mut pool = Pool::new(&ctx, spec(heads, block_size, max_len, 10, 5, shared), 10 + i as u64 * 31 + block_size as u64, 1.0);
             if dtype == KvDtype::Int8 {
                 pool = pool.int8(&ctx);
             }
@@ -351,8 +346,7 @@ async fn equals_single_sequence(dtype: KvDtype) {
             }
             let batch = Batch::new(&ctx, &pool, 60 + block_size as u64, 1.0);
             let seq = &pool.seqs;
-            let rows =
-                [row(seq[0], 2000), row(seq[1], 300), row(seq[2], 1), row(seq[3], 17), row(seq[1], 129), row(seq[0], 200)];
+            let rows = [row(seq[0], 2000), row(seq[1], 300), row(seq[2], 1), row(seq[3], 17), row(seq[1], 129), row(seq[0], 200)];
             let mut attention = batch.attention(&ctx, &pool, None);
             let got = batch.run(&ctx, &mut attention, &rows).await;
             let s = pool.shape;
@@ -377,10 +371,7 @@ async fn equals_single_sequence(dtype: KvDtype) {
                 assert_close(&label, got_row, &want, 1e-5, 1e-5);
                 worst = got_row.iter().zip(&want).fold(worst, |m, (a, b)| m.max((a - b).abs()));
             }
-            report(&format!(
-                "{} {heads:?} block {block_size}: max |batched - Attention| = {worst:e}",
-                dtype.name()
-            ));
+            report(&format!("{} {heads:?} block {block_size}: max |batched - Attention| = {worst:e}", dtype.name()));
         }
     }
 }
@@ -570,11 +561,7 @@ async fn bench_body() {
             }
         })
         .await;
-        report(&format!(
-            "{name:26} batched (µs): {}   {:2} x Attention {us_single:8.1} µs",
-            batched_us.join(", "),
-            lens.len()
-        ));
+        report(&format!("{name:26} batched (µs): {}   {:2} x Attention {us_single:8.1} µs", batched_us.join(", "), lens.len()));
     }
 }
 

@@ -23,15 +23,15 @@ mod common;
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 use common::gpu;
-use pagedlm::gpu::ops::embed::{embedding, embedding_cpu};
 use pagedlm::gguf::GgmlType;
-use pagedlm::model::Activation;
+use pagedlm::gpu::ops::embed::{embedding, embedding_cpu};
 use pagedlm::gpu::ops::matmul::{
-    int8_error_bound, matmul, matmul_configured, matmul_cpu, matmul_input, matmul_int8_cpu, matmul_into, matmul_with, Epilogue, Input,
-    MatmulConfig, QuantMatrix, MAX_TILE_ROWS,
+    int8_error_bound, matmul, matmul_configured, matmul_cpu, matmul_input, matmul_int8_cpu, matmul_into, matmul_with, Epilogue, Input, MatmulConfig,
+    QuantMatrix, MAX_TILE_ROWS,
 };
 use pagedlm::gpu::ops::norm::rms_norm_cpu;
 use pagedlm::gpu::{Context, Recorder};
+use pagedlm::model::Activation;
 use pagedlm::quant::{dequantize, quantize_q4_1, quantize_q8_0};
 use pagedlm::rng::Rng;
 
@@ -150,7 +150,11 @@ fn assert_matmul_close(what: &str, got: &[f32], want: &[f32], scale: &[f64], ext
     if let Some((i, excess)) = worst {
         panic!(
             "{what}: element {i} is {} but the reference is {} (error {:.2}× the tolerance {REL_TOL}·{:.4} + {:.3e})",
-            got[i], want[i], excess, scale[i], extra.get(i).copied().unwrap_or(0.0)
+            got[i],
+            want[i],
+            excess,
+            scale[i],
+            extra.get(i).copied().unwrap_or(0.0)
         );
     }
 }
@@ -391,7 +395,14 @@ gpu_test! {
 
 /// Runs `w` with `epilogue` and `config` over x into a y that starts as `y0` and returns y; with
 /// `norm` = (g, eps), x normalized in the matmul's prologue ([`Input::Norm`]).
-async fn run_epilogue(ctx: &Context, w: &QuantMatrix, (x, y0): (&[f32], &[f32]), n_rows: u32, (config, norm): (MatmulConfig, Option<(&[f32], f32)>), epilogue: Epilogue) -> Vec<f32> {
+async fn run_epilogue(
+    ctx: &Context,
+    w: &QuantMatrix,
+    (x, y0): (&[f32], &[f32]),
+    n_rows: u32,
+    (config, norm): (MatmulConfig, Option<(&[f32], f32)>),
+    epilogue: Epilogue,
+) -> Vec<f32> {
     let xb = ctx.storage_init("x", bytemuck::cast_slice(x));
     let yb = ctx.storage_init("y", bytemuck::cast_slice(y0));
     let kernels = match norm {
@@ -847,14 +858,28 @@ async fn bench_matmul_cases(filter: String) {
     // (name, kind, rows, cols, n_rows, variants)
     type Case = (String, GgmlKind, u32, u32, u32, Vec<MatmulConfig>);
     let mut cases: Vec<Case> = vec![
-        ("decode Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 1, [around(1), vec![split(1), int8(shared(MatmulConfig { workgroup: 8, ..cpu(1) }))]].concat()),
+        (
+            "decode Q4_1 576→1536".into(),
+            GgmlKind::Q4_1,
+            1536,
+            576,
+            1,
+            [around(1), vec![split(1), int8(shared(MatmulConfig { workgroup: 8, ..cpu(1) }))]].concat(),
+        ),
         ("decode Q4_1 1536→576".into(), GgmlKind::Q4_1, 576, 1536, 1, around(1)),
         ("decode Q8_0 576→49152".into(), GgmlKind::Q8_0, 49152, 576, 1, around(1)),
         ("batch 4 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 4, around(4)),
         ("batch 8 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 8, around(8)),
         ("batch 16 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 16, [around(16), vec![int8(shared(cpu(8)))]].concat()),
         ("batch 8 Q8_0 576→49152".into(), GgmlKind::Q8_0, 49152, 576, 8, around(8)),
-        ("prefill 512 Q4_1 576→1536".into(), GgmlKind::Q4_1, 1536, 576, 512, [vec![cpu(8)], around(16), vec![split(4), int8(shared(cpu(8))), int8(shared(MatmulConfig { workgroup: 8, ..cpu(16) }))]].concat()),
+        (
+            "prefill 512 Q4_1 576→1536".into(),
+            GgmlKind::Q4_1,
+            1536,
+            576,
+            512,
+            [vec![cpu(8)], around(16), vec![split(4), int8(shared(cpu(8))), int8(shared(MatmulConfig { workgroup: 8, ..cpu(16) }))]].concat(),
+        ),
         ("prefill 512 Q4_1 1536→576".into(), GgmlKind::Q4_1, 576, 1536, 512, [vec![cpu(8)], around(16)].concat()),
         ("prefill 512 Q8_0 576→1536".into(), GgmlKind::Q8_0, 1536, 576, 512, [vec![cpu(8)], around(16)].concat()),
     ];
@@ -874,7 +899,9 @@ async fn bench_matmul_cases(filter: String) {
             cases.push((format!("sweep decode {name}"), kind, rows, cols, 1, [vec![cpu(1)], wgs(1)].concat()));
         }
         let groups = |t: u32, g: u32, workgroup: u32| MatmulConfig { group_tile: g, workgroup, ..cpu(t) };
-        for (name, kind, rows, cols) in [("Q4_1 576→1536", GgmlKind::Q4_1, 1536, 576), ("Q4_1 1536→576", GgmlKind::Q4_1, 576, 1536), ("Q8_0 576→49152", GgmlKind::Q8_0, 49152, 576)] {
+        for (name, kind, rows, cols) in
+            [("Q4_1 576→1536", GgmlKind::Q4_1, 1536, 576), ("Q4_1 1536→576", GgmlKind::Q4_1, 576, 1536), ("Q8_0 576→49152", GgmlKind::Q8_0, 49152, 576)]
+        {
             let v = [1u32, 2, 4].iter().flat_map(|&g| [4u32, 8, 16].map(|wg| groups(1, g, wg))).collect();
             cases.push((format!("sweep groups decode {name}"), kind, rows, cols, 1, v));
         }
@@ -888,7 +915,14 @@ async fn bench_matmul_cases(filter: String) {
         for (t, cols) in every_type() {
             let (rows, name) = (1536, t.name());
             cases.push((format!("sweep body decode {name} {cols}→{rows}"), t, rows, cols, 1, vec![groups(1, 1, 16), groups(1, 2, 8), groups(1, 2, 16)]));
-            cases.push((format!("sweep body prefill 512 {name} {cols}→{rows}"), t, rows, cols, 512, vec![groups(16, 1, 16), groups(8, 2, 16), groups(8, 2, 8)]));
+            cases.push((
+                format!("sweep body prefill 512 {name} {cols}→{rows}"),
+                t,
+                rows,
+                cols,
+                512,
+                vec![groups(16, 1, 16), groups(8, 2, 16), groups(8, 2, 8)],
+            ));
         }
     }
     for (name, kind, rows, cols, n_rows, configs) in cases {
@@ -898,8 +932,7 @@ async fn bench_matmul_cases(filter: String) {
         let raw = random_matrix(&mut rng, kind, rows, cols);
         let copies = ((96u64 << 20) / raw.len() as u64 + 1).min(256) as usize;
         let copies = if n_rows > 16 { 4 } else { copies };
-        let mats: Vec<QuantMatrix> =
-            (0..copies).map(|_| QuantMatrix::upload(&ctx, "w", kind, &raw, rows, cols).unwrap()).collect();
+        let mats: Vec<QuantMatrix> = (0..copies).map(|_| QuantMatrix::upload(&ctx, "w", kind, &raw, rows, cols).unwrap()).collect();
         let x = rng.vec_uniform((n_rows * cols) as usize, -1.0, 1.0);
         let xb = ctx.storage_init("x", bytemuck::cast_slice(&x));
         let yb = ctx.storage_zeroed("y", n_rows as u64 * rows as u64 * 4);
@@ -989,7 +1022,8 @@ fn bench_norm_prologue() {
         println!("adapter: {}", ctx.adapter_name());
         let mut rng = Rng::new(98);
         // (name, rows, cols, n_rows): the qkv and gate/up matmuls in decode and in a prefill chunk.
-        let cases = [("qkv 576→960", 960u32, 576u32, 1u32), ("gate|up 576→3072", 3072, 576, 1), ("qkv 576→960", 960, 576, 512), ("gate|up 576→3072", 3072, 576, 512)];
+        let cases =
+            [("qkv 576→960", 960u32, 576u32, 1u32), ("gate|up 576→3072", 3072, 576, 1), ("qkv 576→960", 960, 576, 512), ("gate|up 576→3072", 3072, 576, 512)];
         // The device's variant, and without subgroups where it has them (SwiftShader's case).
         let shared: &[bool] = if ctx.has_subgroups(8) { &[true, false] } else { &[false] };
         for ((name, rows, cols, n_rows), &subgroup) in cases.into_iter().flat_map(|c| shared.iter().map(move |s| (c, s))) {
@@ -1004,7 +1038,10 @@ fn bench_norm_prologue() {
             let config = MatmulConfig { subgroup: subgroup && MatmulConfig::for_device(&ctx, n_rows).subgroup, ..MatmulConfig::for_device(&ctx, n_rows) };
             let norm = rms_norm(&ctx, &xb, &gb, &hb, n_rows, cols, 1e-5).unwrap();
             let plain: Vec<_> = mats.iter().map(|m| matmul_with(&ctx, m, &hb, &yb, n_rows, config).unwrap()).collect();
-            let fused: Vec<_> = mats.iter().map(|m| matmul_input(&ctx, m, (Input::Norm { x: &xb, weight: &gb, eps: 1e-5 }, &yb), n_rows, config, Epilogue::Store).unwrap()).collect();
+            let fused: Vec<_> = mats
+                .iter()
+                .map(|m| matmul_input(&ctx, m, (Input::Norm { x: &xb, weight: &gb, eps: 1e-5 }, &yb), n_rows, config, Epilogue::Store).unwrap())
+                .collect();
             let reps = if n_rows > 16 { 4 } else { 200 };
             let mut rec = Recorder::new(&ctx, "warm-up");
             rec.dispatch(&norm);
@@ -1039,7 +1076,11 @@ fn bench_norm_prologue() {
             let [a, b] = times.map(|t| (median(t.iter().map(|p| p.0).collect()), median(t.iter().map(|p| p.1).collect())));
             println!(
                 "{name:18} {n_rows:3} rows {config:?}: norm + matmul {:8.1} µs wall {:8.1} µs CPU; prologue {:8.1} µs wall {:8.1} µs CPU; CPU ratio {:.3}",
-                a.0 * 1e6, a.1 * 1e6, b.0 * 1e6, b.1 * 1e6, a.1 / b.1
+                a.0 * 1e6,
+                a.1 * 1e6,
+                b.0 * 1e6,
+                b.1 * 1e6,
+                a.1 / b.1
             );
         }
     });

@@ -6,15 +6,15 @@ mod common;
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 use common::{assert_close, gpu, variant_contexts};
+use pagedlm::gpu::ops::argmax::ArgmaxPlan;
 use pagedlm::gpu::ops::kv_write::KvWriteBuffers;
+use pagedlm::gpu::ops::norm::NormOut;
 use pagedlm::gpu::ops::pool::{PoolBuffers, PoolShape};
 use pagedlm::gpu::ops::rope::RopeShape;
-use pagedlm::model::{Activation, RopePairing};
-use pagedlm::gpu::ops::norm::NormOut;
-use pagedlm::gpu::ops::argmax::ArgmaxPlan;
 use pagedlm::gpu::ops::{act, argmax, kv_write, norm, rope};
 use pagedlm::gpu::{Context, GpuError, Kernel, Recorder};
 use pagedlm::kv::KvDtype;
+use pagedlm::model::{Activation, RopePairing};
 use pagedlm::rng::Rng;
 
 fn run(ctx: &Context, kernels: &[&Kernel]) {
@@ -620,8 +620,7 @@ async fn check_kv_write(ctx: &Context, rng: &mut Rng, case: &KvCase, positions: 
     let qkv = rng.vec_uniform(n_tokens * row, -1.0, 1.0);
     let k0 = rng.vec_uniform(pool_len, 5.0, 6.0);
     let v0 = rng.vec_uniform(pool_len, 7.0, 8.0);
-    let (qb, kb, vb, pb) =
-        (f32_buffer(ctx, &qkv), f32_buffer(ctx, &k0), f32_buffer(ctx, &v0), u32_buffer(ctx, positions));
+    let (qb, kb, vb, pb) = (f32_buffer(ctx, &qkv), f32_buffer(ctx, &k0), f32_buffer(ctx, &v0), u32_buffer(ctx, positions));
     let tb = u32_buffer(ctx, &table);
     let step = u32_buffer(ctx, &vec![table_base; n_tokens]);
     let pool = PoolShape {
@@ -631,14 +630,10 @@ async fn check_kv_write(ctx: &Context, rng: &mut Rng, case: &KvCase, positions: 
         max_len: case.max_len,
         block_size: case.block_size,
         n_blocks: n_blocks as u32,
-        dtype: KvDtype::F32, window: 0,
+        dtype: KvDtype::F32,
+        window: 0,
     };
-    let buffers = KvWriteBuffers {
-        qkv: &qb,
-        pool: PoolBuffers { k: &kb, v: &vb, block_table: &tb },
-        positions: &pb,
-        row_tables: &step,
-    };
+    let buffers = KvWriteBuffers { qkv: &qb, pool: PoolBuffers { k: &kb, v: &vb, block_table: &tb }, positions: &pb, row_tables: &step };
     let kernel = kv_write::write_paged(ctx, &buffers, &pool, n_tokens as u32).unwrap();
     run(ctx, &[&kernel]);
     let got_k = ctx.read_f32(&kb, 0, pool_len as u64).await.unwrap();
@@ -770,7 +765,13 @@ gpu_test!(
         let out = again.storage_zeroed("out", 16);
         run(&again, &[&act::glu(&again, (&gu, &out), 1, 4, Activation::Silu).unwrap()]);
         assert_eq!(first.pipeline_count(), compiled + 1);
-        assert_close("glu on the shared context", &again.read_f32(&out, 0, 4).await.unwrap(), &act::glu_cpu(&[1.0; 8], 1, 4, Activation::Silu), SILU_ABS_TOL, SILU_REL_TOL);
+        assert_close(
+            "glu on the shared context",
+            &again.read_f32(&out, 0, 4).await.unwrap(),
+            &act::glu_cpu(&[1.0; 8], 1, 4, Activation::Silu),
+            SILU_ABS_TOL,
+            SILU_REL_TOL,
+        );
 
         assert!(!first.is_lost());
         first.device.destroy();

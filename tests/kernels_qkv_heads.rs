@@ -12,9 +12,9 @@ use pagedlm::gpu::ops::norm::{self, HeadNormShape};
 use pagedlm::gpu::ops::pool::{PoolBuffers, PoolShape};
 use pagedlm::gpu::ops::qkv_heads::{self, QkNorm};
 use pagedlm::gpu::ops::rope::{self, RopeShape};
-use pagedlm::model::RopePairing;
 use pagedlm::gpu::{Context, GpuError, Kernel, Recorder};
 use pagedlm::kv::KvDtype;
+use pagedlm::model::RopePairing;
 use pagedlm::quant::kv_int8::{self as quant, Int8Layout};
 use pagedlm::rng::Rng;
 
@@ -135,16 +135,8 @@ fn slot_of(rows: &Rows, t: usize, block_size: u32) -> Option<(u32, u32)> {
 async fn check(ctx: &Context, rng: &mut Rng, heads: &Heads, (dtype, block_size): (KvDtype, u32), (base, window): (f32, u32)) {
     let rows = rows_of_sequences(rng, block_size, window);
     let n = rows.positions.len();
-    let pool = PoolShape {
-        n_heads: heads.n_q,
-        n_kv_heads: heads.n_kv,
-        head_dim: heads.head_dim,
-        max_len: 8192,
-        block_size,
-        n_blocks: rows.n_blocks,
-        dtype,
-        window,
-    };
+    let pool =
+        PoolShape { n_heads: heads.n_q, n_kv_heads: heads.n_kv, head_dim: heads.head_dim, max_len: 8192, block_size, n_blocks: rows.n_blocks, dtype, window };
     let what = format!("q{} kv{} hd{} {dtype:?} block {block_size} base {base} window {window}", heads.n_q, heads.n_kv, heads.head_dim);
     let (row, hd) = (pool.qkv_row() as usize, heads.head_dim as usize);
     let mut qkv = rng.vec_uniform(n * row, -2.0, 2.0);
@@ -314,7 +306,14 @@ async fn check_appending(ctx: &Context, rng: &mut Rng, heads: &Heads, (n_tokens,
     let max_len = 2304;
     let n_blocks = max_len / block_size + 2;
     let pool = PoolShape { n_heads: heads.n_q, n_kv_heads: heads.n_kv, head_dim: heads.head_dim, max_len, block_size, n_blocks, dtype, window: 0 };
-    let what = format!("{} q{} kv{} hd{} {:?} {dtype:?}, {n_tokens} rows to kv_len {kv_len}", ctx.variant_name(), heads.n_q, heads.n_kv, heads.head_dim, heads.pairing);
+    let what = format!(
+        "{} q{} kv{} hd{} {:?} {dtype:?}, {n_tokens} rows to kv_len {kv_len}",
+        ctx.variant_name(),
+        heads.n_q,
+        heads.n_kv,
+        heads.head_dim,
+        heads.pairing
+    );
     let row = pool.qkv_row() as usize;
     let qkv = rng.vec_uniform(n_tokens as usize * row, -2.0, 2.0);
     // The sequence's blocks shuffled, at table_base 3 behind entries of no sequence.
@@ -345,16 +344,15 @@ async fn check_appending(ctx: &Context, rng: &mut Rng, heads: &Heads, (n_tokens,
     let mut appending = Attention::appending_heads(ctx, &buffers_b, pool, n_tokens, None, rope_of).unwrap();
     appending.set_kv_len(kv_len).unwrap();
     let plan = *appending.plan();
-    let should = plan.path == AttentionPath::SplitK
-        && kv_len <= plan.one_dispatch_max_keys
-        && n_tokens * (heads.n_q / heads.n_kv) <= 4
-        && heads.head_dim <= 128;
+    let should =
+        plan.path == AttentionPath::SplitK && kv_len <= plan.one_dispatch_max_keys && n_tokens * (heads.n_q / heads.n_kv) <= 4 && heads.head_dim <= 128;
     assert_eq!(appending.fuses_heads(), should, "{what}: fuses the heads ({plan:?})");
     let heads_b = heads_of((&b.0, &b.1, &b.2));
     let caller = (!appending.fuses_heads()).then_some(&heads_b);
     run(ctx, &caller.into_iter().chain(appending.kernels()).collect::<Vec<_>>());
 
-    for (name, x, y, len) in [("out", &a.3, &b.3, out_len), ("rows", &a.0, &b.0, qkv.len()), ("K pool", &a.1, &b.1, k0.len()), ("V pool", &a.2, &b.2, v0.len())] {
+    for (name, x, y, len) in [("out", &a.3, &b.3, out_len), ("rows", &a.0, &b.0, qkv.len()), ("K pool", &a.1, &b.1, k0.len()), ("V pool", &a.2, &b.2, v0.len())]
+    {
         let (want, got) = (ctx.read_u32(x, 0, len as u64).await.unwrap(), ctx.read_u32(y, 0, len as u64).await.unwrap());
         let diff = want.iter().zip(&got).position(|(w, g)| w != g);
         assert!(diff.is_none(), "{what}: {name} differs from qkv_heads then attention at word {diff:?}");
@@ -387,7 +385,14 @@ async fn check_appending_batch(ctx: &Context, rng: &mut Rng, heads: &Heads, posi
     let n_seqs = positions.len() as u32;
     let n_blocks = n_seqs * per_seq + 2;
     let pool = PoolShape { n_heads: heads.n_q, n_kv_heads: heads.n_kv, head_dim: heads.head_dim, max_len, block_size, n_blocks, dtype, window: 0 };
-    let what = format!("{} q{} kv{} hd{} {dtype:?}, batch at {positions:?}{}", ctx.variant_name(), heads.n_q, heads.n_kv, heads.head_dim, if chunk { " + a second row" } else { "" });
+    let what = format!(
+        "{} q{} kv{} hd{} {dtype:?}, batch at {positions:?}{}",
+        ctx.variant_name(),
+        heads.n_q,
+        heads.n_kv,
+        heads.head_dim,
+        if chunk { " + a second row" } else { "" }
+    );
     // Each sequence's blocks, shuffled over the pool.
     let table: Vec<u32> = [0].into_iter().chain(shuffled_blocks(rng, n_blocks)[..(n_seqs * per_seq) as usize].iter().copied()).collect();
     let mut rows: Vec<(u32, u32)> = positions.iter().enumerate().map(|(s, &p)| (1 + s as u32 * per_seq, p)).collect();
@@ -433,7 +438,9 @@ async fn check_appending_batch(ctx: &Context, rng: &mut Rng, heads: &Heads, posi
     run(ctx, &caller.into_iter().chain(appending.kernels()).collect::<Vec<_>>());
     // The step's rows (qkv_heads also ropes the padding row, at position u32::MAX; nothing reads it).
     let step_words = rows.len() * row;
-    for (name, x, y, len) in [("out", &a.3, &b.3, out_len), ("rows", &a.0, &b.0, step_words), ("K pool", &a.1, &b.1, k0.len()), ("V pool", &a.2, &b.2, v0.len())] {
+    for (name, x, y, len) in
+        [("out", &a.3, &b.3, out_len), ("rows", &a.0, &b.0, step_words), ("K pool", &a.1, &b.1, k0.len()), ("V pool", &a.2, &b.2, v0.len())]
+    {
         let (want, got) = (ctx.read_u32(x, 0, len as u64).await.unwrap(), ctx.read_u32(y, 0, len as u64).await.unwrap());
         let diff = want.iter().zip(&got).position(|(w, g)| w != g);
         assert!(diff.is_none(), "{what}: {name} differs from qkv_heads then attention at word {diff:?}");
@@ -577,9 +584,9 @@ gpu_test! {
 #[test]
 #[ignore = "measurement: dispatches per decode step of the real models"]
 fn dispatches_per_decode_step() {
+    use pagedlm::engine::kv_shape;
     use pagedlm::gguf::Gguf;
     use pagedlm::kv::{CacheConfig, KvCache, KvDtype, KvLayout};
-    use pagedlm::engine::kv_shape;
     use pagedlm::model::{Logits, ModelConfig, StepRow};
     use pagedlm::webgpu::{AttentionKind, ForwardGraph, Weights};
     pollster::block_on(async {
@@ -644,7 +651,16 @@ fn fused_against_composition_time() {
                 for n in [1u32, 512] {
                     let bs = 16u32;
                     let n_blocks = n.div_ceil(bs) + 1;
-                    let pool = PoolShape { n_heads: heads.n_q, n_kv_heads: heads.n_kv, head_dim: heads.head_dim, max_len: 1024, block_size: bs, n_blocks, dtype, window: 0 };
+                    let pool = PoolShape {
+                        n_heads: heads.n_q,
+                        n_kv_heads: heads.n_kv,
+                        head_dim: heads.head_dim,
+                        max_len: 1024,
+                        block_size: bs,
+                        n_blocks,
+                        dtype,
+                        window: 0,
+                    };
                     let bytes = match dtype {
                         KvDtype::F32 => pool.pool_len() * 4,
                         KvDtype::Int8 => Int8Layout::new(n_blocks, heads.n_kv, bs, heads.head_dim).unwrap().buffer_bytes(),
@@ -655,11 +671,19 @@ fn fused_against_composition_time() {
                     let row_tables = words(&ctx, &vec![0; n as usize]);
                     let table = words(&ctx, &(0..n_blocks).collect::<Vec<_>>());
                     let weight = floats(&ctx, &rng.vec_uniform(heads.head_dim as usize, 0.2, 2.0));
-                    let write = KvWriteBuffers { qkv: &qkv, pool: PoolBuffers { k: &k, v: &v, block_table: &table }, positions: &positions, row_tables: &row_tables };
+                    let write =
+                        KvWriteBuffers { qkv: &qkv, pool: PoolBuffers { k: &k, v: &v, block_table: &table }, positions: &positions, row_tables: &row_tables };
                     let rope_of = (base, heads.pairing);
                     let mut composed = Vec::new();
                     if heads.qk_norm {
-                        let shape = |first, n_heads| HeadNormShape { n_rows: n, row_stride: pool.qkv_row() as u32, first, n_heads, head_dim: heads.head_dim, eps: 1e-6 };
+                        let shape = |first, n_heads| HeadNormShape {
+                            n_rows: n,
+                            row_stride: pool.qkv_row() as u32,
+                            first,
+                            n_heads,
+                            head_dim: heads.head_dim,
+                            eps: 1e-6,
+                        };
                         composed.push(norm::head_norm(&ctx, &qkv, &weight, &shape(0, heads.n_q)).unwrap());
                         composed.push(norm::head_norm(&ctx, &qkv, &weight, &shape(pool.out_row() as u32, heads.n_kv)).unwrap());
                     }

@@ -9,10 +9,10 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 use common::{gpu, now_ms, report};
 use pagedlm::gpu::ops::argmax::argmax_cpu;
 use pagedlm::gpu::ops::sample::{sample, SampleBuffers};
-use pagedlm::sampler::{sample_cpu, HistoryRing, RowParams, SampleShape};
 use pagedlm::gpu::{Context, GpuError, Kernel, Recorder};
 use pagedlm::rng::Rng;
 use pagedlm::sampler::{order_key, SamplingParams};
+use pagedlm::sampler::{sample_cpu, HistoryRing, RowParams, SampleShape};
 
 const SMOLLM_VOCAB: u32 = 49_152;
 const GEMMA_VOCAB: u32 = 262_144;

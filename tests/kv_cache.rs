@@ -141,7 +141,16 @@ fn memory_for_sixteen_sequences_paged_vs_contiguous() {
         let live: u64 = lengths.iter().map(|&l| l as u64).sum();
         let mut held = Vec::new();
         for layout in [KvLayout::Contiguous, KvLayout::Paged] {
-            let config = CacheConfig { layout, dtype: KvDtype::F32, block_size: 16, pool_tokens: 16 * 2000, max_seqs: 16, max_seq_len: 2000, prefix_cache: false, local_pool_tokens: 0 };
+            let config = CacheConfig {
+                layout,
+                dtype: KvDtype::F32,
+                block_size: 16,
+                pool_tokens: 16 * 2000,
+                max_seqs: 16,
+                max_seq_len: 2000,
+                prefix_cache: false,
+                local_pool_tokens: 0,
+            };
             let mut cache = KvCache::new(&ctx, &kv_shape(&one_layer), config).unwrap();
             for &len in &lengths {
                 let id = cache.allocate().unwrap();

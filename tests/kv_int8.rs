@@ -133,12 +133,7 @@ async fn agreement(only: Option<&[&str]>) -> Agreement {
             a.kl_max = a.kl_max.max(kl);
         }
         let n = a.steps - steps;
-        let line = format!(
-            "  {}: {n} steps, mean KL {:.2e}, top-1 agreement with f32 {}/{n}",
-            item.id,
-            (a.kl_sum - kl_sum) / n as f64,
-            a.f32_agree - agree
-        );
+        let line = format!("  {}: {n} steps, mean KL {:.2e}, top-1 agreement with f32 {}/{n}", item.id, (a.kl_sum - kl_sum) / n as f64, a.f32_agree - agree);
         report(&line);
     }
     assert!(a.steps > 0 && a.clear_steps > 0, "nothing was compared");
@@ -304,9 +299,9 @@ async fn decode_after(
 #[test]
 #[ignore = "measurement for src/quant/kv_int8.rs"]
 fn granularity_is_measured_on_real_kv() {
+    use pagedlm::engine::kv_shape;
     use pagedlm::gguf::Gguf;
     use pagedlm::kv::{CacheConfig, KvCache, KvLayout};
-    use pagedlm::engine::kv_shape;
     use pagedlm::model::{Logits, ModelConfig, StepRow};
     use pagedlm::webgpu::{AttentionKind, ForwardGraph, Weights};
     const PREFIX: usize = 1024;
@@ -319,7 +314,16 @@ fn granularity_is_measured_on_real_kv() {
         let cfg = ModelConfig::from_gguf(&gguf).unwrap();
         let weights = Weights::upload(&ctx, &gguf, &cfg).unwrap();
         let total = (PREFIX + STEPS) as u32;
-        let config = CacheConfig { layout: KvLayout::Paged, dtype: KvDtype::F32, block_size: 16, pool_tokens: total, max_seqs: 1, max_seq_len: total, prefix_cache: false, local_pool_tokens: 0 };
+        let config = CacheConfig {
+            layout: KvLayout::Paged,
+            dtype: KvDtype::F32,
+            block_size: 16,
+            pool_tokens: total,
+            max_seqs: 1,
+            max_seq_len: total,
+            prefix_cache: false,
+            local_pool_tokens: 0,
+        };
         let mut kv = KvCache::new(&ctx, &kv_shape(&cfg), config).unwrap();
         let seq = kv.allocate().unwrap();
         kv.append(seq, PREFIX as u32).unwrap();
@@ -340,8 +344,7 @@ fn granularity_is_measured_on_real_kv() {
         let f32_bytes = cfg.n_layers as usize * n_kv * hd * 2 * 4;
         eprintln!("{} tokens of prefix, {STEPS} decode steps; f32 cache: {f32_bytes} bytes/token", PREFIX);
         eprintln!("{:40} {:>18} {:>10} {:>10} {:>10} {:>8}", "scale per", "bytes/token (xf32)", "K rel RMS", "V rel RMS", "mean KL", "top-1");
-        let mut candidates: Vec<_> =
-            granularities(n_blocks, n_kv, bs, hd, cfg.n_layers as usize).into_iter().map(|(n, b, g)| (n, b, g, true, true)).collect();
+        let mut candidates: Vec<_> = granularities(n_blocks, n_kv, bs, hd, cfg.n_layers as usize).into_iter().map(|(n, b, g)| (n, b, g, true, true)).collect();
         // Which of K and V the chosen format's error comes from.
         let chosen = candidates[1].2.clone();
         candidates.push(("token x KV head, K only", 0, chosen.clone(), true, false));

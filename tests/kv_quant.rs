@@ -15,10 +15,10 @@ use pagedlm::gpu::ops::attention::{attention_int8_cpu, Attention, AttentionBuffe
 use pagedlm::gpu::ops::kv_write::{self, KvWriteBuffers};
 use pagedlm::gpu::ops::pool::{PoolBuffers, PoolShape};
 use pagedlm::gpu::{Context, Recorder};
-use pagedlm::quant::kv_int8::{self as quant, Int8Layout};
 use pagedlm::kv::KvPool;
 use pagedlm::model::reference::forward_cpu;
 use pagedlm::model::ModelConfig;
+use pagedlm::quant::kv_int8::{self as quant, Int8Layout};
 use pagedlm::rng::Rng;
 use pagedlm::synth::{tiny_llama_gguf, SynthConfig};
 
@@ -222,10 +222,7 @@ struct Shape {
 /// `n_tokens` rows over an INT8 pool of `max_len.div_ceil(block_size) + 2` blocks.
 fn int8_shape(n_tokens: u32, (n_heads, n_kv_heads, head_dim): (u32, u32, u32), max_len: u32, block_size: u32) -> Shape {
     let n_blocks = max_len.div_ceil(block_size) + 2;
-    Shape {
-        n_tokens,
-        pool: PoolShape { n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::Int8, window: 0 },
-    }
+    Shape { n_tokens, pool: PoolShape { n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::Int8, window: 0 } }
 }
 
 /// An INT8 attention problem: random pools quantized on the CPU, a shuffled table.
@@ -289,9 +286,7 @@ impl Int8Inputs {
         rec.submit();
         let s = self.shape;
         let got = ctx.read_f32(&self.bufs[6], 0, s.n_tokens as u64 * s.pool.out_row()).await.unwrap();
-        let want =
-            attention_int8_cpu(&s.pool, &self.qkv, &self.k_words, &self.v_words, positions, &self.table, self.table_base)
-                .unwrap();
+        let want = attention_int8_cpu(&s.pool, &self.qkv, &self.k_words, &self.v_words, positions, &self.table, self.table_base).unwrap();
         assert_close(&format!("{what} {s:?} {:?} kv_len {kv_len}", attention.plan()), &got, &want, TOL * self.v_max, TOL);
     }
 }

@@ -10,7 +10,6 @@ mod common;
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-
 use common::{gpu, report};
 use pagedlm::gpu::Context;
 use pagedlm::kv::snapshot::SnapshotError;
@@ -48,7 +47,11 @@ fn assert_window(cache: &KvCache, id: SeqId, len: u32, step_start: u32, window: 
     let local = cache.local_blocks(id).unwrap();
     assert_eq!(local.len(), cache.blocks(id).unwrap().len(), "{what}: one local entry per block");
     for (b, &block) in local.iter().enumerate() {
-        assert_eq!(block != u32::MAX, held_by_rule(b, len, step_start, window, bs), "{what}: local block {b} of {local:?} (len {len}, step at {step_start}, window {window}, block {bs})");
+        assert_eq!(
+            block != u32::MAX,
+            held_by_rule(b, len, step_start, window, bs),
+            "{what}: local block {b} of {local:?} (len {len}, step at {step_start}, window {window}, block {bs})"
+        );
     }
 }
 
@@ -161,7 +164,11 @@ fn marker(layer: usize, prefix: &[u32]) -> u32 {
 /// The physical block of position p in layer l's group.
 fn block_of(cache: &KvCache, id: SeqId, l: usize, p: u32) -> u32 {
     let i = (p / cache.block_size()) as usize;
-    if cache.window(l).is_some() { cache.local_blocks(id).unwrap()[i] } else { cache.blocks(id).unwrap()[i] }
+    if cache.window(l).is_some() {
+        cache.local_blocks(id).unwrap()[i]
+    } else {
+        cache.blocks(id).unwrap()[i]
+    }
 }
 
 /// Byte offset of (block, slot) in one layer's f32 K buffer of [`shape`] (1 KV head, head dim 4).

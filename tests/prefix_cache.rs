@@ -13,8 +13,8 @@ use std::collections::HashMap;
 
 use common::{gpu, tiny_config, tiny_model};
 use pagedlm::engine::{kv_shape, Engine, EngineOptions, GenerateRequest, KvDtype, KvLayout, ScoreMode};
-use pagedlm::kv::{CacheConfig, CacheKey, KvCache, KvError, RadixTree, SeqId};
 use pagedlm::kv::alloc::BlockAllocator;
+use pagedlm::kv::{CacheConfig, CacheKey, KvCache, KvError, RadixTree, SeqId};
 use pagedlm::rng::Rng;
 
 /// |logits through a cache hit − logits of a fresh prefill|. Both run the same kernels on the
@@ -358,7 +358,13 @@ fn real_model_conversation_through_the_cache_gives_the_same_greedy_tokens() {
                 // differ from the generated ids for a token or two at its end).
                 assert!(got.prefix_hit_tokens + 8 >= last_prompt_len, "turn {turn}: hit {} of a {last_prompt_len}-token history", got.prefix_hit_tokens);
             }
-            println!("turn {turn}: prompt {} tokens, prefix hit {}, ttft {:.0} ms (without the cache {:.0} ms)", prompt.len(), got.prefix_hit_tokens, got.ttft_ms, want.ttft_ms);
+            println!(
+                "turn {turn}: prompt {} tokens, prefix hit {}, ttft {:.0} ms (without the cache {:.0} ms)",
+                prompt.len(),
+                got.prefix_hit_tokens,
+                got.ttft_ms,
+                want.ttft_ms
+            );
             last_prompt_len = prompt.len() as u32 + got.tokens.len() as u32;
             messages.push(ChatMessage { role: "assistant".into(), content: got.text.clone() });
             messages.push(ChatMessage { role: "user".into(), content: (*follow_up).into() });

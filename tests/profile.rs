@@ -17,8 +17,8 @@ use pagedlm::gguf::Gguf;
 use pagedlm::gpu::{ops::elementwise, Counters, GpuError, Recorder, TimingMethod};
 use pagedlm::kv::{CacheConfig, KvCache, KvDtype, KvLayout};
 use pagedlm::model::{Logits, ModelConfig, StepRow};
-use pagedlm::webgpu::{AttentionKind, ForwardGraph, Weights};
 use pagedlm::sampler::SamplingParams;
+use pagedlm::webgpu::{AttentionKind, ForwardGraph, Weights};
 
 const SEED: u64 = 0x9f0f;
 /// Prompt tokens of the engine profiles, in prefill passes of `CHUNK` rows (3 passes).
@@ -209,10 +209,14 @@ gpu_test!(
         assert_eq!(calls(&with.decode), calls(&without.decode));
         assert_eq!(calls(&with.prefill), calls(&without.prefill));
         assert_eq!(with.decode.dispatches, without.decode.dispatches);
-        report(&format!("{}: {:?}, decode {} dispatches, {:.3} ms GPU, {:.3} ms wall", with.adapter, with.method, with.decode.dispatches, with.decode.gpu_ms, with.decode.wall_ms));
+        report(&format!(
+            "{}: {:?}, decode {} dispatches, {:.3} ms GPU, {:.3} ms wall",
+            with.adapter, with.method, with.decode.dispatches, with.decode.gpu_ms, with.decode.wall_ms
+        ));
 
         // Without steps planned ahead every decode readback blocks.
-        let mut plain = common::load_counting(&bytes, EngineOptions { sched: SchedConfig { lookahead: false, ..Default::default() }, ..options() }).await.unwrap();
+        let mut plain =
+            common::load_counting(&bytes, EngineOptions { sched: SchedConfig { lookahead: false, ..Default::default() }, ..options() }).await.unwrap();
         let p = plain.profile(PROMPT, true).await.unwrap();
         assert!(!p.lookahead);
         check_accounts("no lookahead", &p);
@@ -266,7 +270,8 @@ gpu_test!(
         let real = per_decode_step(&mut engine, &prompt, 4).await;
         let d = &p.decode;
         let reported = (d.buffers_created, d.buffer_bytes_created, d.bind_groups_created, d.submits, d.dispatches, d.readbacks, d.bytes_read_back);
-        let seen = (real.buffers_created, real.buffer_bytes_created, real.bind_groups_created, real.submits, real.dispatches, real.readbacks, real.bytes_read_back);
+        let seen =
+            (real.buffers_created, real.buffer_bytes_created, real.bind_groups_created, real.submits, real.dispatches, real.readbacks, real.bytes_read_back);
         assert_eq!(reported, seen, "(buffers, bytes, bind groups, submits, dispatches, readbacks, bytes read): profile vs the decode loop");
         // Steady-state decode creates nothing and waits on nothing the GPU has finished early.
         assert_eq!((real.buffers_created, real.bind_groups_created, real.blocking_readbacks), (0, 0, 0), "{real:?}");

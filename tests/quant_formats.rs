@@ -209,7 +209,9 @@ fn every_type_round_trips_within_its_bound() {
 fn nibble_order_is_ggmls() {
     let one = half::f16::from_f32(1.0).to_le_bytes();
     let qh: u32 = 0b1010_0000_0000_0011_0000_0000_0000_0101;
-    for (t, has_min, bits, offset) in [(GgmlType::Q4_0, false, 4, 8), (GgmlType::Q4_1, true, 4, 0), (GgmlType::Q5_0, false, 5, 16), (GgmlType::Q5_1, true, 5, 0)] {
+    for (t, has_min, bits, offset) in
+        [(GgmlType::Q4_0, false, 4, 8), (GgmlType::Q4_1, true, 4, 0), (GgmlType::Q5_0, false, 5, 16), (GgmlType::Q5_1, true, 5, 0)]
+    {
         let mut block = one.to_vec();
         if has_min {
             block.extend_from_slice(&[0, 0]);

@@ -40,11 +40,8 @@ const MIN_CLEAR_STEPS: usize = 30;
 /// decode step (its full logits read back) costs about three prefill positions, so most run
 /// through prefill. Measured on 2 shared cores: about 15 s of GPU scoring and 6 s of float64
 /// reference per type alone; the 11 types in one run, two at a time, in about 4 minutes.
-const PROMPTS: &[(&str, usize, ScoreMode)] = &[
-    ("pub_raw_capital", 8, ScoreMode::Decode),
-    ("pub_raw_numbers", 27, ScoreMode::Prefill),
-    ("pub_raw_story", 24, ScoreMode::Prefill),
-];
+const PROMPTS: &[(&str, usize, ScoreMode)] =
+    &[("pub_raw_capital", 8, ScoreMode::Decode), ("pub_raw_numbers", 27, ScoreMode::Prefill), ("pub_raw_story", 24, ScoreMode::Prefill)];
 
 /// Where a type's model comes from.
 enum Source {
@@ -85,9 +82,7 @@ async fn model_bytes(ty: GgmlType) -> Vec<u8> {
                 )
             })
         }
-        Source::Requantized => {
-            kquant_model(&real_model_bytes().await, ty)
-        }
+        Source::Requantized => kquant_model(&real_model_bytes().await, ty),
     }
 }
 
@@ -127,7 +122,15 @@ fn check_file_types(gguf: &Gguf<'_>, ty: GgmlType) {
     match source(ty) {
         Source::Reencoded => {
             for t in gguf.tensors.iter().filter(|t| t.dims.len() == 2) {
-                assert_eq!(t.ggml_type, ty, "{}: {} is {}, not {} (a stale file? rerun scripts/reencode-all.sh)", ty.name(), t.name, t.ggml_type.name(), ty.name());
+                assert_eq!(
+                    t.ggml_type,
+                    ty,
+                    "{}: {} is {}, not {} (a stale file? rerun scripts/reencode-all.sh)",
+                    ty.name(),
+                    t.name,
+                    t.ggml_type.name(),
+                    ty.name()
+                );
             }
         }
         Source::Requantized => assert!(counts.contains_key(&ty.name()), "{}: the requantized file holds {counts:?}", ty.name()),

@@ -11,8 +11,8 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 use common::tiny_model;
 use pagedlm::engine::{DeviceLimits, Engine, EngineOptions, ErrorKind, GenerateRequest, SchedConfig, ScoreMode};
-use pagedlm::synth::{tiny_llama_gguf, SynthConfig, SYNTH_BASE_VOCAB, SYNTH_MERGES};
 use pagedlm::gpu::{Context, ContextOptions, PHONE_MAX_BUFFER};
+use pagedlm::synth::{tiny_llama_gguf, SynthConfig, SYNTH_BASE_VOCAB, SYNTH_MERGES};
 
 fn greedy(n: u32) -> GenerateRequest {
     GenerateRequest { max_tokens: n, ignore_eos: true, ..Default::default() }

@@ -9,17 +9,32 @@
 #![cfg(not(target_arch = "wasm32"))]
 mod common;
 
-
 use common::{now_ms, real_model_bytes, report};
 use serde_json::{json, Value};
 
 use pagedlm::engine::{ChatMessage, Constraint, Engine, EngineOptions, FinishReason, GenerateRequest, Generation, KvDtype, Message, SchedConfig, Tools};
 
 const SUBJECTS: [&str; 20] = [
-    "a baker in Lyon", "a lighthouse keeper", "a retired astronaut", "a young chess player", "a beekeeper",
-    "a jazz pianist", "a marine biologist", "a mountain guide", "a librarian in Oslo", "a street painter",
-    "a train driver", "a cheese maker", "a robot engineer", "a pilot in Kenya", "a florist",
-    "a fisherman in Maine", "a potter", "a night nurse", "a violin maker", "a park ranger",
+    "a baker in Lyon",
+    "a lighthouse keeper",
+    "a retired astronaut",
+    "a young chess player",
+    "a beekeeper",
+    "a jazz pianist",
+    "a marine biologist",
+    "a mountain guide",
+    "a librarian in Oslo",
+    "a street painter",
+    "a train driver",
+    "a cheese maker",
+    "a robot engineer",
+    "a pilot in Kenya",
+    "a florist",
+    "a fisherman in Maine",
+    "a potter",
+    "a night nurse",
+    "a violin maker",
+    "a park ranger",
 ];
 
 /// (question about the subject, schema).
@@ -48,7 +63,6 @@ fn prompt(engine: &Engine, question: &str, subject: &str) -> Vec<u32> {
     let text = format!("{} Answer in JSON.", question.replace("{s}", subject));
     engine.chat_prompt(&[ChatMessage::new("user", text)]).unwrap()
 }
-
 
 fn validate(what: &str, schema: &Value, g: &Generation) {
     assert_eq!(g.finish_reason, FinishReason::Stop, "{what}: did not complete: {:?} ({:?})", g.text, g.warning);

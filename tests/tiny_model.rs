@@ -8,8 +8,8 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 use common::tiny_model;
 use pagedlm::engine::{Engine, EngineError, EngineOptions, GenerateRequest, KvLayout, ScoreMode};
-use pagedlm::kv::KvError;
 use pagedlm::gguf::Gguf;
+use pagedlm::kv::KvError;
 use pagedlm::model::reference::forward_cpu;
 use pagedlm::model::ModelConfig;
 use pagedlm::rng::Rng;

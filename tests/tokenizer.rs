@@ -56,10 +56,7 @@ fn prompt_file() -> PromptFile {
 }
 
 fn hex_bytes(hex: &str) -> Vec<u8> {
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex digits"))
-        .collect()
+    (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex digits")).collect()
 }
 
 fn model_path() -> PathBuf {
@@ -104,12 +101,7 @@ fn token_ids_match_llama_cpp_on_tricky_strings() {
         assert_eq!(pieces, want_pieces, "token bytes of {:?}", item.text);
         if item.roundtrip_exact {
             let decoded = tok.decode(&ids).unwrap();
-            assert_eq!(
-                decoded.as_bytes(),
-                hex_bytes(&item.utf8_hex),
-                "round trip of {:?}",
-                item.text
-            );
+            assert_eq!(decoded.as_bytes(), hex_bytes(&item.utf8_hex), "round trip of {:?}", item.text);
         }
     }
 }
@@ -125,12 +117,7 @@ fn prompts_and_completions_match_llama_cpp() {
         }
         let ids = tok.encode(&result.prompt_text).unwrap();
         assert_eq!(ids, result.prompt_ids, "prompt ids of {}", result.id);
-        assert_eq!(
-            tok.decode(&ids).unwrap(),
-            result.prompt_text,
-            "prompt round trip of {}",
-            result.id
-        );
+        assert_eq!(tok.decode(&ids).unwrap(), result.prompt_text, "prompt round trip of {}", result.id);
         let completion = tok.decode(&result.completion_ids).unwrap();
         assert_eq!(completion, result.completion_text, "completion text of {}", result.id);
     }
@@ -144,11 +131,7 @@ fn end_of_generation_ids_match_llama_cpp() {
     let eos = tok.eos_id().expect("the model names an EOS token");
     assert!(tok.is_eos(eos));
     for &id in &want {
-        assert!(
-            tok.is_special(id),
-            "EOG token {id} ({:?}) is a control token",
-            tok.id_to_token(id)
-        );
+        assert!(tok.is_special(id), "EOG token {id} ({:?}) is a control token", tok.id_to_token(id));
     }
     let im_start = tok.token_to_id("<|im_start|>").unwrap();
     assert!(!tok.is_eos(im_start) && tok.is_special(im_start));
@@ -184,10 +167,7 @@ fn stream_decoder_never_emits_half_characters() {
     let mut split_chars_seen = 0;
     for text in &texts {
         let ids = tok.encode(text).unwrap();
-        split_chars_seen += ids
-            .iter()
-            .filter(|&&id| std::str::from_utf8(tok.token_bytes(id).unwrap()).is_err())
-            .count();
+        split_chars_seen += ids.iter().filter(|&&id| std::str::from_utf8(tok.token_bytes(id).unwrap()).is_err()).count();
         let (chunks, rest) = stream_all(tok, &ids);
         for chunk in &chunks {
             assert!(!chunk.contains('\u{FFFD}'), "chunk {chunk:?} of {text:?}");
@@ -196,10 +176,7 @@ fn stream_decoder_never_emits_half_characters() {
         assert_eq!(chunks.concat(), tok.decode(&ids).unwrap());
         assert_eq!(&chunks.concat(), text);
     }
-    assert!(
-        split_chars_seen > 20,
-        "the texts must exercise characters split across tokens"
-    );
+    assert!(split_chars_seen > 20, "the texts must exercise characters split across tokens");
 }
 
 #[test]
@@ -231,9 +208,7 @@ fn out_of_range_ids_are_errors() {
 #[test]
 fn chat_template_inserts_the_default_system_prompt() {
     let tok = tok();
-    let default_system = tok
-        .default_system_prompt()
-        .expect("SmolLM2's template has a default system prompt");
+    let default_system = tok.default_system_prompt().expect("SmolLM2's template has a default system prompt");
     assert!(spec().chat_template.as_deref().unwrap().contains(default_system));
     // The reference chats pass that same system prompt explicitly; leaving it out must render
     // the identical prompt.
@@ -251,22 +226,15 @@ fn chat_template_keeps_an_explicit_system_prompt() {
     let tok = tok();
     let messages = [ChatMessage::new("system", "You are a pirate."), user("Hi")];
     let prompt = tok.apply_chat_template(&messages, false).unwrap();
-    assert_eq!(
-        prompt,
-        "<|im_start|>system\nYou are a pirate.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-    );
+    assert_eq!(prompt, "<|im_start|>system\nYou are a pirate.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
     assert!(!prompt.contains(tok.default_system_prompt().unwrap()));
 }
 
 #[test]
 fn generation_prompt_ends_with_assistant_header() {
     let tok = tok();
-    let with = tok
-        .encode(&tok.apply_chat_template(&[user("Hello")], true).unwrap())
-        .unwrap();
-    let without = tok
-        .encode(&tok.apply_chat_template(&[user("Hello")], false).unwrap())
-        .unwrap();
+    let with = tok.encode(&tok.apply_chat_template(&[user("Hello")], true).unwrap()).unwrap();
+    let without = tok.encode(&tok.apply_chat_template(&[user("Hello")], false).unwrap()).unwrap();
     assert!(with.ends_with(&[1, 520, 9531, 198]), "{with:?}");
     assert_eq!(&with[..without.len()], &without[..]);
     assert!(without.ends_with(&[tok.token_to_id("<|im_end|>").unwrap(), 198]));
@@ -275,20 +243,13 @@ fn generation_prompt_ends_with_assistant_header() {
 #[test]
 fn default_system_prompt_extraction() {
     let escaped = "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou\\'re Qwen.\\nBe nice.<|im_end|>\\n' }}{% endif %}";
-    assert_eq!(
-        chatml_default_system(escaped).as_deref(),
-        Some("You're Qwen.\nBe nice.")
-    );
-    let dynamic_only =
-        "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n'}}{% endfor %}";
+    assert_eq!(chatml_default_system(escaped).as_deref(), Some("You're Qwen.\nBe nice."));
+    let dynamic_only = "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n'}}{% endfor %}";
     assert_eq!(chatml_default_system(dynamic_only), None);
-    let expression_then_default = "{{ '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}{% else %}{{ '<|im_start|>system\nDefault.<|im_end|>\n' }}";
-    assert_eq!(
-        chatml_default_system(expression_then_default).as_deref(),
-        Some("Default.")
-    );
-    let llama3 =
-        "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>{% endfor %}";
+    let expression_then_default =
+        "{{ '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}{% else %}{{ '<|im_start|>system\nDefault.<|im_end|>\n' }}";
+    assert_eq!(chatml_default_system(expression_then_default).as_deref(), Some("Default."));
+    let llama3 = "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>{% endfor %}";
     assert_eq!(chatml_default_system(llama3), None);
 }
 

@@ -263,12 +263,7 @@ fn space_prefix_on_and_off() {
 
 #[test]
 fn a_sentencepiece_file_without_scores_is_refused() {
-    let spec = TokenizerSpec {
-        model: "llama".into(),
-        tokens: vec!["<unk>".into(), "a".into()],
-        scores: vec![0.0],
-        ..TokenizerSpec::default()
-    };
+    let spec = TokenizerSpec { model: "llama".into(), tokens: vec!["<unk>".into(), "a".into()], scores: vec![0.0], ..TokenizerSpec::default() };
     let err = Tokenizer::from_spec(spec).err().expect("scores must match tokens");
     assert!(matches!(err, TokenizerError::ScoreCount { tokens: 2, scores: 1 }), "{err}");
 }

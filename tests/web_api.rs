@@ -24,9 +24,7 @@ fn json(text: &str) -> JsValue {
 }
 
 fn get(value: &JsValue, path: &str) -> JsValue {
-    path.split('.').fold(value.clone(), |v, key| {
-        js_sys::Reflect::get(&v, &JsValue::from_str(key)).unwrap_or_else(|_| panic!("no {path} in {v:?}"))
-    })
+    path.split('.').fold(value.clone(), |v, key| js_sys::Reflect::get(&v, &JsValue::from_str(key)).unwrap_or_else(|_| panic!("no {path} in {v:?}")))
 }
 
 fn num(value: &JsValue, path: &str) -> f64 {
@@ -132,10 +130,8 @@ async fn loads_on_the_paged_layout_and_reports_the_pool() {
 async fn streams_every_token_and_reuses_the_prefix_on_a_repeat() {
     let engine = engine().await;
     let counter = Counter::new(None);
-    let out = engine
-        .chat(json(HELLO), json(r#"{"max_tokens": 6, "temperature": 0}"#), counter.function())
-        .await
-        .unwrap_or_else(|e| panic!("chat failed: {e:?}"));
+    let out =
+        engine.chat(json(HELLO), json(r#"{"max_tokens": 6, "temperature": 0}"#), counter.function()).await.unwrap_or_else(|e| panic!("chat failed: {e:?}"));
     let tokens = len(&out, "tokens");
     assert!((1..=6).contains(&tokens), "{tokens} tokens for max_tokens 6");
     assert_eq!(counter.calls.get(), tokens, "one callback per generated token");
@@ -282,8 +278,16 @@ async fn bad_options_and_messages_are_invalid_arguments() {
     let engine = engine().await;
     let counter = Counter::new(None);
     expect_code("messages not a list", engine.chat(json(r#""hi""#), JsValue::UNDEFINED, counter.function()).await, ErrorCode::Kind(ErrorKind::InvalidArgument));
-    expect_code("max_tokens negative", engine.chat(json(HELLO), json(r#"{"max_tokens": -1}"#), counter.function()).await, ErrorCode::Kind(ErrorKind::InvalidArgument));
-    expect_code("temperature below 0", engine.chat(json(HELLO), json(r#"{"temperature": -1}"#), counter.function()).await, ErrorCode::Kind(ErrorKind::InvalidArgument));
+    expect_code(
+        "max_tokens negative",
+        engine.chat(json(HELLO), json(r#"{"max_tokens": -1}"#), counter.function()).await,
+        ErrorCode::Kind(ErrorKind::InvalidArgument),
+    );
+    expect_code(
+        "temperature below 0",
+        engine.chat(json(HELLO), json(r#"{"temperature": -1}"#), counter.function()).await,
+        ErrorCode::Kind(ErrorKind::InvalidArgument),
+    );
     assert_eq!(counter.calls.get(), 0, "nothing was generated");
 }
 
@@ -291,7 +295,11 @@ async fn bad_options_and_messages_are_invalid_arguments() {
 async fn a_prompt_longer_than_the_context_is_context_overflow() {
     let engine = load(tiny(), r#"{"maxContext": 32}"#).await.expect("load");
     let long = format!(r#"[{{"role": "user", "content": "{}"}}]"#, "a".repeat(64));
-    expect_code("64-token prompt in 32", engine.chat(json(&long), JsValue::UNDEFINED, Counter::new(None).function()).await, ErrorCode::Kind(ErrorKind::ContextOverflow));
+    expect_code(
+        "64-token prompt in 32",
+        engine.chat(json(&long), JsValue::UNDEFINED, Counter::new(None).function()).await,
+        ErrorCode::Kind(ErrorKind::ContextOverflow),
+    );
     assert_eq!(num(&engine.stats().expect("stats"), "pool.blocks_used"), 0.0);
 }
 
@@ -425,8 +433,11 @@ async fn submitted_requests_run_together_and_match_their_solo_runs() {
     assert_eq!(done.len(), 2);
     for (i, id) in ids.iter().enumerate() {
         let (_, streamed, result) = done.iter().find(|(d, _, _)| d == id).expect("every request finishes");
-        assert_eq!(js_sys::JSON::stringify(&get(result, "tokens")).ok(), js_sys::JSON::stringify(&get(&solo[i], "tokens")).ok(),
-            "request {i} batched gives the tokens it gives alone");
+        assert_eq!(
+            js_sys::JSON::stringify(&get(result, "tokens")).ok(),
+            js_sys::JSON::stringify(&get(&solo[i], "tokens")).ok(),
+            "request {i} batched gives the tokens it gives alone"
+        );
         if text(result, "finish_reason") == "length" {
             assert_eq!(streamed, &text(result, "text"), "its token events spell its text");
         }
@@ -460,7 +471,10 @@ async fn a_snapshot_moves_a_conversation_to_another_engine_and_bad_bytes_are_ref
     let first = source.chat(json(HELLO), json(options), Counter::new(None).function()).await.expect("chat");
     let reply = text(&first, "text");
     let history = js_sys::Array::from(&json(HELLO));
-    history.push(&json(&format!(r#"{{"role": "assistant", "content": {}}}"#, js_sys::JSON::stringify(&JsValue::from_str(&reply)).expect("quote").as_string().expect("a string"))));
+    history.push(&json(&format!(
+        r#"{{"role": "assistant", "content": {}}}"#,
+        js_sys::JSON::stringify(&JsValue::from_str(&reply)).expect("quote").as_string().expect("a string")
+    )));
     let ids = source.history_tokens(history.clone().into()).expect("historyTokens");
     assert!(ids.len() > len(&first, "prompt_tokens") as usize, "the history holds the prompt and the reply");
     let snapshot = source.export_snapshot(ids.clone()).await.expect("exportSnapshot");
@@ -473,8 +487,11 @@ async fn a_snapshot_moves_a_conversation_to_another_engine_and_bad_bytes_are_ref
     let hit = num(&moved, "prefix_hit_tokens") as usize;
     assert!(hit + 1 >= ids.len(), "the follow-up reuses the imported history ({hit} of {} tokens)", ids.len());
     let local = source.chat(follow_up.into(), json(options), Counter::new(None).function()).await.expect("chat on the source");
-    assert_eq!(js_sys::JSON::stringify(&get(&moved, "tokens")).ok(), js_sys::JSON::stringify(&get(&local, "tokens")).ok(),
-        "greedy: the imported K/V give the reply the source engine gives");
+    assert_eq!(
+        js_sys::JSON::stringify(&get(&moved, "tokens")).ok(),
+        js_sys::JSON::stringify(&get(&local, "tokens")).ok(),
+        "greedy: the imported K/V give the reply the source engine gives"
+    );
 
     let fresh = engine().await;
     let mut flipped = snapshot.clone();
@@ -604,10 +621,9 @@ async fn info_names_the_architecture_window_chat_format_and_kv_bytes_per_token()
 async fn a_base_model_completes_raw_text_and_refuses_chat() {
     let engine = load(tiny_base(), "{}").await.expect("the base model loads");
     let options = json(r#"{"max_tokens": 5, "temperature": 0}"#);
-    for refused in [
-        engine.submit(json(HELLO), options.clone()).map(|_| ()),
-        engine.chat(json(HELLO), options.clone(), Counter::new(None).function()).await.map(|_| ()),
-    ] {
+    for refused in
+        [engine.submit(json(HELLO), options.clone()).map(|_| ()), engine.chat(json(HELLO), options.clone(), Counter::new(None).function()).await.map(|_| ())]
+    {
         let message = expect_code("chat on a base model", refused, ErrorCode::Kind(ErrorKind::InvalidArgument));
         assert!(message.contains("completion mode") && message.contains("chat template"), "{message}");
     }
@@ -714,7 +730,9 @@ async fn tools_answer_with_calls_that_a_tool_turn_continues_and_bad_tools_are_in
     // The call and a tool result, written back, continue the conversation.
     let id = text(&out, "tool_calls.0.id");
     let calls = js_sys::JSON::stringify(&get(&out, "tool_calls")).unwrap().as_string().unwrap();
-    let history = format!(r#"[{{"role": "user", "content": "hello there"}}, {{"role": "assistant", "content": null, "tool_calls": {calls}}}, {{"role": "tool", "tool_call_id": "{id}", "content": "done"}}]"#);
+    let history = format!(
+        r#"[{{"role": "user", "content": "hello there"}}, {{"role": "assistant", "content": null, "tool_calls": {calls}}}, {{"role": "tool", "tool_call_id": "{id}", "content": "done"}}]"#
+    );
     let auto = format!(r#"{{"max_tokens": 4, "tools": {tools}}}"#);
     let counter = Counter::new(None);
     let out = engine.chat(json(&history), json(&auto), counter.function()).await.unwrap_or_else(|e| panic!("the tool turn failed: {e:?}"));

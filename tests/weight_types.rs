@@ -31,7 +31,6 @@ fn base_model(seed: u64) -> Vec<u8> {
     tiny_llama_gguf(&synth)
 }
 
-
 /// The roles of a llama.cpp "Q4_K_M" file, each a different type here: q and k Q5_0 with v Q8_0
 /// (one stack, two types), gate Q4_K with up Q5_K, down Q6_K, the output Q2_K, the embedding Q3_K.
 fn mixed_type(name: &str) -> Option<GgmlType> {

@@ -57,7 +57,18 @@ pub fn forward(model: &HostModel, kv: &KvCache, rows: &[HostRow], logit_rows: &[
     }
     let (q_width, kv_width, ffn) = (c.q_width() as usize, (c.n_kv_heads * c.head_dim) as usize, c.ffn as usize);
     let zeros = |width: usize| vec![0f32; n * width];
-    let mut a = Rows { x, h: zeros(hidden), hq: None, q: zeros(q_width), k: zeros(kv_width), v: zeros(kv_width), att: zeros(q_width), gate: zeros(ffn), up: zeros(ffn), delta: zeros(hidden) };
+    let mut a = Rows {
+        x,
+        h: zeros(hidden),
+        hq: None,
+        q: zeros(q_width),
+        k: zeros(kv_width),
+        v: zeros(kv_width),
+        att: zeros(q_width),
+        gate: zeros(ffn),
+        up: zeros(ffn),
+        delta: zeros(hidden),
+    };
     for (l, ops) in plan.layers.iter().enumerate() {
         for op in ops {
             run_op(model, (kv, l, rows), op, &mut a)?;
@@ -191,7 +202,13 @@ fn residual(x: &mut [f32], delta: &mut [f32], post: Option<&[f32]>, eps: f32) {
 
 /// Writes the rows' K/V into layer `l`'s pool, then runs their attention over it (over the last
 /// `window` positions of each row's sequence, where there is one) into `out`.
-fn attention(kv: &KvCache, l: usize, (rows, q, k, v): (&[HostRow], &[f32], &[f32], &[f32]), (c, window): (&ModelConfig, Option<u32>), out: &mut [f32]) -> Result<(), EngineError> {
+fn attention(
+    kv: &KvCache,
+    l: usize,
+    (rows, q, k, v): (&[HostRow], &[f32], &[f32], &[f32]),
+    (c, window): (&ModelConfig, Option<u32>),
+    out: &mut [f32],
+) -> Result<(), EngineError> {
     let (pool, buffer, local) = kv.layer_host(l);
     let host = pool.host.as_ref().ok_or_else(|| ModelError::Format("the KV pool is not in CPU memory".into()))?;
     let view = PoolView {

@@ -76,7 +76,14 @@ impl CpuBackend {
             let to = mask.get_mut(at..at + words).ok_or_else(|| ModelError::Format(format!("a mask for logit row {row} of {m}")))?;
             to.copy_from_slice(bits.get(..words).ok_or_else(|| ModelError::Format("a short token mask".into()))?);
         }
-        let shape = SampleShape { n_rows: m as u32, vocab: vocab as u32, history_capacity: MAX_REPETITION_WINDOW, n_rings: self.feed.len() as u32, out_offset: 0, out_stride: 1 };
+        let shape = SampleShape {
+            n_rows: m as u32,
+            vocab: vocab as u32,
+            history_capacity: MAX_REPETITION_WINDOW,
+            n_rings: self.feed.len() as u32,
+            out_offset: 0,
+            out_stride: 1,
+        };
         Ok(sample_cpu(&mut logits, params, &mut self.history, &mask, &shape).into_iter().map(|t| t.unwrap_or(0)).collect())
     }
 }

@@ -139,11 +139,7 @@ impl Engine {
                 .kv
                 .sequences()
                 .into_iter()
-                .map(|id| SequenceInfo {
-                    id: id.0,
-                    len: self.kv.len(id).unwrap_or(0),
-                    blocks: self.kv.blocks(id).map(|b| b.to_vec()).unwrap_or_default(),
-                })
+                .map(|id| SequenceInfo { id: id.0, len: self.kv.len(id).unwrap_or(0), blocks: self.kv.blocks(id).map(|b| b.to_vec()).unwrap_or_default() })
                 .collect(),
             memory: self.memory(),
             integrity: self.kv.check_integrity().err().map(|e| e.to_string()),

@@ -91,7 +91,12 @@ impl Engine {
     }
 
     /// The engine around a loaded backend and KV cache.
-    fn assemble(backend: Box<dyn Backend>, backend_reason: String, (gguf, tokenizer, kv): (&Gguf<'_>, Tokenizer, KvCache), options: EngineOptions) -> Result<Engine, EngineError> {
+    fn assemble(
+        backend: Box<dyn Backend>,
+        backend_reason: String,
+        (gguf, tokenizer, kv): (&Gguf<'_>, Tokenizer, KvCache),
+        options: EngineOptions,
+    ) -> Result<Engine, EngineError> {
         let sched = Scheduler::new(options.sched.clone(), options.prefill_chunk)?;
         let flight = Flight::new(kv.max_seqs());
         let weight_types = gguf.tensor_type_counts();

@@ -28,7 +28,14 @@ impl Engine {
         out
     }
 
-    pub(super) async fn prefill(&mut self, seq: SeqId, tokens: &[u32], start: u32, first_logit: u32, read: Logits) -> Result<(Vec<u32>, Vec<f32>), EngineError> {
+    pub(super) async fn prefill(
+        &mut self,
+        seq: SeqId,
+        tokens: &[u32],
+        start: u32,
+        first_logit: u32,
+        read: Logits,
+    ) -> Result<(Vec<u32>, Vec<f32>), EngineError> {
         let out = backend::prefill(&mut *self.backend, &mut self.kv, seq, tokens, (start, first_logit), read).await?;
         self.verify()?;
         Ok(out)

@@ -14,7 +14,6 @@ use crate::sampler::SamplingParams;
 
 use super::Engine;
 
-
 /// Decode steps [`Engine::profile`] runs before it measures (graphs built, pipelines compiled).
 pub const PROFILE_WARMUP_DECODE: u32 = 4;
 /// Decode steps [`Engine::profile`] measures; it reports the one of median wall time.
@@ -99,13 +98,8 @@ impl Engine {
     // Long: one loop over the request's steps, whose phases (warm-up, measured, captured) share its state.
     async fn profile_decode(&mut self, tokens: &[u32], method: TimingMethod, per_kernel: Option<TimedRun>) -> Result<StepProfile, EngineError> {
         let (warmup, samples_wanted) = (PROFILE_WARMUP_DECODE as usize, PROFILE_DECODE_SAMPLES as usize);
-        let request = GenerateRequest {
-            max_tokens: PROFILE_EXTRA_TOKENS,
-            sampling: SamplingParams::greedy(),
-            stop: Vec::new(),
-            ignore_eos: true,
-            ..Default::default()
-        };
+        let request =
+            GenerateRequest { max_tokens: PROFILE_EXTRA_TOKENS, sampling: SamplingParams::greedy(), stop: Vec::new(), ignore_eos: true, ..Default::default() };
         let id = self.submit(tokens.to_vec(), request)?;
         // Tokens the request has produced (the first comes from its prefill).
         let mut produced = 0usize;

@@ -291,16 +291,10 @@ impl Context {
         let cap = options.limits.binding_cap(options.max_storage_binding);
         let need = options.min_storage_binding.min(cap.unwrap_or(u64::MAX));
         if (adapter_limits.max_storage_buffer_binding_size as u64) < need {
-            return Err(GpuError::Limits(format!(
-                "maxStorageBufferBindingSize is {} bytes, {} needed",
-                adapter_limits.max_storage_buffer_binding_size, need
-            )));
+            return Err(GpuError::Limits(format!("maxStorageBufferBindingSize is {} bytes, {} needed", adapter_limits.max_storage_buffer_binding_size, need)));
         }
         if adapter_limits.max_compute_invocations_per_workgroup < 64 {
-            return Err(GpuError::Limits(format!(
-                "maxComputeInvocationsPerWorkgroup is {}, 64 needed",
-                adapter_limits.max_compute_invocations_per_workgroup
-            )));
+            return Err(GpuError::Limits(format!("maxComputeInvocationsPerWorkgroup is {}, 64 needed", adapter_limits.max_compute_invocations_per_workgroup)));
         }
         // Timestamp queries only where offered (profiles fall back to the host clock without); the
         // optional features the kernels have variants for, where offered; none is required.
@@ -436,10 +430,8 @@ impl Context {
             return Ok(m.clone());
         }
         let src = shaders::source(shader).ok_or_else(|| GpuError::UnknownShader(shader.to_string()))?;
-        let module = Arc::new(self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(shader),
-            source: wgpu::ShaderSource::Wgsl(src.into()),
-        }));
+        let module =
+            Arc::new(self.device.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(shader), source: wgpu::ShaderSource::Wgsl(src.into()) }));
         modules.insert(shader.to_string(), module.clone());
         Ok(module)
     }
@@ -447,12 +439,7 @@ impl Context {
     /// The compute pipeline for `shader`'s `entry` with the given override constants,
     /// compiled once and cached. Its layout is derived from the shader ("auto"), so a
     /// shader must use every binding it declares.
-    pub fn pipeline(
-        &self,
-        shader: &str,
-        entry: &str,
-        constants: &[(&str, f64)],
-    ) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
+    pub fn pipeline(&self, shader: &str, entry: &str, constants: &[(&str, f64)]) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
         let mut sorted: Vec<(String, u64)> = constants.iter().map(|(k, v)| (k.to_string(), v.to_bits())).collect();
         sorted.sort();
         let key = PipelineKey { shader: shader.to_string(), entry: entry.to_string(), constants: sorted };
@@ -678,15 +665,10 @@ impl Context {
     /// Refused when no capture is armed, when a recorder that took it was never submitted, or
     /// when more dispatches ran than it was armed for.
     pub async fn end_capture(&self) -> Result<Captured, GpuError> {
-        let capture = self
-            .take_capture()
-            .ok_or_else(|| GpuError::Timestamps("no capture is armed (or a recorder holding it was dropped unsubmitted)".into()))?;
+        let capture =
+            self.take_capture().ok_or_else(|| GpuError::Timestamps("no capture is armed (or a recorder holding it was dropped unsubmitted)".into()))?;
         if capture.overflow > 0 {
-            return Err(GpuError::Timestamps(format!(
-                "{} dispatches ran past the {} the capture was armed for",
-                capture.overflow,
-                capture.names.len()
-            )));
+            return Err(GpuError::Timestamps(format!("{} dispatches ran past the {} the capture was armed for", capture.overflow, capture.names.len())));
         }
         if capture.names.is_empty() {
             return Ok(Captured { dispatches: Vec::new(), span_ms: 0.0 });
@@ -736,15 +718,10 @@ impl Mapping {
             AtomicCounters::add(&counters.blocking_readbacks, 1);
         }
         #[cfg(not(target_arch = "wasm32"))]
-        ctx.device
-            .poll(wgpu::PollType::Wait { submission_index: self.index.clone(), timeout: None })
-            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        ctx.device.poll(wgpu::PollType::Wait { submission_index: self.index.clone(), timeout: None }).map_err(|e| GpuError::Readback(e.to_string()))?;
         #[cfg(target_arch = "wasm32")]
         let _ = (ctx, &self.index);
-        self.rx
-            .await
-            .map_err(|_| GpuError::Readback("the map callback was dropped".into()))?
-            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        self.rx.await.map_err(|_| GpuError::Readback("the map callback was dropped".into()))?.map_err(|e| GpuError::Readback(e.to_string()))?;
         let slice = self.staging.slice(..self.size);
         let data = slice.get_mapped_range().map_err(|e| GpuError::Readback(e.to_string()))?.to_vec();
         self.staging.unmap();

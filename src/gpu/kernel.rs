@@ -29,8 +29,7 @@ impl Kernel {
         workgroups: [u32; 3],
         params: Option<wgpu::Buffer>,
     ) -> Kernel {
-        let bindings: Vec<(u32, wgpu::BindingResource<'_>)> =
-            resources.iter().enumerate().map(|(i, r)| (i as u32, r.clone())).collect();
+        let bindings: Vec<(u32, wgpu::BindingResource<'_>)> = resources.iter().enumerate().map(|(i, r)| (i as u32, r.clone())).collect();
         let mut kernel = Kernel::with_bindings(ctx, name, pipeline, &bindings, workgroups);
         kernel.params = params;
         kernel
@@ -48,11 +47,7 @@ impl Kernel {
         let layout = pipeline.get_bind_group_layout(0);
         let entries: Vec<wgpu::BindGroupEntry<'_>> =
             bindings.iter().map(|(binding, r)| wgpu::BindGroupEntry { binding: *binding, resource: r.clone() }).collect();
-        let bind_group = ctx.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(name),
-            layout: &layout,
-            entries: &entries,
-        });
+        let bind_group = ctx.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(name), layout: &layout, entries: &entries });
         Kernel { name, pipeline, bind_group, workgroups, params: None, indirect: None }
     }
 
@@ -123,10 +118,7 @@ impl<'a> Recorder<'a> {
             kernel.record(&mut pass);
         } else {
             if self.pass.is_none() {
-                let pass = self
-                    .encoder
-                    .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("step"), timestamp_writes: None })
-                    .forget_lifetime();
+                let pass = self.encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("step"), timestamp_writes: None }).forget_lifetime();
                 self.pass = Some(pass);
             }
             if let Some(pass) = self.pass.as_mut() {

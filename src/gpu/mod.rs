@@ -11,9 +11,9 @@
 mod context;
 mod kernel;
 pub mod ops;
+pub mod shaders;
 mod shared;
 mod timing;
-pub mod shaders;
 
 pub use context::{AdapterClass, Context, ContextOptions, DeviceLimits, Mapping, PHONE_MAX_BUFFER};
 pub use kernel::{Kernel, Recorder};

@@ -106,9 +106,13 @@ pub fn source(name: &str) -> Option<&'static str> {
         "attention_fresh_subgroup" => concat!(wgsl!("attention_group_subgroup"), "\n", fresh!(), "\n", with_prelude!("attention_common", "attention")),
         "attention_reduce" => with_prelude!("attention_reduce_common", "attention_reduce"),
         "attention_batch" => concat!(wgsl!("attention_group"), "\n", wgsl!("attention_read"), "\n", with_prelude!("attention_common", "attention_batch")),
-        "attention_batch_subgroup" => concat!(wgsl!("attention_group_subgroup"), "\n", wgsl!("attention_read"), "\n", with_prelude!("attention_common", "attention_batch")),
+        "attention_batch_subgroup" => {
+            concat!(wgsl!("attention_group_subgroup"), "\n", wgsl!("attention_read"), "\n", with_prelude!("attention_common", "attention_batch"))
+        }
         "attention_batch_fresh" => concat!(wgsl!("attention_group"), "\n", fresh!(), "\n", with_prelude!("attention_common", "attention_batch")),
-        "attention_batch_fresh_subgroup" => concat!(wgsl!("attention_group_subgroup"), "\n", fresh!(), "\n", with_prelude!("attention_common", "attention_batch")),
+        "attention_batch_fresh_subgroup" => {
+            concat!(wgsl!("attention_group_subgroup"), "\n", fresh!(), "\n", with_prelude!("attention_common", "attention_batch"))
+        }
         "attention_batch_reduce" => with_prelude!("attention_reduce_common", "attention_batch_reduce"),
         "quantize_act" => with_prelude!("quantize_common", "quantize_act"),
         other => return quant_source(other),

@@ -200,11 +200,7 @@ impl Capture {
         };
         self.names.push(name);
         let at = query % QUERIES_PER_SET;
-        Some(wgpu::ComputePassTimestampWrites {
-            query_set: set,
-            beginning_of_pass_write_index: Some(at),
-            end_of_pass_write_index: Some(at + 1),
-        })
+        Some(wgpu::ComputePassTimestampWrites { query_set: set, beginning_of_pass_write_index: Some(at), end_of_pass_write_index: Some(at + 1) })
     }
 
     /// Records the resolution of every written query into `resolve` and its copy into `staging`;

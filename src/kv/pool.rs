@@ -26,8 +26,8 @@ use std::sync::{Mutex, MutexGuard};
 use crate::gpu::Context;
 
 use super::alloc::BlockAllocator;
-use crate::quant::kv_int8::Int8Layout;
 use super::{KvDtype, KvError, KvShape};
+use crate::quant::kv_int8::Int8Layout;
 
 /// Snapshot of the pool's occupancy.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -128,8 +128,7 @@ impl KvPool {
         match dtype {
             KvDtype::F32 => n_blocks as u64 * Self::block_bytes_per_layer(shape, dtype, block_size),
             // The layout's own figure; a shape it refuses is refused by `new` with the reason.
-            KvDtype::Int8 => Int8Layout { n_blocks, n_kv_heads: shape.n_kv_heads, block_size, head_dim: shape.head_dim }
-                .buffer_bytes(),
+            KvDtype::Int8 => Int8Layout { n_blocks, n_kv_heads: shape.n_kv_heads, block_size, head_dim: shape.head_dim }.buffer_bytes(),
         }
     }
 

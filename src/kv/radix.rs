@@ -300,14 +300,25 @@ impl RadixTree {
     }
 
     // Long: one walk down the path that reuses, adopts or adds a node per block, in both groups.
-    fn insert_path(&mut self, key: &CacheKey, (tokens, blocks, local): (&[u32], &[u32], &[u32]), allocs: &mut Allocators<'_>, own_path_only: bool) -> Result<(), KvError> {
+    fn insert_path(
+        &mut self,
+        key: &CacheKey,
+        (tokens, blocks, local): (&[u32], &[u32], &[u32]),
+        allocs: &mut Allocators<'_>,
+        own_path_only: bool,
+    ) -> Result<(), KvError> {
         self.check_key(key)?;
         let bs = self.block_size as usize;
         if blocks.len() != tokens.len().div_ceil(bs) {
             return Err(KvError::Internal(format!("{} tokens need {} blocks, {} given", tokens.len(), tokens.len().div_ceil(bs), blocks.len())));
         }
         if self.window.is_some() != !local.is_empty() || (!local.is_empty() && local.len() != blocks.len()) {
-            return Err(KvError::Internal(format!("{} local blocks for {} blocks in a tree {} a window", local.len(), blocks.len(), if self.window.is_some() { "with" } else { "without" })));
+            return Err(KvError::Internal(format!(
+                "{} local blocks for {} blocks in a tree {} a window",
+                local.len(),
+                blocks.len(),
+                if self.window.is_some() { "with" } else { "without" }
+            )));
         }
         let local_of = |i: usize| local.get(i).copied().unwrap_or(NO_BLOCK);
         let now = self.tick();
@@ -488,12 +499,7 @@ impl RadixTree {
 
     /// Each block the tree holds with its parent's block (`None` below the root).
     pub fn parent_blocks(&self) -> Vec<(u32, Option<u32>)> {
-        self.nodes
-            .iter()
-            .skip(1)
-            .flatten()
-            .map(|n| (n.block, (n.parent != ROOT).then(|| self.node(n.parent).block)))
-            .collect()
+        self.nodes.iter().skip(1).flatten().map(|n| (n.block, (n.parent != ROOT).then(|| self.node(n.parent).block))).collect()
     }
 
     /// The tree's own invariants: parent and child links agree, full nodes hold `block_size`
@@ -532,8 +538,7 @@ impl RadixTree {
                     return Err(format!("child {c} of node {i} names another parent"));
                 }
             }
-            let full: Vec<&Vec<u32>> =
-                n.children.iter().filter_map(|&c| self.nodes[c].as_ref()).filter(|c| c.tokens.len() == bs).map(|c| &c.tokens).collect();
+            let full: Vec<&Vec<u32>> = n.children.iter().filter_map(|&c| self.nodes[c].as_ref()).filter(|c| c.tokens.len() == bs).map(|c| &c.tokens).collect();
             let mut uniq = full.clone();
             uniq.sort();
             uniq.dedup();

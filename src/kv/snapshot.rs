@@ -162,7 +162,11 @@ pub async fn export(ctx: Option<&Context>, layers: &[LayerBlocks<'_>], key: &Cac
     }
     let all: Vec<(&LayerBlocks<'_>, u32)> = units(layers).collect();
     if all.len() as u64 != unit_count(shape, pool.block_size, tokens.len() as u32) {
-        return Err(KvError::Internal(format!("{} layer blocks held where the window rule wants {}", all.len(), unit_count(shape, pool.block_size, tokens.len() as u32))));
+        return Err(KvError::Internal(format!(
+            "{} layer blocks held where the window rule wants {}",
+            all.len(),
+            unit_count(shape, pool.block_size, tokens.len() as u32)
+        )));
     }
     let total = all.len() as u64 * 2 * bb;
     let mut data = Vec::with_capacity(total as usize);
@@ -206,8 +210,7 @@ pub async fn export(ctx: Option<&Context>, layers: &[LayerBlocks<'_>], key: &Cac
 
 /// The snapshot's bytes: magic, version, header, tokens, the K/V `data`, checksum.
 fn serialize(pool: &KvPool, (key, shape): (&CacheKey, &KvShape), tokens: &[u32], n_blocks: u64, data: &[u8]) -> Result<Vec<u8>, KvError> {
-    let header = serde_json::to_vec(&header_for(pool, key, shape, tokens.len() as u32, n_blocks as u32))
-        .map_err(|e| KvError::Internal(e.to_string()))?;
+    let header = serde_json::to_vec(&header_for(pool, key, shape, tokens.len() as u32, n_blocks as u32)).map_err(|e| KvError::Internal(e.to_string()))?;
     let mut out = Vec::with_capacity(24 + header.len() + tokens.len() * 4 + data.len() + 8);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
@@ -262,7 +265,10 @@ pub fn parse<'a>(bytes: &'a [u8], pool: &KvPool, key: &CacheKey, shape: &KvShape
     if h.n_tokens == 0 || h.n_blocks as u64 != (h.n_tokens as u64).div_ceil(h.block_size.max(1) as u64) {
         return Err(SnapshotError::Header(format!("{} tokens in {} blocks of {}", h.n_tokens, h.n_blocks, h.block_size)));
     }
-    let tokens_end = (h.n_tokens as u64 * 4).checked_add(header_end as u64).filter(|&e| e <= body.len() as u64).ok_or_else(|| SnapshotError::Length("the token ids run past the end".into()))? as usize;
+    let tokens_end = (h.n_tokens as u64 * 4)
+        .checked_add(header_end as u64)
+        .filter(|&e| e <= body.len() as u64)
+        .ok_or_else(|| SnapshotError::Length("the token ids run past the end".into()))? as usize;
     let tokens: Vec<u32> = body[header_end..tokens_end].chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
     if let Some(t) = tokens.iter().find(|&&t| t >= vocab) {
         return Err(SnapshotError::Header(format!("token id {t} is outside the vocabulary of {vocab}")));
@@ -283,7 +289,8 @@ impl Snapshot<'_> {
         for (layer, b) in units(layers) {
             for which in 0..2 {
                 for (offset, len) in block_regions(layer.pool, b) {
-                    let bytes = self.data.get(at..at + len as usize).ok_or_else(|| KvError::Internal("the snapshot holds fewer blocks than the sequence".into()))?;
+                    let bytes =
+                        self.data.get(at..at + len as usize).ok_or_else(|| KvError::Internal("the snapshot holds fewer blocks than the sequence".into()))?;
                     match (ctx, &layer.pool.host) {
                         (_, Some(host)) => {
                             let (mut k, mut v) = host.lock(layer.buffer);

@@ -66,9 +66,7 @@ impl Activation {
     pub fn apply(self, g: f64) -> f64 {
         match self {
             Activation::Silu => g / (1.0 + (-g).exp()),
-            Activation::GeluTanh => {
-                0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh())
-            }
+            Activation::GeluTanh => 0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh()),
         }
     }
 }

@@ -107,7 +107,21 @@ impl ModelConfig {
     /// features of its blocks from the description, every size checked against what pagedlm
     /// computes.
     pub fn new(description: &Description, params: HyperParams, name: String, fingerprint: u64) -> Result<ModelConfig, ModelError> {
-        let HyperParams { n_layers, hidden, ffn, n_heads, n_kv_heads, head_dim, value_dim, rope_dims, vocab, context_length, rope_base, rms_eps, sliding_window } = params;
+        let HyperParams {
+            n_layers,
+            hidden,
+            ffn,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            value_dim,
+            rope_dims,
+            vocab,
+            context_length,
+            rope_base,
+            rms_eps,
+            sliding_window,
+        } = params;
         if n_layers == 0 || hidden == 0 || ffn == 0 || n_heads == 0 || n_kv_heads == 0 {
             return Err(ModelError::Format("a layer count, width or head count is zero".into()));
         }
@@ -239,7 +253,8 @@ impl HyperParams {
             None => 10_000.0,
         };
         let rms_eps = gguf.get_f32(&key("attention.layer_norm_rms_epsilon"))?;
-        let (head_dim, value_dim, rope_dims) = (optional_u32("attention.key_length")?, optional_u32("attention.value_length")?, optional_u32("rope.dimension_count")?);
+        let (head_dim, value_dim, rope_dims) =
+            (optional_u32("attention.key_length")?, optional_u32("attention.value_length")?, optional_u32("rope.dimension_count")?);
         let embd_name = Role::TokenEmbd.name(None);
         let embd = gguf.tensor(&embd_name).ok_or_else(|| ModelError::Format(format!("the file has no {embd_name} tensor")))?;
         if embd.dims.len() != 2 || embd.dims[0] != hidden as u64 {
@@ -250,7 +265,21 @@ impl HyperParams {
             Some(_) => optional_u32("attention.sliding_window")?,
             None => None,
         };
-        Ok(HyperParams { n_layers, hidden, ffn, n_heads, n_kv_heads, head_dim, value_dim, rope_dims, vocab, context_length, rope_base, rms_eps, sliding_window })
+        Ok(HyperParams {
+            n_layers,
+            hidden,
+            ffn,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            value_dim,
+            rope_dims,
+            vocab,
+            context_length,
+            rope_base,
+            rms_eps,
+            sliding_window,
+        })
     }
 }
 

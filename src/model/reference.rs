@@ -225,7 +225,13 @@ fn attention(cfg: &ModelConfig, window: Option<u32>, q: &[Vec<f64>], k: &[Vec<f6
 }
 
 /// `x += delta`, through the post-norm `role` of layer `l` when the model has post-norms.
-fn residual(gguf: &Gguf<'_>, (cfg, table): (&ModelConfig, &TensorTable), (l, role): (u32, Role), x: &mut [Vec<f64>], delta: Vec<Vec<f64>>) -> Result<(), ModelError> {
+fn residual(
+    gguf: &Gguf<'_>,
+    (cfg, table): (&ModelConfig, &TensorTable),
+    (l, role): (u32, Role),
+    x: &mut [Vec<f64>],
+    delta: Vec<Vec<f64>>,
+) -> Result<(), ModelError> {
     if !cfg.post_norms {
         add(x, &delta);
         return Ok(());
@@ -267,8 +273,7 @@ fn layer(gguf: &Gguf<'_>, (cfg, table): (&ModelConfig, &TensorTable), l: u32, x:
     let h: Vec<Vec<f64>> = x.iter().map(|xt| rms_norm(xt, &ffn_norm, eps)).collect();
     let gate = matmul(&m(Role::FfnGate)?, &h, act);
     let up = matmul(&m(Role::FfnUp)?, &h, act);
-    let glu: Vec<Vec<f64>> =
-        gate.iter().zip(&up).map(|(g, u)| g.iter().zip(u).map(|(g, u)| cfg.activation.apply(*g) * u).collect()).collect();
+    let glu: Vec<Vec<f64>> = gate.iter().zip(&up).map(|(g, u)| g.iter().zip(u).map(|(g, u)| cfg.activation.apply(*g) * u).collect()).collect();
     residual(gguf, (cfg, table), (l, Role::PostFfnNorm), x, matmul(&m(Role::FfnDown)?, &glu, act))?;
     Ok(())
 }

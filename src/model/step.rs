@@ -48,4 +48,3 @@ pub enum Choose<'a> {
 
 /// What one logit row of a step gives: its argmax and, with [`Logits::Full`], its logits.
 pub type RowOutput = (u32, Option<Vec<f32>>);
-

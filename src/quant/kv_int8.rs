@@ -125,9 +125,7 @@ impl Int8Layout {
             return Err(Int8Error(format!("empty INT8 pool shape {layout:?}")));
         }
         if head_dim % 16 != 0 {
-            return Err(Int8Error(format!(
-                "the INT8 KV cache needs a head dim that is a multiple of 16 (whole vec4<u32> per key), not {head_dim}"
-            )));
+            return Err(Int8Error(format!("the INT8 KV cache needs a head dim that is a multiple of 16 (whole vec4<u32> per key), not {head_dim}")));
         }
         if layout.buffer_bytes() / 4 > u32::MAX as u64 {
             return Err(Int8Error(format!("an INT8 pool of {} words overflows u32 indices", layout.buffer_bytes() / 4)));
@@ -164,10 +162,7 @@ impl Int8Layout {
     pub fn block_ranges(&self, block: u32) -> [(u64, u64); 2] {
         let groups = self.n_kv_heads as u64 * self.block_size as u64;
         let first = self.group(block, 0, 0);
-        [
-            (first * self.group_words() * 4, groups * self.group_words() * 4),
-            ((self.data_words() + first) * 4, groups * 4),
-        ]
+        [(first * self.group_words() * 4, groups * self.group_words() * 4), ((self.data_words() + first) * 4, groups * 4)]
     }
 
     /// Bytes of one block's codes and scales.

@@ -28,11 +28,7 @@ pub(super) fn split_digits(pre: &str) -> Result<bool, TokenizerError> {
 
 /// The `tokenizers` BPE model over the spec's vocabulary and merges, with the byte-level
 /// pre-tokenizer (digits split first when `split_digits`), decoder and added tokens.
-pub(super) fn bpe_tokenizer(
-    spec: &TokenizerSpec,
-    token_types: &[i32],
-    split_digits: bool,
-) -> Result<tokenizers::Tokenizer, TokenizerError> {
+pub(super) fn bpe_tokenizer(spec: &TokenizerSpec, token_types: &[i32], split_digits: bool) -> Result<tokenizers::Tokenizer, TokenizerError> {
     let merges = parse_merges(&spec.merges)?;
     // Keep the first id of a duplicated token string: the BPE model needs a map, and the
     // duplicate is unreachable by encoding anyway (llama.cpp resolves it the same way).
@@ -40,18 +36,12 @@ pub(super) fn bpe_tokenizer(
     for (id, token) in spec.tokens.iter().enumerate() {
         vocab.entry(token.clone()).or_insert(id as u32);
     }
-    let bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .build()
-        .map_err(|e| TokenizerError::Build(e.to_string()))?;
+    let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(|e| TokenizerError::Build(e.to_string()))?;
 
     let mut inner = tokenizers::Tokenizer::new(bpe);
     let byte_level = ByteLevel::new(false, true, true);
     let pre = if split_digits {
-        PreTokenizerWrapper::Sequence(Sequence::new(vec![
-            PreTokenizerWrapper::Digits(Digits::new(true)),
-            PreTokenizerWrapper::ByteLevel(byte_level),
-        ]))
+        PreTokenizerWrapper::Sequence(Sequence::new(vec![PreTokenizerWrapper::Digits(Digits::new(true)), PreTokenizerWrapper::ByteLevel(byte_level)]))
     } else {
         PreTokenizerWrapper::ByteLevel(byte_level)
     };
@@ -71,9 +61,7 @@ pub(super) fn bpe_tokenizer(
             _ => None,
         })
         .collect();
-    inner
-        .add_special_tokens(added)
-        .map_err(|e| TokenizerError::Build(e.to_string()))?;
+    inner.add_special_tokens(added).map_err(|e| TokenizerError::Build(e.to_string()))?;
     Ok(inner)
 }
 
@@ -98,13 +86,8 @@ fn parse_merges(merges: &[String]) -> Result<Merges, TokenizerError> {
         .map(|(index, merge)| {
             // Byte-level tokens never contain a space (it is written 'Ġ'), so one space separates.
             match merge.split_once(' ') {
-                Some((left, right)) if !left.is_empty() && !right.is_empty() && !right.contains(' ') => {
-                    Ok((left.to_string(), right.to_string()))
-                }
-                _ => Err(TokenizerError::MalformedMerge {
-                    index,
-                    merge: merge.clone(),
-                }),
+                Some((left, right)) if !left.is_empty() && !right.is_empty() && !right.contains(' ') => Ok((left.to_string(), right.to_string())),
+                _ => Err(TokenizerError::MalformedMerge { index, merge: merge.clone() }),
             }
         })
         .collect()

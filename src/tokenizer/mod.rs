@@ -8,8 +8,8 @@
 
 mod bpe;
 mod chat;
-mod special;
 mod spec;
+mod special;
 mod spm;
 mod stream;
 
@@ -51,18 +51,8 @@ const EOG_NAMES: &[&str] = &[
 
 /// Fill-in-the-middle pad/repo/separator token texts: llama.cpp also ends generation on them
 /// (a code model that emits one has left the document). SmolLM2's `<reponame>` (id 4) is one.
-const FIM_EOG_NAMES: &[&str] = &[
-    "<|fim_pad|>",
-    "<fim-pad>",
-    "<fim_pad>",
-    "<PAD>",
-    "<|fim_repo|>",
-    "<|repo_name|>",
-    "<fim-repo>",
-    "<REPO>",
-    "<reponame>",
-    "<|file_sep|>",
-];
+const FIM_EOG_NAMES: &[&str] =
+    &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
@@ -94,11 +84,7 @@ pub enum TokenizerError {
     #[error("merge #{index} '{merge}' is not two tokens separated by one space")]
     MalformedMerge { index: usize, merge: String },
     #[error("{what} token id {id} is outside the vocabulary of {vocab_size} tokens")]
-    SpecialIdOutOfRange {
-        what: &'static str,
-        id: u32,
-        vocab_size: usize,
-    },
+    SpecialIdOutOfRange { what: &'static str, id: u32, vocab_size: usize },
     #[error("building the BPE model failed: {0} (are merges and vocabulary from the same file?)")]
     Build(String),
     #[error("encoding failed: {0}")]
@@ -138,10 +124,7 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self {
-            role: role.into(),
-            content: content.into(),
-        }
+        Self { role: role.into(), content: content.into() }
     }
 }
 
@@ -187,20 +170,11 @@ fn check_spec(spec: &TokenizerSpec) -> Result<Vec<i32>, TokenizerError> {
     let mut token_types = if spec.token_types.is_empty() {
         vec![token_type::NORMAL; vocab_size]
     } else if spec.token_types.len() != vocab_size {
-        return Err(TokenizerError::TokenTypeCount {
-            tokens: vocab_size,
-            types: spec.token_types.len(),
-        });
+        return Err(TokenizerError::TokenTypeCount { tokens: vocab_size, types: spec.token_types.len() });
     } else {
         spec.token_types.clone()
     };
-    let specials = [
-        ("BOS", spec.bos_id),
-        ("EOS", spec.eos_id),
-        ("UNK", spec.unk_id),
-        ("EOT", spec.eot_id),
-        ("EOM", spec.eom_id),
-    ];
+    let specials = [("BOS", spec.bos_id), ("EOS", spec.eos_id), ("UNK", spec.unk_id), ("EOT", spec.eot_id), ("EOM", spec.eom_id)];
     for (what, id) in specials {
         if let Some(id) = id {
             if id as usize >= vocab_size {
@@ -265,9 +239,7 @@ impl Tokenizer {
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         match &self.model {
             Model::Bpe(inner) => {
-                let encoding = inner
-                    .encode_fast(text, false)
-                    .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+                let encoding = inner.encode_fast(text, false).map_err(|e| TokenizerError::Encode(e.to_string()))?;
                 Ok(encoding.get_ids().to_vec())
             }
             Model::Spm(spm) => spm.encode(text),
@@ -306,10 +278,7 @@ impl Tokenizer {
 
     /// A decoder for generated tokens that only ever emits whole characters.
     pub fn stream_decoder(&self) -> StreamDecoder {
-        StreamDecoder {
-            token_bytes: Arc::clone(&self.token_bytes),
-            pending: Vec::new(),
-        }
+        StreamDecoder { token_bytes: Arc::clone(&self.token_bytes), pending: Vec::new() }
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -358,10 +327,7 @@ impl Tokenizer {
     /// Control (and unknown) tokens: markup a chat UI hides. User-defined tokens are not
     /// special here: they are matched whole when encoding but are ordinary text.
     pub fn is_special(&self, id: u32) -> bool {
-        matches!(
-            self.token_types.get(id as usize),
-            Some(&token_type::CONTROL) | Some(&token_type::UNKNOWN)
-        )
+        matches!(self.token_types.get(id as usize), Some(&token_type::CONTROL) | Some(&token_type::UNKNOWN))
     }
 
     /// The chat format read from `tokenizer.chat_template`: [`ChatFormatKind::None`] for a base
@@ -389,11 +355,7 @@ impl Tokenizer {
     /// read out of it. A file with no template is a base model: [`TokenizerError::NoChatTemplate`].
     /// Message contents are not escaped: special-token text inside them is encoded as special
     /// tokens, as in llama.cpp.
-    pub fn apply_chat_template(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String, TokenizerError> {
+    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TokenizerError> {
         let kind = self.chat.kind;
         if kind == ChatFormatKind::None {
             return Err(TokenizerError::NoChatTemplate);
@@ -403,11 +365,7 @@ impl Tokenizer {
         }
         match kind {
             ChatFormatKind::Gemma => chat::render_gemma(messages, add_generation_prompt),
-            _ => Ok(chat::render_chatml(
-                messages,
-                self.chat.default_system.as_deref(),
-                add_generation_prompt,
-            )),
+            _ => Ok(chat::render_chatml(messages, self.chat.default_system.as_deref(), add_generation_prompt)),
         }
     }
 
@@ -426,9 +384,6 @@ impl Tokenizer {
     }
 
     fn unknown_id(&self, id: u32) -> TokenizerError {
-        TokenizerError::UnknownId {
-            id,
-            vocab_size: self.tokens.len(),
-        }
+        TokenizerError::UnknownId { id, vocab_size: self.tokens.len() }
     }
 }

@@ -44,10 +44,7 @@ impl TokenizerSpec {
     /// (llama.cpp's defaults when absent: true for llama, false for gpt2),
     /// `tokenizer.chat_template`.
     pub fn from_gguf(gguf: &Gguf<'_>) -> Result<TokenizerSpec, TokenizerError> {
-        let meta_err = |key: &str, e: GgufError| TokenizerError::Metadata {
-            key: key.to_string(),
-            reason: e.to_string(),
-        };
+        let meta_err = |key: &str, e: GgufError| TokenizerError::Metadata { key: key.to_string(), reason: e.to_string() };
         let required_str = |key: &str| gguf.get_str(key).map(str::to_string).map_err(|e| meta_err(key, e));
         let optional_str = |key: &str| match gguf.get(key) {
             None => Ok(None),
@@ -61,11 +58,8 @@ impl TokenizerSpec {
             None => Ok(default),
             Some(_) => gguf.get_bool(key).map_err(|e| meta_err(key, e)),
         };
-        let strings = |key: &str| {
-            gguf.get_str_array(key)
-                .map(|items| items.into_iter().map(str::to_string).collect::<Vec<String>>())
-                .map_err(|e| meta_err(key, e))
-        };
+        let strings =
+            |key: &str| gguf.get_str_array(key).map(|items| items.into_iter().map(str::to_string).collect::<Vec<String>>()).map_err(|e| meta_err(key, e));
 
         const TYPES: &str = "tokenizer.ggml.token_type";
         const MERGES: &str = "tokenizer.ggml.merges";
@@ -100,17 +94,11 @@ impl TokenizerSpec {
 /// `tokenizer.ggml.scores`: an array of numbers.
 fn scores(gguf: &Gguf<'_>) -> Result<Vec<f32>, TokenizerError> {
     const SCORES: &str = "tokenizer.ggml.scores";
-    let bad = |reason: &str| TokenizerError::Metadata {
-        key: SCORES.to_string(),
-        reason: reason.to_string(),
-    };
+    let bad = |reason: &str| TokenizerError::Metadata { key: SCORES.to_string(), reason: reason.to_string() };
     let items = gguf
         .get(SCORES)
         .ok_or_else(|| bad("missing: a SentencePiece vocabulary needs a score per token"))?
         .as_array()
         .ok_or_else(|| bad("expected an array of numbers"))?;
-    items
-        .iter()
-        .map(|v: &MetaValue| v.as_f64().map(|f| f as f32).ok_or_else(|| bad("expected an array of numbers")))
-        .collect()
+    items.iter().map(|v: &MetaValue| v.as_f64().map(|f| f as f32).ok_or_else(|| bad("expected an array of numbers"))).collect()
 }

@@ -34,10 +34,7 @@ impl SpecialSplitter {
         let mut specials: Vec<(usize, u32)> = token_types
             .iter()
             .enumerate()
-            .filter(|&(id, &kind)| {
-                matches!(kind, token_type::CONTROL | token_type::UNKNOWN | token_type::USER_DEFINED)
-                    && !tokens[id].is_empty()
-            })
+            .filter(|&(id, &kind)| matches!(kind, token_type::CONTROL | token_type::UNKNOWN | token_type::USER_DEFINED) && !tokens[id].is_empty())
             .map(|(id, _)| (id, id as u32))
             .collect();
         specials.sort_by_key(|&(index, id)| (std::cmp::Reverse(tokens[index].len()), id));
@@ -49,10 +46,7 @@ impl SpecialSplitter {
         }
         let automaton = AhoCorasick::new(specials.iter().map(|&(index, _)| tokens[index].as_str()))
             .map_err(|e| TokenizerError::Build(format!("special-token matcher: {e}")))?;
-        Ok(SpecialSplitter {
-            automaton: Some(automaton),
-            ids: specials.into_iter().map(|(_, id)| id).collect(),
-        })
+        Ok(SpecialSplitter { automaton: Some(automaton), ids: specials.into_iter().map(|(_, id)| id).collect() })
     }
 
     /// The text cut into raw pieces (never empty) and special tokens, in order.
@@ -61,10 +55,7 @@ impl SpecialSplitter {
             return if text.is_empty() { Vec::new() } else { vec![Piece::Text(text)] };
         };
         // (priority, start, end) of every occurrence of every special token.
-        let mut found: Vec<(usize, usize, usize)> = automaton
-            .find_overlapping_iter(text)
-            .map(|m| (m.pattern().as_usize(), m.start(), m.end()))
-            .collect();
+        let mut found: Vec<(usize, usize, usize)> = automaton.find_overlapping_iter(text).map(|m| (m.pattern().as_usize(), m.start(), m.end())).collect();
         found.sort_unstable();
         // Kept occurrences: start -> (end, pattern).
         let mut kept: BTreeMap<usize, (usize, usize)> = BTreeMap::new();

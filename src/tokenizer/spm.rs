@@ -67,10 +67,7 @@ impl SpmModel {
     pub(super) fn new(spec: &TokenizerSpec, token_types: &[i32]) -> Result<SpmModel, TokenizerError> {
         let vocab_size = spec.tokens.len();
         if spec.scores.len() != vocab_size {
-            return Err(TokenizerError::ScoreCount {
-                tokens: vocab_size,
-                scores: spec.scores.len(),
-            });
+            return Err(TokenizerError::ScoreCount { tokens: vocab_size, scores: spec.scores.len() });
         }
         let mut ids = HashMap::with_capacity(vocab_size);
         for (id, token) in spec.tokens.iter().enumerate() {
@@ -83,10 +80,7 @@ impl SpmModel {
         for (byte, slot) in byte_ids.iter_mut().enumerate() {
             let hex = ids.get(&format!("<0x{byte:02X}>")).copied();
             // A byte of 0x80 or more is no text on its own, so it can only be `<0xNN>`.
-            let single = u8::try_from(byte)
-                .ok()
-                .filter(u8::is_ascii)
-                .and_then(|b| ids.get(&char::from(b).to_string()).copied());
+            let single = u8::try_from(byte).ok().filter(u8::is_ascii).and_then(|b| ids.get(&char::from(b).to_string()).copied());
             *slot = hex.or(single).or(unk_id);
         }
         Ok(SpmModel {
@@ -129,12 +123,7 @@ impl SpmModel {
     fn merge(&self, text: &str, out: &mut Vec<u32>) -> Result<(), TokenizerError> {
         let mut symbols: Vec<Symbol> = Vec::with_capacity(text.len());
         for (index, (start, c)) in text.char_indices().enumerate() {
-            symbols.push(Symbol {
-                start,
-                len: c.len_utf8(),
-                prev: index.checked_sub(1),
-                next: Some(index + 1),
-            });
+            symbols.push(Symbol { start, len: c.len_utf8(), prev: index.checked_sub(1), next: Some(index + 1) });
         }
         let Some(last) = symbols.last_mut() else {
             return Ok(());

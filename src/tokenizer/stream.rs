@@ -17,10 +17,7 @@ pub struct StreamDecoder {
 impl StreamDecoder {
     /// Adds one token; returns the text completed by it (often empty mid-character).
     pub fn push(&mut self, id: u32) -> Result<String, TokenizerError> {
-        let bytes = self.token_bytes.get(id as usize).ok_or(TokenizerError::UnknownId {
-            id,
-            vocab_size: self.token_bytes.len(),
-        })?;
+        let bytes = self.token_bytes.get(id as usize).ok_or(TokenizerError::UnknownId { id, vocab_size: self.token_bytes.len() })?;
         self.pending.extend_from_slice(bytes);
         let mut out = String::new();
         let mut start = 0;

@@ -241,7 +241,18 @@ impl ForwardGraph {
             argmax_out,
             logits,
         };
-        let layers = Layers { ctx, cfg, weights, kv, a: &a, attention: &attention, positions: &graph.positions, row_tables: &graph.row_tables, step: &graph.step, n: max_rows };
+        let layers = Layers {
+            ctx,
+            cfg,
+            weights,
+            kv,
+            a: &a,
+            attention: &attention,
+            positions: &graph.positions,
+            row_tables: &graph.row_tables,
+            step: &graph.step,
+            n: max_rows,
+        };
         let built = layers.build(&plan)?;
         graph.layers.extend(built.nodes);
         graph.attention = built.attention;
@@ -257,7 +268,9 @@ impl ForwardGraph {
         if let Some(r) = rows.iter().find(|r| (r.token == StepRow::FED || feed.is_some()) && r.slot as u64 >= slots) {
             return Err(ModelError::Format(format!("row of slot {} (token {}) needs a feed of more than {slots} entries", r.slot, r.token)).into());
         }
-        let bad = |what: String| Err(ModelError::Format(format!("a {:?} graph of {} rows and {} logit rows {what}", self.kind, self.max_rows, self.max_logits)).into());
+        let bad = |what: String| {
+            Err(ModelError::Format(format!("a {:?} graph of {} rows and {} logit rows {what}", self.kind, self.max_rows, self.max_logits)).into())
+        };
         if n == 0 || n > self.max_rows as usize || logit_rows.len() > self.max_logits as usize {
             return bad(format!("was given {n} rows and {} logit rows", logit_rows.len()));
         }
@@ -397,11 +410,23 @@ impl ForwardGraph {
         let Choose::Sample(params, masks) = choose else { return Ok(()) };
         match feed {
             Some(feed) if params.len() == logit_rows.len() => self.build_sampler(ctx, feed)?,
-            _ => return Err(ModelError::Format(format!("a sampled step needs a feed and one RowParams per logit row ({} for {})", params.len(), logit_rows.len())).into()),
+            _ => {
+                return Err(ModelError::Format(format!(
+                    "a sampled step needs a feed and one RowParams per logit row ({} for {})",
+                    params.len(),
+                    logit_rows.len()
+                ))
+                .into())
+            }
         }
         let words = self.vocab.div_ceil(32) as usize;
         if let Some((k, m)) = masks.iter().find(|(k, m)| *k as usize >= params.len() || m.len() != words) {
-            return Err(ModelError::Format(format!("a token mask of {} words for logit row {k} (a step of {} rows, masks of {words} words)", m.len(), params.len())).into());
+            return Err(ModelError::Format(format!(
+                "a token mask of {} words for logit row {k} (a step of {} rows, masks of {words} words)",
+                m.len(),
+                params.len()
+            ))
+            .into());
         }
         Ok(())
     }
@@ -434,7 +459,14 @@ impl ForwardGraph {
     /// Records the choice of a step's tokens (the argmax, or the sampler with its parameters and
     /// masks written), their hand-over to the feed and their readback, after the head on `rec`,
     /// and submits it (`choose` checked by [`ForwardGraph::check_choice`]).
-    fn record_choice(&self, ctx: &Context, mut rec: Recorder<'_>, (rows, logit_rows): StepRows<'_>, (read, choose): Choice<'_>, feed: Option<&Feed<'_>>) -> PendingStep {
+    fn record_choice(
+        &self,
+        ctx: &Context,
+        mut rec: Recorder<'_>,
+        (rows, logit_rows): StepRows<'_>,
+        (read, choose): Choice<'_>,
+        feed: Option<&Feed<'_>>,
+    ) -> PendingStep {
         // With no logit rows the stand-in's argmax is read (the step's end), not returned.
         let (m, read) = if logit_rows.is_empty() { (1, Logits::Argmax) } else { (logit_rows.len() as u64, read) };
         match (choose, feed, self.sampler.as_ref()) {
@@ -514,4 +546,3 @@ impl ForwardGraph {
         self.kernels().count()
     }
 }
-

@@ -17,13 +17,13 @@
 //! is built.
 
 use crate::error::EngineError;
+use crate::gpu::ops::act;
 use crate::gpu::ops::attention::{Attention, AttentionBatch, AttentionBuffers, BatchBuffers, BatchPlan, BatchStep};
 use crate::gpu::ops::kv_write::KvWriteBuffers;
 use crate::gpu::ops::matmul::{self, Epilogue, Input, MatmulConfig, QuantMatrix};
 use crate::gpu::ops::norm::{self, NormOut};
 use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
 use crate::gpu::ops::qkv_heads::{self, QkNorm};
-use crate::gpu::ops::act;
 use crate::gpu::{Context, Kernel};
 use crate::kv::KvCache;
 use crate::model::{ModelConfig, ModelError, Op, Plan, Proj, RopePairing};
@@ -163,7 +163,14 @@ impl Activations {
 
     /// The matmul over `w` reading the f32 `x` (attn or act, `w.cols` wide): with int8
     /// activations, a quantize dispatch into `xq` first.
-    fn quantized_matmul(&self, ctx: &Context, w: &QuantMatrix, (x, xq, y): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer), n: u32, epilogue: Epilogue) -> Result<Vec<Kernel>, EngineError> {
+    fn quantized_matmul(
+        &self,
+        ctx: &Context,
+        w: &QuantMatrix,
+        (x, xq, y): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
+        n: u32,
+        epilogue: Epilogue,
+    ) -> Result<Vec<Kernel>, EngineError> {
         if !w.reads_int8(&self.matmul) {
             return Ok(matmul::matmul_input(ctx, w, (Input::F32(x), y), n, self.matmul, epilogue)?);
         }
@@ -173,7 +180,6 @@ impl Activations {
         Ok(kernels)
     }
 }
-
 
 /// The buffers one layer's attention binds.
 struct LayerBuffers<'a> {
@@ -232,7 +238,14 @@ impl AttentionBuilder {
     /// One layer's attention over `pool` (the builder's, with the layer's window); with `fresh`
     /// (the layer's rope) it ropes and writes the heads where it can
     /// ([`Attention::appending_heads`], [`AttentionBatch::appending_heads`]).
-    fn layer(&self, ctx: &Context, b: &LayerBuffers<'_>, pool: &PoolShape, rows: u32, fresh: Option<(f32, RopePairing)>) -> Result<LayerAttention, EngineError> {
+    fn layer(
+        &self,
+        ctx: &Context,
+        b: &LayerBuffers<'_>,
+        pool: &PoolShape,
+        rows: u32,
+        fresh: Option<(f32, RopePairing)>,
+    ) -> Result<LayerAttention, EngineError> {
         Ok(match self {
             AttentionBuilder::Sequence(_) => {
                 let buffers = AttentionBuffers { qkv: b.qkv, pool: b.pool, positions: b.positions, step: b.step, out: b.out };
@@ -350,7 +363,9 @@ impl Layers<'_> {
             _ => None,
         };
         let at = usize::from(head_norm.is_some());
-        let (Some(Op::Rope(rope)), Some(Op::Attention(attend))) = (ops.get(at).map(|o| o.1), ops.get(at + 1).map(|o| o.1)) else { return Err(unsupported(ops)) };
+        let (Some(Op::Rope(rope)), Some(Op::Attention(attend))) = (ops.get(at).map(|o| o.1), ops.get(at + 1).map(|o| o.1)) else {
+            return Err(unsupported(ops));
+        };
         if rope.dims != self.cfg.head_dim {
             return Err(ModelError::Unsupported(format!("partial rotary embedding ({} of {} dimensions)", rope.dims, self.cfg.head_dim)).into());
         }

@@ -104,10 +104,7 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], abs_tol: f32, rel_tol
     }
     if worst.1 > 0.0 {
         let i = worst.0;
-        panic!(
-            "{what}: element {i} is {} but the reference is {} (tolerance {abs_tol} + {rel_tol}·|ref|)",
-            got[i], want[i]
-        );
+        panic!("{what}: element {i} is {} but the reference is {} (tolerance {abs_tol} + {rel_tol}·|ref|)", got[i], want[i]);
     }
 }
 
@@ -116,8 +113,7 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], abs_tol: f32, rel_tol
 /// models/ on a local port). A missing model fails the test with what to do.
 #[cfg(not(target_arch = "wasm32"))]
 pub async fn real_model_bytes() -> Vec<u8> {
-    let path = std::env::var("PAGEDLM_MODEL")
-        .unwrap_or_else(|_| format!("{}/models/SmolLM2-135M-Instruct.Q4_1.gguf", env!("CARGO_MANIFEST_DIR")));
+    let path = std::env::var("PAGEDLM_MODEL").unwrap_or_else(|_| format!("{}/models/SmolLM2-135M-Instruct.Q4_1.gguf", env!("CARGO_MANIFEST_DIR")));
     std::fs::read(&path).unwrap_or_else(|e| panic!("the real model is needed at {path} ({e}): run `npm run fetch-model`"))
 }
 
@@ -202,8 +198,7 @@ pub fn llamacpp_items(json: &str) -> Vec<LlamaCppItem> {
 /// the test fails with the command that fetches it.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn gemma_model_bytes() -> Vec<u8> {
-    let path = std::env::var("PAGEDLM_GEMMA_MODEL")
-        .unwrap_or_else(|_| format!("{}/models/gemma-3-270m-q4_k_m.gguf", env!("CARGO_MANIFEST_DIR")));
+    let path = std::env::var("PAGEDLM_GEMMA_MODEL").unwrap_or_else(|_| format!("{}/models/gemma-3-270m-q4_k_m.gguf", env!("CARGO_MANIFEST_DIR")));
     std::fs::read(&path).unwrap_or_else(|e| panic!("Gemma 3 270M is needed at {path} ({e}): run `npm run fetch-model -- gemma3-270m`"))
 }
 
@@ -238,11 +233,13 @@ pub async fn assert_int8_within_rounding(what: &str, bytes: &[u8], ids: &[u32], 
     }
 }
 
-
 /// Steps `engine` until every submitted request has finished and returns each one's generation,
 /// checking that its streamed tokens are its result's (and, with `check_integrity`, the KV cache
 /// after every step). A failed request fails the test.
-pub async fn finish_streamed(engine: &mut pagedlm::engine::Engine, check_integrity: bool) -> std::collections::HashMap<pagedlm::engine::RequestId, pagedlm::engine::Generation> {
+pub async fn finish_streamed(
+    engine: &mut pagedlm::engine::Engine,
+    check_integrity: bool,
+) -> std::collections::HashMap<pagedlm::engine::RequestId, pagedlm::engine::Generation> {
     use pagedlm::engine::Event;
     let (mut streamed, mut done) = (std::collections::HashMap::new(), std::collections::HashMap::new());
     while engine.has_work() {

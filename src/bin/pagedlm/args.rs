@@ -205,10 +205,10 @@ pub fn parse(argv: &[String]) -> Result<Parsed, ArgError> {
     if matches!(first.as_str(), "help" | "--help" | "-h") {
         return Ok(Parsed::Help);
     }
-    let command = COMMANDS.iter().find(|c| c.name == first).ok_or_else(|| ArgError::UnknownCommand {
-        got: first.clone(),
-        suggestion: closest(first, COMMANDS.iter().map(|c| c.name)),
-    })?;
+    let command = COMMANDS
+        .iter()
+        .find(|c| c.name == first)
+        .ok_or_else(|| ArgError::UnknownCommand { got: first.clone(), suggestion: closest(first, COMMANDS.iter().map(|c| c.name)) })?;
     let mut values = HashMap::new();
     let mut rest = argv[1..].iter();
     while let Some(arg) = rest.next() {
@@ -255,12 +255,9 @@ fn typed(option: &'static str, kind: Kind, text: String) -> Result<Value, ArgErr
         Kind::Number => Value::Number(text.parse().map_err(|_| bad("a number"))?),
         Kind::Choice(choices) if choices.contains(&text.as_str()) => Value::Text(text),
         Kind::Choice(choices) => return Err(ArgError::BadChoice { option, choices, got: text }),
-        Kind::Counts => Value::Counts(
-            text.split(',')
-                .map(|x| x.trim().parse())
-                .collect::<Result<_, _>>()
-                .map_err(|_| bad("whole numbers separated by commas"))?,
-        ),
+        Kind::Counts => {
+            Value::Counts(text.split(',').map(|x| x.trim().parse()).collect::<Result<_, _>>().map_err(|_| bad("whole numbers separated by commas"))?)
+        }
     })
 }
 
@@ -274,12 +271,7 @@ fn closest(got: &str, known: impl Iterator<Item = &'static str>) -> Option<&'sta
             return Some(only);
         }
     }
-    known
-        .iter()
-        .map(|k| (edit_distance(got, k), *k))
-        .filter(|&(d, _)| d <= 2 && d < got.len())
-        .min_by_key(|&(d, _)| d)
-        .map(|(_, k)| k)
+    known.iter().map(|k| (edit_distance(got, k), *k)).filter(|&(d, _)| d <= 2 && d < got.len()).min_by_key(|&(d, _)| d).map(|(_, k)| k)
 }
 
 /// Optimal-string-alignment distance: Levenshtein plus swaps of adjacent characters, so

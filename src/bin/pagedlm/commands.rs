@@ -94,8 +94,7 @@ pub(crate) async fn generate(args: &Args) -> Result<()> {
             }
             engine.text_prompt(p)?
         } else if let Some(m) = item.get("messages") {
-            let messages: Vec<Message> = serde_json::from_value(m.clone())
-                .with_context(|| format!("item {i}: \"messages\" must be [{{role, content}}]"))?;
+            let messages: Vec<Message> = serde_json::from_value(m.clone()).with_context(|| format!("item {i}: \"messages\" must be [{{role, content}}]"))?;
             engine.openai_chat_prompt(&messages, request.tools.as_ref()).with_context(|| format!("item {i} ({id})"))?
         } else {
             bail!("item {i} needs \"prompt\" or \"messages\"");

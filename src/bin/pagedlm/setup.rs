@@ -14,9 +14,7 @@ pub(crate) const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 pub(crate) fn model_bytes(args: &Args) -> Result<Vec<u8>> {
     let path = args.text("model").unwrap_or(DEFAULT_MODEL);
-    std::fs::read(path).with_context(|| {
-        format!("cannot read the model at {path} (run `npm run fetch-model`, or pass --model PATH)")
-    })
+    std::fs::read(path).with_context(|| format!("cannot read the model at {path} (run `npm run fetch-model`, or pass --model PATH)"))
 }
 
 pub(crate) fn read_json(path: Option<&str>, what: &str) -> Result<Value> {

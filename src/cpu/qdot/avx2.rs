@@ -155,11 +155,7 @@ pub(super) unsafe fn dot_i8_x4(u: &Unpacked, x: [Int8Row<'_>; 4]) -> [f32; 4] {
     for b in 0..blocks {
         let wv = _mm256_loadu_si256(pw.add(b * ACT_BLOCK) as *const __m256i);
         let aw = _mm256_sign_epi8(wv, wv);
-        let ws = if u.sub == 16 {
-            _mm256_set_m128(_mm_set1_ps(u.scale[2 * b + 1]), _mm_set1_ps(u.scale[2 * b]))
-        } else {
-            _mm256_set1_ps(u.scale[b])
-        };
+        let ws = if u.sub == 16 { _mm256_set_m128(_mm_set1_ps(u.scale[2 * b + 1]), _mm_set1_ps(u.scale[2 * b])) } else { _mm256_set1_ps(u.scale[b]) };
         for k in 0..4 {
             let xv = _mm256_loadu_si256(px[k].add(b * ACT_BLOCK) as *const __m256i);
             let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv)), ones);
@@ -203,11 +199,8 @@ pub(super) unsafe fn dot_i8(u: &Unpacked, x: Int8Row<'_>) -> f32 {
         let xv = _mm256_loadu_si256(px.add(b * ACT_BLOCK) as *const __m256i);
         let p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)), ones);
         let dx = *x.d.get_unchecked(b);
-        let s = if u.sub == 16 {
-            _mm256_set_m128(_mm_set1_ps(u.scale[2 * b + 1] * dx), _mm_set1_ps(u.scale[2 * b] * dx))
-        } else {
-            _mm256_set1_ps(u.scale[b] * dx)
-        };
+        let s =
+            if u.sub == 16 { _mm256_set_m128(_mm_set1_ps(u.scale[2 * b + 1] * dx), _mm_set1_ps(u.scale[2 * b] * dx)) } else { _mm256_set1_ps(u.scale[b] * dx) };
         _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc)
     };
     let (mut even, mut odd) = (_mm256_setzero_ps(), _mm256_setzero_ps());

@@ -52,7 +52,11 @@ pub fn row_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
 fn f16_at(b: &[u8], at: usize) -> f32 {
     let h = u32::from(u16::from_le_bytes([b[at], b[at + 1]]));
     let magnitude = h & 0x7FFF;
-    let v = if magnitude >= 0x7C00 { f32::from_bits(0x7F80_0000 | ((magnitude & 0x03FF) << 13)) } else { f32::from_bits(magnitude << 13) * f32::from_bits(0x7780_0000) };
+    let v = if magnitude >= 0x7C00 {
+        f32::from_bits(0x7F80_0000 | ((magnitude & 0x03FF) << 13))
+    } else {
+        f32::from_bits(magnitude << 13) * f32::from_bits(0x7780_0000)
+    };
     f32::from_bits(v.to_bits() | ((h & 0x8000) << 16))
 }
 
@@ -358,7 +362,12 @@ impl Int8Rows {
     #[inline(always)]
     pub fn row(&self, t: usize) -> Int8Row<'_> {
         let (c, b) = (self.cols, self.cols / ACT_BLOCK);
-        Int8Row { qs: &self.qs[t * c..(t + 1) * c], d: &self.d[t * b..(t + 1) * b], sum: &self.sum[t * b..(t + 1) * b], dsum16: &self.dsum16[2 * t * b..2 * (t + 1) * b] }
+        Int8Row {
+            qs: &self.qs[t * c..(t + 1) * c],
+            d: &self.d[t * b..(t + 1) * b],
+            sum: &self.sum[t * b..(t + 1) * b],
+            dsum16: &self.dsum16[2 * t * b..2 * (t + 1) * b],
+        }
     }
 }
 
@@ -649,7 +658,11 @@ fn dot_i8_portable(u: &Unpacked, x: Int8Row<'_>) -> f32 {
 /// The scales of block `b`'s two 16-value halves (one scale for both where sub-blocks are 32).
 #[inline(always)]
 fn half_scales(u: &Unpacked, b: usize) -> (f32, f32) {
-    if u.sub == 16 { (u.scale[2 * b], u.scale[2 * b + 1]) } else { (u.scale[b], u.scale[b]) }
+    if u.sub == 16 {
+        (u.scale[2 * b], u.scale[2 * b + 1])
+    } else {
+        (u.scale[b], u.scale[b])
+    }
 }
 
 /// Block `b`'s two 16-value integer sums times the weight's sub-block scales.

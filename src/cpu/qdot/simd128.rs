@@ -21,7 +21,8 @@ pub(super) fn unpacked_dot_f32(u: &Unpacked, x: &[f32]) -> f32 {
             let half = |h: usize| {
                 let v = v128_load(q.add(16 * h) as *const v128);
                 let (a, c) = (i16x8_extend_low_i8x16(v), i16x8_extend_high_i8x16(v));
-                let f = [i32x4_extend_low_i16x8(a), i32x4_extend_high_i16x8(a), i32x4_extend_low_i16x8(c), i32x4_extend_high_i16x8(c)].map(|v| f32x4_convert_i32x4(v));
+                let f = [i32x4_extend_low_i16x8(a), i32x4_extend_high_i16x8(a), i32x4_extend_low_i16x8(c), i32x4_extend_high_i16x8(c)]
+                    .map(|v| f32x4_convert_i32x4(v));
                 let xs = |k: usize| v128_load(xb.add(16 * h + 4 * k) as *const v128);
                 f32x4_add(f32x4_add(f32x4_mul(f[0], xs(0)), f32x4_mul(f[1], xs(1))), f32x4_add(f32x4_mul(f[2], xs(2)), f32x4_mul(f[3], xs(3))))
             };
@@ -38,10 +39,7 @@ pub(super) fn unpacked_dot_f32(u: &Unpacked, x: &[f32]) -> f32 {
 /// pairs (|w| ≤ 128, |x| ≤ 127: no pair overflows), four lanes each holding four products.
 #[inline(always)]
 fn half_dot(w: v128, x: v128) -> v128 {
-    i32x4_add(
-        i32x4_dot_i16x8(i16x8_extend_low_i8x16(w), i16x8_extend_low_i8x16(x)),
-        i32x4_dot_i16x8(i16x8_extend_high_i8x16(w), i16x8_extend_high_i8x16(x)),
-    )
+    i32x4_add(i32x4_dot_i16x8(i16x8_extend_low_i8x16(w), i16x8_extend_low_i8x16(x)), i32x4_dot_i16x8(i16x8_extend_high_i8x16(w), i16x8_extend_high_i8x16(x)))
 }
 
 #[inline(always)]
@@ -86,7 +84,10 @@ pub(super) fn dot_i8(u: &Unpacked, x: Int8Row<'_>) -> f32 {
         // SAFETY: as in `dot_i8_x4`.
         let (lo, hi) = unsafe {
             let (w, q) = (pw.add(b * ACT_BLOCK), px.add(b * ACT_BLOCK));
-            (half_dot(v128_load(w as *const v128), v128_load(q as *const v128)), half_dot(v128_load(w.add(16) as *const v128), v128_load(q.add(16) as *const v128)))
+            (
+                half_dot(v128_load(w as *const v128), v128_load(q as *const v128)),
+                half_dot(v128_load(w.add(16) as *const v128), v128_load(q.add(16) as *const v128)),
+            )
         };
         let (s_lo, s_hi) = half_scales(u, b);
         let d = x.d[b];

@@ -47,13 +47,7 @@ impl ArgmaxPlan {
 }
 
 /// `out[r] = argmax(logits[r, :])` as [`ArgmaxPlan::auto`] computes it ([`argmax_with`]).
-pub fn argmax(
-    ctx: &Context,
-    logits: &wgpu::Buffer,
-    out: &wgpu::Buffer,
-    n_rows: u32,
-    vocab: u32,
-) -> Result<Vec<Kernel>, GpuError> {
+pub fn argmax(ctx: &Context, logits: &wgpu::Buffer, out: &wgpu::Buffer, n_rows: u32, vocab: u32) -> Result<Vec<Kernel>, GpuError> {
     argmax_with(ctx, (logits, out), n_rows, vocab, ArgmaxPlan::auto(ctx, vocab))
 }
 
@@ -62,13 +56,7 @@ pub fn argmax(
 /// Order: the usual float order with -0 == +0; NaN ranks below every number (so a NaN logit is
 /// never chosen over a number, -inf included); ties go to the LOWEST index; a row of only NaNs
 /// gives 0. The scratch buffer of partial results belongs to the returned kernels.
-pub fn argmax_with(
-    ctx: &Context,
-    (logits, out): (&wgpu::Buffer, &wgpu::Buffer),
-    n_rows: u32,
-    vocab: u32,
-    plan: ArgmaxPlan,
-) -> Result<Vec<Kernel>, GpuError> {
+pub fn argmax_with(ctx: &Context, (logits, out): (&wgpu::Buffer, &wgpu::Buffer), n_rows: u32, vocab: u32, plan: ArgmaxPlan) -> Result<Vec<Kernel>, GpuError> {
     const OP: &str = "argmax";
     if n_rows == 0 || vocab == 0 {
         return Err(shape_err(OP, format!("n_rows ({n_rows}) and vocab ({vocab}) must be at least 1")));
@@ -108,14 +96,7 @@ pub fn argmax_with(
         grid(ctx, n_rows as u64 * n_parts as u64, ARGMAX_WG),
         None,
     );
-    let pick = Kernel::new(
-        ctx,
-        "argmax.pick_best",
-        pick,
-        &[whole(&partials), whole(out), whole(&params)],
-        grid(ctx, n_rows as u64, ARGMAX_WG),
-        None,
-    );
+    let pick = Kernel::new(ctx, "argmax.pick_best", pick, &[whole(&partials), whole(out), whole(&params)], grid(ctx, n_rows as u64, ARGMAX_WG), None);
     // Both bind groups hold both buffers; each kernel keeps one handle so neither depends on the other.
     Ok(vec![scan.owning(params), pick.owning(partials)])
 }

@@ -25,13 +25,7 @@ const EMBED_WG: u32 = 32;
 /// elsewhere). An id ≥ vocab yields a zero row (the kernel cannot fail).
 /// table: rows = vocab, cols = hidden, any type; ids: [n] u32; out: [n, hidden] f32 (may be a
 /// larger buffer). One kernel per part of the table.
-pub fn embedding(
-    ctx: &Context,
-    table: &QuantMatrix,
-    (ids, out): (&wgpu::Buffer, &wgpu::Buffer),
-    n: u32,
-    scale: f32,
-) -> Result<Vec<Kernel>, GpuError> {
+pub fn embedding(ctx: &Context, table: &QuantMatrix, (ids, out): (&wgpu::Buffer, &wgpu::Buffer), n: u32, scale: f32) -> Result<Vec<Kernel>, GpuError> {
     const OP: &str = "embedding";
     if n == 0 {
         return Err(shape_err(OP, "n must be positive"));
@@ -69,8 +63,7 @@ pub fn embedding_cpu(t: crate::gguf::GgmlType, raw: &[u8], vocab: u32, hidden: u
     for (i, &id) in ids.iter().enumerate() {
         if id < vocab {
             let row = &raw[id as usize * row_bytes..][..row_bytes];
-            crate::quant::dequantize(t, row, &mut out[i * hidden as usize..][..hidden as usize])
-                .map_err(|e| shape_err("embedding_cpu", e.to_string()))?;
+            crate::quant::dequantize(t, row, &mut out[i * hidden as usize..][..hidden as usize]).map_err(|e| shape_err("embedding_cpu", e.to_string()))?;
         }
     }
     Ok(out)

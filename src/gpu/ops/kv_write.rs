@@ -46,12 +46,7 @@ pub struct KvWriteBuffers<'a> {
 /// allocates blocks first). `pool.max_len` plays no part. No two tokens may map to one slot
 /// (a step's rows are distinct positions, and copy-on-write keeps shared blocks read-only): two
 /// writers of one slot race, and their order is undefined on a real GPU.
-pub fn write_paged(
-    ctx: &Context,
-    buffers: &KvWriteBuffers<'_>,
-    pool: &PoolShape,
-    n_tokens: u32,
-) -> Result<Kernel, GpuError> {
+pub fn write_paged(ctx: &Context, buffers: &KvWriteBuffers<'_>, pool: &PoolShape, n_tokens: u32) -> Result<Kernel, GpuError> {
     let scale_base = check_write(ctx, OP, buffers, pool, n_tokens)?;
     let b = buffers;
     let params = KvWriteParams {
@@ -70,28 +65,14 @@ pub fn write_paged(
     let constants = [("WG", KV_WRITE_WG as f64), ("PER", per as f64), ("INT8", if int8 { 1.0 } else { 0.0 })];
     let pipeline = ctx.pipeline("kv_write", "main", &constants)?;
     let items = n_tokens as u64 * pool.n_kv_heads as u64 * (pool.head_dim as u64).div_ceil(per);
-    let resources = [
-        whole(b.qkv),
-        whole(b.pool.k),
-        whole(b.pool.v),
-        whole(b.positions),
-        whole(&params),
-        whole(b.pool.block_table),
-        whole(b.row_tables),
-    ];
+    let resources = [whole(b.qkv), whole(b.pool.k), whole(b.pool.v), whole(b.positions), whole(&params), whole(b.pool.block_table), whole(b.row_tables)];
     let kernel = Kernel::new(ctx, OP, pipeline, &resources, grid(ctx, items, KV_WRITE_WG), None);
     Ok(kernel.owning(params))
 }
 
 /// Checks what every KV write needs (the pool's shape, at least one token, two pool buffers,
 /// the buffers' sizes and bindings); returns the word where an INT8 pool's scales start.
-pub(super) fn check_write(
-    ctx: &Context,
-    op: &'static str,
-    b: &KvWriteBuffers<'_>,
-    pool: &PoolShape,
-    n_tokens: u32,
-) -> Result<u32, GpuError> {
+pub(super) fn check_write(ctx: &Context, op: &'static str, b: &KvWriteBuffers<'_>, pool: &PoolShape, n_tokens: u32) -> Result<u32, GpuError> {
     pool.check(op)?;
     if n_tokens == 0 {
         return Err(shape_err(op, "n_tokens must be at least 1"));
@@ -112,12 +93,7 @@ pub(super) fn check_write(
 /// The (token, physical block, slot) of every token of `positions` the kernel writes: tokens
 /// whose table index is past `block_table`'s end or whose block is >= n_blocks are skipped.
 #[cfg(feature = "testing")]
-fn written_slots<'a>(
-    pool: &'a PoolShape,
-    positions: &'a [u32],
-    block_table: &'a [u32],
-    table_base: u32,
-) -> impl Iterator<Item = (usize, u32, u32)> + 'a {
+fn written_slots<'a>(pool: &'a PoolShape, positions: &'a [u32], block_table: &'a [u32], table_base: u32) -> impl Iterator<Item = (usize, u32, u32)> + 'a {
     positions.iter().enumerate().filter_map(move |(t, &pos)| {
         // Checked: on wasm32 usize is 32 bits, and the kernel skips a wrapped index too.
         let entry = (table_base as usize).checked_add((pos / pool.block_size) as usize)?;
@@ -129,15 +105,7 @@ fn written_slots<'a>(
 /// CPU reference of [`write_paged`] into f32 pools (the pools' element layout of [`PoolShape`];
 /// qkv: [positions.len(), qkv_row]).
 #[cfg(feature = "testing")]
-pub fn write_paged_cpu(
-    pool: &PoolShape,
-    qkv: &[f32],
-    k_pool: &mut [f32],
-    v_pool: &mut [f32],
-    positions: &[u32],
-    block_table: &[u32],
-    table_base: u32,
-) {
+pub fn write_paged_cpu(pool: &PoolShape, qkv: &[f32], k_pool: &mut [f32], v_pool: &mut [f32], positions: &[u32], block_table: &[u32], table_base: u32) {
     let (n_heads, n_kv_heads, head_dim) = (pool.n_heads as usize, pool.n_kv_heads as usize, pool.head_dim as usize);
     let row = pool.qkv_row() as usize;
     for (t, block, slot) in written_slots(pool, positions, block_table, table_base) {

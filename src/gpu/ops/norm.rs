@@ -74,29 +74,13 @@ struct NormBindings {
 /// `out = x / sqrt(mean(x²) + eps) * weight`, per row.
 /// x: [n_rows, dim] f32, weight: [dim] f32, out: [n_rows, dim] f32 (may not alias x).
 /// `n_rows` and `dim` must be at least 1, `eps` finite and >= 0.
-pub fn rms_norm(
-    ctx: &Context,
-    x: &wgpu::Buffer,
-    weight: &wgpu::Buffer,
-    out: &wgpu::Buffer,
-    n_rows: u32,
-    dim: u32,
-    eps: f32,
-) -> Result<Kernel, GpuError> {
+pub fn rms_norm(ctx: &Context, x: &wgpu::Buffer, weight: &wgpu::Buffer, out: &wgpu::Buffer, n_rows: u32, dim: u32, eps: f32) -> Result<Kernel, GpuError> {
     rms_norm_to(ctx, x, weight, NormOut::f32(out), n_rows, dim, eps)
 }
 
 /// [`rms_norm`] into f32 rows, int8 blocks (the next matmul's activations, quantized in the same
 /// pass), or both ([`NormOut`]).
-pub fn rms_norm_to(
-    ctx: &Context,
-    x: &wgpu::Buffer,
-    weight: &wgpu::Buffer,
-    out: NormOut<'_>,
-    n_rows: u32,
-    dim: u32,
-    eps: f32,
-) -> Result<Kernel, GpuError> {
+pub fn rms_norm_to(ctx: &Context, x: &wgpu::Buffer, weight: &wgpu::Buffer, out: NormOut<'_>, n_rows: u32, dim: u32, eps: f32) -> Result<Kernel, GpuError> {
     const OP: &str = "rms_norm";
     if n_rows == 0 || dim == 0 {
         return Err(shape_err(OP, format!("n_rows ({n_rows}) and dim ({dim}) must be at least 1")));

@@ -5,8 +5,8 @@
 
 use super::{check_binding, check_size};
 use crate::gpu::{shape_err, Context, GpuError};
-use crate::quant::KvDtype;
 use crate::quant::kv_int8::Int8Layout;
+use crate::quant::KvDtype;
 
 /// The paged KV pool as the kernels see it, and the attention heads that read it.
 ///
@@ -67,8 +67,7 @@ impl PoolShape {
 
     /// The INT8 layout of one of the pool's buffers (whatever the dtype).
     pub(crate) fn int8_layout(&self, op: &'static str) -> Result<Int8Layout, GpuError> {
-        Int8Layout::new(self.n_blocks, self.n_kv_heads, self.block_size, self.head_dim)
-            .map_err(|e| shape_err(op, e.to_string()))
+        Int8Layout::new(self.n_blocks, self.n_kv_heads, self.block_size, self.head_dim).map_err(|e| shape_err(op, e.to_string()))
     }
 
     /// Bytes of one of the K / V buffers for the shape's dtype, and the word where an INT8 pool's
@@ -89,12 +88,7 @@ impl PoolShape {
 
     /// Checks the pool's buffers against the shape (sizes, and the device's binding limit for
     /// what is bound: the whole buffers). Returns the word where an INT8 pool's scales start.
-    pub(crate) fn check_buffers(
-        &self,
-        ctx: &Context,
-        op: &'static str,
-        buffers: &PoolBuffers<'_>,
-    ) -> Result<u32, GpuError> {
+    pub(crate) fn check_buffers(&self, ctx: &Context, op: &'static str, buffers: &PoolBuffers<'_>) -> Result<u32, GpuError> {
         let (bytes, scale_base) = self.buffer_bytes(op)?;
         check_size(op, "k_pool", buffers.k, bytes)?;
         check_size(op, "v_pool", buffers.v, bytes)?;

@@ -7,9 +7,9 @@
 use super::kv_write::{check_write, KvWriteBuffers};
 use super::pool::PoolShape;
 use super::rope::{check_rope, turn_table, TURN_TABLE_WORDS};
-use crate::model::RopePairing;
 use super::{check_binding, check_size, grid, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
+use crate::model::RopePairing;
 use crate::quant::KvDtype;
 
 const OP: &str = "qkv_heads";
@@ -71,16 +71,7 @@ pub fn qkv_heads(
         None => (b.positions, 0.0),
     };
     let mut words = vec![0u32; PARAM_WORDS];
-    words[..8].copy_from_slice(&[
-        n_tokens,
-        pool.n_heads,
-        pool.n_kv_heads,
-        pool.head_dim,
-        pool.block_size,
-        pool.n_blocks,
-        scale_base,
-        eps.to_bits(),
-    ]);
+    words[..8].copy_from_slice(&[n_tokens, pool.n_heads, pool.n_kv_heads, pool.head_dim, pool.block_size, pool.n_blocks, scale_base, eps.to_bits()]);
     words[8..].copy_from_slice(&turn_table(base, pool.head_dim));
     let params = ctx.params_init("qkv_heads.params", bytemuck::cast_slice(&words));
     let flag = |on: bool| if on { 1.0 } else { 0.0 };
@@ -113,25 +104,12 @@ pub fn qkv_heads(
 /// and k heads. Its pool writes are [`super::kv_write::write_paged_cpu`]'s (or
 /// `write_paged_int8_cpu`'s) of the rows this leaves. qkv: [positions.len(), qkv_row].
 #[cfg(feature = "testing")]
-pub fn qkv_heads_cpu(
-    pool: &PoolShape,
-    qkv: &mut [f32],
-    qk_norm: Option<(&[f32], &[f32], f32)>,
-    positions: &[u32],
-    (base, pairing): (f32, RopePairing),
-) {
+pub fn qkv_heads_cpu(pool: &PoolShape, qkv: &mut [f32], qk_norm: Option<(&[f32], &[f32], f32)>, positions: &[u32], (base, pairing): (f32, RopePairing)) {
     use super::norm::{head_norm_cpu, HeadNormShape};
     use super::rope::{rope_cpu, RopeShape};
     let n_tokens = positions.len() as u32;
     if let Some((q, k, eps)) = qk_norm {
-        let heads = |first, n_heads| HeadNormShape {
-            n_rows: n_tokens,
-            row_stride: pool.qkv_row() as u32,
-            first,
-            n_heads,
-            head_dim: pool.head_dim,
-            eps,
-        };
+        let heads = |first, n_heads| HeadNormShape { n_rows: n_tokens, row_stride: pool.qkv_row() as u32, first, n_heads, head_dim: pool.head_dim, eps };
         head_norm_cpu(qkv, q, &heads(0, pool.n_heads));
         head_norm_cpu(qkv, k, &heads(pool.out_row() as u32, pool.n_kv_heads));
     }

@@ -1,9 +1,9 @@
 //! Rotary position embedding (llama's NORM pairing or NEOX pairing) on the fused q/k rows.
 
 use super::pool::PoolShape;
-use crate::model::RopePairing;
 use super::{check_binding, check_size, grid, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
+use crate::model::RopePairing;
 
 const OP: &str = "rope";
 
@@ -33,14 +33,7 @@ impl RopeShape {
     /// The q and k heads of `n_tokens` fused qkv rows over `pool`'s heads: q and k heads are
     /// adjacent, the v heads after them stay as they are.
     pub fn fused_qkv(pool: &PoolShape, n_tokens: u32, (base, pairing): (f32, RopePairing)) -> RopeShape {
-        RopeShape {
-            n_tokens,
-            row_stride: pool.qkv_row() as u32,
-            n_heads: pool.n_heads + pool.n_kv_heads,
-            head_dim: pool.head_dim,
-            base,
-            pairing,
-        }
+        RopeShape { n_tokens, row_stride: pool.qkv_row() as u32, n_heads: pool.n_heads + pool.n_kv_heads, head_dim: pool.head_dim, base, pairing }
     }
 
     fn check(&self) -> Result<(), GpuError> {
@@ -50,10 +43,7 @@ impl RopeShape {
         }
         check_rope(OP, head_dim, base)?;
         if n_heads as u64 * head_dim as u64 > row_stride as u64 {
-            return Err(shape_err(
-                OP,
-                format!("{n_heads} heads of {head_dim} do not fit in a row of {row_stride} floats"),
-            ));
+            return Err(shape_err(OP, format!("{n_heads} heads of {head_dim} do not fit in a row of {row_stride} floats")));
         }
         Ok(())
     }
@@ -107,8 +97,7 @@ pub fn rope(ctx: &Context, x: &wgpu::Buffer, positions: &wgpu::Buffer, shape: &R
     let neox = if pairing == RopePairing::Neox { 1.0 } else { 0.0 };
     let pipeline = ctx.pipeline("rope", "main", &[("WG", ROPE_WG as f64), ("NEOX", neox)])?;
     let items = n_tokens as u64 * (head_dim / 2) as u64;
-    let kernel =
-        Kernel::new(ctx, OP, pipeline, &[whole(x), whole(positions), whole(&params)], grid(ctx, items, ROPE_WG), None);
+    let kernel = Kernel::new(ctx, OP, pipeline, &[whole(x), whole(positions), whole(&params)], grid(ctx, items, ROPE_WG), None);
     Ok(kernel.owning(params))
 }
 

@@ -169,7 +169,8 @@ impl KvCache {
                 KvLayout::Contiguous => max_seqs,
                 KvLayout::Paged => Self::default_local_pool_tokens(shape, &config).div_ceil(block_size).min(n_blocks).max(1),
             };
-            let local_blocks = if config.local_pool_tokens > 0 && layout == KvLayout::Paged { config.local_pool_tokens.div_ceil(block_size) } else { local_blocks };
+            let local_blocks =
+                if config.local_pool_tokens > 0 && layout == KvLayout::Paged { config.local_pool_tokens.div_ceil(block_size) } else { local_blocks };
             let pool = new_pool(&shape.with_layers(n_local), local_blocks, block_size)?;
             Some(LocalGroup { pool, table_buffer: new_table("kv.block_table.local", table_bytes), rule })
         };
@@ -312,12 +313,7 @@ impl KvCache {
     }
 
     /// `op` on each global block and each held local block, with its group's allocator.
-    fn each_held(
-        &mut self,
-        global: &[u32],
-        local: &[u32],
-        op: impl Fn(&mut BlockAllocator, u32) -> Result<(), AllocError>,
-    ) -> Result<(), KvError> {
+    fn each_held(&mut self, global: &[u32], local: &[u32], op: impl Fn(&mut BlockAllocator, u32) -> Result<(), AllocError>) -> Result<(), KvError> {
         for &b in global {
             op(&mut self.pool.alloc, b)?;
         }
@@ -371,10 +367,7 @@ impl KvCache {
         let max_len = self.max_seq_len;
         let seq = self.seq(id)?;
         let start = seq.len;
-        let new_len = start.checked_add(n).filter(|&l| l <= max_len).ok_or(KvError::SequenceTooLong {
-            needed: start as u64 + n as u64,
-            limit: max_len,
-        })?;
+        let new_len = start.checked_add(n).filter(|&l| l <= max_len).ok_or(KvError::SequenceTooLong { needed: start as u64 + n as u64, limit: max_len })?;
         if n > 0 {
             self.slide(id, start)?;
         }

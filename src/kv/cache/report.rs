@@ -111,7 +111,13 @@ impl KvCache {
         for (i, seq) in self.seqs.iter().enumerate() {
             let Some(seq) = seq else { continue };
             if seq.local.len() != seq.blocks.len() || seq.step_start > seq.len {
-                return Err(format!("sequence {i} has {} local entries for {} blocks (step start {}, length {})", seq.local.len(), seq.blocks.len(), seq.step_start, seq.len));
+                return Err(format!(
+                    "sequence {i} has {} local entries for {} blocks (step start {}, length {})",
+                    seq.local.len(),
+                    seq.blocks.len(),
+                    seq.step_start,
+                    seq.len
+                ));
             }
             let kept = match self.layout {
                 KvLayout::Paged => group.rule.held_blocks(seq.step_start, seq.len),
@@ -119,7 +125,10 @@ impl KvCache {
             };
             for (b, &block) in seq.local.iter().enumerate() {
                 if kept.contains(&(b as u32)) == (block == NO_BLOCK) {
-                    return Err(format!("sequence {i}: local block {b} is {} but the window keeps blocks {kept:?}", if block == NO_BLOCK { "freed" } else { "held" }));
+                    return Err(format!(
+                        "sequence {i}: local block {b} is {} but the window keeps blocks {kept:?}",
+                        if block == NO_BLOCK { "freed" } else { "held" }
+                    ));
                 }
             }
             let held: Vec<u32> = seq.local.iter().copied().filter(|&b| b != NO_BLOCK).collect();

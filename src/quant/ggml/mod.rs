@@ -66,11 +66,7 @@ pub fn bytes_of(t: GgmlType, n: u64) -> Option<u64> {
 /// The family of `t` once `values` is known to be whole blocks of it.
 fn checked(t: GgmlType, values: usize) -> Result<(Family, u64), QuantError> {
     let family = family(t)?;
-    let partial = || QuantError::PartialBlock {
-        type_name: t.name(),
-        values: values as u64,
-        block: t.block_size().map_or(1, |(v, _)| v),
-    };
+    let partial = || QuantError::PartialBlock { type_name: t.name(), values: values as u64, block: t.block_size().map_or(1, |(v, _)| v) };
     let bytes = bytes_of(t, values as u64).ok_or_else(partial)?;
     Ok((family, bytes))
 }

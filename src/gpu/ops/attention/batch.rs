@@ -33,14 +33,14 @@
 use std::ops::Range;
 
 use super::{
-    check_fresh, check_plan, check_pool, check_rows, class_plan, main_kernel, main_pipeline, max_chunk, owns_kv_heads, records_bytes,
-    reduce_pipeline, workgroups, KernelMode, MainBindings, MainParams, LANES, MAX_CHUNK,
+    check_fresh, check_plan, check_pool, check_rows, class_plan, main_kernel, main_pipeline, max_chunk, owns_kv_heads, records_bytes, reduce_pipeline,
+    workgroups, KernelMode, MainBindings, MainParams, LANES, MAX_CHUNK,
 };
 use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
 use crate::gpu::ops::rope::turn_table;
-use crate::model::RopePairing;
 use crate::gpu::ops::{check_binding, check_size, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
+use crate::model::RopePairing;
 
 const OP: &str = "attention_batch";
 /// Most rows of one batch (keeps the row search's back-edges and the u32 indices small).
@@ -69,12 +69,7 @@ impl BatchPlan {
     /// length on CPU adapters), subgroups wherever the device has them.
     pub fn auto(ctx: &Context, pool: &PoolShape) -> BatchPlan {
         let (workgroup_size, one_dispatch, chunk) = class_plan(ctx, pool.max_len);
-        BatchPlan {
-            chunk,
-            workgroup_size,
-            one_dispatch_max_keys: one_dispatch.min(workgroup_size * max_chunk(pool)),
-            subgroups: ctx.has_subgroups(1),
-        }
+        BatchPlan { chunk, workgroup_size, one_dispatch_max_keys: one_dispatch.min(workgroup_size * max_chunk(pool)), subgroups: ctx.has_subgroups(1) }
     }
 }
 
@@ -197,13 +192,7 @@ impl AttentionBatch {
     /// Builds the kernels for steps of up to `max_rows` rows (at most [`MAX_ROWS`]) over `pool`
     /// (plan: [`BatchPlan::auto`] when None). Buffers and their shapes: see [`BatchBuffers`]. No
     /// step is set: [`AttentionBatch::kernels`] is empty until [`AttentionBatch::set_step`].
-    pub fn new(
-        ctx: &Context,
-        buffers: &BatchBuffers<'_>,
-        pool: PoolShape,
-        max_rows: u32,
-        plan: Option<BatchPlan>,
-    ) -> Result<AttentionBatch, GpuError> {
+    pub fn new(ctx: &Context, buffers: &BatchBuffers<'_>, pool: PoolShape, max_rows: u32, plan: Option<BatchPlan>) -> Result<AttentionBatch, GpuError> {
         AttentionBatch::build(ctx, buffers, pool, max_rows, plan, None)
     }
 
@@ -341,15 +330,11 @@ impl AttentionBatch {
         let mut max_kv_len = 0;
         // No earlier row with keys shares a later one's table_base (a batch is a few rows: a scan,
         // nothing allocated).
-        let one_row_each = rows.iter().enumerate().filter(|(_, a)| a.kv_len > 0).all(|(i, a)| {
-            rows[..i].iter().all(|b| b.kv_len == 0 || b.table_base != a.table_base)
-        });
+        let one_row_each =
+            rows.iter().enumerate().filter(|(_, a)| a.kv_len > 0).all(|(i, a)| rows[..i].iter().all(|b| b.kv_len == 0 || b.table_base != a.table_base));
         for (r, row) in rows.iter().enumerate() {
             if row.kv_len > self.pool.max_len {
-                return Err(shape_err(
-                    OP,
-                    format!("row {r}: kv_len {} is over max_len {}", row.kv_len, self.pool.max_len),
-                ));
+                return Err(shape_err(OP, format!("row {r}: kv_len {} is over max_len {}", row.kv_len, self.pool.max_len)));
             }
             words.extend([row.table_base, row.kv_len, total_splits, 0]);
             // Bounded by max_rows * ceil(max_len / chunk), checked against u32 when built.
@@ -370,10 +355,7 @@ impl AttentionBatch {
         if step.chunk != self.plan.chunk || step.n_rows > self.max_rows {
             return Err(shape_err(
                 OP,
-                format!(
-                    "a step encoded for chunk {} and {} rows does not fit chunk {} and {} rows",
-                    step.chunk, step.n_rows, self.plan.chunk, self.max_rows
-                ),
+                format!("a step encoded for chunk {} and {} rows does not fit chunk {} and {} rows", step.chunk, step.n_rows, self.plan.chunk, self.max_rows),
             ));
         }
         let wg = self.plan.workgroup_size;

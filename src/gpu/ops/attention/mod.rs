@@ -46,10 +46,10 @@ use std::sync::Arc;
 
 use super::pool::{PoolBuffers, PoolShape};
 use super::rope::check_rope;
-use crate::model::RopePairing;
 use super::whole;
 use crate::gpu::kernel::split_count;
 use crate::gpu::{shape_err, AdapterClass, Context, GpuError, Kernel};
+use crate::model::RopePairing;
 use crate::quant::KvDtype;
 
 mod batch;
@@ -203,7 +203,12 @@ fn records_bytes(ctx: &Context, pool: &PoolShape, items: u64, variant: (u32, boo
 /// What an attention that ropes and writes its step's heads (`appending_heads`) adds to its
 /// kernel's contract: a valid rope base, qkv a buffer of its own (it is written: none of
 /// `others`, the other bindings), the pool's K and V two buffers.
-fn check_fresh(op: &'static str, (pool, base): (&PoolShape, f32), (qkv, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer), others: &[&wgpu::Buffer]) -> Result<(), GpuError> {
+fn check_fresh(
+    op: &'static str,
+    (pool, base): (&PoolShape, f32),
+    (qkv, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
+    others: &[&wgpu::Buffer],
+) -> Result<(), GpuError> {
     check_rope(op, pool.head_dim, base)?;
     if others.contains(&qkv) || [k, v].contains(&qkv) {
         return Err(shape_err(op, "qkv is written: it must be a buffer of its own"));
@@ -325,13 +330,7 @@ fn main_pipeline(
 }
 
 /// The pipeline of a split-K reduce (`shader`: "attention_reduce" or "attention_batch_reduce").
-fn reduce_pipeline(
-    ctx: &Context,
-    shader: &str,
-    pool: &PoolShape,
-    chunk: u32,
-    workgroup_size: u32,
-) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
+fn reduce_pipeline(ctx: &Context, shader: &str, pool: &PoolShape, chunk: u32, workgroup_size: u32) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
     let constants = [("D4", (pool.head_dim / 4) as f64), ("CHUNK", chunk as f64), ("WG", workgroup_size as f64)];
     ctx.pipeline(shader, "main", &constants)
 }
@@ -358,14 +357,7 @@ fn main_kernel(
     let bytes = [bytemuck::bytes_of(params), bytemuck::cast_slice(turns)].concat();
     let params_buf = ctx.params_init(name, &bytes);
     let b = bindings;
-    let mut resources = vec![
-        whole(b.qkv),
-        whole(b.pool.k),
-        whole(b.pool.v),
-        whole(b.pool.block_table),
-        whole(&params_buf),
-        whole(b.dst),
-    ];
+    let mut resources = vec![whole(b.qkv), whole(b.pool.k), whole(b.pool.v), whole(b.pool.block_table), whole(&params_buf), whole(b.dst)];
     resources.extend(b.extra.iter().map(|buffer| whole(buffer)));
     Kernel::new(ctx, name, pipeline.clone(), &resources, [1, 1, 1], None).owning(params_buf)
 }

@@ -21,14 +21,14 @@
 use std::ops::Range;
 
 use super::{
-    check_fresh, check_plan, check_pool, check_rows, class_plan, main_kernel, main_pipeline, max_chunk, owns_kv_heads, records_bytes,
-    reduce_pipeline, shares_loads, slices, workgroups, KernelMode, MainBindings, MainParams, LANES, MAX_CHUNK,
+    check_fresh, check_plan, check_pool, check_rows, class_plan, main_kernel, main_pipeline, max_chunk, owns_kv_heads, records_bytes, reduce_pipeline,
+    shares_loads, slices, workgroups, KernelMode, MainBindings, MainParams, LANES, MAX_CHUNK,
 };
 use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
 use crate::gpu::ops::rope::turn_table;
-use crate::model::RopePairing;
 use crate::gpu::ops::{check_binding, check_size, whole};
 use crate::gpu::{shape_err, Context, GpuError, Kernel};
+use crate::model::RopePairing;
 
 const OP: &str = "attention";
 /// Split-K kernels are [one dispatch (workgroup splits), splits, reduce].
@@ -155,13 +155,7 @@ impl Attention {
     /// Contract: all rows of one dispatch belong to ONE sequence (one table_base).
     /// Positions must stay below the `kv_len` of the last [`Attention::set_kv_len`] (initially
     /// max_len).
-    pub fn new(
-        ctx: &Context,
-        buffers: &AttentionBuffers<'_>,
-        pool: PoolShape,
-        n_tokens: u32,
-        plan: Option<AttentionPlan>,
-    ) -> Result<Attention, GpuError> {
+    pub fn new(ctx: &Context, buffers: &AttentionBuffers<'_>, pool: PoolShape, n_tokens: u32, plan: Option<AttentionPlan>) -> Result<Attention, GpuError> {
         Attention::build(ctx, buffers, pool, n_tokens, plan, None)
     }
 
@@ -272,8 +266,7 @@ impl Attention {
         match self.plan.path {
             AttentionPath::SplitK => {
                 let items = self.items_per_split as u64 * chunks as u64;
-                self.kernels[SPLITS_KERNEL].workgroups =
-                    workgroups(self.max_workgroups_per_dim, self.plan.workgroup_size, items);
+                self.kernels[SPLITS_KERNEL].workgroups = workgroups(self.max_workgroups_per_dim, self.plan.workgroup_size, items);
                 self.active = if kv_len <= self.plan.one_dispatch_max_keys { 0..1 } else { SPLITS_KERNEL..3 };
             }
             AttentionPath::Passes => self.active = 0..chunks as usize,
@@ -363,12 +356,7 @@ impl Built<'_> {
         let splits_pipeline = main_pipeline(ctx, ("attention", pool), KernelMode::Splits, plan.chunk, variant, None)?;
         let splits = self.main(ctx, ("attention.splits", &splits_pipeline), (self.params, &[], wg), self.scratch);
         let rows = self.params.rows * pool.n_heads;
-        let reduce_params = ReduceParams {
-            n_rows: rows,
-            n_heads: pool.n_heads,
-            max_len: pool.max_len,
-            max_splits: self.params.max_splits,
-        };
+        let reduce_params = ReduceParams { n_rows: rows, n_heads: pool.n_heads, max_len: pool.max_len, max_splits: self.params.max_splits };
         let reduce_buf = ctx.params_init("attention.reduce.params", bytemuck::bytes_of(&reduce_params));
         let max = ctx.limits.max_compute_workgroups_per_dimension.max(1);
         let reduce = Kernel::new(

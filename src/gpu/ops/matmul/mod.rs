@@ -40,11 +40,11 @@ pub(crate) mod layout;
 #[cfg(feature = "testing")]
 mod reference;
 
-use crate::model::Activation;
 use super::{check_binding, check_size, whole};
 use crate::gguf::GgmlType;
 use crate::gpu::kernel::split_workgroups;
 use crate::gpu::{shape_err, AdapterClass, Context, GpuError, Kernel};
+use crate::model::Activation;
 use crate::quant::QK;
 use layout::Layout;
 #[cfg(feature = "testing")]
@@ -542,14 +542,7 @@ pub fn matmul_into(ctx: &Context, w: &QuantMatrix, (x, y): (&wgpu::Buffer, &wgpu
 }
 
 /// [`matmul`] with an explicit kernel variant.
-pub fn matmul_with(
-    ctx: &Context,
-    w: &QuantMatrix,
-    x: &wgpu::Buffer,
-    y: &wgpu::Buffer,
-    n_rows: u32,
-    config: MatmulConfig,
-) -> Result<Vec<Kernel>, GpuError> {
+pub fn matmul_with(ctx: &Context, w: &QuantMatrix, x: &wgpu::Buffer, y: &wgpu::Buffer, n_rows: u32, config: MatmulConfig) -> Result<Vec<Kernel>, GpuError> {
     matmul_configured(ctx, w, (x, y), n_rows, config, Epilogue::Store)
 }
 

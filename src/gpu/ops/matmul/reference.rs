@@ -32,10 +32,7 @@ pub fn int8_error_bound(kind: GgmlType, raw: &[u8], rows: u32, cols: u32, x: &[f
     }
     let mut out = Vec::with_capacity(n_rows as usize * rows);
     for xa in x.chunks_exact(cols) {
-        let half_steps: Vec<f64> = xa
-            .chunks_exact(QK)
-            .map(|block| block.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0 / 2.0)
-            .collect();
+        let half_steps: Vec<f64> = xa.chunks_exact(QK).map(|block| block.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0 / 2.0).collect();
         for wn in scaled.chunks_exact(cols) {
             out.push(wn.iter().enumerate().map(|(k, v)| v.abs() as f64 * half_steps[k / QK]).sum());
         }
