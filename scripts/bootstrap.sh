@@ -30,6 +30,14 @@ if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknow
   rustup target add wasm32-unknown-unknown >/dev/null 2>&1
 fi
 
+# 2b. rustfmt and clippy (npm test checks formatting and lints).
+for component in rustfmt clippy; do
+  if ! rustup component list --installed 2>/dev/null | grep -q "^$component"; then
+    say "rustup component add $component"
+    rustup component add "$component" >/dev/null 2>&1
+  fi
+done
+
 # 3. wasm-pack (its own lockfile works here).
 if ! command -v wasm-pack >/dev/null; then
   say "cargo install --locked wasm-pack (a few minutes)"

@@ -38,6 +38,19 @@ server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 export PAGEDLM_MODEL_URL="http://127.0.0.1:$port/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
+# Formatting and lints first (a minute or two): rustfmt with the house's rustfmt.toml, clippy with
+# every warning an error, natively over every target and for the wasm library.
+phase "formatting and lints [lint]"
+lint_rc=0
+if ! cargo fmt --check >/dev/null 2>&1; then
+  echo "[lint] cargo fmt --check: these files are not formatted (run cargo fmt):"
+  cargo fmt --check -l 2>/dev/null | sed 's/^/[lint]   /'
+  lint_rc=1
+fi
+( set -o pipefail; cargo clippy --quiet --all-targets -- -D warnings 2>&1 | sed -u 's/^/[lint] /' ) || lint_rc=1
+( set -o pipefail; cargo clippy --quiet --lib --target wasm32-unknown-unknown -- -D warnings 2>&1 | sed -u 's/^/[lint] /' ) || lint_rc=1
+phase "formatting and lints done (exit $lint_rc)"
+
 vulkan=$(command -v vulkaninfo >/dev/null && vulkaninfo --summary 2>/dev/null | awk -F= '/deviceName/{print $2; exit}' || echo lavapipe)
 phase "native tests (Vulkan:${vulkan:- lavapipe}) [native]"
 native_rc=0
@@ -82,8 +95,8 @@ phase "other browser tests done (exit $rest_rc)"
 first_rc=0
 wait $first || first_rc=$?
 phase "heavy browser tests and end-to-end done (exit $first_rc: 1 browser, 2 end-to-end)"
-if [ $native_rc -ne 0 ] || [ $build_rc -ne 0 ] || [ $first_rc -ne 0 ] || [ $rest_rc -ne 0 ]; then
-  echo "test: native tests exited $native_rc, builds $build_rc, heavy browser tests and end-to-end $first_rc, other browser tests $rest_rc" >&2
+if [ $lint_rc -ne 0 ] || [ $native_rc -ne 0 ] || [ $build_rc -ne 0 ] || [ $first_rc -ne 0 ] || [ $rest_rc -ne 0 ]; then
+  echo "test: lints exited $lint_rc, native tests $native_rc, builds $build_rc, heavy browser tests and end-to-end $first_rc, other browser tests $rest_rc" >&2
   exit 1
 fi
 phase "all tests passed"

@@ -1,6 +1,10 @@
 //! pagedlm: a small decoder-only LLM runtime on WebGPU (natively on Vulkan) or the CPU, built
 //! around a paged, prefix-sharing KV cache.
 
+// wgpu's handles are `Send + Sync` natively and not in the browser, which has one thread: the
+// same `Arc`s serve both.
+#![cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
+
 pub mod backend;
 pub mod constraint;
 pub mod cpu;

@@ -168,7 +168,7 @@ fn memory_for_sixteen_sequences_paged_vs_contiguous() {
                 s.internal_fragmentation
             );
         }
-        let per_token = (smollm2_layers * 3 * 64 * 2 * 4) as u64;
+        let per_token: u64 = smollm2_layers * 3 * 64 * 2 * 4;
         assert_eq!(held[0], 16 * 2000 * per_token, "contiguous reserves the maximum length for each sequence");
         assert!(held[1] < held[0], "paged holds less than contiguous reserves");
         assert!(held[1] <= (live + 16 * 15) * per_token, "paged wastes at most one partial block per sequence");

@@ -280,10 +280,10 @@ async fn decode_after(
     kv.truncate(seq, prefix as u32).unwrap();
     let base = kv.table_base(seq);
     let mut rows = Vec::new();
-    for t in prefix..prefix + steps {
+    for (t, &token) in ids.iter().enumerate().skip(prefix).take(steps) {
         let pos = kv.append(seq, 1).unwrap();
         assert_eq!(pos as usize, t);
-        let row = pagedlm::model::StepRow { token: ids[t], position: t as u32, table_base: base, slot: seq.0 };
+        let row = pagedlm::model::StepRow { token, position: t as u32, table_base: base, slot: seq.0 };
         let mut out = decode.run(ctx, &[row], &[0], pagedlm::model::Logits::Full).await.unwrap();
         rows.push(out.remove(0).1.unwrap());
     }

@@ -215,10 +215,7 @@ fn attention(
         n_kv_heads: pool.n_kv_heads as usize,
         block_size: pool.block_size as usize,
         head_dim: pool.head_dim as usize,
-        int8_scales_at: match pool.int8_layout() {
-            Some(layout) => Some(Int8Layout::data_words(&layout) as usize),
-            None => None,
-        },
+        int8_scales_at: pool.int8_layout().map(|layout| Int8Layout::data_words(&layout) as usize),
     };
     let (hd, nkv, bs) = (view.head_dim, view.n_kv_heads, view.block_size);
     let tables: Vec<&[u32]> = rows.iter().map(|r| if local { kv.local_blocks(r.seq) } else { kv.blocks(r.seq) }).collect::<Result<_, _>>()?;

@@ -61,7 +61,7 @@ impl CpuBackend {
     /// sampled with each row's parameters and penalty ring (and masked), as the GPU's sampler
     /// does.
     fn choose(&mut self, mut logits: Vec<f32>, m: usize, choose: Choose<'_>) -> Result<Vec<u32>, EngineError> {
-        let vocab = if m == 0 { 0 } else { logits.len() / m };
+        let vocab = logits.len().checked_div(m).unwrap_or(0);
         let (params, masks) = match choose {
             Choose::Argmax => return Ok(logits.chunks(vocab.max(1)).take(m).map(crate::sampler::argmax).collect()),
             Choose::Sample(params, masks) => (params, masks),
@@ -147,7 +147,7 @@ impl Backend for CpuBackend {
     fn submit_choice(&mut self, _: &KvCache, (rows, logit_rows): StepRows<'_>, (read, choose): Choice<'_>) -> Result<Pending, EngineError> {
         let logits = self.logits.take().ok_or_else(|| ModelError::Format("no step's forward pass waits for its choice".into()))?;
         let m = logit_rows.len();
-        let vocab = if m == 0 { 0 } else { logits.len() / m };
+        let vocab = logits.len().checked_div(m).unwrap_or(0);
         let kept = (read == Logits::Full).then(|| logits.clone());
         let tokens = self.choose(logits, m, choose)?;
         for (&r, &t) in logit_rows.iter().zip(&tokens) {

@@ -140,7 +140,7 @@ impl KvPool {
     /// The most blocks of `dtype` one layer's buffer can hold on this device: about 3.8× more
     /// INT8 blocks than f32 ones for head_dim 64.
     pub fn max_blocks_for(ctx: &Context, shape: &KvShape, dtype: KvDtype, block_size: u32) -> u64 {
-        let limit = (ctx.limits.max_storage_buffer_binding_size as u64).min(ctx.limits.max_buffer_size);
+        let limit = ctx.limits.max_storage_buffer_binding_size.min(ctx.limits.max_buffer_size);
         let mut blocks = limit / Self::block_bytes_per_layer(shape, dtype, block_size).max(1);
         // INT8 pads its buffer to 16 bytes: at most one block fewer.
         let fits = |b: u64| b <= u32::MAX as u64 && Self::layer_buffer_bytes(shape, dtype, block_size, b as u32) <= limit;

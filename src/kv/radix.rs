@@ -196,7 +196,7 @@ impl RadixTree {
                     best = Some((c, lcp));
                     break;
                 }
-                if lcp > 0 && best.map_or(true, |(_, l)| lcp > l) {
+                if lcp > 0 && best.is_none_or(|(_, l)| lcp > l) {
                     best = Some((c, lcp));
                 }
             }
@@ -312,7 +312,7 @@ impl RadixTree {
         if blocks.len() != tokens.len().div_ceil(bs) {
             return Err(KvError::Internal(format!("{} tokens need {} blocks, {} given", tokens.len(), tokens.len().div_ceil(bs), blocks.len())));
         }
-        if self.window.is_some() != !local.is_empty() || (!local.is_empty() && local.len() != blocks.len()) {
+        if self.window.is_some() == local.is_empty() || (!local.is_empty() && local.len() != blocks.len()) {
             return Err(KvError::Internal(format!(
                 "{} local blocks for {} blocks in a tree {} a window",
                 local.len(),

@@ -181,7 +181,7 @@ pub async fn export(ctx: Option<&Context>, layers: &[LayerBlocks<'_>], key: &Cac
                 }
             }
         }
-        return Ok(serialize(pool, (key, shape), tokens, n_blocks, &data)?);
+        return serialize(pool, (key, shape), tokens, n_blocks, &data);
     };
     if total > 0 {
         // Stage in pieces no larger than the device allows for one buffer.

@@ -97,6 +97,8 @@ pub(super) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [_mm256_setzero_ps(); 4];
     let mut i = 0;
     while i + 32 <= len {
+        // Four independent accumulators, indexed by lane group.
+        #[allow(clippy::needless_range_loop)]
         for k in 0..4 {
             acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8 * k)), _mm256_loadu_ps(pb.add(i + 8 * k)), acc[k]);
         }

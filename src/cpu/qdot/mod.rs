@@ -351,8 +351,8 @@ impl Int8Rows {
             r.d[i] = d;
             let halves = [0, 1].map(|h| q[16 * h..16 * h + 16].iter().map(|&c| c as i32).sum::<i32>());
             r.sum[i] = d * (halves[0] + halves[1]) as f32;
-            for h in 0..2 {
-                r.dsum16[2 * i + h] = d * halves[h] as f32;
+            for (h, half) in halves.into_iter().enumerate() {
+                r.dsum16[2 * i + h] = d * half as f32;
             }
         }
         Some(r)
@@ -645,6 +645,8 @@ fn dot_i8_portable(u: &Unpacked, x: Int8Row<'_>) -> f32 {
     for (b, (w, q)) in u.q.chunks_exact(ACT_BLOCK).zip(x.qs.chunks_exact(ACT_BLOCK)).enumerate() {
         let (w, q): (&[i8; 32], &[i8; 32]) = (arr(w), arr(q));
         let mut s = [0i32; 2];
+        // Indexed, as the SIMD twins are: LLVM vectorizes the fixed 16-value runs.
+        #[allow(clippy::needless_range_loop)]
         for h in 0..2 {
             for j in 16 * h..16 * h + 16 {
                 s[h] += i32::from(w[j]) * i32::from(q[j]);

@@ -203,7 +203,7 @@ impl KvCache {
         if let Some(rule) = self.local.as_ref().map(|g| g.rule) {
             let first = rule.first_needed_block(n).min(n_blocks);
             match self.take_local(n_blocks - first) {
-                Ok(kept) => local = std::iter::repeat(NO_BLOCK).take(first as usize).chain(kept).collect(),
+                Ok(kept) => local = std::iter::repeat_n(NO_BLOCK, first as usize).chain(kept).collect(),
                 Err(e) => {
                     self.release(&blocks, &[])?;
                     return Err(e);

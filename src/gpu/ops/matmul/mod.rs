@@ -200,7 +200,7 @@ impl QuantMatrix {
 
 /// The most bytes one part may hold on this device: one binding, one buffer.
 pub fn max_part_bytes(ctx: &Context) -> u64 {
-    (ctx.limits.max_storage_buffer_binding_size as u64).min(ctx.limits.max_buffer_size)
+    ctx.limits.max_storage_buffer_binding_size.min(ctx.limits.max_buffer_size)
 }
 
 /// Checked GGUF rows of one type, to upload as matrix rows row0.. .
