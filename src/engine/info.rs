@@ -110,7 +110,7 @@ impl Engine {
     pub fn largest_steps_bytes(&self) -> Result<u64, EngineError> {
         let shape = kv_shape(self.config());
         let cache = cache_config(self.backend.device(), self.config(), &self.options);
-        self.backend.largest_steps_bytes(&shape, &cache, largest_steps(&self.options))
+        self.backend.largest_steps_bytes(&shape, &cache, largest_steps(&self.options.sched, self.options.prefill_chunk))
     }
 
     /// Bytes the engine holds now, on the GPU or (CPU backend) in memory (see [`MemoryUse`]).

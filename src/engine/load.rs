@@ -10,7 +10,7 @@ use crate::gguf::Gguf;
 use crate::gpu::{Context, GpuError};
 use crate::kv::{CacheConfig, KvCache, KvLayout, KvPool, KvShape};
 use crate::model::{ModelConfig, ModelError};
-use crate::sched::Scheduler;
+use crate::sched::{SchedConfig, Scheduler};
 use crate::tokenizer::{Tokenizer, TokenizerSpec};
 use crate::webgpu::{self, GpuBackend, Model};
 
@@ -75,7 +75,7 @@ impl Engine {
             // The weights first: a file that cannot fit is refused before the graphs are built.
             let weights = model.weights.bytes();
             weights_fit(cap, weights)?;
-            let graphs = webgpu::largest_steps_bytes(&ctx, &model, (&shape, &cache), largest_steps(&options))?;
+            let graphs = webgpu::largest_steps_bytes(&ctx, &model, (&shape, &cache), largest_steps(&options.sched, options.prefill_chunk))?;
             fit_pool(cap, (weights, graphs), kv_bytes_per_token(&shape, &cache)?, options.pool_tokens != 0, &mut cache)?;
         }
         let kv = KvCache::new(&ctx, &shape, cache)?;
@@ -129,10 +129,11 @@ pub fn kv_shape(config: &ModelConfig) -> KvShape {
     }
 }
 
-/// The largest steps of a generation under `options`: a prefill chunk (of the scheduler's or
-/// the one-sequence path's rows, whichever is larger) and a full batch step.
-pub(super) fn largest_steps(options: &EngineOptions) -> LargestSteps {
-    LargestSteps { chunk_rows: options.prefill_chunk.max(options.sched.step_tokens), step_rows: options.sched.step_tokens, batch: options.sched.max_batch }
+/// The largest steps of a generation under the scheduler's `sched` and the one-sequence path's
+/// `prefill_chunk`: a prefill chunk (of the one or the other's rows, whichever is larger) and a
+/// full batch step.
+pub(super) fn largest_steps(sched: &SchedConfig, prefill_chunk: u32) -> LargestSteps {
+    LargestSteps { chunk_rows: prefill_chunk.max(sched.step_tokens), step_rows: sched.step_tokens, batch: sched.max_batch }
 }
 
 /// Bytes of K/V one token takes in a pool of `cache`'s dtype for `shape` (every layer, the
