@@ -9,7 +9,7 @@
 //! to its end: there is one token loop.
 //!
 //! In steady decoding the loop keeps the backend ahead of the engine: before a step's tokens
-//! are read, the next decode step is planned ([`crate::sched::Scheduler::plan_ahead`]) and
+//! are read, the next decode step is planned (`Scheduler::plan_ahead`) and
 //! submitted, its input tokens handed over on the backend ([`StepRow::FED`](crate::model::StepRow::FED)); end of
 //! generation, stop strings and token limits are found in the tokens read behind it, and the row
 //! planned past an end is undone through the KV cache, so nothing a caller sees or the cache

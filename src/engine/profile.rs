@@ -30,7 +30,7 @@ impl Engine {
     /// Profiles one prefill of `prompt_tokens` tokens and one steady-state decode step after it
     /// (see [`crate::profile`]), through the engine's own paths: a first prefill on a scratch
     /// sequence (graphs built, pipelines compiled); decode steps of a request run by the engine's
-    /// own loop, steps planned ahead as in any generation (see [`Engine::profile_decode`]); then
+    /// own loop, steps planned ahead as in any generation (see `Engine::profile_decode`); then
     /// a second prefill, measured, and a third, timed per kernel. Per-kernel times come from GPU timestamps when the device has
     /// them and `timestamps` is true, else from each kernel run alone on the host clock.
     /// Needs an idle engine and a context of `prompt_tokens + PROFILE_EXTRA_TOKENS`.

@@ -35,9 +35,9 @@ pub enum Architecture {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RopePairing {
-    /// (x[2i], x[2i+1]): llama's GGUF files.
+    /// `(x[2i], x[2i+1])`: llama's GGUF files.
     Norm,
-    /// (x[i], x[i + head_dim/2]): Gemma's (and GPT-NeoX's).
+    /// `(x[i], x[i + head_dim/2])`: Gemma's (and GPT-NeoX's).
     Neox,
 }
 
@@ -182,16 +182,16 @@ impl Description {
 /// What a tensor is for: the key the loaders and the backends find it by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Role {
-    /// [hidden, vocab]: the embedding table, and the output projection when the file has none.
+    /// `[hidden, vocab]`: the embedding table, and the output projection when the file has none.
     TokenEmbd,
-    /// [hidden, vocab], absent when tied to the embedding.
+    /// `[hidden, vocab]`, absent when tied to the embedding.
     Output,
     OutputNorm,
     AttnNorm,
     AttnQ,
     AttnK,
     AttnV,
-    /// [head_dim]: the per-head norm of q.
+    /// `[head_dim]`: the per-head norm of q.
     AttnQNorm,
     AttnKNorm,
     AttnOutput,

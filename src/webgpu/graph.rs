@@ -1,7 +1,7 @@
 //! The forward pass as a graph of kernels, built once per step shape and recorded into one
 //! submission per step, whether the step holds one sequence's rows or a batch of sequences.
 //! The model's layer plan ([`crate::model::Plan`]: llama's, Gemma 3's) chooses the nodes
-//! ([`super::plan`]); one graph serves every architecture.
+//! (`plan.rs`); one graph serves every architecture.
 //!
 //! `x = embed(ids) · embedding_scale`, then each layer's ops (for llama and Gemma 3: pre-norm
 //! residual blocks; the bracketed ops only where the plan has them):
@@ -20,7 +20,7 @@
 //! read back between layers: a step ends with the argmax (and, when asked, the logits) copied
 //! into one staging buffer.
 //!
-//! Consecutive ops are fused where the arithmetic allows it unchanged ([`super::plan`] says
+//! Consecutive ops are fused where the arithmetic allows it unchanged (`plan.rs` says
 //! which). A llama layer is 6 dispatches (qkv, qkv_heads, attention (+ its reduce on long
 //! contexts), wo, gate/up, down), and 5 in a decode step whose attention can rope and write the
 //! heads itself (where one workgroup owns each KV head of a row and each sequence has one row:

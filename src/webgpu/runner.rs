@@ -190,7 +190,7 @@ impl Runner {
         self.graphs.budget_bytes() + self.feed.size() + self.history.size()
     }
 
-    /// Keeps the graphs within `budget` from now on (see [`Graphs::get`]).
+    /// Keeps the graphs within `budget` from now on (see `Graphs::get`).
     pub fn set_budget(&mut self, budget: GraphBudget) {
         self.graphs.budget = Some(budget);
     }

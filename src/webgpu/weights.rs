@@ -44,11 +44,11 @@ fn missing(what: String) -> EngineError {
 }
 
 pub struct Weights {
-    /// [vocab, hidden]: the embedding table, and the output projection when the file has none.
+    /// `[vocab, hidden]`: the embedding table, and the output projection when the file has none.
     pub token_embd: QuantMatrix,
-    /// [vocab, hidden] when the model has an untied output projection.
+    /// `[vocab, hidden]` when the model has an untied output projection.
     pub output: Option<QuantMatrix>,
-    /// [hidden] f32
+    /// `[hidden]` f32
     pub output_norm: wgpu::Buffer,
     pub layers: Vec<LayerWeights>,
 }
