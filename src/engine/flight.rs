@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 
 use crate::backend::{Backend, Pending};
-use crate::error::EngineError;
+use crate::error::{EngineError, ErrorKind};
 use crate::kv::KvCache;
 use crate::model::{Choose, Logits, StepRow};
 use crate::request::Event;
@@ -82,6 +82,11 @@ impl Flight {
     /// flight ([`Plan::awaits_masks`]) has only its forward pass submitted: it stays open for
     /// [`Flight::choose_open`].
     pub fn launch(&mut self, (backend, kv, sched): Parts<'_>, plan: Plan, events: &mut Vec<Event>) -> Result<(), EngineError> {
+        if self.open.is_some() {
+            // The open step's logits are the backend's until its tokens are chosen.
+            let message = "a step was launched while another waits for its choice".into();
+            return Err(EngineError::Step { kind: ErrorKind::Internal, message });
+        }
         let rows: Vec<StepRow> = plan
             .rows()
             .iter()
