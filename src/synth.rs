@@ -223,11 +223,52 @@ pub struct SynthConfig {
     /// Some: a `gemma3` file (QK norm, post-norms, GELU, embedding scale, NEOX RoPE, local layers
     /// l % 6 != 5 with this window); None: a llama file.
     pub gemma: Option<SynthGemma>,
+    /// Another architecture (`gemma` must then be `None`).
+    pub family: Option<SynthFamily>,
     /// `general.name`; None: "pagedlm synthetic {architecture}".
     pub name: Option<String>,
 }
 
 /// What a synthetic `gemma3` file adds to the shape.
+/// A synthetic model of another architecture than llama and gemma3 (or a llama carrying Llama
+/// 3.x's RoPE factors): what its file says beyond the common keys.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SynthFamily {
+    pub arch: Architecture,
+    /// `attention.key_length` (and `value_length`): may differ from hidden / n_heads.
+    pub head_dim: usize,
+    /// `rope.dimension_count`: fewer than `head_dim` for partial rotary.
+    pub rope_dims: usize,
+    /// `attention.sliding_window` where the architecture has the key (0: not written).
+    pub window: usize,
+    /// An output projection of its own (else tied to the embedding).
+    pub untied: bool,
+    /// The architecture's RoPE factor tensors (llama's `rope_freqs`, phi3's short and long).
+    pub rope_factors: bool,
+    /// phi3's `rope.scaling.original_context_length` and `rope.scaling.attn_factor`.
+    pub original_context: usize,
+    pub attn_factor: f32,
+    /// gemma2's attention-logit and final-logit soft-caps.
+    pub softcaps: (f32, f32),
+}
+
+impl SynthFamily {
+    /// A model of `arch` with heads of `head_dim`, every dimension rotated, tied, no extras.
+    pub fn new(arch: Architecture, head_dim: usize) -> SynthFamily {
+        SynthFamily {
+            arch,
+            head_dim,
+            rope_dims: head_dim,
+            window: 0,
+            untied: false,
+            rope_factors: false,
+            original_context: 0,
+            attn_factor: 1.0,
+            softcaps: (0.0, 0.0),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SynthGemma {
     /// `gemma3.attention.sliding_window`.
@@ -269,6 +310,7 @@ impl SynthConfig {
             seed: 0x5eed,
             types: SynthTypes::default(),
             gemma: None,
+            family: None,
             name: None,
         }
     }
@@ -276,6 +318,9 @@ impl SynthConfig {
     pub fn head_dim(&self) -> usize {
         if let Some(g) = self.gemma {
             return g.head_dim;
+        }
+        if let Some(f) = self.family {
+            return f.head_dim;
         }
         self.hidden.checked_div(self.n_heads).unwrap_or(0)
     }
@@ -302,7 +347,10 @@ impl SynthConfig {
                 Some(_) => {}
             }
         }
-        if (self.gemma.is_none() && self.hidden % self.n_heads != 0) || self.head_dim() % 2 != 0 {
+        if self.gemma.is_some() && self.family.is_some() {
+            return bad("gemma and family are exclusive".into());
+        }
+        if (self.gemma.is_none() && self.family.is_none() && self.hidden % self.n_heads != 0) || self.head_dim() % 2 != 0 {
             return bad(format!("hidden {} must split into {} heads of even size (RoPE pairs)", self.hidden, self.n_heads));
         }
         if self.n_heads % self.n_kv_heads != 0 {
@@ -349,8 +397,14 @@ pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
 
     let linear = cfg.types.linear;
     let mut w = GgufWriter::new();
+    let architecture = match (cfg.gemma, cfg.family) {
+        (Some(_), _) => Architecture::Gemma3,
+        (None, Some(f)) => f.arch,
+        (None, None) => Architecture::Llama,
+    };
+    let description = architecture.description();
+    let arch = description.name;
     let (tokens, merges, token_types) = synth_vocab(cfg.vocab);
-    let arch = if cfg.gemma.is_some() { "gemma3" } else { "llama" };
     let a = |k: &str| format!("{arch}.{k}");
     let arch_meta = [
         (a("block_count"), u32_meta(cfg.n_layers)),
@@ -362,7 +416,7 @@ pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
         (a("rope.freq_base"), MetaValue::F32(cfg.rope_base)),
         (a("attention.layer_norm_rms_epsilon"), MetaValue::F32(cfg.eps)),
         (a("vocab_size"), u32_meta(cfg.vocab)),
-        (a("rope.dimension_count"), u32_meta(hd)),
+        (a("rope.dimension_count"), u32_meta(cfg.family.map_or(hd, |f| f.rope_dims))),
     ];
     for (key, value) in arch_meta {
         w.add_meta(key, value)?;
@@ -371,6 +425,22 @@ pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
         w.add_meta(a("attention.key_length"), u32_meta(g.head_dim))?;
         w.add_meta(a("attention.value_length"), u32_meta(g.head_dim))?;
         w.add_meta(a("attention.sliding_window"), u32_meta(g.window))?;
+    }
+    if let Some(f) = cfg.family {
+        w.add_meta(a("attention.key_length"), u32_meta(f.head_dim))?;
+        w.add_meta(a("attention.value_length"), u32_meta(f.head_dim))?;
+        let knows = |k: &str| description.keys.contains(&k);
+        if f.window > 0 && knows("attention.sliding_window") {
+            w.add_meta(a("attention.sliding_window"), u32_meta(f.window))?;
+        }
+        if knows("rope.scaling.original_context_length") {
+            w.add_meta(a("rope.scaling.original_context_length"), u32_meta(f.original_context))?;
+            w.add_meta(a("rope.scaling.attn_factor"), MetaValue::F32(f.attn_factor))?;
+        }
+        if knows("attn_logit_softcapping") {
+            w.add_meta(a("attn_logit_softcapping"), MetaValue::F32(f.softcaps.0))?;
+            w.add_meta(a("final_logit_softcapping"), MetaValue::F32(f.softcaps.1))?;
+        }
     }
     let meta = [
         ("general.architecture", MetaValue::String(arch.into())),
@@ -400,7 +470,6 @@ pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
     // Every tensor the architecture's table lists but an optional one (the output projection:
     // tied), in the table's order. Matrices [ne0 = fan_in, ne1 = fan_out] are random normal
     // scaled by gain / sqrt(fan_in); norms are 1 ± 0.1.
-    let description = if cfg.gemma.is_some() { Architecture::Gemma3 } else { Architecture::Llama }.description();
     let dims = Dims {
         n_layers: cfg.n_layers as u32,
         hidden: cfg.hidden as u32,
@@ -409,20 +478,39 @@ pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
         n_kv_heads: cfg.n_kv_heads as u32,
         head_dim: hd as u32,
         vocab: cfg.vocab as u32,
+        rope_dims: cfg.family.map_or(hd, |f| f.rope_dims) as u32,
     };
-    for t in description.tensors(&dims).tensors.into_iter().filter(|t| !t.optional) {
+    let family = cfg.family.unwrap_or(SynthFamily::new(architecture, hd));
+    let written = |t: &crate::model::TensorSpec| match t.role {
+        _ if !t.optional => true,
+        Role::Output => family.untied,
+        _ => family.rope_factors,
+    };
+    for t in description.tensors(&dims).tensors.into_iter().filter(written) {
         let (ggml_type, values) = match t.shape {
-            Shape::Vector(len) => (GgmlType::F32, (0..len).map(|_| 1.0 + 0.1 * rng.normal()).collect::<Vec<f32>>()),
+            Shape::Vector(len) => {
+                // Factors grow from 1 at the fastest pair (Llama 3's go up to 8); biases are
+                // centred; norms 1 ± 0.1.
+                let ramp = |i: u32, top: f32| 1.0 + top * (i as f32 / len as f32).powi(2);
+                let values = match t.role {
+                    Role::RopeFreqs => (0..len).map(|i| ramp(i, 7.0)).collect(),
+                    Role::RopeFactorsShort => (0..len).map(|i| ramp(i, 0.5)).collect(),
+                    Role::RopeFactorsLong => (0..len).map(|i| ramp(i, 4.0)).collect(),
+                    Role::AttnQBias | Role::AttnKBias | Role::AttnVBias => (0..len).map(|_| 0.5 * rng.normal()).collect(),
+                    _ => (0..len).map(|_| 1.0 + 0.1 * rng.normal()).collect::<Vec<f32>>(),
+                };
+                (GgmlType::F32, values)
+            }
             Shape::Matrix { cols, rows } => {
                 // Tied output: logits = h·E with |h| ≈ sqrt(hidden), so gain 2 gives logits of
                 // std ≈ 2; the projections into the residual stream are damped.
                 let gain = match t.role {
-                    Role::TokenEmbd => 2.0,
+                    Role::TokenEmbd | Role::Output => 2.0,
                     Role::FfnDown | Role::AttnOutput => 0.5,
                     _ => 1.0,
                 };
                 let std = gain / (cols as f32).sqrt();
-                let ty = if t.role == Role::TokenEmbd { cfg.types.embedding } else { linear };
+                let ty = if matches!(t.role, Role::TokenEmbd | Role::Output) { cfg.types.embedding } else { linear };
                 (ty, (0..cols as u64 * rows as u64).map(|_| rng.normal() * std).collect())
             }
         };
@@ -440,4 +528,43 @@ fn encode(t: GgmlType, values: &[f32]) -> Result<Vec<u8>, GgufError> {
 /// (its [`WeightType`] row; a validated config names a supported type).
 fn llama_file_type(t: GgmlType) -> u32 {
     WeightType::of(t).map_or(0, |row| row.llama_file_type)
+}
+
+/// The names of [`family_model`]'s models.
+pub const FAMILY_MODELS: [&str; 6] = ["qwen2", "qwen3", "llama3", "phi3", "gemma2", "smollm3"];
+
+/// The synthetic model of each architecture beyond SmolLM2's llama and Gemma 3 that the tests
+/// hold against llama.cpp (`tests/data/families/`): 4 layers, F32 weights (llama.cpp then
+/// multiplies the activations themselves, so agreement is tight), each with its features at
+/// work: qwen2's biases and untied output, qwen3's q/k norms over heads wider than hidden /
+/// n_heads, Llama 3's RoPE factors, phi3's fused tensors, partial rotary and long factors
+/// (context 512 past an original 256) with its attention factor and an ignored window, gemma2's
+/// soft-caps and alternating window of 5, smollm3's NoPE layer 3.
+pub fn family_model(name: &str) -> Option<SynthConfig> {
+    let base = SynthConfig {
+        n_layers: 4,
+        vocab: SYNTH_BASE_VOCAB + SYNTH_MERGES.len(),
+        types: SynthTypes { embedding: GgmlType::F32, linear: GgmlType::F32 },
+        // Not "phi3": llama.cpp gives models so named Phi-3's token attributes, which this
+        // vocabulary lacks.
+        name: Some(format!("pagedlm synthetic {}", if name == "phi3" { "phi" } else { name })),
+        ..SynthConfig::tiny()
+    };
+    let family = match name {
+        "qwen2" => SynthFamily { untied: true, ..SynthFamily::new(Architecture::Qwen2, 16) },
+        "qwen3" => SynthFamily::new(Architecture::Qwen3, 32),
+        "llama3" => SynthFamily { rope_factors: true, ..SynthFamily::new(Architecture::Llama, 16) },
+        "phi3" => SynthFamily {
+            rope_dims: 12,
+            window: 2047,
+            rope_factors: true,
+            original_context: 256,
+            attn_factor: 1.19,
+            ..SynthFamily::new(Architecture::Phi3, 16)
+        },
+        "gemma2" => SynthFamily { window: 5, softcaps: (3.0, 8.0), ..SynthFamily::new(Architecture::Gemma2, 32) },
+        "smollm3" => SynthFamily::new(Architecture::Smollm3, 16),
+        _ => return None,
+    };
+    Some(SynthConfig { family: Some(family), rope_base: 10_000.0, eps: 1e-6, ..base })
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use pagedlm::gguf::Gguf;
 use pagedlm::model::arch::{Shape, DESCRIPTIONS};
 use pagedlm::model::{Architecture, ModelConfig, Op, Role};
-use pagedlm::synth::{tiny_llama_gguf, SynthConfig, SynthGemma};
+use pagedlm::synth::{family_model, tiny_llama_gguf, GgufWriter, SynthConfig, SynthGemma, FAMILY_MODELS};
 
 /// The file's tensors against `cfg`'s table: every table entry present with its dims (an optional
 /// one may be absent), and no tensor in the file the table lacks.
@@ -39,7 +39,8 @@ fn plan_names_table_tensors(what: &str, cfg: &ModelConfig) {
                 Op::Norm(role) | Op::Residual { post_norm: Some(role) } => roles.push(*role),
                 Op::HeadNorm { q, k } => roles.extend([*q, *k]),
                 Op::Matmul { weights, .. } => roles.extend(weights.iter().copied()),
-                Op::Rope(rope) => assert_eq!(rope.dims, cfg.head_dim, "{what}: layer {l} rotates every dimension"),
+                Op::Rope(rope) => assert_eq!(rope.dims, cfg.rope_dims, "{what}: layer {l} rotates the model's RoPE dimensions"),
+                Op::Bias { biases, .. } => roles.extend(biases.iter().copied()),
                 Op::Attention(attend) => assert_eq!(attend.window, cfg.layer_window(l), "{what}: layer {l}'s window"),
                 Op::Residual { post_norm: None } | Op::Glu(_) => {}
             }
@@ -58,7 +59,7 @@ fn every_architecture_has_one_description() {
         assert_eq!(d.architecture.description().name, d.name);
         assert_eq!(DESCRIPTIONS.iter().filter(|o| o.name == d.name || o.architecture == d.architecture).count(), 1, "{} once", d.name);
     }
-    assert_eq!(Architecture::names(), "llama and gemma3");
+    assert_eq!(Architecture::names(), "llama, gemma3, qwen2, qwen3, phi3, gemma2 and smollm3");
 }
 
 #[test]
@@ -87,6 +88,55 @@ fn the_tables_name_exactly_the_tensors_of_the_real_files() {
         plan_names_table_tensors(what, &config);
         let vectors = config.tensors().tensors.iter().filter(|t| matches!(t.shape, Shape::Vector(_))).count();
         assert!(vectors > 2 * config.n_layers as usize, "{what}: the norms are in the table");
+    }
+}
+
+#[test]
+fn the_tables_name_exactly_the_tensors_of_the_synthetic_family_files() {
+    for name in FAMILY_MODELS {
+        let bytes = tiny_llama_gguf(&family_model(name).unwrap());
+        let gguf = Gguf::parse(&bytes).unwrap();
+        let config = ModelConfig::from_gguf(&gguf).unwrap();
+        table_matches_file(name, &gguf, &config);
+        plan_names_table_tensors(name, &config);
+    }
+    // What each plan holds beyond llama's.
+    let plan = |name: &str| ModelConfig::from_gguf(&Gguf::parse(&tiny_llama_gguf(&family_model(name).unwrap())).unwrap()).unwrap();
+    assert!(plan("qwen2").plan().layers[0].iter().any(|op| matches!(op, Op::Bias { .. })));
+    let smollm3 = plan("smollm3").plan();
+    let ropes: Vec<bool> = smollm3.layers.iter().map(|ops| ops.iter().any(|op| matches!(op, Op::Rope(_)))).collect();
+    assert_eq!(ropes, [true, true, true, false], "smollm3: layer 3 has no RoPE");
+    let phi3 = plan("phi3");
+    assert_eq!((phi3.rope_dims, phi3.head_dim, phi3.rope_scale, phi3.sliding_window), (12, 16, 1.19, None));
+    let gemma2 = plan("gemma2");
+    assert_eq!((gemma2.attn_softcap, gemma2.final_softcap), (Some(3.0), Some(8.0)));
+    let windows: Vec<Option<u32>> = (0..4).map(|l| gemma2.layer_window(l)).collect();
+    assert_eq!(windows, [Some(5), None, Some(5), None], "gemma2: even layers local");
+    assert!(plan("llama3").rope_factors.is_some(), "llama3: rope_freqs read");
+}
+
+/// `bytes` with the tensor `name` ([len] F32) added.
+fn with_extra_tensor(bytes: &[u8], name: &str, len: u64) -> Vec<u8> {
+    let gguf = Gguf::parse(bytes).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in &gguf.metadata {
+        w.add_meta(k.clone(), v.clone()).unwrap();
+    }
+    for t in &gguf.tensors {
+        w.add_tensor(t.name.clone(), &t.dims, t.ggml_type, gguf.tensor_data(t).to_vec()).unwrap();
+    }
+    w.add_tensor(name, &[len], pagedlm::gguf::GgmlType::F32, vec![0; len as usize * 4]).unwrap();
+    w.to_bytes()
+}
+
+#[test]
+fn a_tensor_the_description_does_not_know_is_refused_by_name() {
+    // q biases in a llama file, rope factors in a qwen3 file: never ignored.
+    let llama = with_extra_tensor(&tiny_llama_gguf(&SynthConfig::tiny()), "blk.0.attn_q.bias", 64);
+    let qwen3 = with_extra_tensor(&tiny_llama_gguf(&family_model("qwen3").unwrap()), "rope_freqs.weight", 16);
+    for (bytes, name) in [(llama, "blk.0.attn_q.bias"), (qwen3, "rope_freqs.weight")] {
+        let err = ModelConfig::from_gguf(&Gguf::parse(&bytes).unwrap()).unwrap_err();
+        assert!(matches!(err, pagedlm::model::ModelError::Unsupported(_)) && err.to_string().contains(name), "{err}");
     }
 }
 

@@ -6,6 +6,7 @@
 
 use crate::error::EngineError;
 use crate::kv::{KvCache, SeqId};
+use crate::model::arch::Attend;
 use crate::model::{ModelConfig, ModelError, Op, Proj};
 use crate::quant::kv_int8::Int8Layout;
 
@@ -82,6 +83,9 @@ pub fn forward(model: &HostModel, kv: &KvCache, rows: &[HostRow], logit_rows: &[
     let out_w = model.output.as_ref().unwrap_or(&model.embd);
     let mut logits = vec![0f32; m * out_w.rows];
     matmul(out_w, (&last, int8_rows(model, &last, m).as_ref()), m, &mut logits);
+    if let Some(c) = plan.final_softcap {
+        kernels::softcap(&mut logits, c);
+    }
     Ok(logits)
 }
 
@@ -131,29 +135,54 @@ fn run_op(model: &HostModel, (kv, l, rows): (&KvCache, usize, &[HostRow]), op: &
                     (&a.gate, quantized.as_ref(), vec![&mut a.delta])
                 }
             };
-            if outputs.len() != weights.len() {
-                return Err(ModelError::Unsupported(format!("on the CPU backend, the {proj:?} projection over {weights:?}")).into());
-            }
-            for (&role, out) in weights.iter().zip(outputs) {
-                matmul(layer.matrix(role)?, (input, input_q), n, out);
+            match (outputs.len(), weights) {
+                (n_out, _) if n_out == weights.len() => {
+                    for (&role, out) in weights.iter().zip(outputs) {
+                        matmul(layer.matrix(role)?, (input, input_q), n, out);
+                    }
+                }
+                // One fused tensor: its rows stack the outputs', split row by row.
+                (_, &[role]) => {
+                    let w = layer.matrix(role)?;
+                    let mut fused = vec![0f32; n * w.rows];
+                    matmul(w, (input, input_q), n, &mut fused);
+                    let widths: Vec<usize> = outputs.iter().map(|o| o.len() / n).collect();
+                    if widths.iter().sum::<usize>() != w.rows {
+                        return Err(ModelError::Format(format!("{role:?} has {} rows, not the {widths:?} of the {proj:?} projection", w.rows)).into());
+                    }
+                    let mut outputs = outputs;
+                    for (r, row) in fused.chunks(w.rows).enumerate() {
+                        let mut at = 0;
+                        for (out, &width) in outputs.iter_mut().zip(&widths) {
+                            out[r * width..(r + 1) * width].copy_from_slice(&row[at..at + width]);
+                            at += width;
+                        }
+                    }
+                }
+                _ => return Err(ModelError::Unsupported(format!("on the CPU backend, the {proj:?} projection over {weights:?}")).into()),
             }
         }
+        Op::Bias { proj: Proj::Qkv, biases: &[qb, kb, vb] } => {
+            kernels::add_bias(&mut a.q, layer.vector(qb)?);
+            kernels::add_bias(&mut a.k, layer.vector(kb)?);
+            kernels::add_bias(&mut a.v, layer.vector(vb)?);
+        }
+        Op::Bias { proj, biases } => return Err(ModelError::Unsupported(format!("on the CPU backend, biases {biases:?} on the {proj:?} projection")).into()),
         Op::HeadNorm { q, k } => {
             kernels::rms_norm_pieces(&mut a.q, layer.vector(q)?, eps);
             kernels::rms_norm_pieces(&mut a.k, layer.vector(k)?, eps);
         }
         Op::Rope(rope) => {
             let hd = c.head_dim as usize;
-            if rope.dims != c.head_dim {
-                return Err(ModelError::Unsupported(format!("partial rotary embedding ({} of {hd} dimensions)", rope.dims)).into());
-            }
+            let factors =
+                if rope.factors { Some(c.rope_factors.as_deref().ok_or_else(|| ModelError::Format("RoPE factors the model lacks".into()))?) } else { None };
             let (q_width, kv_width) = (a.q.len() / n, a.k.len() / n);
             for (i, r) in rows.iter().enumerate() {
-                kernels::rope(&mut a.q[i * q_width..(i + 1) * q_width], hd, r.position, (rope.base, rope.pairing));
-                kernels::rope(&mut a.k[i * kv_width..(i + 1) * kv_width], hd, r.position, (rope.base, rope.pairing));
+                kernels::rope(&mut a.q[i * q_width..(i + 1) * q_width], hd, r.position, &rope, factors);
+                kernels::rope(&mut a.k[i * kv_width..(i + 1) * kv_width], hd, r.position, &rope, factors);
             }
         }
-        Op::Attention(attend) => attention(kv, l, (rows, &a.q, &a.k, &a.v), (c, attend.window), &mut a.att)?,
+        Op::Attention(attend) => attention(kv, l, (rows, &a.q, &a.k, &a.v), (c, attend), &mut a.att)?,
         Op::Residual { post_norm } => residual(&mut a.x, &mut a.delta, post_norm.map(|role| layer.vector(role)).transpose()?, eps),
         Op::Glu(activation) => {
             for (g, u) in a.gate.iter_mut().zip(&a.up) {
@@ -206,9 +235,10 @@ fn attention(
     kv: &KvCache,
     l: usize,
     (rows, q, k, v): (&[HostRow], &[f32], &[f32], &[f32]),
-    (c, window): (&ModelConfig, Option<u32>),
+    (c, attend): (&ModelConfig, Attend),
     out: &mut [f32],
 ) -> Result<(), EngineError> {
+    let window = attend.window;
     let (pool, buffer, local) = kv.layer_host(l);
     let host = pool.host.as_ref().ok_or_else(|| ModelError::Format("the KV pool is not in CPU memory".into()))?;
     let view = PoolView {
@@ -233,6 +263,6 @@ fn attention(
         .zip(&tables)
         .map(|(r, table)| AttnRow { table, first: window.map_or(0, |w| (r.position + 1).saturating_sub(w)), last: r.position })
         .collect();
-    kernels::attention(&view, (&k_words, &v_words), &attn_rows, q, c.n_heads as usize, out);
+    kernels::attention(&view, (&k_words, &v_words), &attn_rows, q, (c.n_heads as usize, attend.softcap), out);
     Ok(())
 }

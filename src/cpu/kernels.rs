@@ -7,7 +7,7 @@
 //! ([`super::forward`]) before it calls them; slices of the wrong length panic here (a bug).
 
 use crate::gguf::GgmlType;
-use crate::model::RopePairing;
+use crate::model::arch::Rope;
 use crate::quant::kv_int8;
 use crate::quant::{bytes_of, dequantize};
 
@@ -159,20 +159,36 @@ pub fn rms_norm_pieces(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-/// Rotary embedding of the `head_dim`-wide heads of `x` at position `pos` ([`RopePairing`]:
-/// which dimensions rotate together; angles computed in f64, applied in f32).
-pub fn rope(x: &mut [f32], head_dim: usize, pos: u32, (base, pairing): (f32, RopePairing)) {
+/// Rotary embedding of the `head_dim`-wide heads of `x` at position `pos`: pair i of the first
+/// `rope.dims` dimensions (its pairing within them) turns by pos · base^(-2i/dims) /
+/// factors[i], cos and sin times `rope.scale`; angles computed in f64, applied in f32.
+pub fn rope(x: &mut [f32], head_dim: usize, pos: u32, rope: &Rope, factors: Option<&[f32]>) {
+    let rot = rope.dims as usize;
     for head in x.chunks_mut(head_dim) {
-        for i in 0..head_dim / 2 {
-            let theta = (base as f64).powf(-2.0 * i as f64 / head_dim as f64) * pos as f64;
+        for i in 0..rot / 2 {
+            let factor = factors.map_or(1.0, |f| f64::from(f[i]));
+            let theta = (rope.base as f64).powf(-2.0 * i as f64 / rot as f64) * pos as f64 / factor;
             let (s, c) = theta.sin_cos();
-            let (s, c) = (s as f32, c as f32);
-            let (d0, d1) = pairing.dims(i, head_dim);
+            let scale = f64::from(rope.scale);
+            let (s, c) = ((s * scale) as f32, (c * scale) as f32);
+            let (d0, d1) = rope.pairing.dims(i, rot);
             let (a, b) = (head[d0], head[d1]);
             head[d0] = a * c - b * s;
             head[d1] = a * s + b * c;
         }
     }
+}
+
+/// `y[row] += b` for every `b.len()`-wide row of `y`.
+pub fn add_bias(y: &mut [f32], b: &[f32]) {
+    for row in y.chunks_mut(b.len()) {
+        row.iter_mut().zip(b).for_each(|(y, b)| *y += b);
+    }
+}
+
+/// `c · tanh(x / c)` of every value of `x`.
+pub fn softcap(x: &mut [f32], c: f32) {
+    x.iter_mut().for_each(|v| *v = c * (*v / c).tanh());
 }
 
 /// Where one layer's K/V live: its buffers' words (the pool's layout, [`crate::kv::pool`]) and
@@ -239,9 +255,17 @@ pub struct AttnRow<'a> {
 }
 
 /// Causal attention of `rows` (q `[rows][n_heads · head_dim]`, already rotated) over the K/V in
-/// `k_words`/`v_words` (`pool`'s layout), scaled by 1/√head_dim, each query head reading KV head
+/// `k_words`/`v_words` (`pool`'s layout), scaled by 1/√head_dim (then soft-capped to
+/// `c · tanh(s / c)` with `softcap`), each query head reading KV head
 /// `head / (n_heads / n_kv_heads)`: out `[rows][n_heads · head_dim]`. Online softmax in f32.
-pub fn attention(pool: &PoolView, (k_words, v_words): (&[u32], &[u32]), rows: &[AttnRow<'_>], q: &[f32], n_heads: usize, out: &mut [f32]) {
+pub fn attention(
+    pool: &PoolView,
+    (k_words, v_words): (&[u32], &[u32]),
+    rows: &[AttnRow<'_>],
+    q: &[f32],
+    (n_heads, softcap): (usize, Option<f32>),
+    out: &mut [f32],
+) {
     let hd = pool.head_dim;
     let group = n_heads / pool.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
@@ -258,6 +282,7 @@ pub fn attention(pool: &PoolView, (k_words, v_words): (&[u32], &[u32]), rows: &[
             let at = (row.table[(j as usize) / pool.block_size], kvh, j as usize % pool.block_size);
             pool.read(k_words, at, &mut k);
             let s = dot(qh, &k) * scale;
+            let s = softcap.map_or(s, |c| c * (s / c).tanh());
             if s > max {
                 // A new maximum rescales what was summed so far (one exp only then).
                 let correction = (max - s).exp();

@@ -88,6 +88,11 @@ impl HostModel {
                             lw.matrices.push((role, matrix(gguf, &table, Some(l), role)?));
                         }
                     }
+                    Op::Bias { biases, .. } => {
+                        for &role in biases {
+                            lw.vectors.push((role, vector(gguf, &table, Some(l), role)?));
+                        }
+                    }
                     Op::Rope(_) | Op::Attention(_) | Op::Residual { post_norm: None } | Op::Glu(_) => {}
                 }
             }

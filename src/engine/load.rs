@@ -110,7 +110,8 @@ fn parse<'a>(bytes: &'a [u8], options: &EngineOptions) -> Result<(Gguf<'a>, Mode
         return Err(EngineError::InvalidArgument("prefill_chunk must be at least 1".into()));
     }
     let gguf = Gguf::parse(bytes).map_err(ModelError::from)?;
-    let config = ModelConfig::from_gguf(&gguf)?;
+    let mut config = ModelConfig::from_gguf(&gguf)?;
+    config.use_context(max_context(&config, options));
     let tokenizer = Tokenizer::from_spec(TokenizerSpec::from_gguf(&gguf)?)?;
     Ok((gguf, config, tokenizer))
 }
@@ -192,13 +193,19 @@ fn fit_pool(cap: u64, (weights, graphs): (u64, u64), per_token: u64, asked: bool
     }
 }
 
+/// The longest sequence the engine holds: `options.max_context` within the model's context
+/// (0: up to 4,096).
+fn max_context(config: &ModelConfig, options: &EngineOptions) -> u32 {
+    match options.max_context {
+        0 => config.context_length.min(4096),
+        n => n.min(config.context_length.max(1)),
+    }
+}
+
 /// The KV cache's configuration for `config` under `options`, on `ctx` (whose binding limit
 /// caps the default pool) or in CPU memory.
 pub(super) fn cache_config(ctx: Option<&Arc<Context>>, config: &ModelConfig, options: &EngineOptions) -> CacheConfig {
-    let max_context = match options.max_context {
-        0 => config.context_length.min(4096),
-        n => n.min(config.context_length.max(1)),
-    };
+    let max_context = max_context(config, options);
     let block_size = options.block_size.max(1);
     CacheConfig {
         layout: options.kv_layout,

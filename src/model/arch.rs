@@ -28,6 +28,18 @@ pub enum Architecture {
     /// the embedding scaled by √hidden, NEOX RoPE pairing, five local (sliding-window) layers of
     /// every six with their own RoPE base.
     Gemma3,
+    /// Qwen2 / Qwen2.5 (and DeepSeek-R1-Distill-Qwen): llama's blocks with q/k/v biases, NEOX RoPE.
+    Qwen2,
+    /// Qwen3: llama's blocks with per-head q/k RMSNorm, NEOX RoPE, no biases.
+    Qwen3,
+    /// Phi-3 / Phi-3.5 / Phi-4-mini: fused q|k|v and gate|up tensors, partial rotary (NEOX),
+    /// LongRoPE frequency factors with an attention factor on cos/sin.
+    Phi3,
+    /// Gemma 2: Gemma's blocks without q/k norms, attention-logit and final-logit soft-capping,
+    /// every other layer local (sliding window) at the same RoPE base.
+    Gemma2,
+    /// SmolLM3: llama's blocks with every fourth layer without RoPE (NoPE).
+    Smollm3,
 }
 
 /// Which two dimensions of a head rotate together: a property of how the file's q/k weights
@@ -93,6 +105,20 @@ pub struct Description {
     pub post_norms: bool,
     /// Sliding-window attention in some layers (the window from `attention.sliding_window`).
     pub window: Option<WindowLayers>,
+    /// Biases on q, k and v (`attn_q.bias` ...).
+    pub qkv_bias: bool,
+    /// q|k|v in one `attn_qkv` tensor and gate|up in one `ffn_up` tensor, as the file holds them.
+    pub fused: bool,
+    /// The RoPE frequency-factor tensors the file may hold.
+    pub rope_factors: RopeFactors,
+    /// Layer l has no RoPE (NoPE) iff (l + 1) % n == 0 (llama.cpp hard-codes SmolLM3's 4; no key
+    /// says it).
+    pub nope_every: Option<u32>,
+    /// Soft-capping of the attention logits and of the final logits
+    /// (`attn_logit_softcapping`, `final_logit_softcapping`).
+    pub softcap: bool,
+    /// The file's sliding window is read and ignored, as llama.cpp does (phi3's).
+    pub ignores_window: bool,
     /// A model of this architecture pagedlm cannot run as it computes it: the reason.
     pub refuse: fn(&Dims) -> Option<String>,
 }
@@ -102,8 +128,21 @@ pub struct Description {
 pub struct WindowLayers {
     /// Layer l is global iff l % pattern == pattern - 1; the others are local.
     pub pattern: u32,
-    /// The RoPE base of the local layers, whatever `rope.freq_base` says.
-    pub local_rope_base: f32,
+    /// The RoPE base of the local layers, whatever `rope.freq_base` says; `None`: that base.
+    pub local_rope_base: Option<f32>,
+}
+
+/// The RoPE frequency factors an architecture's files may carry: each pair's frequency is divided
+/// by its factor (llama.cpp's `ggml_rope_ext` with `freq_factors`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeFactors {
+    None,
+    /// `rope_freqs.weight` (Llama 3.x), optional.
+    Freqs,
+    /// LongRoPE: `rope_factors_short.weight` while the context is within
+    /// `rope.scaling.original_context_length`, `rope_factors_long.weight` past it (Phi-3.5,
+    /// Phi-4-mini), and `rope.scaling.attn_factor` on cos/sin.
+    LongShort,
 }
 
 /// The `{arch}.` metadata keys every architecture reads.
@@ -122,20 +161,30 @@ pub const COMMON_KEYS: &[&str] = &[
     "vocab_size",
 ];
 
-/// Every architecture pagedlm runs.
+/// A llama block: the base every description below changes.
+const LLAMA: Description = Description {
+    architecture: Architecture::Llama,
+    name: "llama",
+    keys: &[],
+    rope_pairing: RopePairing::Norm,
+    activation: Activation::Silu,
+    scaled_embedding: false,
+    qk_norm: false,
+    post_norms: false,
+    window: None,
+    qkv_bias: false,
+    fused: false,
+    rope_factors: RopeFactors::None,
+    nope_every: None,
+    softcap: false,
+    ignores_window: false,
+    refuse: |_| None,
+};
+
+/// Every architecture pagedlm runs (llama.cpp's `src/models/*.cpp` of each name).
 pub const DESCRIPTIONS: &[Description] = &[
-    Description {
-        architecture: Architecture::Llama,
-        name: "llama",
-        keys: &[],
-        rope_pairing: RopePairing::Norm,
-        activation: Activation::Silu,
-        scaled_embedding: false,
-        qk_norm: false,
-        post_norms: false,
-        window: None,
-        refuse: |_| None,
-    },
+    // Llama 3.x files may carry `rope_freqs.weight`.
+    Description { rope_factors: RopeFactors::Freqs, ..LLAMA },
     // llama.cpp's `gemma3`: every sixth layer global, local layers at RoPE base 10,000.
     Description {
         architecture: Architecture::Gemma3,
@@ -146,10 +195,40 @@ pub const DESCRIPTIONS: &[Description] = &[
         scaled_embedding: true,
         qk_norm: true,
         post_norms: true,
-        window: Some(WindowLayers { pattern: 6, local_rope_base: 10_000.0 }),
+        window: Some(WindowLayers { pattern: 6, local_rope_base: Some(10_000.0) }),
         // llama.cpp scales Gemma 3 27B's queries by 1/√(hidden / n_heads), not 1/√head_dim.
         refuse: |d| (d.n_layers == 62).then(|| "Gemma 3 27B's attention scale".into()),
+        ..LLAMA
     },
+    Description { architecture: Architecture::Qwen2, name: "qwen2", rope_pairing: RopePairing::Neox, qkv_bias: true, ..LLAMA },
+    Description { architecture: Architecture::Qwen3, name: "qwen3", rope_pairing: RopePairing::Neox, qk_norm: true, ..LLAMA },
+    // llama.cpp disables phi3's sliding window (the key is read and ignored).
+    Description {
+        architecture: Architecture::Phi3,
+        name: "phi3",
+        keys: &["attention.sliding_window", "rope.scaling.original_context_length", "rope.scaling.attn_factor"],
+        rope_pairing: RopePairing::Neox,
+        fused: true,
+        rope_factors: RopeFactors::LongShort,
+        ignores_window: true,
+        ..LLAMA
+    },
+    // Every other layer local (even layers), at the global RoPE base.
+    Description {
+        architecture: Architecture::Gemma2,
+        name: "gemma2",
+        keys: &["attention.sliding_window", "attn_logit_softcapping", "final_logit_softcapping"],
+        rope_pairing: RopePairing::Neox,
+        activation: Activation::GeluTanh,
+        scaled_embedding: true,
+        post_norms: true,
+        window: Some(WindowLayers { pattern: 2, local_rope_base: None }),
+        softcap: true,
+        // llama.cpp scales Gemma 2 27B's queries by 1/√(hidden / n_heads), not 1/√key_length.
+        refuse: |d| (d.n_layers == 46).then(|| "Gemma 2 27B's attention scale".into()),
+        ..LLAMA
+    },
+    Description { architecture: Architecture::Smollm3, name: "smollm3", nope_every: Some(4), ..LLAMA },
 ];
 
 impl Architecture {
@@ -203,11 +282,22 @@ pub enum Role {
     FfnDown,
     /// The norm of the FFN output before its residual add.
     PostFfnNorm,
+    /// q|k|v in one tensor (phi3).
+    AttnQkv,
+    /// `[q_width]`, `[kv_width]`, `[kv_width]`: the biases of q, k and v (qwen2).
+    AttnQBias,
+    AttnKBias,
+    AttnVBias,
+    /// `[rope_dims / 2]`: RoPE frequency factors (Llama 3.x), the model's own.
+    RopeFreqs,
+    /// `[rope_dims / 2]`: LongRoPE's factors within and past the original context (phi3).
+    RopeFactorsShort,
+    RopeFactorsLong,
 }
 
 impl Role {
-    /// The tensor's GGUF name: `blk.{layer}.{stem}.weight` for a layer's, `{stem}.weight` for
-    /// the model's own (llama.cpp's `LLM_TENSOR_NAMES`).
+    /// The tensor's GGUF name: `blk.{layer}.{stem}.weight` (`.bias`) for a layer's,
+    /// `{stem}.weight` for the model's own (llama.cpp's `LLM_TENSOR_NAMES`).
     pub fn name(self, layer: Option<u32>) -> String {
         let stem = match self {
             Role::TokenEmbd => "token_embd",
@@ -226,10 +316,21 @@ impl Role {
             Role::FfnUp => "ffn_up",
             Role::FfnDown => "ffn_down",
             Role::PostFfnNorm => "post_ffw_norm",
+            Role::AttnQkv => "attn_qkv",
+            Role::AttnQBias => "attn_q",
+            Role::AttnKBias => "attn_k",
+            Role::AttnVBias => "attn_v",
+            Role::RopeFreqs => "rope_freqs",
+            Role::RopeFactorsShort => "rope_factors_short",
+            Role::RopeFactorsLong => "rope_factors_long",
+        };
+        let kind = match self {
+            Role::AttnQBias | Role::AttnKBias | Role::AttnVBias => "bias",
+            _ => "weight",
         };
         match layer {
-            Some(l) => format!("blk.{l}.{stem}.weight"),
-            None => format!("{stem}.weight"),
+            Some(l) => format!("blk.{l}.{stem}.{kind}"),
+            None => format!("{stem}.{kind}"),
         }
     }
 }
@@ -244,6 +345,8 @@ pub struct Dims {
     pub n_kv_heads: u32,
     pub head_dim: u32,
     pub vocab: u32,
+    /// Dimensions of a head RoPE rotates (`rope.dimension_count`; the head dim without it).
+    pub rope_dims: u32,
 }
 
 /// A tensor's shape in GGUF order (`ne0` first).
@@ -332,6 +435,12 @@ impl TensorSpec {
 pub const QKV_SPLIT: &[Role] = &[Role::AttnQ, Role::AttnK, Role::AttnV];
 /// Gate and up as separate tensors, stacked gate|up.
 pub const GATE_UP_SPLIT: &[Role] = &[Role::FfnGate, Role::FfnUp];
+/// q|k|v as the file holds them fused.
+pub const QKV_FUSED: &[Role] = &[Role::AttnQkv];
+/// gate|up as the file holds them fused (in `ffn_up`, gate rows first).
+pub const GATE_UP_FUSED: &[Role] = &[Role::FfnUp];
+/// The biases of q, k and v, stacked q|k|v.
+pub const QKV_BIAS: &[Role] = &[Role::AttnQBias, Role::AttnKBias, Role::AttnVBias];
 
 /// The projections of a block, by what they read and write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -366,9 +475,13 @@ pub enum Op {
     Residual { post_norm: Option<Role> },
     /// The FFN's activation: `act(gate) ⊙ up`.
     Glu(Activation),
+    /// The projection `proj`'s output plus the `[len]` vectors `biases`, stacked in order, on
+    /// every row.
+    Bias { proj: Proj, biases: &'static [Role] },
 }
 
-/// A layer's rotary embedding.
+/// A layer's rotary embedding: pair i of the first `dims` dimensions of each head (paired within
+/// them) turns by pos · base^(-2i/dims) / factor_i; the other dimensions stay.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Rope {
     /// The frequency base.
@@ -376,6 +489,10 @@ pub struct Rope {
     pub pairing: RopePairing,
     /// Dimensions rotated at the start of each head (the head dim: every dimension).
     pub dims: u32,
+    /// Each pair's frequency is divided by `ModelConfig::rope_factors`' entry.
+    pub factors: bool,
+    /// cos and sin multiplied by this (LongRoPE's attention factor; 1 otherwise).
+    pub scale: f32,
 }
 
 /// A layer's attention.
@@ -383,6 +500,8 @@ pub struct Rope {
 pub struct Attend {
     /// Attend to the last `window` positions only (a local layer); `None`: every position.
     pub window: Option<u32>,
+    /// Scores (q·k/√head_dim) soft-capped to `c · tanh(s / c)` before the softmax.
+    pub softcap: Option<f32>,
 }
 
 /// How a model computes: the embedding's scale, each block's ops, the head.
@@ -397,6 +516,8 @@ pub struct Plan {
     /// The head: `logits = rms_norm(x) · output_norm · Woutᵀ` (the embedding when the file has no
     /// output projection).
     pub output_norm: Role,
+    /// The logits soft-capped to `c · tanh(l / c)`.
+    pub final_softcap: Option<f32>,
 }
 
 impl Description {
@@ -406,18 +527,42 @@ impl Description {
         let matrix = |cols, rows| Shape::Matrix { cols, rows };
         let spec = |layer, role, shape| TensorSpec { role, layer, name: role.name(layer), shape, optional: false };
         let mut tensors = vec![spec(None, Role::TokenEmbd, matrix(d.hidden, d.vocab))];
+        let factors = match self.rope_factors {
+            RopeFactors::None => &[][..],
+            RopeFactors::Freqs => &[Role::RopeFreqs][..],
+            RopeFactors::LongShort => &[Role::RopeFactorsLong, Role::RopeFactorsShort][..],
+        };
+        // llama.cpp's converters write the factors after the embedding.
+        tensors.extend(factors.iter().map(|&role| TensorSpec { optional: true, ..spec(None, role, Shape::Vector(d.rope_dims / 2)) }));
         for l in (0..d.n_layers).map(Some) {
-            tensors.extend([
-                spec(l, Role::AttnNorm, Shape::Vector(d.hidden)),
-                spec(l, Role::FfnDown, matrix(d.ffn, d.hidden)),
-                spec(l, Role::FfnGate, matrix(d.hidden, d.ffn)),
-                spec(l, Role::FfnUp, matrix(d.hidden, d.ffn)),
-                spec(l, Role::FfnNorm, Shape::Vector(d.hidden)),
-                spec(l, Role::AttnK, matrix(d.hidden, kv_width)),
-                spec(l, Role::AttnOutput, matrix(q_width, d.hidden)),
-                spec(l, Role::AttnQ, matrix(d.hidden, q_width)),
-                spec(l, Role::AttnV, matrix(d.hidden, kv_width)),
-            ]);
+            tensors.push(spec(l, Role::AttnNorm, Shape::Vector(d.hidden)));
+            if self.fused {
+                tensors.extend([
+                    spec(l, Role::FfnDown, matrix(d.ffn, d.hidden)),
+                    spec(l, Role::FfnUp, matrix(d.hidden, 2 * d.ffn)),
+                    spec(l, Role::FfnNorm, Shape::Vector(d.hidden)),
+                    spec(l, Role::AttnOutput, matrix(q_width, d.hidden)),
+                    spec(l, Role::AttnQkv, matrix(d.hidden, q_width + 2 * kv_width)),
+                ]);
+            } else {
+                tensors.extend([
+                    spec(l, Role::FfnDown, matrix(d.ffn, d.hidden)),
+                    spec(l, Role::FfnGate, matrix(d.hidden, d.ffn)),
+                    spec(l, Role::FfnUp, matrix(d.hidden, d.ffn)),
+                    spec(l, Role::FfnNorm, Shape::Vector(d.hidden)),
+                    spec(l, Role::AttnK, matrix(d.hidden, kv_width)),
+                    spec(l, Role::AttnOutput, matrix(q_width, d.hidden)),
+                    spec(l, Role::AttnQ, matrix(d.hidden, q_width)),
+                    spec(l, Role::AttnV, matrix(d.hidden, kv_width)),
+                ]);
+            }
+            if self.qkv_bias {
+                tensors.extend([
+                    spec(l, Role::AttnQBias, Shape::Vector(q_width)),
+                    spec(l, Role::AttnKBias, Shape::Vector(kv_width)),
+                    spec(l, Role::AttnVBias, Shape::Vector(kv_width)),
+                ]);
+            }
             if self.qk_norm {
                 tensors.extend([spec(l, Role::AttnQNorm, Shape::Vector(d.head_dim)), spec(l, Role::AttnKNorm, Shape::Vector(d.head_dim))]);
             }

@@ -4,7 +4,7 @@
 
 use crate::gguf::{Gguf, MetaValue};
 
-use super::arch::{self, Activation, Architecture, Attend, Description, Dims, Op, Plan, Proj, Role, Rope, RopePairing, TensorTable};
+use super::arch::{self, Activation, Architecture, Attend, Description, Dims, Op, Plan, Proj, Role, Rope, RopeFactors, RopePairing, TensorTable};
 use super::ModelError;
 
 /// The sizes and constants of a model, as its file's metadata gives them; the architecture's
@@ -28,6 +28,12 @@ pub struct HyperParams {
     pub rms_eps: f32,
     /// `attention.sliding_window` where the architecture reads one (0: none).
     pub sliding_window: Option<u32>,
+    /// `attn_logit_softcapping` and `final_logit_softcapping` where the architecture reads them.
+    pub attn_softcap: Option<f32>,
+    pub final_softcap: Option<f32>,
+    /// LongRoPE: `rope.scaling.original_context_length` and `rope.scaling.attn_factor`.
+    pub rope_original_context: Option<u32>,
+    pub rope_attn_factor: Option<f32>,
 }
 
 /// A decoder-only model's shape and the features of its blocks, all from GGUF metadata.
@@ -66,6 +72,28 @@ pub struct ModelConfig {
     pub sliding_window: Option<u32>,
     /// With a window: layer l is global iff l % window_pattern == window_pattern - 1.
     pub window_pattern: u32,
+    /// Dimensions of each head RoPE rotates (the head dim, or fewer: partial rotary).
+    pub rope_dims: u32,
+    /// Layer l has no RoPE iff (l + 1) % n == 0.
+    pub nope_every: Option<u32>,
+    /// Biases on q, k and v.
+    pub qkv_bias: bool,
+    /// q|k|v and gate|up held fused in the file.
+    pub fused: bool,
+    /// The RoPE frequency factors in use (`[rope_dims / 2]`, each pair's frequency divided by its
+    /// factor): Llama 3.x's `rope_freqs`, or LongRoPE's short or long set
+    /// ([`ModelConfig::use_context`]).
+    pub rope_factors: Option<Vec<f32>>,
+    /// LongRoPE's factors within and past `rope_original_context`.
+    #[serde(skip)]
+    pub rope_factor_sets: Option<(Vec<f32>, Vec<f32>)>,
+    pub rope_original_context: Option<u32>,
+    /// cos and sin of the rotated dimensions multiplied by this (LongRoPE's attention factor).
+    pub rope_scale: f32,
+    /// Attention scores soft-capped to `c · tanh(s / c)`.
+    pub attn_softcap: Option<f32>,
+    /// Logits soft-capped to `c · tanh(l / c)`.
+    pub final_softcap: Option<f32>,
     /// A 64-bit hash of the file's metadata, tensor table and samples of every tensor's data:
     /// the identity of the model for anything derived from it (the prefix cache, KV snapshots).
     pub fingerprint: u64,
@@ -76,6 +104,25 @@ impl ModelConfig {
     pub fn layer_window(&self, l: u32) -> Option<u32> {
         let p = self.window_pattern.max(1);
         self.sliding_window.filter(|_| l % p != p - 1)
+    }
+
+    /// Whether layer `l` applies RoPE (not a NoPE layer).
+    pub fn layer_has_rope(&self, l: u32) -> bool {
+        self.nope_every.is_none_or(|n| (l + 1) % n != 0)
+    }
+
+    /// Picks the LongRoPE factor set for a context of `n_ctx` positions a sequence: the short
+    /// set within the original context, the long one past it (llama.cpp decides by the context
+    /// it is configured with, as here).
+    pub fn use_context(&mut self, n_ctx: u32) {
+        if let Some((short, long)) = &self.rope_factor_sets {
+            let past = self.rope_original_context.is_some_and(|orig| n_ctx > orig);
+            self.rope_factors = Some(if past { long.clone() } else { short.clone() });
+            // The long set computes other K/V: another model for the prefix cache and snapshots.
+            if past {
+                self.fingerprint = self.fingerprint.rotate_left(17) ^ 0x10e6_707e;
+            }
+        }
     }
 
     /// The RoPE base of layer `l`.
@@ -100,9 +147,46 @@ impl ModelConfig {
         }
         let params = HyperParams::from_gguf(gguf, description)?;
         let name = gguf.get_str("general.name").unwrap_or("unnamed").to_string();
-        ModelConfig::new(description, params, name, fingerprint(gguf))
+        let mut config = ModelConfig::new(description, params, name, fingerprint(gguf))?;
+        config.read_tensors(gguf)?;
+        Ok(config)
     }
 
+    /// Refuses a file holding a tensor the description does not know (never ignored), and reads
+    /// the RoPE factors, the only tensors the configuration holds.
+    fn read_tensors(&mut self, gguf: &Gguf<'_>) -> Result<(), ModelError> {
+        let table = self.tensors();
+        if let Some(t) = gguf.tensors.iter().find(|t| !table.tensors.iter().any(|s| s.name == t.name)) {
+            return Err(ModelError::Unsupported(format!("tensor '{}': a {} feature pagedlm does not implement", t.name, self.arch)));
+        }
+        let factors = |role: Role| -> Result<Option<Vec<f32>>, ModelError> {
+            let Some(spec) = table.get(None, role).filter(|s| s.present_in(gguf)) else { return Ok(None) };
+            let (_, data) = spec.read(gguf)?;
+            let values: Vec<f32> = data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            match values.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+                Some(f) => Err(ModelError::Format(format!("{} holds the frequency factor {f}", spec.name))),
+                None => Ok(Some(values)),
+            }
+        };
+        match self.architecture.description().rope_factors {
+            RopeFactors::None => {}
+            RopeFactors::Freqs => self.rope_factors = factors(Role::RopeFreqs)?,
+            RopeFactors::LongShort => match (factors(Role::RopeFactorsShort)?, factors(Role::RopeFactorsLong)?) {
+                (Some(short), Some(long)) => {
+                    self.rope_factors = Some(short.clone());
+                    self.rope_factor_sets = Some((short, long));
+                }
+                (None, None) => {}
+                _ => {
+                    let (short, long) = (Role::RopeFactorsShort.name(None), Role::RopeFactorsLong.name(None));
+                    return Err(ModelError::Format(format!("a file with one of {short} and {long} needs both")));
+                }
+            },
+        }
+        Ok(())
+    }
+
+    // Long: every size checked, then every field of the configuration named once.
     /// The configuration of a model of the architecture `description` with `params`: the
     /// features of its blocks from the description, every size checked against what pagedlm
     /// computes.
@@ -121,6 +205,10 @@ impl ModelConfig {
             rope_base,
             rms_eps,
             sliding_window,
+            attn_softcap,
+            final_softcap,
+            rope_original_context,
+            rope_attn_factor,
         } = params;
         if n_layers == 0 || hidden == 0 || ffn == 0 || n_heads == 0 || n_kv_heads == 0 {
             return Err(ModelError::Format("a layer count, width or head count is zero".into()));
@@ -139,9 +227,8 @@ impl ModelConfig {
         if head_dim % 4 != 0 || head_dim > 256 {
             return Err(ModelError::Unsupported(format!("head dimension {head_dim} (pagedlm needs a multiple of 4 up to 256)")));
         }
-        if let Some(rot) = rope_dims.filter(|&rot| rot != head_dim) {
-            return Err(ModelError::Unsupported(format!("partial rotary embedding ({rot} of {head_dim} dimensions)")));
-        }
+        let rope_dims = rope_dims.unwrap_or(head_dim);
+        check_features(description, (head_dim, rope_dims), (attn_softcap, final_softcap))?;
         let sliding_window = sliding_window.filter(|&w| w > 0 && description.window.is_some());
         if sliding_window.is_some() && n_layers > 64 {
             return Err(ModelError::Unsupported(format!("{n_layers} layers with a sliding window (the KV cache marks local layers in 64 bits)")));
@@ -159,7 +246,7 @@ impl ModelConfig {
             vocab,
             context_length,
             rope_base,
-            rope_base_local: description.window.map_or(rope_base, |w| w.local_rope_base),
+            rope_base_local: description.window.and_then(|w| w.local_rope_base).unwrap_or(rope_base),
             rope_pairing: description.rope_pairing,
             rms_eps,
             activation: description.activation,
@@ -168,6 +255,16 @@ impl ModelConfig {
             post_norms: description.post_norms,
             sliding_window,
             window_pattern: description.window.map_or(1, |w| w.pattern),
+            rope_dims,
+            nope_every: description.nope_every,
+            qkv_bias: description.qkv_bias,
+            fused: description.fused,
+            rope_factors: None,
+            rope_factor_sets: None,
+            rope_original_context,
+            rope_scale: rope_attn_factor.unwrap_or(1.0),
+            attn_softcap,
+            final_softcap,
             fingerprint,
         };
         match (description.refuse)(&config.dims()) {
@@ -198,6 +295,7 @@ impl ModelConfig {
             n_kv_heads: self.n_kv_heads,
             head_dim: self.head_dim,
             vocab: self.vocab,
+            rope_dims: self.rope_dims,
         }
     }
 
@@ -208,27 +306,62 @@ impl ModelConfig {
 
     /// The ops of this model, layer by layer.
     pub fn plan(&self) -> Plan {
+        let (qkv, gate_up) = if self.fused { (arch::QKV_FUSED, arch::GATE_UP_FUSED) } else { (arch::QKV_SPLIT, arch::GATE_UP_SPLIT) };
         let layer = |l: u32| {
-            let rope = Rope { base: self.layer_rope_base(l), pairing: self.rope_pairing, dims: self.head_dim };
-            let mut ops = vec![Op::Norm(Role::AttnNorm), Op::Matmul { proj: Proj::Qkv, weights: arch::QKV_SPLIT }];
+            let rope = Rope {
+                base: self.layer_rope_base(l),
+                pairing: self.rope_pairing,
+                dims: self.rope_dims,
+                factors: self.rope_factors.is_some(),
+                scale: self.rope_scale,
+            };
+            let mut ops = vec![Op::Norm(Role::AttnNorm), Op::Matmul { proj: Proj::Qkv, weights: qkv }];
+            if self.qkv_bias {
+                ops.push(Op::Bias { proj: Proj::Qkv, biases: arch::QKV_BIAS });
+            }
             if self.qk_norm {
                 ops.push(Op::HeadNorm { q: Role::AttnQNorm, k: Role::AttnKNorm });
             }
+            if self.layer_has_rope(l) {
+                ops.push(Op::Rope(rope));
+            }
             ops.extend([
-                Op::Rope(rope),
-                Op::Attention(Attend { window: self.layer_window(l) }),
+                Op::Attention(Attend { window: self.layer_window(l), softcap: self.attn_softcap }),
                 Op::Matmul { proj: Proj::Out, weights: &[Role::AttnOutput] },
                 Op::Residual { post_norm: self.post_norms.then_some(Role::PostAttnNorm) },
                 Op::Norm(Role::FfnNorm),
-                Op::Matmul { proj: Proj::GateUp, weights: arch::GATE_UP_SPLIT },
+                Op::Matmul { proj: Proj::GateUp, weights: gate_up },
                 Op::Glu(self.activation),
                 Op::Matmul { proj: Proj::Down, weights: &[Role::FfnDown] },
                 Op::Residual { post_norm: self.post_norms.then_some(Role::PostFfnNorm) },
             ]);
             ops
         };
-        Plan { embedding_scale: self.embedding_scale, rms_eps: self.rms_eps, layers: (0..self.n_layers).map(layer).collect(), output_norm: Role::OutputNorm }
+        Plan {
+            embedding_scale: self.embedding_scale,
+            rms_eps: self.rms_eps,
+            layers: (0..self.n_layers).map(layer).collect(),
+            output_norm: Role::OutputNorm,
+            final_softcap: self.final_softcap,
+        }
     }
+}
+
+/// Refuses RoPE over more dimensions than a head has (or an odd count), partial rotary with
+/// llama's pairing (no file has it), and soft-caps that are not positive.
+fn check_features(description: &Description, (head_dim, rope_dims): (u32, u32), softcaps: (Option<f32>, Option<f32>)) -> Result<(), ModelError> {
+    if rope_dims > head_dim || rope_dims % 2 != 0 {
+        return Err(ModelError::Format(format!("RoPE over {rope_dims} dimensions of a head of {head_dim}")));
+    }
+    if rope_dims != head_dim && description.rope_pairing == RopePairing::Norm {
+        return Err(ModelError::Unsupported(format!("partial rotary embedding ({rope_dims} of {head_dim} dimensions) with llama's pairing")));
+    }
+    for (what, cap) in [("attention", softcaps.0), ("final", softcaps.1)] {
+        if let Some(c) = cap.filter(|c| !(c.is_finite() && *c > 0.0)) {
+            return Err(ModelError::Format(format!("{what} logit soft-capping of {c}")));
+        }
+    }
+    Ok(())
 }
 
 impl HyperParams {
@@ -265,6 +398,20 @@ impl HyperParams {
             Some(_) => optional_u32("attention.sliding_window")?,
             None => None,
         };
+        let optional_f32 = |k: &str| -> Result<Option<f32>, ModelError> {
+            Ok(match gguf.get(&key(k)) {
+                Some(_) if description.knows_key(k) => Some(gguf.get_f32(&key(k))?),
+                _ => None,
+            })
+        };
+        let (attn_softcap, final_softcap) = match description.softcap {
+            true => (optional_f32("attn_logit_softcapping")?, optional_f32("final_logit_softcapping")?),
+            false => (None, None),
+        };
+        let (rope_original_context, rope_attn_factor) = match description.rope_factors {
+            RopeFactors::LongShort => (optional_u32("rope.scaling.original_context_length")?, optional_f32("rope.scaling.attn_factor")?),
+            _ => (None, None),
+        };
         Ok(HyperParams {
             n_layers,
             hidden,
@@ -279,6 +426,10 @@ impl HyperParams {
             rope_base,
             rms_eps,
             sliding_window,
+            attn_softcap,
+            final_softcap,
+            rope_original_context,
+            rope_attn_factor,
         })
     }
 }

@@ -168,18 +168,40 @@ fn rms_norm(x: &[f64], w: &[f64], eps: f64) -> Vec<f64> {
     x.iter().zip(w).map(|(v, g)| v * s * g).collect()
 }
 
-/// Rotary embedding of each head of `x` at `pos` ([`RopePairing`]: which dimensions pair up).
-fn rope(x: &mut [f64], (n_heads, head_dim): (usize, usize), pos: usize, (base, pairing): (f64, RopePairing)) {
+/// Rotary embedding of each head of `x` at `pos`: pair i of the first `rot` dimensions
+/// ([`RopePairing`] within them) turns by pos · base^(-2i/rot) / factors[i], cos and sin
+/// times `scale`; the other dimensions stay.
+fn rope(x: &mut [f64], (n_heads, head_dim): (usize, usize), pos: usize, rope: &RopeOf<'_>) {
+    let rot = rope.dims;
     for h in 0..n_heads {
-        for i in 0..head_dim / 2 {
-            let theta = base.powf(-2.0 * i as f64 / head_dim as f64) * pos as f64;
+        for i in 0..rot / 2 {
+            let factor = rope.factors.map_or(1.0, |f| f64::from(f[i]));
+            let theta = rope.base.powf(-2.0 * i as f64 / rot as f64) * pos as f64 / factor;
             let (s, c) = theta.sin_cos();
-            let (d0, d1) = pairing.dims(i, head_dim);
+            let (s, c) = (s * rope.scale, c * rope.scale);
+            let (d0, d1) = rope.pairing.dims(i, rot);
             let (j0, j1) = (h * head_dim + d0, h * head_dim + d1);
             let (a, b) = (x[j0], x[j1]);
             x[j0] = a * c - b * s;
             x[j1] = a * s + b * c;
         }
+    }
+}
+
+/// A layer's RoPE, as [`rope`] applies it.
+struct RopeOf<'a> {
+    base: f64,
+    pairing: RopePairing,
+    dims: usize,
+    factors: Option<&'a [f32]>,
+    scale: f64,
+}
+
+/// `c · tanh(s / c)`.
+fn softcap(s: f64, cap: Option<f32>) -> f64 {
+    match cap {
+        Some(c) => f64::from(c) * (s / f64::from(c)).tanh(),
+        None => s,
     }
 }
 
@@ -209,7 +231,7 @@ fn attention(cfg: &ModelConfig, window: Option<u32>, q: &[Vec<f64>], k: &[Vec<f6
                 let kvh = head / group;
                 let qh = &q[t][head * hd..(head + 1) * hd];
                 let first = window.map_or(0, |w| (t + 1).saturating_sub(w as usize));
-                let scores: Vec<f64> = (first..=t).map(|s| dot(qh, &k[s][kvh * hd..(kvh + 1) * hd]) / (hd as f64).sqrt()).collect();
+                let scores: Vec<f64> = (first..=t).map(|s| softcap(dot(qh, &k[s][kvh * hd..(kvh + 1) * hd]) / (hd as f64).sqrt(), cfg.attn_softcap)).collect();
                 let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
                 let z: f64 = e.iter().sum();
@@ -247,32 +269,56 @@ fn residual(
 fn layer(gguf: &Gguf<'_>, (cfg, table): (&ModelConfig, &TensorTable), l: u32, x: &mut [Vec<f64>], act: Activations) -> Result<(), ModelError> {
     let (nq, nkv, hd) = (cfg.n_heads as usize, cfg.n_kv_heads as usize, cfg.head_dim as usize);
     let eps = cfg.rms_eps as f64;
-    let rope_of = (cfg.layer_rope_base(l) as f64, cfg.rope_pairing);
+    let rope_of = RopeOf {
+        base: cfg.layer_rope_base(l) as f64,
+        pairing: cfg.rope_pairing,
+        dims: cfg.rope_dims as usize,
+        factors: cfg.rope_factors.as_deref(),
+        scale: f64::from(cfg.rope_scale),
+    };
     let name = |role: Role| table.spec(Some(l), role).map(|t| t.name.as_str());
     let m = |role: Role| dequant(gguf, name(role)?);
     let norm = |role: Role| vector(gguf, name(role)?);
+    // A fused tensor's output split at these widths.
+    let split = |rows: Vec<Vec<f64>>, at: usize| -> (Vec<Vec<f64>>, Vec<Vec<f64>>) { rows.into_iter().map(|r| (r[..at].to_vec(), r[at..].to_vec())).unzip() };
+    let (q_width, kv_width) = (nq * hd, nkv * hd);
 
     let attn_norm = norm(Role::AttnNorm)?;
     let h: Vec<Vec<f64>> = x.iter().map(|xt| rms_norm(xt, &attn_norm, eps)).collect();
-    let mut q = matmul(&m(Role::AttnQ)?, &h, act);
-    let mut k = matmul(&m(Role::AttnK)?, &h, act);
-    let v = matmul(&m(Role::AttnV)?, &h, act);
+    let (mut q, mut k, mut v) = if cfg.fused {
+        let (q, kv) = split(matmul(&m(Role::AttnQkv)?, &h, act), q_width);
+        let (k, v) = split(kv, kv_width);
+        (q, k, v)
+    } else {
+        (matmul(&m(Role::AttnQ)?, &h, act), matmul(&m(Role::AttnK)?, &h, act), matmul(&m(Role::AttnV)?, &h, act))
+    };
+    if cfg.qkv_bias {
+        for (rows, role) in [(&mut q, Role::AttnQBias), (&mut k, Role::AttnKBias), (&mut v, Role::AttnVBias)] {
+            let b = norm(role)?;
+            rows.iter_mut().for_each(|r| r.iter_mut().zip(&b).for_each(|(y, b)| *y += b));
+        }
+    }
     if cfg.qk_norm {
         let (qn, kn) = (norm(Role::AttnQNorm)?, norm(Role::AttnKNorm)?);
         q.iter_mut().for_each(|qt| head_norm(qt, hd, &qn, eps));
         k.iter_mut().for_each(|kt| head_norm(kt, hd, &kn, eps));
     }
-    for (pos, (qt, kt)) in q.iter_mut().zip(k.iter_mut()).enumerate() {
-        rope(qt, (nq, hd), pos, rope_of);
-        rope(kt, (nkv, hd), pos, rope_of);
+    if cfg.layer_has_rope(l) {
+        for (pos, (qt, kt)) in q.iter_mut().zip(k.iter_mut()).enumerate() {
+            rope(qt, (nq, hd), pos, &rope_of);
+            rope(kt, (nkv, hd), pos, &rope_of);
+        }
     }
     let att = attention(cfg, cfg.layer_window(l), &q, &k, &v);
     residual(gguf, (cfg, table), (l, Role::PostAttnNorm), x, matmul(&m(Role::AttnOutput)?, &att, act))?;
 
     let ffn_norm = norm(Role::FfnNorm)?;
     let h: Vec<Vec<f64>> = x.iter().map(|xt| rms_norm(xt, &ffn_norm, eps)).collect();
-    let gate = matmul(&m(Role::FfnGate)?, &h, act);
-    let up = matmul(&m(Role::FfnUp)?, &h, act);
+    let (gate, up) = if cfg.fused {
+        split(matmul(&m(Role::FfnUp)?, &h, act), cfg.ffn as usize)
+    } else {
+        (matmul(&m(Role::FfnGate)?, &h, act), matmul(&m(Role::FfnUp)?, &h, act))
+    };
     let glu: Vec<Vec<f64>> = gate.iter().zip(&up).map(|(g, u)| g.iter().zip(u).map(|(g, u)| cfg.activation.apply(*g) * u).collect()).collect();
     residual(gguf, (cfg, table), (l, Role::PostFfnNorm), x, matmul(&m(Role::FfnDown)?, &glu, act))?;
     Ok(())
@@ -308,5 +354,5 @@ pub fn forward_cpu_with(gguf: &Gguf<'_>, cfg: &ModelConfig, ids: &[u32], first_l
     let h: Vec<Vec<f64>> = x[first_logit.min(x.len())..].iter().map(|xt| rms_norm(xt, &out_norm, cfg.rms_eps as f64)).collect();
     let output = table.spec(None, Role::Output)?;
     let out_w = if output.present_in(gguf) { dequant(gguf, &output.name)? } else { embd };
-    Ok(matmul(&out_w, &h, act).into_iter().map(|row| row.into_iter().map(|v| v as f32).collect()).collect())
+    Ok(matmul(&out_w, &h, act).into_iter().map(|row| row.into_iter().map(|v| softcap(v, cfg.final_softcap) as f32).collect()).collect())
 }

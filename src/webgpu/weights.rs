@@ -84,8 +84,14 @@ fn projection(ctx: &Context, gguf: &Gguf<'_>, table: &TensorTable, layer: Option
     let raw = parts.iter().map(|&role| matrix(gguf, table, (layer, role))).collect::<Result<Vec<_>, _>>()?;
     let label = parts.iter().map(|&role| role.name(layer)).collect::<Vec<_>>().join("|");
     let cols = table.spec(layer, parts[0])?.shape.matrix()?.0;
-    if let (Proj::GateUp, [(gt, g, ffn), (ut, u, _)]) = (proj, raw.as_slice()) {
-        if let Some(m) = QuantMatrix::upload_gated(ctx, &label, (*gt, g), (*ut, u), *ffn, cols)? {
+    // Gate and up as two tensors, or fused in one (gate rows first: its bytes' first half).
+    let gate_up = match (proj, raw.as_slice()) {
+        (Proj::GateUp, &[(gt, g, ffn), (ut, u, _)]) => Some(((gt, g), (ut, u), ffn)),
+        (Proj::GateUp, &[(t, both, rows)]) if rows % 2 == 0 => Some(((t, &both[..both.len() / 2]), (t, &both[both.len() / 2..]), rows / 2)),
+        _ => None,
+    };
+    if let Some((gate, up, ffn)) = gate_up {
+        if let Some(m) = QuantMatrix::upload_gated(ctx, &label, gate, up, ffn, cols)? {
             return Ok(m);
         }
     }
@@ -117,6 +123,8 @@ impl Weights {
                     Op::Norm(role) | Op::Residual { post_norm: Some(role) } => lw.norms.push((role, norms(ctx, gguf, &table, Some(l), &[role])?)),
                     Op::HeadNorm { q, k } => lw.norms.push((q, norms(ctx, gguf, &table, Some(l), &[q, k])?)),
                     Op::Matmul { proj, weights } => lw.matrices.push((proj, projection(ctx, gguf, &table, Some(l), (proj, weights))?)),
+                    // Stacked in one buffer, found by the first role.
+                    Op::Bias { biases, .. } => lw.norms.push((biases[0], norms(ctx, gguf, &table, Some(l), biases)?)),
                     Op::Rope(_) | Op::Attention(_) | Op::Residual { post_norm: None } | Op::Glu(_) => {}
                 }
             }
