@@ -128,6 +128,16 @@ fn window_low(lim: vec4<u32>) -> vec4<u32> {
 // Below any score; exp(NEG_BIG - s) is exactly 0 and NEG_BIG - s stays finite.
 const NEG_BIG: f32 = -3.0e38;
 
+// Scores soft-capped to SOFTCAP * tanh(s / SOFTCAP) before the softmax (Gemma 2); 0: none. tanh
+// from one exp of a non-positive argument (no overflow at any |s|), as softcap.wgsl.
+override SOFTCAP: f32 = 0.0;
+
+fn soft_capped(s: vec4<f32>) -> vec4<f32> {
+    let t = s / SOFTCAP;
+    let e = exp(-2.0 * abs(t));
+    return SOFTCAP * sign(t) * (1.0 - e) / (1.0 + e);
+}
+
 // q of the 4 lanes for head dims [4d, 4d+4), a column per lane, pre-scaled so that scores need no
 // multiply per key. base: vec4 index of each lane's q head in qkv.
 fn load_q(d: u32, base: vec4<u32>, valid: vec4<bool>) -> mat4x4<f32> {
@@ -517,6 +527,9 @@ fn attend(keys: Keys, out: Out) -> Softmax {
         let visible = select(vec4<bool>(false), (vec4<u32>(j) < keys.lim) & (vec4<u32>(j) >= keys.low), block_ok);
         if (INT8) {
             s *= bitcast<f32>(k_word(scale_row + j));
+        }
+        if (SOFTCAP > 0.0) {
+            s = soft_capped(s);
         }
         // Online softmax per lane; a masked key gets weight 0 and leaves the max alone.
         let m_new = max(m, select(vec4<f32>(NEG_BIG), s, visible));

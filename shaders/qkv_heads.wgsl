@@ -38,6 +38,9 @@ struct Params {
 override WG: u32 = 64u;
 override QK_NORM: bool = false;
 override INT8: bool = false;
+// RoPE turns the first ROT_HALF pairs, of the first 2 * ROT_HALF dims of a head, paired within
+// them (partial rotary; 0: no RoPE, a NoPE layer); the other dims stay. Default: every pair.
+override ROT_HALF: u32 = 0xffffffffu;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -62,7 +65,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             }
         }
         let pos = positions[token];
-        let half = dim / 2u;
+        let half = min(dim / 2u, ROT_HALF);
         for (var pair = 0u; pair < half; pair += 1u) {
             let dims = pair_dims(pair, half);
             let j = base + dims.x;

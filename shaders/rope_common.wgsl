@@ -5,7 +5,8 @@
 // rotates and holds a turn table in its parameters (see below).
 //
 // Pair i of a head is (x[2i], x[2i+1]) (NORM) or (x[i], x[i + head_dim/2]) (NEOX, Gemma's) and
-// rotates by pos * theta_i, theta_i = base^(-2i/head_dim).
+// rotates by pos * theta_i, theta_i = base^(-2i/head_dim) (the table may say otherwise: RoPE
+// factors divide theta_i, and qkv_heads.wgsl may rotate only the first dims, paired within them).
 //
 // The angle is built in turns: the table's entry for pair i holds theta_i / 2π as a 0.32
 // fixed-point fraction (a u32, the integer part dropped) and the f32 remainder the fixed point
@@ -17,6 +18,8 @@
 // so the prelude evaluates its own polynomials on [-π/4, π/4] and maps the quadrant back.
 
 override NEOX: bool = false;
+// cos and sin times this (LongRoPE's attention factor, phi3); 1 otherwise.
+override ROPE_SCALE: f32 = 1.0;
 
 const TWO_PI: f32 = 6.283185307179586;
 const INV_2_32: f32 = 2.3283064365386963e-10;
@@ -56,7 +59,7 @@ fn pair_dims(pair: u32, half: u32) -> vec2<u32> {
     return vec2<u32>(select(2u * pair, pair, NEOX), select(1u, half, NEOX));
 }
 
-// The pair v = (x_j, x_other) rotated by the angle whose (sin, cos) is sc.
+// The pair v = (x_j, x_other) rotated by the angle whose (sin, cos) is sc (times ROPE_SCALE).
 fn rotated(v: vec2<f32>, sc: vec2<f32>) -> vec2<f32> {
-    return vec2<f32>(v.x * sc.y - v.y * sc.x, v.x * sc.x + v.y * sc.y);
+    return vec2<f32>(v.x * sc.y - v.y * sc.x, v.x * sc.x + v.y * sc.y) * ROPE_SCALE;
 }

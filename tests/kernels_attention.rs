@@ -26,7 +26,7 @@ fn varied(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
 }
 
 /// The problem of one attention: `n_tokens` query rows over an f32 pool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 struct Shape {
     n_tokens: u32,
     pool: PoolShape,
@@ -35,7 +35,7 @@ struct Shape {
 /// A shape with `block_size`-key blocks and two spare blocks in the pool.
 fn paged(n_tokens: u32, (n_heads, n_kv_heads, head_dim): (u32, u32, u32), max_len: u32, block_size: u32) -> Shape {
     let n_blocks = max_len.div_ceil(block_size) + 2;
-    Shape { n_tokens, pool: PoolShape { n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::F32, window: 0 } }
+    Shape { n_tokens, pool: PoolShape { n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::F32, window: 0, softcap: 0.0 } }
 }
 
 /// A block table whose row at `table_base` maps the sequence's ceil(max_len / block_size)
@@ -397,6 +397,42 @@ gpu_test! {
                 }
             }
         }
+    }
+}
+
+gpu_test! {
+    async fn soft_capped_scores_match_cpu() {
+        // Gemma 2's soft-cap on the scores, with a window and without, in prefill and decode
+        // through each plan; q and k scaled so that the scores reach past the cap.
+        let ctx = gpu().await;
+        for (i, &(head, window, cap)) in [((8u32, 4u32, 256u32), 40u32, 3.0f32), ((9, 3, 64), 0, 1.5)].iter().enumerate() {
+            let mut shape = paged(7, head, 300, 16);
+            shape.pool.window = window;
+            shape.pool.softcap = cap;
+            let inputs = Inputs::new(&ctx, shape, 500 + i as u64, 3.0);
+            for plan in [None, plan(AttentionPath::SplitK, 32)] {
+                let mut attention = inputs.attention(&ctx, plan);
+                for start in [0u32, 290] {
+                    let positions: Vec<u32> = (start..start + 7).collect();
+                    inputs.check(&ctx, &mut attention, &positions, "soft-capped prefill").await;
+                }
+            }
+            let mut one = paged(1, head, 300, 16);
+            one.pool = PoolShape { window, softcap: cap, ..one.pool };
+            let decode = Inputs::new(&ctx, one, 600 + i as u64, 3.0);
+            for plan in [None, plan(AttentionPath::SplitK, 32)] {
+                let mut attention = decode.attention(&ctx, plan);
+                for kv_len in [300u32, 17] {
+                    decode.check(&ctx, &mut attention, &[kv_len - 1], "soft-capped decode").await;
+                }
+            }
+        }
+        // A negative or infinite cap is refused.
+        let mut bad = paged(1, (9, 3, 64), 300, 16);
+        bad.pool.softcap = -1.0;
+        let inputs = Inputs::new(&ctx, paged(1, (9, 3, 64), 300, 16), 7, 1.0);
+        let err = Attention::new(&ctx, &inputs.buffers(&inputs.out_buf), bad.pool, 1, None).err().expect("a negative cap");
+        assert!(err.to_string().contains("softcap"), "{err}");
     }
 }
 

@@ -71,7 +71,7 @@ impl Pool {
         let mut rng = Rng::new(seed);
         let row_len = max_len.div_ceil(block_size);
         let n_blocks = n_seqs * row_len + 2;
-        let shape = PoolShape { n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::F32, window: 0 };
+        let shape = PoolShape { n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::F32, window: 0, softcap: 0.0 };
         let mut perm: Vec<u32> = (0..n_blocks).collect();
         shuffle(&mut rng, &mut perm);
         let junk = |rng: &mut Rng| (0..3).map(|_| rng.below(n_blocks as u64) as u32).collect::<Vec<u32>>();

@@ -37,3 +37,37 @@ gpu_test! {
         assert!(err.to_string().contains("y needs 16 bytes"), "{err}");
     }
 }
+
+gpu_test! {
+    async fn add_rows_and_softcap_match_their_cpu_twins() {
+        let ctx = gpu().await;
+        let mut rng = Rng::new(2);
+        for (rows, width) in [(1u32, 96u32), (7, 96), (3, 1000)] {
+            let n = rows * width;
+            let x = rng.vec_uniform(n as usize, -1.0, 1.0);
+            let b = rng.vec_uniform(width as usize, -1.0, 1.0);
+            let xb = ctx.storage_init("x", bytemuck::cast_slice(&x));
+            let bb = ctx.storage_init("b", bytemuck::cast_slice(&b));
+            let mut rec = Recorder::new(&ctx, "test");
+            rec.dispatch(&ops::elementwise::add_rows(&ctx, &xb, &bb, n, width).unwrap());
+            rec.submit();
+            let mut want = x.clone();
+            pagedlm::cpu::kernels::add_bias(&mut want, &b);
+            assert_close("add_rows", &ctx.read_f32(&xb, 0, n as u64).await.unwrap(), &want, 0.0, 0.0);
+        }
+        // Logits of every size, far past the cap and near 0.
+        let x: Vec<f32> = (0..2000).map(|i| (i as f32 - 1000.0) * 0.37).chain([1e-6, -1e-6, 0.0, 1e30, -1e30]).collect();
+        for cap in [30.0f32, 3.0] {
+            let xb = ctx.storage_init("x", bytemuck::cast_slice(&x));
+            let mut rec = Recorder::new(&ctx, "test");
+            rec.dispatch(&ops::elementwise::softcap(&ctx, &xb, x.len() as u32, cap).unwrap());
+            rec.submit();
+            let mut want = x.clone();
+            pagedlm::cpu::kernels::softcap(&mut want, cap);
+            assert_close(&format!("softcap {cap}"), &ctx.read_f32(&xb, 0, x.len() as u64).await.unwrap(), &want, 1e-5 * cap, 0.0);
+        }
+        let xb = ctx.storage_zeroed("x", 64);
+        assert!(ops::elementwise::add_rows(&ctx, &xb, &xb, 16, 5).is_err(), "16 values are not rows of 5");
+        assert!(ops::elementwise::softcap(&ctx, &xb, 16, 0.0).is_err(), "a cap of 0");
+    }
+}

@@ -632,6 +632,7 @@ async fn check_kv_write(ctx: &Context, rng: &mut Rng, case: &KvCase, positions: 
         n_blocks: n_blocks as u32,
         dtype: KvDtype::F32,
         window: 0,
+        softcap: 0.0,
     };
     let buffers = KvWriteBuffers { qkv: &qb, pool: PoolBuffers { k: &kb, v: &vb, block_table: &tb }, positions: &pb, row_tables: &step };
     let kernel = kv_write::write_paged(ctx, &buffers, &pool, n_tokens as u32).unwrap();
@@ -692,7 +693,7 @@ gpu_test! {
         let t = ctx.storage_zeroed("t", 16);
         let st = ctx.storage_zeroed("row_tables", 8);
         let w = |k: &wgpu::Buffer, v: &wgpu::Buffer, n_tokens, n_kv_heads, block_size, n_blocks| {
-            let pool = PoolShape { n_heads: 9, n_kv_heads, head_dim: 64, max_len: 100, block_size, n_blocks, dtype: KvDtype::F32, window: 0 };
+            let pool = PoolShape { n_heads: 9, n_kv_heads, head_dim: 64, max_len: 100, block_size, n_blocks, dtype: KvDtype::F32, window: 0, softcap: 0.0 };
             let buffers = KvWriteBuffers { qkv: &qkv, pool: PoolBuffers { k, v, block_table: &t }, positions: &p, row_tables: &st };
             kv_write::write_paged(&ctx, &buffers, &pool, n_tokens)
         };

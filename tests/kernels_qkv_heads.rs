@@ -10,7 +10,7 @@ use common::{assert_close, gpu, variant_contexts};
 use pagedlm::gpu::ops::kv_write::{self, KvWriteBuffers};
 use pagedlm::gpu::ops::norm::{self, HeadNormShape};
 use pagedlm::gpu::ops::pool::{PoolBuffers, PoolShape};
-use pagedlm::gpu::ops::qkv_heads::{self, QkNorm};
+use pagedlm::gpu::ops::qkv_heads::{self, HeadsRope, QkNorm};
 use pagedlm::gpu::ops::rope::{self, RopeShape};
 use pagedlm::gpu::{Context, GpuError, Kernel, Recorder};
 use pagedlm::kv::KvDtype;
@@ -135,8 +135,17 @@ fn slot_of(rows: &Rows, t: usize, block_size: u32) -> Option<(u32, u32)> {
 async fn check(ctx: &Context, rng: &mut Rng, heads: &Heads, (dtype, block_size): (KvDtype, u32), (base, window): (f32, u32)) {
     let rows = rows_of_sequences(rng, block_size, window);
     let n = rows.positions.len();
-    let pool =
-        PoolShape { n_heads: heads.n_q, n_kv_heads: heads.n_kv, head_dim: heads.head_dim, max_len: 8192, block_size, n_blocks: rows.n_blocks, dtype, window };
+    let pool = PoolShape {
+        n_heads: heads.n_q,
+        n_kv_heads: heads.n_kv,
+        head_dim: heads.head_dim,
+        max_len: 8192,
+        block_size,
+        n_blocks: rows.n_blocks,
+        dtype,
+        window,
+        softcap: 0.0,
+    };
     let what = format!("q{} kv{} hd{} {dtype:?} block {block_size} base {base} window {window}", heads.n_q, heads.n_kv, heads.head_dim);
     let (row, hd) = (pool.qkv_row() as usize, heads.head_dim as usize);
     let mut qkv = rng.vec_uniform(n * row, -2.0, 2.0);
@@ -249,6 +258,54 @@ async fn check(ctx: &Context, rng: &mut Rng, heads: &Heads, (dtype, block_size):
 }
 
 gpu_test! {
+    async fn ropes_beyond_base_and_pairing_match_cpu() {
+        // Partial rotary with LongRoPE factors and attention factor (phi3), factors over every
+        // dimension (Llama 3.x), a NoPE layer (smollm3): the rows against qkv_heads_cpu, and the
+        // k heads written to the pool as the rows say.
+        let ctx = gpu().await;
+        let mut rng = Rng::new(64);
+        let pool = PoolShape { n_heads: 4, n_kv_heads: 2, head_dim: 16, max_len: 64, block_size: 16, n_blocks: 4, dtype: KvDtype::F32, window: 0, softcap: 0.0 };
+        let positions = [0u32, 5, 17, 40, 63];
+        let n = positions.len();
+        let row = pool.qkv_row() as usize;
+        let long: Vec<f32> = (0..8).map(|i| 1.0 + 4.0 * (i as f32 / 8.0).powi(2)).collect();
+        let cases = [
+            ("phi3", HeadsRope { base: 10_000.0, pairing: RopePairing::Neox, dims: Some(12), factors: Some(&long[..6]), scale: 1.19 }),
+            ("llama3", HeadsRope { base: 500_000.0, pairing: RopePairing::Norm, dims: None, factors: Some(&long[..]), scale: 1.0 }),
+            ("nope", HeadsRope { base: 10_000.0, pairing: RopePairing::Norm, dims: Some(0), factors: None, scale: 1.0 }),
+        ];
+        for (what, rope) in cases {
+            let qkv = rng.vec_uniform(n * row, -2.0, 2.0);
+            let (qkv_b, k, v) = (floats(&ctx, &qkv), floats(&ctx, &vec![0.0; pool.pool_len() as usize]), floats(&ctx, &vec![0.0; pool.pool_len() as usize]));
+            let (pos_b, tables, table) = (words(&ctx, &positions), words(&ctx, &[0; 5]), words(&ctx, &[0, 1, 2, 3]));
+            let write = KvWriteBuffers { qkv: &qkv_b, pool: PoolBuffers { k: &k, v: &v, block_table: &table }, positions: &pos_b, row_tables: &tables };
+            let kernel = qkv_heads::qkv_heads(&ctx, &write, None, &pool, n as u32, rope).unwrap();
+            run(&ctx, &[&kernel]);
+            let got = ctx.read_f32(&qkv_b, 0, qkv.len() as u64).await.unwrap();
+            let mut want = qkv.clone();
+            qkv_heads::qkv_heads_cpu(&pool, &mut want, None, &positions, rope);
+            assert_close(&format!("{what}: rows"), &got, &want, ABS_TOL, REL_TOL);
+            if what == "nope" {
+                assert!(got == qkv, "a NoPE layer leaves the heads as they are");
+            } else {
+                assert!(got != qkv, "{what}: the heads turned");
+            }
+            let k_pool = ctx.read_f32(&k, 0, pool.pool_len()).await.unwrap();
+            let hd = pool.head_dim as usize;
+            let first_k = &got[row + pool.out_row() as usize..][..hd];
+            assert_eq!(&k_pool[5 * hd..6 * hd], first_k, "{what}: position 5's first k head in the pool");
+        }
+        // A rope over more dims than a head has, or factors too few, is refused.
+        let (b, t) = (floats(&ctx, &[0.0; 4096]), words(&ctx, &[0; 8]));
+        let write = KvWriteBuffers { qkv: &b, pool: PoolBuffers { k: &floats(&ctx, &[0.0; 2048]), v: &floats(&ctx, &[0.0; 2048]), block_table: &t }, positions: &t, row_tables: &t };
+        let wide = HeadsRope { base: 1e4, pairing: RopePairing::Neox, dims: Some(18), factors: None, scale: 1.0 };
+        expect_shape_err(qkv_heads::qkv_heads(&ctx, &write, None, &pool, 1, wide), "RoPE over 18 dims");
+        let short = HeadsRope { dims: Some(12), factors: Some(&long[..2]), ..wide };
+        expect_shape_err(qkv_heads::qkv_heads(&ctx, &write, None, &pool, 1, short), "RoPE factors");
+    }
+}
+
+gpu_test! {
     async fn smollm2_heads_match_the_composition_and_cpu() {
         let ctx = gpu().await;
         let mut rng = Rng::new(61);
@@ -305,7 +362,8 @@ async fn check_appending(ctx: &Context, rng: &mut Rng, heads: &Heads, (n_tokens,
     let block_size = 16;
     let max_len = 2304;
     let n_blocks = max_len / block_size + 2;
-    let pool = PoolShape { n_heads: heads.n_q, n_kv_heads: heads.n_kv, head_dim: heads.head_dim, max_len, block_size, n_blocks, dtype, window: 0 };
+    let pool =
+        PoolShape { n_heads: heads.n_q, n_kv_heads: heads.n_kv, head_dim: heads.head_dim, max_len, block_size, n_blocks, dtype, window: 0, softcap: 0.0 };
     let what = format!(
         "{} q{} kv{} hd{} {:?} {dtype:?}, {n_tokens} rows to kv_len {kv_len}",
         ctx.variant_name(),
@@ -384,7 +442,8 @@ async fn check_appending_batch(ctx: &Context, rng: &mut Rng, heads: &Heads, posi
     let per_seq = max_len / block_size;
     let n_seqs = positions.len() as u32;
     let n_blocks = n_seqs * per_seq + 2;
-    let pool = PoolShape { n_heads: heads.n_q, n_kv_heads: heads.n_kv, head_dim: heads.head_dim, max_len, block_size, n_blocks, dtype, window: 0 };
+    let pool =
+        PoolShape { n_heads: heads.n_q, n_kv_heads: heads.n_kv, head_dim: heads.head_dim, max_len, block_size, n_blocks, dtype, window: 0, softcap: 0.0 };
     let what = format!(
         "{} q{} kv{} hd{} {dtype:?}, batch at {positions:?}{}",
         ctx.variant_name(),
@@ -513,7 +572,7 @@ gpu_test! {
         let v = ctx.storage_zeroed("v", 3 * 100 * 64 * 4);
         let (p, t, rt) = (ctx.storage_zeroed("p", 8), ctx.storage_zeroed("t", 16), ctx.storage_zeroed("row_tables", 8));
         let (w, short) = (ctx.storage_zeroed("w", 2 * 64 * 4), ctx.storage_zeroed("short", (2 * 64 - 1) * 4));
-        let pool = PoolShape { n_heads: 9, n_kv_heads: 3, head_dim: 64, max_len: 100, block_size: 25, n_blocks: 4, dtype: KvDtype::F32, window: 0 };
+        let pool = PoolShape { n_heads: 9, n_kv_heads: 3, head_dim: 64, max_len: 100, block_size: 25, n_blocks: 4, dtype: KvDtype::F32, window: 0, softcap: 0.0 };
         let buffers = |qkv, k, v| KvWriteBuffers { qkv, pool: PoolBuffers { k, v, block_table: &t }, positions: &p, row_tables: &rt };
         let norms = |weights, eps| Some(QkNorm { weights, eps });
         let launch = |b: &KvWriteBuffers<'_>, n: Option<QkNorm<'_>>, pool: PoolShape, n_tokens, base| {
@@ -548,7 +607,7 @@ gpu_test! {
     async fn appending_heads_refuses_aliased_buffers_and_bad_bases() {
         use pagedlm::gpu::ops::attention::{Attention, AttentionBatch, AttentionBuffers, BatchBuffers, BatchStep};
         let ctx = gpu().await;
-        let pool = PoolShape { n_heads: 9, n_kv_heads: 3, head_dim: 64, max_len: 100, block_size: 25, n_blocks: 4, dtype: KvDtype::F32, window: 0 };
+        let pool = PoolShape { n_heads: 9, n_kv_heads: 3, head_dim: 64, max_len: 100, block_size: 25, n_blocks: 4, dtype: KvDtype::F32, window: 0, softcap: 0.0 };
         let qkv = ctx.storage_zeroed("qkv", 2 * pool.qkv_row() * 4);
         let (k, v) = (ctx.storage_zeroed("k", pool.pool_len() * 4), ctx.storage_zeroed("v", pool.pool_len() * 4));
         let (p, t, out) = (ctx.storage_zeroed("p", 8), ctx.storage_zeroed("t", 16), ctx.storage_zeroed("out", 2 * pool.out_row() * 4));
@@ -660,6 +719,7 @@ fn fused_against_composition_time() {
                         n_blocks,
                         dtype,
                         window: 0,
+                        softcap: 0.0,
                     };
                     let bytes = match dtype {
                         KvDtype::F32 => pool.pool_len() * 4,

@@ -152,7 +152,7 @@ gpu_test! {
             let k_buf = ctx.storage_init("k", bytemuck::cast_slice(&k0));
             let v_buf = ctx.storage_init("v", bytemuck::cast_slice(&v0));
             let pool =
-                PoolShape { n_heads, n_kv_heads: n_kv, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::Int8, window: 0 };
+                PoolShape { n_heads, n_kv_heads: n_kv, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::Int8, window: 0, softcap: 0.0 };
             let table_buf = ctx.storage_init("table", bytemuck::cast_slice(&table));
             let buffers = KvWriteBuffers {
                 qkv: &ctx.storage_init("qkv", bytemuck::cast_slice(&qkv)),
@@ -213,7 +213,7 @@ gpu_test! {
 }
 
 /// The problem of one attention: `n_tokens` query rows over an INT8 pool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 struct Shape {
     n_tokens: u32,
     pool: PoolShape,
@@ -222,7 +222,7 @@ struct Shape {
 /// `n_tokens` rows over an INT8 pool of `max_len.div_ceil(block_size) + 2` blocks.
 fn int8_shape(n_tokens: u32, (n_heads, n_kv_heads, head_dim): (u32, u32, u32), max_len: u32, block_size: u32) -> Shape {
     let n_blocks = max_len.div_ceil(block_size) + 2;
-    Shape { n_tokens, pool: PoolShape { n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::Int8, window: 0 } }
+    Shape { n_tokens, pool: PoolShape { n_heads, n_kv_heads, head_dim, max_len, block_size, n_blocks, dtype: KvDtype::Int8, window: 0, softcap: 0.0 } }
 }
 
 /// An INT8 attention problem: random pools quantized on the CPU, a shuffled table.

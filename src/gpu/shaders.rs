@@ -83,6 +83,7 @@ macro_rules! matmul_body {
 pub fn source(name: &str) -> Option<&'static str> {
     Some(match name {
         "add" => wgsl!("add"),
+        "softcap" => wgsl!("softcap"),
         "argmax" => with_prelude!("order_key", "argmax"),
         "sample" => with_prelude!("order_key", "sample"),
         "kv_write" => concat!(wgsl!("kv_codes"), "\n", with_prelude!("kv_common", "kv_write")),

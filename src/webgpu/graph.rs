@@ -54,7 +54,7 @@ use crate::gpu::ops::attention::BatchRow;
 use crate::gpu::ops::matmul::{Epilogue, Input, MatmulConfig};
 use crate::gpu::ops::norm::NormOut;
 use crate::gpu::ops::sample::{self, SampleBuffers};
-use crate::gpu::ops::{argmax, embed, matmul, norm};
+use crate::gpu::ops::{argmax, elementwise, embed, matmul, norm};
 use crate::gpu::{Context, Kernel, Recorder};
 use crate::kv::KvCache;
 use crate::model::{Choose, Logits, ModelConfig, ModelError, Op, Proj, RowOutput, StepRow};
@@ -253,6 +253,8 @@ impl ForwardGraph {
             step: &graph.step,
             n: max_rows,
         };
+        let softcap = plan.final_softcap.map(|cap| elementwise::softcap(ctx, &graph.logits, max_logits * cfg.vocab, cap)).transpose()?;
+        graph.head.extend(softcap.map(Node::Kernel));
         let built = layers.build(&plan)?;
         graph.layers.extend(built.nodes);
         graph.attention = built.attention;

@@ -7,9 +7,12 @@
 //!   Woᵀ`); with a post-norm the matmul stores its output and one kernel norms it, adds it, and
 //!   (when the next block's pre-norm and the matmul it feeds follow) writes that next h
 //!   ([`norm::residual_norm`]);
-//! - `HeadNorm` (where there is one), `Rope`, `Attention`: one kernel norms the heads, ropes
-//!   them and writes the step's K/V (`qkv_heads`), then attention, which in a decode step ropes
-//!   and writes the heads itself where it can (not with head norms: [`Attention::appending_heads`]);
+//! - a `Bias` after the q|k|v `Matmul`: a kernel adding the stacked biases to every row;
+//! - `HeadNorm` (where there is one), `Rope` (where there is one), `Attention`: one kernel norms
+//!   the heads, ropes them and writes the step's K/V (`qkv_heads`), then attention (soft-capping
+//!   its scores where the layer says), which in a decode step ropes and writes the heads itself
+//!   where it can (not with head norms, nor a RoPE beyond base and pairing:
+//!   [`Attention::appending_heads`]);
 //! - the gate/up `Matmul` then `Glu`: the activation is the matmul's gated epilogue when gate
 //!   and up share a type, else a kernel of its own.
 //!
@@ -19,11 +22,12 @@
 use crate::error::EngineError;
 use crate::gpu::ops::act;
 use crate::gpu::ops::attention::{Attention, AttentionBatch, AttentionBuffers, BatchBuffers, BatchPlan, BatchStep};
+use crate::gpu::ops::elementwise;
 use crate::gpu::ops::kv_write::KvWriteBuffers;
 use crate::gpu::ops::matmul::{self, Epilogue, Input, MatmulConfig, QuantMatrix};
 use crate::gpu::ops::norm::{self, NormOut};
 use crate::gpu::ops::pool::{PoolBuffers, PoolShape};
-use crate::gpu::ops::qkv_heads::{self, QkNorm};
+use crate::gpu::ops::qkv_heads::{self, HeadsRope, QkNorm};
 use crate::gpu::{Context, Kernel};
 use crate::kv::KvCache;
 use crate::model::{ModelConfig, ModelError, Op, Plan, Proj, RopePairing};
@@ -210,6 +214,7 @@ impl AttentionBuilder {
             n_blocks: kv.layer_blocks(0),
             dtype: kv.dtype(),
             window: 0,
+            softcap: 0.0,
         };
         match kind {
             AttentionKind::Sequence => AttentionBuilder::Sequence(pool),
@@ -311,7 +316,7 @@ impl Layers<'_> {
             let rest = &ops[i..];
             i += match (rest[0].1, rest.get(1).map(|o| o.1)) {
                 (Op::Norm(_), Some(Op::Matmul { .. })) => self.normed_matmul(rest, std::mem::take(&mut h_written), &mut built)?,
-                (Op::HeadNorm { .. } | Op::Rope(_), _) => self.attention(rest, &mut built)?,
+                (Op::HeadNorm { .. } | Op::Rope(_) | Op::Attention(_), _) => self.attention(rest, &mut built)?,
                 (Op::Matmul { .. }, Some(Op::Residual { .. })) => {
                     let (taken, wrote_h) = self.residual(rest, &mut built)?;
                     h_written = wrote_h;
@@ -337,6 +342,13 @@ impl Layers<'_> {
         let input = if h_written { a.h_in(w) } else { a.normed_in(w, norm_weight, eps) };
         let kernels = |out, epilogue| matmul::matmul_input(self.ctx, w, (input, out), n, a.matmul, epilogue);
         match (proj, ops.get(2).map(|o| o.1)) {
+            // With its biases added to every row (stacked q|k|v, one buffer).
+            (Proj::Qkv, Some(&Op::Bias { proj: Proj::Qkv, biases })) => {
+                built.nodes.push(Node::Kernels(kernels(&a.qkv, Epilogue::Store)?));
+                let width = self.cfg.qkv_width();
+                built.nodes.push(Node::Kernel(elementwise::add_rows(self.ctx, &a.qkv, lw.norm(biases[0])?, n * width, width)?));
+                Ok(3)
+            }
             (Proj::Qkv, _) => {
                 built.nodes.push(Node::Kernels(kernels(&a.qkv, Epilogue::Store)?));
                 Ok(2)
@@ -354,37 +366,55 @@ impl Layers<'_> {
         }
     }
 
-    /// [`Op::HeadNorm`] (where there is one), `Rope` and `Attention`: the qkv_heads kernel and
-    /// the layer's attention, which may do the heads' work itself. Returns the ops taken.
+    /// [`Op::HeadNorm`] (where there is one), `Rope` (where there is one: not in a NoPE layer) and
+    /// `Attention`: the qkv_heads kernel and the layer's attention, which may do the heads' work
+    /// itself. Returns the ops taken.
     fn attention(&self, ops: &Ops<'_>, built: &mut Built) -> Result<usize, EngineError> {
         let (l, a) = (ops[0].0, self.a);
         let head_norm = match ops[0].1 {
             Op::HeadNorm { q, .. } => Some(self.weights.layers[l].norm(*q)?),
             _ => None,
         };
-        let at = usize::from(head_norm.is_some());
-        let (Some(Op::Rope(rope)), Some(Op::Attention(attend))) = (ops.get(at).map(|o| o.1), ops.get(at + 1).map(|o| o.1)) else {
+        let mut at = usize::from(head_norm.is_some());
+        let rope = match ops.get(at).map(|o| o.1) {
+            Some(Op::Rope(rope)) => {
+                at += 1;
+                Some(*rope)
+            }
+            _ => None,
+        };
+        let Some(Op::Attention(attend)) = ops.get(at).map(|o| o.1) else {
             return Err(unsupported(ops));
         };
-        if rope.dims != self.cfg.head_dim {
-            return Err(ModelError::Unsupported(format!("partial rotary embedding ({} of {} dimensions)", rope.dims, self.cfg.head_dim)).into());
-        }
+        let factors = match rope {
+            Some(r) if r.factors => Some(self.cfg.rope_factors.as_deref().ok_or_else(|| ModelError::Format("RoPE factors the model lacks".into()))?),
+            _ => None,
+        };
+        // A NoPE layer: no dimension turns.
+        let heads_rope = match rope {
+            Some(r) => HeadsRope { base: r.base, pairing: r.pairing, dims: Some(r.dims), factors, scale: r.scale },
+            None => HeadsRope { base: self.cfg.rope_base, pairing: self.cfg.rope_pairing, dims: Some(0), factors: None, scale: 1.0 },
+        };
         // The layer's window and its block group's size (local layers hold fewer blocks).
-        let pool = PoolShape { window: attend.window.unwrap_or(0), n_blocks: self.kv.layer_blocks(l), ..*self.attention.pool() };
+        let pool = PoolShape {
+            window: attend.window.unwrap_or(0),
+            n_blocks: self.kv.layer_blocks(l),
+            softcap: attend.softcap.unwrap_or(0.0),
+            ..*self.attention.pool()
+        };
         // One kernel for the q/k norms, RoPE and the KV write. The pool's dtype picks its
         // variant: INT8 quantizes here and is dequantized inside attention.
         let qk_norm = head_norm.map(|weights| QkNorm { weights, eps: self.cfg.rms_eps });
-        let rope_of = (rope.base, rope.pairing);
         let pool_buffers = self.kv.layer_buffers(l);
         let write = KvWriteBuffers { qkv: &a.qkv, pool: pool_buffers, positions: self.positions, row_tables: self.row_tables };
-        let heads = qkv_heads::qkv_heads(self.ctx, &write, qk_norm, &pool, self.n, rope_of)?;
-        // Decode attention does the heads' work itself where it can (not with head norms): one
-        // dispatch fewer per layer.
-        let fresh = qk_norm.is_none().then_some(rope_of);
+        let heads = qkv_heads::qkv_heads(self.ctx, &write, qk_norm, &pool, self.n, heads_rope)?;
+        // Decode attention does the heads' work itself where it can (not with head norms, nor
+        // with a RoPE beyond base and pairing): one dispatch fewer per layer.
+        let fresh = (qk_norm.is_none() && rope.is_some() && heads_rope.is_plain(self.cfg.head_dim)).then_some((heads_rope.base, heads_rope.pairing));
         let layer = LayerBuffers { qkv: &a.qkv, pool: pool_buffers, positions: self.positions, step: self.step, out: &a.attn };
         built.attention.push(AttentionNode { heads, attention: self.attention.layer(self.ctx, &layer, &pool, self.n, fresh)? });
         built.nodes.push(Node::Attention(built.attention.len() - 1));
-        Ok(at + 2)
+        Ok(at + 1)
     }
 
     /// A `Matmul` of the attention output or the FFN activation and its `Residual`: the add as

@@ -15,7 +15,7 @@ use crate::quant::KvDtype;
 /// same order in INT8 codes followed by the scales ([`Int8Layout`], head_dim a multiple of 16).
 /// The contiguous cache [n_kv_heads, max_len, head_dim] is block_size = max_len, n_blocks = 1,
 /// table [0].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PoolShape {
     /// Query heads.
     pub n_heads: u32,
@@ -33,6 +33,9 @@ pub struct PoolShape {
     /// Sliding-window attention: a query at position p sees only keys j with p - j < window
     /// (its layer's window); 0: every key up to p. Only attention reads it.
     pub window: u32,
+    /// Attention scores soft-capped to `c · tanh(s / c)` (Gemma 2); 0: none. Only attention
+    /// reads it.
+    pub softcap: f32,
 }
 
 /// The buffers of one layer's pool, as every kernel touching the cache binds them.

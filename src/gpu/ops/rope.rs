@@ -67,9 +67,16 @@ pub(super) const TURN_TABLE_WORDS: usize = MAX_PAIRS as usize * 2;
 /// rope_common.wgsl's turn table for `base` and `head_dim` (checked by [`check_rope`]): pair i's
 /// (fraction, remainder bits) at words 2i, 2i + 1; the pairs past head_dim / 2 are 0.
 pub(super) fn turn_table(base: f32, head_dim: u32) -> [u32; TURN_TABLE_WORDS] {
+    turn_table_of(base, head_dim, None)
+}
+
+/// [`turn_table`] over the first `dims` dimensions (theta_i = base^(-2i/dims)), each pair's
+/// theta divided by its entry of `factors` (`[dims / 2]`, RoPE frequency factors).
+pub(super) fn turn_table_of(base: f32, dims: u32, factors: Option<&[f32]>) -> [u32; TURN_TABLE_WORDS] {
     let mut words = [0u32; TURN_TABLE_WORDS];
-    for pair in 0..head_dim / 2 {
-        let (fraction, remainder) = turns_per_position(base, head_dim, pair);
+    for pair in 0..dims / 2 {
+        let factor = factors.map_or(1.0, |f| f64::from(f[pair as usize]));
+        let (fraction, remainder) = turns_per_position(base, dims, pair, factor);
         words[pair as usize * 2] = fraction;
         words[pair as usize * 2 + 1] = remainder.to_bits();
     }
@@ -104,8 +111,8 @@ pub fn rope(ctx: &Context, x: &wgpu::Buffer, positions: &wgpu::Buffer, shape: &R
 /// theta_pair / 2π (turns per position) modulo 1, split into a 0.32 fixed-point u32 and the f32
 /// remainder it misses, computed in f64. The shader multiplies the u32 by the position with
 /// wrapping arithmetic, which discards whole turns exactly.
-fn turns_per_position(base: f32, head_dim: u32, pair: u32) -> (u32, f32) {
-    let theta = (base as f64).powf(-2.0 * pair as f64 / head_dim as f64);
+fn turns_per_position(base: f32, head_dim: u32, pair: u32, factor: f64) -> (u32, f32) {
+    let theta = (base as f64).powf(-2.0 * pair as f64 / head_dim as f64) / factor;
     let turns = theta / std::f64::consts::TAU;
     let fraction = turns - turns.floor();
     let scaled = (fraction * 4_294_967_296.0).round();

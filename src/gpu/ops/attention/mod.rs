@@ -79,9 +79,12 @@ const LANES: u32 = 4;
 pub const MAX_CHUNK: u32 = 65_000;
 
 /// Checks what the attention kernels add to [`PoolShape::check`]: a head_dim the written-out key
-/// loop holds.
+/// loop holds, a soft-cap that is 0 or finite and positive.
 fn check_pool(op: &'static str, pool: &PoolShape) -> Result<(), GpuError> {
     pool.check(op)?;
+    if !(pool.softcap.is_finite() && pool.softcap >= 0.0) {
+        return Err(shape_err(op, format!("softcap must be 0 or finite and > 0, got {}", pool.softcap)));
+    }
     // A sliced head is whole slices (and its score loop takes 8 vec4 per iteration).
     let sliced = pool.head_dim > 4 * MAX_SLICE_VEC4 && pool.head_dim % (4 * MAX_SLICE_VEC4) != 0;
     if pool.head_dim % 4 != 0 || pool.head_dim > MAX_HEAD_DIM || sliced {
@@ -314,6 +317,9 @@ fn main_pipeline(
     ];
     if let Some(pairing) = fresh {
         constants.push(("NEOX", flag(pairing == RopePairing::Neox)));
+    }
+    if pool.softcap > 0.0 {
+        constants.push(("SOFTCAP", pool.softcap as f64));
     }
     // The subgroup source only where its reductions or shared loads run: the split records
     // never reach them.

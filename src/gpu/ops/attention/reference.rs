@@ -51,7 +51,9 @@ pub fn attention_cpu(
             for &b in &bases {
                 let k = &k_pool[b + head_off..][..hd];
                 let dot: f64 = q.iter().zip(k).map(|(a, b)| *a as f64 * *b as f64).sum();
-                scores.push(dot * scale);
+                let score = dot * scale;
+                let cap = f64::from(s.softcap);
+                scores.push(if cap > 0.0 { cap * (score / cap).tanh() } else { score });
             }
             let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let weights: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
