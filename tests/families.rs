@@ -3,14 +3,18 @@
 //! weights, every feature of the architecture at work), teacher-forced against llama.cpp's
 //! greedy steps (`tests/data/families/`, made by `scripts/family-refs.py`): the float64
 //! recompute lands on llama.cpp's logits; both backends, through the decode and the prefill
-//! paths, with f32 and INT8 KV, agree with llama.cpp on every step where its margin is clear.
+//! paths, with f32 and INT8 KV, agree with llama.cpp on every step where its margin is clear;
+//! batched, prefix-shared and preempted requests give the tokens they give alone.
 //! Runs natively and in the browser.
 mod common;
 
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-use pagedlm::engine::{BackendChoice, Engine, EngineOptions, KvDtype, ScoreMode};
+use std::collections::HashMap;
+
+use pagedlm::engine::{BackendChoice, Engine, EngineOptions, Event, GenerateRequest, KvDtype, SamplingParams, SchedConfig, ScoreMode};
+use pagedlm::rng::Rng;
 use pagedlm::sampler::argmax;
 use pagedlm::synth::{family_model, tiny_llama_gguf, FAMILY_MODELS};
 
@@ -172,9 +176,73 @@ gpu_test! {
     }
 }
 
-gpu_test! {
-    async fn the_webgpu_backend_with_int8_kv_matches_llamacpp_on_the_clear_steps() {
-        let opts = EngineOptions { backend: BackendChoice::Webgpu, kv_dtype: KvDtype::Int8, ..Default::default() };
-        engines_agree("webgpu int8 KV", opts, 0.98).await;
-    }
+// Natively only, as the batched test below: the browser runs the same kernels in the f32 test.
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+fn the_webgpu_backend_with_int8_kv_matches_llamacpp_on_the_clear_steps() {
+    let opts = EngineOptions { backend: BackendChoice::Webgpu, kv_dtype: KvDtype::Int8, ..Default::default() };
+    pollster::block_on(engines_agree("webgpu int8 KV", opts, 0.98));
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+fn batched_shared_and_preempted_requests_give_their_solo_tokens() {
+    pollster::block_on(async {
+        // On the GPU, the architectures whose kernels differ (biases, partial rotary with
+        // factors, soft-caps with windows, NoPE); on the CPU, every one.
+        for (backend, names) in [(BackendChoice::Webgpu, &["qwen2", "phi3", "gemma2", "smollm3"][..]), (BackendChoice::Cpu, &FAMILY_MODELS[..])] {
+            for &name in names {
+                let bytes = model(name);
+                let mut rng = Rng::new(77);
+                let system: Vec<u32> = (0..12).map(|_| 3 + rng.below(250) as u32).collect();
+                let prompts: Vec<(Vec<u32>, GenerateRequest)> = (0..5u32)
+                    .map(|i| {
+                        let mut p = if i % 2 == 0 { system.clone() } else { Vec::new() };
+                        p.extend((0..1 + rng.below(20)).map(|_| 3 + rng.below(250) as u32));
+                        let sampling = if i == 3 {
+                            SamplingParams { temperature: 0.8, top_p: 0.9, seed: 7, ..SamplingParams::greedy() }
+                        } else {
+                            SamplingParams::greedy()
+                        };
+                        (p, GenerateRequest { max_tokens: 6 + 2 * i, sampling, stop: Vec::new(), ignore_eos: true, ..Default::default() })
+                    })
+                    .collect();
+                let solo_opts = EngineOptions { backend, max_context: 128, prefix_cache: false, ..Default::default() };
+                let mut solo = Engine::load(&bytes, solo_opts).await.unwrap();
+                let mut want = Vec::new();
+                for (p, r) in &prompts {
+                    want.push(solo.generate(p, r, &mut |_| true).await.unwrap().tokens);
+                }
+                // Four sequences a step, chunks of 16 rows, a pool of 80 slots: the requests
+                // cannot all hold their blocks at once.
+                let sched = SchedConfig { max_batch: 4, step_tokens: 16, ..Default::default() };
+                let opts = EngineOptions {
+                    backend,
+                    max_context: 128,
+                    block_size: 8,
+                    pool_tokens: 80,
+                    prefix_cache: true,
+                    sched,
+                    check_integrity: true,
+                    ..Default::default()
+                };
+                let mut engine = Engine::load(&bytes, opts).await.unwrap();
+                let order: Vec<_> = prompts.iter().map(|(p, r)| engine.submit(p.clone(), r.clone()).unwrap()).collect();
+                let mut done = HashMap::new();
+                while engine.has_work() {
+                    for e in engine.step().await.unwrap() {
+                        if let Event::Finished { id, result } = e {
+                            done.insert(id, result.unwrap().tokens);
+                        }
+                    }
+                }
+                for (k, id) in order.iter().enumerate() {
+                    assert_eq!(done[id], want[k], "{name} on {backend:?}: request {k} batched differs from its solo run");
+                }
+                let stats = engine.sched_stats();
+                common::report(&format!("{name} on {backend:?}: {} steps, {} preemptions", stats.steps, stats.preemptions));
+                assert!(stats.preemptions > 0, "{name}: the small pool preempts");
+            }
+        }
+    });
 }
