@@ -394,7 +394,7 @@ export interface EngineInfo {
   model: {
     arch: string; name: string; n_layers: number; hidden: number; n_heads: number; n_kv_heads: number; head_dim: number; vocab: number; context_length: number;
     /** `general.architecture` of the file. */
-    architecture: "llama" | "gemma3" | string;
+    architecture: "llama" | "gemma3" | "qwen2" | "qwen3" | "phi3" | "gemma2" | "smollm3" | string;
     /** Tokens a local (sliding-window) attention layer sees; null when every layer is global. */
     sliding_window: number | null;
     /**

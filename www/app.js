@@ -96,7 +96,7 @@ function setProgress(label, fraction, detail = "") {
 
 const ERROR_TITLES = {
   WEBGPU_UNAVAILABLE: ["WebGPU is not available", "Use a browser with WebGPU enabled: a recent Chrome, Edge or Safari. In Chromium without a GPU, start it with --enable-unsafe-webgpu."],
-  MODEL_FORMAT: ["This file is not a model pagedlm can run", "pagedlm runs llama-architecture GGUF files with Q4_1/Q8_0 weights, such as SmolLM2-135M-Instruct.Q4_1.gguf."],
+  MODEL_FORMAT: ["This file is not a model pagedlm can run", "pagedlm runs GGUF files of the llama (SmolLM2, Llama 3.x), qwen2, qwen3, phi3, gemma2, gemma3 and smollm3 architectures."],
   MODEL_DOWNLOAD: ["The model could not be downloaded", "Run `npm run fetch-model` to place the model next to the page, then reload."],
   MODEL_MISSING: ["This model is not on the server", ""],
   UNSUPPORTED: ["Not available yet", "Choose f32 as the KV precision in the settings."],

@@ -83,6 +83,7 @@ pub struct ModelConfig {
     /// The RoPE frequency factors in use (`[rope_dims / 2]`, each pair's frequency divided by its
     /// factor): Llama 3.x's `rope_freqs`, or LongRoPE's short or long set
     /// ([`ModelConfig::use_context`]).
+    #[serde(skip)]
     pub rope_factors: Option<Vec<f32>>,
     /// LongRoPE's factors within and past `rope_original_context`.
     #[serde(skip)]
