@@ -18,8 +18,11 @@ import base64, json, os, subprocess, sys, tempfile
 import llama_cpp
 import numpy as np
 
-NAMES = ["qwen2", "qwen3", "llama3", "phi3", "gemma2", "smollm3"]
-PROMPT, STEPS, N_CTX, SEED = 8, 40, 512, 20261206
+# (reference, model, context): phi3-short runs the phi3 model within its original context (256),
+# where LongRoPE takes the short factors; every other at 512, past it.
+RUNS = [("qwen2", "qwen2", 512), ("qwen3", "qwen3", 512), ("llama3", "llama3", 512), ("phi3", "phi3", 512),
+        ("phi3-short", "phi3", 256), ("gemma2", "gemma2", 512), ("smollm3", "smollm3", 512)]
+PROMPT, STEPS, SEED = 8, 40, 20261206
 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 writer = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "target/debug/examples/write_tiny_model")
@@ -27,11 +30,11 @@ out_dir = os.path.join(root, "tests/data/families")
 os.makedirs(out_dir, exist_ok=True)
 
 with tempfile.TemporaryDirectory() as tmp:
-    for i, name in enumerate(NAMES):
-        path = os.path.join(tmp, f"{name}.gguf")
-        subprocess.run([writer, path, "--arch", name], check=True)
+    for i, (name, arch, n_ctx) in enumerate(RUNS):
+        path = os.path.join(tmp, f"{arch}.gguf")
+        subprocess.run([writer, path, "--arch", arch], check=True)
         llm = llama_cpp.Llama(
-            model_path=path, n_ctx=N_CTX, n_batch=N_CTX, n_threads=2, logits_all=True, verbose=False,
+            model_path=path, n_ctx=n_ctx, n_batch=n_ctx, n_threads=2, logits_all=True, verbose=False,
             type_k=0, type_v=0, flash_attn=False, seed=SEED,
         )
         vocab = llm.n_vocab()
@@ -50,8 +53,8 @@ with tempfile.TemporaryDirectory() as tmp:
         ref = {
             "oracle": "llama.cpp via llama-cpp-python, greedy, one-token decode steps",
             "versions": {"llama_cpp_python": llama_cpp.__version__},
-            "settings": {"n_ctx": N_CTX, "type_k": "f32", "type_v": "f32", "flash_attn": False, "seed": SEED},
-            "model": name,
+            "settings": {"n_ctx": n_ctx, "type_k": "f32", "type_v": "f32", "flash_attn": False, "seed": SEED},
+            "model": arch,
             "vocab": vocab,
             "ids": ids[: PROMPT + STEPS],
             "from": PROMPT,

@@ -23,9 +23,15 @@ const CLEAR_MARGIN: f32 = 0.5;
 /// The largest |our logit − llama.cpp's| allowed on any logit of any step.
 const LOGIT_TOL: f32 = 0.5;
 
+/// llama.cpp's runs: one per synthetic model, and phi3's within its original context.
+const REFERENCES: [&str; 7] = ["qwen2", "qwen3", "llama3", "phi3", "phi3-short", "gemma2", "smollm3"];
+
 /// llama.cpp's greedy run on one synthetic model.
 struct Reference {
     name: &'static str,
+    /// The synthetic model ([`family_model`]'s name) and the context llama.cpp ran it with.
+    model: String,
+    n_ctx: u32,
     ids: Vec<u32>,
     /// The first generated position: rows are the logits at positions from - 1 ..= ids.len() - 1.
     from: usize,
@@ -38,6 +44,7 @@ fn json_of(name: &str) -> &'static str {
         "qwen3" => include_str!("data/families/qwen3.json"),
         "llama3" => include_str!("data/families/llama3.json"),
         "phi3" => include_str!("data/families/phi3.json"),
+        "phi3-short" => include_str!("data/families/phi3-short.json"),
         "gemma2" => include_str!("data/families/gemma2.json"),
         "smollm3" => include_str!("data/families/smollm3.json"),
         _ => panic!("no reference for {name}"),
@@ -72,7 +79,8 @@ fn reference(name: &'static str) -> Reference {
     let logits: Vec<Vec<f32>> = values.chunks(vocab).map(<[f32]>::to_vec).collect();
     let from = v["from"].as_u64().unwrap() as usize;
     assert_eq!(logits.len(), ids.len() - from + 1, "{name}: a row per position from the last prompt token");
-    Reference { name, ids, from, logits }
+    let (model, n_ctx) = (v["model"].as_str().unwrap().to_string(), v["settings"]["n_ctx"].as_u64().unwrap() as u32);
+    Reference { name, model, n_ctx, ids, from, logits }
 }
 
 fn model(name: &str) -> Vec<u8> {
@@ -124,10 +132,10 @@ impl Agreement {
 
 /// Every model teacher-forced through an engine of `opts`, in both score modes.
 async fn engines_agree(what: &str, opts: EngineOptions, clear_share: f64) {
-    for name in FAMILY_MODELS {
+    for name in REFERENCES {
         let r = reference(name);
-        let mut engine = Engine::load(&model(name), opts.clone()).await.unwrap();
-        assert_eq!(engine.config().arch, if name == "llama3" { "llama" } else { name });
+        let mut engine = Engine::load(&model(&r.model), EngineOptions { max_context: r.n_ctx, ..opts.clone() }).await.unwrap();
+        assert_eq!(engine.config().arch, if r.model == "llama3" { "llama" } else { &r.model });
         for mode in [ScoreMode::Decode, ScoreMode::Prefill] {
             let rows = engine.score_logits(&r.ids, r.from, mode).await.unwrap();
             Agreement::of(&r, &rows).check(&format!("{name} {what} {mode:?}"), clear_share);
@@ -141,12 +149,13 @@ fn the_float64_recompute_lands_on_llamacpp() {
     use pagedlm::gguf::Gguf;
     use pagedlm::model::reference::forward_cpu_from;
     use pagedlm::model::ModelConfig;
-    for name in FAMILY_MODELS {
-        let (r, bytes) = (reference(name), model(name));
+    for name in REFERENCES {
+        let r = reference(name);
+        let bytes = model(&r.model);
         let gguf = Gguf::parse(&bytes).unwrap();
         let mut cfg = ModelConfig::from_gguf(&gguf).unwrap();
-        // The context llama.cpp ran with (and the engines' default for these models).
-        cfg.use_context(512);
+        // The context llama.cpp ran with (phi3's factors depend on it).
+        cfg.use_context(r.n_ctx);
         let rows = forward_cpu_from(&gguf, &cfg, &r.ids, r.from - 1).unwrap();
         let a = Agreement::of(&r, &rows[..r.logits.len()]);
         // Gemma 2's GELU is llama.cpp's table of f16 values.
