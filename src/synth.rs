@@ -225,6 +225,14 @@ pub struct SynthConfig {
     pub gemma: Option<SynthGemma>,
     /// Another architecture (`gemma` must then be `None`).
     pub family: Option<SynthFamily>,
+    /// A real vocabulary: its `tokenizer.*` metadata (as `convert_hf_to_gguf` writes it) in place
+    /// of the synthetic one; `vocab` must be its token count.
+    pub tokenizer: Option<Vec<(String, MetaValue)>>,
+    /// `tokenizer.chat_template`; None: SmolLM2's (or the one `tokenizer` holds).
+    pub chat_template: Option<String>,
+    /// A scripted model: each (t, s) makes s the clear greedy choice after token t, whatever came
+    /// before ([`try_tiny_llama_gguf`] says how). Needs an output projection of its own.
+    pub script: Vec<(u32, u32)>,
     /// `general.name`; None: "pagedlm synthetic {architecture}".
     pub name: Option<String>,
 }
@@ -311,6 +319,9 @@ impl SynthConfig {
             types: SynthTypes::default(),
             gemma: None,
             family: None,
+            tokenizer: None,
+            chat_template: None,
+            script: Vec::new(),
             name: None,
         }
     }
@@ -357,7 +368,12 @@ impl SynthConfig {
             return bad(format!("{} heads cannot share {} KV heads evenly", self.n_heads, self.n_kv_heads));
         }
         let max_vocab = SYNTH_BASE_VOCAB + SYNTH_MERGES.len();
-        if !(SYNTH_BASE_VOCAB..=max_vocab).contains(&self.vocab) {
+        if let Some(meta) = &self.tokenizer {
+            let tokens = meta.iter().find(|(k, _)| k == "tokenizer.ggml.tokens").and_then(|(_, v)| v.as_array().map(<[MetaValue]>::len));
+            if tokens != Some(self.vocab) {
+                return bad(format!("vocab {} is not the tokenizer's {tokens:?} tokens", self.vocab));
+            }
+        } else if !(SYNTH_BASE_VOCAB..=max_vocab).contains(&self.vocab) {
             return bad(format!("vocab {} must be in {SYNTH_BASE_VOCAB}..={max_vocab}", self.vocab));
         }
         Ok(())
@@ -404,7 +420,6 @@ pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
     };
     let description = architecture.description();
     let arch = description.name;
-    let (tokens, merges, token_types) = synth_vocab(cfg.vocab);
     let a = |k: &str| format!("{arch}.{k}");
     let arch_meta = [
         (a("block_count"), u32_meta(cfg.n_layers)),
@@ -449,23 +464,37 @@ pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
         ("general.alignment", MetaValue::U32(DEFAULT_ALIGNMENT as u32)),
         // By default 3 = mostly Q4_1, as in the real file.
         ("general.file_type", MetaValue::U32(llama_file_type(cfg.types.linear))),
-        ("tokenizer.ggml.add_space_prefix", MetaValue::Bool(false)),
-        ("tokenizer.ggml.add_bos_token", MetaValue::Bool(false)),
-        ("tokenizer.ggml.model", MetaValue::String("gpt2".into())),
-        ("tokenizer.ggml.pre", MetaValue::String("smollm".into())),
-        ("tokenizer.ggml.tokens", MetaValue::Array(tokens.into_iter().map(MetaValue::String).collect())),
-        ("tokenizer.ggml.token_type", MetaValue::Array(token_types.into_iter().map(MetaValue::I32).collect())),
-        ("tokenizer.ggml.merges", MetaValue::Array(merges.into_iter().map(MetaValue::String).collect())),
-        ("tokenizer.ggml.bos_token_id", MetaValue::U32(1)),
-        ("tokenizer.ggml.eos_token_id", MetaValue::U32(2)),
-        ("tokenizer.ggml.unknown_token_id", MetaValue::U32(0)),
-        ("tokenizer.ggml.padding_token_id", MetaValue::U32(2)),
-        ("tokenizer.chat_template", MetaValue::String(SMOLLM2_CHAT_TEMPLATE.into())),
-        ("general.quantization_version", MetaValue::U32(2)),
     ];
     for (key, value) in meta {
         w.add_meta(key, value)?;
     }
+    let tokenizer = match &cfg.tokenizer {
+        Some(meta) => meta.clone(),
+        None => {
+            let (tokens, merges, token_types) = synth_vocab(cfg.vocab);
+            vec![
+                ("tokenizer.ggml.add_space_prefix".into(), MetaValue::Bool(false)),
+                ("tokenizer.ggml.add_bos_token".into(), MetaValue::Bool(false)),
+                ("tokenizer.ggml.model".into(), MetaValue::String("gpt2".into())),
+                ("tokenizer.ggml.pre".into(), MetaValue::String("smollm".into())),
+                ("tokenizer.ggml.tokens".into(), MetaValue::Array(tokens.into_iter().map(MetaValue::String).collect())),
+                ("tokenizer.ggml.token_type".into(), MetaValue::Array(token_types.into_iter().map(MetaValue::I32).collect())),
+                ("tokenizer.ggml.merges".into(), MetaValue::Array(merges.into_iter().map(MetaValue::String).collect())),
+                ("tokenizer.ggml.bos_token_id".into(), MetaValue::U32(1)),
+                ("tokenizer.ggml.eos_token_id".into(), MetaValue::U32(2)),
+                ("tokenizer.ggml.unknown_token_id".into(), MetaValue::U32(0)),
+                ("tokenizer.ggml.padding_token_id".into(), MetaValue::U32(2)),
+            ]
+        }
+    };
+    let has_template = tokenizer.iter().any(|(k, _)| k == "tokenizer.chat_template");
+    for (key, value) in tokenizer.into_iter().filter(|(k, _)| !(cfg.chat_template.is_some() && k == "tokenizer.chat_template")) {
+        w.add_meta(key, value)?;
+    }
+    if cfg.chat_template.is_some() || !has_template {
+        w.add_meta("tokenizer.chat_template", MetaValue::String(cfg.chat_template.clone().unwrap_or_else(|| SMOLLM2_CHAT_TEMPLATE.into())))?;
+    }
+    w.add_meta("general.quantization_version", MetaValue::U32(2))?;
 
     // Every tensor the architecture's table lists but an optional one (the output projection:
     // tied), in the table's order. Matrices [ne0 = fan_in, ne1 = fan_out] are random normal
@@ -483,11 +512,21 @@ pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
     let family = cfg.family.unwrap_or(SynthFamily::new(architecture, hd));
     let written = |t: &crate::model::TensorSpec| match t.role {
         _ if !t.optional => true,
-        Role::Output => family.untied,
+        Role::Output => family.untied || !cfg.script.is_empty(),
         _ => family.rope_factors,
     };
+    // A scripted model: each token t that starts a pair gets a dimension of its own.
+    let mut script_dims: Vec<u32> = Vec::new();
+    for &(t, _) in &cfg.script {
+        if !script_dims.contains(&t) {
+            script_dims.push(t);
+        }
+    }
+    if script_dims.len() > cfg.hidden || cfg.script.iter().any(|&(t, s)| t as usize >= cfg.vocab || s as usize >= cfg.vocab) {
+        return Err(GgufError::InvalidWrite(format!("a script of {} tokens in a model of width {} and {} tokens", script_dims.len(), cfg.hidden, cfg.vocab)));
+    }
     for t in description.tensors(&dims).tensors.into_iter().filter(written) {
-        let (ggml_type, values) = match t.shape {
+        let (ggml_type, mut values) = match t.shape {
             Shape::Vector(len) => {
                 // Factors grow from 1 at the fastest pair (Llama 3's go up to 8); biases are
                 // centred; norms 1 ± 0.1.
@@ -514,9 +553,38 @@ pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
                 (ty, (0..cols as u64 * rows as u64).map(|_| rng.normal() * std).collect())
             }
         };
+        if !cfg.script.is_empty() {
+            script_weights(&cfg.script, &script_dims, (t.role, cfg.hidden), &mut values);
+        }
         w.add_tensor(t.name, &t.shape.dims(), ggml_type, encode(ggml_type, &values)?)?;
     }
     Ok(w.to_bytes())
+}
+
+/// A scripted model's weights (see [`SynthConfig::script`]): the embedding of each token t that
+/// starts a pair is the unit vector of its own dimension; the blocks add nothing to the residual
+/// stream (their output projections are zero), so the last row's normed state is that unit vector
+/// times √hidden; the output projection's row s holds 1 at t's dimension for each pair (t, s) and
+/// 0 elsewhere: after t, s's logit is about √hidden (8 at width 64), every other token's 0.
+fn script_weights(script: &[(u32, u32)], dims: &[u32], (role, hidden): (Role, usize), values: &mut [f32]) {
+    let dim = |t: u32| dims.iter().position(|&d| d == t).unwrap_or(0);
+    match role {
+        Role::TokenEmbd => {
+            for &t in dims {
+                let row = &mut values[t as usize * hidden..(t as usize + 1) * hidden];
+                row.fill(0.0);
+                row[dim(t)] = 1.0;
+            }
+        }
+        Role::AttnOutput | Role::FfnDown => values.fill(0.0),
+        Role::Output => {
+            values.fill(0.0);
+            for &(t, s) in script {
+                values[s as usize * hidden + dim(t)] = 1.0;
+            }
+        }
+        _ => {}
+    }
 }
 
 /// `values` in type `t` (a validated config makes every matrix whole blocks of its type).

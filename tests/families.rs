@@ -255,3 +255,18 @@ fn batched_shared_and_preempted_requests_give_their_solo_tokens() {
         }
     });
 }
+
+gpu_test! {
+    async fn a_scripted_model_follows_its_script() {
+        // The synthetic writer's scripted weights (what the package's reasoning and tool-call
+        // tests in Chromium build on): after 5 comes 6, after 6 comes 7, after 7 comes 5.
+        let cfg = pagedlm::synth::SynthConfig { script: vec![(5, 6), (6, 7), (7, 5)], ..family_model("qwen3").unwrap() };
+        let bytes = tiny_llama_gguf(&cfg);
+        for backend in [BackendChoice::Cpu, BackendChoice::Webgpu] {
+            let mut engine = Engine::load(&bytes, EngineOptions { backend, ..Default::default() }).await.unwrap();
+            let request = GenerateRequest { max_tokens: 7, sampling: SamplingParams::greedy(), stop: Vec::new(), ignore_eos: true, ..Default::default() };
+            let got = engine.generate(&[40, 41, 6], &request, &mut |_| true).await.unwrap().tokens;
+            assert_eq!(got, [7, 5, 6, 7, 5, 6, 7], "{backend:?}");
+        }
+    }
+}
