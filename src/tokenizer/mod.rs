@@ -62,9 +62,9 @@ pub enum TokenizerError {
     )]
     UnsupportedModel(String),
     #[error(
-        "pre-tokenizer '{0}' is not supported: pagedlm knows \"smollm\" (and its llama.cpp \
-         siblings \"starcoder\", \"refact\") and plain \"gpt-2\"; other pre-tokenizers split \
-         text differently and would give wrong token ids"
+        "pre-tokenizer '{0}' (tokenizer.ggml.pre) is not supported: pagedlm splits text as llama.cpp \
+         does for {known}; other pre-tokenizers split text differently and would give wrong token ids",
+        known = bpe::known_pre_tokenizers()
     )]
     UnsupportedPreTokenizer(String),
     #[error("the vocabulary is empty (tokenizer.ggml.tokens has no entries)")]
@@ -196,9 +196,9 @@ impl Tokenizer {
     pub fn from_spec(spec: TokenizerSpec) -> Result<Tokenizer, TokenizerError> {
         let (model, token_types, token_bytes) = match spec.model.as_str() {
             "gpt2" => {
-                let split_digits = bpe::split_digits(&spec.pre)?;
+                let pre = bpe::pre_tokenizer(&spec.pre)?;
                 let token_types = check_spec(&spec)?;
-                let inner = bpe::bpe_tokenizer(&spec, &token_types, split_digits)?;
+                let inner = bpe::bpe_tokenizer(&spec, &token_types, pre)?;
                 let bytes = bpe::token_bytes(&spec.tokens, &token_types);
                 (Model::Bpe(Box::new(inner)), token_types, bytes)
             }
