@@ -278,7 +278,7 @@ def spm_vocab(tokenizer, config, facts):
             continue
         tokens.append(text)
         scores.append(-float(first_rank[text]) if text in first_rank else lowest)
-        if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+        if len(text) == 6 and text.startswith("<0x") and text.endswith(">") and all(c in "0123456789abcdefABCDEF" for c in text[3:5]):
             types.append(gguf.TokenType.BYTE)
         elif text == model.get("unk_token"):
             types.append(gguf.TokenType.UNKNOWN)

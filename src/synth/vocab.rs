@@ -1,7 +1,9 @@
 //! A Hugging Face `tokenizer.json` turned into a GGUF's `tokenizer.*` metadata the way llama.cpp's
-//! `convert_hf_to_gguf.py` writes it for byte-level BPE models (`get_vocab_base` and
-//! `gguf.SpecialVocab`), so tests and synthetic models can use a real vocabulary without a real
-//! model file. scripts/tokenizer-refs.py is the same conversion in Python, feeding llama.cpp.
+//! `convert_hf_to_gguf.py` writes it: byte-level BPE models through `get_vocab_base`,
+//! SentencePiece models through `_create_vocab_sentencepiece` (rebuilt from `tokenizer.json`, see
+//! [`spm_tokens`]), both with `gguf.SpecialVocab`; so tests and synthetic models can use a real
+//! vocabulary without a real model file. scripts/tokenizer-refs.py is the same conversion in
+//! Python, feeding llama.cpp.
 //!
 //! A `tokenizer.json` does not carry everything the converter reads: the pre-tokenizer name comes
 //! from convert_hf_to_gguf's table of tokenizer hashes, special ids from `config.json`, and a
@@ -18,7 +20,7 @@ use crate::tokenizer::token_type;
 /// What the conversion needs beyond `tokenizer.json` and `tokenizer_config.json`.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 pub struct VocabFacts {
-    /// `tokenizer.ggml.model`; only "gpt2" (byte-level BPE) is converted.
+    /// `tokenizer.ggml.model`: "gpt2" (byte-level BPE) or "llama" (SentencePiece).
     pub model: String,
     /// `tokenizer.ggml.pre`, as convert_hf_to_gguf's `get_vocab_base_pre` names the tokenizer:
     /// "qwen2", "llama-bpe", "gpt-4o", "deepseek-r1-qwen", ...
@@ -41,6 +43,10 @@ pub struct VocabFacts {
     /// Overrides whatever `add_bos_token` the configs give.
     #[serde(default)]
     pub add_bos: Option<bool>,
+    /// `tokenizer.ggml.add_space_prefix`, which some model classes of the converter write
+    /// (Gemma 2: false).
+    #[serde(default)]
+    pub add_space_prefix: Option<bool>,
 }
 
 /// One added token of a `tokenizer.json` (`added_tokens` entry).
@@ -67,6 +73,16 @@ struct HfModel {
     vocab: HashMap<String, u32>,
     #[serde(default)]
     merges: Vec<HfMerge>,
+    #[serde(default)]
+    unk_token: Option<String>,
+}
+
+/// One entry of `tokenizer_config.json`'s `added_tokens_decoder`.
+#[derive(Deserialize)]
+struct ConfigAddedToken {
+    content: String,
+    #[serde(default)]
+    special: bool,
 }
 
 /// A merge: "a b" (older files) or ["a", "b"] (transformers 4.45 and later).
@@ -101,12 +117,9 @@ fn looks_special(text: &str) -> bool {
 /// them back with [`crate::tokenizer::TokenizerSpec::from_gguf`].
 pub fn vocab_from_tokenizer_json(tokenizer_json: &str, tokenizer_config_json: Option<&str>, facts: &VocabFacts) -> Result<Vec<(String, MetaValue)>, GgufError> {
     let invalid = |what: String| GgufError::InvalidWrite(format!("tokenizer.json: {what}"));
-    if facts.model != "gpt2" {
-        return Err(invalid(format!("tokenizer model {:?}: only byte-level BPE (\"gpt2\") is converted", facts.model)));
-    }
     let hf: HfTokenizer = serde_json::from_str(tokenizer_json).map_err(|e| invalid(e.to_string()))?;
     if hf.model.kind != "BPE" {
-        return Err(invalid(format!("model type {:?}, expected BPE", hf.model.kind)));
+        return Err(invalid(format!("model type {:?}, expected BPE (SentencePiece BPE files say BPE too)", hf.model.kind)));
     }
     let mut config: serde_json::Map<String, Value> = match tokenizer_config_json {
         Some(text) => serde_json::from_str(text).map_err(|e| GgufError::InvalidWrite(format!("tokenizer_config.json: {e}")))?,
@@ -114,47 +127,33 @@ pub fn vocab_from_tokenizer_json(tokenizer_json: &str, tokenizer_config_json: Op
     };
     config.extend(facts.tokenizer_config.clone());
 
-    let mut added: BTreeMap<u32, AddedTokenFact> = hf.added_tokens.into_iter().map(|t| (t.id, t)).collect();
+    let mut added: BTreeMap<u32, AddedTokenFact> = hf.added_tokens.iter().map(|t| (t.id, t.clone())).collect();
     added.extend(facts.added_tokens.iter().map(|t| (t.id, t.clone())));
     let highest = hf.model.vocab.values().chain(added.keys()).copied().max().ok_or_else(|| invalid("empty vocabulary".into()))?;
     let vocab_size = facts.vocab_size.unwrap_or(0).max(highest as usize + 1);
-    let mut by_id: Vec<Option<&str>> = vec![None; vocab_size];
-    for (text, &id) in &hf.model.vocab {
-        by_id[id as usize] = Some(text);
-    }
-
-    let mut tokens = Vec::with_capacity(vocab_size);
-    let mut types = Vec::with_capacity(vocab_size);
-    for (id, text) in by_id.into_iter().enumerate() {
-        let (text, kind) = match (added.get(&(id as u32)), text) {
-            (Some(token), _) if token.special || looks_special(&token.content) => (token.content.clone(), token_type::CONTROL),
-            // The converter writes user-defined tokens with plain spaces.
-            (Some(token), _) => (token.content.replace('\u{2581}', " "), token_type::USER_DEFINED),
-            (None, Some(text)) => (text.to_string(), token_type::NORMAL),
-            (None, None) => (format!("[PAD{id}]"), token_type::UNUSED),
-        };
-        tokens.push(MetaValue::String(text));
-        types.push(MetaValue::I32(kind));
-    }
-    // A space inside a pair-form merge is written as U+0120, the byte-level alphabet's space.
-    let byte_level_space = |part: &str| part.replace(' ', "\u{120}");
-    let merges = hf
-        .model
-        .merges
-        .into_iter()
-        .map(|merge| match merge {
-            HfMerge::Joined(joined) => MetaValue::String(joined),
-            HfMerge::Pair([left, right]) => MetaValue::String(format!("{} {}", byte_level_space(&left), byte_level_space(&right))),
-        })
-        .collect();
+    let merges = joined_merges(&hf.model.merges);
 
     let mut meta = vec![
         ("tokenizer.ggml.model".to_string(), MetaValue::String(facts.model.clone())),
         ("tokenizer.ggml.pre".to_string(), MetaValue::String(facts.pre.clone())),
-        ("tokenizer.ggml.tokens".to_string(), MetaValue::Array(tokens)),
-        ("tokenizer.ggml.token_type".to_string(), MetaValue::Array(types)),
-        ("tokenizer.ggml.merges".to_string(), MetaValue::Array(merges)),
     ];
+    let (tokens, types) = match facts.model.as_str() {
+        "gpt2" => {
+            let (tokens, types) = bpe_tokens(&hf.model, &added, vocab_size);
+            meta.push(("tokenizer.ggml.merges".to_string(), MetaValue::Array(merges.into_iter().map(MetaValue::String).collect())));
+            (tokens, types)
+        }
+        "llama" => {
+            let decoder = config_added_tokens(&config, facts)?;
+            let (tokens, scores, types) = spm_tokens(&hf.model, &merges, &decoder, vocab_size);
+            meta.push(("tokenizer.ggml.scores".to_string(), MetaValue::Array(scores.into_iter().map(MetaValue::F32).collect())));
+            (tokens, types)
+        }
+        other => return Err(invalid(format!("tokenizer model {other:?}: only \"gpt2\" (byte-level BPE) and \"llama\" (SentencePiece) are converted"))),
+    };
+    meta.push(("tokenizer.ggml.tokens".to_string(), MetaValue::Array(tokens.into_iter().map(MetaValue::String).collect())));
+    meta.push(("tokenizer.ggml.token_type".to_string(), MetaValue::Array(types.into_iter().map(MetaValue::I32).collect())));
+
     // gguf.SpecialVocab: the token texts tokenizer_config names (first added token with that
     // text), then config.json's ids for the kinds still missing.
     let mut first_added_id: HashMap<&str, u32> = HashMap::new();
@@ -175,10 +174,105 @@ pub fn vocab_from_tokenizer_json(tokenizer_json: &str, tokenizer_config_json: Op
     if let Some(add_bos) = facts.add_bos.or_else(|| add_bos_from_configs(&config, hf.post_processor.as_ref(), special_text("bos").as_deref())) {
         meta.push(("tokenizer.ggml.add_bos_token".to_string(), MetaValue::Bool(add_bos)));
     }
+    if let Some(add_space_prefix) = facts.add_space_prefix {
+        meta.push(("tokenizer.ggml.add_space_prefix".to_string(), MetaValue::Bool(add_space_prefix)));
+    }
     if let Some(Value::String(template)) = config.get("chat_template") {
         meta.push(("tokenizer.chat_template".to_string(), MetaValue::String(template.clone())));
     }
     Ok(meta)
+}
+
+/// The merges as GGUF writes them, "left right"; a space inside a pair-form merge becomes
+/// U+0120, the byte-level alphabet's space, as gguf.SpecialVocab does.
+fn joined_merges(merges: &[HfMerge]) -> Vec<String> {
+    let byte_level_space = |part: &str| part.replace(' ', "\u{120}");
+    merges
+        .iter()
+        .map(|merge| match merge {
+            HfMerge::Joined(joined) => joined.clone(),
+            HfMerge::Pair([left, right]) => format!("{} {}", byte_level_space(left), byte_level_space(right)),
+        })
+        .collect()
+}
+
+/// Byte-level BPE tokens and types (`get_vocab_base`): the vocabulary by id, added tokens as
+/// control (special, or looking special) or user-defined, missing ids as unused `[PAD<id>]`.
+fn bpe_tokens(model: &HfModel, added: &BTreeMap<u32, AddedTokenFact>, vocab_size: usize) -> (Vec<String>, Vec<i32>) {
+    let mut by_id: Vec<Option<&str>> = vec![None; vocab_size];
+    for (text, &id) in &model.vocab {
+        by_id[id as usize] = Some(text);
+    }
+    by_id
+        .into_iter()
+        .enumerate()
+        .map(|(id, text)| match (added.get(&(id as u32)), text) {
+            (Some(token), _) if token.special || looks_special(&token.content) => (token.content.clone(), token_type::CONTROL),
+            // The converter writes user-defined tokens with plain spaces.
+            (Some(token), _) => (token.content.replace('\u{2581}', " "), token_type::USER_DEFINED),
+            (None, Some(text)) => (text.to_string(), token_type::NORMAL),
+            (None, None) => (format!("[PAD{id}]"), token_type::UNUSED),
+        })
+        .unzip()
+}
+
+/// tokenizer_config's `added_tokens_decoder` by id, with the facts' added tokens over it.
+fn config_added_tokens(config: &serde_json::Map<String, Value>, facts: &VocabFacts) -> Result<BTreeMap<u32, AddedTokenFact>, GgufError> {
+    let bad = |what: String| GgufError::InvalidWrite(format!("tokenizer_config.json added_tokens_decoder: {what}"));
+    let mut decoder = BTreeMap::new();
+    if let Some(entries) = config.get("added_tokens_decoder").and_then(Value::as_object) {
+        for (id, entry) in entries {
+            let id: u32 = id.parse().map_err(|_| bad(format!("id {id:?}")))?;
+            let entry: ConfigAddedToken = serde_json::from_value(entry.clone()).map_err(|e| bad(e.to_string()))?;
+            decoder.insert(id, AddedTokenFact { id, content: entry.content, special: entry.special });
+        }
+    }
+    decoder.extend(facts.added_tokens.iter().map(|t| (t.id, t.clone())));
+    Ok(decoder)
+}
+
+/// SentencePiece tokens, scores and types (`_create_vocab_sentencepiece`), rebuilt from
+/// `tokenizer.json` because the copies at hand have no `tokenizer.model`.
+///
+/// SentencePiece BPE scores are a merge order, and `tokenizer.json`'s merges were generated from
+/// them, sorted by the merged piece's score. So minus the rank of the first merge that makes a
+/// piece stands in for its score: the same order, which is all llama.cpp's SPM merge compares.
+/// Pieces no merge makes (single characters) can never be a merge's result; they get the lowest
+/// score. `<0xNN>` pieces are bytes, the model's unknown piece unknown; then
+/// `added_tokens_decoder` makes its tokens control or user-defined with score -1000, and missing
+/// ids are unused `[PAD<id>]`, as the converter writes them.
+fn spm_tokens(model: &HfModel, merges: &[String], decoder: &BTreeMap<u32, AddedTokenFact>, vocab_size: usize) -> (Vec<String>, Vec<f32>, Vec<i32>) {
+    let mut first_rank: HashMap<String, usize> = HashMap::with_capacity(merges.len());
+    for (rank, merge) in merges.iter().enumerate() {
+        if let Some((left, right)) = merge.split_once(' ').filter(|(_, right)| !right.contains(' ')) {
+            first_rank.entry(format!("{left}{right}")).or_insert(rank);
+        }
+    }
+    let lowest = -((first_rank.len() + 1) as f32);
+    let mut tokens: Vec<String> = (0..vocab_size).map(|id| format!("[PAD{id}]")).collect();
+    let mut scores = vec![-10000.0f32; vocab_size];
+    let mut types = vec![token_type::UNUSED; vocab_size];
+    for (text, &id) in &model.vocab {
+        let id = id as usize;
+        let is_byte = text.len() == 6 && text.starts_with("<0x") && text.ends_with('>') && text[3..5].chars().all(|c| c.is_ascii_hexdigit());
+        scores[id] = first_rank.get(text).map_or(lowest, |&rank| -(rank as f32));
+        types[id] = match () {
+            _ if is_byte => token_type::BYTE,
+            _ if model.unk_token.as_deref() == Some(text.as_str()) => token_type::UNKNOWN,
+            _ => token_type::NORMAL,
+        };
+        tokens[id] = text.clone();
+    }
+    for (&id, token) in decoder.range(..vocab_size as u32) {
+        let id = id as usize;
+        (tokens[id], types[id]) = if token.special || looks_special(&token.content) {
+            (token.content.clone(), token_type::CONTROL)
+        } else {
+            (token.content.replace('\u{2581}', " "), token_type::USER_DEFINED)
+        };
+        scores[id] = -1000.0;
+    }
+    (tokens, scores, types)
 }
 
 /// `add_bos_token` as gguf.SpecialVocab finds it: tokenizer_config's flag, else whether the
