@@ -406,9 +406,7 @@ def main():
             texts = strings_with_specials(spec["specials"])
             items = []
             for text in texts:
-                ids = llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
-                plain = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
-                items.append({"text": text, "ids": ids, **({"ids_unparsed": plain} if plain != ids else {})})
+                items.append({"text": text, "ids": llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)})
             prompt_ids = llm.tokenize(spec["prompt"].encode("utf-8"), add_bos=True, special=True)
             del llm
         out = {

@@ -35,10 +35,6 @@ struct Reference {
 struct Item {
     text: String,
     ids: Vec<u32>,
-    /// llama.cpp's ids with special tokens not parsed, where they differ.
-    #[serde(default)]
-    #[allow(dead_code)]
-    ids_unparsed: Option<Vec<u32>>,
 }
 
 fn reference(json: &str) -> Reference {
