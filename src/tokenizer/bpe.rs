@@ -1,7 +1,8 @@
-//! Byte-level BPE (GPT-2 style vocabularies: `tokenizer.ggml.model = gpt2`; SmolLM2, Qwen2.5,
-//! Qwen3, DeepSeek-R1-Distill-Qwen, Llama 3.x, Phi-4-mini), matching llama.cpp's ids. Encoding goes through the
-//! `tokenizers` crate (built in code, no `tokenizer.json`), so it runs natively and in the
-//! browser.
+//! Byte-level BPE (GPT-2 style vocabularies, `tokenizer.ggml.model = gpt2`: SmolLM2, Qwen2.5,
+//! Qwen3, DeepSeek-R1-Distill-Qwen, Llama 3.x, Phi-4-mini), matching llama.cpp's ids: the text is
+//! cut into words as llama.cpp cuts it for the file's `tokenizer.ggml.pre` ([`PRE_TOKENIZERS`]),
+//! then merged. Encoding goes through the `tokenizers` crate (built in code, no
+//! `tokenizer.json`), so it runs natively and in the browser.
 
 use std::collections::HashMap;
 

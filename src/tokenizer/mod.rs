@@ -1,8 +1,8 @@
 //! Tokenizers built from a GGUF's `tokenizer.*` metadata, matching llama.cpp's ids: byte-level
 //! BPE (`tokenizer.ggml.model = gpt2`: SmolLM2, Qwen2.5/Qwen3, DeepSeek-R1-Distill-Qwen, Llama 3.x,
 //! Phi-4-mini; [`bpe`], split as llama.cpp splits for `tokenizer.ggml.pre`) and SentencePiece
-//! (`llama`: Gemma 2 and 3, Phi-3.5; [`spm`]), behind one [`Tokenizer`]; streaming-safe decoding ([`StreamDecoder`]); chat
-//! prompts in the file's chat format ([`ChatFormatKind`]).
+//! (`llama`: Gemma 2 and 3, Phi-3.5; [`spm`]), behind one [`Tokenizer`]; streaming-safe decoding
+//! ([`StreamDecoder`]); chat prompts in the file's chat format ([`ChatFormatKind`]).
 //!
 //! Decoding never goes through a tokenizer library: it concatenates each token's raw bytes,
 //! which is what llama.cpp does and what a streaming decoder needs anyway.
