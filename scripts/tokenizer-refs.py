@@ -12,9 +12,9 @@ tokens of the model revision). The facts are written into the reference so the R
 Run from the repository root, after `npm install`:
     ~/.cache/pagedlm-ref/bin/python scripts/tokenizer-refs.py
 (the venv has llama-cpp-python 0.3.36 and gguf; scripts/py-env.sh)."""
-import ctypes
 import json
 import pathlib
+import struct
 import sys
 import tempfile
 
@@ -364,6 +364,22 @@ def write_gguf(path, facts, tokens, types, merges, special, add_bos, scores=None
     writer.close()
 
 
+def vocab_digest(tokens, types, scores, merges):
+    """FNV-1a (64-bit) over what the GGUF holds: per token its UTF-8 text, a 0 byte, its type
+    (i32 LE) and its score (f32 LE, SentencePiece only); then per merge its text and a 0 byte.
+    The Rust test computes the same over its own conversion: the two converters agree."""
+    h = 0xCBF29CE484222325
+    def feed(data):
+        nonlocal h
+        for b in data:
+            h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    for i, text in enumerate(tokens):
+        feed(text.encode("utf-8") + b"\0" + struct.pack("<i", int(types[i])) + (struct.pack("<f", scores[i]) if scores is not None else b""))
+    for merge in merges:
+        feed(merge.encode("utf-8") + b"\0")
+    return f"{h:016x}"
+
+
 def strings_with_specials(specials):
     """The plain strings, then each special token inline (after text, between spaces, doubled,
     at the start and the end, next to newlines and digits)."""
@@ -416,6 +432,7 @@ def main():
             "facts": facts,
             "n_tokens": n_vocab,
             "n_merges": len(merges),
+            "vocab_fnv1a64": vocab_digest(tokens, types, scores, merges),
             "special_ids": special,
             "add_bos": ref_add_bos,
             "eog_ids": eog,

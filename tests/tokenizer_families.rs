@@ -24,6 +24,8 @@ struct Reference {
     facts: VocabFacts,
     n_tokens: usize,
     n_merges: usize,
+    /// scripts/tokenizer-refs.py's digest of the vocabulary it gave llama.cpp.
+    vocab_fnv1a64: String,
     special_ids: BTreeMap<String, u32>,
     add_bos: bool,
     eog_ids: Vec<u32>,
@@ -67,6 +69,31 @@ fn spec_via_gguf(meta: Vec<(String, MetaValue)>) -> TokenizerSpec {
     TokenizerSpec::from_gguf(&gguf).expect("the GGUF has tokenizer metadata")
 }
 
+/// FNV-1a (64-bit) over the vocabulary as scripts/tokenizer-refs.py computes it: per token its
+/// text, a 0 byte, its type (i32 LE) and, for SentencePiece, its score (f32 LE); then per merge
+/// its text and a 0 byte.
+fn vocab_digest(spec: &TokenizerSpec) -> String {
+    let mut hash = 0xCBF2_9CE4_8422_2325u64;
+    let mut feed = |bytes: &[u8]| {
+        for &b in bytes {
+            hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01B3);
+        }
+    };
+    for (id, text) in spec.tokens.iter().enumerate() {
+        feed(text.as_bytes());
+        feed(&[0]);
+        feed(&spec.token_types[id].to_le_bytes());
+        if let Some(score) = spec.scores.get(id) {
+            feed(&score.to_le_bytes());
+        }
+    }
+    for merge in &spec.merges {
+        feed(merge.as_bytes());
+        feed(&[0]);
+    }
+    format!("{hash:016x}")
+}
+
 /// Builds the reference's tokenizer and checks it against llama.cpp: vocabulary, special ids,
 /// add-BOS, end-of-generation set, every string's ids (and their decoding back), the prompt.
 fn check_against_llama_cpp(json: &str) -> Tokenizer {
@@ -74,6 +101,7 @@ fn check_against_llama_cpp(json: &str) -> Tokenizer {
     let spec = spec_via_gguf(converted(&reference));
     assert_eq!(spec.tokens.len(), reference.n_tokens, "vocabulary size");
     assert_eq!(spec.merges.len(), reference.n_merges, "merges");
+    assert_eq!(vocab_digest(&spec), reference.vocab_fnv1a64, "tokens, types, scores and merges equal those llama.cpp was given");
     let special = |kind: &str| reference.special_ids.get(kind).copied();
     assert_eq!((spec.bos_id, spec.eos_id, spec.unk_id), (special("bos"), special("eos"), special("unk")), "BOS/EOS/UNK ids");
 
