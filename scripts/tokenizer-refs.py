@@ -14,6 +14,7 @@ Run from the repository root, after `npm install`:
 (the venv has llama-cpp-python 0.3.36 and gguf; scripts/py-env.sh)."""
 import json
 import pathlib
+import re
 import struct
 import sys
 import tempfile
@@ -441,7 +442,10 @@ def main():
         }
         target = root / "tests/data/tokenizers" / f"{name}.json"
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(out, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        text = json.dumps(out, ensure_ascii=False, indent=1)
+        # Id lists on one line each: a reference reads as one line per string.
+        text = re.sub(r"\[\s*((?:-?\d+,\s*)*-?\d+)\s*\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)) + "]", text)
+        target.write_text(text + "\n", encoding="utf-8")
         print(f"wrote {target}: {len(items)} strings, {n_vocab} tokens, eog {eog}, add_bos {ref_add_bos}")
 
 
