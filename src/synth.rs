@@ -10,6 +10,9 @@
 //! - ids 3..=258: the 256 single bytes, byte `b` as token `3 + b`, spelled with GPT-2's
 //!   bytes-to-unicode alphabet (space is `Ġ`), so every byte string can be tokenized;
 //! - ids 259..: one token per merge of [`SYNTH_MERGES`], in order, when `vocab` asks for more.
+//!
+//! [`vocab_from_tokenizer_json`] gives the `tokenizer.*` metadata of a real vocabulary instead
+//! (a Hugging Face `tokenizer.json`, converted as llama.cpp's converter does).
 
 use crate::gguf::{tensor_size_bytes, GgmlType, GgufError, MetaValue, DEFAULT_ALIGNMENT, MAX_STRING_LEN};
 use crate::model::arch::{Dims, Shape};
@@ -18,8 +21,10 @@ use crate::quant::{quantize, WeightType};
 use crate::rng::Rng;
 
 mod requantize;
+mod vocab;
 
 pub use requantize::{requantize_gguf, row_type};
+pub use vocab::{vocab_from_tokenizer_json, AddedTokenFact, VocabFacts};
 
 /// Builds a GGUF v3 file in memory.
 #[derive(Debug, Clone, Default)]

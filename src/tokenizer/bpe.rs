@@ -1,34 +1,81 @@
-//! Byte-level BPE (GPT-2 style vocabularies, SmolLM2: `tokenizer.ggml.model = gpt2`,
-//! `tokenizer.ggml.pre = smollm`), matching llama.cpp's ids. Encoding goes through the
-//! `tokenizers` crate (built in code, no `tokenizer.json`), so it runs natively and in the
-//! browser.
+//! Byte-level BPE (GPT-2 style vocabularies, `tokenizer.ggml.model = gpt2`: SmolLM2, Qwen2.5,
+//! Qwen3, DeepSeek-R1-Distill-Qwen, Llama 3.x, Phi-4-mini), matching llama.cpp's ids: the text is
+//! cut into words as llama.cpp cuts it for the file's `tokenizer.ggml.pre` ([`PRE_TOKENIZERS`]),
+//! then merged. Encoding goes through the `tokenizers` crate (built in code, no
+//! `tokenizer.json`), so it runs natively and in the browser.
 
 use std::collections::HashMap;
 
 use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::bpe::{Merges, Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::AddedToken;
+use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
 use super::{token_type, TokenizerError, TokenizerSpec};
 
-/// Whether the pre-tokenizer splits digits one by one; an error for one pagedlm does not know.
-pub(super) fn split_digits(pre: &str) -> Result<bool, TokenizerError> {
-    // llama.cpp gives "smollm", "starcoder" and "refact" the same regex: every digit on its
-    // own, then the GPT-2 split. HF's Digits(individual) + ByteLevel(use_regex) is the same.
-    match pre {
-        "smollm" | "starcoder" | "refact" => Ok(true),
-        "gpt-2" => Ok(false),
-        _ => Err(TokenizerError::UnsupportedPreTokenizer(pre.to_string())),
-    }
+/// How llama.cpp splits text into words before the BPE merges, for one family of
+/// `tokenizer.ggml.pre` names (llama.cpp's `LLAMA_VOCAB_PRE_TYPE_*` and the flags its loader
+/// sets for them).
+pub(super) struct PreTokenizer {
+    /// The `tokenizer.ggml.pre` values llama.cpp maps to this split.
+    pub(super) names: &'static [&'static str],
+    /// Applied in turn, each to the pieces the previous one left: every match and every stretch
+    /// between two matches becomes a piece (llama.cpp's `regex_exprs`, verbatim; llama.cpp
+    /// spells `(?i:'s|...)` out as `'[sS]|...` because std::regex lacks inline flags).
+    pub(super) regexes: &'static [&'static str],
+    /// A piece that is itself a vocabulary token is taken whole, without merging (Llama 3's
+    /// `ignore_merges`: some of its tokens cannot be reached through the merges).
+    pub(super) ignore_merges: bool,
+    /// Whether prompts start with BOS when the file has no `tokenizer.ggml.add_bos_token`.
+    pub(super) add_bos: bool,
 }
 
-/// The `tokenizers` BPE model over the spec's vocabulary and merges, with the byte-level
-/// pre-tokenizer (digits split first when `split_digits`), decoder and added tokens.
-pub(super) fn bpe_tokenizer(spec: &TokenizerSpec, token_types: &[i32], split_digits: bool) -> Result<tokenizers::Tokenizer, TokenizerError> {
+/// GPT-2's split: contractions, letters, digits, other symbols, each with one leading space.
+const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+/// Llama 3's split (tiktoken cl100k): contractions in any case, a letter run with at most one
+/// leading non-letter, digits in runs of at most three, newlines kept with the punctuation or
+/// whitespace before them.
+const LLAMA3: &str =
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen2's split: Llama 3's with every digit on its own.
+const QWEN2: &str =
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// GPT-4o's split (tiktoken o200k) as llama.cpp runs it: a word is an optional non-letter,
+/// letters other than a-z, then letters other than A-Z (or the reverse), with a contraction
+/// attached; digits in runs of at most three; `/` kept with the newlines after punctuation.
+/// llama.cpp's "letters other than a-z" stands in for o200k's upper/lower-case classes, so
+/// combining marks are not part of a word here, as in llama.cpp.
+const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Every pre-tokenizer pagedlm knows; one row per split, as llama.cpp's `llama-vocab.cpp`
+/// defines them. The families: SmolLM2 (`smollm`), Qwen2.5/Qwen3 (`qwen2`),
+/// DeepSeek-R1-Distill-Qwen (`deepseek-r1-qwen`), Llama 3.x (`llama-bpe`), Phi-4-mini
+/// (`gpt-4o`).
+pub(super) const PRE_TOKENIZERS: &[PreTokenizer] = &[
+    PreTokenizer { names: &["gpt-2", "phi-2"], regexes: &[GPT2], ignore_merges: false, add_bos: false },
+    PreTokenizer { names: &["smollm", "starcoder", "refact"], regexes: &[r"\p{N}", GPT2], ignore_merges: false, add_bos: false },
+    PreTokenizer { names: &["llama-bpe", "llama3", "llama-v3"], regexes: &[LLAMA3], ignore_merges: true, add_bos: true },
+    PreTokenizer { names: &["smaug-bpe", "dbrx"], regexes: &[LLAMA3], ignore_merges: false, add_bos: false },
+    PreTokenizer { names: &["qwen2", "deepseek-r1-qwen", "stablelm2"], regexes: &[QWEN2], ignore_merges: false, add_bos: false },
+    PreTokenizer { names: &["gpt-4o", "llama4"], regexes: &[GPT4O], ignore_merges: false, add_bos: false },
+];
+
+/// The pre-tokenizer a `tokenizer.ggml.pre` value names.
+pub(super) fn pre_tokenizer(pre: &str) -> Result<&'static PreTokenizer, TokenizerError> {
+    PRE_TOKENIZERS.iter().find(|p| p.names.contains(&pre)).ok_or_else(|| TokenizerError::UnsupportedPreTokenizer(pre.to_string()))
+}
+
+/// The known `tokenizer.ggml.pre` values, for error messages: "gpt-2", "phi-2", ...
+pub(super) fn known_pre_tokenizers() -> String {
+    PRE_TOKENIZERS.iter().flat_map(|p| p.names).map(|name| format!("\"{name}\"")).collect::<Vec<_>>().join(", ")
+}
+
+/// The `tokenizers` BPE model over the spec's vocabulary and merges, with the pre-tokenizer's
+/// splits, the byte-level alphabet, its decoder and the added tokens.
+pub(super) fn bpe_tokenizer(spec: &TokenizerSpec, token_types: &[i32], pre: &PreTokenizer) -> Result<tokenizers::Tokenizer, TokenizerError> {
     let merges = parse_merges(&spec.merges)?;
     // Keep the first id of a duplicated token string: the BPE model needs a map, and the
     // duplicate is unreachable by encoding anyway (llama.cpp resolves it the same way).
@@ -36,16 +83,19 @@ pub(super) fn bpe_tokenizer(spec: &TokenizerSpec, token_types: &[i32], split_dig
     for (id, token) in spec.tokens.iter().enumerate() {
         vocab.entry(token.clone()).or_insert(id as u32);
     }
-    let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(|e| TokenizerError::Build(e.to_string()))?;
+    let bpe = BPE::builder().vocab_and_merges(vocab, merges).ignore_merges(pre.ignore_merges).build().map_err(|e| TokenizerError::Build(e.to_string()))?;
 
     let mut inner = tokenizers::Tokenizer::new(bpe);
-    let byte_level = ByteLevel::new(false, true, true);
-    let pre = if split_digits {
-        PreTokenizerWrapper::Sequence(Sequence::new(vec![PreTokenizerWrapper::Digits(Digits::new(true)), PreTokenizerWrapper::ByteLevel(byte_level)]))
-    } else {
-        PreTokenizerWrapper::ByteLevel(byte_level)
-    };
-    inner.with_pre_tokenizer(Some(pre));
+    // The regexes cut the text; the byte-level step then only maps bytes to its alphabet.
+    let byte_level = ByteLevel::new(false, true, false);
+    let mut steps = Vec::with_capacity(pre.regexes.len() + 1);
+    for regex in pre.regexes {
+        let split = Split::new(SplitPattern::Regex((*regex).to_string()), SplitDelimiterBehavior::Isolated, false)
+            .map_err(|e| TokenizerError::Build(format!("pre-tokenizer regex {regex:?}: {e}")))?;
+        steps.push(PreTokenizerWrapper::Split(split));
+    }
+    steps.push(PreTokenizerWrapper::ByteLevel(byte_level));
+    inner.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(Sequence::new(steps))));
     inner.with_decoder(Some(DecoderWrapper::ByteLevel(byte_level)));
 
     // llama.cpp splits control, unknown and user-defined tokens out of the text before BPE

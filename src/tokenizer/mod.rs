@@ -1,7 +1,8 @@
 //! Tokenizers built from a GGUF's `tokenizer.*` metadata, matching llama.cpp's ids: byte-level
-//! BPE (`tokenizer.ggml.model = gpt2`, SmolLM2; [`bpe`]) and SentencePiece (`llama`, Gemma 3;
-//! [`spm`]), behind one [`Tokenizer`]; streaming-safe decoding ([`StreamDecoder`]); chat
-//! prompts in the file's chat format ([`ChatFormatKind`]).
+//! BPE (`tokenizer.ggml.model = gpt2`: SmolLM2, Qwen2.5/Qwen3, DeepSeek-R1-Distill-Qwen, Llama 3.x,
+//! Phi-4-mini; [`bpe`], split as llama.cpp splits for `tokenizer.ggml.pre`) and SentencePiece
+//! (`llama`: Gemma 2 and 3, Phi-3.5; [`spm`]), behind one [`Tokenizer`]; streaming-safe decoding
+//! ([`StreamDecoder`]); chat prompts in the file's chat format ([`ChatFormatKind`]).
 //!
 //! Decoding never goes through a tokenizer library: it concatenates each token's raw bytes,
 //! which is what llama.cpp does and what a streaming decoder needs anyway.
@@ -62,9 +63,9 @@ pub enum TokenizerError {
     )]
     UnsupportedModel(String),
     #[error(
-        "pre-tokenizer '{0}' is not supported: pagedlm knows \"smollm\" (and its llama.cpp \
-         siblings \"starcoder\", \"refact\") and plain \"gpt-2\"; other pre-tokenizers split \
-         text differently and would give wrong token ids"
+        "pre-tokenizer '{0}' (tokenizer.ggml.pre) is not supported: pagedlm splits text as llama.cpp \
+         does for {known}; other pre-tokenizers split text differently and would give wrong token ids",
+        known = bpe::known_pre_tokenizers()
     )]
     UnsupportedPreTokenizer(String),
     #[error("the vocabulary is empty (tokenizer.ggml.tokens has no entries)")]
@@ -196,9 +197,9 @@ impl Tokenizer {
     pub fn from_spec(spec: TokenizerSpec) -> Result<Tokenizer, TokenizerError> {
         let (model, token_types, token_bytes) = match spec.model.as_str() {
             "gpt2" => {
-                let split_digits = bpe::split_digits(&spec.pre)?;
+                let pre = bpe::pre_tokenizer(&spec.pre)?;
                 let token_types = check_spec(&spec)?;
-                let inner = bpe::bpe_tokenizer(&spec, &token_types, split_digits)?;
+                let inner = bpe::bpe_tokenizer(&spec, &token_types, pre)?;
                 let bytes = bpe::token_bytes(&spec.tokens, &token_types);
                 (Model::Bpe(Box::new(inner)), token_types, bytes)
             }

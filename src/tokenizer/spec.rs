@@ -41,7 +41,8 @@ impl TokenizerSpec {
     /// Reads the `tokenizer.*` keys. Required: `tokenizer.ggml.model`, `.tokens`, `.merges`
     /// (gpt2) or `.scores` (llama). Optional: `.pre` (llama.cpp's "default" when absent),
     /// `.token_type` (all normal), the special ids, `.add_bos_token` and `.add_space_prefix`
-    /// (llama.cpp's defaults when absent: true for llama, false for gpt2),
+    /// (llama.cpp's defaults when absent: true for llama and for gpt2 with a Llama 3
+    /// pre-tokenizer, else false),
     /// `tokenizer.chat_template`.
     pub fn from_gguf(gguf: &Gguf<'_>) -> Result<TokenizerSpec, TokenizerError> {
         let meta_err = |key: &str, e: GgufError| TokenizerError::Metadata { key: key.to_string(), reason: e.to_string() };
@@ -65,8 +66,11 @@ impl TokenizerSpec {
         const MERGES: &str = "tokenizer.ggml.merges";
         let model = required_str("tokenizer.ggml.model")?;
         let spm = model == "llama";
+        let pre = optional_str("tokenizer.ggml.pre")?.unwrap_or_else(|| "default".to_string());
+        // llama.cpp's default: SentencePiece and the Llama 3 family start prompts with BOS.
+        let add_bos_default = spm || (model == "gpt2" && super::bpe::pre_tokenizer(&pre).is_ok_and(|p| p.add_bos));
         Ok(TokenizerSpec {
-            pre: optional_str("tokenizer.ggml.pre")?.unwrap_or_else(|| "default".to_string()),
+            pre,
             tokens: strings("tokenizer.ggml.tokens")?,
             token_types: match gguf.get(TYPES) {
                 None => Vec::new(),
@@ -84,7 +88,7 @@ impl TokenizerSpec {
             eot_id: optional_u32("tokenizer.ggml.eot_token_id")?,
             eom_id: optional_u32("tokenizer.ggml.eom_token_id")?,
             chat_template: optional_str("tokenizer.chat_template")?,
-            add_bos: optional_bool("tokenizer.ggml.add_bos_token", spm)?,
+            add_bos: optional_bool("tokenizer.ggml.add_bos_token", add_bos_default)?,
             add_space_prefix: optional_bool("tokenizer.ggml.add_space_prefix", spm)?,
             model,
         })
