@@ -249,8 +249,10 @@ struct ModelInfo {
     architecture: String,
     /// Tokens a local (sliding-window) layer attends to; null when every layer is global.
     sliding_window: Option<u32>,
-    /// The chat format the prompt of `chat`/`submit` is rendered in: "chatml", "gemma", or null
-    /// for a base model (no chat template), which only completes raw text (`submitPrompt`).
+    /// The family of the chat template the prompt of `chat`/`submit` is rendered with (the file's
+    /// own Jinja template, whatever the family): "chatml", "gemma", "jinja" for another family
+    /// (Llama 3, Phi, DeepSeek), or null for a base model (no chat template), which only
+    /// completes raw text (`submitPrompt`).
     chat_template: Option<&'static str>,
     /// Tensors of each weight type in the file: `{"F32": 61, "Q4_1": 210, "Q8_0": 1}`.
     weight_types: BTreeMap<String, u32>,
@@ -431,6 +433,7 @@ fn chat_template(engine: &Engine) -> Option<&'static str> {
     match engine.tokenizer().chat_format() {
         ChatFormatKind::ChatMl => Some("chatml"),
         ChatFormatKind::Gemma => Some("gemma"),
+        ChatFormatKind::Other => Some("jinja"),
         ChatFormatKind::None => None,
     }
 }

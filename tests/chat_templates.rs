@@ -1,0 +1,87 @@
+//! Real chat templates (tests/data/templates/, the families pagedlm runs) rendered by pagedlm's
+//! minijinja renderer exactly as jinja2 renders them the way transformers does: the references
+//! in tests/data/templates/expected.json come from scripts/chat_templates_ref.py over the same
+//! cases (tests/data/templates/cases.json): with and without tools, a system message, several
+//! turns, with and without the generation prompt, a tool call and its result, Qwen3's
+//! `enable_thinking: false`, reasoning in the history.
+
+use std::path::PathBuf;
+
+use pagedlm::tokenizer::{ChatInput, ChatTemplate, TokenizerError};
+use serde_json::{Map, Value};
+
+fn data() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/templates")
+}
+
+fn read_json(name: &str) -> Value {
+    let text = std::fs::read_to_string(data().join(name)).unwrap_or_else(|e| panic!("tests/data/templates/{name}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("tests/data/templates/{name}: {e}"))
+}
+
+fn template(name: &str, tokens: &Value) -> ChatTemplate {
+    let source = std::fs::read_to_string(data().join(name)).unwrap();
+    ChatTemplate::new(&source, tokens["bos_token"].as_str().unwrap(), tokens["eos_token"].as_str().unwrap()).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn input(spec: &Value, case: &Value) -> ChatInput {
+    ChatInput {
+        messages: case["messages"].as_array().unwrap().clone(),
+        tools: case.get("tools").and_then(Value::as_bool).unwrap_or(false).then(|| spec["tools"].as_array().unwrap().clone()),
+        add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
+        kwargs: case.get("kwargs").and_then(Value::as_object).cloned().unwrap_or_else(Map::new),
+        now: spec["now_unix"].as_i64(),
+    }
+}
+
+#[test]
+fn every_family_renders_exactly_as_jinja2_does() {
+    let spec = read_json("cases.json");
+    let expected = read_json("expected.json");
+    let mut compared = 0;
+    for (name, tokens) in spec["templates"].as_object().unwrap() {
+        let template = template(name, tokens);
+        for (case, c) in spec["cases"].as_object().unwrap() {
+            let want = &expected["templates"][name][case];
+            let got = template.render(&input(&spec, c));
+            match (want.get("text").and_then(Value::as_str), got) {
+                (Some(want), Ok(got)) => assert_eq!(got, want, "{name} / {case}"),
+                (Some(_), Err(e)) => panic!("{name} / {case}: jinja2 renders it, pagedlm fails: {e}"),
+                (None, Ok(got)) => panic!("{name} / {case}: jinja2 fails ({want}), pagedlm renders {got:?}"),
+                (None, Err(e)) => {
+                    // The template's own message when it raises; any error when Python's types
+                    // refuse what minijinja's refuse in other words.
+                    if let Some(raised) = want.get("raised").and_then(Value::as_str) {
+                        assert_eq!(e.to_string(), format!("the model's chat template refused the conversation: {raised}"), "{name} / {case}");
+                    }
+                    assert!(matches!(e, TokenizerError::Template(_)), "{name} / {case}: {e}");
+                }
+            }
+            compared += 1;
+        }
+    }
+    assert!(compared >= 100, "only {compared} renderings compared");
+}
+
+#[test]
+fn probes_find_what_each_template_does_with_tools_and_reasoning() {
+    let spec = read_json("cases.json");
+    let caps = |name: &str| template(name, &spec["templates"][name]).caps();
+    // (template, writes `tools`, writes `tool_calls`, needs text arguments, knows <think>)
+    let want = [
+        ("HuggingFaceTB-SmolLM2-135M-Instruct.jinja", false, false, false, false),
+        ("HuggingFaceTB-SmolLM3-3B.jinja", false, false, false, true),
+        ("Qwen-Qwen2.5-7B-Instruct.jinja", true, true, false, false),
+        ("Qwen-Qwen3-0.6B.jinja", true, true, false, true),
+        ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", false, true, true, true),
+        ("google-gemma-2-2b-it.jinja", false, false, false, false),
+        ("google-gemma-3-it.jinja", false, false, false, false),
+        ("meta-llama-Llama-3.2-3B-Instruct.jinja", true, true, false, false),
+        ("microsoft-Phi-3.5-mini-instruct.jinja", false, false, false, false),
+        ("microsoft-Phi-4-mini-instruct.jinja", false, false, false, false),
+    ];
+    for (name, tools, tool_calls, string_arguments, thinking) in want {
+        let c = caps(name);
+        assert_eq!((c.tools, c.tool_calls, c.string_arguments, c.thinking), (tools, tool_calls, string_arguments, thinking), "{name}");
+    }
+}
