@@ -131,8 +131,8 @@ class Channel {
 /**
  * Messages as OpenAI's SDK types them, for the engine: `content` a string or an array of text
  * parts (joined; image, audio and file parts are UNSUPPORTED), the `developer` role as `system`,
- * an assistant message's `tool_calls` (its `content` may then be null) and a `tool` message's
- * `tool_call_id` passed on.
+ * an assistant message's `tool_calls` (its `content` may then be null) and `reasoning_content`,
+ * and a `tool` message's `tool_call_id` passed on.
  */
 function checkMessages(messages) {
   if (!Array.isArray(messages) || messages.length === 0) {
@@ -147,6 +147,10 @@ function checkMessages(messages) {
     const content = calls && m.content == null ? null : messageText(m.content, i);
     const out = { role, content };
     if (calls) out.tool_calls = calls;
+    if (role === "assistant" && m.reasoning_content != null) {
+      if (typeof m.reasoning_content !== "string") throw invalid(`messages[${i}].reasoning_content must be a string`);
+      out.reasoning_content = m.reasoning_content;
+    }
     if (role === "tool") {
       if (typeof m.tool_call_id !== "string") throw invalid(`messages[${i}] (tool) needs tool_call_id: string`);
       out.tool_call_id = m.tool_call_id;
@@ -217,9 +221,13 @@ const SHAPES = Object.freeze({
     first: () => ({ delta: { role: "assistant", content: "" } }),
     /** The choice of a chunk carrying `text` (undefined: none, as on the last chunk). */
     choice: (text) => (text === undefined ? { delta: {} } : { delta: { content: text } }),
-    final: (text, calls) => ({
-      message: calls ? { role: "assistant", content: null, tool_calls: calls, refusal: null } : { role: "assistant", content: text, refusal: null },
-    }),
+    /** The choice of a chunk carrying a reasoning model's reasoning (vLLM's and llama.cpp's field). */
+    reasoning: (text) => ({ delta: { reasoning_content: text } }),
+    final: (text, calls, reasoning) => {
+      const message = calls ? { role: "assistant", content: null, tool_calls: calls, refusal: null } : { role: "assistant", content: text, refusal: null };
+      if (reasoning != null) message.reasoning_content = reasoning;
+      return { message };
+    },
     /** The choice of the chunk carrying a reply's tool calls. */
     calls: (calls) => ({ delta: { tool_calls: calls.map((c, index) => ({ index, ...c })) } }),
   },
@@ -293,6 +301,7 @@ class Request {
       if (first) this.push(this.chunkOf(first));
     } else if (data.type === "token") {
       this.completionTokens += 1;
+      if (data.reasoning && this.shape.reasoning) this.push(this.chunkOf(this.shape.reasoning(data.reasoning)));
       if (data.text) this.stream(data.text);
     }
   }
@@ -339,7 +348,7 @@ class Request {
       object: this.shape.object,
       created: this.created,
       model: this.model,
-      choices: [{ index: 0, ...this.shape.final(r.text, calls), logprobs: null, finish_reason: r.finish_reason }],
+      choices: [{ index: 0, ...this.shape.final(r.text, calls, r.reasoning_content), logprobs: null, finish_reason: r.finish_reason }],
       usage,
       pagedlm: details,
     };
