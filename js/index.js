@@ -206,7 +206,8 @@ function checkPrompt(prompt) {
 }
 
 let completionCounter = 0;
-const TOOL_CALL_OPEN = "<tool_call>";
+/** How a reply of calls starts in each family's format: Hermes/Qwen, Phi-4-mini, Llama 3.x's bare JSON. */
+const TOOL_CALL_OPENERS = Object.freeze(["<tool_call>", "<|tool_call|>", "{"]);
 
 /**
  * The OpenAI shapes of one kind of request: chat (`chat.completion`, text in `delta.content`
@@ -259,7 +260,8 @@ class Request {
     this.completionTokens = 0;
     /**
      * With tools offered, streamed text is held back while it may still be the start of a tool
-     * call (`<tool_call>`): a reply of calls streams as `delta.tool_calls`, never as content.
+     * call (`<tool_call>`, `<|tool_call|>` or `{`, by family): a reply of calls streams as
+     * `delta.tool_calls`, never as content.
      */
     this.held = shape === SHAPES.chat && params.tools != null && params.tool_choice !== "none" ? "" : null;
     /** "queued" until the engine takes it, "running", then "done". */
@@ -311,7 +313,7 @@ class Request {
     if (this.held !== null) {
       this.held += text;
       const start = this.held.trimStart();
-      if (start.startsWith(TOOL_CALL_OPEN) || TOOL_CALL_OPEN.startsWith(start)) return;
+      if (TOOL_CALL_OPENERS.some((open) => start.startsWith(open) || open.startsWith(start))) return;
       [text, this.held] = [this.held, null];
     }
     this.content += text;
