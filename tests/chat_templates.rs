@@ -75,7 +75,7 @@ fn probes_find_what_each_template_does_with_tools_and_reasoning() {
         ("Qwen-Qwen3-0.6B.jinja", true, true, false, true),
         ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", false, true, true, true),
         ("google-gemma-2-2b-it.jinja", false, false, false, false),
-        ("google-gemma-3-it.jinja", false, false, false, false),
+        ("../gemma3/chat_template.jinja", false, false, false, false),
         ("meta-llama-Llama-3.2-3B-Instruct.jinja", true, true, false, false),
         ("microsoft-Phi-3.5-mini-instruct.jinja", false, false, false, false),
         ("microsoft-Phi-4-mini-instruct.jinja", false, false, false, false),
