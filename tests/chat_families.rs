@@ -13,32 +13,18 @@ use pagedlm::constraint::{Constraint, Grammars, Marker};
 use pagedlm::engine::{
     prepare_chat, BackendChoice, Engine, EngineOptions, ErrorKind, FinishReason, GenerateRequest, Message, Reasoning, SamplingParams, ToolFormat, Tools,
 };
-use pagedlm::gguf::{Gguf, MetaValue};
-use pagedlm::synth::{tiny_llama_gguf, GgufWriter, SynthConfig};
+use pagedlm::gguf::Gguf;
+use pagedlm::synth::{tiny_llama_gguf, SynthConfig};
 use pagedlm::tokenizer::{token_type, Tokenizer, TokenizerSpec};
 
-fn template(name: &str) -> String {
-    let path = format!("{}/tests/data/templates/{name}", env!("CARGO_MANIFEST_DIR"));
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
+mod common;
+
+use common::chat_template as template;
 
 /// The tiny synthetic model (byte-level vocabulary with ChatML's specials) with a context long
 /// enough for a prompt of tools spelled in bytes, its chat template replaced by `chat_template`.
 fn model_with(chat_template: &str) -> Vec<u8> {
-    let bytes = tiny_llama_gguf(&SynthConfig { context: 2048, ..SynthConfig::tiny() });
-    let g = Gguf::parse(&bytes).unwrap();
-    let mut w = GgufWriter::new();
-    for (k, v) in &g.metadata {
-        match k.as_str() {
-            "general.alignment" => {}
-            "tokenizer.chat_template" => w.add_meta(k.clone(), MetaValue::String(chat_template.to_string())).unwrap(),
-            _ => w.add_meta(k.clone(), v.clone()).unwrap(),
-        }
-    }
-    for t in &g.tensors {
-        w.add_tensor(t.name.clone(), &t.dims, t.ggml_type, g.tensor_data(t).to_vec()).unwrap();
-    }
-    w.to_bytes()
+    common::with_chat_template(&tiny_llama_gguf(&SynthConfig { context: 2048, ..SynthConfig::tiny() }), chat_template)
 }
 
 fn spec_with(chat_template: &str) -> TokenizerSpec {

@@ -261,6 +261,31 @@ pub async fn finish_streamed(
     done
 }
 
+/// A copy of the GGUF `bytes` with its `tokenizer.chat_template` replaced by `chat_template`.
+pub fn with_chat_template(bytes: &[u8], chat_template: &str) -> Vec<u8> {
+    use pagedlm::gguf::MetaValue;
+    let g = pagedlm::gguf::Gguf::parse(bytes).unwrap();
+    let mut w = pagedlm::synth::GgufWriter::new();
+    for (k, v) in &g.metadata {
+        match k.as_str() {
+            "general.alignment" => {}
+            "tokenizer.chat_template" => w.add_meta(k.clone(), MetaValue::String(chat_template.to_string())).unwrap(),
+            _ => w.add_meta(k.clone(), v.clone()).unwrap(),
+        }
+    }
+    for t in &g.tensors {
+        w.add_tensor(t.name.clone(), &t.dims, t.ggml_type, g.tensor_data(t).to_vec()).unwrap();
+    }
+    w.to_bytes()
+}
+
+/// A real chat template of tests/data/templates/ (native tests: read from disk).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn chat_template(name: &str) -> String {
+    let path = format!("{}/tests/data/templates/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
 /// A copy of the GGUF `bytes` with each tensor `pick` gives a type for re-encoded to it (through
 /// f32), and with `output.weight` added as the embedding re-encoded to `output` when given.
 pub fn retyped(bytes: &[u8], pick: &dyn Fn(&str) -> Option<pagedlm::gguf::GgmlType>, output: Option<pagedlm::gguf::GgmlType>) -> Vec<u8> {
