@@ -3,25 +3,43 @@
 //! in tests/data/templates/expected.json come from scripts/chat_templates_ref.py over the same
 //! cases (tests/data/templates/cases.json): with and without tools, a system message, several
 //! turns, with and without the generation prompt, a tool call and its result, Qwen3's
-//! `enable_thinking: false`, reasoning in the history.
+//! `enable_thinking: false`, reasoning in the history. Natively and in the browser (the renderer
+//! is part of the wasm package).
 
-use std::path::PathBuf;
+#[cfg(target_arch = "wasm32")]
+wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 use pagedlm::tokenizer::{ChatInput, ChatTemplate, TokenizerError};
 use serde_json::{Map, Value};
 
-fn data() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/templates")
-}
+const CASES: &str = include_str!("data/templates/cases.json");
+const EXPECTED: &str = include_str!("data/templates/expected.json");
+
+/// Every template cases.json names, by that name.
+const TEMPLATES: [(&str, &str); 10] = [
+    ("HuggingFaceTB-SmolLM2-135M-Instruct.jinja", include_str!("data/templates/HuggingFaceTB-SmolLM2-135M-Instruct.jinja")),
+    ("HuggingFaceTB-SmolLM3-3B.jinja", include_str!("data/templates/HuggingFaceTB-SmolLM3-3B.jinja")),
+    ("Qwen-Qwen2.5-7B-Instruct.jinja", include_str!("data/templates/Qwen-Qwen2.5-7B-Instruct.jinja")),
+    ("Qwen-Qwen3-0.6B.jinja", include_str!("data/templates/Qwen-Qwen3-0.6B.jinja")),
+    ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", include_str!("data/templates/deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja")),
+    ("../gemma3/chat_template.jinja", include_str!("data/gemma3/chat_template.jinja")),
+    ("google-gemma-2-2b-it.jinja", include_str!("data/templates/google-gemma-2-2b-it.jinja")),
+    ("meta-llama-Llama-3.2-3B-Instruct.jinja", include_str!("data/templates/meta-llama-Llama-3.2-3B-Instruct.jinja")),
+    ("microsoft-Phi-3.5-mini-instruct.jinja", include_str!("data/templates/microsoft-Phi-3.5-mini-instruct.jinja")),
+    ("microsoft-Phi-4-mini-instruct.jinja", include_str!("data/templates/microsoft-Phi-4-mini-instruct.jinja")),
+];
 
 fn read_json(name: &str) -> Value {
-    let text = std::fs::read_to_string(data().join(name)).unwrap_or_else(|e| panic!("tests/data/templates/{name}: {e}"));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("tests/data/templates/{name}: {e}"))
+    let text = match name {
+        "cases.json" => CASES,
+        _ => EXPECTED,
+    };
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("tests/data/templates/{name}: {e}"))
 }
 
 fn template(name: &str, tokens: &Value) -> ChatTemplate {
-    let source = std::fs::read_to_string(data().join(name)).unwrap();
-    ChatTemplate::new(&source, tokens["bos_token"].as_str().unwrap(), tokens["eos_token"].as_str().unwrap()).unwrap_or_else(|e| panic!("{name}: {e}"))
+    let source = TEMPLATES.iter().find(|(n, _)| *n == name).unwrap_or_else(|| panic!("{name} is not in TEMPLATES")).1;
+    ChatTemplate::new(source, tokens["bos_token"].as_str().unwrap(), tokens["eos_token"].as_str().unwrap()).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 fn input(spec: &Value, case: &Value) -> ChatInput {
@@ -34,11 +52,13 @@ fn input(spec: &Value, case: &Value) -> ChatInput {
     }
 }
 
-#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[cfg_attr(not(target_arch = "wasm32"), test)]
 fn every_family_renders_exactly_as_jinja2_does() {
     let spec = read_json("cases.json");
     let expected = read_json("expected.json");
     let mut compared = 0;
+    assert_eq!(spec["templates"].as_object().unwrap().len(), TEMPLATES.len(), "cases.json and TEMPLATES name the same templates");
     for (name, tokens) in spec["templates"].as_object().unwrap() {
         let template = template(name, tokens);
         for (case, c) in spec["cases"].as_object().unwrap() {
@@ -63,7 +83,8 @@ fn every_family_renders_exactly_as_jinja2_does() {
     assert!(compared >= 100, "only {compared} renderings compared");
 }
 
-#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+#[cfg_attr(not(target_arch = "wasm32"), test)]
 fn probes_find_what_each_template_does_with_tools_and_reasoning() {
     let spec = read_json("cases.json");
     let caps = |name: &str| template(name, &spec["templates"][name]).caps();
