@@ -528,7 +528,7 @@ fn generate_splits_reasoning_and_takes_chat_template_kwargs() {
     assert_eq!(got[0]["text"], "", "{}", got[0]);
     assert!(got[0]["reasoning_content"].is_string(), "{}", got[0]);
     // Qwen3 with `enable_thinking: false` from the item or the flag: the prompt closes the block.
-    std::fs::write(&model, common::with_chat_template(&tiny, &common::chat_template("Qwen-Qwen3-0.6B.jinja"))).unwrap();
+    std::fs::write(model, common::with_chat_template(&tiny, &common::chat_template("Qwen-Qwen3-0.6B.jinja"))).unwrap();
     std::fs::write(&items, r#"[{"id": "off", "messages": [{"role": "user", "content": "2 + 2?"}], "chat_template_kwargs": {"enable_thinking": false}}, {"id": "on", "messages": [{"role": "user", "content": "2 + 2?"}]}]"#).unwrap();
     let got = lines(&bin().args(["generate", "--model", model, "--input", items.to_str().unwrap(), "--max-tokens", "2"]).output().unwrap());
     let prompt_len = |g: &Value| g["prompt_tokens"].as_array().unwrap().len();
