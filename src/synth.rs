@@ -441,3 +441,21 @@ fn encode(t: GgmlType, values: &[f32]) -> Result<Vec<u8>, GgufError> {
 fn llama_file_type(t: GgmlType) -> u32 {
     WeightType::of(t).map_or(0, |row| row.llama_file_type)
 }
+
+/// A copy of the GGUF `bytes` with `tokenizer.chat_template` set to `chat_template` (a family's
+/// real template on a synthetic model: tests/data/templates/).
+pub fn with_chat_template(bytes: &[u8], chat_template: &str) -> Result<Vec<u8>, GgufError> {
+    let gguf = crate::gguf::Gguf::parse(bytes)?;
+    let mut w = GgufWriter::new();
+    for (key, value) in &gguf.metadata {
+        match key.as_str() {
+            "general.alignment" | "tokenizer.chat_template" => {}
+            _ => w.add_meta(key.clone(), value.clone())?,
+        }
+    }
+    w.add_meta("tokenizer.chat_template", MetaValue::String(chat_template.to_string()))?;
+    for t in &gguf.tensors {
+        w.add_tensor(t.name.clone(), &t.dims, t.ggml_type, gguf.tensor_data(t).to_vec())?;
+    }
+    Ok(w.to_bytes())
+}

@@ -263,20 +263,7 @@ pub async fn finish_streamed(
 
 /// A copy of the GGUF `bytes` with its `tokenizer.chat_template` replaced by `chat_template`.
 pub fn with_chat_template(bytes: &[u8], chat_template: &str) -> Vec<u8> {
-    use pagedlm::gguf::MetaValue;
-    let g = pagedlm::gguf::Gguf::parse(bytes).unwrap();
-    let mut w = pagedlm::synth::GgufWriter::new();
-    for (k, v) in &g.metadata {
-        match k.as_str() {
-            "general.alignment" => {}
-            "tokenizer.chat_template" => w.add_meta(k.clone(), MetaValue::String(chat_template.to_string())).unwrap(),
-            _ => w.add_meta(k.clone(), v.clone()).unwrap(),
-        }
-    }
-    for t in &g.tensors {
-        w.add_tensor(t.name.clone(), &t.dims, t.ggml_type, g.tensor_data(t).to_vec()).unwrap();
-    }
-    w.to_bytes()
+    pagedlm::synth::with_chat_template(bytes, chat_template).unwrap()
 }
 
 /// A real chat template of tests/data/templates/ (native tests: read from disk).
