@@ -251,6 +251,8 @@ class Request {
     this.created = Math.floor(Date.now() / 1000);
     this.includeUsage = !!params.stream_options?.include_usage;
     this.content = "";
+    /** The reasoning streamed so far (a reasoning model's think block). */
+    this.reasoning = "";
     this.chunks = [];
     this.waiters = [];
     this.finished = false;
@@ -303,7 +305,10 @@ class Request {
       if (first) this.push(this.chunkOf(first));
     } else if (data.type === "token") {
       this.completionTokens += 1;
-      if (data.reasoning && this.shape.reasoning) this.push(this.chunkOf(this.shape.reasoning(data.reasoning)));
+      if (data.reasoning && this.shape.reasoning) {
+        this.reasoning += data.reasoning;
+        this.push(this.chunkOf(this.shape.reasoning(data.reasoning)));
+      }
       if (data.text) this.stream(data.text);
     }
   }
@@ -354,6 +359,12 @@ class Request {
       usage,
       pagedlm: details,
     };
+    // The engine holds back the end of a reasoning block that may be the start of its closing
+    // marker; a reply that ended there gets it now, so the stream adds up to the message.
+    const reasoning = r.reasoning_content ?? "";
+    if (this.shape.reasoning && reasoning.length > this.reasoning.length && reasoning.startsWith(this.reasoning)) {
+      this.push(this.chunkOf(this.shape.reasoning(reasoning.slice(this.reasoning.length))));
+    }
     if (calls) {
       this.push(this.chunkOf(this.shape.calls(calls)));
     } else if (this.held) {
