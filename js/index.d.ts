@@ -134,6 +134,8 @@ export interface ChatMessage {
   tool_calls?: (ToolCall | { id: string; type: string })[];
   /** A `tool` message: the call it answers. */
   tool_call_id?: string;
+  /** An assistant reply's reasoning, as a reasoning model's reply returned it (templates that keep it, Qwen3's, write it back). */
+  reasoning_content?: string | null;
 }
 
 /** A function the model may call (OpenAI's function tool; other kinds are refused). */
@@ -193,6 +195,11 @@ export interface ChatCompletionCreateParams {
   tool_choice?: ToolChoice | OtherToolChoice;
   /** More than one call in a reply (one otherwise). */
   parallel_tool_calls?: boolean;
+  /**
+   * Extra variables for the model's own chat template, as vLLM and llama.cpp's server take them:
+   * `{enable_thinking: false}` turns Qwen3's (and SmolLM3's) reasoning off.
+   */
+  chat_template_kwargs?: Record<string, unknown>;
   signal?: AbortSignal;
 }
 
@@ -250,8 +257,18 @@ export interface ChatCompletion {
   object: "chat.completion";
   created: number;
   model: string;
-  /** A reply of tool calls has `content: null` and `tool_calls`, and finishes with `tool_calls`. */
-  choices: { index: 0; message: { role: "assistant"; content: string | null; refusal: null; tool_calls?: ToolCall[] }; logprobs: null; finish_reason: "stop" | "length" | "tool_calls" }[];
+  /**
+   * A reply of tool calls has `content: null` and `tool_calls`, and finishes with `tool_calls`.
+   * A reasoning model's reply (Qwen3, DeepSeek-R1 distills, SmolLM3) has what it wrote between
+   * its think markers in `reasoning_content` and its answer in `content`; structured output and
+   * tool calls apply to the answer.
+   */
+  choices: {
+    index: 0;
+    message: { role: "assistant"; content: string | null; refusal: null; tool_calls?: ToolCall[]; reasoning_content?: string };
+    logprobs: null;
+    finish_reason: "stop" | "length" | "tool_calls";
+  }[];
   usage: CompletionUsage;
   pagedlm: GenerationDetails;
 }
@@ -261,7 +278,13 @@ export interface ChatCompletionChunk {
   object: "chat.completion.chunk";
   created: number;
   model: string;
-  choices: { index: 0; delta: { role?: "assistant"; content?: string; tool_calls?: (ToolCall & { index: number })[] }; logprobs: null; finish_reason: "stop" | "length" | "tool_calls" | null }[];
+  /** A reasoning model's reasoning streams in `delta.reasoning_content`, its answer in `delta.content`. */
+  choices: {
+    index: 0;
+    delta: { role?: "assistant"; content?: string; reasoning_content?: string; tool_calls?: (ToolCall & { index: number })[] };
+    logprobs: null;
+    finish_reason: "stop" | "length" | "tool_calls" | null;
+  }[];
   /** Only on the last chunk, with stream_options.include_usage. */
   usage?: CompletionUsage;
   /** Only on the chunk that carries finish_reason. */
@@ -398,10 +421,12 @@ export interface EngineInfo {
     /** Tokens a local (sliding-window) attention layer sees; null when every layer is global. */
     sliding_window: number | null;
     /**
-     * The chat format `chat.completions.create` renders: null for a base model without a chat
-     * template, which takes `completions.create({prompt})` only (chat is INVALID_ARGUMENT).
+     * The family of the chat template `chat.completions.create` renders (the file's own Jinja
+     * template, whatever the family): "chatml", "gemma", "jinja" for another family (Llama 3,
+     * Phi, DeepSeek); null for a base model without a chat template, which takes
+     * `completions.create({prompt})` only (chat is INVALID_ARGUMENT).
      */
-    chat_template: "chatml" | "gemma" | null;
+    chat_template: "chatml" | "gemma" | "jinja" | null;
     /** Tensors of each weight type the file holds, by ggml's type name, e.g. {"F32": 61, "Q4_1": 210, "Q8_0": 1}. */
     weight_types: Record<string, number>;
   };

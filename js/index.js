@@ -131,8 +131,8 @@ class Channel {
 /**
  * Messages as OpenAI's SDK types them, for the engine: `content` a string or an array of text
  * parts (joined; image, audio and file parts are UNSUPPORTED), the `developer` role as `system`,
- * an assistant message's `tool_calls` (its `content` may then be null) and a `tool` message's
- * `tool_call_id` passed on.
+ * an assistant message's `tool_calls` (its `content` may then be null) and `reasoning_content`,
+ * and a `tool` message's `tool_call_id` passed on.
  */
 function checkMessages(messages) {
   if (!Array.isArray(messages) || messages.length === 0) {
@@ -147,6 +147,10 @@ function checkMessages(messages) {
     const content = calls && m.content == null ? null : messageText(m.content, i);
     const out = { role, content };
     if (calls) out.tool_calls = calls;
+    if (role === "assistant" && m.reasoning_content != null) {
+      if (typeof m.reasoning_content !== "string") throw invalid(`messages[${i}].reasoning_content must be a string`);
+      out.reasoning_content = m.reasoning_content;
+    }
     if (role === "tool") {
       if (typeof m.tool_call_id !== "string") throw invalid(`messages[${i}] (tool) needs tool_call_id: string`);
       out.tool_call_id = m.tool_call_id;
@@ -202,7 +206,8 @@ function checkPrompt(prompt) {
 }
 
 let completionCounter = 0;
-const TOOL_CALL_OPEN = "<tool_call>";
+/** How a reply of calls starts in each family's format: Hermes/Qwen, Phi-4-mini, Llama 3.x's bare JSON. */
+const TOOL_CALL_OPENERS = Object.freeze(["<tool_call>", "<|tool_call|>", "{"]);
 
 /**
  * The OpenAI shapes of one kind of request: chat (`chat.completion`, text in `delta.content`
@@ -217,9 +222,13 @@ const SHAPES = Object.freeze({
     first: () => ({ delta: { role: "assistant", content: "" } }),
     /** The choice of a chunk carrying `text` (undefined: none, as on the last chunk). */
     choice: (text) => (text === undefined ? { delta: {} } : { delta: { content: text } }),
-    final: (text, calls) => ({
-      message: calls ? { role: "assistant", content: null, tool_calls: calls, refusal: null } : { role: "assistant", content: text, refusal: null },
-    }),
+    /** The choice of a chunk carrying a reasoning model's reasoning (vLLM's and llama.cpp's field). */
+    reasoning: (text) => ({ delta: { reasoning_content: text } }),
+    final: (text, calls, reasoning) => {
+      const message = calls ? { role: "assistant", content: null, tool_calls: calls, refusal: null } : { role: "assistant", content: text, refusal: null };
+      if (reasoning != null) message.reasoning_content = reasoning;
+      return { message };
+    },
     /** The choice of the chunk carrying a reply's tool calls. */
     calls: (calls) => ({ delta: { tool_calls: calls.map((c, index) => ({ index, ...c })) } }),
   },
@@ -242,6 +251,8 @@ class Request {
     this.created = Math.floor(Date.now() / 1000);
     this.includeUsage = !!params.stream_options?.include_usage;
     this.content = "";
+    /** The reasoning streamed so far (a reasoning model's think block). */
+    this.reasoning = "";
     this.chunks = [];
     this.waiters = [];
     this.finished = false;
@@ -251,7 +262,8 @@ class Request {
     this.completionTokens = 0;
     /**
      * With tools offered, streamed text is held back while it may still be the start of a tool
-     * call (`<tool_call>`): a reply of calls streams as `delta.tool_calls`, never as content.
+     * call (`<tool_call>`, `<|tool_call|>` or `{`, by family): a reply of calls streams as
+     * `delta.tool_calls`, never as content.
      */
     this.held = shape === SHAPES.chat && params.tools != null && params.tool_choice !== "none" ? "" : null;
     /** "queued" until the engine takes it, "running", then "done". */
@@ -293,6 +305,10 @@ class Request {
       if (first) this.push(this.chunkOf(first));
     } else if (data.type === "token") {
       this.completionTokens += 1;
+      if (data.reasoning && this.shape.reasoning) {
+        this.reasoning += data.reasoning;
+        this.push(this.chunkOf(this.shape.reasoning(data.reasoning)));
+      }
       if (data.text) this.stream(data.text);
     }
   }
@@ -302,7 +318,7 @@ class Request {
     if (this.held !== null) {
       this.held += text;
       const start = this.held.trimStart();
-      if (start.startsWith(TOOL_CALL_OPEN) || TOOL_CALL_OPEN.startsWith(start)) return;
+      if (TOOL_CALL_OPENERS.some((open) => start.startsWith(open) || open.startsWith(start))) return;
       [text, this.held] = [this.held, null];
     }
     this.content += text;
@@ -339,10 +355,16 @@ class Request {
       object: this.shape.object,
       created: this.created,
       model: this.model,
-      choices: [{ index: 0, ...this.shape.final(r.text, calls), logprobs: null, finish_reason: r.finish_reason }],
+      choices: [{ index: 0, ...this.shape.final(r.text, calls, r.reasoning_content), logprobs: null, finish_reason: r.finish_reason }],
       usage,
       pagedlm: details,
     };
+    // The engine holds back the end of a reasoning block that may be the start of its closing
+    // marker; a reply that ended there gets it now, so the stream adds up to the message.
+    const reasoning = r.reasoning_content ?? "";
+    if (this.shape.reasoning && reasoning.length > this.reasoning.length && reasoning.startsWith(this.reasoning)) {
+      this.push(this.chunkOf(this.shape.reasoning(reasoning.slice(this.reasoning.length))));
+    }
     if (calls) {
       this.push(this.chunkOf(this.shape.calls(calls)));
     } else if (this.held) {

@@ -14,7 +14,7 @@ export const PACKAGE_OPTIONS = Object.freeze(["onProgress", "cache", "cacheName"
 /** Parameters of `chat.completions.create` and `completions.create` that go to the wasm engine (`WebEngine.submit`, `submitPrompt`). */
 export const REQUEST_OPTIONS = Object.freeze(["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "repetition_penalty", "response_format", "grammar"]);
 /** Engine options only chat requests take (a raw-text completion cannot offer tools). */
-export const CHAT_OPTIONS = Object.freeze(["tools", "tool_choice", "parallel_tool_calls"]);
+export const CHAT_OPTIONS = Object.freeze(["tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs"]);
 /** Parameters of `chat.completions.create` that js/index.js handles itself. */
 export const REQUEST_PARAMS = Object.freeze(["messages", "stream", "stream_options", "signal"]);
 /** Parameters of `completions.create` (completion mode) that js/index.js handles itself. */
@@ -28,7 +28,7 @@ export function requestOptions(params, chat = false) {
 }
 
 /**
- * @typedef {{role: string, content: string | null, tool_calls?: ToolCall[], tool_call_id?: string}} ChatMessage
+ * @typedef {{role: string, content: string | null, tool_calls?: ToolCall[], tool_call_id?: string, reasoning_content?: string}} ChatMessage
  * @typedef {{id: string, type: "function", function: {name: string, arguments: string}}} ToolCall
  * @typedef {{code: string, message: string}} ErrorBody
  * @typedef {{enabled: boolean, name: string}} CacheOptions
@@ -86,7 +86,7 @@ export const toWorker = Object.freeze({
  * @typedef {{type: "queued", id: number, prompt_tokens: number}} QueuedMessage  submitted to the engine
  * @typedef {{type: "begin", id: number, prompt_tokens: number, prefix_hit_tokens: number}} BeginMessage  admitted by the scheduler
  * @typedef {{type: "start", id: number, prompt_tokens: number}} StartMessage  before the first token
- * @typedef {{type: "token", id: number, text: string}} TokenMessage
+ * @typedef {{type: "token", id: number, text: string, reasoning?: string}} TokenMessage  `reasoning`: what the token adds to a reasoning reply's think block
  * @typedef {{type: "devicelost", message: string}} DeviceLostMessage  once per engine, with no id: its GPU device is gone
  * @typedef {{type: "held", id: number}} HeldMessage  on a load: the worker holds the load's lock (the page may now wait for it)
  * @typedef {{type: "done", id: number, result: object, stats: object}} DoneMessage  `result`: the engine's Generation plus queue_ms; `stats`: the pool right after
@@ -115,7 +115,7 @@ export const fromWorker = Object.freeze({
   /** @returns {StartMessage} */
   start: (id, prompt_tokens) => ({ type: "start", id, prompt_tokens }),
   /** @returns {TokenMessage} */
-  token: (id, text) => ({ type: "token", id, text }),
+  token: (id, text, reasoning) => (reasoning ? { type: "token", id, text, reasoning } : { type: "token", id, text }),
   /** @returns {DoneMessage} */
   done: (id, result, stats) => ({ type: "done", id, result, stats }),
   /** @returns {DeviceLostMessage} */

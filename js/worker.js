@@ -368,7 +368,7 @@ async function loop() {
       } else if (event.type === "token") {
         if (entry.tokens === 0) post(fromWorker.start(entry.id, entry.prompt_tokens));
         entry.tokens += 1;
-        post(fromWorker.token(entry.id, event.text));
+        post(fromWorker.token(entry.id, event.text, event.reasoning));
       } else if (event.type === "finished") {
         finish(entry, event.result);
       } else {

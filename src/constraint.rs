@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use llguidance::api::TopLevelGrammar;
+use llguidance::api::{GrammarWithLexer, TopLevelGrammar};
 use llguidance::{Matcher, ParserFactory};
 use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 
@@ -35,6 +35,40 @@ pub enum Constraint {
     Lark(String),
     /// A regular expression the whole output matches.
     Regex(String),
+    /// A reasoning block, then `body`: a reasoning model's reply thinks freely first and the
+    /// constraint applies after the block ends. `open` is the marker the reply starts with
+    /// (`<think>`; the block is then optional), or `None` when the prompt opened the block
+    /// already; `close` ends it. Blanks may follow the close.
+    AfterReasoning { open: Option<Marker>, close: Marker, body: Box<Constraint> },
+}
+
+/// A marker a grammar writes (`<think>`, `<|tool_call|>`): a special token of the vocabulary
+/// (matched by id: no text spells it) or plain text.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Marker {
+    pub text: String,
+    /// Its id when the vocabulary holds it as one control token.
+    pub special: Option<u32>,
+}
+
+impl Marker {
+    pub fn text(text: &str) -> Marker {
+        Marker { text: text.to_string(), special: None }
+    }
+
+    /// The marker in a Lark grammar: `<[id]>` for a special token, else a quoted string.
+    pub fn lark(&self) -> String {
+        match self.special {
+            Some(id) => format!("<[{id}]>"),
+            None => lark_string(&self.text),
+        }
+    }
+}
+
+/// `text` as a Lark string literal.
+pub fn lark_string(text: &str) -> String {
+    // A JSON string is a valid Lark string (the same escapes).
+    serde_json::Value::from(text).to_string()
 }
 
 impl Constraint {
@@ -143,15 +177,15 @@ impl Grammars {
     /// message.
     pub fn start(&self, constraint: &Constraint) -> Result<Constrained, ConstraintError> {
         let grammar = match constraint {
-            Constraint::JsonObject => TopLevelGrammar::from_json_schema(json_layout(serde_json::json!({"type": "object"}))),
-            Constraint::JsonSchema(schema) => {
-                if !schema.is_object() && !schema.is_boolean() {
-                    return Err(ConstraintError::Invalid("a JSON Schema is an object (or true / false)".into()));
-                }
-                TopLevelGrammar::from_json_schema(json_layout(schema.clone()))
+            Constraint::AfterReasoning { open, close, body } => {
+                // The body is a grammar of its own, which the reasoning grammar refers to.
+                let mut body = single_grammar(body)?;
+                body.name = Some("body".into());
+                let mut top = TopLevelGrammar::from_lark(reasoning_lark(open.as_ref(), close));
+                top.grammars.push(body);
+                top
             }
-            Constraint::Lark(text) => TopLevelGrammar::from_lark(text.clone()),
-            Constraint::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            single => TopLevelGrammar::from_grammar(single_grammar(single)?),
         };
         let parser = self.factory.create_parser(grammar).map_err(|e| ConstraintError::Invalid(e.to_string()))?;
         let matcher = Matcher::new(Ok(parser));
@@ -162,6 +196,37 @@ impl Grammars {
         c.refresh()?;
         Ok(c)
     }
+}
+
+/// One grammar of llguidance's: the constraint's JSON Schema, Lark grammar or expression.
+fn single_grammar(constraint: &Constraint) -> Result<GrammarWithLexer, ConstraintError> {
+    Ok(match constraint {
+        Constraint::JsonObject => GrammarWithLexer::from_json_schema(json_layout(serde_json::json!({"type": "object"}))),
+        Constraint::JsonSchema(schema) => {
+            if !schema.is_object() && !schema.is_boolean() {
+                return Err(ConstraintError::Invalid("a JSON Schema is an object (or true / false)".into()));
+            }
+            GrammarWithLexer::from_json_schema(json_layout(schema.clone()))
+        }
+        Constraint::Lark(text) => GrammarWithLexer::from_lark(text.clone()),
+        Constraint::Regex(rx) => GrammarWithLexer::from_regex(rx),
+        Constraint::AfterReasoning { .. } => return Err(ConstraintError::Invalid("a reasoning block inside a reasoning block".into())),
+    })
+}
+
+/// The reasoning block and then the grammar named `body`. Text up to a close written as text
+/// is a lazy lexeme (it ends at the first close); before a special-token close it is any text,
+/// which can never spell the token.
+fn reasoning_lark(open: Option<&Marker>, close: &Marker) -> String {
+    let block = match close.special {
+        None => format!("think[lazy]: /(?s:.*)/ {}\n", close.lark()),
+        Some(_) => format!("think: /(?s:.*)/ {}\n", close.lark()),
+    };
+    let start = match open {
+        None => "start: think BLANKS @body\n".to_string(),
+        Some(open) => format!("start: {} think BLANKS @body | @body\n", open.lark()),
+    };
+    format!("{start}{block}BLANKS: /[ \\t\\n]*/\n")
 }
 
 /// `schema` with pagedlm's default JSON layout unless it sets its own (`x-guidance`).

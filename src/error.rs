@@ -145,9 +145,10 @@ impl EngineError {
 
 fn tokenizer_kind(e: &TokenizerError) -> ErrorKind {
     match e {
-        // The file is fine; the caller asked for chat from a base model, or for a conversation
-        // the model's template cannot write: completion mode or other messages.
-        TokenizerError::NoChatTemplate | TokenizerError::ChatRoles { .. } => ErrorKind::InvalidArgument,
+        // The caller asked for chat from a base model, or for a conversation the model's
+        // template cannot write (it raised, or failed on these messages): completion mode or
+        // other messages.
+        TokenizerError::NoChatTemplate | TokenizerError::Template(_) => ErrorKind::InvalidArgument,
         _ => ErrorKind::ModelFormat,
     }
 }

@@ -16,6 +16,7 @@ pub mod kv;
 pub mod model;
 pub mod profile;
 pub mod quant;
+pub mod reasoning;
 pub mod request;
 pub mod rng;
 pub mod sampler;

@@ -4,6 +4,7 @@
 use crate::constraint::{Constrained, Constraint};
 use crate::error::EngineError;
 use crate::kv::SeqId;
+use crate::reasoning::{Reasoning, ReasoningSplitter};
 use crate::sampler::{Sampler, SamplingParams};
 use crate::time::now_ms;
 use crate::tokenizer::StreamDecoder;
@@ -39,27 +40,49 @@ pub struct GenerateRequest {
     pub constraint: Option<Constraint>,
     /// Functions the model may call ([`crate::tools`]): their grammar constrains the reply (with
     /// `constraint`, they are refused), and a reply of calls ends with
-    /// [`FinishReason::ToolCalls`]. The prompt must offer them ([`crate::tools::chat_messages`]).
+    /// [`FinishReason::ToolCalls`]. The prompt must offer them ([`crate::tools::template_input`]).
     pub tools: Option<Tools>,
+    /// Extra variables for the chat template of a chat request's prompt (OpenAI-style APIs'
+    /// `chat_template_kwargs`: Qwen3's `enable_thinking`, ...).
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// How the reply reasons, for a reasoning model's chat (set with the prompt,
+    /// [`crate::engine::Engine::prepare_chat`]): its reasoning block is returned apart
+    /// ([`Generation::reasoning_content`], [`Event::Token`]'s `reasoning`) and the constraint
+    /// applies after it.
+    pub reasoning: Option<Reasoning>,
 }
 
 impl GenerateRequest {
-    /// The constraint its output follows: `constraint`, or its tools' grammar.
+    /// The constraint its output follows: `constraint`, or its tools' grammar; after the
+    /// reasoning block when the reply reasons.
     pub fn output_constraint(&self) -> Result<Option<Constraint>, crate::constraint::ConstraintError> {
-        match (&self.constraint, &self.tools) {
+        let constraint = match (&self.constraint, &self.tools) {
             (Some(_), Some(t)) if t.offered() => {
-                Err(crate::constraint::ConstraintError::Invalid("tools cannot be combined with response_format or a grammar: give one".into()))
+                return Err(crate::constraint::ConstraintError::Invalid("tools cannot be combined with response_format or a grammar: give one".into()))
             }
-            (Some(c), _) => Ok(Some(c.clone())),
-            (None, Some(t)) => Ok(t.constraint()),
-            (None, None) => Ok(None),
-        }
+            (Some(c), _) => Some(c.clone()),
+            (None, Some(t)) => t.constraint(),
+            (None, None) => None,
+        };
+        Ok(match (constraint, &self.reasoning) {
+            (Some(c), Some(r)) => Some(r.constraint(c)),
+            (c, _) => c,
+        })
     }
 }
 
 impl Default for GenerateRequest {
     fn default() -> Self {
-        GenerateRequest { max_tokens: 128, sampling: SamplingParams::greedy(), stop: Vec::new(), ignore_eos: false, constraint: None, tools: None }
+        GenerateRequest {
+            max_tokens: 128,
+            sampling: SamplingParams::greedy(),
+            stop: Vec::new(),
+            ignore_eos: false,
+            constraint: None,
+            tools: None,
+            chat_template_kwargs: serde_json::Map::new(),
+            reasoning: None,
+        }
     }
 }
 
@@ -85,15 +108,23 @@ pub(crate) struct Handling {
 /// One generated token as streamed to the caller.
 pub struct TokenEvent<'a> {
     pub id: u32,
-    /// Text completed by this token (may be empty while a UTF-8 character is incomplete).
+    /// Text completed by this token (may be empty while a UTF-8 character is incomplete); for a
+    /// reasoning reply, the answer's text only.
     pub text: &'a str,
+    /// Reasoning completed by this token (empty unless the reply reasons).
+    pub reasoning: &'a str,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Generation {
     pub prompt_tokens: Vec<u32>,
     pub tokens: Vec<u32>,
+    /// The reply; for a reasoning reply, its answer (what follows the reasoning block).
     pub text: String,
+    /// The reasoning block of a reasoning reply (the text between the think markers, without
+    /// them and the blanks around it); absent when the reply has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     pub finish_reason: FinishReason,
     /// Prompt tokens whose K/V came from the prefix cache.
     pub prefix_hit_tokens: u32,
@@ -122,8 +153,9 @@ pub enum Event {
     /// The scheduler admitted the request for the first time: its prompt's K/V are being
     /// computed from now on, `prefix_hit_tokens` of them came from the prefix cache.
     Admitted { id: RequestId, prompt_tokens: u32, prefix_hit_tokens: u32 },
-    /// A generated token and the text it completes.
-    Token { id: RequestId, token: u32, text: String },
+    /// A generated token and the text it completes: `reasoning` what it adds to a reasoning
+    /// block, `text` what it adds to the reply (its answer, for a reasoning reply).
+    Token { id: RequestId, token: u32, text: String, reasoning: String },
     /// The request ended: its generation, or the error that ended it.
     Finished { id: RequestId, result: Result<Generation, EngineError> },
 }
@@ -146,8 +178,8 @@ pub(crate) struct RowSampling {
 /// What a request did with a token it was given ([`Request::accept`]).
 #[derive(Debug, Default)]
 pub(crate) struct Accepted {
-    /// The token and the text it completes, to stream to the caller.
-    pub token: Option<(u32, String)>,
+    /// The token, the text it completes and the reasoning it completes, to stream to the caller.
+    pub token: Option<(u32, String, String)>,
     /// Set when the request ends with this token.
     pub finish: Option<FinishReason>,
     /// Set when the request fails with this token (its constraint's matcher failed).
@@ -166,8 +198,11 @@ pub(crate) struct Request {
     decoder: StreamDecoder,
     /// The constraint's matcher, past every generated token (its mask is the next token's).
     constrained: Option<Constrained>,
+    /// Splits a reasoning reply's text as it streams.
+    splitter: Option<ReasoningSplitter>,
     /// Tokens generated so far (streamed to the caller).
     generated: Vec<u32>,
+    /// The reply as the model wrote it (reasoning block included).
     text: String,
     /// The sequence while running.
     pub seq: Option<SeqId>,
@@ -190,6 +225,7 @@ impl Request {
         Request {
             id,
             prompt,
+            splitter: params.reasoning.as_ref().map(Reasoning::splitter),
             params,
             sampler: handling.sampler,
             decoder: handling.decoder,
@@ -341,7 +377,11 @@ impl Request {
             self.pending = Some(next);
         }
         let finish = if complete { Some(FinishReason::Stop) } else { length.then_some(FinishReason::Length) };
-        Accepted { token: Some((next, piece)), finish, failure: None }
+        let (reasoning, answer) = match &mut self.splitter {
+            Some(splitter) => splitter.push(&piece),
+            None => (String::new(), piece),
+        };
+        Accepted { token: Some((next, answer, reasoning)), finish, failure: None }
     }
 
     /// Called when it is preempted: its K/V are gone (to the prefix cache) and it waits again.
@@ -360,14 +400,19 @@ impl Request {
         let now = now_ms();
         let prefill_done = self.prefill_done_ms.unwrap_or(now);
         let hit = self.first_hit.unwrap_or(0);
+        let (reasoning_content, text) = match &self.params.reasoning {
+            Some(r) => r.split(&self.text),
+            None => (None, self.text.clone()),
+        };
         let tool_calls = match (&self.params.tools, reason) {
-            (Some(tools), FinishReason::Stop) => tools.read_calls(&self.text, &format!("call_{}_", self.id.0)),
+            (Some(tools), FinishReason::Stop) => tools.read_calls(&text, &format!("call_{}_", self.id.0)),
             _ => None,
         };
         Generation {
             prompt_tokens: self.prompt.clone(),
             tokens: self.generated.clone(),
-            text: self.text.clone(),
+            text,
+            reasoning_content,
             finish_reason: if tool_calls.is_some() { FinishReason::ToolCalls } else { reason },
             prefix_hit_tokens: hit,
             prefill_tokens: self.prompt.len() as u32 - hit,

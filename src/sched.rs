@@ -495,8 +495,8 @@ impl Scheduler {
         for (id, (token, _)) in wants.into_iter().zip(outputs) {
             let Some(i) = self.still_running(id) else { continue };
             let accepted = self.running[i].accept(token, eos, kv.max_seq_len);
-            if let Some((token, text)) = accepted.token {
-                events.push(Event::Token { id, token, text });
+            if let Some((token, text, reasoning)) = accepted.token {
+                events.push(Event::Token { id, token, text, reasoning });
             }
             done.extend(accepted.finish.map(|reason| (id, Ok(reason))));
             done.extend(accepted.failure.map(|e| (id, Err(e))));

@@ -641,3 +641,21 @@ pub fn family_model(name: &str) -> Option<SynthConfig> {
     };
     Some(SynthConfig { family: Some(family), rope_base: 10_000.0, eps: 1e-6, ..base })
 }
+
+/// A copy of the GGUF `bytes` with `tokenizer.chat_template` set to `chat_template` (a family's
+/// real template on a synthetic model: tests/data/templates/).
+pub fn with_chat_template(bytes: &[u8], chat_template: &str) -> Result<Vec<u8>, GgufError> {
+    let gguf = crate::gguf::Gguf::parse(bytes)?;
+    let mut w = GgufWriter::new();
+    for (key, value) in &gguf.metadata {
+        match key.as_str() {
+            "general.alignment" | "tokenizer.chat_template" => {}
+            _ => w.add_meta(key.clone(), value.clone())?,
+        }
+    }
+    w.add_meta("tokenizer.chat_template", MetaValue::String(chat_template.to_string()))?;
+    for t in &gguf.tensors {
+        w.add_tensor(t.name.clone(), &t.dims, t.ggml_type, gguf.tensor_data(t).to_vec())?;
+    }
+    Ok(w.to_bytes())
+}

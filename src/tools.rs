@@ -2,8 +2,13 @@
 //! `parallel_tool_calls`), the conversation written for the model with them, the grammar a call
 //! must follow, and the reply read back as calls.
 //!
-//! The format is the one Hermes and Qwen models are trained on, rendered inside the model's own
-//! chat template (ChatML for SmolLM2, turns for Gemma 3):
+//! Each family calls in its own format ([`ToolFormat`], found from the chat template): Qwen and
+//! Hermes `<tool_call>\n{"name", "arguments"}\n</tool_call>`, Llama 3.x a bare `{"name",
+//! "parameters"}` object, Phi-4-mini `<|tool_call|>[{"name", "arguments"}, ...]<|/tool_call|>`.
+//! A template that writes `tools` itself (Qwen, Llama 3.x) gets them and the conversation's
+//! calls and results as they are ([`template_input`]); Phi-4-mini's takes them in its system
+//! message's `tools` field. Other templates (SmolLM2, Gemma) get the Hermes format written into
+//! the conversation:
 //! - the offered functions go at the end of the system turn (after the caller's system message,
 //!   or the template's default one): a `# Tools` section with one `{"type": "function",
 //!   "function": {name, description, parameters}}` line per function inside `<tools></tools>`,
@@ -22,8 +27,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::constraint::{json_layout, Constraint, ConstraintError};
-use crate::tokenizer::ChatMessage;
+use crate::constraint::{json_layout, Constraint, ConstraintError, Marker};
 
 const CALL_OPEN: &str = "<tool_call>";
 const CALL_CLOSE: &str = "</tool_call>";
@@ -58,6 +62,56 @@ pub struct Tools {
     /// More than one call in a reply (`parallel_tool_calls: true`; one call otherwise: small
     /// models asked for "one or more" tend to repeat a call until the token limit).
     pub parallel: bool,
+    /// How the model writes a call: its family's format, which the engine sets from the chat
+    /// template when it renders the prompt ([`ToolFormat::Hermes`] until then).
+    pub format: ToolFormat,
+}
+
+/// How a family writes tool calls.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum ToolFormat {
+    /// `<tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call>`, several separated by a
+    /// newline (Qwen 2.5 and 3, Hermes; and the format pagedlm writes into templates that know
+    /// no tools).
+    #[default]
+    Hermes,
+    /// `{"name": NAME, "parameters": ARGS}`, one call (Llama 3.x's JSON tool calling).
+    Llama3,
+    /// `<|tool_call|>[{"name": NAME, "arguments": ARGS}, ...]<|/tool_call|>` (Phi-4-mini),
+    /// the markers being special tokens of its vocabulary.
+    Phi4 { open: Marker, close: Marker },
+}
+
+impl ToolFormat {
+    /// The format of a chat template's family, from its text and what it renders (`renders_tools`:
+    /// it writes the `tools` variable). `marker` is how the vocabulary holds a marker, `None`
+    /// when it is not one token. Phi-4-mini's template takes the tools in the system message's
+    /// `tools` field and its vocabulary has `<|tool_call|>`; Llama 3.x's writes the tools and
+    /// asks for `"parameters"`; everything else is Hermes.
+    pub fn detect(template: &str, renders_tools: bool, marker: &dyn Fn(&str) -> Option<Marker>) -> ToolFormat {
+        if template.contains("message['tools']") || template.contains("<|tool_call|>") {
+            if let (Some(open), Some(close)) = (marker("<|tool_call|>"), marker("<|/tool_call|>")) {
+                return ToolFormat::Phi4 { open, close };
+            }
+        }
+        if renders_tools && !template.contains("<tool_call>") && template.contains("<|start_header_id|>") && template.contains("\"parameters\"") {
+            return ToolFormat::Llama3;
+        }
+        ToolFormat::Hermes
+    }
+
+    /// The text of calls in an assistant turn of the history, for templates that do not write
+    /// `tool_calls` themselves. `args` are JSON texts.
+    fn calls_text(&self, calls: &[(&str, String)]) -> String {
+        let call = |(name, args): &(&str, String), key: &str| format!("{{\"name\": {}, \"{key}\": {args}}}", Value::from(*name));
+        match self {
+            ToolFormat::Hermes => calls.iter().map(|c| format!("{CALL_OPEN}\n{}\n{CALL_CLOSE}", call(c, "arguments"))).collect::<Vec<_>>().join("\n"),
+            ToolFormat::Llama3 => calls.iter().map(|c| call(c, "parameters")).collect::<Vec<_>>().join("; "),
+            ToolFormat::Phi4 { open, close } => {
+                format!("{}[{}]{}", open.text, calls.iter().map(|c| call(c, "arguments")).collect::<Vec<_>>().join(", "), close.text)
+            }
+        }
+    }
 }
 
 /// A call in a reply or in an assistant message of the history, as OpenAI writes it:
@@ -92,6 +146,10 @@ pub struct Message {
     pub tool_calls: Vec<ToolCall>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// An assistant reply's reasoning (what a reasoning model wrote between its think markers),
+    /// which some templates write back (Qwen3's, for the turns after the last user message).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 fn invalid(why: impl Into<String>) -> ConstraintError {
@@ -152,7 +210,7 @@ impl Tools {
                 ToolChoice::Function(name.to_string())
             }
         };
-        Ok(Tools { functions, choice, parallel: parallel.unwrap_or(false) })
+        Ok(Tools { functions, choice, parallel: parallel.unwrap_or(false), format: ToolFormat::default() })
     }
 
     /// A request's `tools`, `tool_choice` and `parallel_tool_calls` options as the CLI and the
@@ -172,28 +230,68 @@ impl Tools {
         self.choice != ToolChoice::None
     }
 
-    /// The grammar of the reply: calls of the offered functions (or, under `auto`, text that
-    /// does not start a call). `None` under `none`.
+    /// The grammar of the reply in the tools' [`ToolFormat`]: calls of the offered functions (or,
+    /// under `auto`, text that does not start a call). `None` under `none`.
     pub fn constraint(&self) -> Option<Constraint> {
         let callable: Vec<(usize, &Function)> = match &self.choice {
             ToolChoice::None => return None,
             ToolChoice::Function(name) => self.functions.iter().enumerate().filter(|(_, f)| &f.name == name).collect(),
             _ => self.functions.iter().enumerate().collect(),
         };
+        // Text under `auto` must not start the way a call does (a special-token opener cannot
+        // be spelled by text at all).
+        let text_start = match &self.format {
+            ToolFormat::Hermes => Some(CALL_OPEN.to_string()),
+            ToolFormat::Llama3 => Some("{".to_string()),
+            ToolFormat::Phi4 { open, .. } => open.special.is_none().then(|| open.text.clone()),
+        };
         let mut lark = String::new();
-        lark.push_str(match (&self.choice, self.parallel) {
-            (ToolChoice::Auto, _) => "start: TEXT | calls\nTEXT: /(?s:.+)/ & ~/(?s:[ \\t\\n]*<tool_call>.*)/\n",
-            _ => "start: calls\n",
+        lark.push_str(
+            match (&self.choice, text_start) {
+                (ToolChoice::Auto, Some(opener)) => format!("start: TEXT | calls\nTEXT: /(?s:.+)/ & ~/(?s:[ \\t\\n]*{}.*)/\n", regex_escape(&opener)),
+                (ToolChoice::Auto, None) => "start: TEXT | calls\nTEXT: /(?s:.+)/\n".to_string(),
+                _ => "start: calls\n".to_string(),
+            }
+            .as_str(),
+        );
+        let (key, separator) = match &self.format {
+            ToolFormat::Hermes => ("arguments", "\"\\n\""),
+            ToolFormat::Llama3 => ("parameters", "\"; \""),
+            ToolFormat::Phi4 { .. } => ("arguments", "\", \""),
+        };
+        // Llama 3.x's templates take one call per turn.
+        let parallel = self.parallel && self.format != ToolFormat::Llama3;
+        lark.push_str(&if parallel {
+            format!("calls: {} call ({separator} call)* {}\n", self.calls_open(), self.calls_close())
+        } else {
+            format!("calls: {} call {}\n", self.calls_open(), self.calls_close())
         });
-        lark.push_str(if self.parallel { "calls: call (\"\\n\" call)*\n" } else { "calls: call\n" });
         let alternatives: Vec<String> = callable.iter().map(|(i, _)| format!("f{i}")).collect();
-        lark.push_str(&format!("call: \"<tool_call>\\n\" ({}) \"\\n</tool_call>\"\n", alternatives.join(" | ")));
+        lark.push_str(&match &self.format {
+            ToolFormat::Hermes => format!("call: \"<tool_call>\\n\" ({}) \"\\n</tool_call>\"\n", alternatives.join(" | ")),
+            _ => format!("call: {}\n", alternatives.join(" | ")),
+        });
         for (i, f) in callable {
             // Names are [A-Za-z0-9_-]: nothing to escape inside the Lark string.
-            lark.push_str(&format!("f{i}: \"{{\\\"name\\\": \\\"{}\\\", \\\"arguments\\\": \" a{i} \"}}\"\n", f.name));
+            lark.push_str(&format!("f{i}: \"{{\\\"name\\\": \\\"{}\\\", \\\"{key}\\\": \" a{i} \"}}\"\n", f.name));
             lark.push_str(&format!("a{i}: %json {}\n", json_layout(f.parameters.clone())));
         }
         Some(Constraint::Lark(lark))
+    }
+
+    /// What a reply of calls starts and ends with around the calls themselves, in Lark.
+    fn calls_open(&self) -> String {
+        match &self.format {
+            ToolFormat::Phi4 { open, .. } => format!("{} \"[\"", open.lark()),
+            _ => String::new(),
+        }
+    }
+
+    fn calls_close(&self) -> String {
+        match &self.format {
+            ToolFormat::Phi4 { close, .. } => format!("\"]\" {}", close.lark()),
+            _ => String::new(),
+        }
     }
 
     /// The text the system turn ends with when the functions are offered.
@@ -218,13 +316,44 @@ impl Tools {
         text
     }
 
-    /// The calls a reply holds, when it is calls (it starts with `<tool_call>`, each call parses
+    /// The calls a reply holds in the tools' [`ToolFormat`], when it is calls (each call parses
     /// and names an offered function, and nothing but blanks lies between or after them);
     /// `None` when it is text. Call `k` gets the id `{id_prefix}{k}`.
     pub fn read_calls(&self, reply: &str, id_prefix: &str) -> Option<Vec<ToolCall>> {
         if !self.offered() {
             return None;
         }
+        let calls = match &self.format {
+            ToolFormat::Hermes => self.read_hermes(reply)?,
+            ToolFormat::Llama3 => read_json_calls(reply.trim(), ';')?,
+            ToolFormat::Phi4 { open, close } => {
+                let mut rest = reply.trim_start();
+                let mut calls = Vec::new();
+                while let Some(body) = rest.strip_prefix(open.text.as_str()) {
+                    let end = body.find(close.text.as_str())?;
+                    let list = body[..end].trim();
+                    calls.extend(read_json_calls(list.strip_prefix('[')?.strip_suffix(']')?.trim(), ',')?);
+                    rest = body[end + close.text.len()..].trim_start();
+                }
+                if !rest.is_empty() {
+                    return None;
+                }
+                calls
+            }
+        };
+        if calls.is_empty() || !calls.iter().all(|(name, _)| self.functions.iter().any(|f| &f.name == name)) {
+            return None;
+        }
+        let calls = calls.into_iter().enumerate().map(|(k, (name, arguments))| ToolCall {
+            id: format!("{id_prefix}{k}"),
+            kind: function_type(),
+            function: FunctionCall { name, arguments },
+        });
+        Some(calls.collect())
+    }
+
+    /// Hermes calls: `<tool_call>` JSON `</tool_call>`, one after the other.
+    fn read_hermes(&self, reply: &str) -> Option<Vec<(String, String)>> {
         let mut rest = reply.trim_start();
         let mut calls = Vec::new();
         while let Some(body) = rest.strip_prefix(CALL_OPEN) {
@@ -233,18 +362,57 @@ impl Tools {
             let call: Value = serde_json::from_str(text).ok()?;
             let name = call.get("name").and_then(Value::as_str)?;
             let arguments = call.get("arguments").filter(|a| a.is_object())?;
-            if !self.functions.iter().any(|f| f.name == name) {
-                return None;
-            }
-            calls.push(ToolCall {
-                id: format!("{id_prefix}{}", calls.len()),
-                kind: function_type(),
-                function: FunctionCall { name: name.to_string(), arguments: raw_arguments(text, name).unwrap_or_else(|| arguments.to_string()) },
-            });
+            calls.push((name.to_string(), raw_arguments(text, name).unwrap_or_else(|| arguments.to_string())));
             rest = body[end + CALL_CLOSE.len()..].trim_start();
         }
-        (!calls.is_empty() && rest.is_empty()).then_some(calls)
+        rest.is_empty().then_some(calls)
     }
+}
+
+/// One call as JSON: `{"name": NAME, "arguments" | "parameters": {...}}`, its arguments kept as
+/// the model wrote them.
+#[derive(Deserialize)]
+struct JsonCall<'a> {
+    name: String,
+    #[serde(alias = "parameters", borrow)]
+    arguments: &'a serde_json::value::RawValue,
+}
+
+/// JSON calls one after the other, `separator` (and blanks) between them.
+fn read_json_calls(text: &str, separator: char) -> Option<Vec<(String, String)>> {
+    let mut calls = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<JsonCall>();
+        let call = stream.next()?.ok()?;
+        if !call.arguments.get().trim_start().starts_with('{') {
+            return None;
+        }
+        calls.push((call.name, call.arguments.get().to_string()));
+        rest = rest[stream.byte_offset()..].trim_start();
+        if let Some(after) = rest.strip_prefix(separator) {
+            rest = after.trim_start();
+            if rest.is_empty() {
+                return None;
+            }
+        } else if !rest.is_empty() {
+            return None;
+        }
+    }
+    Some(calls)
+}
+
+/// `text` with the characters a regular expression gives meaning to escaped (and `/`, which ends
+/// a Lark regex).
+fn regex_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$/".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// The arguments of a call `{"name": NAME, "arguments": ARGS}` as the model wrote them (the form
@@ -255,18 +423,51 @@ fn raw_arguments(call: &str, name: &str) -> Option<String> {
     serde_json::from_str::<Value>(args).ok().map(|_| args.to_string())
 }
 
-/// The conversation as the chat template takes it: `tools`' section at the end of the system
-/// turn when they are offered (after the first message when it is a system one, else after
-/// `default_system`, the template's own), assistant `tool_calls` written as calls and `tool`
-/// messages as `<tool_response>` user turns (see the module docs). A `developer` message is a
-/// system one. A message other than an assistant one without content is refused.
-pub fn chat_messages(messages: &[Message], tools: Option<&Tools>, default_system: Option<&str>) -> Result<Vec<ChatMessage>, ConstraintError> {
-    let mut out: Vec<ChatMessage> = Vec::with_capacity(messages.len() + 1);
-    if let Some(tools) = tools.filter(|t| t.offered()) {
-        let first_is_system = messages.first().is_some_and(|m| m.role == "system" || m.role == "developer");
-        if !first_is_system {
-            let system = default_system.map(|s| format!("{s}\n\n")).unwrap_or_default();
-            out.push(ChatMessage::new("system", format!("{system}{}", tools.system_text())));
+/// What a chat template does with tools, for [`template_input`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TemplateStyle {
+    /// It writes the `tools` variable and assistant `tool_calls` (Qwen, Llama 3.x): they are
+    /// given as they are, and `tool` messages stay `tool` messages.
+    pub native: bool,
+    /// Its `tool_calls` take `arguments` as a JSON text rather than an object.
+    pub string_arguments: bool,
+    /// How the family calls ([`ToolFormat::Phi4`]: the tools go in the system message's
+    /// `tools` field, as a JSON text).
+    pub format: ToolFormat,
+    /// The template's own system prompt, which tools written into the system turn follow when
+    /// the conversation has none.
+    pub default_system: Option<String>,
+}
+
+/// Phi-4-mini's system prompt when tools are offered to a conversation without one (its model
+/// card's).
+const PHI4_TOOLS_SYSTEM: &str = "You are a helpful assistant with some tools.";
+
+/// The conversation and tools as the chat template takes them (OpenAI-shaped JSON: the messages,
+/// and the `tools` variable, `None` when the template is not given any). A `developer` message
+/// is a system one; an assistant message without content has content `""` (templates
+/// concatenate it); `reasoning_content` is passed on (Qwen3's template writes it back).
+///
+/// With a [`TemplateStyle::native`] template, offered tools are its `tools`, calls its messages'
+/// `tool_calls` (arguments as objects unless it wants text) and results its `tool` messages.
+/// With Phi-4-mini's, the functions go as JSON text into the system message's `tools` field,
+/// calls into the assistant's content. Otherwise the Hermes section goes at the end of the
+/// system turn (after the first message when it is a system one, else after the template's
+/// default system prompt), calls are written into the assistant's content in the family's
+/// format and results become `<tool_response>` user turns (consecutive ones share the turn),
+/// which every template accepts. A message other than an assistant one without content is
+/// refused.
+pub fn template_input(messages: &[Message], tools: Option<&Tools>, style: &TemplateStyle) -> Result<(Vec<Value>, Option<Vec<Value>>), ConstraintError> {
+    let offered = tools.filter(|t| t.offered());
+    let phi4 = matches!(style.format, ToolFormat::Phi4 { .. });
+    let mut out: Vec<Value> = Vec::with_capacity(messages.len() + 1);
+    let first_is_system = messages.first().is_some_and(|m| m.role == "system" || m.role == "developer");
+    if let (Some(tools), false) = (offered, first_is_system) {
+        if phi4 {
+            out.push(serde_json::json!({"role": "system", "content": PHI4_TOOLS_SYSTEM, "tools": tools.functions_json()}));
+        } else if !style.native {
+            let system = style.default_system.as_deref().map(|s| format!("{s}\n\n")).unwrap_or_default();
+            out.push(serde_json::json!({"role": "system", "content": format!("{system}{}", tools.system_text())}));
         }
     }
     let mut in_tool_turn = false;
@@ -277,44 +478,131 @@ pub fn chat_messages(messages: &[Message], tools: Option<&Tools>, default_system
             return Err(invalid(format!("messages[{i}] ({}) has no content", m.role)));
         }
         let content = content.unwrap_or_default();
+        let mut message = serde_json::Map::new();
         match m.role.as_str() {
-            "tool" => {
+            "tool" if !style.native && !phi4 => {
                 let response = format!("<tool_response>\n{content}\n</tool_response>");
                 match out.last_mut().filter(|_| in_tool_turn) {
-                    Some(turn) => turn.content = format!("{}\n{response}", turn.content),
-                    None => out.push(ChatMessage::new("user", response)),
+                    Some(turn) => turn["content"] = Value::from(format!("{}\n{response}", turn["content"].as_str().unwrap_or_default())),
+                    None => out.push(serde_json::json!({"role": "user", "content": response})),
                 }
                 in_tool_turn = true;
                 continue;
             }
-            "assistant" if !m.tool_calls.is_empty() => {
-                let mut text = content.to_string();
-                for call in &m.tool_calls {
-                    // Arguments that are not JSON are kept as a JSON string.
-                    // Arguments are written as they came (a reply's are the text the model
-                    // wrote, so its K/V can be reused); ones that are not JSON as a JSON string.
-                    let raw = call.function.arguments.trim();
-                    let args = if serde_json::from_str::<Value>(raw).is_ok() { raw.to_string() } else { Value::from(raw).to_string() };
-                    let body = format!("{{\"name\": {}, \"arguments\": {args}}}", Value::from(call.function.name.as_str()));
-                    if !text.is_empty() {
-                        text.push('\n');
-                    }
-                    text.push_str(&format!("{CALL_OPEN}\n{body}\n{CALL_CLOSE}"));
+            "tool" => {
+                message.insert("role".into(), "tool".into());
+                message.insert("content".into(), content.into());
+                if let Some(id) = &m.tool_call_id {
+                    message.insert("tool_call_id".into(), id.as_str().into());
                 }
-                out.push(ChatMessage::new("assistant", text));
+            }
+            "assistant" if !m.tool_calls.is_empty() && style.native => {
+                message.insert("role".into(), "assistant".into());
+                message.insert("content".into(), content.into());
+                let calls = m.tool_calls.iter().map(|call| {
+                    let raw = call.function.arguments.trim();
+                    let arguments = match serde_json::from_str::<Value>(raw) {
+                        Ok(parsed) if !style.string_arguments => parsed,
+                        _ => Value::from(raw),
+                    };
+                    serde_json::json!({"id": call.id, "type": call.kind, "function": {"name": call.function.name, "arguments": arguments}})
+                });
+                message.insert("tool_calls".into(), Value::Array(calls.collect()));
+            }
+            "assistant" if !m.tool_calls.is_empty() => {
+                // Arguments are written as they came (a reply's are the text the model wrote, so
+                // its K/V can be reused); ones that are not JSON as a JSON string.
+                let calls: Vec<(&str, String)> = m
+                    .tool_calls
+                    .iter()
+                    .map(|call| {
+                        let raw = call.function.arguments.trim();
+                        let args = if serde_json::from_str::<Value>(raw).is_ok() { raw.to_string() } else { Value::from(raw).to_string() };
+                        (call.function.name.as_str(), args)
+                    })
+                    .collect();
+                let format = if phi4 { &style.format } else { &ToolFormat::Hermes };
+                let calls = format.calls_text(&calls);
+                let text = if content.is_empty() { calls } else { format!("{content}\n{calls}") };
+                message.insert("role".into(), "assistant".into());
+                message.insert("content".into(), text.into());
             }
             "system" | "developer" => {
-                let mut text = content.to_string();
-                if let Some(tools) = tools.filter(|t| t.offered() && i == 0) {
-                    text = format!("{text}\n\n{}", tools.system_text());
+                message.insert("role".into(), "system".into());
+                match offered.filter(|_| i == 0) {
+                    Some(tools) if phi4 => {
+                        message.insert("content".into(), content.into());
+                        message.insert("tools".into(), tools.functions_json().into());
+                    }
+                    Some(tools) if !style.native => {
+                        message.insert("content".into(), format!("{content}\n\n{}", tools.system_text()).into());
+                    }
+                    _ => {
+                        message.insert("content".into(), content.into());
+                    }
                 }
-                out.push(ChatMessage::new("system", text));
             }
-            role => out.push(ChatMessage::new(role, content)),
+            role => {
+                message.insert("role".into(), role.into());
+                message.insert("content".into(), content.into());
+            }
         }
+        if let (Some(reasoning), "assistant") = (&m.reasoning_content, m.role.as_str()) {
+            message.insert("reasoning_content".into(), reasoning.as_str().into());
+        }
+        out.push(Value::Object(message));
         in_tool_turn = false;
     }
-    Ok(out)
+    let tools = offered.filter(|_| style.native).map(Tools::openai_json);
+    Ok((out, tools))
+}
+
+impl Tools {
+    /// The functions as OpenAI writes them, for a template's `tools` variable.
+    fn openai_json(&self) -> Vec<Value> {
+        self.functions
+            .iter()
+            .map(|f| {
+                let mut function = serde_json::Map::new();
+                function.insert("name".into(), f.name.as_str().into());
+                if let Some(d) = &f.description {
+                    function.insert("description".into(), d.as_str().into());
+                }
+                function.insert("parameters".into(), f.parameters.clone());
+                serde_json::json!({"type": "function", "function": function})
+            })
+            .collect()
+    }
+
+    /// The functions as one JSON text (Phi-4-mini's system `tools` field): `[{name,
+    /// description, parameters}]` with Python's separators, as `json.dumps` writes it.
+    fn functions_json(&self) -> String {
+        let functions: Vec<String> = self
+            .openai_json()
+            .iter()
+            .map(|t| {
+                let f = &t["function"];
+                let mut text = format!("{{\"name\": {}", f["name"]);
+                if let Some(d) = f.get("description") {
+                    text.push_str(&format!(", \"description\": {d}"));
+                }
+                text.push_str(&format!(", \"parameters\": {}}}", python_json(&f["parameters"])));
+                text
+            })
+            .collect();
+        format!("[{}]", functions.join(", "))
+    }
+}
+
+/// `value` with Python's `json.dumps` separators (`", "`, `": "`).
+fn python_json(value: &Value) -> String {
+    match value {
+        Value::Array(items) => format!("[{}]", items.iter().map(python_json).collect::<Vec<_>>().join(", ")),
+        Value::Object(map) => {
+            format!("{{{}}}", map.iter().map(|(k, v)| format!("{}: {}", Value::from(k.as_str()), python_json(v))).collect::<Vec<_>>().join(", "))
+        }
+        other => other.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -350,37 +638,127 @@ mod tests {
         }
     }
 
-    #[test]
-    fn writes_tools_calls_and_responses_into_the_conversation() {
-        let tools = Tools::from_openai(&weather(), None, None).unwrap();
+    fn hermes(default_system: Option<&str>) -> TemplateStyle {
+        TemplateStyle { default_system: default_system.map(str::to_string), ..TemplateStyle::default() }
+    }
+
+    fn weather_round() -> Vec<Message> {
         let call = ToolCall {
             id: "c0".into(),
             kind: "function".into(),
             function: FunctionCall { name: "get_weather".into(), arguments: "{\"city\":\"Oslo\"}".into() },
         };
-        let messages = vec![
+        vec![
             Message { role: "user".into(), content: Some("Weather in Oslo?".into()), ..Default::default() },
             Message { role: "assistant".into(), content: None, tool_calls: vec![call], ..Default::default() },
             Message { role: "tool".into(), content: Some("{\"temp\": 3}".into()), tool_call_id: Some("c0".into()), ..Default::default() },
             Message { role: "tool".into(), content: Some("second".into()), tool_call_id: Some("c1".into()), ..Default::default() },
-        ];
-        let out = chat_messages(&messages, Some(&tools), Some("You are helpful.")).unwrap();
-        let roles: Vec<&str> = out.iter().map(|m| m.role.as_str()).collect();
+        ]
+    }
+
+    #[test]
+    fn writes_tools_calls_and_responses_into_the_conversation() {
+        let tools = Tools::from_openai(&weather(), None, None).unwrap();
+        let (out, template_tools) = template_input(&weather_round(), Some(&tools), &hermes(Some("You are helpful."))).unwrap();
+        assert_eq!(template_tools, None, "a template without tools of its own gets them in the system turn");
+        let roles: Vec<&str> = out.iter().map(|m| m["role"].as_str().unwrap()).collect();
         assert_eq!(roles, ["system", "user", "assistant", "user"]);
-        assert!(out[0].content.starts_with("You are helpful.\n\n# Tools"), "{}", out[0].content);
-        assert!(out[0].content.contains("{\"name\": \"get_time\", \"parameters\": {"), "{}", out[0].content);
-        assert_eq!(out[2].content, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Oslo\"}}\n</tool_call>");
-        assert_eq!(out[3].content, "<tool_response>\n{\"temp\": 3}\n</tool_response>\n<tool_response>\nsecond\n</tool_response>");
+        let content = |i: usize| out[i]["content"].as_str().unwrap().to_string();
+        assert!(content(0).starts_with("You are helpful.\n\n# Tools"), "{}", content(0));
+        assert!(content(0).contains("{\"name\": \"get_time\", \"parameters\": {"), "{}", content(0));
+        assert_eq!(content(2), "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Oslo\"}}\n</tool_call>");
+        assert_eq!(content(3), "<tool_response>\n{\"temp\": 3}\n</tool_response>\n<tool_response>\nsecond\n</tool_response>");
         // A caller's system message keeps its text and gets the tools after it; `none` offers nothing.
         let with_system = [Message { role: "developer".into(), content: Some("Be brief.".into()), ..Default::default() }];
-        let out = chat_messages(&with_system, Some(&tools), None).unwrap();
-        assert!(out.len() == 1 && out[0].role == "system" && out[0].content.starts_with("Be brief.\n\n# Tools"));
+        let (out, _) = template_input(&with_system, Some(&tools), &hermes(None)).unwrap();
+        assert!(out.len() == 1 && out[0]["role"] == "system" && out[0]["content"].as_str().unwrap().starts_with("Be brief.\n\n# Tools"));
         assert_eq!(Tools::from_options(None, Some(&json!("required")), None), Err(invalid("tool_choice needs tools")));
         assert_eq!(Tools::from_options(Some(&Value::Null), None, None), Ok(None));
         let none = Tools { choice: ToolChoice::None, ..tools.clone() };
-        assert_eq!(chat_messages(&with_system, Some(&none), None).unwrap()[0].content, "Be brief.");
+        assert_eq!(template_input(&with_system, Some(&none), &hermes(None)).unwrap().0[0]["content"], "Be brief.");
         let empty = [Message { role: "user".into(), content: None, ..Default::default() }];
-        assert!(chat_messages(&empty, None, None).is_err());
+        assert!(template_input(&empty, None, &hermes(None)).is_err());
+    }
+
+    #[test]
+    fn a_template_with_tools_of_its_own_gets_them_as_they_are() {
+        let tools = Tools::from_openai(&weather(), None, None).unwrap();
+        let native = TemplateStyle { native: true, ..TemplateStyle::default() };
+        let (out, template_tools) = template_input(&weather_round(), Some(&tools), &native).unwrap();
+        let template_tools = template_tools.unwrap();
+        assert_eq!(template_tools[0], weather()[0], "the tools as OpenAI wrote them");
+        assert_eq!(
+            out[1],
+            json!({"role": "assistant", "content": "", "tool_calls": [{"id": "c0", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]})
+        );
+        assert_eq!(out[2], json!({"role": "tool", "content": "{\"temp\": 3}", "tool_call_id": "c0"}));
+        assert_eq!(out.len(), 4, "no system turn is added");
+        let text_arguments = TemplateStyle { string_arguments: true, ..native };
+        let (out, _) = template_input(&weather_round(), Some(&tools), &text_arguments).unwrap();
+        assert_eq!(out[1]["tool_calls"][0]["function"]["arguments"], "{\"city\":\"Oslo\"}");
+    }
+
+    fn phi4() -> ToolFormat {
+        ToolFormat::Phi4 {
+            open: Marker { text: "<|tool_call|>".into(), special: Some(200025) },
+            close: Marker { text: "<|/tool_call|>".into(), special: Some(200026) },
+        }
+    }
+
+    #[test]
+    fn phi4_takes_the_tools_in_its_system_message_and_calls_in_a_list() {
+        let tools = Tools::from_openai(&weather(), None, None).unwrap();
+        let style = TemplateStyle { format: phi4(), ..TemplateStyle::default() };
+        let (out, template_tools) = template_input(&weather_round(), Some(&tools), &style).unwrap();
+        assert_eq!(template_tools, None);
+        assert_eq!(out[0]["content"], "You are a helpful assistant with some tools.");
+        let functions: Value = serde_json::from_str(out[0]["tools"].as_str().unwrap()).unwrap();
+        assert_eq!(functions[0]["name"], "get_weather");
+        assert!(out[0]["tools"]
+            .as_str()
+            .unwrap()
+            .starts_with("[{\"name\": \"get_weather\", \"description\": \"Weather in a city\", \"parameters\": {\"type\": \"object\""));
+        assert_eq!(out[2]["content"], "<|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Oslo\"}}]<|/tool_call|>");
+        assert_eq!(out[3]["role"], "tool");
+        let tools = Tools { format: phi4(), parallel: true, ..tools };
+        let reply = "<|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}, {\"name\": \"get_time\", \"arguments\": {\"zone\": \"utc\"}}]<|/tool_call|>";
+        let calls = tools.read_calls(reply, "c").unwrap();
+        assert_eq!(calls.iter().map(|c| c.function.name.as_str()).collect::<Vec<_>>(), ["get_weather", "get_time"]);
+        assert_eq!(calls[0].function.arguments, "{\"city\": \"Oslo\"}");
+        assert_eq!(tools.read_calls("<|tool_call|>[{\"name\": \"get_mail\", \"arguments\": {}}]<|/tool_call|>", "c"), None);
+        let Some(Constraint::Lark(lark)) = tools.constraint() else { panic!() };
+        assert!(lark.contains("calls: <[200025]> \"[\" call (\", \" call)* \"]\" <[200026]>"), "{lark}");
+    }
+
+    #[test]
+    fn llama3_calls_are_bare_json_with_parameters() {
+        let tools = Tools { format: ToolFormat::Llama3, ..Tools::from_openai(&weather(), None, Some(true)).unwrap() };
+        let calls = tools.read_calls(" {\"name\": \"get_time\", \"parameters\": {\"zone\": \"utc\"}}", "call_1_").unwrap();
+        assert_eq!(
+            (calls[0].id.as_str(), calls[0].function.name.as_str(), calls[0].function.arguments.as_str()),
+            ("call_1_0", "get_time", "{\"zone\": \"utc\"}")
+        );
+        for text in
+            ["It is noon.", "{\"name\": \"get_time\"}", "{\"name\": \"get_time\", \"parameters\": 3}", "{\"name\": \"get_time\", \"parameters\": {}} and more"]
+        {
+            assert_eq!(tools.read_calls(text, "c"), None, "{text}");
+        }
+        let Some(Constraint::Lark(lark)) = tools.constraint() else { panic!() };
+        assert!(lark.contains("\\\"parameters\\\": "), "{lark}");
+        assert!(lark.contains("calls:  call \n"), "Llama 3.x takes one call a turn: {lark}");
+        assert!(lark.contains("~/(?s:[ \\t\\n]*\\{.*)/"), "{lark}");
+    }
+
+    #[test]
+    fn formats_are_found_from_the_template() {
+        let vocab = |text: &str| (text == "<|tool_call|>" || text == "<|/tool_call|>").then(|| Marker { text: text.into(), special: Some(7) });
+        let none = |_: &str| None;
+        let phi4 = "{% if message['role'] == 'system' and 'tools' in message and message['tools'] is not none %}";
+        assert!(matches!(ToolFormat::detect(phi4, false, &vocab), ToolFormat::Phi4 { .. }));
+        assert_eq!(ToolFormat::detect(phi4, false, &none), ToolFormat::Hermes, "no <|tool_call|> token: Hermes in the system text");
+        let llama = "<|start_header_id|>{{- '\"parameters\": ' }}";
+        assert_eq!(ToolFormat::detect(llama, true, &none), ToolFormat::Llama3);
+        assert_eq!(ToolFormat::detect("<tool_call>", true, &none), ToolFormat::Hermes);
     }
 
     #[test]

@@ -181,7 +181,7 @@ enum Stop {
 }
 
 /// The [`ChatOptions`] a completion-mode request (`submitPrompt`) does not take.
-const CHAT_ONLY_OPTIONS: &[&str] = &["tools", "tool_choice", "parallel_tool_calls"];
+const CHAT_ONLY_OPTIONS: &[&str] = &["tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs"];
 
 /// Options of `WebEngine.chat`, OpenAI-style snake_case names; every field is optional.
 #[derive(Deserialize, Default)]
@@ -203,6 +203,8 @@ struct ChatOptions {
     /// `"auto" | "none" | "required" | {type: "function", function: {name}}`.
     tool_choice: Option<serde_json::Value>,
     parallel_tool_calls: Option<bool>,
+    /// Extra variables for the model's chat template (`{enable_thinking: false}` for Qwen3).
+    chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl ChatOptions {
@@ -216,6 +218,7 @@ impl ChatOptions {
             (None, grammar) => grammar.map(Constraint::Lark),
         };
         request.tools = Tools::from_options(self.tools.as_ref(), self.tool_choice.as_ref(), self.parallel_tool_calls).map_err(EngineError::from)?;
+        request.chat_template_kwargs = self.chat_template_kwargs.unwrap_or_default();
         request.max_tokens = self.max_tokens.unwrap_or(request.max_tokens);
         let sampling = &mut request.sampling;
         sampling.temperature = self.temperature.unwrap_or(sampling.temperature);
@@ -249,8 +252,10 @@ struct ModelInfo {
     architecture: String,
     /// Tokens a local (sliding-window) layer attends to; null when every layer is global.
     sliding_window: Option<u32>,
-    /// The chat format the prompt of `chat`/`submit` is rendered in: "chatml", "gemma", or null
-    /// for a base model (no chat template), which only completes raw text (`submitPrompt`).
+    /// The family of the chat template the prompt of `chat`/`submit` is rendered with (the file's
+    /// own Jinja template, whatever the family): "chatml", "gemma", "jinja" for another family
+    /// (Llama 3, Phi, DeepSeek), or null for a base model (no chat template), which only
+    /// completes raw text (`submitPrompt`).
     chat_template: Option<&'static str>,
     /// Tensors of each weight type in the file: `{"F32": 61, "Q4_1": 210, "Q8_0": 1}`.
     weight_types: BTreeMap<String, u32>,
@@ -355,22 +360,39 @@ struct Submitted {
 }
 
 /// One scheduler event as JS sees it: `{type: "admitted", id, prompt_tokens, prefix_hit_tokens}`
-/// (once per request, before its first token), `{type: "token", id, text}`, `{type: "finished",
-/// id, result}` or `{type: "failed", id, code, message}`.
+/// (once per request, before its first token), `{type: "token", id, text, reasoning?}`
+/// (`reasoning`: what the token adds to a reasoning reply's reasoning block, when anything),
+/// `{type: "finished", id, result}` or `{type: "failed", id, code, message}`.
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
 enum StepEvent {
-    Admitted { id: RequestId, prompt_tokens: u32, prefix_hit_tokens: u32 },
-    Token { id: RequestId, text: String },
-    Finished { id: RequestId, result: Generation },
-    Failed { id: RequestId, code: &'static str, message: String },
+    Admitted {
+        id: RequestId,
+        prompt_tokens: u32,
+        prefix_hit_tokens: u32,
+    },
+    Token {
+        id: RequestId,
+        text: String,
+        #[serde(skip_serializing_if = "String::is_empty")]
+        reasoning: String,
+    },
+    Finished {
+        id: RequestId,
+        result: Generation,
+    },
+    Failed {
+        id: RequestId,
+        code: &'static str,
+        message: String,
+    },
 }
 
 impl From<Event> for StepEvent {
     fn from(event: Event) -> StepEvent {
         match event {
             Event::Admitted { id, prompt_tokens, prefix_hit_tokens } => StepEvent::Admitted { id, prompt_tokens, prefix_hit_tokens },
-            Event::Token { id, text, .. } => StepEvent::Token { id, text },
+            Event::Token { id, text, reasoning, .. } => StepEvent::Token { id, text, reasoning },
             Event::Finished { id, result: Ok(result) } => StepEvent::Finished { id, result },
             Event::Finished { id, result: Err(e) } => {
                 let e = WebError::from(e);
@@ -431,6 +453,7 @@ fn chat_template(engine: &Engine) -> Option<&'static str> {
     match engine.tokenizer().chat_format() {
         ChatFormatKind::ChatMl => Some("chatml"),
         ChatFormatKind::Gemma => Some("gemma"),
+        ChatFormatKind::Other => Some("jinja"),
         ChatFormatKind::None => None,
     }
 }
@@ -577,8 +600,9 @@ impl WebEngine {
 
     /// Runs the chat template over `messages` (`[{role, content}]`) and generates the reply.
     /// `options`: `{max_tokens?, temperature?, top_k?, top_p?, repetition_penalty?, seed?, stop?}`.
-    /// `on_token(text, prompt_tokens)` is called per token with the text it completed (may be "")
-    /// and the prompt's length in tokens; returning `false` stops the reply (finish_reason
+    /// `on_token(text, prompt_tokens, reasoning)` is called per token with the text it completed
+    /// (may be ""), the prompt's length in tokens and the reasoning it completed (a reasoning
+    /// model's think block; "" otherwise); returning `false` stops the reply (finish_reason
     /// "abort"); a throw stops it and rejects with `CALLBACK_ERROR`.
     /// Resolves to the engine's `Generation`: `{prompt_tokens, tokens, text, finish_reason,
     /// prefill_ms, decode_ms, ...}`.
@@ -587,19 +611,20 @@ impl WebEngine {
     #[allow(clippy::await_holding_refcell_ref)]
     pub async fn chat(&self, messages: JsValue, options: JsValue, on_token: js_sys::Function) -> Result<JsValue, WebError> {
         let messages = parse_messages(messages)?;
-        let request = self::options::<ChatOptions>(options, "chat options")?.request()?;
+        let mut request = self::options::<ChatOptions>(options, "chat options")?.request()?;
         let inner = Rc::clone(&self.inner);
         let mut engine = inner.try_borrow_mut().map_err(|_| busy())?;
-        let prompt = engine.openai_chat_prompt(&messages, request.tools.as_ref())?;
+        let prompt = engine.prepare_chat(&messages, &mut request)?;
         let prompt_len = JsValue::from(prompt.len() as u32);
         let mut thrown: Option<String> = None;
-        let mut callback = |event: &TokenEvent<'_>| match on_token.call2(&JsValue::NULL, &JsValue::from_str(event.text), &prompt_len) {
-            Ok(verdict) => verdict.as_bool() != Some(false),
-            Err(e) => {
-                thrown = Some(describe(&e));
-                false
-            }
-        };
+        let mut callback =
+            |event: &TokenEvent<'_>| match on_token.call3(&JsValue::NULL, &JsValue::from_str(event.text), &prompt_len, &JsValue::from_str(event.reasoning)) {
+                Ok(verdict) => verdict.as_bool() != Some(false),
+                Err(e) => {
+                    thrown = Some(describe(&e));
+                    false
+                }
+            };
         let generation = engine.generate(&prompt, &request, &mut callback).await?;
         if let Some(msg) = thrown {
             return Err(WebError::new(ErrorCode::Callback, format!("the on_token callback threw: {msg}")));
@@ -613,9 +638,9 @@ impl WebEngine {
     /// A model without a chat template refuses it with `INVALID_ARGUMENT` (use `submitPrompt`).
     pub fn submit(&self, messages: JsValue, options: JsValue) -> Result<JsValue, WebError> {
         let messages = parse_messages(messages)?;
-        let request = self::options::<ChatOptions>(options, "chat options")?.request()?;
+        let mut request = self::options::<ChatOptions>(options, "chat options")?.request()?;
         let mut engine = self.inner.try_borrow_mut().map_err(|_| busy())?;
-        let prompt = engine.openai_chat_prompt(&messages, request.tools.as_ref())?;
+        let prompt = engine.prepare_chat(&messages, &mut request)?;
         Self::submit_tokens(&mut engine, prompt, request)
     }
 
@@ -628,6 +653,9 @@ impl WebEngine {
         let request = self::options::<ChatOptions>(options, "chat options")?.request()?;
         if request.tools.is_some() {
             return Err(WebError::invalid("tools are for chat requests (a raw-text prompt cannot offer them)"));
+        }
+        if !request.chat_template_kwargs.is_empty() {
+            return Err(WebError::invalid("chat_template_kwargs are for chat requests (a raw-text prompt has no chat template)"));
         }
         let mut engine = self.inner.try_borrow_mut().map_err(|_| busy())?;
         let ids = engine.text_prompt(&prompt)?;
@@ -711,7 +739,7 @@ impl WebEngine {
     pub fn history_tokens(&self, messages: JsValue) -> Result<Vec<u32>, WebError> {
         let messages = parse_messages(messages)?;
         let engine = self.inner.try_borrow().map_err(|_| busy())?;
-        Ok(engine.history_tokens(&engine.openai_messages(&messages, None)?)?)
+        Ok(engine.openai_history_tokens(&messages, &serde_json::Map::new())?)
     }
 
     /// A KV snapshot of `tokens` (`Uint32Array`, e.g. from `historyTokens`): their ids and K/V

@@ -514,6 +514,47 @@ fn generate_follows_json_schemas_grammars_and_response_formats() {
 }
 
 #[test]
+fn generate_splits_reasoning_and_takes_chat_template_kwargs() {
+    let dir = temp_dir("reasoning");
+    let model = dir.join("qwen3-template.gguf");
+    let tiny = tiny_llama_gguf(&SynthConfig { seed: 63, context: 1536, ..SynthConfig::tiny() });
+    std::fs::write(&model, common::with_chat_template(&tiny, &common::chat_template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"))).unwrap();
+    let model = model.to_str().unwrap();
+    let items = dir.join("items.json");
+    std::fs::write(&items, r#"[{"id": "think", "messages": [{"role": "user", "content": "2 + 2?"}]}]"#).unwrap();
+    let got =
+        lines(&bin().args(["generate", "--model", model, "--input", items.to_str().unwrap(), "--max-tokens", "12", "--temperature", "1"]).output().unwrap());
+    // R1's generation prompt opens the think block and a random model never closes it.
+    assert_eq!(got[0]["text"], "", "{}", got[0]);
+    assert!(got[0]["reasoning_content"].is_string(), "{}", got[0]);
+    // Qwen3 with `enable_thinking: false` from the item or the flag: the prompt closes the block.
+    std::fs::write(model, common::with_chat_template(&tiny, &common::chat_template("Qwen-Qwen3-0.6B.jinja"))).unwrap();
+    std::fs::write(&items, r#"[{"id": "off", "messages": [{"role": "user", "content": "2 + 2?"}], "chat_template_kwargs": {"enable_thinking": false}}, {"id": "on", "messages": [{"role": "user", "content": "2 + 2?"}]}]"#).unwrap();
+    let got = lines(&bin().args(["generate", "--model", model, "--input", items.to_str().unwrap(), "--max-tokens", "2"]).output().unwrap());
+    let prompt_len = |g: &Value| g["prompt_tokens"].as_array().unwrap().len();
+    assert_eq!(prompt_len(&got[0]), prompt_len(&got[1]) + "<think>\n\n</think>\n\n".len(), "byte tokens: {got:?}");
+    let flag = lines(
+        &bin()
+            .args([
+                "generate",
+                "--model",
+                model,
+                "--input",
+                items.to_str().unwrap(),
+                "--max-tokens",
+                "2",
+                "--chat-template-kwargs",
+                r#"{"enable_thinking": false}"#,
+            ])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(prompt_len(&flag[1]), prompt_len(&got[0]), "the flag applies to every item");
+    let err = fails(&["generate", "--model", model, "--input", items.to_str().unwrap(), "--chat-template-kwargs", "[1]"]);
+    assert!(err.contains("--chat-template-kwargs must be a JSON object"), "{err}");
+}
+
+#[test]
 fn generate_answers_with_tool_calls_and_refuses_bad_tools() {
     let dir = temp_dir("tools");
     let model = dir.join("tiny.gguf");

@@ -254,13 +254,15 @@ fn default_system_prompt_extraction() {
 }
 
 #[test]
-fn a_foreign_template_falls_back_to_plain_chatml_and_none_is_a_base_model() {
+fn a_foreign_template_renders_as_written_and_none_is_a_base_model() {
+    // Another family's template is executed as it is (SmolLM2's BOS token is <|im_start|>).
     let mut foreign = spec().clone();
     foreign.chat_template = Some("{{ bos_token }}[INST] {{ messages[0]['content'] }} [/INST]".to_string());
     let tok = Tokenizer::from_spec(foreign).unwrap();
     assert_eq!(tok.default_system_prompt(), None);
+    assert_eq!(tok.chat_format(), pagedlm::tokenizer::ChatFormatKind::Other);
     let prompt = tok.apply_chat_template(&[user("Hi")], true).unwrap();
-    assert_eq!(prompt, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    assert_eq!(prompt, "<|im_start|>[INST] Hi [/INST]");
     // No template at all: a base model (even with ChatML's tokens in its vocabulary, as
     // SmolLM2's base models have), which completes text and refuses chat.
     let mut base = spec().clone();

@@ -27,6 +27,7 @@ mod oneshot;
 mod options;
 mod profile;
 mod prompt;
+pub use prompt::prepare_chat;
 
 use std::collections::BTreeMap;
 
@@ -47,11 +48,12 @@ pub use crate::gpu::{AdapterClass, Context, DeviceLimits};
 pub use crate::kv::{KvDtype, KvLayout};
 pub use crate::model::ModelConfig;
 pub use crate::profile::{ColdStep, Profile, ProfileSummary, StepProfile, TimedRun};
+pub use crate::reasoning::Reasoning;
 pub use crate::request::{Event, FinishReason, GenerateRequest, Generation, RequestId, TokenEvent};
 pub use crate::sampler::SamplingParams;
 pub use crate::sched::{RunningInfo, SchedConfig, SchedStats};
 pub use crate::tokenizer::{ChatFormatKind, ChatMessage};
-pub use crate::tools::{Message, ToolCall, ToolChoice, Tools};
+pub use crate::tools::{Message, ToolCall, ToolChoice, ToolFormat, Tools};
 pub use info::{EngineStats, MemoryUse, SequenceInfo};
 pub use load::kv_shape;
 pub use oneshot::ScoreMode;
@@ -279,8 +281,8 @@ impl Engine {
             };
             while let Some(event) = events.next() {
                 match event {
-                    Event::Token { id: of, token, text } if of == id => {
-                        if !on_token(&TokenEvent { id: token, text: &text }) {
+                    Event::Token { id: of, token, text, reasoning } if of == id => {
+                        if !on_token(&TokenEvent { id: token, text: &text, reasoning: &reasoning }) {
                             self.backlog.extend(events);
                             return self.abort(id)?.ok_or_else(|| EngineError::InvalidArgument(format!("request {id:?} vanished")));
                         }

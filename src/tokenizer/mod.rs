@@ -2,7 +2,7 @@
 //! BPE (`tokenizer.ggml.model = gpt2`: SmolLM2, Qwen2.5/Qwen3, DeepSeek-R1-Distill-Qwen, Llama 3.x,
 //! Phi-4-mini; [`bpe`], split as llama.cpp splits for `tokenizer.ggml.pre`) and SentencePiece
 //! (`llama`: Gemma 2 and 3, Phi-3.5; [`spm`]), behind one [`Tokenizer`]; streaming-safe decoding
-//! ([`StreamDecoder`]); chat prompts in the file's chat format ([`ChatFormatKind`]).
+//! ([`StreamDecoder`]); chat prompts by the file's own Jinja chat template ([`ChatTemplate`]).
 //!
 //! Decoding never goes through a tokenizer library: it concatenates each token's raw bytes,
 //! which is what llama.cpp does and what a streaming decoder needs anyway.
@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-pub use chat::{chatml_default_system, ChatFormatKind};
+pub use chat::{chatml_default_system, strftime, ChatFormatKind, ChatInput, ChatTemplate, TemplateCaps};
 pub use spec::TokenizerSpec;
 pub use stream::StreamDecoder;
 
@@ -107,11 +107,10 @@ pub enum TokenizerError {
          it cannot chat; use completion mode with a text prompt instead"
     )]
     NoChatTemplate,
-    #[error(
-        "message {index} has role '{role}', but this model's chat template needs turns that \
-         alternate user/assistant, starting with user (after an optional first system message)"
-    )]
-    ChatRoles { index: usize, role: String },
+    /// The chat template does not parse, refused the conversation (`raise_exception`, e.g. roles
+    /// that do not alternate) or failed while rendering it: the template's own message.
+    #[error("{0}")]
+    Template(String),
     #[error("GGUF tokenizer metadata '{key}': {reason}")]
     Metadata { key: String, reason: String },
 }
@@ -146,14 +145,16 @@ pub struct Tokenizer {
     eos_id: Option<u32>,
     eog_ids: Vec<u32>,
     add_bos: bool,
-    chat: ChatFormat,
+    chat: Chat,
 }
 
 /// How chat messages become a prompt string.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct ChatFormat {
+struct Chat {
     kind: ChatFormatKind,
-    /// Inserted as a system turn when the conversation does not start with one (ChatML).
+    /// The compiled template; its parse error when it does not compile (a chat then fails with
+    /// it, while completion mode works); `None` without a template.
+    template: Option<Result<ChatTemplate, String>>,
+    /// The literal system prompt of a ChatML template, which tools offered to it follow.
     default_system: Option<String>,
 }
 
@@ -220,11 +221,14 @@ impl Tokenizer {
             eos_id: spec.eos_id,
             eog_ids: Vec::new(),
             add_bos: spec.add_bos,
-            chat: ChatFormat { kind: ChatFormatKind::None, default_system: None },
+            chat: Chat { kind: ChatFormatKind::None, template: None, default_system: None },
         };
         let kind = ChatFormatKind::detect(spec.chat_template.as_deref());
-        tokenizer.chat = ChatFormat {
+        let token_text = |id: Option<u32>| id.and_then(|id| tokenizer.id_to_token(id)).unwrap_or_default().to_string();
+        let (bos, eos) = (token_text(spec.bos_id), token_text(spec.eos_id));
+        tokenizer.chat = Chat {
             kind,
+            template: spec.chat_template.as_deref().map(|source| ChatTemplate::new(source, &bos, &eos).map_err(|e| e.to_string())),
             default_system: match kind {
                 ChatFormatKind::ChatMl => spec.chat_template.as_deref().and_then(chatml_default_system),
                 _ => None,
@@ -342,32 +346,36 @@ impl Tokenizer {
         self.chat.default_system.as_deref()
     }
 
-    /// Renders a conversation in the model's chat format, followed by the assistant's turn
-    /// header when `add_generation_prompt`. Encode the result with [`Self::encode_prompt`].
+    /// The compiled chat template (`None` for a base model, or when it does not compile).
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat.template.as_ref().and_then(|t| t.as_ref().ok())
+    }
+
+    /// Renders plain `{role, content}` turns with the model's chat template, followed by the
+    /// assistant's turn header when `add_generation_prompt` ([`Self::render_chat`]).
+    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TokenizerError> {
+        self.render_chat(&ChatInput::conversation(messages.iter().map(|m| (m.role.as_str(), m.content.as_str())), add_generation_prompt))
+    }
+
+    /// Renders a conversation with the GGUF's own Jinja template, as transformers does
+    /// ([`ChatTemplate`]). Encode the result with [`Self::encode_prompt`]: the template writes
+    /// `bos_token` as text where it wants it, which becomes the BOS id, never doubled.
     ///
-    /// ChatML: `<|im_start|>{role}\n{content}<|im_end|>\n` per message, preceded by the
-    /// template's default system turn when `messages` does not start with a system message;
-    /// generation prompt `<|im_start|>assistant\n`. Gemma: see Gemma 3's template (a system
-    /// message folded into the first user turn, `assistant` written `model`); generation prompt
-    /// `<start_of_turn>model\n`.
-    ///
-    /// The GGUF's Jinja template is not executed: a template containing `<start_of_turn>` is
-    /// Gemma's, any other is taken to be ChatML and only its literal default system prompt is
-    /// read out of it. A file with no template is a base model: [`TokenizerError::NoChatTemplate`].
+    /// A file with no template is a base model: [`TokenizerError::NoChatTemplate`]. A ChatML or
+    /// Gemma template whose markers the vocabulary lacks is [`TokenizerError::NoChatTokens`];
+    /// a template that does not parse, raises or fails is [`TokenizerError::Template`].
     /// Message contents are not escaped: special-token text inside them is encoded as special
     /// tokens, as in llama.cpp.
-    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TokenizerError> {
-        let kind = self.chat.kind;
-        if kind == ChatFormatKind::None {
-            return Err(TokenizerError::NoChatTemplate);
-        }
-        if let Some(&missing) = kind.markers().iter().find(|m| self.token_to_id(m).is_none()) {
+    pub fn render_chat(&self, input: &ChatInput) -> Result<String, TokenizerError> {
+        let template = match &self.chat.template {
+            None => return Err(TokenizerError::NoChatTemplate),
+            Some(Err(e)) => return Err(TokenizerError::Template(e.clone())),
+            Some(Ok(t)) => t,
+        };
+        if let Some(&missing) = self.chat.kind.markers().iter().find(|m| self.token_to_id(m).is_none()) {
             return Err(TokenizerError::NoChatTokens(missing));
         }
-        match kind {
-            ChatFormatKind::Gemma => chat::render_gemma(messages, add_generation_prompt),
-            _ => Ok(chat::render_chatml(messages, self.chat.default_system.as_deref(), add_generation_prompt)),
-        }
+        template.render(input)
     }
 
     fn end_of_generation_ids(&self, from_file: [Option<u32>; 4]) -> Vec<u32> {

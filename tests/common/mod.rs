@@ -261,6 +261,18 @@ pub async fn finish_streamed(
     done
 }
 
+/// A copy of the GGUF `bytes` with its `tokenizer.chat_template` replaced by `chat_template`.
+pub fn with_chat_template(bytes: &[u8], chat_template: &str) -> Vec<u8> {
+    pagedlm::synth::with_chat_template(bytes, chat_template).unwrap()
+}
+
+/// A real chat template of tests/data/templates/ (native tests: read from disk).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn chat_template(name: &str) -> String {
+    let path = format!("{}/tests/data/templates/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
 /// A copy of the GGUF `bytes` with each tensor `pick` gives a type for re-encoded to it (through
 /// f32), and with `output.weight` added as the embedding re-encoded to `output` when given.
 pub fn retyped(bytes: &[u8], pick: &dyn Fn(&str) -> Option<pagedlm::gguf::GgmlType>, output: Option<pagedlm::gguf::GgmlType>) -> Vec<u8> {

@@ -23,8 +23,14 @@ async function main(file: File): Promise<string> {
   for await (const chunk of stream) {
     const c: ChatCompletionChunk = chunk;
     text += c.choices[0]?.delta?.content ?? "";
+    text += c.choices[0]?.delta?.reasoning_content ?? "";
   }
   const completion = await engine.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], max_tokens: 4 });
+  const thought: string | undefined = completion.choices[0]?.message.reasoning_content;
+  await engine.chat.completions.create({
+    messages: [{ role: "user", content: "Hi" }, { role: "assistant", content: "Hello", reasoning_content: thought ?? null }, { role: "user", content: "Bye" }],
+    chat_template_kwargs: { enable_thinking: false },
+  });
   const hit: number = completion.usage.prefix_hit_tokens;
   if (engine.info.model.chat_template === null) text += engine.info.model.architecture;
   const window: number | null = engine.info.model.sliding_window;

@@ -104,6 +104,7 @@ pub const COMMANDS: &[Command] = &[
             opt("repetition-penalty", Kind::Number),
             opt("json-schema", Kind::Text),
             opt("grammar", Kind::Text),
+            opt("chat-template-kwargs", Kind::Text),
         ],
     },
     Command {

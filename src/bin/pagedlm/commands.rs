@@ -9,7 +9,7 @@ use pagedlm::tokenizer::{Tokenizer, TokenizerSpec};
 use serde_json::{json, Value};
 
 use crate::args::Args;
-use crate::setup::{constraint_option, load, model_bytes, print_line, read_json, request_options};
+use crate::setup::{chat_template_kwargs_option, constraint_option, load, model_bytes, print_line, read_json, request_options};
 
 pub(crate) fn tokenize(args: &Args) -> Result<()> {
     let texts = read_json(args.text("texts"), "--texts")?;
@@ -47,7 +47,7 @@ pub(crate) async fn score(args: &Args) -> Result<()> {
 }
 
 pub(crate) async fn generate(args: &Args) -> Result<()> {
-    let request = GenerateRequest { constraint: constraint_option(args)?, ..request_options(args) };
+    let request = GenerateRequest { constraint: constraint_option(args)?, chat_template_kwargs: chat_template_kwargs_option(args)?, ..request_options(args) };
     request.sampling.validate()?;
     if let Some(prompt) = args.text("prompt") {
         let mut engine = load(args).await?;
@@ -88,6 +88,11 @@ pub(crate) async fn generate(args: &Args) -> Result<()> {
         }
         let parallel = item.get("parallel_tool_calls").and_then(Value::as_bool);
         request.tools = Tools::from_options(item.get("tools"), item.get("tool_choice"), parallel).with_context(|| format!("item {i} ({id})"))?;
+        match item.get("chat_template_kwargs") {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(kwargs)) => request.chat_template_kwargs = kwargs.clone(),
+            Some(_) => bail!("item {i} ({id}): \"chat_template_kwargs\" must be an object"),
+        }
         let prompt_ids = if let Some(p) = item.get("prompt").and_then(Value::as_str) {
             if request.tools.is_some() {
                 bail!("item {i} ({id}): tools need \"messages\" (a chat), not a raw \"prompt\"");
@@ -95,7 +100,7 @@ pub(crate) async fn generate(args: &Args) -> Result<()> {
             engine.text_prompt(p)?
         } else if let Some(m) = item.get("messages") {
             let messages: Vec<Message> = serde_json::from_value(m.clone()).with_context(|| format!("item {i}: \"messages\" must be [{{role, content}}]"))?;
-            engine.openai_chat_prompt(&messages, request.tools.as_ref()).with_context(|| format!("item {i} ({id})"))?
+            engine.prepare_chat(&messages, &mut request).with_context(|| format!("item {i} ({id})"))?
         } else {
             bail!("item {i} needs \"prompt\" or \"messages\"");
         };
@@ -112,6 +117,9 @@ pub(crate) async fn generate(args: &Args) -> Result<()> {
         });
         if let Some(w) = g.warning {
             line["warning"] = json!(w);
+        }
+        if let Some(reasoning) = g.reasoning_content {
+            line["reasoning_content"] = json!(reasoning);
         }
         if let Some(calls) = g.tool_calls {
             line["tool_calls"] = json!(calls);

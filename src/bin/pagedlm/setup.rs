@@ -90,6 +90,18 @@ pub(crate) fn request_options(args: &Args) -> GenerateRequest {
     request
 }
 
+/// The chat template's extra variables for every chat item of `generate`:
+/// `--chat-template-kwargs '{"enable_thinking": false}'` (an item's own `chat_template_kwargs` win).
+pub(crate) fn chat_template_kwargs_option(args: &Args) -> Result<serde_json::Map<String, serde_json::Value>> {
+    match args.text("chat-template-kwargs") {
+        None => Ok(serde_json::Map::new()),
+        Some(text) => match serde_json::from_str(text) {
+            Ok(serde_json::Value::Object(kwargs)) => Ok(kwargs),
+            _ => bail!("--chat-template-kwargs must be a JSON object, e.g. '{{\"enable_thinking\": false}}'"),
+        },
+    }
+}
+
 /// The constraint every item of `generate` gets: `--json-schema FILE` or `--grammar FILE`.
 pub(crate) fn constraint_option(args: &Args) -> Result<Option<Constraint>> {
     match (args.text("json-schema"), args.text("grammar")) {
