@@ -457,6 +457,7 @@ const PHI4_TOOLS_SYSTEM: &str = "You are a helpful assistant with some tools.";
 /// format and results become `<tool_response>` user turns (consecutive ones share the turn),
 /// which every template accepts. A message other than an assistant one without content is
 /// refused.
+// Long: one pass over the messages, each role written for the three template styles side by side.
 pub fn template_input(messages: &[Message], tools: Option<&Tools>, style: &TemplateStyle) -> Result<(Vec<Value>, Option<Vec<Value>>), ConstraintError> {
     let offered = tools.filter(|t| t.offered());
     let phi4 = matches!(style.format, ToolFormat::Phi4 { .. });

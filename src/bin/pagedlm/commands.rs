@@ -46,6 +46,7 @@ pub(crate) async fn score(args: &Args) -> Result<()> {
     Ok(())
 }
 
+// Long: the two inputs (one --prompt, or --input's items with their per-item options) and one line per result, in order.
 pub(crate) async fn generate(args: &Args) -> Result<()> {
     let request = GenerateRequest { constraint: constraint_option(args)?, chat_template_kwargs: chat_template_kwargs_option(args)?, ..request_options(args) };
     request.sampling.validate()?;
