@@ -56,8 +56,10 @@ const USAGE: &str = "usage: pagedlm <tokenize|score|generate|bench|trace|profile
   score     --input FILE.json [--mode decode|prefill]
   generate  --input FILE.json | --prompt TEXT  [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
             [--repetition-penalty R] [--json-schema FILE.json | --grammar FILE.lark]
+            [--chat-template-kwargs JSON]
             (the output matches the schema or Lark grammar; an --input item's OpenAI-style
-             `response_format` does the same for that item)
+             `response_format` does the same for that item; the kwargs go to the chat template,
+             e.g. '{\"enable_thinking\": false}', an item's own `chat_template_kwargs` winning)
   bench     [--prompt-tokens 512] [--gen-tokens 128] [--context N] [--batch N]
             [--json-schema FILE.json | --grammar FILE.lark]   (decode under it too: `constrained`)
   bench     --transfer [--lengths 256,512,1024,2048,4096]   (KV snapshot export/import vs recomputing the prefill)
