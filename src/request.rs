@@ -45,8 +45,8 @@ pub struct GenerateRequest {
     /// Extra variables for the chat template of a chat request's prompt (OpenAI-style APIs'
     /// `chat_template_kwargs`: Qwen3's `enable_thinking`, ...).
     pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
-    /// How the reply reasons, for a reasoning model's chat (set with the prompt,
-    /// [`crate::engine::Engine::prepare_chat`]): its reasoning block is returned apart
+    /// How the reply reasons, for a reasoning model's chat (set by the engine with the prompt,
+    /// in `prepare_chat`): its reasoning block is returned apart
     /// ([`Generation::reasoning_content`], [`Event::Token`]'s `reasoning`) and the constraint
     /// applies after it.
     pub reasoning: Option<Reasoning>,
