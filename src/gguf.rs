@@ -431,6 +431,9 @@ pub enum GgufError {
 /// a whole multi-GB file into memory looking for the header's end.
 pub const MAX_HEADER_BYTES: u64 = 256 << 20;
 
+/// The most bytes one read asks of a source.
+pub const READ_PIECE_BYTES: usize = 64 << 20;
+
 /// One file of a model and where its data section starts.
 #[derive(Clone, Copy)]
 struct File<'a> {
@@ -453,10 +456,19 @@ impl<'a> Src<'a> {
         }
     }
 
+    /// Reads in pieces of at most [`READ_PIECE_BYTES`], so that a source never has to produce a
+    /// whole large tensor at once (a browser reads each piece into a buffer of its own).
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), String> {
         match self {
             Src::Bytes(b) => b.read_at(offset, buf),
-            Src::Reader(r) => r.read_at(offset, buf),
+            Src::Reader(r) => {
+                let mut at = offset;
+                for piece in buf.chunks_mut(READ_PIECE_BYTES) {
+                    r.read_at(at, piece)?;
+                    at += piece.len() as u64;
+                }
+                Ok(())
+            }
         }
     }
 
