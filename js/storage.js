@@ -183,6 +183,45 @@ function throttled(report) {
 }
 
 /**
+ * Reads `body` as fast as it arrives into a queue, for a consumer that awaits between chunks: a
+ * stream that errors (a cut connection) drops the chunks it still holds, so bytes that arrived
+ * must be taken before the error lands. `next()` resolves to the next chunk, null at the end, or
+ * rejects with the stream's error once the queue is drained. The queue only grows while the
+ * consumer awaits (opening files, a flush), not with the download.
+ */
+function eagerReader(body) {
+  const reader = body.getReader();
+  const queue = [];
+  let wake = null;
+  let ended = false;
+  let error = null;
+  (async () => {
+    try {
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) break;
+        queue.push(value);
+        wake?.();
+      }
+    } catch (e) {
+      error = e;
+    }
+    ended = true;
+    wake?.();
+  })();
+  return {
+    async next() {
+      while (queue.length === 0 && !ended) await new Promise((resolve) => { wake = resolve; });
+      wake = null;
+      if (queue.length > 0) return queue.shift();
+      if (error) throw error;
+      return null;
+    },
+    cancel: () => reader.cancel().catch(() => {}),
+  };
+}
+
+/**
  * Part `index` of `urls` in OPFS folder `folder`: the stored file when complete, else downloaded
  * into it, resuming a partial download. Resolves to {blob, source: "cache"|"network"}.
  */
@@ -223,10 +262,11 @@ function opfsPart(folder, urls, index, report) {
     const range = response.status === 206 ? contentRange(response) : null;
     const total = range ? range.size : bodyLength(response);
     const resumedFrom = have;
+    const body = eagerReader(response.body);
     try {
       if (total != null) await checkQuota(url, total - have);
     } catch (e) {
-      await response.body?.cancel().catch(() => {});
+      await body.cancel();
       throw e;
     }
     const { etag, lastModified } = validators(response);
@@ -241,7 +281,6 @@ function opfsPart(folder, urls, index, report) {
       const progress = throttled(report);
       const event = () => ({ phase: "download", loaded: at, total: total ?? 0, ...(resumedFrom > 0 ? { resumed_from: resumedFrom } : {}), ...(urls.length > 1 ? { part: index + 1, parts: urls.length } : {}) });
       if (note) report({ ...event(), note });
-      const reader = response.body.getReader();
       let flushed = { bytes: have, at: performance.now() };
       const flush = async () => {
         access.flush();
@@ -251,14 +290,17 @@ function opfsPart(folder, urls, index, report) {
       for (;;) {
         let chunk;
         try {
-          chunk = await reader.read();
+          chunk = await body.next();
         } catch (e) {
           await flush();
           throw fail("MODEL_DOWNLOAD", `Downloading the model from ${url} stopped after ${at.toLocaleString("en-US")} of ${total == null ? "?" : total.toLocaleString("en-US")} bytes: ${e?.message || e}. Loading it again resumes from there.`);
         }
-        if (chunk.done) break;
-        access.write(chunk.value, { at });
-        at += chunk.value.length;
+        if (chunk === null) break;
+        // A write the quota stops returns a count other than the chunk's length (Chrome 156
+        // returns 2^32 - 8) where the spec says it throws QuotaExceededError: both mean full.
+        const written = access.write(chunk, { at });
+        if (written !== chunk.length) throw Object.assign(new Error("the storage quota is full"), { name: "QuotaExceededError" });
+        at += written;
         if (at - flushed.bytes >= FLUSH_BYTES || performance.now() - flushed.at >= FLUSH_MS) await flush();
         progress(event());
       }
@@ -271,9 +313,9 @@ function opfsPart(folder, urls, index, report) {
       progress(event(), true);
     } catch (e) {
       if (!isQuotaError(e)) throw e;
-      const available = await navigator.storage?.estimate?.().then((s) => s.quota - s.usage, () => 0);
-      throw quotaError(url, (total ?? at) - at, available ?? 0);
+      throw fail("QUOTA_EXCEEDED", `Storing the model ${url} needs ${bytesText(total ?? at)}, but the browser's storage for this site filled up after ${bytesText(at)} of it. Free space (deleteCachedModel, or the browser's site settings) or load it with cache: false.`);
     } finally {
+      body.cancel();
       access.close();
     }
     report({ phase: "stored", loaded: at, total: at, storage: "opfs", ...(urls.length > 1 ? { part: index + 1, parts: urls.length } : {}) });

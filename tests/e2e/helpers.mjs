@@ -53,7 +53,8 @@ const TYPES = { ".html": "text/html; charset=utf-8", ".js": "text/javascript; ch
  * A static server over `dir`, plus `routes`: {"/path": {file, bytes?, cutAt?, truncateAt?, noRange?}}
  * served from elsewhere: `bytes` = only the first n bytes (a short file, its length told truly);
  * `cutAt` = close the connection after n body bytes, once (then serve normally); `truncateAt` =
- * the same every time (the server promises more bytes than it sends); `noRange` = ignore Range
+ * close it at byte n of the file, every time (the server promises more bytes than it ever
+ * sends); `noRange` = ignore Range
  * (always the whole file, 200). Routes may be changed between requests (a file replaced). Byte
  * ranges, ETag and If-Range as scripts/serve.mjs answers them. Counts requests (`hits`) and the
  * body bytes sent (`served`) per path.
@@ -80,7 +81,7 @@ export async function staticServer(dir, routes = {}) {
     const body = writeHead(req, res, stat, size,
       { "content-type": TYPES[extname(file)] ?? "application/octet-stream", "cache-control": "no-cache" }, { ranges: !route?.noRange });
     if (!body) { res.end(); return; }
-    let limit = route?.truncateAt ?? Infinity;
+    let limit = route?.truncateAt != null ? Math.max(0, route.truncateAt - body.start) : Infinity;
     if (route?.cutAt != null && !route.cut) {
       route.cut = true;
       limit = route.cutAt;
@@ -90,11 +91,13 @@ export async function staticServer(dir, routes = {}) {
     const count = (n) => { sent += n; served.set(path, (served.get(path) ?? 0) + n); };
     stream.on("data", (chunk) => {
       if (sent + chunk.length >= limit) {
-        // The first `limit` bytes reach the client, then the connection ends mid-body.
+        // The first `limit` bytes reach the client, then the connection ends mid-body, a moment
+        // later as a failing network does (Chrome drops body bytes it has not handed to the page
+        // when the error lands with them).
         stream.destroy();
         const part = chunk.subarray(0, limit - sent);
         count(part.length);
-        res.write(part, () => req.socket.destroy());
+        res.write(part, () => setTimeout(() => req.socket.destroy(), 200));
         return;
       }
       count(chunk.length);
