@@ -521,7 +521,7 @@ export class Engine extends EventTarget {
 
   /**
    * After a `devicelost` event: loads the model again on a new GPU device, from where its bytes
-   * came (the Cache API or the File: no new download, except for a URL loaded with
+   * came (browser storage or the File: no new download, except for a URL loaded with
    * `cache: false`), or from `model` when given. An engine loaded from an ArrayBuffer needs
    * `model` (the worker does not keep a second copy of the bytes). Cached prefixes are gone with
    * the old device; conversations continue (their prompts are computed again, or imported from

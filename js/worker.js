@@ -490,7 +490,7 @@ async function simulateDeviceLoss() {
 }
 
 /**
- * A new engine on the lost one's model, read again from where it came (the Cache API, the File;
+ * A new engine on the lost one's model, read again from where it came (browser storage, the File;
  * a URL loaded with `cache: false` is downloaded again), or from `model` when given (required
  * for an engine loaded from an ArrayBuffer, whose bytes the worker does not keep).
  */
