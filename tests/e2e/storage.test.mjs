@@ -67,6 +67,11 @@ describe("model storage", () => {
     parts = splitGguf(tiny, join(fixtures, "storage-split"), 3);
     writeFileSync(join(results, "storage.html"), PAGE);
     routes["/storage.html"] = { file: join(results, "storage.html") };
+    // The package's worker in a browser without OPFS (modules run in import order).
+    writeFileSync(join(results, "no-opfs.js"), "delete StorageManager.prototype.getDirectory;\n");
+    writeFileSync(join(results, "no-opfs-worker.js"), 'import "./no-opfs.js";\nimport "/js/worker.js";\n');
+    routes["/no-opfs.js"] = { file: join(results, "no-opfs.js") };
+    routes["/no-opfs-worker.js"] = { file: join(results, "no-opfs-worker.js") };
     parts.forEach((file, i) => { routes[`/split-0000${i + 1}-of-00003.gguf`] = { file }; });
     if (existsSync(MODEL)) routes["/smol.gguf"] = { file: MODEL };
     server = await staticServer(root, routes);
@@ -196,6 +201,27 @@ describe("model storage", () => {
     const [entry] = await listed(page);
     assert.equal(entry.complete, false);
     assert.equal(entry.bytes, Math.floor(size * 0.7));
+  });
+
+  it("falls back to the Cache API without OPFS, and stores nothing with cache: false", { timeout: TIMEOUT }, async () => {
+    routes["/fallback.gguf"] = { file: tiny };
+    const { page } = await site();
+    const first = await loadAndChat(page, "/fallback.gguf", { workerUrl: "/no-opfs-worker.js" });
+    assert.ok(!first.code, `${first.code} ${first.message}`);
+    assert.deepEqual([first.load.source, first.load.storage], ["network", "cache"]);
+    const again = await loadAndChat(page, "/fallback.gguf", { workerUrl: "/no-opfs-worker.js" });
+    assert.deepEqual([again.load.source, again.load.storage], ["cache", "cache"]);
+    assert.equal(server.served.get("/fallback.gguf"), size, "downloaded once");
+    const [entry] = await listed(page);
+    assert.deepEqual({ ...entry, url: entry.url.replace(server.url, "") }, { url: "/fallback.gguf", bytes: size, complete: true, storage: "cache", parts: 1 });
+    assert.equal(await page.evaluate(() => window.pagedlm.deleteCachedModel("/fallback.gguf")), true);
+    assert.deepEqual(await listed(page), []);
+
+    const uncached = await loadAndChat(page, "/fallback.gguf", { cache: false });
+    assert.ok(!uncached.code, `${uncached.code} ${uncached.message}`);
+    assert.deepEqual([uncached.load.source, uncached.load.storage], ["network", null]);
+    assert.deepEqual(await listed(page), []);
+    assert.deepEqual(await opfsFiles(page), []);
   });
 
   it("estimates the memory from the header: fits, matches the load on WebGPU, and says why not under a small budget", { timeout: TIMEOUT }, async () => {
