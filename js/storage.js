@@ -138,7 +138,7 @@ async function writeMeta(folder, key, meta) {
   }
 }
 
-async function request(url, headers = {}) {
+async function request(url, headers = {}, { rangeNotSatisfiable = false } = {}) {
   let response;
   try {
     // Not the HTTP cache: the model is stored here, and a cached partial would confuse a resume.
@@ -146,7 +146,7 @@ async function request(url, headers = {}) {
   } catch (e) {
     throw fail("MODEL_DOWNLOAD", `Downloading the model from ${url} failed: ${e?.message || e}. Check the URL and your connection.`);
   }
-  if (!response.ok) {
+  if (!response.ok && !(rangeNotSatisfiable && response.status === 416)) {
     response.body?.cancel().catch(() => {});
     throw fail("MODEL_DOWNLOAD", `Downloading the model from ${url} failed: HTTP ${response.status} ${response.statusText}.`);
   }
@@ -241,10 +241,16 @@ function opfsPart(folder, urls, index, report) {
     let response;
     if (have > 0) {
       const validator = meta.etag ?? meta.lastModified;
-      response = await request(url, { range: `bytes=${have}-`, ...(validator ? { "if-range": validator } : {}) });
+      response = await request(url, { range: `bytes=${have}-`, ...(validator ? { "if-range": validator } : {}) }, { rangeNotSatisfiable: true });
       const range = contentRange(response);
       const { etag } = validators(response);
-      if (response.status === 206 && !(range && range.start === have && (range.size == null || range.size === meta.size) && (!meta.etag || !etag || etag === meta.etag))) {
+      if (response.status === 416) {
+        // Nothing past `have`: a server file shorter than the partial one (it changed), or one
+        // whose last bytes were written but not yet marked complete. Either way, fetch it whole.
+        note = "the file on the server is not the one the cut download holds: downloading it again from the start";
+        have = 0;
+        response = await request(url);
+      } else if (response.status === 206 && !(range && range.start === have && (range.size == null || range.size === meta.size) && (!meta.etag || !etag || etag === meta.etag))) {
         // A range of another file than the one the partial download holds: start over.
         await response.body?.cancel().catch(() => {});
         note = "the file on the server changed since the download was cut: downloading it again from the start";
