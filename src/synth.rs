@@ -21,9 +21,11 @@ use crate::quant::{quantize, WeightType};
 use crate::rng::Rng;
 
 mod requantize;
+mod split;
 mod vocab;
 
 pub use requantize::{requantize_gguf, row_type};
+pub use split::{split_gguf, split_part_name, try_split_gguf};
 pub use vocab::{vocab_from_tokenizer_json, AddedTokenFact, VocabFacts};
 
 /// Builds a GGUF v3 file in memory.
