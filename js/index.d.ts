@@ -4,7 +4,6 @@ export type ErrorCode =
   | "WEBGPU_UNAVAILABLE"
   | "MODEL_DOWNLOAD"
   | "MODEL_FORMAT"
-  | "MODEL_READ"
   | "CONTEXT_OVERFLOW"
   | "KV_POOL_FULL"
   | "UNSUPPORTED"
@@ -617,10 +616,11 @@ export interface BackendBytes {
 /** What a load would take, from the model's header alone ({@link estimateMemory}). */
 export interface MemoryEstimate {
   complete: true;
-  /** Whether the load fits what this device offers (`limits`); `reasons` says why not. */
+  /** Whether the load fits what this device offers (`limits`) on the backend asked for (either, for "auto"); `reasons` says why not. */
   fits: boolean;
-  /** The backend the load would take. */
-  backend: "webgpu" | "cpu";
+  fits_backend: { webgpu: boolean; cpu: boolean };
+  /** The backend the options ask for ("cpu" for "auto" where there is no WebGPU adapter). */
+  backend: "webgpu" | "cpu" | "auto";
   weights_bytes: BackendBytes;
   kv_bytes_per_token: { f32: number; int8: number };
   /** The tokens the KV pool would hold. */
@@ -628,8 +628,11 @@ export interface MemoryEstimate {
   kv_bytes: { f32: number; int8: number };
   activations_bytes: BackendBytes;
   total_bytes: BackendBytes;
-  /** The largest single GPU buffer the load would create. */
+  /** The largest single GPU buffer the load would create (a weight matrix, or one layer's KV). */
   largest_buffer_bytes: number;
+  kv_layer_bytes: number;
+  /** What a wasm32 module addresses (4 GiB): the CPU backend's ceiling. */
+  wasm32_bytes: number;
   /** What the estimate was held to: the adapter's buffer limits, a memory budget. */
   limits: { maxBufferSize?: number; maxStorageBufferBindingSize?: number; memoryBytes?: number };
   /** Why it does not fit; empty when it fits. */
@@ -639,6 +642,8 @@ export interface MemoryEstimate {
 export interface EstimateOptions extends Omit<EngineOptions, "onProgress"> {
   /** The memory budget to hold the load to (default: `navigator.deviceMemory` GiB where the browser tells it). */
   maxMemoryBytes?: number;
+  /** Limits to hold the estimate to instead of this device's (another device's, say); each one given overrides the adapter's. */
+  limits?: { maxBufferSize?: number; maxStorageBufferBindingSize?: number; memoryBytes?: number };
 }
 
 /**

@@ -11,7 +11,7 @@
 // Everything heavy happens in js/worker.js; this module only turns calls into messages and
 // messages back into promises and async iterables; the messages are those of js/protocol.js.
 
-import { ENGINE_OPTIONS, PACKAGE_OPTIONS, requestOptions, toWorker } from "./protocol.js";
+import { ENGINE_OPTIONS, ESTIMATE_OPTIONS, PACKAGE_OPTIONS, requestOptions, toWorker } from "./protocol.js";
 import { DEFAULT_STORE, deleteCachedModel as deleteStored, listCachedModels as listStored } from "./storage.js";
 
 /** Errors from pagedlm: an `Error` with a `code` (WEBGPU_UNAVAILABLE, MODEL_FORMAT, ...). */
@@ -52,12 +52,12 @@ function askPersistence() {
   globalThis.navigator?.storage?.persist?.().catch(() => {});
 }
 
-/** The engine options of `options` (checked against ENGINE_OPTIONS) and the package's own. */
-function splitOptions(options, what) {
+/** The engine options of `options` (checked against `known`, ENGINE_OPTIONS by default) and the package's own. */
+function splitOptions(options, what, known = ENGINE_OPTIONS) {
   const { onProgress, cache = true, cacheName = DEFAULT_STORE, workerUrl, ...rest } = options ?? {};
   const engineOptions = {};
   for (const [k, v] of Object.entries(rest)) {
-    if (!ENGINE_OPTIONS.includes(k)) throw invalid(`${what}: unknown option ${k} (known: ${[...ENGINE_OPTIONS, ...PACKAGE_OPTIONS].join(", ")})`);
+    if (!known.includes(k)) throw invalid(`${what}: unknown option ${k} (known: ${[...known, ...PACKAGE_OPTIONS].join(", ")})`);
     if (v !== undefined && v !== null) engineOptions[k] = v;
   }
   if (onProgress !== undefined && typeof onProgress !== "function") throw invalid(`${what}: onProgress must be a function`);
@@ -708,10 +708,11 @@ export async function createEngine(model, options = {}) {
  * {complete: true, fits, backend, weights_bytes, kv_bytes_per_token, kv_tokens, kv_bytes,
  * activations_bytes, total_bytes, largest_buffer_bytes, limits, reasons}. The limits are the
  * WebGPU adapter's buffer limits and a memory budget: `options.maxMemoryBytes`, else
- * `navigator.deviceMemory` where the browser tells it.
+ * `navigator.deviceMemory` where the browser tells it; `options.limits` ({maxBufferSize,
+ * maxStorageBufferBindingSize, memoryBytes}) overrides any of them (another device's, say).
  */
 export async function estimateMemory(model, options = {}) {
-  const { engineOptions, store, workerUrl } = splitOptions(options, "estimateMemory");
+  const { engineOptions, store, workerUrl } = splitOptions(options, "estimateMemory", [...ENGINE_OPTIONS, ...ESTIMATE_OPTIONS]);
   const source = modelSource(model, "estimateMemory(model)");
   const channel = new Channel(startWorker(workerUrl));
   try {

@@ -9,6 +9,8 @@
 
 /** Options of `createEngine` that go to the wasm engine (`WebEngine.load`). */
 export const ENGINE_OPTIONS = Object.freeze(["kvDtype", "kvLayout", "blockSize", "poolTokens", "maxContext", "prefillChunk", "prefixCache", "maxBatch", "stepTokens", "maxBindingMib", "deviceLimits", "maxMemoryBytes", "adapterClass", "optionalFeatures", "backend"]);
+/** Options of `estimateMemory` only that go to the wasm engine (`WebEngine.estimateMemory`; loads ignore them). */
+export const ESTIMATE_OPTIONS = Object.freeze(["limits"]);
 /** Options of `createEngine` that js/index.js handles itself. */
 export const PACKAGE_OPTIONS = Object.freeze(["onProgress", "cache", "cacheName", "workerUrl"]);
 /** Parameters of `chat.completions.create` and `completions.create` that go to the wasm engine (`WebEngine.submit`, `submitPrompt`). */

@@ -241,7 +241,7 @@ async function estimate({ model, options, cache: store }) {
   await init();
   const files = await headerSource(model, store);
   const { limits, webgpu } = await deviceLimits(options);
-  const engineOptions = { ...options, limits };
+  const engineOptions = { ...options, limits: { ...limits, ...options?.limits } };
   if (!webgpu && (engineOptions.backend ?? defaultBackend()) === "auto") engineOptions.backend = "cpu";
   let prefixes = await Promise.all(files.sizes.map((size, i) => files.prefix(i, Math.min(size, HEADER_BYTES))));
   for (;;) {

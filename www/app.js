@@ -151,7 +151,8 @@ async function showEstimate(model) {
     console.warn("pagedlm: no memory estimate:", err);
     return null;
   }
-  const backend = e.backend === "cpu" ? "cpu" : "webgpu";
+  // "auto" takes whichever backend fits, WebGPU first.
+  const backend = e.backend === "cpu" || (e.backend === "auto" && !e.fits_backend?.webgpu && e.fits_backend?.cpu) ? "cpu" : "webgpu";
   const kv = e.kv_bytes?.[ui.kvDtype.value] ?? 0;
   const offers = [];
   if (e.limits?.memoryBytes) offers.push(`${gb(e.limits.memoryBytes)} of memory`);
