@@ -509,7 +509,7 @@ export class Engine extends EventTarget {
   #loaded(loaded) {
     /** Adapter, model shape, KV layout and memory, fixed at load. */
     this.info = loaded.info;
-    /** How the model was loaded: {source: "network"|"cache"|"file"|"buffer", bytes, download_ms, engine_ms}. */
+    /** How the model was loaded: {source: "network"|"cache"|"file"|"buffer", storage: "opfs"|"cache"|null, bytes, files, download_ms, engine_ms}. */
     this.load = loaded.load;
     this.model = loaded.info?.model?.name || "pagedlm";
   }
