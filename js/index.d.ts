@@ -4,6 +4,7 @@ export type ErrorCode =
   | "WEBGPU_UNAVAILABLE"
   | "MODEL_DOWNLOAD"
   | "MODEL_FORMAT"
+  | "MODEL_READ"
   | "CONTEXT_OVERFLOW"
   | "KV_POOL_FULL"
   | "UNSUPPORTED"

@@ -97,6 +97,9 @@ error_kinds! {
     NoDevice => "WEBGPU_UNAVAILABLE",
     /// The model file is not one pagedlm can read or run.
     ModelFormat => "MODEL_FORMAT",
+    /// The model's bytes could not be read from their source while loading (the file changed or
+    /// shrank, a read was refused): read it again, or download it again.
+    ModelRead => "MODEL_READ",
     /// An engine feature this configuration lacks (e.g. a snapshot of an INT8 pool): a
     /// setting to change. A model file pagedlm cannot run (a tensor type, a head size) is
     /// [`ErrorKind::ModelFormat`]: the caller's remedy is another file.
@@ -155,6 +158,7 @@ fn tokenizer_kind(e: &TokenizerError) -> ErrorKind {
 
 fn model_kind(e: &ModelError) -> ErrorKind {
     match e {
+        ModelError::Gguf(GgufError::Read(_)) => ErrorKind::ModelRead,
         ModelError::Gguf(_) | ModelError::Format(_) | ModelError::Unsupported(_) => ErrorKind::ModelFormat,
     }
 }

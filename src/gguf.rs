@@ -12,7 +12,19 @@
 //! Dimension order is GGUF's (= ggml's): `dims[0]` (ne0) is the innermost, contiguous one. A
 //! matrix `[ne0 = cols, ne1 = rows]` stores row after row, so ne0 is a weight's input features.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
+
+mod header;
+mod source;
+mod split;
+
+use header::{read_header, Header};
+
+#[cfg(unix)]
+pub use source::DiskFile;
+pub use source::{Prefix, ReadAt};
+pub use split::part_names;
 
 /// Longest string (key, value, tensor name) accepted. Vocab entries are a few bytes and chat
 /// templates a few KB, so 1 MiB leaves room without letting one length field claim the file.
@@ -341,6 +353,9 @@ pub struct TensorInfo {
     /// Bytes of data, from dims and the type's block size; 0 for `Other` types, whose size
     /// pagedlm cannot compute (such tensors are not bounds-checked and cannot be required).
     pub size_bytes: u64,
+    /// Which file of a split model holds it (0 for a model in one file), its `offset` relative
+    /// to that file's data section.
+    pub file: u32,
 }
 
 impl TensorInfo {
@@ -397,78 +412,86 @@ pub enum GgufError {
     OutOfRange { key: String, value: String, target: String },
     #[error("tensor {0} is missing")]
     MissingTensor(String),
+    /// The model's bytes could not be read from where they come from.
+    #[error("reading the model failed: {0}")]
+    Read(String),
+    /// The header goes on past the bytes at hand ([`Prefix`]): read `bytes` of the file's start.
+    #[error("the GGUF header goes on past the file's first bytes at hand: {bytes} are needed")]
+    NeedMore { bytes: u64 },
+    /// A split model's parts do not make one model.
+    #[error("split model: {0}")]
+    Split(String),
     /// From the test-support writer (`synth::GgufWriter`, `testing` feature).
     #[error("cannot write GGUF: {0}")]
     InvalidWrite(String),
 }
 
-/// A checked reader over the file. Every read either fits in the buffer or returns
-/// `Truncated` naming what was being read.
-struct Cursor<'a> {
-    bytes: &'a [u8],
-    pos: usize,
+/// The most bytes a header (metadata and tensor infos) may take: real ones take a few MB (a
+/// 262k-token vocabulary with its scores ~10 MB), so a lying count cannot make the reader pull
+/// a whole multi-GB file into memory looking for the header's end.
+pub const MAX_HEADER_BYTES: u64 = 256 << 20;
+
+/// The most bytes one read asks of a source.
+pub const READ_PIECE_BYTES: usize = 64 << 20;
+
+/// One file of a model and where its data section starts.
+#[derive(Clone, Copy)]
+struct File<'a> {
+    source: Src<'a>,
+    data_offset: u64,
 }
 
-impl<'a> Cursor<'a> {
-    fn remaining(&self) -> u64 {
-        (self.bytes.len() - self.pos) as u64
-    }
+/// A file's bytes: in memory for the model's lifetime, or read on demand.
+#[derive(Clone, Copy)]
+enum Src<'a> {
+    Bytes(&'a [u8]),
+    Reader(&'a dyn ReadAt),
+}
 
-    fn take(&mut self, n: u64, context: &dyn Fn() -> String) -> Result<&'a [u8], GgufError> {
-        if n > self.remaining() {
-            return Err(GgufError::Truncated { at: self.pos as u64, context: context(), needed: n, available: self.remaining() });
+impl<'a> Src<'a> {
+    fn size(&self) -> u64 {
+        match self {
+            Src::Bytes(b) => b.len() as u64,
+            Src::Reader(r) => r.size(),
         }
-        // n <= remaining <= usize::MAX, so the cast and the slice are in range.
-        let start = self.pos;
-        self.pos += n as usize;
-        Ok(&self.bytes[start..self.pos])
     }
 
-    fn array<const N: usize>(&mut self, context: &dyn Fn() -> String) -> Result<[u8; N], GgufError> {
-        let s = self.take(N as u64, context)?;
-        let mut a = [0u8; N];
-        a.copy_from_slice(s);
-        Ok(a)
-    }
-
-    fn u8(&mut self, c: &dyn Fn() -> String) -> Result<u8, GgufError> {
-        Ok(self.array::<1>(c)?[0])
-    }
-    fn u16(&mut self, c: &dyn Fn() -> String) -> Result<u16, GgufError> {
-        Ok(u16::from_le_bytes(self.array(c)?))
-    }
-    fn u32(&mut self, c: &dyn Fn() -> String) -> Result<u32, GgufError> {
-        Ok(u32::from_le_bytes(self.array(c)?))
-    }
-    fn u64(&mut self, c: &dyn Fn() -> String) -> Result<u64, GgufError> {
-        Ok(u64::from_le_bytes(self.array(c)?))
-    }
-
-    fn string(&mut self, c: &dyn Fn() -> String) -> Result<String, GgufError> {
-        let at = self.pos as u64;
-        let len = self.u64(c)?;
-        if len > MAX_STRING_LEN {
-            return Err(GgufError::TooLarge { what: format!("string length in {}", c()), at, value: len, limit: MAX_STRING_LEN });
+    /// Reads in pieces of at most [`READ_PIECE_BYTES`], so that a source never has to produce a
+    /// whole large tensor at once (a browser reads each piece into a buffer of its own).
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), String> {
+        match self {
+            Src::Bytes(b) => b.read_at(offset, buf),
+            Src::Reader(r) => {
+                let mut at = offset;
+                for piece in buf.chunks_mut(READ_PIECE_BYTES) {
+                    r.read_at(at, piece)?;
+                    at += piece.len() as u64;
+                }
+                Ok(())
+            }
         }
-        let data_at = self.pos as u64;
-        let raw = self.take(len, c)?;
-        match std::str::from_utf8(raw) {
-            Ok(s) => Ok(s.to_owned()),
-            Err(e) => Err(GgufError::InvalidUtf8 { at: data_at + e.valid_up_to() as u64, context: c() }),
+    }
+
+    fn borrow(&self, offset: u64, len: u64) -> Option<&'a [u8]> {
+        match *self {
+            Src::Bytes(b) => b.borrow(offset, len),
+            Src::Reader(r) => r.borrow(offset, len),
         }
     }
 }
 
-/// A parsed GGUF file borrowing its bytes; tensor data are views into them.
+/// A parsed GGUF model: its header, and its tensors' data read from its file (or the files of a
+/// split model) on demand, borrowed where the file is in memory.
 #[derive(Clone)]
 pub struct Gguf<'a> {
     pub version: u32,
     pub alignment: u64,
     pub metadata: Vec<(String, MetaValue)>,
     pub tensors: Vec<TensorInfo>,
-    /// File offset of the data section (tensor offsets are relative to it).
+    /// File offset of the data section (tensor offsets are relative to it); of the first file
+    /// for a split model.
     pub data_offset: u64,
-    bytes: &'a [u8],
+    files: Vec<File<'a>>,
 }
 
 // By hand, so printing a parsed model does not dump its bytes.
@@ -480,7 +503,7 @@ impl std::fmt::Debug for Gguf<'_> {
             .field("metadata_entries", &self.metadata.len())
             .field("tensors", &self.tensors.len())
             .field("data_offset", &self.data_offset)
-            .field("file_len", &self.bytes.len())
+            .field("file_len", &self.file_size())
             .finish()
     }
 }
@@ -489,78 +512,68 @@ impl<'a> Gguf<'a> {
     /// Parses and validates header, metadata and tensor infos. On success every tensor of a
     /// known type has an aligned offset and its whole data range inside `bytes`.
     pub fn parse(bytes: &'a [u8]) -> Result<Gguf<'a>, GgufError> {
-        let mut cur = Cursor { bytes, pos: 0 };
-        let magic = cur.take(4, &|| "the magic number".into()).map_err(|_| GgufError::BadMagic { found: bytes.to_vec() })?;
-        if magic != MAGIC {
-            return Err(GgufError::BadMagic { found: magic.to_vec() });
-        }
-        let version = cur.u32(&|| "the version".into())?;
-        if version != 2 && version != 3 {
-            if matches!(version.swap_bytes(), 2 | 3) {
-                return Err(GgufError::BigEndian(version));
-            }
-            return Err(GgufError::UnsupportedVersion(version));
-        }
-        let count_at = cur.pos as u64;
-        let tensor_count = cur.u64(&|| "the tensor count".into())?;
-        let kv_at = cur.pos as u64;
-        let kv_count = cur.u64(&|| "the metadata count".into())?;
-        check_count("tensor count", count_at, tensor_count, MAX_TENSORS)?;
-        check_count("metadata count", kv_at, kv_count, MAX_METADATA_ENTRIES)?;
+        let header = Header::parse(bytes, bytes.len() as u64)?;
+        Ok(Gguf::of(header, vec![Src::Bytes(bytes)]))
+    }
 
-        // Counts are not checked against the bytes left: a short file fails with `Truncated`
-        // where it ends (the useful message for a partial download). Reservations are bounded
-        // by the bytes left instead. Smallest metadata entry: empty key (8), value type (4),
-        // a 1-byte value; smallest tensor info: empty name (8), n_dims (4), type (4), offset (8).
-        let kv_capacity = kv_count.min(cur.remaining() / 13) as usize;
-        let mut metadata = Vec::with_capacity(kv_capacity);
-        let mut keys = HashSet::with_capacity(kv_capacity);
-        let mut array_budget = MAX_ARRAY_LEN;
-        for i in 0..kv_count {
-            let key = cur.string(&|| format!("metadata entry {i} key"))?;
-            let ctx = || format!("metadata entry {i} ({key})");
-            let type_at = cur.pos as u64;
-            let type_id = cur.u32(&ctx)?;
-            let value = read_value(&mut cur, type_id, type_at, 0, &mut array_budget, &ctx)?;
-            if !keys.insert(key.clone()) {
-                return Err(GgufError::DuplicateKey(key));
-            }
-            metadata.push((key, value));
+    /// Opens a model from its files: one, or the parts of a split model in order (llama.cpp's
+    /// `gguf-split`: `name-00001-of-00003.gguf`, ...), each read by ranges. Reads each header
+    /// (1 MiB first, more while it goes on), never the tensors' data.
+    pub fn open(files: &[&'a dyn ReadAt]) -> Result<Gguf<'a>, GgufError> {
+        let mut headers = Vec::with_capacity(files.len());
+        for &file in files {
+            headers.push(read_header(file)?);
         }
-
-        let alignment = match metadata.iter().find(|(k, _)| k == "general.alignment") {
-            None => DEFAULT_ALIGNMENT,
-            Some((_, v)) => match v.as_u64() {
-                Some(a) if a.is_power_of_two() => a,
-                _ => return Err(GgufError::BadAlignment { found: format!("{v:?}") }),
-            },
+        split::check_parts(&headers.iter().map(|h| h.metadata.as_slice()).collect::<Vec<_>>())?;
+        let mut parts = headers.into_iter();
+        let Some(mut header) = parts.next() else {
+            return Err(GgufError::Split("no file given".into()));
         };
-
-        let tensor_capacity = tensor_count.min(cur.remaining() / 24) as usize;
-        let mut tensors = Vec::with_capacity(tensor_capacity);
-        let mut names = HashSet::with_capacity(tensor_capacity);
-        for i in 0..tensor_count {
-            let info = read_tensor_info(&mut cur, i)?;
-            if !names.insert(info.name.clone()) {
-                return Err(GgufError::DuplicateTensor(info.name));
+        let mut data_offsets = vec![header.data_offset];
+        for (i, part) in (1u32..).zip(parts) {
+            let mut names: HashSet<&str> = header.tensors.iter().map(|t| t.name.as_str()).collect();
+            if let Some(t) = part.tensors.iter().find(|t| !names.insert(t.name.as_str())) {
+                return Err(GgufError::DuplicateTensor(t.name.clone()));
             }
-            tensors.push(info);
+            header.tensors.extend(part.tensors.into_iter().map(|t| TensorInfo { file: i, ..t }));
+            data_offsets.push(part.data_offset);
         }
+        split::check_tensor_count(&header.metadata, header.tensors.len())?;
+        let mut gguf = Gguf::of(header, files.iter().map(|&r| Src::Reader(r)).collect());
+        for (file, offset) in gguf.files.iter_mut().zip(data_offsets) {
+            file.data_offset = offset;
+        }
+        Ok(gguf)
+    }
 
-        let end_of_infos = cur.pos as u64;
-        let data_offset = align_up(end_of_infos, alignment).ok_or_else(|| GgufError::TooLarge {
-            what: "data section start".into(),
-            at: end_of_infos,
-            value: end_of_infos,
-            limit: u64::MAX - alignment,
-        })?;
-        let file_len = bytes.len() as u64;
-        for t in &tensors {
-            if t.block_size_known() {
-                check_tensor_range(t, alignment, data_offset, file_len)?;
-            }
+    /// How many of the file's first bytes its header needs when `source` holds fewer than that
+    /// ([`Prefix`]: a header read before a download); `None` when it holds the whole header.
+    pub fn header_need(source: &dyn ReadAt) -> Result<Option<u64>, GgufError> {
+        match read_header(source) {
+            Ok(_) => Ok(None),
+            Err(GgufError::NeedMore { bytes }) => Ok(Some(bytes)),
+            Err(e) => Err(e),
         }
-        Ok(Gguf { version, alignment, metadata, tensors, data_offset, bytes })
+    }
+
+    fn of(h: Header, sources: Vec<Src<'a>>) -> Gguf<'a> {
+        let files = sources.into_iter().map(|source| File { source, data_offset: h.data_offset }).collect();
+        Gguf { version: h.version, alignment: h.alignment, metadata: h.metadata, tensors: h.tensors, data_offset: h.data_offset, files }
+    }
+
+    /// Bytes of the model's files together.
+    pub fn file_size(&self) -> u64 {
+        self.files.iter().map(|f| f.source.size()).sum()
+    }
+
+    /// Where `len` bytes at `start` within `info`'s data lie: its file and the file offset,
+    /// if the range lies within the tensor.
+    fn locate(&self, info: &TensorInfo, start: u64, len: u64) -> Option<(File<'a>, u64)> {
+        let file = *self.files.get(info.file as usize)?;
+        if start.checked_add(len)? > info.size_bytes {
+            return None;
+        }
+        Some((file, file.data_offset.checked_add(info.offset)?.checked_add(start)?))
     }
 
     pub fn get(&self, key: &str) -> Option<&MetaValue> {
@@ -625,34 +638,46 @@ impl<'a> Gguf<'a> {
         self.tensors.iter().find(|t| t.name == name)
     }
 
-    /// The tensor's bytes, borrowed from the file. Bounds were checked in `parse` for every
-    /// tensor of a known type; a `TensorInfo` not from this file, or of an `Other` type
+    /// The tensor's bytes where the file is in memory (a model parsed from its bytes); empty
+    /// for a file read on demand (use [`Gguf::read_tensor`]). Bounds were checked in `parse` for
+    /// every tensor of a known type; a `TensorInfo` not from this file, or of an `Other` type
     /// (size unknown, 0), gives the in-bounds part of its range, possibly empty.
     pub fn tensor_data(&self, info: &TensorInfo) -> &'a [u8] {
-        let bytes: &'a [u8] = self.bytes;
-        let range = self
-            .data_offset
-            .checked_add(info.offset)
-            .and_then(|start| Some((start, start.checked_add(info.size_bytes)?)))
-            .and_then(|(s, e)| Some((usize::try_from(s).ok()?, usize::try_from(e).ok()?)));
-        match range {
-            Some((s, e)) => bytes.get(s..e).unwrap_or(&[]),
-            None => &[],
-        }
+        self.locate(info, 0, info.size_bytes).and_then(|(file, at)| file.source.borrow(at, info.size_bytes)).unwrap_or(&[])
     }
 
-    /// The named tensor and its bytes, if its type is one of `allowed`.
-    pub fn require_tensor(&self, name: &str, allowed: &[GgmlType]) -> Result<(&TensorInfo, &'a [u8]), GgufError> {
+    /// The tensor's bytes: borrowed where the file is in memory, read otherwise.
+    pub fn read_tensor(&self, info: &TensorInfo) -> Result<Cow<'a, [u8]>, GgufError> {
+        self.read_range(info, 0, info.size_bytes)
+    }
+
+    /// `len` bytes of the tensor's data from byte `start` of it: borrowed where the file is in
+    /// memory, read otherwise.
+    pub fn read_range(&self, info: &TensorInfo, start: u64, len: u64) -> Result<Cow<'a, [u8]>, GgufError> {
+        let (file, at) = self.locate(info, start, len).ok_or_else(|| out_of_tensor(info, start, len))?;
+        if let Some(bytes) = file.source.borrow(at, len) {
+            return Ok(Cow::Borrowed(bytes));
+        }
+        let mut buf = vec![0u8; usize::try_from(len).map_err(|_| out_of_tensor(info, start, len))?];
+        file.source.read_at(at, &mut buf).map_err(|e| GgufError::Read(format!("tensor {}: {e}", info.name)))?;
+        Ok(Cow::Owned(buf))
+    }
+
+    /// Fills `buf` with the tensor's bytes from byte `start` of it (straight into the memory
+    /// that keeps them: no copy on the way).
+    pub fn read_into(&self, info: &TensorInfo, start: u64, buf: &mut [u8]) -> Result<(), GgufError> {
+        let len = buf.len() as u64;
+        let (file, at) = self.locate(info, start, len).ok_or_else(|| out_of_tensor(info, start, len))?;
+        file.source.read_at(at, buf).map_err(|e| GgufError::Read(format!("tensor {}: {e}", info.name)))
+    }
+
+    /// The named tensor, if its type is one of `allowed`.
+    pub fn require_tensor(&self, name: &str, allowed: &[GgmlType]) -> Result<&TensorInfo, GgufError> {
         let info = self.tensor(name).ok_or_else(|| GgufError::MissingTensor(name.to_string()))?;
         if !allowed.contains(&info.ggml_type) || !info.ggml_type.is_supported() {
             return Err(GgufError::UnsupportedTensorType { name: name.to_string(), type_name: info.ggml_type.name() });
         }
-        Ok((info, self.tensor_data(info)))
-    }
-
-    /// The whole file this view borrows.
-    pub fn bytes(&self) -> &'a [u8] {
-        self.bytes
+        Ok(info)
     }
 
     /// How many tensors the file holds of each type, by ggml's type name: SmolLM2's Q4_1 file
@@ -666,11 +691,8 @@ impl<'a> Gguf<'a> {
     }
 }
 
-fn check_count(what: &str, at: u64, value: u64, limit: u64) -> Result<(), GgufError> {
-    if value > limit {
-        return Err(GgufError::TooLarge { what: what.into(), at, value, limit });
-    }
-    Ok(())
+fn out_of_tensor(info: &TensorInfo, start: u64, len: u64) -> GgufError {
+    GgufError::Read(format!("bytes {start}..{} are outside tensor {} ({} bytes)", start.saturating_add(len), info.name, info.size_bytes))
 }
 
 fn wrong_type(key: &str, expected: &str, found: &MetaValue) -> GgufError {
@@ -679,88 +701,6 @@ fn wrong_type(key: &str, expected: &str, found: &MetaValue) -> GgufError {
 
 fn wrong_array_type(key: &str, expected: &str, element: &MetaValue) -> GgufError {
     GgufError::WrongType { key: key.to_string(), expected: expected.to_string(), found: format!("an array of {}", element.type_name()) }
-}
-
-fn align_up(x: u64, alignment: u64) -> Option<u64> {
-    Some(x.checked_add(alignment - 1)? & !(alignment - 1))
-}
-
-/// Reads one value of GGUF type `type_id` (`type_at`: where the type id was, for errors).
-/// `array_budget` is how many array elements all of the file's metadata may still have.
-fn read_value(
-    cur: &mut Cursor<'_>,
-    type_id: u32,
-    type_at: u64,
-    depth: usize,
-    array_budget: &mut u64,
-    ctx: &dyn Fn() -> String,
-) -> Result<MetaValue, GgufError> {
-    Ok(match type_id {
-        0 => MetaValue::U8(cur.u8(ctx)?),
-        1 => MetaValue::I8(cur.u8(ctx)? as i8),
-        2 => MetaValue::U16(cur.u16(ctx)?),
-        3 => MetaValue::I16(cur.u16(ctx)? as i16),
-        4 => MetaValue::U32(cur.u32(ctx)?),
-        5 => MetaValue::I32(cur.u32(ctx)? as i32),
-        6 => MetaValue::F32(f32::from_bits(cur.u32(ctx)?)),
-        7 => {
-            let at = cur.pos as u64;
-            match cur.u8(ctx)? {
-                0 => MetaValue::Bool(false),
-                1 => MetaValue::Bool(true),
-                value => return Err(GgufError::InvalidBool { value, at, context: ctx() }),
-            }
-        }
-        8 => MetaValue::String(cur.string(ctx)?),
-        9 => {
-            if depth >= MAX_ARRAY_DEPTH {
-                return Err(GgufError::NestingTooDeep { at: type_at, limit: MAX_ARRAY_DEPTH, context: ctx() });
-            }
-            let elem_at = cur.pos as u64;
-            let elem_type = cur.u32(ctx)?;
-            let elem_size = min_encoded_size(elem_type).ok_or_else(|| GgufError::UnknownValueType { type_id: elem_type, at: elem_at, context: ctx() })?;
-            let count_at = cur.pos as u64;
-            let count = cur.u64(ctx)?;
-            if count > *array_budget {
-                return Err(GgufError::TooLarge {
-                    what: format!("array length in {} (all arrays together may hold {MAX_ARRAY_LEN} elements)", ctx()),
-                    at: count_at,
-                    value: count,
-                    limit: *array_budget,
-                });
-            }
-            *array_budget -= count;
-            // A lying count fails with `Truncated` once the bytes run out; reserve only what
-            // the bytes left could hold.
-            let mut items = Vec::with_capacity(count.min(cur.remaining() / elem_size) as usize);
-            for _ in 0..count {
-                items.push(read_value(cur, elem_type, elem_at, depth + 1, array_budget, ctx)?);
-            }
-            MetaValue::Array(items)
-        }
-        10 => MetaValue::U64(cur.u64(ctx)?),
-        11 => MetaValue::I64(cur.u64(ctx)? as i64),
-        12 => MetaValue::F64(f64::from_bits(cur.u64(ctx)?)),
-        other => return Err(GgufError::UnknownValueType { type_id: other, at: type_at, context: ctx() }),
-    })
-}
-
-fn read_tensor_info(cur: &mut Cursor<'_>, index: u64) -> Result<TensorInfo, GgufError> {
-    let name = cur.string(&|| format!("tensor info {index} (name)"))?;
-    let ctx = || format!("tensor info {index} ({name})");
-    let dims_at = cur.pos as u64;
-    let n_dims = cur.u32(&ctx)?;
-    if n_dims > MAX_DIMS {
-        return Err(GgufError::TooLarge { what: format!("dimension count of {}", ctx()), at: dims_at, value: n_dims as u64, limit: MAX_DIMS as u64 });
-    }
-    let mut dims = Vec::with_capacity(n_dims as usize);
-    for _ in 0..n_dims {
-        dims.push(cur.u64(&ctx)?);
-    }
-    let ggml_type = GgmlType::from_u32(cur.u32(&ctx)?);
-    let offset = cur.u64(&ctx)?;
-    let size_bytes = tensor_size_bytes(&dims, ggml_type).map_err(|reason| GgufError::BadShape { name: name.clone(), dims: dims.clone(), reason })?.unwrap_or(0);
-    Ok(TensorInfo { name, dims, ggml_type, offset, size_bytes })
 }
 
 /// Bytes of a tensor of `ggml_type` with GGUF-order `dims`: `Ok(None)` for `Other` types (size
@@ -780,15 +720,4 @@ pub(crate) fn tensor_size_bytes(dims: &[u64], ggml_type: GgmlType) -> Result<Opt
         return Err(format!("ne0 = {ne0} is not a multiple of {block_values}, the {} block size", ggml_type.name()));
     }
     (n_elements / block_values).checked_mul(block_bytes).map(Some).ok_or_else(|| "the byte size overflows 64 bits".to_string())
-}
-
-fn check_tensor_range(t: &TensorInfo, alignment: u64, data_offset: u64, file_len: u64) -> Result<(), GgufError> {
-    if t.offset % alignment != 0 {
-        return Err(GgufError::MisalignedTensor { name: t.name.clone(), offset: t.offset, alignment });
-    }
-    let end = data_offset.checked_add(t.offset).and_then(|s| s.checked_add(t.size_bytes));
-    match end {
-        Some(end) if end <= file_len => Ok(()),
-        _ => Err(GgufError::TensorOutOfBounds { name: t.name.clone(), offset: t.offset, size: t.size_bytes, data_offset, file_len }),
-    }
 }

@@ -9,6 +9,7 @@
 //! (`WEBGPU_UNAVAILABLE`, `MODEL_FORMAT`, ...) and whose message says what to fix. The code
 //! comes from the engine error's [`ErrorKind`]; this module sees the engine only through
 //! `crate::engine`, never the layers below it.
+// Long: the whole wasm boundary is this file (tests/layers.rs: only web.rs touches the wasm crates), each export a thin call.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -20,9 +21,10 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
 use crate::engine::{
-    AdapterClass, BackendChoice, ChatFormatKind, Constraint, Context, DeviceLimits, Engine, EngineError, EngineOptions, EngineStats, ErrorKind, Event,
-    GenerateRequest, Generation, KvDtype, KvLayout, Message, Profile, ProfileSummary, RequestId, SchedStats, TokenEvent, Tools,
+    estimate, AdapterClass, BackendChoice, ChatFormatKind, Constraint, Context, DeviceBudget, DeviceLimits, Engine, EngineError, EngineOptions, EngineStats,
+    ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout, LoadEvent, Message, Profile, ProfileSummary, RequestId, SchedStats, TokenEvent, Tools,
 };
+use crate::gguf::{Gguf, Prefix, ReadAt};
 
 /// What kind of failure an error is; JS sees it as `error.code` ([`ErrorCode::as_str`]). A
 /// failure of the engine carries its [`ErrorKind`], whose code is the kind's own
@@ -130,6 +132,9 @@ struct LoadOptions {
     optional_features: Option<bool>,
     /// `"auto"` (default: WebGPU on a real GPU, else the CPU backend), `"webgpu"` or `"cpu"`.
     backend: Option<String>,
+    /// `estimateMemory` only (loads ignore it): what the device allows, `{maxBufferSize?,
+    /// maxStorageBufferBindingSize?, memoryBytes?}`.
+    limits: Option<DeviceBudget>,
 }
 
 impl LoadOptions {
@@ -412,6 +417,77 @@ struct Stats {
     wasm_bytes: f64,
 }
 
+/// A file of a model, read through JS ([`WebEngine::load_from`]).
+struct JsFile<'f> {
+    index: u32,
+    size: u64,
+    read: &'f js_sys::Function,
+}
+
+impl ReadAt for JsFile<'_> {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), String> {
+        let args = (JsValue::from(self.index), JsValue::from(offset as f64), JsValue::from(buf.len() as f64));
+        let got = self.read.call3(&JsValue::NULL, &args.0, &args.1, &args.2).map_err(|e| format!("the read of bytes {offset}.. threw: {}", describe(&e)))?;
+        let bytes = got.dyn_into::<js_sys::Uint8Array>().map_err(|_| "the read callback did not return a Uint8Array".to_string())?;
+        if bytes.length() as usize != buf.len() {
+            return Err(format!("asked for {} bytes at {offset}, the read gave {} (has the file changed or been cut?)", buf.len(), bytes.length()));
+        }
+        bytes.copy_to(buf);
+        Ok(())
+    }
+}
+
+/// The files of `sizes`, each read through `read`.
+fn js_files<'f>(sizes: &[f64], read: &'f js_sys::Function) -> Result<Vec<JsFile<'f>>, WebError> {
+    if sizes.is_empty() {
+        return Err(WebError::invalid("sizes must name at least one file"));
+    }
+    (0u32..)
+        .zip(sizes)
+        .map(|(index, &size)| match size.is_finite() && size >= 0.0 && size <= 2f64.powi(53) && size.fract() == 0.0 {
+            true => Ok(JsFile { index, size: size as u64, read }),
+            false => Err(WebError::invalid(format!("file {index}'s size must be a whole number of bytes, not {size}"))),
+        })
+        .collect()
+}
+
+/// A load's progress as JS sees it.
+fn load_event(event: LoadEvent) -> JsValue {
+    #[derive(Serialize)]
+    struct Phase {
+        phase: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        loaded: Option<f64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        total: Option<f64>,
+    }
+    let phase = match event {
+        LoadEvent::Tokenizer => Phase { phase: "tokenizer", loaded: None, total: None },
+        LoadEvent::Upload { loaded, total } => Phase { phase: "upload", loaded: Some(loaded as f64), total: Some(total as f64) },
+        LoadEvent::Pipelines => Phase { phase: "pipelines", loaded: None, total: None },
+    };
+    to_js(&phase).unwrap_or(JsValue::UNDEFINED)
+}
+
+/// `estimateMemory` when a prefix ends before its header does.
+#[derive(Serialize)]
+struct NeedMore {
+    complete: bool,
+    need: Vec<f64>,
+}
+
+/// `estimateMemory`'s estimate.
+#[derive(Serialize)]
+struct Estimated {
+    complete: bool,
+    #[serde(flatten)]
+    estimate: crate::engine::MemoryEstimate,
+}
+
 /// The byte length of this module's linear memory.
 fn wasm_bytes() -> f64 {
     wasm_bindgen::memory()
@@ -596,6 +672,57 @@ impl WebEngine {
         let info = Info::of(&engine, chat_template(&engine));
         let ctx = engine.context().cloned();
         Ok(WebEngine { inner: Rc::new(RefCell::new(engine)), info, ctx })
+    }
+
+    /// Loads a GGUF model read by ranges, never whole in wasm memory: `sizes` the byte length of
+    /// each file (one, or each part of a split model in order), `read(file, offset, length)` a
+    /// synchronous function returning a `Uint8Array` of exactly `length` bytes (a `Blob` read
+    /// with `FileReaderSync`, an OPFS file, an `ArrayBuffer`'s view; a throw fails the load with
+    /// `MODEL_READ`). `progress(event)` hears `{phase: "tokenizer"}`, `{phase: "upload", loaded,
+    /// total}` (tensor bytes placed) and `{phase: "pipelines"}`. `options` as for `load`.
+    #[wasm_bindgen(js_name = loadFrom)]
+    pub async fn load_from(sizes: Vec<f64>, read: js_sys::Function, options: JsValue, progress: js_sys::Function) -> Result<WebEngine, WebError> {
+        let opts: LoadOptions = self::options(options, "load options")?;
+        let files = js_files(&sizes, &read)?;
+        let sources: Vec<&dyn ReadAt> = files.iter().map(|f| f as &dyn ReadAt).collect();
+        let mut report = |event: LoadEvent| {
+            // A progress callback that throws only loses its progress.
+            let _ = progress.call1(&JsValue::NULL, &load_event(event));
+        };
+        let engine = Engine::load_from(&sources, opts.engine_options()?, &mut report).await?;
+        let info = Info::of(&engine, chat_template(&engine));
+        let ctx = engine.context().cloned();
+        Ok(WebEngine { inner: Rc::new(RefCell::new(engine)), info, ctx })
+    }
+
+    /// What a model will take in memory, from the first bytes of each of its files (`prefixes`:
+    /// `Uint8Array`s; `sizes`: the files' lengths): `{complete: false, need: [bytes of each file
+    /// to pass]}` when a prefix ends before its file's header does, else `{complete: true, fits,
+    /// fits_backend, backend, weights_bytes: {webgpu, cpu}, kv_bytes_per_token: {f32, int8},
+    /// kv_tokens, kv_bytes, activations_bytes, total_bytes, largest_buffer_bytes,
+    /// kv_layer_bytes, limits, wasm32_bytes, reasons}`. `options`: the load options, plus
+    /// `limits: {maxBufferSize?, maxStorageBufferBindingSize?, memoryBytes?}` (the adapter's,
+    /// and a memory budget; `maxMemoryBytes` counts as one too).
+    #[wasm_bindgen(js_name = estimateMemory)]
+    pub fn estimate_memory(prefixes: Vec<js_sys::Uint8Array>, sizes: Vec<f64>, options: JsValue) -> Result<JsValue, WebError> {
+        let mut opts: LoadOptions = self::options(options, "estimate options")?;
+        if prefixes.len() != sizes.len() || sizes.is_empty() {
+            return Err(WebError::invalid(format!("{} prefixes for {} file sizes: give one of each per file", prefixes.len(), sizes.len())));
+        }
+        let mut budget = opts.limits.take().unwrap_or_default();
+        let options = opts.engine_options()?;
+        budget.memory_bytes = budget.memory_bytes.into_iter().chain(options.max_memory_bytes).min();
+        let bytes: Vec<Vec<u8>> = prefixes.iter().map(|p| p.to_vec()).collect();
+        let parts: Vec<Prefix<'_>> = bytes.iter().zip(&sizes).map(|(b, &size)| Prefix { bytes: b, size: size as u64 }).collect();
+        let need: Vec<Option<u64>> = parts.iter().map(|p| Gguf::header_need(p)).collect::<Result<_, _>>().map_err(EngineError::from)?;
+        if need.iter().any(Option::is_some) {
+            let need: Vec<f64> = need.iter().zip(&parts).map(|(n, p)| n.unwrap_or(p.bytes.len() as u64) as f64).collect();
+            return to_js(&NeedMore { complete: false, need });
+        }
+        let sources: Vec<&dyn ReadAt> = parts.iter().map(|p| p as &dyn ReadAt).collect();
+        let gguf = Gguf::open(&sources).map_err(EngineError::from)?;
+        let estimate = estimate(&gguf, &options, budget)?;
+        to_js(&Estimated { complete: true, estimate })
     }
 
     /// Runs the chat template over `messages` (`[{role, content}]`) and generates the reply.

@@ -280,7 +280,8 @@ fn real_model_tensors_have_llama_shapes_and_are_in_bounds() {
         let (dims, ty) = want.get(&t.name).unwrap_or_else(|| panic!("unexpected tensor {}", t.name));
         assert_eq!((&t.dims, t.ggml_type), (dims, *ty), "{}", t.name);
         assert_eq!(t.size_bytes, expected_size(dims, *ty), "{}", t.name);
-        let (info, data) = g.require_tensor(&t.name, &[GgmlType::F32, GgmlType::Q4_1, GgmlType::Q8_0]).unwrap();
+        let info = g.require_tensor(&t.name, &[GgmlType::F32, GgmlType::Q4_1, GgmlType::Q8_0]).unwrap();
+        let data = g.tensor_data(info);
         assert_eq!(info, t);
         assert_eq!(data.len() as u64, t.size_bytes);
         let view = data.as_ptr_range();
@@ -299,10 +300,10 @@ fn real_model_tensors_have_llama_shapes_and_are_in_bounds() {
     assert_eq!(g.data_offset + end, bytes.len() as u64);
 
     // The views decode to plausible numbers: RMS-norm gains and embedding rows.
-    let (_, norm) = g.require_tensor("blk.0.attn_norm.weight", &[GgmlType::F32]).unwrap();
+    let norm = g.tensor_data(g.require_tensor("blk.0.attn_norm.weight", &[GgmlType::F32]).unwrap());
     let norm: Vec<f32> = norm.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
     assert!(norm.iter().all(|v| v.is_finite()) && norm.iter().sum::<f32>() > 0.0);
-    let (_, embd) = g.require_tensor("token_embd.weight", &[GgmlType::Q8_0]).unwrap();
+    let embd = g.tensor_data(g.require_tensor("token_embd.weight", &[GgmlType::Q8_0]).unwrap());
     let row_bytes = (hidden / 32 * 34) as usize;
     let mut row = vec![0f32; hidden as usize];
     dequantize_q8_0(&embd[row_bytes * 520..row_bytes * 521], &mut row);
@@ -369,7 +370,7 @@ fn round_trip_preserves_every_value_type_nested_arrays_and_tensor_bytes() {
             }
             _ => {
                 assert_eq!(g.tensor_data(info), &t.data[..], "{}", t.name);
-                assert_eq!(g.require_tensor(t.name, &[t.ty]).unwrap().1, &t.data[..]);
+                assert_eq!(g.tensor_data(g.require_tensor(t.name, &[t.ty]).unwrap()), &t.data[..]);
             }
         }
     }
@@ -377,7 +378,7 @@ fn round_trip_preserves_every_value_type_nested_arrays_and_tensor_bytes() {
     assert_eq!(g.tensor("w.empty").unwrap().size_bytes, 0);
 
     // A TensorInfo that does not come from this file still gives an in-bounds view.
-    let forged = TensorInfo { name: "x".into(), dims: vec![1], ggml_type: GgmlType::F32, offset: u64::MAX - 3, size_bytes: u64::MAX };
+    let forged = TensorInfo { name: "x".into(), dims: vec![1], ggml_type: GgmlType::F32, offset: u64::MAX - 3, size_bytes: u64::MAX, file: 0 };
     assert!(g.tensor_data(&forged).is_empty());
     let past = TensorInfo { offset: bytes.len() as u64, size_bytes: 4, ..forged };
     assert!(g.tensor_data(&past).is_empty());
@@ -457,10 +458,10 @@ fn tiny_llama_has_the_real_model_layout_and_metadata() {
     let (h, f, hd) = (cfg.hidden as u64, cfg.ffn as u64, (cfg.hidden / cfg.n_heads) as u64);
     let (q_dim, kv_dim) = (cfg.n_heads as u64 * hd, cfg.n_kv_heads as u64 * hd);
     assert_eq!(g.tensors.len(), 2 + 9 * cfg.n_layers);
-    let embd = g.require_tensor("token_embd.weight", &[GgmlType::Q8_0]).unwrap().0;
+    let embd = g.require_tensor("token_embd.weight", &[GgmlType::Q8_0]).unwrap();
     assert_eq!(embd.dims, vec![h, cfg.vocab as u64]);
     assert!(g.tensor("output.weight").is_none());
-    assert_eq!(g.require_tensor("output_norm.weight", &[GgmlType::F32]).unwrap().0.dims, vec![h]);
+    assert_eq!(g.require_tensor("output_norm.weight", &[GgmlType::F32]).unwrap().dims, vec![h]);
     for l in 0..cfg.n_layers {
         for (t, dims, ty) in [
             ("attn_norm", vec![h], GgmlType::F32),
@@ -474,7 +475,8 @@ fn tiny_llama_has_the_real_model_layout_and_metadata() {
             ("ffn_down", vec![f, h], GgmlType::Q4_1),
         ] {
             let name = format!("blk.{l}.{t}.weight");
-            let (info, data) = g.require_tensor(&name, &[ty]).unwrap();
+            let info = g.require_tensor(&name, &[ty]).unwrap();
+            let data = g.tensor_data(info);
             assert_eq!(info.dims, dims, "{name}");
             assert_eq!(data.len() as u64, expected_size(&dims, ty), "{name}");
         }
@@ -524,17 +526,20 @@ fn tiny_llama_weights_give_spread_logits_and_depend_on_the_seed() {
 
     let g = Gguf::parse(&bytes).unwrap();
     let (h, vocab) = (cfg.hidden, cfg.vocab);
-    let (_, embd_q) = g.require_tensor("token_embd.weight", &[GgmlType::Q8_0]).unwrap();
+    let __info = g.require_tensor("token_embd.weight", &[GgmlType::Q8_0]).unwrap();
+    let embd_q = g.tensor_data(__info);
     let mut embd = vec![0f32; h * vocab];
     dequantize_q8_0(embd_q, &mut embd);
     let sd = std_dev(&embd);
     assert!((0.2..0.3).contains(&sd), "embedding std {sd}, designed 2/sqrt(64) = 0.25");
-    let (_, q) = g.require_tensor("blk.1.attn_q.weight", &[GgmlType::Q4_1]).unwrap();
+    let __info = g.require_tensor("blk.1.attn_q.weight", &[GgmlType::Q4_1]).unwrap();
+    let q = g.tensor_data(__info);
     let mut wq = vec![0f32; h * h];
     dequantize_q4_1(q, &mut wq);
     let sd = std_dev(&wq);
     assert!((0.1..0.15).contains(&sd), "attn_q std {sd}, designed 1/sqrt(64) = 0.125");
-    let (_, norm) = g.require_tensor("blk.0.ffn_norm.weight", &[GgmlType::F32]).unwrap();
+    let __info = g.require_tensor("blk.0.ffn_norm.weight", &[GgmlType::F32]).unwrap();
+    let norm = g.tensor_data(__info);
     let norm: Vec<f32> = norm.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
     assert!(norm.iter().all(|v| (0.5..1.5).contains(v)), "norm gains near 1: {norm:?}");
 
@@ -877,7 +882,8 @@ fn exercise(bytes: &[u8]) -> String {
                 assert_eq!(t.offset % g.alignment, 0);
                 assert!(g.data_offset + t.offset + t.size_bytes <= bytes.len() as u64);
                 if t.ggml_type.is_supported() {
-                    let (info, required) = g.require_tensor(&t.name, &all).expect("a supported type is accepted");
+                    let info = g.require_tensor(&t.name, &all).expect("a supported type is accepted");
+                    let required = g.tensor_data(info);
                     assert!(std::ptr::eq(info, t) && std::ptr::eq(required, data));
                 } else {
                     assert!(g.require_tensor(&t.name, &all).is_err());

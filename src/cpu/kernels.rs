@@ -33,20 +33,36 @@ pub struct QMatrix {
 impl QMatrix {
     /// A matrix of type `ty` from its raw bytes (`rows · cols` values of `ty`).
     pub fn new(ty: GgmlType, rows: usize, cols: usize, raw: &[u8]) -> Result<QMatrix, String> {
+        if ty == GgmlType::F32 {
+            let values = raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            return QMatrix::from_f32(rows, cols, values);
+        }
+        QMatrix::from_raw(ty, rows, cols, raw.to_vec())
+    }
+
+    /// An F32 matrix owning `values` (`rows · cols`, row after row).
+    pub fn from_f32(rows: usize, cols: usize, values: Vec<f32>) -> Result<QMatrix, String> {
+        if values.len() != rows * cols {
+            return Err(format!("{rows}×{cols} F32 values are {}, not {}", rows * cols, values.len()));
+        }
+        Ok(QMatrix { ty: GgmlType::F32, rows, cols, data: Vec::new(), f32: values, row_bytes: cols * 4 })
+    }
+
+    /// A matrix of a block type `ty` owning its GGUF bytes `raw` (kept as they are: no copy).
+    pub fn from_raw(ty: GgmlType, rows: usize, cols: usize, raw: Vec<u8>) -> Result<QMatrix, String> {
         let row_bytes = bytes_of(ty, cols as u64).ok_or_else(|| format!("{cols} columns are not whole {} blocks", ty.name()))? as usize;
         if raw.len() != row_bytes * rows {
             return Err(format!("{rows}×{cols} {} values take {} bytes, not {}", ty.name(), row_bytes * rows, raw.len()));
         }
         if ty == GgmlType::F32 {
-            let f32 = raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-            return Ok(QMatrix { ty, rows, cols, data: Vec::new(), f32, row_bytes });
+            return Err("F32 matrices keep their values as f32 (QMatrix::from_f32)".into());
         }
         // Checks the type is one pagedlm decodes, once, on the first row.
         let mut probe = vec![0f32; cols];
         if rows > 0 {
             dequantize(ty, &raw[..row_bytes], &mut probe).map_err(|e| e.to_string())?;
         }
-        Ok(QMatrix { ty, rows, cols, data: raw.to_vec(), f32: Vec::new(), row_bytes })
+        Ok(QMatrix { ty, rows, cols, data: raw, f32: Vec::new(), row_bytes })
     }
 
     /// Bytes the matrix holds in memory.

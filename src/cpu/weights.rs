@@ -1,8 +1,9 @@
 //! The CPU backend's weights: the tensors the model's layer plan computes with, copied out of the
 //! file once as its tensor table finds them, kept in their GGUF formats, their shapes checked.
+//! Each is read straight into the memory that keeps it: the weights are in memory once.
 
 use crate::error::EngineError;
-use crate::gguf::Gguf;
+use crate::gguf::{GgmlType, Gguf, TensorInfo};
 use crate::model::{ModelConfig, ModelError, Op, Plan, Role, TensorTable};
 
 use super::kernels::QMatrix;
@@ -52,45 +53,75 @@ pub struct HostModel {
     pub(super) output: Option<QMatrix>,
 }
 
-/// The matrix `role` of `layer`, as the table gives it.
+/// The matrix `role` of `layer`, as the table gives it, read from the file straight into the
+/// memory that keeps it.
 fn matrix(gguf: &Gguf<'_>, table: &TensorTable, layer: Option<u32>, role: Role) -> Result<QMatrix, EngineError> {
     let spec = table.spec(layer, role)?;
-    let (ty, data) = spec.read(gguf)?;
+    let info = spec.check(gguf)?;
     let (cols, rows) = spec.shape.matrix()?;
-    Ok(QMatrix::new(ty, rows as usize, cols as usize, data).map_err(|e| ModelError::Format(format!("tensor {}: {e}", spec.name)))?)
+    let (rows, cols) = (rows as usize, cols as usize);
+    let matrix = match info.ggml_type {
+        GgmlType::F32 => QMatrix::from_f32(rows, cols, f32s(gguf, info)?),
+        ty => QMatrix::from_raw(ty, rows, cols, gguf.read_tensor(info)?.into_owned()),
+    };
+    Ok(matrix.map_err(|e| ModelError::Format(format!("tensor {}: {e}", spec.name)))?)
+}
+
+/// An F32 tensor's values, read into the vector that keeps them.
+fn f32s(gguf: &Gguf<'_>, info: &TensorInfo) -> Result<Vec<f32>, EngineError> {
+    let mut values = vec![0f32; (info.size_bytes / 4) as usize];
+    gguf.read_into(info, 0, bytemuck::cast_slice_mut(&mut values)).map_err(ModelError::from)?;
+    // GGUF is little-endian, as every target pagedlm builds for: a no-op there.
+    values.iter_mut().for_each(|v| *v = f32::from_bits(u32::from_le(v.to_bits())));
+    Ok(values)
 }
 
 /// The norm weights `role` of `layer`.
 fn vector(gguf: &Gguf<'_>, table: &TensorTable, layer: Option<u32>, role: Role) -> Result<Vec<f32>, EngineError> {
-    let (_, data) = table.spec(layer, role)?.read(gguf)?;
-    Ok(data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    f32s(gguf, table.spec(layer, role)?.check(gguf)?)
 }
 
 impl HostModel {
     /// Copies the tensors `config`'s layer plan computes with out of the file (kept quantized)
     /// and checks their shapes.
     pub fn load(gguf: &Gguf<'_>, config: &ModelConfig, int8_activations: bool) -> Result<HostModel, EngineError> {
+        HostModel::load_with(gguf, config, int8_activations, &mut |_| {})
+    }
+
+    /// [`HostModel::load`], calling `placed` with the bytes of each tensor read.
+    pub fn load_with(gguf: &Gguf<'_>, config: &ModelConfig, int8_activations: bool, placed: &mut dyn FnMut(u64)) -> Result<HostModel, EngineError> {
         crate::model::check_types(gguf)?;
         let (table, plan) = (config.tensors(), config.plan());
+        let placed = std::cell::RefCell::new(placed);
+        let matrix = |layer, role| -> Result<QMatrix, EngineError> {
+            let m = self::matrix(gguf, &table, layer, role)?;
+            (placed.borrow_mut())(m.bytes());
+            Ok(m)
+        };
+        let vector = |layer, role| -> Result<Vec<f32>, EngineError> {
+            let v = self::vector(gguf, &table, layer, role)?;
+            (placed.borrow_mut())(v.len() as u64 * 4);
+            Ok(v)
+        };
         let mut layers = Vec::with_capacity(plan.layers.len());
         for (l, ops) in (0u32..).zip(&plan.layers) {
             let mut lw = LayerWeights::default();
             for op in ops {
                 match *op {
-                    Op::Norm(role) | Op::Residual { post_norm: Some(role) } => lw.vectors.push((role, vector(gguf, &table, Some(l), role)?)),
+                    Op::Norm(role) | Op::Residual { post_norm: Some(role) } => lw.vectors.push((role, vector(Some(l), role)?)),
                     Op::HeadNorm { q, k } => {
                         for role in [q, k] {
-                            lw.vectors.push((role, vector(gguf, &table, Some(l), role)?));
+                            lw.vectors.push((role, vector(Some(l), role)?));
                         }
                     }
                     Op::Matmul { weights, .. } => {
                         for &role in weights {
-                            lw.matrices.push((role, matrix(gguf, &table, Some(l), role)?));
+                            lw.matrices.push((role, matrix(Some(l), role)?));
                         }
                     }
                     Op::Bias { biases, .. } => {
                         for &role in biases {
-                            lw.vectors.push((role, vector(gguf, &table, Some(l), role)?));
+                            lw.vectors.push((role, vector(Some(l), role)?));
                         }
                     }
                     Op::Rope(_) | Op::Attention(_) | Op::Residual { post_norm: None } | Op::Glu(_) => {}
@@ -99,15 +130,15 @@ impl HostModel {
             layers.push(lw);
         }
         let output = match table.spec(None, Role::Output)?.present_in(gguf) {
-            true => Some(matrix(gguf, &table, None, Role::Output)?),
+            true => Some(matrix(None, Role::Output)?),
             false => None,
         };
         Ok(HostModel {
             config: config.clone(),
             int8_activations,
-            embd: matrix(gguf, &table, None, Role::TokenEmbd)?,
+            embd: matrix(None, Role::TokenEmbd)?,
             layers,
-            output_norm: vector(gguf, &table, None, plan.output_norm)?,
+            output_norm: vector(None, plan.output_norm)?,
             output,
             plan,
         })

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::backend::{Backend, LargestSteps};
 use crate::cpu::{CpuBackend, HostModel};
 use crate::error::EngineError;
-use crate::gguf::Gguf;
+use crate::gguf::{Gguf, ReadAt};
 use crate::gpu::{Context, GpuError};
 use crate::kv::{CacheConfig, KvCache, KvLayout, KvPool, KvShape};
 use crate::model::{ModelConfig, ModelError};
@@ -18,6 +18,21 @@ use super::flight::Flight;
 use super::options::{BackendChoice, EngineOptions, CPU_INT8_ACTIVATIONS};
 use super::Engine;
 
+/// Where a load is, for its progress ([`Engine::load_from`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadEvent {
+    /// Building the tokenizer from the file's vocabulary.
+    Tokenizer,
+    /// `loaded` of the `total` bytes of the model's tensors read and placed (in GPU buffers, or
+    /// in the CPU backend's memory).
+    Upload { loaded: u64, total: u64 },
+    /// Creating the backend: its kernels and buffers.
+    Pipelines,
+}
+
+/// The bytes between two `Upload` events.
+const UPLOAD_EVENT_BYTES: u64 = 4 << 20;
+
 impl Engine {
     /// Loads a GGUF model from its bytes on the shared context its options ask for
     /// ([`Context::shared`]): the first engine creates the device, the next ones (another model,
@@ -28,20 +43,34 @@ impl Engine {
     /// on a real GPU and the CPU backend when there is no adapter or the adapter is a CPU
     /// emulation ([`Engine::backend`] says which and why).
     pub async fn load(bytes: &[u8], options: EngineOptions) -> Result<Engine, EngineError> {
+        let gguf = Gguf::parse(bytes).map_err(ModelError::from)?;
+        Engine::load_gguf(&gguf, options, &mut |_| {}).await
+    }
+
+    /// [`Engine::load`] from a model's files read by ranges (one file, or the parts of a split
+    /// model in order): the header first, then each tensor as it is placed, in chunks of at most
+    /// a few MiB on the GPU backend, so the file is never whole in memory (the CPU backend keeps
+    /// the weights in memory once). `progress` hears each phase.
+    pub async fn load_from(files: &[&dyn ReadAt], options: EngineOptions, progress: &mut dyn FnMut(LoadEvent)) -> Result<Engine, EngineError> {
+        let gguf = Gguf::open(files).map_err(ModelError::from)?;
+        Engine::load_gguf(&gguf, options, progress).await
+    }
+
+    async fn load_gguf(gguf: &Gguf<'_>, options: EngineOptions, progress: &mut dyn FnMut(LoadEvent)) -> Result<Engine, EngineError> {
         match options.backend {
-            BackendChoice::Cpu => Engine::load_cpu(bytes, options, "asked for".into()),
+            BackendChoice::Cpu => Engine::cpu_from(gguf, options, "asked for".into(), progress),
             BackendChoice::Webgpu => {
                 let ctx = Context::shared(options.context_options()).await?;
-                Engine::load_with_context(ctx, bytes, options)
+                Engine::gpu_from(ctx, gguf, options, progress)
             }
             BackendChoice::Auto => match Context::shared(options.context_options()).await {
                 Ok(ctx) if !ctx.is_cpu_adapter() => {
-                    let mut engine = Engine::load_with_context(ctx, bytes, options)?;
+                    let mut engine = Engine::gpu_from(ctx, gguf, options, progress)?;
                     engine.backend_reason = "auto: a GPU adapter".into();
                     Ok(engine)
                 }
-                Ok(ctx) => Engine::load_cpu(bytes, options, format!("auto: the WebGPU adapter is a CPU emulation ({})", ctx.adapter_name())),
-                Err(e) => Engine::load_cpu(bytes, options, format!("auto: no usable WebGPU adapter ({e})")),
+                Ok(ctx) => Engine::cpu_from(gguf, options, format!("auto: the WebGPU adapter is a CPU emulation ({})", ctx.adapter_name()), progress),
+                Err(e) => Engine::cpu_from(gguf, options, format!("auto: no usable WebGPU adapter ({e})"), progress),
             },
         }
     }
@@ -51,30 +80,45 @@ impl Engine {
     /// A step runs when it is submitted there, so steps are not planned ahead
     /// ([`crate::sched::SchedConfig::lookahead`] off): one planned past a request's end would
     /// only be undone.
-    pub fn load_cpu(bytes: &[u8], mut options: EngineOptions, reason: String) -> Result<Engine, EngineError> {
+    pub fn load_cpu(bytes: &[u8], options: EngineOptions, reason: String) -> Result<Engine, EngineError> {
+        let gguf = Gguf::parse(bytes).map_err(ModelError::from)?;
+        Engine::cpu_from(&gguf, options, reason, &mut |_| {})
+    }
+
+    fn cpu_from(gguf: &Gguf<'_>, mut options: EngineOptions, reason: String, progress: &mut dyn FnMut(LoadEvent)) -> Result<Engine, EngineError> {
         options.sched.lookahead = false;
-        let (gguf, config, tokenizer) = parse(bytes, &options)?;
+        let (config, tokenizer) = parse(gguf, &options, progress)?;
         let shape = kv_shape(&config);
         let mut cache = cache_config(None, &config, &options);
-        let model = HostModel::load(&gguf, &config, options.int8_activations.unwrap_or(CPU_INT8_ACTIVATIONS))?;
+        let int8 = options.int8_activations.unwrap_or(CPU_INT8_ACTIVATIONS);
+        let model = HostModel::load_with(gguf, &config, int8, &mut upload_progress(gguf, progress))?;
         if let Some(cap) = options.max_memory_bytes {
             fit_pool(cap, (model.bytes(), 0), kv_bytes_per_token(&shape, &cache)?, options.pool_tokens != 0, &mut cache)?;
         }
+        progress(LoadEvent::Pipelines);
         let kv = KvCache::new_host(&shape, cache)?;
         let backend = CpuBackend::new(model, (options.prefill_chunk, kv.max_seqs()))?;
-        Engine::assemble(Box::new(backend), reason, (&gguf, tokenizer, kv), options)
+        Engine::assemble(Box::new(backend), reason, (gguf, tokenizer, kv), options)
     }
 
     /// Loads a GGUF model on an existing context.
     pub fn load_with_context(ctx: Arc<Context>, bytes: &[u8], options: EngineOptions) -> Result<Engine, EngineError> {
-        let (gguf, config, tokenizer) = parse(bytes, &options)?;
+        let gguf = Gguf::parse(bytes).map_err(ModelError::from)?;
+        Engine::gpu_from(ctx, &gguf, options, &mut |_| {})
+    }
+
+    fn gpu_from(ctx: Arc<Context>, gguf: &Gguf<'_>, options: EngineOptions, progress: &mut dyn FnMut(LoadEvent)) -> Result<Engine, EngineError> {
+        let (config, tokenizer) = parse(gguf, &options, progress)?;
         let shape = kv_shape(&config);
         let mut cache = cache_config(Some(&ctx), &config, &options);
-        let model = Model::upload(&ctx, &gguf, config)?;
         if let Some(cap) = options.max_memory_bytes {
-            // The weights first: a file that cannot fit is refused before the graphs are built.
+            // The weights first: a file that cannot fit is refused before anything is read.
+            weights_fit(cap, webgpu::Weights::planned_bytes(gguf, &config)?)?;
+        }
+        let model = Model::upload_with(&ctx, gguf, config, &mut upload_progress(gguf, progress))?;
+        progress(LoadEvent::Pipelines);
+        if let Some(cap) = options.max_memory_bytes {
             let weights = model.weights.bytes();
-            weights_fit(cap, weights)?;
             let graphs = webgpu::largest_steps_bytes(&ctx, &model, (&shape, &cache), largest_steps(&options.sched, options.prefill_chunk))?;
             fit_pool(cap, (weights, graphs), kv_bytes_per_token(&shape, &cache)?, options.pool_tokens != 0, &mut cache)?;
         }
@@ -87,7 +131,7 @@ impl Engine {
         if let Some(e) = ctx.take_reported() {
             return Err(e.into());
         }
-        Engine::assemble(Box::new(backend), "asked for".into(), (&gguf, tokenizer, kv), options)
+        Engine::assemble(Box::new(backend), "asked for".into(), (gguf, tokenizer, kv), options)
     }
 
     /// The engine around a loaded backend and KV cache.
@@ -104,16 +148,30 @@ impl Engine {
     }
 }
 
-/// The parsed file, its configuration and its tokenizer.
-fn parse<'a>(bytes: &'a [u8], options: &EngineOptions) -> Result<(Gguf<'a>, ModelConfig, Tokenizer), EngineError> {
+/// The file's configuration and its tokenizer.
+fn parse(gguf: &Gguf<'_>, options: &EngineOptions, progress: &mut dyn FnMut(LoadEvent)) -> Result<(ModelConfig, Tokenizer), EngineError> {
     if options.prefill_chunk == 0 {
         return Err(EngineError::InvalidArgument("prefill_chunk must be at least 1".into()));
     }
-    let gguf = Gguf::parse(bytes).map_err(ModelError::from)?;
-    let mut config = ModelConfig::from_gguf(&gguf)?;
+    let mut config = ModelConfig::from_gguf(gguf)?;
     config.use_context(max_context(&config, options));
-    let tokenizer = Tokenizer::from_spec(TokenizerSpec::from_gguf(&gguf)?)?;
-    Ok((gguf, config, tokenizer))
+    progress(LoadEvent::Tokenizer);
+    let tokenizer = Tokenizer::from_spec(TokenizerSpec::from_gguf(gguf)?)?;
+    Ok((config, tokenizer))
+}
+
+/// The callback a backend's loader calls with each range of tensor bytes it placed, turned into
+/// `Upload` events every few MiB (and at the end).
+fn upload_progress<'p>(gguf: &Gguf<'_>, progress: &'p mut dyn FnMut(LoadEvent)) -> impl FnMut(u64) + 'p {
+    let total: u64 = gguf.tensors.iter().map(|t| t.size_bytes).sum();
+    let (mut loaded, mut told) = (0u64, 0u64);
+    move |bytes| {
+        loaded += bytes;
+        if loaded - told >= UPLOAD_EVENT_BYTES || loaded >= total {
+            told = loaded;
+            progress(LoadEvent::Upload { loaded: loaded.min(total), total });
+        }
+    }
 }
 
 /// What the KV cache needs of the model: its pool shape (layers, KV heads, head size, which
@@ -139,7 +197,7 @@ pub(super) fn largest_steps(sched: &SchedConfig, prefill_chunk: u32) -> LargestS
 
 /// Bytes of K/V one token takes in a pool of `cache`'s dtype for `shape` (every layer, the
 /// local layers' group included), measured on a one-block cache.
-fn kv_bytes_per_token(shape: &KvShape, cache: &CacheConfig) -> Result<u64, EngineError> {
+pub(super) fn kv_bytes_per_token(shape: &KvShape, cache: &CacheConfig) -> Result<u64, EngineError> {
     let block = cache.block_size.max(1);
     let probe = KvCache::new_host(shape, CacheConfig { pool_tokens: block, local_pool_tokens: block, prefix_cache: false, ..*cache })?;
     Ok(probe.bytes_per_token().max(1))
@@ -195,7 +253,7 @@ fn fit_pool(cap: u64, (weights, graphs): (u64, u64), per_token: u64, asked: bool
 
 /// The longest sequence the engine holds: `options.max_context` within the model's context
 /// (0: up to 4,096).
-fn max_context(config: &ModelConfig, options: &EngineOptions) -> u32 {
+pub(super) fn max_context(config: &ModelConfig, options: &EngineOptions) -> u32 {
     match options.max_context {
         0 => config.context_length.min(4096),
         n => n.min(config.context_length.max(1)),

@@ -20,6 +20,7 @@
 //! prompts (`prompt.rs`), one-shot work on one sequence outside the scheduler (`oneshot.rs`:
 //! scoring, benchmarks, snapshots) and the profile of a step (`profile.rs`).
 
+mod estimate;
 mod flight;
 mod info;
 mod load;
@@ -27,6 +28,8 @@ mod oneshot;
 mod options;
 mod profile;
 mod prompt;
+pub use estimate::{estimate, DeviceBudget, MemoryEstimate};
+pub use load::LoadEvent;
 pub use prompt::prepare_chat;
 
 use std::collections::BTreeMap;

@@ -545,6 +545,14 @@ impl Context {
     }
 
     /// A zero-filled storage buffer of `size` bytes (rounded up to 4).
+    /// Submits nothing, so that the queue takes the `write_buffer`s made since the last
+    /// submission, and natively waits for it: their staging memory is freed then (a load writes
+    /// gigabytes; on the web the browser copies each write as it is made).
+    pub fn flush_writes(&self) {
+        self.queue.submit(std::iter::empty());
+        let _ = self.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: None });
+    }
+
     pub fn storage_zeroed(&self, label: &str, size: u64) -> wgpu::Buffer {
         self.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),

@@ -14,7 +14,9 @@
 //! up, as separate tensors); an architecture whose file holds them fused in one tensor names
 //! that tensor's role instead, with the fused dims.
 
-use crate::gguf::{GgmlType, Gguf};
+use std::borrow::Cow;
+
+use crate::gguf::{GgmlType, Gguf, TensorInfo};
 
 use super::ModelError;
 
@@ -415,19 +417,26 @@ impl TensorSpec {
         gguf.tensor(&self.name).is_some()
     }
 
-    /// This tensor's type and bytes in `gguf`, checked against the table: present, of a type
+    /// This tensor's header entry in `gguf`, checked against the table: present, of a type
     /// pagedlm computes with (F32 for a vector), with the table's dims.
-    pub fn read<'a>(&self, gguf: &Gguf<'a>) -> Result<(GgmlType, &'a [u8]), ModelError> {
+    pub fn check<'g>(&self, gguf: &'g Gguf<'_>) -> Result<&'g TensorInfo, ModelError> {
         let allowed: &[GgmlType] = match self.shape {
             Shape::Vector(_) => &[GgmlType::F32],
             Shape::Matrix { .. } => &GgmlType::SUPPORTED,
         };
-        let (info, data) = gguf.require_tensor(&self.name, allowed)?;
+        let info = gguf.require_tensor(&self.name, allowed)?;
         let dims = self.shape.dims();
         if info.dims != dims {
             return Err(ModelError::Format(format!("{} has dims {:?}, expected {dims:?}", self.name, info.dims)));
         }
-        Ok((info.ggml_type, data))
+        Ok(info)
+    }
+
+    /// This tensor's type and bytes in `gguf` ([`TensorSpec::check`]ed; read from the file, or
+    /// borrowed where it is in memory).
+    pub fn read<'a>(&self, gguf: &Gguf<'a>) -> Result<(GgmlType, Cow<'a, [u8]>), ModelError> {
+        let info = self.check(gguf)?;
+        Ok((info.ggml_type, gguf.read_tensor(info)?))
     }
 }
 

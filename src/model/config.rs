@@ -138,6 +138,23 @@ impl ModelConfig {
     /// Reads the file's architecture and hyper-parameters (refusing metadata its description
     /// does not know, by name) and makes the model's configuration ([`ModelConfig::new`]).
     pub fn from_gguf(gguf: &Gguf<'_>) -> Result<ModelConfig, ModelError> {
+        let (description, params, name) = ModelConfig::header_parts(gguf)?;
+        let mut config = ModelConfig::new(description, params, name, fingerprint(gguf)?)?;
+        config.read_tensors(gguf)?;
+        Ok(config)
+    }
+
+    /// The configuration as far as the file's header gives it (what a memory estimate needs):
+    /// no tensor data is read, so the fingerprint is 0 and RoPE factors are absent.
+    pub fn from_header(gguf: &Gguf<'_>) -> Result<ModelConfig, ModelError> {
+        let (description, params, name) = ModelConfig::header_parts(gguf)?;
+        let config = ModelConfig::new(description, params, name, 0)?;
+        config.check_tensor_names(gguf)?;
+        Ok(config)
+    }
+
+    /// The architecture's description, the hyper-parameters and the name the header gives.
+    fn header_parts(gguf: &Gguf<'_>) -> Result<(&'static Description, HyperParams, String), ModelError> {
         let arch = gguf.get_str("general.architecture")?.to_string();
         let architecture = Architecture::named(&arch)
             .ok_or_else(|| ModelError::Unsupported(format!("architecture '{arch}': pagedlm runs the {} architectures", Architecture::names())))?;
@@ -148,18 +165,23 @@ impl ModelConfig {
         }
         let params = HyperParams::from_gguf(gguf, description)?;
         let name = gguf.get_str("general.name").unwrap_or("unnamed").to_string();
-        let mut config = ModelConfig::new(description, params, name, fingerprint(gguf))?;
-        config.read_tensors(gguf)?;
-        Ok(config)
+        Ok((description, params, name))
+    }
+
+    /// Refuses a file holding a tensor the description does not know (never ignored).
+    fn check_tensor_names(&self, gguf: &Gguf<'_>) -> Result<(), ModelError> {
+        let table = self.tensors();
+        match gguf.tensors.iter().find(|t| !table.tensors.iter().any(|s| s.name == t.name)) {
+            Some(t) => Err(ModelError::Unsupported(format!("tensor '{}': a {} feature pagedlm does not implement", t.name, self.arch))),
+            None => Ok(()),
+        }
     }
 
     /// Refuses a file holding a tensor the description does not know (never ignored), and reads
     /// the RoPE factors, the only tensors the configuration holds.
     fn read_tensors(&mut self, gguf: &Gguf<'_>) -> Result<(), ModelError> {
+        self.check_tensor_names(gguf)?;
         let table = self.tensors();
-        if let Some(t) = gguf.tensors.iter().find(|t| !table.tensors.iter().any(|s| s.name == t.name)) {
-            return Err(ModelError::Unsupported(format!("tensor '{}': a {} feature pagedlm does not implement", t.name, self.arch)));
-        }
         let factors = |role: Role| -> Result<Option<Vec<f32>>, ModelError> {
             let Some(spec) = table.get(None, role).filter(|s| s.present_in(gguf)) else { return Ok(None) };
             let (_, data) = spec.read(gguf)?;
@@ -473,7 +495,7 @@ impl Fnv {
 /// it takes 1 KiB at the start, middle and end of every tensor: enough to tell apart two
 /// fine-tunes or quantizations of one architecture, at a cost of milliseconds, not a pass over
 /// the whole file.
-fn fingerprint(gguf: &Gguf<'_>) -> u64 {
+fn fingerprint(gguf: &Gguf<'_>) -> Result<u64, ModelError> {
     let mut h = Fnv::new();
     h.u64(gguf.version as u64);
     for (key, value) in &gguf.metadata {
@@ -484,16 +506,15 @@ fn fingerprint(gguf: &Gguf<'_>) -> u64 {
         h.bytes(t.name.as_bytes());
         t.dims.iter().for_each(|&d| h.u64(d));
         h.u64(t.ggml_type.to_u32() as u64);
-        let data = gguf.tensor_data(t);
-        const SAMPLE: usize = 1024;
-        if data.len() <= 3 * SAMPLE {
-            h.bytes(data);
-        } else {
-            let mid = data.len() / 2 - SAMPLE / 2;
-            h.bytes(&data[..SAMPLE]);
-            h.bytes(&data[mid..mid + SAMPLE]);
-            h.bytes(&data[data.len() - SAMPLE..]);
+        const SAMPLE: u64 = 1024;
+        let size = t.size_bytes;
+        let samples = match size <= 3 * SAMPLE {
+            true => vec![(0, size)],
+            false => vec![(0, SAMPLE), (size / 2 - SAMPLE / 2, SAMPLE), (size - SAMPLE, SAMPLE)],
+        };
+        for (start, len) in samples {
+            h.bytes(&gguf.read_range(t, start, len)?);
         }
     }
-    h.0
+    Ok(h.0)
 }

@@ -52,11 +52,12 @@ impl Matrix {
 
 /// A tensor's values as f32 (exact: every supported block format dequantizes to f32 values).
 fn dequant(gguf: &Gguf<'_>, name: &str) -> Result<Matrix, ModelError> {
-    let (info, data) = gguf.require_tensor(name, &GgmlType::SUPPORTED)?;
+    let info = gguf.require_tensor(name, &GgmlType::SUPPORTED)?;
+    let data = gguf.read_tensor(info)?;
     let n = info.dims.iter().product::<u64>() as usize;
     let cols = info.dims.first().copied().unwrap_or(1) as usize;
     let mut values = vec![0f32; n];
-    dequantize(info.ggml_type, data, &mut values).map_err(|e| ModelError::Format(format!("tensor {name}: {e}")))?;
+    dequantize(info.ggml_type, &data, &mut values).map_err(|e| ModelError::Format(format!("tensor {name}: {e}")))?;
     // The types whose GPU matmul bodies take int8 activations (`Layout::has_int8_path`).
     let int8_body = WeightType::of(info.ggml_type).is_some_and(|row| row.gpu.int8_body());
     let mins = if info.ggml_type == GgmlType::Q4_1 {

@@ -32,7 +32,12 @@ pub struct GpuBackend {
 impl Model {
     /// Uploads `gguf`'s weights for `config` to the GPU.
     pub fn upload(ctx: &Context, gguf: &Gguf<'_>, config: ModelConfig) -> Result<Model, EngineError> {
-        let weights = Weights::upload(ctx, gguf, &config)?;
+        Model::upload_with(ctx, gguf, config, &mut |_| {})
+    }
+
+    /// [`Model::upload`], calling `placed` with the bytes of each tensor range placed.
+    pub fn upload_with(ctx: &Context, gguf: &Gguf<'_>, config: ModelConfig, placed: &mut dyn FnMut(u64)) -> Result<Model, EngineError> {
+        let weights = Weights::upload_with(ctx, gguf, &config, placed)?;
         Ok(Model { config, weights })
     }
 }

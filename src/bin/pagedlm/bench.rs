@@ -10,7 +10,7 @@ use pagedlm::sampler::SamplingParams;
 use serde_json::{json, Value};
 
 use crate::args::Args;
-use crate::setup::{constraint_option, engine_options, model_bytes, print_line};
+use crate::setup::{constraint_option, engine_options, load_engine, print_line};
 
 /// `bench --prompt-tokens` and `--gen-tokens` (as the README's Command line section documents):
 /// the prompt read for the prefill
@@ -37,8 +37,7 @@ pub(crate) async fn profile(args: &Args) -> Result<()> {
     let n = args.count("prompt-tokens", PROFILE_PROMPT_TOKENS);
     let mut opts = engine_options(args);
     opts.max_context = opts.max_context.max(n + pagedlm::engine::PROFILE_EXTRA_TOKENS);
-    let bytes = model_bytes(args)?;
-    let mut engine = Engine::load(&bytes, opts).await?;
+    let mut engine = load_engine(args, opts).await?;
     let p = engine.profile(n, !args.flag("no-timestamps")).await?;
     if args.flag("table") {
         print!("{}", profile_table(&p));
@@ -108,8 +107,7 @@ fn profile_table(p: &Profile) -> String {
 async fn bench_batch(args: &Args, mut opts: EngineOptions, batch: u32, context: u32, gen_tokens: u32) -> Result<()> {
     opts.sched.max_batch = batch;
     opts.pool_tokens = opts.pool_tokens.max(batch * (context + gen_tokens + 16));
-    let bytes = model_bytes(args)?;
-    let mut engine = Engine::load(&bytes, opts).await?;
+    let mut engine = load_engine(args, opts).await?;
     let vocab = engine.config().vocab;
     let make = |n: u32, salt: u32| -> Vec<u32> { (0..n).map(|i| 100 + (i * 7919 + salt * 104_729) % (vocab - 200).max(1)).collect() };
     let request = GenerateRequest { max_tokens: gen_tokens.max(2), sampling: SamplingParams::greedy(), ignore_eos: true, ..Default::default() };
@@ -167,9 +165,8 @@ async fn bench_transfer(args: &Args) -> Result<()> {
     if opts.max_context == 0 {
         opts.max_context = longest + 16;
     }
-    let bytes = model_bytes(args)?;
-    let mut source = Engine::load(&bytes, opts.clone()).await?;
-    let mut target = Engine::load(&bytes, opts).await?;
+    let mut source = load_engine(args, opts.clone()).await?;
+    let mut target = load_engine(args, opts).await?;
     let vocab = source.config().vocab;
     // Warm-up: compile the prefill pipelines.
     let warm: Vec<u32> = (0..32).map(|i| 100 + i).collect();
@@ -219,8 +216,7 @@ async fn bench_interference(args: &Args) -> Result<()> {
         opts.max_context = long.max(DECODE_TOKENS + 64) + 16;
     }
     opts.pool_tokens = opts.pool_tokens.max(long + 4 * (DECODE_TOKENS + 64) + 256);
-    let bytes = model_bytes(args)?;
-    let mut engine = Engine::load(&bytes, opts.clone()).await?;
+    let mut engine = load_engine(args, opts.clone()).await?;
     let vocab = engine.config().vocab;
     let make = |n: u32, salt: u32| -> Vec<u32> { (0..n).map(|i| 100 + (i * 7919 + salt * 104_729) % (vocab - 200).max(1)).collect() };
     let request = GenerateRequest { max_tokens: DECODE_TOKENS, ignore_eos: true, ..Default::default() };
@@ -320,8 +316,7 @@ pub(crate) async fn bench(args: &Args) -> Result<()> {
     if batch > 1 || args.given("batch") {
         return bench_batch(args, opts, batch, context.max(prompt_tokens).max(1), gen_tokens).await;
     }
-    let bytes = model_bytes(args)?;
-    let mut engine = Engine::load(&bytes, opts).await?;
+    let mut engine = load_engine(args, opts).await?;
     // A deterministic prompt of ordinary tokens (ids cycle through a mid-vocabulary range).
     let vocab = engine.config().vocab;
     let make = |n: u32| -> Vec<u32> { (0..n).map(|i| 100 + (i * 7919) % (vocab - 200).max(1)).collect() };

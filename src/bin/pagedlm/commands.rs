@@ -4,18 +4,18 @@ use std::io::Write;
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use pagedlm::engine::{Constraint, GenerateRequest, Message, ScoreMode, Tools};
-use pagedlm::gguf::Gguf;
+use pagedlm::gguf::{Gguf, ReadAt};
 use pagedlm::tokenizer::{Tokenizer, TokenizerSpec};
 use serde_json::{json, Value};
 
 use crate::args::Args;
-use crate::setup::{chat_template_kwargs_option, constraint_option, load, model_bytes, print_line, read_json, request_options};
+use crate::setup::{chat_template_kwargs_option, constraint_option, load, model_files, print_line, read_json, request_options};
 
 pub(crate) fn tokenize(args: &Args) -> Result<()> {
     let texts = read_json(args.text("texts"), "--texts")?;
     let texts = texts.as_array().ok_or_else(|| anyhow!("--texts must hold a JSON array of strings"))?;
-    let bytes = model_bytes(args)?;
-    let gguf = Gguf::parse(&bytes)?;
+    let files = model_files(args)?;
+    let gguf = Gguf::open(&files.iter().map(|f| f as &dyn ReadAt).collect::<Vec<_>>())?;
     let tokenizer = Tokenizer::from_spec(TokenizerSpec::from_gguf(&gguf)?)?;
     for (i, t) in texts.iter().enumerate() {
         let s = t.as_str().ok_or_else(|| anyhow!("--texts item {i} is not a string"))?;

@@ -6,15 +6,33 @@ use std::io::Write;
 use anyhow::{anyhow, bail, Context as _, Result};
 use pagedlm::engine::{AdapterClass, BackendChoice, DeviceLimits};
 use pagedlm::engine::{Constraint, Engine, EngineOptions, GenerateRequest, KvDtype, KvLayout};
+use pagedlm::gguf::{part_names, DiskFile, ReadAt};
 use serde_json::Value;
 
 use crate::args::Args;
 
 pub(crate) const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
-pub(crate) fn model_bytes(args: &Args) -> Result<Vec<u8>> {
-    let path = args.text("model").unwrap_or(DEFAULT_MODEL);
-    std::fs::read(path).with_context(|| format!("cannot read the model at {path} (run `npm run fetch-model`, or pass --model PATH)"))
+/// The model's files, opened to be read by ranges (never read whole): `--model PATH`, or every
+/// part of a split model when PATH is its first (`name-00001-of-00003.gguf`).
+pub(crate) fn model_files(args: &Args) -> Result<Vec<DiskFile>> {
+    let path = std::path::Path::new(args.text("model").unwrap_or(DEFAULT_MODEL));
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let paths = match part_names(name) {
+        Some(parts) => parts.iter().map(|p| path.with_file_name(p)).collect(),
+        None => vec![path.to_path_buf()],
+    };
+    paths
+        .iter()
+        .map(|p| DiskFile::open(p).with_context(|| format!("cannot read the model at {} (run `npm run fetch-model`, or pass --model PATH)", p.display())))
+        .collect()
+}
+
+/// The engine on the model of `--model` under `options`, its file read by ranges.
+pub(crate) async fn load_engine(args: &Args, options: EngineOptions) -> Result<Engine> {
+    let files = model_files(args)?;
+    let sources: Vec<&dyn ReadAt> = files.iter().map(|f| f as &dyn ReadAt).collect();
+    Ok(Engine::load_from(&sources, options, &mut |_| {}).await?)
 }
 
 pub(crate) fn read_json(path: Option<&str>, what: &str) -> Result<Value> {
@@ -65,8 +83,7 @@ pub(crate) fn engine_options(args: &Args) -> EngineOptions {
 }
 
 pub(crate) async fn load(args: &Args) -> Result<Engine> {
-    let bytes = model_bytes(args)?;
-    Ok(Engine::load(&bytes, engine_options(args)).await?)
+    load_engine(args, engine_options(args)).await
 }
 
 pub(crate) fn print_line(v: &Value) -> Result<()> {

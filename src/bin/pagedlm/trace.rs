@@ -9,7 +9,7 @@ use pagedlm::tokenizer::ChatMessage;
 use serde_json::{json, Value};
 
 use crate::args::Args;
-use crate::setup::{engine_options, model_bytes, print_line};
+use crate::setup::{engine_options, load_engine, print_line};
 
 /// `trace --max-batch`: one request at a time unless asked (the interface the README's Command
 /// line section documents), so that a trace
@@ -29,15 +29,14 @@ pub(crate) async fn trace(args: &Args) -> Result<()> {
     let requests = read_trace(path)?;
     let mut opts = engine_options(args);
     opts.sched.max_batch = max_batch;
-    let bytes = model_bytes(args)?;
-    let mut engine = Engine::load(&bytes, opts.clone()).await?;
+    let mut engine = load_engine(args, opts.clone()).await?;
     // --disaggregate: a second engine only prefills; each prompt's K/V travel to the decoding
     // engine as a snapshot, which then recomputes only the prompt's last token.
     let mut prefill_engine = if args.flag("disaggregate") {
         if !engine.kv_cache().prefix_cache_enabled() {
             bail!("--disaggregate moves K/V through the prefix cache: it needs the paged layout and no --no-prefix-cache");
         }
-        Some(Engine::load(&bytes, opts).await?)
+        Some(load_engine(args, opts).await?)
     } else {
         None
     };

@@ -35,6 +35,7 @@
 //! With f32 activations a matmul may normalize its input itself ([`Input::Norm`], the RMSNorm
 //! prologue): the forward graph's pre-norms then need no dispatch, and no buffer holds the
 //! normalized rows.
+// Long: a weight matrix from its allocation and chunked fill to the kernels that run it, one type that the rest of the GPU code sees.
 
 pub(crate) mod layout;
 #[cfg(feature = "testing")]
@@ -125,12 +126,7 @@ impl QuantMatrix {
         for (what, bytes) in [("gate", gate), ("up", up)] {
             layout.check_raw(bytes, ffn, cols).map_err(|e| shape_err("QuantMatrix::upload_gated", format!("{label} {what}: {e}")))?;
         }
-        let row = layout.row_bytes(cols) as usize;
-        let mut raw = Vec::with_capacity(gate.len() + up.len());
-        for (g, u) in gate.chunks(2 * row).zip(up.chunks(2 * row)) {
-            raw.extend_from_slice(g);
-            raw.extend_from_slice(u);
-        }
+        let raw = interleave_gate_up(gate, up, layout.row_bytes(cols) as usize);
         let mut m = QuantMatrix::upload(ctx, label, gate_type, &raw, 2 * ffn, cols)?;
         m.gated = true;
         Ok(Some(m))
@@ -153,32 +149,96 @@ impl QuantMatrix {
         max_part_bytes: u64,
     ) -> Result<QuantMatrix, GpuError> {
         const OP: &str = "QuantMatrix::upload";
+        // Each part checked first, so that nothing is uploaded for a bad stack.
+        for (i, &(t, bytes, part_rows)) in parts.iter().enumerate() {
+            layout_of(OP, t)?.check_raw(bytes, part_rows, cols).map_err(|e| shape_err(OP, format!("{label} part {i}: {e}")))?;
+        }
+        let shape: Vec<(GgmlType, u32)> = parts.iter().map(|&(t, _, rows)| (t, rows)).collect();
+        let m = QuantMatrix::allocate(ctx, label, &shape, cols, max_part_bytes)?;
+        for (first, n) in m.fill_chunks(FILL_CHUNK_BYTES) {
+            let mut raw = Vec::new();
+            let mut row0 = 0;
+            for &(t, bytes, rows) in parts {
+                let row_bytes = layout_of(OP, t)?.row_bytes(cols) as usize;
+                let (from, to) = (first.max(row0), (first + n).min(row0 + rows));
+                if from < to {
+                    raw.extend_from_slice(&bytes[(from - row0) as usize * row_bytes..(to - row0) as usize * row_bytes]);
+                }
+                row0 += rows;
+            }
+            m.write_rows(ctx, first, n, &raw)?;
+        }
+        Ok(m)
+    }
+
+    /// A matrix of `parts` ((type, rows) of each, in row order) stacked along rows, its buffers
+    /// allocated (runs of one type, each split into parts of at most `max_part_bytes` at row-group
+    /// boundaries) and zeroed, to fill with [`QuantMatrix::write_rows`].
+    pub fn allocate(ctx: &Context, label: &str, parts: &[(GgmlType, u32)], cols: u32, max_part_bytes: u64) -> Result<QuantMatrix, GpuError> {
+        const OP: &str = "QuantMatrix::upload";
         let max = max_part_bytes.min(self::max_part_bytes(ctx));
         if parts.is_empty() {
             return Err(shape_err(OP, format!("{label}: no parts")));
         }
-        // Runs of one type, concatenated, each checked first so that nothing is uploaded for a bad stack.
-        let mut runs: Vec<(Layout, Vec<u8>, u32)> = Vec::new();
+        // Runs of one type: (layout, rows).
+        let mut runs: Vec<(Layout, u32)> = Vec::new();
         let mut rows = 0u32;
-        for (i, &(t, bytes, part_rows)) in parts.iter().enumerate() {
+        for &(t, part_rows) in parts {
             let layout = layout_of(OP, t)?;
-            layout.check_raw(bytes, part_rows, cols).map_err(|e| shape_err(OP, format!("{label} part {i}: {e}")))?;
+            if part_rows == 0 || cols == 0 || cols % layout.block_values != 0 {
+                return Err(shape_err(OP, format!("{label}: {} {part_rows} rows × {cols} cols", t.name())));
+            }
             rows = rows.checked_add(part_rows).ok_or_else(|| shape_err(OP, format!("{label}: more than 2^32 rows")))?;
             match runs.last_mut() {
-                Some((l, raw, r)) if *l == layout => {
-                    raw.extend_from_slice(bytes);
-                    *r += part_rows;
-                }
-                _ => runs.push((layout, bytes.to_vec(), part_rows)),
+                Some((l, r)) if *l == layout => *r += part_rows,
+                _ => runs.push((layout, part_rows)),
             }
         }
         let mut out = Vec::new();
         let mut row0 = 0;
-        for (layout, raw, rows) in runs {
-            upload_run(ctx, Run { label, layout, raw: &raw, row0, rows, cols, max }, &mut out)?;
+        for (layout, rows) in runs {
+            allocate_run(ctx, Run { label, layout, row0, rows, cols, max }, &mut out)?;
             row0 += rows;
         }
         Ok(QuantMatrix { rows, cols, parts: out, gated: false })
+    }
+
+    /// The row ranges `(first, n)` to fill the matrix in: each within one part, starting at a
+    /// row group, of at most about `max_bytes` GGUF bytes (at least one row group).
+    pub fn fill_chunks(&self, max_bytes: u64) -> Vec<(u32, u32)> {
+        let mut out = Vec::new();
+        for p in &self.parts {
+            let group_raw = p.layout.row_bytes(self.cols) * p.layout.group_rows as u64;
+            let step = ((max_bytes / group_raw.max(1)).max(1) * p.layout.group_rows as u64).min(u32::MAX as u64) as u32;
+            let mut first = 0;
+            while first < p.rows {
+                let n = step.min(p.rows - first);
+                out.push((p.row0 + first, n));
+                first += n;
+            }
+        }
+        out
+    }
+
+    /// Repacks GGUF rows `first..first + n` (`raw`: their bytes, one range from
+    /// [`QuantMatrix::fill_chunks`]) into their part's layout and writes them to its buffer.
+    pub fn write_rows(&self, ctx: &Context, first: u32, n: u32, raw: &[u8]) -> Result<(), GpuError> {
+        const OP: &str = "QuantMatrix::write_rows";
+        let part = self.parts.iter().find(|p| first >= p.row0 && first + n <= p.row0 + p.rows);
+        let Some(p) = part.filter(|p| (first - p.row0) % p.layout.group_rows == 0 && n > 0) else {
+            return Err(shape_err(OP, format!("rows {first}..{} are not a row-group range of one part", first + n)));
+        };
+        p.layout.check_raw(raw, n, self.cols).map_err(|e| shape_err(OP, e))?;
+        let packed = p.layout.repack(raw, n, self.cols);
+        let offset = ((first - p.row0) / p.layout.group_rows) as u64 * p.layout.group_bytes(self.cols);
+        ctx.queue.write_buffer(&p.buffer, offset, bytemuck::cast_slice(&packed));
+        Ok(())
+    }
+
+    /// GPU bytes a `t` matrix of `rows` × `cols` takes once uploaded (row groups completed).
+    pub fn planned_bytes(t: GgmlType, rows: u32, cols: u32) -> Result<u64, GpuError> {
+        let layout = layout_of("QuantMatrix::planned_bytes", t)?;
+        Ok(rows.div_ceil(layout.group_rows) as u64 * layout.group_bytes(cols))
     }
 
     /// GPU bytes held.
@@ -198,16 +258,30 @@ impl QuantMatrix {
     }
 }
 
+/// Gate and up rows (`row_bytes` each, as many of each) interleaved in fours: gate 2c, 2c+1, up
+/// 2c, 2c+1 (the layout of a matrix for [`Epilogue::Gated`]).
+pub fn interleave_gate_up(gate: &[u8], up: &[u8], row_bytes: usize) -> Vec<u8> {
+    let mut raw = Vec::with_capacity(gate.len() + up.len());
+    for (g, u) in gate.chunks(2 * row_bytes).zip(up.chunks(2 * row_bytes)) {
+        raw.extend_from_slice(g);
+        raw.extend_from_slice(u);
+    }
+    raw
+}
+
 /// The most bytes one part may hold on this device: one binding, one buffer.
 pub fn max_part_bytes(ctx: &Context) -> u64 {
     ctx.limits.max_storage_buffer_binding_size.min(ctx.limits.max_buffer_size)
 }
 
-/// Checked GGUF rows of one type, to upload as matrix rows row0.. .
+/// GGUF bytes a fill chunk holds at most ([`QuantMatrix::fill_chunks`]): what a load holds of a
+/// matrix at a time, twice (its GGUF bytes and their repacked words).
+pub const FILL_CHUNK_BYTES: u64 = 8 << 20;
+
+/// Rows of one type, to allocate as matrix rows row0.. .
 struct Run<'a> {
     label: &'a str,
     layout: Layout,
-    raw: &'a [u8],
     row0: u32,
     rows: u32,
     cols: u32,
@@ -215,10 +289,10 @@ struct Run<'a> {
     max: u64,
 }
 
-/// Uploads a run as parts no larger than `run.max`, split at row-group boundaries, appending
-/// them to `out`.
-fn upload_run(ctx: &Context, run: Run<'_>, out: &mut Vec<Part>) -> Result<(), GpuError> {
-    let Run { label, layout, raw, row0, rows, cols, max } = run;
+/// Allocates a run as zeroed parts no larger than `run.max`, split at row-group boundaries,
+/// appending them to `out`.
+fn allocate_run(ctx: &Context, run: Run<'_>, out: &mut Vec<Part>) -> Result<(), GpuError> {
+    let Run { label, layout, row0, rows, cols, max } = run;
     let group_bytes = layout.group_bytes(cols);
     let groups_per_part = max / group_bytes;
     if groups_per_part == 0 {
@@ -228,15 +302,13 @@ fn upload_run(ctx: &Context, run: Run<'_>, out: &mut Vec<Part>) -> Result<(), Gp
         ));
     }
     let rows_per_part = (groups_per_part * layout.group_rows as u64).min(rows as u64) as u32;
-    let row_bytes = layout.row_bytes(cols) as usize;
     let mut start = 0u32;
     while start < rows {
         let n = rows_per_part.min(rows - start);
-        let bytes = &raw[start as usize * row_bytes..][..n as usize * row_bytes];
-        let packed = layout.repack(bytes, n, cols);
         let name = if n == rows { label.to_string() } else { format!("{label}[{start}..{}]", start + n) };
-        let buffer = ctx.storage_init(&name, bytemuck::cast_slice(&packed));
-        out.push(Part { ggml_type: layout.ggml_type, row0: row0 + start, rows: n, groups: n.div_ceil(layout.group_rows), buffer, layout });
+        let groups = n.div_ceil(layout.group_rows);
+        let buffer = ctx.storage_zeroed(&name, groups as u64 * group_bytes);
+        out.push(Part { ggml_type: layout.ggml_type, row0: row0 + start, rows: n, groups, buffer, layout });
         start += n;
     }
     Ok(())
