@@ -1,6 +1,6 @@
 // Browser figures for the README: `npm run bench:browser` prints one JSON line.
 // Drives the npm package's API in headless Chromium (WebGPU; SwiftShader without a GPU) on the
-// real model: load time (network and Cache API), prefill and decode tokens/s, and the time to
+// real model: load time (network and browser storage), prefill and decode tokens/s, and the time to
 // the first token of a follow-up turn with and without the prefix cache.
 // and aggregate decode tokens/s of 1, 2, 4 and 8 concurrent requests (continuous batching).
 // Options (env): BENCH_PREFILL_WORDS (default 60 words ≈ 90 prompt tokens), BENCH_DECODE_TOKENS (32),
@@ -36,7 +36,7 @@ const browser = await launch();
 try {
   const { page, problems } = await openPage(browser, `${server.url}/bench-blank`);
   const figures = await page.evaluate(async ({ prefillWords, decodeTokens, batches, batchTokens, onlyBatch, onlySpeed, modelPath, constrained, pairs, grammar, backend }) => {
-    const { createEngine } = await import("/js/index.js");
+    const { createEngine, deleteCachedModel } = await import("/js/index.js");
     const MODEL_URL = `/models/${modelPath}`;
     const user = (content) => ({ role: "user", content });
     const greedy = { temperature: 0 };
@@ -108,7 +108,7 @@ try {
     engine = await createEngine(MODEL_URL, { backend, cacheName: "pagedlm-bench" });
     out.load_from_cache_ms = performance.now() - t0;
     out.load_source_second = engine.load.source;
-    await caches.delete("pagedlm-bench");
+    await deleteCachedModel(MODEL_URL, { cacheName: "pagedlm-bench" });
 
     // A chat model is asked through chat, a base model (no chat template) through completions.
     const ask = (text, max_tokens) =>

@@ -4,7 +4,6 @@ export type ErrorCode =
   | "WEBGPU_UNAVAILABLE"
   | "MODEL_DOWNLOAD"
   | "MODEL_FORMAT"
-  | "MODEL_READ"
   | "CONTEXT_OVERFLOW"
   | "KV_POOL_FULL"
   | "UNSUPPORTED"
@@ -23,6 +22,10 @@ export type ErrorCode =
   | "SNAPSHOT_MISMATCH"
   /** Bytes that are not an intact KV snapshot (truncated, altered, not a snapshot). */
   | "SNAPSHOT_CORRUPT"
+  /** Browser storage has no room for the model (before its download, or while writing it): the message names the bytes. Nothing is left stored. */
+  | "QUOTA_EXCEEDED"
+  /** Reading the model's file failed during the load (a File changed or removed on disk, storage evicted). */
+  | "MODEL_READ"
   | "INTERNAL";
 
 /** Every failure pagedlm reports: an `Error` whose `code` says what kind, whose message says what to do. */
@@ -38,12 +41,29 @@ export declare class PagedlmError extends Error {
 }
 
 export interface LoadProgress {
-  /** "download" (network), "cache" (Cache API), "read" (File), "stored", "store-failed", "load" (to the GPU), "ready". */
-  phase: "download" | "cache" | "read" | "stored" | "store-failed" | "load" | "ready";
-  loaded: number;
-  total: number;
-  /** loaded / total, or null when the size is unknown. */
+  /**
+   * "download": bytes from the network into storage (`resumed_from` when a cut download
+   * continues, `note` when it starts over); "stored": the download is complete in storage;
+   * "cache": the model was found whole in browser storage (its bytes are read as the engine
+   * places them: the `upload` events count those reads); "load": the engine starts; "upload": weight
+   * bytes read and placed (on the GPU, or in wasm memory for the CPU backend); "tokenizer";
+   * "pipelines" (GPU kernels compiled); "ready".
+   */
+  phase: "download" | "stored" | "cache" | "load" | "upload" | "tokenizer" | "pipelines" | "ready";
+  /** Bytes so far (absent for "tokenizer" and "pipelines"). */
+  loaded?: number;
+  total?: number;
+  /** loaded / total, or null when the size is unknown or the phase has no bytes. */
   fraction: number | null;
+  /** "download": where a resumed download continued from. */
+  resumed_from?: number;
+  /** "download": why a partial download was discarded and started over. */
+  note?: string;
+  /** A split model's part (1-based) and count, on "download" and "stored". */
+  part?: number;
+  parts?: number;
+  /** "stored", "cache": where the model is kept. */
+  storage?: "opfs" | "cache";
   message?: string;
 }
 
@@ -99,9 +119,13 @@ export interface EngineOptions {
    */
   backend?: "auto" | "webgpu" | "cpu";
   onProgress?: (progress: LoadProgress) => void;
-  /** Keep a downloaded model in the Cache API so a reload does not download it again (default true). */
+  /**
+   * Keep a downloaded model in browser storage so a reload does not download it again, and a cut
+   * download resumes (default true): OPFS, else the Cache API (whole responses only). false: the
+   * download goes into a Blob and nothing is stored.
+   */
   cache?: boolean;
-  /** Cache API bucket (default "pagedlm-models-v1"). */
+  /** The OPFS folder and Cache API cache models are kept in (default "pagedlm-models-v1"). */
   cacheName?: string;
   /** Where js/worker.js is served, if not next to this module. */
   workerUrl?: string | URL;
@@ -512,7 +536,12 @@ export type DeviceLostEvent = CustomEvent<{ message: string }>;
  */
 export declare class Engine extends EventTarget {
   readonly info: EngineInfo;
-  readonly load: { source: "network" | "cache" | "file" | "buffer"; bytes: number; download_ms: number; engine_ms: number };
+  /**
+   * How the model was loaded: `source` "network" (downloaded now), "cache" (browser storage),
+   * "file" (a File/Blob or an OPFS handle), "buffer"; `storage` where a URL's model is kept;
+   * `files` how many files (the parts of a split GGUF).
+   */
+  readonly load: { source: "network" | "cache" | "file" | "buffer"; storage: "opfs" | "cache" | null; bytes: number; files: number; download_ms: number; engine_ms: number };
   readonly model: string;
   readonly chat: {
     completions: {
@@ -532,7 +561,7 @@ export declare class Engine extends EventTarget {
   /** Whether the GPU device is lost: requests fail with DEVICE_LOST until `restart()`. */
   readonly lost: boolean;
   /**
-   * After a loss: loads the model again on a new device from where its bytes came (the Cache API
+   * After a loss: loads the model again on a new device from where its bytes came (browser storage
    * or the File: no new download unless the URL was loaded with `cache: false`), or from `model`.
    * An engine loaded from an ArrayBuffer needs `model` (its bytes are not kept). Rejects with
    * INVALID_ARGUMENT when the device is not lost.
@@ -566,10 +595,79 @@ export declare class Engine extends EventTarget {
   dispose(): Promise<void>;
 }
 
-/** A model file: a URL (fetched through the Cache API), its bytes, or a File/Blob. */
-export type ModelSource = string | URL | ArrayBuffer | ArrayBufferView | Blob;
+/**
+ * A model file: a URL (downloaded into browser storage and loaded from there by ranges; a split
+ * GGUF by its first part, `name-00001-of-0000N.gguf`), its bytes (kept in the worker's JS memory,
+ * never whole in wasm), a File/Blob, or an OPFS file handle.
+ */
+export type ModelSource = string | URL | ArrayBuffer | ArrayBufferView | Blob | FileSystemFileHandle;
 
 export declare function createEngine(
   model: ModelSource,
   options?: EngineOptions,
 ): Promise<Engine>;
+
+/** Bytes per backend. */
+export interface BackendBytes {
+  webgpu: number;
+  cpu: number;
+}
+
+/** What a load would take, from the model's header alone ({@link estimateMemory}). */
+export interface MemoryEstimate {
+  complete: true;
+  /** Whether the load fits what this device offers (`limits`) on the backend asked for (either, for "auto"); `reasons` says why not. */
+  fits: boolean;
+  fits_backend: { webgpu: boolean; cpu: boolean };
+  /** The backend the options ask for ("cpu" for "auto" where there is no WebGPU adapter). */
+  backend: "webgpu" | "cpu" | "auto";
+  weights_bytes: BackendBytes;
+  kv_bytes_per_token: { f32: number; int8: number };
+  /** The tokens the KV pool would hold. */
+  kv_tokens: number;
+  kv_bytes: { f32: number; int8: number };
+  activations_bytes: BackendBytes;
+  total_bytes: BackendBytes;
+  /** The largest single GPU buffer the load would create (a weight matrix, or one layer's KV). */
+  largest_buffer_bytes: number;
+  kv_layer_bytes: number;
+  /** What a wasm32 module addresses (4 GiB): the CPU backend's ceiling. */
+  wasm32_bytes: number;
+  /** What the estimate was held to: the adapter's buffer limits, a memory budget. */
+  limits: { maxBufferSize?: number; maxStorageBufferBindingSize?: number; memoryBytes?: number };
+  /** Why it does not fit; empty when it fits. */
+  reasons: string[];
+}
+
+export interface EstimateOptions extends Omit<EngineOptions, "onProgress"> {
+  /** The memory budget to hold the load to (default: `navigator.deviceMemory` GiB where the browser tells it). */
+  maxMemoryBytes?: number;
+  /** Limits to hold the estimate to instead of this device's (another device's, say); each one given overrides the adapter's. */
+  limits?: { maxBufferSize?: number; maxStorageBufferBindingSize?: number; memoryBytes?: number };
+}
+
+/**
+ * What loading `model` with `options` would take and whether this device offers it, from the
+ * header alone: a URL's first 4 MiB (one range request; more only for a longer header), a File's
+ * slice. Held to the WebGPU adapter's limits and a memory budget.
+ */
+export declare function estimateMemory(model: ModelSource, options?: EstimateOptions): Promise<MemoryEstimate>;
+
+/** A model in browser storage. */
+export interface CachedModel {
+  /** The model's URL (a split model's first part). */
+  url: string;
+  /** Bytes stored (every part of a split model). */
+  bytes: number;
+  /** Whether it is whole: a download that was cut is listed incomplete (loading the URL resumes it). */
+  complete: boolean;
+  storage: "opfs" | "cache";
+  /** Files: the parts of a split model, else 1. */
+  parts: number;
+}
+
+/** The models in browser storage. */
+export declare function listCachedModels(options?: { cacheName?: string }): Promise<CachedModel[]>;
+
+/** Deletes a model (every part of a split one, a partial download too); resolves to whether it was stored. BUSY while it downloads. */
+export declare function deleteCachedModel(url: string | URL, options?: { cacheName?: string }): Promise<boolean>;

@@ -11,9 +11,8 @@
 // Everything heavy happens in js/worker.js; this module only turns calls into messages and
 // messages back into promises and async iterables; the messages are those of js/protocol.js.
 
-import { ENGINE_OPTIONS, PACKAGE_OPTIONS, requestOptions, toWorker } from "./protocol.js";
-
-const DEFAULT_CACHE = "pagedlm-models-v1";
+import { ENGINE_OPTIONS, ESTIMATE_OPTIONS, PACKAGE_OPTIONS, requestOptions, toWorker } from "./protocol.js";
+import { DEFAULT_STORE, deleteCachedModel as deleteStored, listCachedModels as listStored } from "./storage.js";
 
 /** Errors from pagedlm: an `Error` with a `code` (WEBGPU_UNAVAILABLE, MODEL_FORMAT, ...). */
 export class PagedlmError extends Error {
@@ -30,14 +29,45 @@ function invalid(message) {
 }
 
 /** The model argument as something a Worker can receive. */
-function modelSource(model) {
+function modelSource(model, what = "createEngine(model)") {
   if (typeof model === "string" || model instanceof URL) {
     // Relative URLs mean the page's, not the worker script's.
-    return new URL(String(model), globalThis.location?.href).href;
+    return absoluteUrl(model);
   }
   if (model instanceof ArrayBuffer || ArrayBuffer.isView(model)) return model;
   if (typeof Blob !== "undefined" && model instanceof Blob) return model;
-  throw invalid("createEngine(model): model must be a URL (string or URL), an ArrayBuffer or typed array, or a File/Blob");
+  if (typeof FileSystemFileHandle !== "undefined" && model instanceof FileSystemFileHandle) return model;
+  throw invalid(`${what}: model must be a URL (string or URL), an ArrayBuffer or typed array, a File/Blob or an OPFS FileSystemFileHandle`);
+}
+
+const absoluteUrl = (url) => new URL(String(url), globalThis.location?.href).href;
+
+/** Whether this page asked the browser to keep its storage (asked once: models are big to fetch again). */
+let persistAsked = false;
+
+function askPersistence() {
+  if (persistAsked) return;
+  persistAsked = true;
+  // persist() exists on Window's StorageManager only; the browser may say no, which costs nothing.
+  globalThis.navigator?.storage?.persist?.().catch(() => {});
+}
+
+/** The engine options of `options` (checked against `known`, ENGINE_OPTIONS by default) and the package's own. */
+function splitOptions(options, what, known = ENGINE_OPTIONS) {
+  const { onProgress, cache = true, cacheName = DEFAULT_STORE, workerUrl, ...rest } = options ?? {};
+  const engineOptions = {};
+  for (const [k, v] of Object.entries(rest)) {
+    if (!known.includes(k)) throw invalid(`${what}: unknown option ${k} (known: ${[...known, ...PACKAGE_OPTIONS].join(", ")})`);
+    if (v !== undefined && v !== null) engineOptions[k] = v;
+  }
+  if (onProgress !== undefined && typeof onProgress !== "function") throw invalid(`${what}: onProgress must be a function`);
+  if (typeof cacheName !== "string" || cacheName === "") throw invalid(`${what}: cacheName must be a non-empty string`);
+  return { engineOptions, onProgress, store: { enabled: !!cache, name: cacheName }, workerUrl };
+}
+
+function startWorker(workerUrl) {
+  if (typeof Worker === "undefined") throw new PagedlmError("UNSUPPORTED", "pagedlm needs Web Workers (a browser page)");
+  return new Worker(workerUrl ?? new URL("./worker.js", import.meta.url), { type: "module", name: "pagedlm" });
 }
 
 /** Request/response over the worker's messages; streams go to per-request listeners. */
@@ -491,7 +521,7 @@ export class Engine extends EventTarget {
 
   /**
    * After a `devicelost` event: loads the model again on a new GPU device, from where its bytes
-   * came (the Cache API or the File: no new download, except for a URL loaded with
+   * came (browser storage or the File: no new download, except for a URL loaded with
    * `cache: false`), or from `model` when given. An engine loaded from an ArrayBuffer needs
    * `model` (the worker does not keep a second copy of the bytes). Cached prefixes are gone with
    * the old device; conversations continue (their prompts are computed again, or imported from
@@ -638,21 +668,18 @@ export class Engine extends EventTarget {
 
 /**
  * Loads a model in a new Web Worker.
- * @param model a URL (string or URL), an ArrayBuffer/typed array, or a File/Blob (e.g. a dropped .gguf)
+ * @param model a URL (string or URL; a split GGUF by its first part, `name-00001-of-0000N.gguf`), an ArrayBuffer/typed
+ *   array, a File/Blob (e.g. a dropped .gguf) or an OPFS FileSystemFileHandle. A URL is downloaded into browser storage
+ *   (OPFS, resumable; the Cache API where OPFS is missing) and loaded from there by ranges.
  * @param options {kvDtype, blockSize, poolTokens, maxContext, prefillChunk, kvLayout, prefixCache, maxBatch, stepTokens,
- *   maxBindingMib, deviceLimits, maxMemoryBytes, adapterClass, optionalFeatures, backend ("auto" (default) | "webgpu" | "cpu"), onProgress({phase, loaded, total, fraction}), cache (default true), cacheName, workerUrl}
+ *   maxBindingMib, deviceLimits, maxMemoryBytes, adapterClass, optionalFeatures, backend ("auto" (default) | "webgpu" | "cpu"),
+ *   onProgress({phase, loaded, total, fraction, ...}), cache (default true; false: no storage), cacheName, workerUrl}
  */
 export async function createEngine(model, options = {}) {
-  const { onProgress, cache = true, cacheName = DEFAULT_CACHE, workerUrl, ...rest } = options ?? {};
-  const engineOptions = {};
-  for (const [k, v] of Object.entries(rest)) {
-    if (!ENGINE_OPTIONS.includes(k)) throw invalid(`createEngine: unknown option ${k} (known: ${[...ENGINE_OPTIONS, ...PACKAGE_OPTIONS].join(", ")})`);
-    if (v !== undefined && v !== null) engineOptions[k] = v;
-  }
-  if (onProgress !== undefined && typeof onProgress !== "function") throw invalid("createEngine: onProgress must be a function");
+  const { engineOptions, onProgress, store, workerUrl } = splitOptions(options, "createEngine");
   const source = modelSource(model);
-  if (typeof Worker === "undefined") throw new PagedlmError("UNSUPPORTED", "pagedlm needs Web Workers (a browser page)");
-  const worker = new Worker(workerUrl ?? new URL("./worker.js", import.meta.url), { type: "module", name: "pagedlm" });
+  if (store.enabled && typeof source === "string") askPersistence();
+  const worker = startWorker(workerUrl);
   const channel = new Channel(worker);
   const lock = `pagedlm-worker-${Date.now().toString(36)}-${Math.random().toString(36).slice(2)}`;
   const report = (data) => {
@@ -666,10 +693,53 @@ export async function createEngine(model, options = {}) {
     }
   };
   try {
-    const loaded = await channel.call(toWorker.load(source, engineOptions, { enabled: !!cache, name: cacheName }, lock), report);
+    const loaded = await channel.call(toWorker.load(source, engineOptions, store, lock), report);
     return new Engine(worker, channel, loaded);
   } catch (e) {
     channel.breakAll(e);
     throw e;
+  }
+}
+
+/**
+ * The memory a load of `model` with `options` would take, and whether this device offers it,
+ * from the file's header alone (a URL: one range request of its first 4 MiB, more only when the
+ * header is longer; a File: a slice), in a short-lived worker. Resolves to the engine's estimate:
+ * {complete: true, fits, backend, weights_bytes, kv_bytes_per_token, kv_tokens, kv_bytes,
+ * activations_bytes, total_bytes, largest_buffer_bytes, limits, reasons}. The limits are the
+ * WebGPU adapter's buffer limits and a memory budget: `options.maxMemoryBytes`, else
+ * `navigator.deviceMemory` where the browser tells it; `options.limits` ({maxBufferSize,
+ * maxStorageBufferBindingSize, memoryBytes}) overrides any of them (another device's, say).
+ */
+export async function estimateMemory(model, options = {}) {
+  const { engineOptions, store, workerUrl } = splitOptions(options, "estimateMemory", [...ENGINE_OPTIONS, ...ESTIMATE_OPTIONS]);
+  const source = modelSource(model, "estimateMemory(model)");
+  const channel = new Channel(startWorker(workerUrl));
+  try {
+    return await channel.call(toWorker.estimate(source, engineOptions, store));
+  } finally {
+    channel.breakAll(new PagedlmError("DISPOSED", "the estimate has ended"));
+  }
+}
+
+/**
+ * The models in browser storage: [{url, bytes, complete, storage: "opfs"|"cache", parts}] (a split
+ * model once, by its first part's URL). A download that was cut is listed with complete: false;
+ * loading its URL again resumes it.
+ */
+export async function listCachedModels({ cacheName = DEFAULT_STORE } = {}) {
+  return listStored(cacheName);
+}
+
+/**
+ * Deletes the model at `url` (every part of a split one, a partial download too) from browser
+ * storage. Resolves to whether anything was stored; rejects with BUSY while it downloads.
+ */
+export async function deleteCachedModel(url, { cacheName = DEFAULT_STORE } = {}) {
+  if (typeof url !== "string" && !(url instanceof URL)) throw invalid("deleteCachedModel(url): url must be a string or URL");
+  try {
+    return await deleteStored(absoluteUrl(url), cacheName);
+  } catch (e) {
+    throw e instanceof PagedlmError ? e : new PagedlmError(e?.code ?? "INTERNAL", e?.message ?? String(e));
   }
 }

@@ -9,6 +9,8 @@
 
 /** Options of `createEngine` that go to the wasm engine (`WebEngine.load`). */
 export const ENGINE_OPTIONS = Object.freeze(["kvDtype", "kvLayout", "blockSize", "poolTokens", "maxContext", "prefillChunk", "prefixCache", "maxBatch", "stepTokens", "maxBindingMib", "deviceLimits", "maxMemoryBytes", "adapterClass", "optionalFeatures", "backend"]);
+/** Options of `estimateMemory` only that go to the wasm engine (`WebEngine.estimateMemory`; loads ignore them). */
+export const ESTIMATE_OPTIONS = Object.freeze(["limits"]);
 /** Options of `createEngine` that js/index.js handles itself. */
 export const PACKAGE_OPTIONS = Object.freeze(["onProgress", "cache", "cacheName", "workerUrl"]);
 /** Parameters of `chat.completions.create` and `completions.create` that go to the wasm engine (`WebEngine.submit`, `submitPrompt`). */
@@ -31,10 +33,12 @@ export function requestOptions(params, chat = false) {
  * @typedef {{role: string, content: string | null, tool_calls?: ToolCall[], tool_call_id?: string, reasoning_content?: string}} ChatMessage
  * @typedef {{id: string, type: "function", function: {name: string, arguments: string}}} ToolCall
  * @typedef {{code: string, message: string}} ErrorBody
- * @typedef {{enabled: boolean, name: string}} CacheOptions
- * @typedef {{phase: string, loaded: number, total: number, message?: string}} Progress
+ * @typedef {{enabled: boolean, name: string}} CacheOptions  `name`: the OPFS folder and Cache API cache models are stored in (js/storage.js)
+ * @typedef {{phase: string, loaded?: number, total?: number, resumed_from?: number, part?: number, parts?: number, note?: string, storage?: string}} Progress
+ * @typedef {string | ArrayBuffer | ArrayBufferView | Blob | FileSystemFileHandle} ModelSource  a URL (absolute), bytes, a File/Blob or an OPFS file handle
  *
- * @typedef {{type: "load", model: string | ArrayBuffer | ArrayBufferView | Blob, options: object, cache: CacheOptions, lock?: string}} LoadMessage  `lock`: a Web Lock the worker holds for its life
+ * @typedef {{type: "load", model: ModelSource, options: object, cache: CacheOptions, lock?: string}} LoadMessage  `lock`: a Web Lock the worker holds for its life
+ * @typedef {{type: "estimate", model: ModelSource, options: object, cache: CacheOptions}} EstimateMessage  the memory a load would take, from the header (`WebEngine.estimateMemory`)
  * @typedef {{type: "create", messages: ChatMessage[], options: object}} CreateMessage
  * @typedef {{type: "complete", prompt: string, options: object}} CompleteMessage  raw text, no chat template
  * @typedef {{type: "abort", id: number}} AbortMessage  `id`: the `create` message's
@@ -44,9 +48,9 @@ export function requestOptions(params, chat = false) {
  * @typedef {{type: "exportConversation", messages: ChatMessage[]}} ExportConversationMessage
  * @typedef {{type: "importConversation", bytes: Uint8Array}} ImportConversationMessage
  * @typedef {{type: "profile", promptTokens: number, options: {timestamps?: boolean}}} ProfileMessage
- * @typedef {{type: "restart", model?: string | ArrayBuffer | ArrayBufferView | Blob}} RestartMessage  a new engine on the lost one's model (from where it came, or `model`)
+ * @typedef {{type: "restart", model?: ModelSource}} RestartMessage  a new engine on the lost one's model (from where it came, or `model`)
  * @typedef {{type: "simulateDeviceLoss"}} SimulateDeviceLossMessage
- * @typedef {(LoadMessage | CreateMessage | CompleteMessage | AbortMessage | StatsMessage | ResetCacheMessage | DisposeMessage
+ * @typedef {(LoadMessage | EstimateMessage | CreateMessage | CompleteMessage | AbortMessage | StatsMessage | ResetCacheMessage | DisposeMessage
  *   | ExportConversationMessage | ImportConversationMessage | ProfileMessage
  *   | RestartMessage | SimulateDeviceLossMessage) & {id?: number}} ToWorkerMessage
  */
@@ -55,6 +59,8 @@ export function requestOptions(params, chat = false) {
 export const toWorker = Object.freeze({
   /** @returns {LoadMessage} */
   load: (model, options, cache, lock) => ({ type: "load", model, options, cache, lock }),
+  /** @returns {EstimateMessage} */
+  estimate: (model, options, cache) => ({ type: "estimate", model, options, cache }),
   /** @returns {CreateMessage} */
   create: (messages, options) => ({ type: "create", messages, options }),
   /** @returns {CompleteMessage} */

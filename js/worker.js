@@ -1,9 +1,11 @@
 // The engine's home: a dedicated Web Worker that owns the WebGPU device and the wasm engine, so
-// the page never blocks. It downloads the model (with progress, through the Cache API), loads
-// it, runs every request (chat, or raw-text completion) through the engine's continuous-batching scheduler, and streams
+// the page never blocks. It downloads the model into browser storage (js/storage.js: OPFS,
+// resumable), hands it to the engine by ranges as the engine reads it (never whole in memory),
+// runs every request (chat, or raw-text completion) through the engine's continuous-batching scheduler, and streams
 // tokens back. Its messages, in and out, are those of js/protocol.js.
 import init, { WebEngine, defaultBackend } from "../pkg/pagedlm.js";
 import { fromWorker } from "./protocol.js";
+import { deleteCachedModel, headerFiles, modelFiles } from "./storage.js";
 
 /** @type {WebEngine | null} */
 let engine = null;
@@ -39,102 +41,74 @@ async function checkWebGpu() {
   if (!adapter) throw fail("WEBGPU_UNAVAILABLE", `WebGPU found no adapter on this machine. ${WEBGPU_HINT}`);
 }
 
-/** Reads a stream to its end into one buffer, reporting progress every ~50 ms. */
-async function readAll(stream, total, report) {
-  const reader = stream.getReader();
-  let bytes = total > 0 ? new Uint8Array(total) : null;
-  const chunks = [];
-  let loaded = 0;
-  let last = 0;
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    if (bytes && loaded + value.length <= total) bytes.set(value, loaded);
-    else chunks.push(value);
-    loaded += value.length;
-    const now = performance.now();
-    if (now - last > 50) {
-      last = now;
-      report(loaded, total);
-    }
-  }
-  if (!bytes || chunks.length > 0 || loaded !== total) {
-    const all = new Uint8Array(loaded);
-    let at = 0;
-    if (bytes) {
-      all.set(bytes.subarray(0, Math.min(total, loaded)));
-      at = Math.min(total, loaded);
-    }
-    for (const c of chunks) {
-      all.set(c, at);
-      at += c.length;
-    }
-    bytes = all;
-  }
-  report(loaded, total || loaded);
-  return bytes;
+/**
+ * A random-access reader over `blobs` (one per file of the model) for `WebEngine.loadFrom`:
+ * synchronous, as the engine asks for it (FileReaderSync, which only workers have). Each read
+ * returns exactly the bytes asked for; a Blob that cannot be read (a File changed on disk) throws,
+ * and the load rejects with MODEL_READ.
+ */
+function blobReader(blobs) {
+  const reader = new FileReaderSync();
+  return {
+    sizes: blobs.map((b) => b.size),
+    read(file, offset, length) {
+      const bytes = new Uint8Array(reader.readAsArrayBuffer(blobs[file].slice(offset, offset + length)));
+      if (bytes.length !== length) throw new Error(`file ${file} holds ${blobs[file].size} bytes: no ${length} at ${offset}`);
+      return bytes;
+    },
+  };
 }
 
-async function openCache(name) {
-  if (typeof caches === "undefined") return null;
-  try {
-    return await caches.open(name);
-  } catch {
-    // Opaque origins and some private modes refuse the Cache API: download every time.
-    return null;
+/** A reader over bytes the worker holds in JS memory (never copied whole into wasm). */
+function bufferReader(bytes) {
+  return {
+    sizes: [bytes.length],
+    read(file, offset, length) {
+      if (file !== 0 || offset + length > bytes.length) throw new Error(`the model holds ${bytes.length} bytes: no ${length} at ${offset}`);
+      return bytes.subarray(offset, offset + length);
+    },
+  };
+}
+
+const isFileHandle = (model) => typeof FileSystemFileHandle !== "undefined" && model instanceof FileSystemFileHandle;
+
+/**
+ * The model as a reader for `WebEngine.loadFrom`: a URL from browser storage or the network
+ * (js/storage.js), a Blob/File, an OPFS file handle, or an ArrayBuffer. Returns {reader, bytes,
+ * source: "network"|"cache"|"file"|"buffer", storage: "opfs"|"cache"|null, url}.
+ */
+async function modelSource(model, store, progress) {
+  let bytes = null;
+  if (model instanceof ArrayBuffer) bytes = new Uint8Array(model);
+  else if (ArrayBuffer.isView(model)) bytes = new Uint8Array(model.buffer, model.byteOffset, model.byteLength);
+  if (bytes) return { reader: bufferReader(bytes), bytes: bytes.length, source: "buffer", storage: null };
+  let blobs = null;
+  if (typeof Blob !== "undefined" && model instanceof Blob) blobs = [model];
+  else if (isFileHandle(model)) blobs = [await model.getFile()];
+  if (blobs) return { reader: blobReader(blobs), bytes: blobs[0].size, source: "file", storage: null };
+  if (typeof model !== "string") {
+    throw fail("INVALID_ARGUMENT", "model must be a URL, an ArrayBuffer (or typed array), a File/Blob or an OPFS file handle");
   }
+  const got = await modelFiles(model, store, progress);
+  const total = got.blobs.reduce((sum, b) => sum + b.size, 0);
+  // Read from storage as the engine uploads: its `upload` events count those reads.
+  if (got.source === "cache") progress({ phase: "cache", loaded: total, total, storage: got.storage });
+  return { reader: blobReader(got.blobs), bytes: total, source: got.source, storage: got.storage, url: got.url };
 }
 
 /**
- * The model's bytes from a URL (Cache API first, then the network, stored for next time), a
- * Blob/File, or an ArrayBuffer. Returns {bytes, source, url, cache}.
+ * The engine's load progress (`upload`: weight bytes read and placed; `tokenizer`; `pipelines`)
+ * as page events, `upload` at most every 50 ms and its last one always.
  */
-async function modelBytes(model, cacheOptions, progress) {
-  if (model instanceof ArrayBuffer) return { bytes: new Uint8Array(model), source: "buffer" };
-  if (ArrayBuffer.isView(model)) return { bytes: new Uint8Array(model.buffer, model.byteOffset, model.byteLength), source: "buffer" };
-  if (typeof Blob !== "undefined" && model instanceof Blob) {
-    const bytes = await readAll(model.stream(), model.size, (loaded, total) =>
-      progress({ phase: "read", loaded, total }));
-    return { bytes, source: "file" };
-  }
-  if (typeof model !== "string") {
-    throw fail("INVALID_ARGUMENT", "model must be a URL, an ArrayBuffer (or typed array) or a File/Blob");
-  }
-  const url = model;
-  const cache = cacheOptions.enabled ? await openCache(cacheOptions.name) : null;
-  let response = cache ? await cache.match(url).catch(() => undefined) : undefined;
-  const source = response ? "cache" : "network";
-  if (!response) {
-    try {
-      response = await fetch(url);
-    } catch (e) {
-      throw fail("MODEL_DOWNLOAD", `Downloading the model from ${url} failed: ${e?.message || e}. Check the URL and your connection.`);
-    }
-    if (!response.ok) {
-      throw fail("MODEL_DOWNLOAD", `Downloading the model from ${url} failed: HTTP ${response.status} ${response.statusText}.`);
-    }
-  }
-  const total = Number(response.headers.get("content-length")) || 0;
-  const phase = source === "cache" ? "cache" : "download";
-  let bytes;
-  try {
-    bytes = await readAll(response.body, total, (loaded, t) => progress({ phase, loaded, total: t }));
-  } catch (e) {
-    throw fail("MODEL_DOWNLOAD", `Reading the model from ${url} failed: ${e?.message || e}.`);
-  }
-  if (total && bytes.length !== total) {
-    throw fail("MODEL_DOWNLOAD", `The model download from ${url} ended after ${bytes.length} of ${total} bytes. Try again.`);
-  }
-  if (source === "network" && cache) {
-    try {
-      await cache.put(url, new Response(bytes, { headers: { "content-type": "application/octet-stream", "content-length": String(bytes.length) } }));
-      progress({ phase: "stored", loaded: bytes.length, total: bytes.length });
-    } catch (e) {
-      // A full quota only costs the next visit a download.
-      progress({ phase: "store-failed", loaded: bytes.length, total: bytes.length, message: String(e?.message || e) });
-    }
-  }
-  return { bytes, source, url, cache };
+function engineProgress(progress) {
+  let last = -Infinity;
+  return (event) => {
+    const e = plain(event instanceof Map ? event : { ...event });
+    const now = performance.now();
+    if (e.phase === "upload" && e.loaded !== e.total && now - last < 50) return;
+    last = now;
+    progress(e);
+  };
 }
 
 /** Whether this worker holds its Web Lock (holdLock). */
@@ -185,15 +159,15 @@ async function load({ id, model, options, cache: cacheOptions, lock }, progress)
     await checkWebGpu();
   }
   const t0 = performance.now();
-  const got = await modelBytes(model, cacheOptions, progress);
+  const got = await modelSource(model, cacheOptions, progress);
   const downloadMs = performance.now() - t0;
-  progress({ phase: "load", loaded: got.bytes.length, total: got.bytes.length });
+  progress({ phase: "load", loaded: got.bytes, total: got.bytes });
   const t1 = performance.now();
   try {
-    engine = await WebEngine.load(got.bytes, options);
+    engine = await WebEngine.loadFrom(got.reader.sizes, got.reader.read, options, engineProgress(progress));
   } catch (e) {
-    // A cached file that does not load is not worth keeping: the next try downloads it again.
-    if (got.source === "cache" && e?.code === "MODEL_FORMAT") await got.cache.delete(got.url).catch(() => {});
+    // A stored file that does not load is not worth keeping: the next try downloads it again.
+    if (got.source === "cache" && e?.code === "MODEL_FORMAT") await deleteCachedModel(got.url, cacheOptions.name).catch(() => {});
     throw e;
   }
   const info = engine.info();
@@ -201,12 +175,84 @@ async function load({ id, model, options, cache: cacheOptions, lock }, progress)
   lastStats = engine.stats();
   loadedFrom = { id, model: got.source === "buffer" ? null : model, options, cache: cacheOptions };
   lossReported = false;
-  progress({ phase: "ready", loaded: got.bytes.length, total: got.bytes.length });
+  progress({ phase: "ready", loaded: got.bytes, total: got.bytes });
   return {
     info,
     stats: lastStats,
-    load: { source: got.source, bytes: got.bytes.length, download_ms: downloadMs, engine_ms: performance.now() - t1 },
+    load: { source: got.source, storage: got.storage, bytes: got.bytes, files: got.reader.sizes.length, download_ms: downloadMs, engine_ms: performance.now() - t1 },
   };
+}
+
+/** What `estimateMemory` reads of a file first: a GGUF header with a 150k-token vocabulary fits. */
+const HEADER_BYTES = 4 << 20;
+
+/** Objects of the wasm engine as plain ones (a Rust map may come as a JS Map). */
+function plain(value) {
+  if (value instanceof Map) return Object.fromEntries([...value].map(([k, v]) => [k, plain(v)]));
+  if (Array.isArray(value)) return value.map(plain);
+  if (value && typeof value === "object" && Object.getPrototypeOf(value) === Object.prototype) {
+    return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, plain(v)]));
+  }
+  return value;
+}
+
+/** The model's files for reading their headers only: {sizes, prefix(file, length) -> Promise<Uint8Array>}. */
+async function headerSource(model, store) {
+  let bytes = null;
+  if (model instanceof ArrayBuffer) bytes = new Uint8Array(model);
+  else if (ArrayBuffer.isView(model)) bytes = new Uint8Array(model.buffer, model.byteOffset, model.byteLength);
+  if (bytes) return { sizes: [bytes.length], prefix: async (_, length) => bytes.subarray(0, length) };
+  let blob = null;
+  if (typeof Blob !== "undefined" && model instanceof Blob) blob = model;
+  else if (isFileHandle(model)) blob = await model.getFile();
+  if (blob) return { sizes: [blob.size], prefix: async (_, length) => new Uint8Array(await blob.slice(0, length).arrayBuffer()) };
+  if (typeof model !== "string") {
+    throw fail("INVALID_ARGUMENT", "model must be a URL, an ArrayBuffer (or typed array), a File/Blob or an OPFS file handle");
+  }
+  return headerFiles(model, store.name, HEADER_BYTES);
+}
+
+/**
+ * What the device allows, for the estimate: the WebGPU adapter's buffer limits, and a memory
+ * budget (`maxMemoryBytes`, else the browser's `navigator.deviceMemory`, a rounded GiB figure).
+ */
+async function deviceLimits(options) {
+  const limits = {};
+  let adapter = null;
+  try {
+    adapter = await navigator.gpu?.requestAdapter();
+  } catch {
+    adapter = null;
+  }
+  if (adapter) {
+    limits.maxBufferSize = adapter.limits.maxBufferSize;
+    limits.maxStorageBufferBindingSize = adapter.limits.maxStorageBufferBindingSize;
+  }
+  const memory = options?.maxMemoryBytes ?? (navigator.deviceMemory ? navigator.deviceMemory * 2 ** 30 : undefined);
+  if (memory) limits.memoryBytes = memory;
+  return { limits, webgpu: !!adapter };
+}
+
+/**
+ * The memory a load of `model` with `options` would take and whether it fits, from the file's
+ * header alone (`WebEngine.estimateMemory`): fetches more of a header only when the engine asks.
+ */
+async function estimate({ model, options, cache: store }) {
+  await init();
+  const files = await headerSource(model, store);
+  const { limits, webgpu } = await deviceLimits(options);
+  const engineOptions = { ...options, limits: { ...limits, ...options?.limits } };
+  if (!webgpu && (engineOptions.backend ?? defaultBackend()) === "auto") engineOptions.backend = "cpu";
+  let prefixes = await Promise.all(files.sizes.map((size, i) => files.prefix(i, Math.min(size, HEADER_BYTES))));
+  for (;;) {
+    const result = plain(WebEngine.estimateMemory(prefixes, files.sizes, engineOptions));
+    if (result.complete) return result;
+    const need = result.need.map((n, i) => Math.min(n, files.sizes[i]));
+    if (!need.some((n, i) => n > prefixes[i].length)) {
+      throw fail("MODEL_FORMAT", "the model's header does not end inside the file: it is not a usable GGUF");
+    }
+    prefixes = await Promise.all(need.map((n, i) => (n > prefixes[i].length ? files.prefix(i, n) : prefixes[i])));
+  }
 }
 
 // ==== Requests: the engine's continuous-batching scheduler ===========================================
@@ -444,7 +490,7 @@ async function simulateDeviceLoss() {
 }
 
 /**
- * A new engine on the lost one's model, read again from where it came (the Cache API, the File;
+ * A new engine on the lost one's model, read again from where it came (browser storage, the File;
  * a URL loaded with `cache: false` is downloaded again), or from `model` when given (required
  * for an engine loaded from an ArrayBuffer, whose bytes the worker does not keep).
  */
@@ -483,6 +529,7 @@ const handlers = {
   importConversation: ({ id, bytes }) => snapshotOp("import", id, bytes),
   profile: (data, reply) => reply(() => profile(data)),
   simulateDeviceLoss: (_, reply) => reply(() => simulateDeviceLoss()),
+  estimate: (data, reply) => reply(() => estimate(data)),
   restart: (data, reply) => reply(() => restart(data.model, (progress) => post(fromWorker.progress(data.id, progress)))),
 };
 

@@ -1,10 +1,12 @@
 // Static server for the chat page: www/ at "/", the wasm package at "/pkg/", the models at "/models/".
 // Binds 127.0.0.1 only. PORT overrides 8080; PAGEDLM_MODELS_DIR serves another folder at "/models/"
-// (the page's picker says how to fetch a model the folder lacks).
+// (the page's picker says how to fetch a model the folder lacks). Byte ranges (and If-Range) are
+// answered, so the package's model downloads resume (scripts/range.mjs).
 import { createServer } from "node:http";
 import { createReadStream, statSync } from "node:fs";
 import { extname, join, normalize, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
+import { writeHead } from "./range.mjs";
 
 const root = resolve(fileURLToPath(new URL("..", import.meta.url)));
 const port = Number(process.env.PORT || 8080);
@@ -42,18 +44,24 @@ function resolvePath(urlPath) {
 
 const server = createServer((req, res) => {
   const url = new URL(req.url, "http://x");
+  if (req.method === "OPTIONS") {
+    // A cross-origin page's resumed download (If-Range is not a CORS-safelisted header) asks first.
+    res.writeHead(204, { ...isolation, "access-control-allow-origin": "*", "access-control-allow-headers": "range, if-range", "access-control-max-age": "600" });
+    res.end();
+    return;
+  }
   let file = resolvePath(url.pathname);
   let st;
   try { st = file && statSync(file); if (st && st.isDirectory()) { file = join(file, "index.html"); st = statSync(file); } } catch { st = null; }
   if (!st) { res.writeHead(404, { "content-type": "text/plain", ...isolation }); res.end("not found"); return; }
-  res.writeHead(200, {
+  const body = writeHead(req, res, st, st.size, {
     "content-type": types[extname(file)] || "application/octet-stream",
-    "content-length": st.size,
     "cache-control": "no-cache",
     ...isolation,
     "access-control-allow-origin": "*",
+    "access-control-expose-headers": "content-range, content-length, etag, last-modified, accept-ranges",
   });
-  if (req.method === "HEAD") { res.end(); return; }
-  createReadStream(file).pipe(res);
+  if (!body) { res.end(); return; }
+  createReadStream(file, body).pipe(res);
 });
 server.listen(port, host, () => console.log(`pagedlm: serving the chat page at http://${host}:${port}/`));

@@ -3,7 +3,7 @@
 // A model picker switches models; a base model (no chat template) runs in text-completion mode:
 // the same text box, the completion streamed after the prompt.
 // User and model text always go through textContent, never HTML.
-import { createEngine } from "/js/index.js";
+import { createEngine, estimateMemory, listCachedModels } from "/js/index.js";
 import { loadConversations, saveConversation } from "./store.js";
 
 /** The models the picker offers (the first is the default), with the command that fetches each. */
@@ -16,7 +16,7 @@ const params = new URLSearchParams(location.search);
 const $ = (id) => document.getElementById(id);
 const ui = {
   progress: $("model-progress"), progressLabel: $("progress-label"), progressDetail: $("progress-detail"),
-  progressBar: $("progress-bar"), progressFill: $("progress-fill"),
+  progressBar: $("progress-bar"), progressFill: $("progress-fill"), estimate: $("model-estimate"),
   errorPanel: $("error-panel"), errorTitle: $("error-title"), errorMessage: $("error-message"), errorHint: $("error-hint"),
   messages: $("messages"), empty: $("empty"), composer: $("composer"), input: $("chat-input"),
   send: $("send-button"), stop: $("stop-button"), newConversation: $("new-conversation"), adapter: $("adapter"),
@@ -118,14 +118,54 @@ function showError(e) {
 function onProgress(p) {
   const total = p.total ? ` / ${mb(p.total)}` : "";
   const pct = p.fraction != null ? ` · ${Math.floor(p.fraction * 100)}%` : "";
+  const part = p.parts > 1 ? ` (part ${p.part} of ${p.parts})` : "";
+  const resumed = p.resumed_from ? ` · resumed at ${mb(p.resumed_from)}` : "";
   switch (p.phase) {
-    case "download": return setProgress("Downloading the model", p.fraction, `${mb(p.loaded)}${total}${pct}`);
-    case "cache": return setProgress("Reading the model from the browser cache", p.fraction, `${mb(p.loaded)}${total}${pct}`);
-    case "read": return setProgress("Reading the model file", p.fraction, `${mb(p.loaded)}${total}${pct}`);
-    case "stored": return setProgress("Stored in the browser cache for next time", 1, mb(p.loaded));
-    case "load": return setProgress(params.get("backend") === "webgpu" ? "Uploading weights to the GPU" : "Loading the weights", null, mb(p.total));
+    case "download": return setProgress(p.note ? `Downloading the model${part}: ${p.note}` : `Downloading the model${part}`, p.fraction, `${mb(p.loaded)}${total}${pct}${resumed}`);
+    case "stored": return setProgress(`Stored in the browser for next time${part}`, 1, mb(p.loaded));
+    case "cache": return setProgress("Found the model in the browser's storage", 1, mb(p.total));
+    case "load": return setProgress("Starting the engine", null, mb(p.total));
+    case "upload": return setProgress(params.get("backend") === "cpu" ? "Reading the weights" : "Reading the weights and uploading them to the GPU", p.fraction, `${mb(p.loaded)}${total}${pct}`);
+    case "tokenizer": return setProgress("Building the tokenizer", null);
+    case "pipelines": return setProgress("Compiling the GPU kernels", null);
     default: return undefined;
   }
+}
+
+const gb = (bytes) => `${(bytes / 1e9).toFixed(bytes < 1e8 ? 3 : 1)} GB`;
+
+/**
+ * Shows what loading `model` would take against what this device offers (`estimateMemory`,
+ * from the file's header) under the progress bar; resolves to the estimate, or null when none
+ * could be made (the load then goes ahead and says for itself what is wrong).
+ */
+async function showEstimate(model) {
+  ui.estimate.hidden = true;
+  delete ui.estimate.dataset.fits;
+  const options = engineOptions();
+  delete options.onProgress;
+  let e;
+  try {
+    e = await estimateMemory(model, options);
+  } catch (err) {
+    console.warn("pagedlm: no memory estimate:", err);
+    return null;
+  }
+  // "auto" takes whichever backend fits, WebGPU first.
+  const backend = e.backend === "cpu" || (e.backend === "auto" && !e.fits_backend?.webgpu && e.fits_backend?.cpu) ? "cpu" : "webgpu";
+  const kv = e.kv_bytes?.[ui.kvDtype.value] ?? 0;
+  const offers = [];
+  if (e.limits?.memoryBytes) offers.push(`${gb(e.limits.memoryBytes)} of memory`);
+  if (backend === "webgpu" && e.limits?.maxBufferSize) offers.push(`GPU buffers up to ${gb(e.limits.maxBufferSize)}`);
+  if (backend === "cpu") offers.push("up to 4 GB of wasm memory");
+  const needs = `needs ${gb(e.total_bytes[backend])} (weights ${gb(e.weights_bytes[backend])} + KV ${gb(kv)}) on the ${backend === "cpu" ? "CPU" : "GPU"} backend`;
+  ui.estimate.textContent = e.fits
+    ? `This model ${needs}; this device offers ${offers.join(", ") || "what it needs"}.`
+    : `This model does not fit: it ${needs}; this device offers ${offers.join(", ") || "less"}. ${e.reasons.join(" ")}`;
+  ui.estimate.dataset.fits = String(!!e.fits);
+  ui.estimate.hidden = false;
+  ui.progress.hidden = false;
+  return e;
 }
 
 function engineOptions() {
@@ -134,6 +174,8 @@ function engineOptions() {
     if (params.get(param)) options[key] = Number(params.get(param));
   }
   if (params.get("prefix_cache") === "0") options.prefixCache = false;
+  // ?max_memory_bytes=N: the memory budget the estimate (and the engine) holds the model to.
+  if (params.get("max_memory_bytes")) options.maxMemoryBytes = Number(params.get("max_memory_bytes"));
   // ?backend=cpu|auto|webgpu: which backend runs the model (the package's default, auto, otherwise).
   if (["cpu", "auto", "webgpu"].includes(params.get("backend"))) options.backend = params.get("backend");
   return options;
@@ -159,8 +201,16 @@ function startLoading(label) {
 
 async function loadModel(model, label) {
   ui.errorPanel.hidden = true;
-  startLoading("Starting the engine");
+  startLoading("Reading the model's header");
   const t0 = performance.now();
+  const estimate = await showEstimate(model);
+  if (estimate && !estimate.fits) {
+    // Nothing is downloaded or loaded: the estimate under the bar says why.
+    ui.progress.hidden = false;
+    setProgress("Not loaded: this model does not fit on this device", 0);
+    return;
+  }
+  setProgress("Starting the engine", null);
   try {
     const engine = await createEngine(model, engineOptions());
     state.engine = engine;
@@ -178,7 +228,7 @@ async function engineReady(engine, t0, recovered = false) {
   state.info = engine.info;
   state.stats = await engine.stats();
   const secs = ((performance.now() - t0) / 1000).toFixed(1);
-  const from = { network: "downloaded", cache: "from the browser cache", file: "from the file", buffer: "from memory" }[engine.load.source];
+  const from = { network: "downloaded", cache: "from the browser's storage", file: "from the file", buffer: "from memory" }[engine.load.source];
   const again = recovered ? " · the GPU device was lost and the model loaded again" : "";
   setProgress("Model ready", 1, `${mb(engine.load.bytes)} ${from} · ready in ${secs} s${again}`);
   ui.progress.classList.add("done");
@@ -253,12 +303,12 @@ async function openFile(file) {
   await loadModel(file, file.name.replace(/\.gguf$/i, ""));
 }
 
-/** Whether `url` is on the server or in the browser's model cache (a 404 means not fetched). */
+/** Whether `url` is on the server or whole in the browser's storage (a 404 means not fetched). */
 async function modelPresent(url) {
   try {
-    const cache = typeof caches === "undefined" ? null : await caches.open("pagedlm-models-v1");
-    if (await cache?.match(new URL(url, location.href).href)) return true;
-  } catch { /* no Cache API here: ask the server */ }
+    const href = new URL(url, location.href).href;
+    if ((await listCachedModels()).some((m) => m.url === href && m.complete)) return true;
+  } catch { /* no storage here: ask the server */ }
   try {
     return (await fetch(url, { method: "HEAD" })).status !== 404;
   } catch {

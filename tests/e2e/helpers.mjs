@@ -7,6 +7,7 @@ import { createServer } from "node:net";
 import { extname, join, normalize } from "node:path";
 import { fileURLToPath } from "node:url";
 import { chromium } from "playwright-core";
+import { writeHead } from "../../scripts/range.mjs";
 
 export const root = fileURLToPath(new URL("../..", import.meta.url));
 export const results = join(root, "test-results");
@@ -49,35 +50,71 @@ const TYPES = { ".html": "text/html; charset=utf-8", ".js": "text/javascript; ch
   ".wasm": "application/wasm", ".json": "application/json", ".ts": "text/plain; charset=utf-8" };
 
 /**
- * A static server over `dir`, plus `routes`: {"/path": {file, bytes?}} served from elsewhere
- * (`bytes` = only the first n bytes, for a truncated file). Counts requests per path.
+ * A static server over `dir`, plus `routes`: {"/path": {file, bytes?, cutAt?, truncateAt?, noRange?}}
+ * served from elsewhere: `bytes` = only the first n bytes (a short file, its length told truly);
+ * `cutAt` = close the connection after n body bytes, once (then serve normally); `truncateAt` =
+ * close it at byte n of the file, every time (the server promises more bytes than it ever
+ * sends); `noRange` = ignore Range
+ * (always the whole file, 200). Routes may be changed between requests (a file replaced). Byte
+ * ranges, ETag and If-Range as scripts/serve.mjs answers them. Counts requests (`hits`) and the
+ * body bytes sent (`served`) per path.
  */
 export async function staticServer(dir, routes = {}) {
   const hits = new Map();
+  const served = new Map();
   const server = createHttpServer((req, res) => {
     const path = decodeURIComponent(new URL(req.url, "http://x").pathname);
     hits.set(path, (hits.get(path) ?? 0) + 1);
+    const route = routes[path];
     let file;
-    let limit = Infinity;
-    if (routes[path]) {
-      file = routes[path].file;
-      limit = routes[path].bytes ?? Infinity;
+    if (route) {
+      file = route.file;
     } else {
       const rel = normalize(path).replace(/^(\.\.[/\\])+/, "");
       file = join(dir, rel.endsWith("/") ? `${rel}index.html` : rel);
       if (!file.startsWith(dir)) file = null;
     }
-    let size = 0;
-    try { size = file ? statSync(file).size : -1; } catch { size = -1; }
-    if (size < 0) { res.writeHead(404); res.end("not found"); return; }
-    const length = Math.min(size, limit);
-    res.writeHead(200, { "content-type": TYPES[extname(file)] ?? "application/octet-stream", "content-length": length, "cache-control": "no-cache" });
-    if (req.method === "HEAD" || length === 0) { res.end(); return; }
-    createReadStream(file, { start: 0, end: length - 1 }).pipe(res);
+    let stat = null;
+    try { stat = file ? statSync(file) : null; } catch { stat = null; }
+    if (!stat || stat.isDirectory()) { res.writeHead(404); res.end("not found"); return; }
+    const size = Math.min(stat.size, route?.bytes ?? Infinity);
+    const body = writeHead(req, res, stat, size,
+      { "content-type": TYPES[extname(file)] ?? "application/octet-stream", "cache-control": "no-cache" }, { ranges: !route?.noRange });
+    if (!body) { res.end(); return; }
+    let limit = route?.truncateAt != null ? Math.max(0, route.truncateAt - body.start) : Infinity;
+    if (route?.cutAt != null && !route.cut) {
+      route.cut = true;
+      limit = route.cutAt;
+    }
+    let sent = 0;
+    const stream = createReadStream(file, body);
+    const count = (n) => { sent += n; served.set(path, (served.get(path) ?? 0) + n); };
+    stream.on("data", (chunk) => {
+      if (sent + chunk.length >= limit) {
+        // The first `limit` bytes reach the client, then the connection ends mid-body, a moment
+        // later as a failing network does (Chrome drops body bytes it has not handed to the page
+        // when the error lands with them).
+        stream.destroy();
+        const part = chunk.subarray(0, limit - sent);
+        count(part.length);
+        res.write(part, () => setTimeout(() => req.socket.destroy(), 200));
+        return;
+      }
+      count(chunk.length);
+      if (!res.write(chunk)) {
+        stream.pause();
+        res.once("drain", () => stream.resume());
+      }
+    });
+    stream.on("end", () => res.end());
+    stream.on("error", () => req.socket.destroy());
   });
   const port = await freePort();
   await new Promise((resolve) => server.listen(port, "127.0.0.1", resolve));
-  return { url: `http://127.0.0.1:${port}`, hits, close: () => new Promise((r) => server.close(r)) };
+  return {
+    url: `http://127.0.0.1:${port}`, hits, served,
+    close: () => new Promise((r) => { server.closeAllConnections?.(); server.close(r); }),
+  };
 }
 
 /** Chromium, headless; with WebGPU unless `webgpu: false`. */

@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { root } from "./helpers.mjs";
-import { CHAT_OPTIONS, COMPLETION_PARAMS, ENGINE_OPTIONS, PACKAGE_OPTIONS, REQUEST_OPTIONS, REQUEST_PARAMS, requestOptions } from "../../js/protocol.js";
+import { CHAT_OPTIONS, COMPLETION_PARAMS, ENGINE_OPTIONS, ESTIMATE_OPTIONS, PACKAGE_OPTIONS, REQUEST_OPTIONS, REQUEST_PARAMS, requestOptions } from "../../js/protocol.js";
 import { createEngine } from "../../js/index.js";
 
 /** The top-level member names of `interface name` in TypeScript declarations. */
@@ -58,7 +58,7 @@ describe("option names", () => {
   });
 
   it("createEngine: js/protocol.js, the wasm engine and index.d.ts EngineOptions agree", () => {
-    sameNames({ "js ENGINE_OPTIONS": [...ENGINE_OPTIONS] }, { "wasm LoadOptions": wasm.load }, "engine options");
+    sameNames({ "js ENGINE_OPTIONS + ESTIMATE_OPTIONS": [...ENGINE_OPTIONS, ...ESTIMATE_OPTIONS] }, { "wasm LoadOptions": wasm.load }, "engine options");
     const clash = PACKAGE_OPTIONS.filter((n) => ENGINE_OPTIONS.includes(n));
     assert.deepEqual(clash, [], "a package option is not also an engine option");
     sameNames({ "js ENGINE_OPTIONS + PACKAGE_OPTIONS": [...ENGINE_OPTIONS, ...PACKAGE_OPTIONS] },
@@ -91,6 +91,11 @@ describe("option names", () => {
       assert.equal(await codeOf({ [name]: undefined }), "UNSUPPORTED", `createEngine accepts ${name}`);
     }
     assert.equal(await codeOf({ kvDtyp: "int8" }), "INVALID_ARGUMENT", "createEngine refuses an unknown option");
+  });
+
+  it("estimateMemory: index.d.ts EstimateOptions adds ESTIMATE_OPTIONS to createEngine's", () => {
+    const declared = interfaceFields(dts, "EstimateOptions");
+    for (const name of ESTIMATE_OPTIONS) assert.ok(declared.includes(name), `EstimateOptions declares ${name}`);
   });
 
   it("create passes every declared engine option on to the engine", () => {

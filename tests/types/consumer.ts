@@ -1,6 +1,6 @@
 // Compiled by tests/e2e/types.test.mjs with `tsc --noEmit --strict`: what a TypeScript user of
 // the package writes must type-check against js/index.d.ts, and misuse must not.
-import { createEngine, PagedlmError, type ChatCompletionChunk, type CompletionChunk, type EngineStats, type Profile } from "pagedlm";
+import { createEngine, deleteCachedModel, estimateMemory, listCachedModels, PagedlmError, type CachedModel, type MemoryEstimate, type ChatCompletionChunk, type CompletionChunk, type EngineStats, type Profile } from "pagedlm";
 
 async function main(file: File): Promise<string> {
   const engine = await createEngine("/models/model.gguf", {
@@ -84,5 +84,22 @@ createEngine("/m.gguf").then(async (e) => (await e.completions.create({ prompt: 
 createEngine("/m.gguf").then((e) => e.chat.completions.create({ messages: [], response_format: { type: "yaml" } }));
 // @ts-expect-error: profile takes a token count
 createEngine("/m.gguf").then((e) => e.profile("512"));
+// @ts-expect-error: deleteCachedModel takes the model's URL
+deleteCachedModel(42);
 
-export { main };
+/** Big models: estimate first, load from an OPFS handle, list and delete what is stored. */
+async function bigModels(handle: FileSystemFileHandle): Promise<number> {
+  const estimate: MemoryEstimate = await estimateMemory("/models/big-00001-of-00003.gguf", { kvDtype: "int8", maxMemoryBytes: 4e9 });
+  if (!estimate.fits) return estimate.reasons.length;
+  const engine = await createEngine(handle, {
+    onProgress: (p) => {
+      if (p.phase === "download" && p.resumed_from !== undefined) console.log(p.resumed_from, p.loaded, p.total);
+      if (p.phase === "upload") console.log(p.fraction);
+    },
+  });
+  const stored: CachedModel[] = await listCachedModels();
+  for (const m of stored) if (!m.complete && m.storage === "opfs") await deleteCachedModel(m.url);
+  return estimate.weights_bytes.webgpu + engine.load.files;
+}
+
+export { main, bigModels };

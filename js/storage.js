@@ -1,0 +1,566 @@
+// Where downloaded models live between visits, and how a download survives a cut.
+//
+// A model URL is downloaded into the origin private file system (OPFS): folder `name` (the
+// package's `cacheName`), one file per URL named by a hash of it, and a JSON sidecar beside it
+// ({url, model, part, parts, size, etag, lastModified, complete, written}). The worker writes
+// through a sync access handle at offsets and flushes every few MB or second, writing `written`
+// into the sidecar at each flush, so that a download cut anywhere (a network error, a closed tab)
+// continues after a reload from the bytes on disk with `Range: bytes=N-` and `If-Range`. A file
+// is handed to the engine only once its sidecar says complete and its size matches.
+//
+// Where OPFS is missing, the Cache API holds whole responses (no resume); where that is missing
+// too, or `cache: false`, the download goes into a Blob, which Chrome keeps on disk when it is big.
+//
+// A split GGUF (llama.cpp's gguf-split naming, `name-00001-of-00003.gguf`) is every part, in
+// order: downloaded, listed and deleted together.
+//
+// The worker downloads (`modelFiles`); the page lists and deletes (`listCachedModels`,
+// `deleteCachedModel`), which work in either.
+
+export const DEFAULT_STORE = "pagedlm-models-v1";
+
+/** How often a download makes its progress durable (the most a cut tab loses). */
+const FLUSH_BYTES = 16 << 20;
+const FLUSH_MS = 1000;
+/** How often download progress is reported. */
+const REPORT_MS = 50;
+
+const PART = /-(\d{5})-of-(\d{5})\.gguf$/i;
+
+function fail(code, message) {
+  return Object.assign(new Error(message), { code });
+}
+
+const bytesText = (n) => `${n.toLocaleString("en-US")} bytes (${(n / 1e9).toFixed(2)} GB)`;
+
+/**
+ * The URLs of the model at `url`: every part of a split GGUF, in order (whichever part `url`
+ * names), else `[url]`.
+ */
+export function modelParts(url) {
+  const parsed = new URL(url);
+  const m = PART.exec(parsed.pathname);
+  if (!m) return [parsed.href];
+  const [no, count] = [Number(m[1]), Number(m[2])];
+  if (count < 1 || no < 1 || no > count) return [parsed.href];
+  const stem = parsed.pathname.slice(0, m.index);
+  return Array.from({ length: count }, (_, i) => {
+    const part = new URL(parsed.href);
+    part.pathname = `${stem}-${String(i + 1).padStart(5, "0")}-of-${m[2]}.gguf`;
+    return part.href;
+  });
+}
+
+/** A file name for `url` (FNV-1a 64): the sidecar holds the URL, so a collision is seen, not trusted. */
+function fileKey(url) {
+  let hash = 0xcbf29ce484222325n;
+  for (const byte of new TextEncoder().encode(url)) {
+    hash = ((hash ^ BigInt(byte)) * 0x100000001b3n) & 0xffffffffffffffffn;
+  }
+  return hash.toString(16).padStart(16, "0");
+}
+
+const opfsAvailable = () => typeof navigator !== "undefined" && typeof navigator.storage?.getDirectory === "function";
+/** Writing needs a sync access handle: dedicated workers only. */
+const opfsWritable = () => opfsAvailable() && typeof FileSystemFileHandle !== "undefined" && "createSyncAccessHandle" in FileSystemFileHandle.prototype;
+
+async function opfsFolder(name, create) {
+  if (!opfsAvailable()) return null;
+  try {
+    return await (await navigator.storage.getDirectory()).getDirectoryHandle(name, { create });
+  } catch {
+    // Not there (create: false), or refused (an opaque origin, some private modes).
+    return null;
+  }
+}
+
+async function openCache(name, create) {
+  if (typeof caches === "undefined") return null;
+  try {
+    if (!create && !(await caches.has(name))) return null;
+    return await caches.open(name);
+  } catch {
+    return null;
+  }
+}
+
+/** Runs `work` holding the Web Lock for `url`'s file, so two tabs never write one file at once. */
+function withFileLock(url, work, options = {}) {
+  if (typeof navigator === "undefined" || !navigator.locks) return work(true);
+  return navigator.locks.request(`pagedlm-model-${fileKey(url)}`, options, work);
+}
+
+async function readMeta(folder, key) {
+  try {
+    const meta = JSON.parse(await (await (await folder.getFileHandle(`${key}.json`)).getFile()).text());
+    return meta && typeof meta === "object" ? meta : null;
+  } catch {
+    return null;
+  }
+}
+
+async function fileSize(folder, name) {
+  try {
+    return (await (await folder.getFileHandle(name)).getFile()).size;
+  } catch {
+    return -1;
+  }
+}
+
+const isQuotaError = (e) => e?.name === "QuotaExceededError" || /quota/i.test(e?.message ?? "");
+
+function quotaError(url, needed, available) {
+  return fail("QUOTA_EXCEEDED", `Storing the model ${url} needs ${bytesText(needed)} more, but the browser offers this site only ${bytesText(Math.max(0, available))}. Free space (deleteCachedModel, or the browser's site settings) or load it with cache: false.`);
+}
+
+/** Throws QUOTA_EXCEEDED when the origin's quota has less than `needed` bytes left. */
+async function checkQuota(url, needed) {
+  if (!navigator.storage?.estimate || !(needed > 0)) return;
+  let estimate;
+  try {
+    estimate = await navigator.storage.estimate();
+  } catch {
+    return;
+  }
+  const available = (estimate.quota ?? Infinity) - (estimate.usage ?? 0);
+  if (needed > available) throw quotaError(url, needed, available);
+}
+
+async function writeMeta(folder, key, meta) {
+  const access = await (await folder.getFileHandle(`${key}.json`, { create: true })).createSyncAccessHandle();
+  try {
+    const bytes = new TextEncoder().encode(JSON.stringify(meta));
+    access.truncate(0);
+    access.write(bytes, { at: 0 });
+    access.flush();
+  } finally {
+    access.close();
+  }
+}
+
+async function request(url, headers = {}, { rangeNotSatisfiable = false } = {}) {
+  let response;
+  try {
+    // Not the HTTP cache: the model is stored here, and a cached partial would confuse a resume.
+    response = await fetch(url, { headers, cache: "no-store" });
+  } catch (e) {
+    throw fail("MODEL_DOWNLOAD", `Downloading the model from ${url} failed: ${e?.message || e}. Check the URL and your connection.`);
+  }
+  if (!response.ok && !(rangeNotSatisfiable && response.status === 416)) {
+    response.body?.cancel().catch(() => {});
+    throw fail("MODEL_DOWNLOAD", `Downloading the model from ${url} failed: HTTP ${response.status} ${response.statusText}.`);
+  }
+  return response;
+}
+
+/** `Content-Range: bytes a-b/size` as {start, end, size} (size null for `*`), else null. */
+function contentRange(response) {
+  const m = /^bytes (\d+)-(\d+)\/(\d+|\*)$/.exec(response.headers.get("content-range") ?? "");
+  return m ? { start: Number(m[1]), end: Number(m[2]), size: m[3] === "*" ? null : Number(m[3]) } : null;
+}
+
+/**
+ * The body's length when the bytes fetch hands over are the ones counted (no content coding,
+ * whose Content-Length counts the compressed bytes), else null.
+ */
+function bodyLength(response) {
+  const length = response.headers.get("content-length");
+  const coding = response.headers.get("content-encoding");
+  return length != null && (!coding || coding === "identity") ? Number(length) : null;
+}
+
+const validators = (response) => ({ etag: response.headers.get("etag"), lastModified: response.headers.get("last-modified") });
+
+/** Reports progress at most every REPORT_MS, and always the last one. */
+function throttled(report) {
+  let last = -Infinity;
+  return (event, force = false) => {
+    const now = performance.now();
+    if (!force && now - last < REPORT_MS) return;
+    last = now;
+    report(event);
+  };
+}
+
+/**
+ * Reads `body` as fast as it arrives into a queue, for a consumer that awaits between chunks: a
+ * stream that errors (a cut connection) drops the chunks it still holds, so bytes that arrived
+ * must be taken before the error lands. `next()` resolves to the next chunk, null at the end, or
+ * rejects with the stream's error once the queue is drained. The queue only grows while the
+ * consumer awaits (opening files, a flush), not with the download.
+ */
+function eagerReader(body) {
+  const reader = body.getReader();
+  const queue = [];
+  let wake = null;
+  let ended = false;
+  let error = null;
+  (async () => {
+    try {
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) break;
+        queue.push(value);
+        wake?.();
+      }
+    } catch (e) {
+      error = e;
+    }
+    ended = true;
+    wake?.();
+  })();
+  return {
+    async next() {
+      while (queue.length === 0 && !ended) await new Promise((resolve) => { wake = resolve; });
+      wake = null;
+      if (queue.length > 0) return queue.shift();
+      if (error) throw error;
+      return null;
+    },
+    cancel: () => reader.cancel().catch(() => {}),
+  };
+}
+
+/**
+ * Part `index` of `urls` in OPFS folder `folder`: the stored file when complete, else downloaded
+ * into it, resuming a partial download. Resolves to {blob, source: "cache"|"network"}.
+ */
+function opfsPart(folder, urls, index, report) {
+  const url = urls[index];
+  const key = fileKey(url);
+  return withFileLock(url, async () => {
+    const meta = await readMeta(folder, key);
+    const onDisk = await fileSize(folder, `${key}.gguf`);
+    const mine = meta?.url === url;
+    if (mine && meta.complete && meta.size === onDisk) {
+      return { blob: await (await folder.getFileHandle(`${key}.gguf`)).getFile(), source: "cache" };
+    }
+    // What a cut download left: up to its last flush, and no more than the file holds.
+    let have = mine && !meta.complete ? Math.max(0, Math.min(meta.written ?? 0, onDisk)) : 0;
+    let note = null;
+    let response;
+    if (have > 0) {
+      const validator = meta.etag ?? meta.lastModified;
+      response = await request(url, { range: `bytes=${have}-`, ...(validator ? { "if-range": validator } : {}) }, { rangeNotSatisfiable: true });
+      const range = contentRange(response);
+      const { etag } = validators(response);
+      if (response.status === 416) {
+        // Nothing past `have`: a server file shorter than the partial one (it changed), or one
+        // whose last bytes were written but not yet marked complete. Either way, fetch it whole.
+        note = "the file on the server is not the one the cut download holds: downloading it again from the start";
+        have = 0;
+        response = await request(url);
+      } else if (response.status === 206 && !(range && range.start === have && (range.size == null || range.size === meta.size) && (!meta.etag || !etag || etag === meta.etag))) {
+        // A range of another file than the one the partial download holds: start over.
+        await response.body?.cancel().catch(() => {});
+        note = "the file on the server changed since the download was cut: downloading it again from the start";
+        have = 0;
+        response = await request(url);
+      } else if (response.status !== 206) {
+        note = meta.etag || meta.lastModified
+          ? "the server sent the whole file (it changed since the download was cut, or it ignores ranges): downloading it again from the start"
+          : "the server ignores ranges: downloading the model again from the start";
+        have = 0;
+      }
+    } else {
+      response = await request(url);
+    }
+    const range = response.status === 206 ? contentRange(response) : null;
+    const total = range ? range.size : bodyLength(response);
+    const resumedFrom = have;
+    const body = eagerReader(response.body);
+    try {
+      if (total != null) await checkQuota(url, total - have);
+    } catch (e) {
+      await body.cancel();
+      throw e;
+    }
+    const { etag, lastModified } = validators(response);
+    const base = { url, model: urls[0], part: index + 1, parts: urls.length, size: total, etag, lastModified };
+    const handle = await folder.getFileHandle(`${key}.gguf`, { create: true });
+    const access = await handle.createSyncAccessHandle();
+    let at = have;
+    try {
+      access.truncate(have);
+      access.flush();
+      await writeMeta(folder, key, { ...base, complete: false, written: have });
+      const progress = throttled(report);
+      const event = () => ({ phase: "download", loaded: at, total: total ?? 0, ...(resumedFrom > 0 ? { resumed_from: resumedFrom } : {}), ...(urls.length > 1 ? { part: index + 1, parts: urls.length } : {}) });
+      if (note) report({ ...event(), note });
+      let flushed = { bytes: have, at: performance.now() };
+      const flush = async () => {
+        access.flush();
+        await writeMeta(folder, key, { ...base, complete: false, written: at });
+        flushed = { bytes: at, at: performance.now() };
+      };
+      for (;;) {
+        let chunk;
+        try {
+          chunk = await body.next();
+        } catch (e) {
+          await flush();
+          throw fail("MODEL_DOWNLOAD", `Downloading the model from ${url} stopped after ${at.toLocaleString("en-US")} of ${total == null ? "?" : total.toLocaleString("en-US")} bytes: ${e?.message || e}. Loading it again resumes from there.`);
+        }
+        if (chunk === null) break;
+        // A write the quota stops returns a count other than the chunk's length (Chrome 156
+        // returns 2^32 - 8) where the spec says it throws QuotaExceededError: both mean full.
+        const written = access.write(chunk, { at });
+        if (written !== chunk.length) throw Object.assign(new Error("the storage quota is full"), { name: "QuotaExceededError" });
+        at += written;
+        if (at - flushed.bytes >= FLUSH_BYTES || performance.now() - flushed.at >= FLUSH_MS) await flush();
+        progress(event());
+      }
+      if (total != null && at !== total) {
+        await flush();
+        throw fail("MODEL_DOWNLOAD", `The model download from ${url} ended after ${at.toLocaleString("en-US")} of ${total.toLocaleString("en-US")} bytes. Loading it again resumes from there.`);
+      }
+      access.flush();
+      await writeMeta(folder, key, { ...base, size: at, complete: true, written: at });
+      progress(event(), true);
+    } catch (e) {
+      if (!isQuotaError(e)) throw e;
+      throw fail("QUOTA_EXCEEDED", `Storing the model ${url} needs ${bytesText(total ?? at)}, but the browser's storage for this site filled up after ${bytesText(at)} of it. Free space (deleteCachedModel, or the browser's site settings) or load it with cache: false.`);
+    } finally {
+      body.cancel();
+      access.close();
+    }
+    report({ phase: "stored", loaded: at, total: at, storage: "opfs", ...(urls.length > 1 ? { part: index + 1, parts: urls.length } : {}) });
+    return { blob: await handle.getFile(), source: "network" };
+  });
+}
+
+/**
+ * `response`'s body passed through, counted into progress events; errors with MODEL_DOWNLOAD
+ * when it ends short of `total`.
+ */
+function counted(response, url, total, report) {
+  let loaded = 0;
+  const progress = throttled(report);
+  return response.body.pipeThrough(new TransformStream({
+    transform(chunk, controller) {
+      loaded += chunk.length;
+      progress({ phase: "download", loaded, total: total ?? 0 });
+      controller.enqueue(chunk);
+    },
+    flush() {
+      if (total != null && loaded !== total) {
+        throw fail("MODEL_DOWNLOAD", `The model download from ${url} ended after ${loaded.toLocaleString("en-US")} of ${total.toLocaleString("en-US")} bytes. Try again.`);
+      }
+      progress({ phase: "download", loaded, total: total ?? loaded }, true);
+    },
+  }));
+}
+
+/** Part `url` from the Cache API when there whole, else downloaded into it (no resume). */
+async function cachePart(cache, url, report) {
+  const hit = await cache.match(url).catch(() => undefined);
+  if (hit) {
+    const blob = await hit.blob();
+    const expected = bodyLength(hit);
+    if (expected == null || blob.size === expected) return { blob, source: "cache" };
+    await cache.delete(url).catch(() => {});
+  }
+  const response = await request(url);
+  const total = bodyLength(response);
+  if (total != null) {
+    try {
+      await checkQuota(url, total);
+    } catch (e) {
+      await response.body?.cancel().catch(() => {});
+      throw e;
+    }
+  }
+  const headers = { "content-type": "application/octet-stream", ...(total != null ? { "content-length": String(total) } : {}) };
+  try {
+    await cache.put(url, new Response(counted(response, url, total, report), { headers }));
+  } catch (e) {
+    await cache.delete(url).catch(() => {});
+    if (isQuotaError(e)) throw quotaError(url, total ?? 0, await navigator.storage?.estimate?.().then((s) => s.quota - s.usage, () => 0) ?? 0);
+    throw e?.code ? e : fail("MODEL_DOWNLOAD", `Downloading the model from ${url} failed: ${e?.message || e}.`);
+  }
+  const stored = await cache.match(url);
+  report({ phase: "stored", loaded: total ?? 0, total: total ?? 0, storage: "cache" });
+  return { blob: await stored.blob(), source: "network" };
+}
+
+/** Part `url` downloaded into a Blob (no storage). */
+async function blobPart(url, report) {
+  const response = await request(url);
+  const total = bodyLength(response);
+  try {
+    return { blob: await new Response(counted(response, url, total, report)).blob(), source: "network" };
+  } catch (e) {
+    throw e?.code ? e : fail("MODEL_DOWNLOAD", `Downloading the model from ${url} failed: ${e?.message || e}.`);
+  }
+}
+
+/**
+ * The model at `url` as one Blob per file (every part of a split GGUF), from storage when it is
+ * there whole, else downloaded (into storage unless `store.enabled` is false). Worker only (OPFS
+ * writes need a sync access handle). Resolves to {blobs, source: "network"|"cache", storage:
+ * "opfs"|"cache"|null, url} (source "cache" only when every part came from storage).
+ */
+export async function modelFiles(url, store, report) {
+  const urls = modelParts(url);
+  const folder = store.enabled && opfsWritable() ? await opfsFolder(store.name, true) : null;
+  const cache = store.enabled && !folder ? await openCache(store.name, true) : null;
+  const storage = folder ? "opfs" : cache ? "cache" : null;
+  const blobs = [];
+  let fromStorage = 0;
+  try {
+    for (let i = 0; i < urls.length; i++) {
+      const partReport = urls.length > 1 ? (e) => report({ ...e, part: i + 1, parts: urls.length }) : report;
+      const got = folder ? await opfsPart(folder, urls, i, partReport) : cache ? await cachePart(cache, urls[i], partReport) : await blobPart(urls[i], partReport);
+      blobs.push(got.blob);
+      if (got.source === "cache") fromStorage += 1;
+    }
+  } catch (e) {
+    // A model that cannot be stored leaves nothing behind: no part of it is listed.
+    if (e?.code === "QUOTA_EXCEEDED" && storage) await deleteCachedModel(url, store.name).catch(() => {});
+    throw e;
+  }
+  return { blobs, source: fromStorage === urls.length ? "cache" : "network", storage, url: urls[0] };
+}
+
+/**
+ * The stored files of the model at `url` when every part is there whole (for reading its header
+ * without the network), else null.
+ */
+export async function storedFiles(url, name = DEFAULT_STORE) {
+  const urls = modelParts(url);
+  const folder = await opfsFolder(name, false);
+  if (folder) {
+    const blobs = [];
+    for (const part of urls) {
+      const key = fileKey(part);
+      const meta = await readMeta(folder, key);
+      if (meta?.url !== part || !meta.complete) break;
+      const file = await (await folder.getFileHandle(`${key}.gguf`)).getFile().catch(() => null);
+      if (!file || file.size !== meta.size) break;
+      blobs.push(file);
+    }
+    if (blobs.length === urls.length) return blobs;
+  }
+  const cache = await openCache(name, false);
+  if (cache) {
+    const blobs = [];
+    for (const part of urls) {
+      const hit = await cache.match(part).catch(() => undefined);
+      if (!hit) break;
+      blobs.push(await hit.blob());
+    }
+    if (blobs.length === urls.length) return blobs;
+  }
+  return null;
+}
+
+/**
+ * The models in browser storage: [{url, bytes, complete, storage: "opfs"|"cache", parts}], a split
+ * model once (its first part's URL, the bytes of all its parts, complete when every part is).
+ * Partial downloads are listed with complete: false (loading the URL again resumes them).
+ */
+export async function listCachedModels(name = DEFAULT_STORE) {
+  const models = new Map();
+  const add = (url, bytes, complete, storage) => {
+    const urls = modelParts(url);
+    const id = `${storage} ${urls[0]}`;
+    const entry = models.get(id) ?? { url: urls[0], bytes: 0, complete: true, storage, parts: urls.length, found: 0 };
+    entry.bytes += bytes;
+    entry.complete &&= complete;
+    entry.found += 1;
+    models.set(id, entry);
+  };
+  const folder = await opfsFolder(name, false);
+  if (folder) {
+    for await (const [file, handle] of folder.entries()) {
+      if (handle.kind !== "file" || !file.endsWith(".json")) continue;
+      const key = file.slice(0, -".json".length);
+      const meta = await readMeta(folder, key);
+      if (typeof meta?.url !== "string") continue;
+      const size = await fileSize(folder, `${key}.gguf`);
+      add(meta.url, Math.max(0, size), meta.complete === true && size === meta.size, "opfs");
+    }
+  }
+  const cache = await openCache(name, false);
+  if (cache) {
+    for (const req of await cache.keys()) {
+      const hit = await cache.match(req);
+      add(req.url, bodyLength(hit) ?? 0, true, "cache");
+    }
+  }
+  return [...models.values()].map(({ found, ...entry }) => ({ ...entry, complete: entry.complete && found === entry.parts }));
+}
+
+/**
+ * Deletes the model at `url` (every part of a split one) from browser storage, partial downloads
+ * too. Resolves to whether anything was there. Rejects with BUSY while a worker downloads it.
+ */
+export async function deleteCachedModel(url, name = DEFAULT_STORE) {
+  const urls = modelParts(new URL(url, globalThis.location?.href).href);
+  let deleted = false;
+  const folder = await opfsFolder(name, false);
+  if (folder) {
+    for (const part of urls) {
+      const key = fileKey(part);
+      await withFileLock(part, async (lock) => {
+        if (!lock) throw fail("BUSY", `the model ${part} is being downloaded; delete it once that has ended`);
+        for (const file of [`${key}.json`, `${key}.gguf`]) {
+          try {
+            await folder.removeEntry(file);
+            deleted = true;
+          } catch (e) {
+            if (e?.name !== "NotFoundError") throw e;
+          }
+        }
+      }, { ifAvailable: true });
+    }
+  }
+  const cache = await openCache(name, false);
+  if (cache) {
+    for (const part of urls) deleted = (await cache.delete(part)) || deleted;
+  }
+  return deleted;
+}
+
+/**
+ * The first `length` bytes of `url` and the file's size: one `Range: bytes=0-(length-1)`
+ * request (a server that ignores Range sends the whole file: only `length` bytes of it are read).
+ */
+async function fetchPrefix(url, length) {
+  const response = await request(url, { range: `bytes=0-${length - 1}` });
+  const range = response.status === 206 ? contentRange(response) : null;
+  const size = range ? range.size : bodyLength(response);
+  const reader = response.body.getReader();
+  const bytes = new Uint8Array(length);
+  let at = 0;
+  while (at < length) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    const take = Math.min(value.length, length - at);
+    bytes.set(value.subarray(0, take), at);
+    at += take;
+  }
+  reader.cancel().catch(() => {});
+  return { size: size ?? at, bytes: bytes.subarray(0, at) };
+}
+
+/**
+ * The model at `url`'s files for reading headers only: {sizes, prefix(file, length) ->
+ * Promise<Uint8Array>}, from storage when the model is there whole, else by range requests (the
+ * first `first` bytes of each part fetched up front, for the sizes).
+ */
+export async function headerFiles(url, name, first) {
+  const stored = await storedFiles(url, name);
+  if (stored) {
+    return { sizes: stored.map((b) => b.size), prefix: async (file, length) => new Uint8Array(await stored[file].slice(0, length).arrayBuffer()) };
+  }
+  const urls = modelParts(url);
+  const got = await Promise.all(urls.map((part) => fetchPrefix(part, first)));
+  return {
+    sizes: got.map((g) => g.size),
+    prefix: async (file, length) => {
+      if (got[file].bytes.length < length) got[file] = await fetchPrefix(urls[file], length);
+      return got[file].bytes.subarray(0, length);
+    },
+  };
+}
