@@ -12,11 +12,22 @@
 //! FILE` the template; `--script '[["A", "B"], ...]'` a scripted model (after the token spelled A,
 //! B; the vocabulary's own spellings, e.g. `Ċ` for a newline in a byte-level one).
 //!
-//! `cargo run --features testing --example write_tiny_model -- OUT [--seed N] [--name NAME] [--context N] [--arch NAME] [--vocab REF] [--chat-template FILE] [--script PAIRS]`
+//! With `--split N`, the model as the N parts llama.cpp's `gguf-split` writes, named
+//! `OUT-00001-of-0000N.gguf` ... (OUT without its `.gguf`) in place of OUT.
+//!
+//! With `--target-bytes N`, a big synthetic llama of about N bytes instead (`pagedlm::synth::
+//! write_big_llama`: an F32 embedding over a large filler vocabulary), streamed to OUT as it is
+//! generated; prints `{"path", "bytes", "vocab", "hidden", "write_s"}`.
+//!
+//! `cargo run --features testing --example write_tiny_model -- OUT [--seed N] [--name NAME] [--context N] [--arch NAME] [--vocab REF] [--chat-template FILE] [--script PAIRS] [--split N]`
+//! `cargo run --release --features testing --example write_tiny_model -- --target-bytes N [--seed S] --out FILE`
 use std::process::ExitCode;
 
 use pagedlm::gguf::{GgmlType, MetaValue};
-use pagedlm::synth::{family_model, try_tiny_llama_gguf, vocab_from_tokenizer_json, SynthConfig, VocabFacts, FAMILY_MODELS};
+use pagedlm::synth::{
+    big_llama_config, family_model, split_part_name, try_split_gguf, try_tiny_llama_gguf, vocab_from_tokenizer_json, write_big_llama, SynthConfig, VocabFacts,
+    FAMILY_MODELS,
+};
 
 /// The vocabulary of the tokenizer reference `path`: its converted metadata and token count.
 fn real_vocab(path: &str) -> Result<Vec<(String, MetaValue)>, String> {
@@ -37,70 +48,113 @@ fn script(pairs: &str, tokens: &[MetaValue]) -> Result<Vec<(u32, u32)>, String> 
     pairs.iter().map(|(a, b)| Ok((id(a)?, id(b)?))).collect()
 }
 
-fn main() -> ExitCode {
+/// What the command line asks for.
+struct Args {
+    out: String,
+    cfg: SynthConfig,
+    vocab: Option<String>,
+    template: Option<String>,
+    pairs: Option<String>,
+    split: Option<usize>,
+    target_bytes: Option<u64>,
+}
+
+fn number<T: std::str::FromStr<Err: std::fmt::Display>>(arg: &str, v: String) -> Result<T, String> {
+    v.parse().map_err(|e| format!("{arg} {v}: {e}"))
+}
+
+fn parse_args() -> Result<Args, String> {
     let mut args = std::env::args().skip(1);
     let mut out = None;
     let mut cfg = SynthConfig::tiny();
-    let (mut vocab, mut template, mut pairs) = (None, None, None);
+    let (mut vocab, mut template, mut pairs, mut split, mut target_bytes) = (None, None, None, None, None);
     while let Some(arg) = args.next() {
         let mut value = |what: &str| args.next().ok_or_else(|| format!("{arg} needs {what}"));
-        let parsed = match arg.as_str() {
-            "--seed" => value("a number").and_then(|v| v.parse().map_err(|e| format!("--seed {v}: {e}"))).map(|v| cfg.seed = v),
-            "--context" => value("a number").and_then(|v| v.parse().map_err(|e| format!("--context {v}: {e}"))).map(|v| cfg.context = v),
-            "--name" => value("a name").map(|v| cfg.name = Some(v)),
-            "--arch" => value("an architecture").and_then(|v| {
+        match arg.as_str() {
+            "--seed" => cfg.seed = number(&arg, value("a number")?)?,
+            "--context" => cfg.context = number(&arg, value("a number")?)?,
+            "--name" => cfg.name = Some(value("a name")?),
+            "--arch" => {
+                let v = value("an architecture")?;
                 let family = family_model(&v).ok_or_else(|| format!("--arch {v}: one of {FAMILY_MODELS:?}"))?;
                 cfg = SynthConfig { seed: cfg.seed, name: cfg.name.take().or(family.name.clone()), context: cfg.context, ..family };
-                Ok(())
-            }),
-            "--vocab" => value("a tokenizer reference").map(|v| vocab = Some(v)),
-            "--chat-template" => value("a file").map(|v| template = Some(v)),
-            "--script" => value("pairs").map(|v| pairs = Some(v)),
-            _ if out.is_none() && !arg.starts_with("--") => {
-                out = Some(arg.clone());
-                Ok(())
             }
-            _ => Err(format!("unknown argument {arg}")),
+            "--vocab" => vocab = Some(value("a tokenizer reference")?),
+            "--chat-template" => template = Some(value("a file")?),
+            "--script" => pairs = Some(value("pairs")?),
+            "--split" => split = Some(number(&arg, value("a number of parts")?)?),
+            "--target-bytes" => target_bytes = Some(number(&arg, value("a number")?)?),
+            "--out" => out = Some(value("a file")?),
+            _ if out.is_none() && !arg.starts_with("--") => out = Some(arg.clone()),
+            _ => return Err(format!("unknown argument {arg}")),
+        }
+    }
+    let out =
+        out.ok_or("usage: write_tiny_model OUT [--seed N] [--name NAME] [--context N] [--arch NAME] [--split N] | --target-bytes N [--seed S] --out FILE")?;
+    if target_bytes.is_some() && (split.is_some() || vocab.is_some() || template.is_some() || pairs.is_some()) {
+        return Err("--target-bytes writes the big model alone: no --split, --vocab, --chat-template or --script".into());
+    }
+    Ok(Args { out, cfg, vocab, template, pairs, split, target_bytes })
+}
+
+/// The config with the vocabulary, template and script the arguments name.
+fn configure(args: &mut Args) -> Result<(), String> {
+    let cfg = &mut args.cfg;
+    if let Some(path) = &args.vocab {
+        let meta = real_vocab(path)?;
+        let tokens = meta.iter().find(|(k, _)| k == "tokenizer.ggml.tokens").and_then(|(_, v)| v.as_array()).ok_or("no tokens")?;
+        cfg.vocab = tokens.len();
+        cfg.types.embedding = GgmlType::Q8_0;
+        cfg.tokenizer = Some(meta);
+    }
+    if let Some(path) = &args.template {
+        cfg.chat_template = Some(std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?);
+    }
+    if let Some(pairs) = &args.pairs {
+        let tokens: Vec<MetaValue> = match &cfg.tokenizer {
+            Some(meta) => meta.iter().find(|(k, _)| k == "tokenizer.ggml.tokens").and_then(|(_, v)| v.as_array()).ok_or("no tokens")?.to_vec(),
+            None => pagedlm::synth::synth_vocab(cfg.vocab).0.into_iter().map(MetaValue::String).collect(),
         };
-        if let Err(e) = parsed {
-            eprintln!("write_tiny_model: {e}");
-            return ExitCode::from(2);
+        cfg.script = script(pairs, &tokens)?;
+    }
+    Ok(())
+}
+
+/// The big model, streamed to `out`; prints what was written.
+fn write_big(out: &str, target_bytes: u64, seed: u64) -> Result<(), String> {
+    let cfg = big_llama_config(target_bytes, seed).map_err(|e| e.to_string())?;
+    let start = std::time::Instant::now();
+    let mut file = std::fs::File::create(out).map_err(|e| format!("{out}: {e}"))?;
+    let bytes = write_big_llama(target_bytes, seed, &mut file).map_err(|e| format!("{out}: {e}"))?;
+    let line = serde_json::json!({"path": out, "bytes": bytes, "vocab": cfg.vocab, "hidden": cfg.hidden, "write_s": start.elapsed().as_secs_f64()});
+    println!("{line}");
+    Ok(())
+}
+
+fn run() -> Result<(), String> {
+    let mut args = parse_args()?;
+    if let Some(target_bytes) = args.target_bytes {
+        return write_big(&args.out, target_bytes, args.cfg.seed);
+    }
+    configure(&mut args)?;
+    let bytes = try_tiny_llama_gguf(&args.cfg).map_err(|e| e.to_string())?;
+    let write = |path: &str, bytes: &[u8]| std::fs::write(path, bytes).map_err(|e| format!("{path}: {e}"));
+    match args.split {
+        None => write(&args.out, &bytes),
+        Some(parts) => {
+            let prefix = args.out.strip_suffix(".gguf").unwrap_or(&args.out);
+            let files = try_split_gguf(&bytes, parts).map_err(|e| e.to_string())?;
+            files.iter().enumerate().try_for_each(|(i, part)| write(&split_part_name(prefix, i, parts), part))
         }
     }
-    let Some(out) = out else {
-        eprintln!("usage: write_tiny_model OUT [--seed N] [--name NAME] [--context N] [--arch NAME]");
-        return ExitCode::from(2);
-    };
-    let mut extras = || -> Result<(), String> {
-        if let Some(path) = &vocab {
-            let meta = real_vocab(path)?;
-            let tokens = meta.iter().find(|(k, _)| k == "tokenizer.ggml.tokens").and_then(|(_, v)| v.as_array()).ok_or("no tokens")?;
-            cfg.vocab = tokens.len();
-            cfg.types.embedding = GgmlType::Q8_0;
-            cfg.tokenizer = Some(meta);
-        }
-        if let Some(path) = &template {
-            cfg.chat_template = Some(std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?);
-        }
-        if let Some(pairs) = &pairs {
-            let tokens: Vec<MetaValue> = match &cfg.tokenizer {
-                Some(meta) => meta.iter().find(|(k, _)| k == "tokenizer.ggml.tokens").and_then(|(_, v)| v.as_array()).ok_or("no tokens")?.to_vec(),
-                None => pagedlm::synth::synth_vocab(cfg.vocab).0.into_iter().map(MetaValue::String).collect(),
-            };
-            cfg.script = script(pairs, &tokens)?;
-        }
-        Ok(())
-    };
-    if let Err(e) = extras() {
-        eprintln!("write_tiny_model: {e}");
-        return ExitCode::from(2);
-    }
-    let written = try_tiny_llama_gguf(&cfg).map_err(|e| e.to_string()).and_then(|bytes| std::fs::write(&out, bytes).map_err(|e| format!("{out}: {e}")));
-    match written {
+}
+
+fn main() -> ExitCode {
+    match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("write_tiny_model: {e}");
-            ExitCode::FAILURE
+            ExitCode::from(2)
         }
     }
 }

@@ -15,15 +15,17 @@
 //! (a Hugging Face `tokenizer.json`, converted as llama.cpp's converter does).
 
 use crate::gguf::{tensor_size_bytes, GgmlType, GgufError, MetaValue, DEFAULT_ALIGNMENT, MAX_STRING_LEN};
-use crate::model::arch::{Dims, Shape};
+use crate::model::arch::{Description, Dims, Shape};
 use crate::model::{Architecture, Role};
 use crate::quant::{quantize, WeightType};
 use crate::rng::Rng;
 
+mod big;
 mod requantize;
 mod split;
 mod vocab;
 
+pub use big::{big_llama_config, write_big_llama};
 pub use requantize::{requantize_gguf, row_type};
 pub use split::{split_gguf, split_part_name, try_split_gguf};
 pub use vocab::{vocab_from_tokenizer_json, AddedTokenFact, VocabFacts};
@@ -40,7 +42,10 @@ struct PendingTensor {
     name: String,
     dims: Vec<u64>,
     ggml_type: GgmlType,
-    data: Vec<u8>,
+    /// The data's length in bytes (unpadded).
+    size: u64,
+    /// `None`: declared by [`GgufWriter::add_tensor_info`], its data streamed by the caller.
+    data: Option<Vec<u8>>,
 }
 
 impl GgufWriter {
@@ -67,21 +72,41 @@ impl GgufWriter {
     /// the size the type and dims give (any size for `Other` types, which have no known size).
     pub fn add_tensor(&mut self, name: impl Into<String>, dims: &[u64], ggml_type: GgmlType, data: Vec<u8>) -> Result<(), GgufError> {
         let name = name.into();
+        match self.check_tensor(&name, dims, ggml_type)? {
+            Some(size) if size != data.len() as u64 => {
+                Err(GgufError::InvalidWrite(format!("tensor {name}: {} {:?} needs {size} bytes, got {}", ggml_type.name(), dims, data.len())))
+            }
+            _ => {
+                self.tensors.push(PendingTensor { name, dims: dims.to_vec(), ggml_type, size: data.len() as u64, data: Some(data) });
+                Ok(())
+            }
+        }
+    }
+
+    /// Adds a tensor whose data the caller writes after [`GgufWriter::header`], in the order the
+    /// tensors were added, each padded to [`GgufWriter::alignment`] (so a file of gigabytes
+    /// never sits in memory). The type must have a known size; [`GgufWriter::to_bytes`] writes
+    /// zeros for it.
+    pub fn add_tensor_info(&mut self, name: impl Into<String>, dims: &[u64], ggml_type: GgmlType) -> Result<(), GgufError> {
+        let name = name.into();
+        let Some(size) = self.check_tensor(&name, dims, ggml_type)? else {
+            return Err(GgufError::InvalidWrite(format!("tensor {name}: type {} has no known size", ggml_type.name())));
+        };
+        self.tensors.push(PendingTensor { name, dims: dims.to_vec(), ggml_type, size, data: None });
+        Ok(())
+    }
+
+    /// A new tensor's name and dims checked: its data size, when the type has a known one.
+    fn check_tensor(&self, name: &str, dims: &[u64], ggml_type: GgmlType) -> Result<Option<u64>, GgufError> {
         let invalid = |msg: String| Err(GgufError::InvalidWrite(format!("tensor {name}: {msg}")));
         if self.tensors.iter().any(|t| t.name == name) {
             return invalid("added twice".into());
         }
-        check_string(&name, "tensor name")?;
+        check_string(name, "tensor name")?;
         if dims.len() > crate::gguf::MAX_DIMS as usize {
             return invalid(format!("{} dimensions", dims.len()));
         }
-        match tensor_size_bytes(dims, ggml_type) {
-            Err(reason) => return invalid(reason),
-            Ok(Some(size)) if size != data.len() as u64 => return invalid(format!("{} {:?} needs {size} bytes, got {}", ggml_type.name(), dims, data.len())),
-            Ok(_) => {}
-        }
-        self.tensors.push(PendingTensor { name, dims: dims.to_vec(), ggml_type, data });
-        Ok(())
+        tensor_size_bytes(dims, ggml_type).or_else(invalid)
     }
 
     /// The alignment the file is laid out with: `general.alignment` if it is a power of two.
@@ -89,10 +114,10 @@ impl GgufWriter {
         self.metadata.iter().find(|(k, _)| k == "general.alignment").and_then(|(_, v)| v.as_u64()).filter(|a| a.is_power_of_two()).unwrap_or(DEFAULT_ALIGNMENT)
     }
 
-    /// The file: header, metadata, tensor infos, zero padding to the alignment, then every
-    /// tensor's data at an aligned offset, each padded to the alignment.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let alignment = self.alignment() as usize;
+    /// Everything before the first tensor's data: magic, version, counts, metadata, tensor
+    /// infos (offsets from the sizes), zero padding to the alignment.
+    pub fn header(&self) -> Vec<u8> {
+        let alignment = self.alignment();
         let mut out = Vec::new();
         out.extend_from_slice(b"GGUF");
         out.extend_from_slice(&3u32.to_le_bytes());
@@ -103,7 +128,7 @@ impl GgufWriter {
             out.extend_from_slice(&value.type_id().to_le_bytes());
             write_value(&mut out, value);
         }
-        let mut offset = 0usize;
+        let mut offset = 0u64;
         for t in &self.tensors {
             write_string(&mut out, &t.name);
             out.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
@@ -111,12 +136,23 @@ impl GgufWriter {
                 out.extend_from_slice(&d.to_le_bytes());
             }
             out.extend_from_slice(&t.ggml_type.to_u32().to_le_bytes());
-            out.extend_from_slice(&(offset as u64).to_le_bytes());
-            offset += t.data.len().next_multiple_of(alignment);
+            out.extend_from_slice(&offset.to_le_bytes());
+            offset += t.size.next_multiple_of(alignment);
         }
-        out.resize(out.len().next_multiple_of(alignment), 0);
+        out.resize(out.len().next_multiple_of(alignment as usize), 0);
+        out
+    }
+
+    /// The file: [`GgufWriter::header`], then every tensor's data at an aligned offset, each
+    /// padded to the alignment (zeros for a tensor added by [`GgufWriter::add_tensor_info`]).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let alignment = self.alignment() as usize;
+        let mut out = self.header();
         for t in &self.tensors {
-            out.extend_from_slice(&t.data);
+            match &t.data {
+                Some(data) => out.extend_from_slice(data),
+                None => out.resize(out.len() + t.size as usize, 0),
+            }
             out.resize(out.len().next_multiple_of(alignment), 0);
         }
         out
@@ -411,14 +447,76 @@ pub fn tiny_llama_gguf(cfg: &SynthConfig) -> Vec<u8> {
 }
 
 /// [`tiny_llama_gguf`], returning a config error instead of panicking.
-// Long: the whole file, metadata then tensors in the real file's order.
+// Long: the tensors in the real file's order, each role's values.
 pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
-    cfg.validate()?;
+    let (mut w, description) = synth_metadata(cfg)?;
     let mut rng = Rng::new(cfg.seed);
+    let linear = cfg.types.linear;
+    let dims = synth_dims(cfg);
+    let architecture = description.architecture;
+
+    // Every tensor the architecture's table lists but an optional one (the output projection:
+    // tied), in the table's order. Matrices [ne0 = fan_in, ne1 = fan_out] are random normal
+    // scaled by gain / sqrt(fan_in); norms are 1 ± 0.1.
+    let family = cfg.family.unwrap_or(SynthFamily::new(architecture, cfg.head_dim()));
+    let written = |t: &crate::model::TensorSpec| match t.role {
+        _ if !t.optional => true,
+        Role::Output => family.untied || !cfg.script.is_empty(),
+        _ => family.rope_factors,
+    };
+    // A scripted model: each token t that starts a pair gets a dimension of its own.
+    let mut script_dims: Vec<u32> = Vec::new();
+    for &(t, _) in &cfg.script {
+        if !script_dims.contains(&t) {
+            script_dims.push(t);
+        }
+    }
+    if script_dims.len() > cfg.hidden || cfg.script.iter().any(|&(t, s)| t as usize >= cfg.vocab || s as usize >= cfg.vocab) {
+        return Err(GgufError::InvalidWrite(format!("a script of {} tokens in a model of width {} and {} tokens", script_dims.len(), cfg.hidden, cfg.vocab)));
+    }
+    for t in description.tensors(&dims).tensors.into_iter().filter(written) {
+        let (ggml_type, mut values) = match t.shape {
+            Shape::Vector(len) => {
+                // Factors grow from 1 at the fastest pair (Llama 3's go up to 8); biases are
+                // centred; norms 1 ± 0.1.
+                let ramp = |i: u32, top: f32| 1.0 + top * (i as f32 / len as f32).powi(2);
+                let values = match t.role {
+                    Role::RopeFreqs => (0..len).map(|i| ramp(i, 7.0)).collect(),
+                    Role::RopeFactorsShort => (0..len).map(|i| ramp(i, 0.5)).collect(),
+                    Role::RopeFactorsLong => (0..len).map(|i| ramp(i, 4.0)).collect(),
+                    Role::AttnQBias | Role::AttnKBias | Role::AttnVBias => (0..len).map(|_| 0.5 * rng.normal()).collect(),
+                    _ => (0..len).map(|_| 1.0 + 0.1 * rng.normal()).collect::<Vec<f32>>(),
+                };
+                (GgmlType::F32, values)
+            }
+            Shape::Matrix { cols, rows } => {
+                // Tied output: logits = h·E with |h| ≈ sqrt(hidden), so gain 2 gives logits of
+                // std ≈ 2; the projections into the residual stream are damped.
+                let gain = match t.role {
+                    Role::TokenEmbd | Role::Output => 2.0,
+                    Role::FfnDown | Role::AttnOutput => 0.5,
+                    _ => 1.0,
+                };
+                let std = gain / (cols as f32).sqrt();
+                let ty = if matches!(t.role, Role::TokenEmbd | Role::Output) { cfg.types.embedding } else { linear };
+                (ty, (0..cols as u64 * rows as u64).map(|_| rng.normal() * std).collect())
+            }
+        };
+        if !cfg.script.is_empty() {
+            script_weights(&cfg.script, &script_dims, (t.role, cfg.hidden), &mut values);
+        }
+        w.add_tensor(t.name, &t.shape.dims(), ggml_type, encode(ggml_type, &values)?)?;
+    }
+    Ok(w.to_bytes())
+}
+
+/// A writer holding the metadata of `cfg`'s file (architecture keys, general keys, tokenizer,
+/// chat template), and the architecture's description, whose tensor table names the tensors.
+// Long: every key of the file, in the real file's order.
+fn synth_metadata(cfg: &SynthConfig) -> Result<(GgufWriter, &'static Description), GgufError> {
+    cfg.validate()?;
     let hd = cfg.head_dim();
     let u32_meta = |v: usize| MetaValue::U32(v as u32);
-
-    let linear = cfg.types.linear;
     let mut w = GgufWriter::new();
     let architecture = match (cfg.gemma, cfg.family) {
         (Some(_), _) => Architecture::Gemma3,
@@ -477,22 +575,7 @@ pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
     }
     let tokenizer = match &cfg.tokenizer {
         Some(meta) => meta.clone(),
-        None => {
-            let (tokens, merges, token_types) = synth_vocab(cfg.vocab);
-            vec![
-                ("tokenizer.ggml.add_space_prefix".into(), MetaValue::Bool(false)),
-                ("tokenizer.ggml.add_bos_token".into(), MetaValue::Bool(false)),
-                ("tokenizer.ggml.model".into(), MetaValue::String("gpt2".into())),
-                ("tokenizer.ggml.pre".into(), MetaValue::String("smollm".into())),
-                ("tokenizer.ggml.tokens".into(), MetaValue::Array(tokens.into_iter().map(MetaValue::String).collect())),
-                ("tokenizer.ggml.token_type".into(), MetaValue::Array(token_types.into_iter().map(MetaValue::I32).collect())),
-                ("tokenizer.ggml.merges".into(), MetaValue::Array(merges.into_iter().map(MetaValue::String).collect())),
-                ("tokenizer.ggml.bos_token_id".into(), MetaValue::U32(1)),
-                ("tokenizer.ggml.eos_token_id".into(), MetaValue::U32(2)),
-                ("tokenizer.ggml.unknown_token_id".into(), MetaValue::U32(0)),
-                ("tokenizer.ggml.padding_token_id".into(), MetaValue::U32(2)),
-            ]
-        }
+        None => synth_tokenizer(cfg.vocab),
     };
     let has_template = tokenizer.iter().any(|(k, _)| k == "tokenizer.chat_template");
     for (key, value) in tokenizer.into_iter().filter(|(k, _)| !(cfg.chat_template.is_some() && k == "tokenizer.chat_template")) {
@@ -502,11 +585,32 @@ pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
         w.add_meta("tokenizer.chat_template", MetaValue::String(cfg.chat_template.clone().unwrap_or_else(|| SMOLLM2_CHAT_TEMPLATE.into())))?;
     }
     w.add_meta("general.quantization_version", MetaValue::U32(2))?;
+    Ok((w, description))
+}
 
-    // Every tensor the architecture's table lists but an optional one (the output projection:
-    // tied), in the table's order. Matrices [ne0 = fan_in, ne1 = fan_out] are random normal
-    // scaled by gain / sqrt(fan_in); norms are 1 ± 0.1.
-    let dims = Dims {
+/// The `tokenizer.*` metadata of [`synth_vocab`]`(vocab)`: byte-level BPE as SmolLM2's, with its
+/// special ids.
+fn synth_tokenizer(vocab: usize) -> Vec<(String, MetaValue)> {
+    let (tokens, merges, token_types) = synth_vocab(vocab);
+    vec![
+        ("tokenizer.ggml.add_space_prefix".into(), MetaValue::Bool(false)),
+        ("tokenizer.ggml.add_bos_token".into(), MetaValue::Bool(false)),
+        ("tokenizer.ggml.model".into(), MetaValue::String("gpt2".into())),
+        ("tokenizer.ggml.pre".into(), MetaValue::String("smollm".into())),
+        ("tokenizer.ggml.tokens".into(), MetaValue::Array(tokens.into_iter().map(MetaValue::String).collect())),
+        ("tokenizer.ggml.token_type".into(), MetaValue::Array(token_types.into_iter().map(MetaValue::I32).collect())),
+        ("tokenizer.ggml.merges".into(), MetaValue::Array(merges.into_iter().map(MetaValue::String).collect())),
+        ("tokenizer.ggml.bos_token_id".into(), MetaValue::U32(1)),
+        ("tokenizer.ggml.eos_token_id".into(), MetaValue::U32(2)),
+        ("tokenizer.ggml.unknown_token_id".into(), MetaValue::U32(0)),
+        ("tokenizer.ggml.padding_token_id".into(), MetaValue::U32(2)),
+    ]
+}
+
+/// The shape a tensor table is built from for `cfg`.
+fn synth_dims(cfg: &SynthConfig) -> Dims {
+    let hd = cfg.head_dim();
+    Dims {
         n_layers: cfg.n_layers as u32,
         hidden: cfg.hidden as u32,
         ffn: cfg.ffn as u32,
@@ -515,57 +619,7 @@ pub fn try_tiny_llama_gguf(cfg: &SynthConfig) -> Result<Vec<u8>, GgufError> {
         head_dim: hd as u32,
         vocab: cfg.vocab as u32,
         rope_dims: cfg.family.map_or(hd, |f| f.rope_dims) as u32,
-    };
-    let family = cfg.family.unwrap_or(SynthFamily::new(architecture, hd));
-    let written = |t: &crate::model::TensorSpec| match t.role {
-        _ if !t.optional => true,
-        Role::Output => family.untied || !cfg.script.is_empty(),
-        _ => family.rope_factors,
-    };
-    // A scripted model: each token t that starts a pair gets a dimension of its own.
-    let mut script_dims: Vec<u32> = Vec::new();
-    for &(t, _) in &cfg.script {
-        if !script_dims.contains(&t) {
-            script_dims.push(t);
-        }
     }
-    if script_dims.len() > cfg.hidden || cfg.script.iter().any(|&(t, s)| t as usize >= cfg.vocab || s as usize >= cfg.vocab) {
-        return Err(GgufError::InvalidWrite(format!("a script of {} tokens in a model of width {} and {} tokens", script_dims.len(), cfg.hidden, cfg.vocab)));
-    }
-    for t in description.tensors(&dims).tensors.into_iter().filter(written) {
-        let (ggml_type, mut values) = match t.shape {
-            Shape::Vector(len) => {
-                // Factors grow from 1 at the fastest pair (Llama 3's go up to 8); biases are
-                // centred; norms 1 ± 0.1.
-                let ramp = |i: u32, top: f32| 1.0 + top * (i as f32 / len as f32).powi(2);
-                let values = match t.role {
-                    Role::RopeFreqs => (0..len).map(|i| ramp(i, 7.0)).collect(),
-                    Role::RopeFactorsShort => (0..len).map(|i| ramp(i, 0.5)).collect(),
-                    Role::RopeFactorsLong => (0..len).map(|i| ramp(i, 4.0)).collect(),
-                    Role::AttnQBias | Role::AttnKBias | Role::AttnVBias => (0..len).map(|_| 0.5 * rng.normal()).collect(),
-                    _ => (0..len).map(|_| 1.0 + 0.1 * rng.normal()).collect::<Vec<f32>>(),
-                };
-                (GgmlType::F32, values)
-            }
-            Shape::Matrix { cols, rows } => {
-                // Tied output: logits = h·E with |h| ≈ sqrt(hidden), so gain 2 gives logits of
-                // std ≈ 2; the projections into the residual stream are damped.
-                let gain = match t.role {
-                    Role::TokenEmbd | Role::Output => 2.0,
-                    Role::FfnDown | Role::AttnOutput => 0.5,
-                    _ => 1.0,
-                };
-                let std = gain / (cols as f32).sqrt();
-                let ty = if matches!(t.role, Role::TokenEmbd | Role::Output) { cfg.types.embedding } else { linear };
-                (ty, (0..cols as u64 * rows as u64).map(|_| rng.normal() * std).collect())
-            }
-        };
-        if !cfg.script.is_empty() {
-            script_weights(&cfg.script, &script_dims, (t.role, cfg.hidden), &mut values);
-        }
-        w.add_tensor(t.name, &t.shape.dims(), ggml_type, encode(ggml_type, &values)?)?;
-    }
-    Ok(w.to_bytes())
 }
 
 /// A scripted model's weights (see [`SynthConfig::script`]): the embedding of each token t that

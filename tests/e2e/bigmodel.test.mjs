@@ -1,0 +1,166 @@
+// Models of gigabytes load by streaming (issue 39): a 2.4 GB and a 3.5 GB synthetic llama
+// (examples/write_tiny_model --target-bytes: an F32 embedding over a large filler vocabulary,
+// written from a seed into a temp dir, deleted after) load in headless Chromium through the npm
+// package, on WebGPU (SwiftShader) and on the CPU backend, from a URL and from a disk-backed
+// File, and answer a short chat turn. Four loads cover each size x backend and each source x
+// backend. The wasm memory (`stats().wasm_bytes`; linear memory only grows, so after the load it
+// is the load's peak) stays within 512 MiB on WebGPU and within the weights + 512 MiB on the CPU
+// backend. Prints each load's time and rate as a `# ` line.
+//
+// A URL is loaded as a user's page loads it: downloaded into browser storage (OPFS), then read
+// from there; the stored copy is deleted after. Needs ~15 GB of free disk (the two files, a
+// stored copy of one in the browser's profile); with less it is skipped and says so
+// (`# skipped: ...`), which is not a pass.
+import { after, before, describe, it } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { mkdtempSync, readdirSync, rmSync, statfsSync, statSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { chromium } from "playwright-core";
+import { BASE_ARGS, openPage, root, staticServer } from "./helpers.mjs";
+
+const MiB = 1 << 20;
+const WASM_HEADROOM = 512 * MiB;
+const NEEDED_FREE_BYTES = 15e9;
+const SEED = "39";
+const MODELS = { "2.4GB": 2_400_000_000, "3.5GB": 3_500_000_000 };
+// One load: generous for 2 cores (a 3.5 GB read, checked and uploaded, then a chat turn).
+const LOAD_TIMEOUT = 15 * 60_000;
+const LOADS = [
+  { backend: "webgpu", size: "3.5GB", source: "url" },
+  { backend: "webgpu", size: "2.4GB", source: "file" },
+  { backend: "cpu", size: "2.4GB", source: "url" },
+  { backend: "cpu", size: "3.5GB", source: "file" },
+];
+const SITE_PAGE = `<!doctype html>
+<html><head><meta charset="utf-8"><title>pagedlm big models</title>
+<script type="importmap">{"imports": {"pagedlm": "./node_modules/pagedlm/js/index.js"}}</script>
+<script type="module">
+  import * as pagedlm from "pagedlm";
+  window.pagedlm = pagedlm;
+  document.title = "ready";
+</script></head><body><input type="file" id="model-file"></body></html>`;
+
+function freeBytes(dir) {
+  const { bavail, bsize } = statfsSync(dir);
+  return bavail * bsize;
+}
+
+/** Writes the big model of `bytes` to `out` with the same writer binary the other tests use. */
+function writeBigModel(out, bytes) {
+  const args = ["--target-bytes", String(bytes), "--seed", SEED, "--out", out];
+  const writer = process.env.PAGEDLM_TINY_MODEL_WRITER;
+  const stdout = writer
+    ? execFileSync(join(root, writer), args, { stdio: ["ignore", "pipe", "inherit"] })
+    : execFileSync("cargo", ["run", "--quiet", "--features", "testing", "--example", "write_tiny_model", "--", ...args], { cwd: root, stdio: ["ignore", "pipe", "inherit"] });
+  return JSON.parse(stdout.toString());
+}
+
+const free = freeBytes(tmpdir());
+const skip = free < NEEDED_FREE_BYTES ? `${(free / 1e9).toFixed(1)} GB free in ${tmpdir()}, the big-model test needs ${NEEDED_FREE_BYTES / 1e9} GB` : false;
+if (skip) console.log(`skipped: ${skip}`);
+
+describe("big models load by streaming", { skip }, () => {
+  let dir;
+  let site;
+  let server;
+  let context;
+  const files = {};
+  const started = Date.now();
+
+  before(async () => {
+    dir = mkdtempSync(join(tmpdir(), "pagedlm-big-"));
+    for (const [name, bytes] of Object.entries(MODELS)) {
+      files[name] = join(dir, `big-${name}.gguf`);
+      const written = writeBigModel(files[name], bytes);
+      console.log(`wrote ${name}: ${written.bytes} bytes, vocab ${written.vocab}, hidden ${written.hidden}, in ${written.write_s.toFixed(1)} s`);
+    }
+    site = join(dir, "site");
+    execFileSync("mkdir", ["-p", site]);
+    // prepack builds pkg/ if a source changed.
+    execFileSync("npm", ["pack", "--silent", "--pack-destination", site], { cwd: root, stdio: ["ignore", "pipe", "inherit"] });
+    const tarball = readdirSync(site).find((f) => f.endsWith(".tgz"));
+    writeFileSync(join(site, "package.json"), JSON.stringify({ name: "site", private: true, type: "module" }));
+    execFileSync("npm", ["install", "--offline", "--no-audit", "--no-fund", "--silent", `./${tarball}`], { cwd: site, stdio: ["ignore", "pipe", "inherit"] });
+    writeFileSync(join(site, "index.html"), SITE_PAGE);
+    const routes = Object.fromEntries(Object.entries(files).map(([name, file]) => [`/${name}.gguf`, { file }]));
+    server = await staticServer(site, routes);
+    // A profile on disk, as a user's: an incognito context (playwright's default) gives a site
+    // about 1.5 GB of storage, too little to store the 3.5 GB model.
+    context = await chromium.launchPersistentContext(join(dir, "profile"), {
+      executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+      args: [...BASE_ARGS, "--enable-unsafe-webgpu"],
+    });
+  });
+
+  after(async () => {
+    await context?.close();
+    await server?.close();
+    if (dir) rmSync(dir, { recursive: true, force: true });
+    console.log(`bigmodel wall time: ${((Date.now() - started) / 1000).toFixed(0)} s (writing, packing and ${LOADS.length} loads)`);
+  });
+
+  for (const { backend, size, source } of LOADS) {
+    it(`${size} on ${backend} from a ${source === "url" ? "URL" : "File"}: loads, answers, within its wasm memory`, { timeout: LOAD_TIMEOUT }, async (t) => {
+      const { page, problems } = await openPage(context, `${server.url}/`);
+      try {
+        await page.waitForFunction(() => document.title === "ready", null, { timeout: 30_000 });
+        if (source === "file") await page.setInputFiles("#model-file", files[size]);
+        const out = await page.evaluate(loadAndChat, { backend, source, url: `/${size}.gguf` });
+        const fileBytes = statSync(files[size]).size;
+        const secs = (ms) => `${(ms / 1000).toFixed(1)} s`;
+        const rate = (ms) => `${(fileBytes / 1e6 / (ms / 1000)).toFixed(0)} MB/s`;
+        const { download_ms: downloadMs, engine_ms: engineMs } = out.load;
+        const read = source === "url" ? `download ${secs(downloadMs)} (${rate(downloadMs)}), from storage ${secs(engineMs)} (${rate(engineMs)})` : `from the File ${secs(engineMs)} (${rate(engineMs)})`;
+        t.diagnostic(
+          `bigmodel ${size} ${backend} ${source}: createEngine ${secs(out.loadMs)}: ${read}; chat turn ${secs(out.chatMs)} for ${out.usage.completion_tokens} tokens; ` +
+          `wasm ${(out.stats.wasm_bytes / MiB).toFixed(0)} MiB after the load, ${(out.after.wasm_bytes / MiB).toFixed(0)} MiB after the turn; ` +
+          `weights ${(out.stats.memory.weights_bytes / MiB).toFixed(0)} MiB`,
+        );
+        assert.equal(out.load.source, source === "url" ? "network" : "file");
+        assert.equal(out.info.backend, backend, out.info.backend_reason);
+        assert.ok(["stop", "length"].includes(out.finish), `finish_reason ${out.finish}`);
+        assert.ok(out.usage.completion_tokens >= 1 && out.usage.completion_tokens <= 3, JSON.stringify(out.usage));
+        const limit = backend === "webgpu" ? WASM_HEADROOM : out.after.memory.weights_bytes + WASM_HEADROOM;
+        for (const [when, stats] of [["after the load", out.stats], ["after the chat turn", out.after]]) {
+          assert.ok(stats.wasm_bytes <= limit, `wasm memory ${when}: ${stats.wasm_bytes} bytes, over ${limit}`);
+        }
+        if (backend === "cpu") assert.ok(out.after.memory.weights_bytes > 0.9 * fileBytes, `the CPU backend holds the weights (${out.after.memory.weights_bytes} bytes)`);
+        assert.deepEqual(problems.filter((p) => !/GPU stall|powerPreference/.test(p)), []);
+      } finally {
+        await page.close();
+      }
+    });
+  }
+});
+
+/**
+ * In the page: loads the model with the package as a user would (a URL is downloaded into browser
+ * storage, then read from there), asks one short question, disposes, deletes the stored copy.
+ */
+async function loadAndChat({ backend, source, url }) {
+  const { createEngine, deleteCachedModel } = window.pagedlm;
+  const model = source === "file" ? document.querySelector("#model-file").files[0] : url;
+  const phases = {};
+  const t0 = performance.now();
+  const engine = await createEngine(model, { backend, onProgress: (p) => { phases[p.phase] ??= performance.now() - t0; } });
+  const loadMs = performance.now() - t0;
+  try {
+    const stats = await engine.stats();
+    const t1 = performance.now();
+    const reply = await engine.chat.completions.create({
+      messages: [{ role: "system", content: "Be brief." }, { role: "user", content: "Hi!" }],
+      max_tokens: 3,
+      temperature: 0,
+    });
+    const chatMs = performance.now() - t1;
+    const after = await engine.stats();
+    const pick = (s) => ({ wasm_bytes: s.wasm_bytes, memory: s.memory });
+    return { loadMs, chatMs, phases, load: engine.load, stats: pick(stats), after: pick(after), info: engine.info, usage: reply.usage, finish: reply.choices[0].finish_reason };
+  } finally {
+    await engine.dispose();
+    // The stored copy is gigabytes: gone before the next load.
+    if (source === "url") await deleteCachedModel(url);
+  }
+}
