@@ -58,6 +58,7 @@ pub struct HostModel {
 fn matrix(gguf: &Gguf<'_>, table: &TensorTable, layer: Option<u32>, role: Role) -> Result<QMatrix, EngineError> {
     let spec = table.spec(layer, role)?;
     let info = spec.check(gguf)?;
+    fits_one_allocation(info)?;
     let (cols, rows) = spec.shape.matrix()?;
     let (rows, cols) = (rows as usize, cols as usize);
     let matrix = match info.ggml_type {
@@ -65,6 +66,21 @@ fn matrix(gguf: &Gguf<'_>, table: &TensorTable, layer: Option<u32>, role: Role) 
         ty => QMatrix::from_raw(ty, rows, cols, gguf.read_tensor(info)?.into_owned()),
     };
     Ok(matrix.map_err(|e| ModelError::Format(format!("tensor {}: {e}", spec.name)))?)
+}
+
+/// Refuses a tensor larger than one allocation can be (2 GiB in wasm32): the CPU backend keeps
+/// each tensor in one.
+fn fits_one_allocation(info: &TensorInfo) -> Result<(), EngineError> {
+    match info.size_bytes > isize::MAX as u64 {
+        true => Err(ModelError::Unsupported(format!(
+            "tensor {} takes {} bytes, more than one allocation of the CPU backend holds here ({} bytes): run it on WebGPU",
+            info.name,
+            info.size_bytes,
+            isize::MAX
+        ))
+        .into()),
+        false => Ok(()),
+    }
 }
 
 /// An F32 tensor's values, read into the vector that keeps them.
@@ -78,7 +94,9 @@ fn f32s(gguf: &Gguf<'_>, info: &TensorInfo) -> Result<Vec<f32>, EngineError> {
 
 /// The norm weights `role` of `layer`.
 fn vector(gguf: &Gguf<'_>, table: &TensorTable, layer: Option<u32>, role: Role) -> Result<Vec<f32>, EngineError> {
-    f32s(gguf, table.spec(layer, role)?.check(gguf)?)
+    let info = table.spec(layer, role)?.check(gguf)?;
+    fits_one_allocation(info)?;
+    f32s(gguf, info)
 }
 
 impl HostModel {

@@ -132,6 +132,10 @@ pub fn estimate(gguf: &Gguf<'_>, options: &EngineOptions, budget: DeviceBudget) 
             kv_layer_bytes
         ));
     }
+    if largest_buffer_bytes > isize::MAX as u64 {
+        fits_backend.cpu = false;
+        reasons.push(format!("CPU: a tensor of {} is larger than one allocation here ({} bytes)", gib(largest_buffer_bytes), isize::MAX));
+    }
     if total_bytes.cpu + WASM_OVERHEAD_BYTES > WASM32_BYTES {
         fits_backend.cpu = false;
         reasons.push(format!("CPU: needs {} in wasm memory, over the 4 GiB a wasm32 module addresses", gib(total_bytes.cpu + WASM_OVERHEAD_BYTES)));

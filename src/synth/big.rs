@@ -5,7 +5,8 @@
 //! Almost all of its bytes are where a forward pass reads little: an untied F32 `token_embd`
 //! (one row read per token) over a large vocabulary. The Q4_0 output projection, read whole for
 //! every logit row, is about an eighth of it; the two layers are a few percent. At 2.4 GB the
-//! shape is Llama 3 8B's head (hidden 4096, 128k tokens), at 3.5 GB 187k tokens. The vocabulary
+//! shape is Llama 3 8B's head (hidden 4096, 125k tokens); an embedding never passes 2.1 GB (one
+//! wasm32 allocation holds at most 2 GiB), so at 3.5 GB it has 128k tokens and FFNs ~80k wide. The vocabulary
 //! is the synthetic one ([`super::synth_vocab`] with every merge) followed by unused filler tokens
 //! `<extra_N>`, which tokenization never produces but sampling may (their text is their name).
 //!
@@ -28,6 +29,9 @@ const CHUNK_BYTES: usize = 8 << 20;
 const Q4_0_BLOCK: (usize, usize) = (32, 18);
 /// Header bytes a filler token costs (length, `<extra_NNNNNN>`, its type).
 const HEADER_BYTES_PER_TOKEN: u64 = 28;
+/// The largest embedding: one allocation of the CPU backend in wasm32 holds at most 2 GiB, as
+/// real files' tensors do (a 3.5 GB file's bytes past it go to wider FFNs).
+const MAX_EMBEDDING_BYTES: u64 = 2_100_000_000;
 /// Head size: SmolLM2's.
 const HEAD_DIM: usize = 64;
 
@@ -61,7 +65,16 @@ pub fn big_llama_config(target_bytes: u64, seed: u64) -> Result<SynthConfig, Ggu
             fixed + base.vocab as u64 * per_token
         )));
     }
-    Ok(SynthConfig { vocab, tokenizer: Some(filler_vocab(vocab)), ..base })
+    if vocab as u64 * hidden as u64 * 4 <= MAX_EMBEDDING_BYTES {
+        return Ok(SynthConfig { vocab, tokenizer: Some(filler_vocab(vocab)), ..base });
+    }
+    // The embedding at its cap; the FFNs grow to fill the rest (3 Q4_0 matrices of hidden × ffn
+    // per layer).
+    let vocab = (MAX_EMBEDDING_BYTES / (hidden as u64 * 4)) as usize / 32 * 32;
+    let capped = SynthConfig { vocab, ..base };
+    let per_ffn_unit = capped.n_layers as u64 * 3 * (hidden / Q4_0_BLOCK.0 * Q4_0_BLOCK.1) as u64;
+    let grow = target_bytes.saturating_sub(file_bytes(&capped)?) / per_ffn_unit / 32 * 32;
+    Ok(SynthConfig { ffn: capped.ffn + grow as usize, tokenizer: Some(filler_vocab(vocab)), ..capped })
 }
 
 /// The synthetic vocabulary with every merge, then unused `<extra_N>` tokens up to `vocab`.

@@ -269,10 +269,17 @@ pub fn interleave_gate_up(gate: &[u8], up: &[u8], row_bytes: usize) -> Vec<u8> {
     raw
 }
 
-/// The most bytes one part may hold on this device: one binding, one buffer.
+/// The most bytes one part may hold on this device: one binding, one buffer, and at most
+/// [`MAX_PART_BYTES`].
 pub fn max_part_bytes(ctx: &Context) -> u64 {
-    ctx.limits.max_storage_buffer_binding_size.min(ctx.limits.max_buffer_size)
+    ctx.limits.max_storage_buffer_binding_size.min(ctx.limits.max_buffer_size).min(MAX_PART_BYTES)
 }
+
+/// The largest part whatever the limits say: drivers refuse single allocations below the
+/// adapter's `maxBufferSize` (Chromium's SwiftShader reports 1 GiB and fails to allocate 1 GiB
+/// − 4 bytes, as Vulkan's `maxMemoryAllocationSize` allows), and a matrix this large costs one
+/// more dispatch per 512 MiB, not per token.
+pub const MAX_PART_BYTES: u64 = 512 << 20;
 
 /// GGUF bytes a fill chunk holds at most ([`QuantMatrix::fill_chunks`]): what a load holds of a
 /// matrix at a time, twice (its GGUF bytes and their repacked words).
