@@ -24,7 +24,7 @@ use header::{read_header, Header};
 #[cfg(unix)]
 pub use source::DiskFile;
 pub use source::{Prefix, ReadAt};
-pub use split::part_names;
+pub use split::{part_names, split_part_name, SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS};
 
 /// Longest string (key, value, tensor name) accepted. Vocab entries are a few bytes and chat
 /// templates a few KB, so 1 MiB leaves room without letting one length field claim the file.

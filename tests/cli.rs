@@ -174,6 +174,30 @@ fn the_cpu_backend_runs_the_commands_and_says_so() {
     assert_eq!(profile[0]["dispatches_per_decode_step"], 0, "a CPU step dispatches nothing: {}", profile[0]);
 }
 
+/// `--model` names the first part of a split model (llama.cpp's `name-00001-of-00003.gguf`): the
+/// command reads every part and answers as on the whole file; a missing part is named.
+#[test]
+fn a_split_model_runs_from_its_first_part() {
+    let dir = temp_dir("split");
+    let bytes = tiny_model(SynthConfig::tiny().seed);
+    let whole = dir.join("tiny.gguf");
+    std::fs::write(&whole, &bytes).unwrap();
+    let prefix = dir.join("tiny-split");
+    for (i, part) in pagedlm::synth::split_gguf(&bytes, 3).iter().enumerate() {
+        std::fs::write(pagedlm::synth::split_part_name(prefix.to_str().unwrap(), i, 3), part).unwrap();
+    }
+    let first = pagedlm::synth::split_part_name(prefix.to_str().unwrap(), 0, 3);
+    let prompts = dir.join("prompts.json");
+    std::fs::write(&prompts, r#"[{"id": "chat", "messages": [{"role": "user", "content": "hi"}]}]"#).unwrap();
+    let run = |model: &str| {
+        lines(&bin().args(["generate", "--input", prompts.to_str().unwrap(), "--max-tokens", "6", "--backend", "cpu", "--model", model]).output().unwrap())
+    };
+    assert_eq!(run(&first)[0]["tokens"], run(whole.to_str().unwrap())[0]["tokens"]);
+    std::fs::remove_file(pagedlm::synth::split_part_name(prefix.to_str().unwrap(), 2, 3)).unwrap();
+    let err = fails(&["generate", "--input", prompts.to_str().unwrap(), "--backend", "cpu", "--model", &first]);
+    assert!(err.contains("tiny-split-00003-of-00003.gguf"), "{err}");
+}
+
 /// `profile` prints one JSON line (the same with `--json`): the profile of a prefill and a decode
 /// step, the summary fields CONTRACTS names, and the per-kernel `prefill_ms`/`decode_ms` pairs
 /// it printed before; `--table` prints the same for people.

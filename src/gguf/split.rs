@@ -53,6 +53,12 @@ pub(super) fn check_tensor_count(metadata: &[(String, MetaValue)], found: usize)
     }
 }
 
+/// The file name of part `index` (0-based) of `count` of a model named `prefix` (a path
+/// without `.gguf`): llama.cpp's `llama_split_path`, `%s-%05d-of-%05d.gguf` numbered from 1.
+pub fn split_part_name(prefix: &str, index: usize, count: usize) -> String {
+    format!("{prefix}-{:05}-of-{count:05}.gguf", index + 1)
+}
+
 /// The file names of the parts of the split model whose first part is `first`
 /// (`name-00001-of-00003.gguf` → the three names), or `None` when it is not named as one.
 pub fn part_names(first: &str) -> Option<Vec<String>> {
@@ -63,6 +69,6 @@ pub fn part_names(first: &str) -> Option<Vec<String>> {
     if !digits(no) || !digits(count) || no != "00001" {
         return None;
     }
-    let n: u32 = count.parse().ok()?;
-    Some((1..=n).map(|i| format!("{base}-{i:05}-of-{count}.gguf")).collect())
+    let n: usize = count.parse().ok()?;
+    Some((0..n).map(|i| split_part_name(base, i, n)).collect())
 }

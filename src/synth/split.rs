@@ -9,18 +9,8 @@
 //! - part `i` of `n` is named `PREFIX-0000i-of-0000n.gguf` ([`split_part_name`]).
 
 use super::GgufWriter;
-use crate::gguf::{Gguf, GgufError, MetaValue};
-
-/// llama.cpp's split keys (`LLM_KV_SPLIT_NO`, `LLM_KV_SPLIT_COUNT`, `LLM_KV_SPLIT_TENSORS_COUNT`).
-const SPLIT_NO: &str = "split.no";
-const SPLIT_COUNT: &str = "split.count";
-const SPLIT_TENSORS_COUNT: &str = "split.tensors.count";
-
-/// The file name of part `index` (0-based) of `count` for a model named `prefix` (a path without
-/// `.gguf`): llama.cpp's `llama_split_path`, `%s-%05d-of-%05d.gguf` numbered from 1.
-pub fn split_part_name(prefix: &str, index: usize, count: usize) -> String {
-    format!("{prefix}-{:05}-of-{count:05}.gguf", index + 1)
-}
+pub use crate::gguf::split_part_name;
+use crate::gguf::{Gguf, GgufError, MetaValue, SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS};
 
 /// The GGUF `bytes` split into `parts` files ([`try_split_gguf`]).
 ///
@@ -50,7 +40,7 @@ pub fn try_split_gguf(bytes: &[u8], parts: usize) -> Result<Vec<Vec<u8>>, GgufEr
     for (i, w) in writers.iter_mut().enumerate() {
         w.add_meta(SPLIT_NO, MetaValue::U16(i as u16))?;
         w.add_meta(SPLIT_COUNT, MetaValue::U16(parts as u16))?;
-        w.add_meta(SPLIT_TENSORS_COUNT, MetaValue::I32(n as i32))?;
+        w.add_meta(SPLIT_TENSORS, MetaValue::I32(n as i32))?;
     }
     let sizes: Vec<u64> = gguf.tensors.iter().map(|t| t.size_bytes).collect();
     for (t, part) in gguf.tensors.iter().zip(deal(&sizes, parts)) {
