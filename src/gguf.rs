@@ -23,7 +23,7 @@ use header::{read_header, Header};
 
 #[cfg(unix)]
 pub use source::DiskFile;
-pub use source::{Prefix, ReadAt};
+pub use source::{Prefix, ReadAhead, ReadAt};
 pub use split::{part_names, split_part_name, SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS};
 
 /// Longest string (key, value, tensor name) accepted. Vocab entries are a few bytes and chat

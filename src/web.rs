@@ -24,7 +24,7 @@ use crate::engine::{
     estimate, AdapterClass, BackendChoice, ChatFormatKind, Constraint, Context, DeviceBudget, DeviceLimits, Engine, EngineError, EngineOptions, EngineStats,
     ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout, LoadEvent, Message, Profile, ProfileSummary, RequestId, SchedStats, TokenEvent, Tools,
 };
-use crate::gguf::{Gguf, Prefix, ReadAt};
+use crate::gguf::{Gguf, Prefix, ReadAhead, ReadAt};
 
 /// What kind of failure an error is; JS sees it as `error.code` ([`ErrorCode::as_str`]). A
 /// failure of the engine carries its [`ErrorKind`], whose code is the kind's own
@@ -441,15 +441,15 @@ impl ReadAt for JsFile<'_> {
     }
 }
 
-/// The files of `sizes`, each read through `read`.
-fn js_files<'f>(sizes: &[f64], read: &'f js_sys::Function) -> Result<Vec<JsFile<'f>>, WebError> {
+/// The files of `sizes`, each read through `read` (small reads from a window read ahead).
+fn js_files<'f>(sizes: &[f64], read: &'f js_sys::Function) -> Result<Vec<ReadAhead<JsFile<'f>>>, WebError> {
     if sizes.is_empty() {
         return Err(WebError::invalid("sizes must name at least one file"));
     }
     (0u32..)
         .zip(sizes)
         .map(|(index, &size)| match size.is_finite() && size >= 0.0 && size <= 2f64.powi(53) && size.fract() == 0.0 {
-            true => Ok(JsFile { index, size: size as u64, read }),
+            true => Ok(ReadAhead::new(JsFile { index, size: size as u64, read })),
             false => Err(WebError::invalid(format!("file {index}'s size must be a whole number of bytes, not {size}"))),
         })
         .collect()

@@ -12,7 +12,7 @@ use std::cell::{Cell, RefCell};
 
 use common::{real_model_bytes, tiny_model};
 use pagedlm::engine::{BackendChoice, Engine, EngineOptions, ErrorKind, GenerateRequest, LoadEvent, SamplingParams};
-use pagedlm::gguf::{Gguf, ReadAt};
+use pagedlm::gguf::{Gguf, ReadAhead, ReadAt};
 use pagedlm::gpu::ops::matmul::FILL_CHUNK_BYTES;
 use pagedlm::synth::split_gguf;
 
@@ -25,11 +25,12 @@ struct Reader<'a> {
     fail_after: Option<u64>,
     read: Cell<u64>,
     largest: Cell<u64>,
+    calls: Cell<u32>,
 }
 
 impl<'a> Reader<'a> {
     fn new(bytes: &'a [u8]) -> Reader<'a> {
-        Reader { bytes, claimed: bytes.len() as u64, fail_after: None, read: Cell::new(0), largest: Cell::new(0) }
+        Reader { bytes, claimed: bytes.len() as u64, fail_after: None, read: Cell::new(0), largest: Cell::new(0), calls: Cell::new(0) }
     }
 }
 
@@ -43,6 +44,7 @@ impl ReadAt for Reader<'_> {
             return Err("the disk went away".into());
         }
         self.read.set(self.read.get() + buf.len() as u64);
+        self.calls.set(self.calls.get() + 1);
         self.largest.set(self.largest.get().max(buf.len() as u64));
         self.bytes.read_at(offset, buf)
     }
@@ -79,6 +81,22 @@ gpu_test! {
         let bytes = tiny_model(7);
         streamed_matches_whole(&bytes, BackendChoice::Cpu).await;
         streamed_matches_whole(&bytes, BackendChoice::Webgpu).await;
+    }
+}
+
+gpu_test! {
+    async fn reading_ahead_serves_small_reads_from_one_window() {
+        // A source that costs a call per read (the browser's) behind `ReadAhead`: the same model,
+        // far fewer calls (a tensor's fingerprint samples and norms come from one window).
+        let bytes = tiny_model(17);
+        let direct = Reader::new(&bytes);
+        let mut a = Engine::load_from(&[&direct], options(BackendChoice::Cpu), &mut |_| {}).await.unwrap();
+        let ahead = ReadAhead::new(Reader::new(&bytes));
+        let mut b = Engine::load_from(&[&ahead], options(BackendChoice::Cpu), &mut |_| {}).await.unwrap();
+        assert_eq!(a.config().fingerprint, b.config().fingerprint);
+        assert_eq!(greedy(&mut a).await, greedy(&mut b).await);
+        let (direct, ahead) = (direct.calls.get(), ahead.inner().calls.get());
+        assert!(ahead * 4 < direct, "{ahead} calls read ahead, {direct} without");
     }
 }
 

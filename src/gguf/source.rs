@@ -99,6 +99,60 @@ impl ReadAt for DiskFile {
     }
 }
 
+/// A source whose reads cost a call each (a browser's `FileReaderSync`, a JS callback) read
+/// ahead: a small read (a norm's weights, a fingerprint's 1 KiB samples) is served from a window
+/// of [`ReadAhead::WINDOW`] bytes read at once, so loading a model of a few hundred tensors
+/// makes a few dozen calls instead of a thousand. Large reads go straight to the source.
+pub struct ReadAhead<R> {
+    source: R,
+    /// The window's file offset and bytes.
+    window: std::cell::RefCell<(u64, Vec<u8>)>,
+}
+
+impl<R: ReadAt> ReadAhead<R> {
+    /// Bytes read at once for a small read.
+    pub const WINDOW: usize = 16 << 20;
+    /// Reads up to this size are served from the window.
+    pub const SMALL: usize = 4 << 20;
+
+    pub fn new(source: R) -> ReadAhead<R> {
+        ReadAhead { source, window: std::cell::RefCell::new((0, Vec::new())) }
+    }
+
+    /// The source read through.
+    pub fn inner(&self) -> &R {
+        &self.source
+    }
+}
+
+impl<R: ReadAt> ReadAt for ReadAhead<R> {
+    fn size(&self) -> u64 {
+        self.source.size()
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), String> {
+        if buf.len() > Self::SMALL {
+            return self.source.read_at(offset, buf);
+        }
+        let mut window = self.window.borrow_mut();
+        let (start, bytes) = &mut *window;
+        let end = offset.checked_add(buf.len() as u64).ok_or_else(|| past_end(offset, buf.len(), self.size()))?;
+        if offset < *start || end > *start + bytes.len() as u64 {
+            let len = (Self::WINDOW as u64).min(self.size().saturating_sub(offset)).max(buf.len() as u64);
+            bytes.resize(len as usize, 0);
+            self.source.read_at(offset, bytes)?;
+            *start = offset;
+        }
+        let from = (offset - *start) as usize;
+        buf.copy_from_slice(&bytes[from..from + buf.len()]);
+        Ok(())
+    }
+
+    fn available(&self) -> u64 {
+        self.source.available()
+    }
+}
+
 fn past_end(offset: u64, len: usize, size: u64) -> String {
     format!("bytes {offset}..{} lie past the end of the {size}-byte file", offset.saturating_add(len as u64))
 }
