@@ -204,10 +204,11 @@ mod tests {
 
     const INDEX_D_TS: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/js/index.d.ts"));
     /// The package's JS, which raises a few codes of its own (a failed download, an abort).
-    const PACKAGE_JS: [(&str, &str); 3] = [
+    const PACKAGE_JS: [(&str, &str); 4] = [
         ("js/index.js", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/js/index.js"))),
         ("js/worker.js", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/js/worker.js"))),
         ("js/protocol.js", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/js/protocol.js"))),
+        ("js/storage.js", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/js/storage.js"))),
     ];
     /// The wasm layer, whose `ErrorCode::as_str` adds the codes of the failures only it has.
     const WEB_RS: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/web.rs"));
