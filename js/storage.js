@@ -186,21 +186,30 @@ function throttled(report) {
  * Reads `body` as fast as it arrives into a queue, for a consumer that awaits between chunks: a
  * stream that errors (a cut connection) drops the chunks it still holds, so bytes that arrived
  * must be taken before the error lands. `next()` resolves to the next chunk, null at the end, or
- * rejects with the stream's error once the queue is drained. The queue only grows while the
- * consumer awaits (opening files, a flush), not with the download.
+ * rejects with the stream's error once the queue is drained. It reads at most `EAGER_BYTES` ahead
+ * of the consumer, so a disk slower than the network never piles the download up in memory.
  */
+/** The most bytes of a download read ahead of what is written to storage. */
+const EAGER_BYTES = 64 * 1024 * 1024;
+
 function eagerReader(body) {
   const reader = body.getReader();
   const queue = [];
+  let queued = 0;
   let wake = null;
+  let resume = null;
   let ended = false;
   let error = null;
   (async () => {
     try {
       for (;;) {
+        // At most EAGER_BYTES ahead of the writes: a disk slower than the network must not
+        // pile the download up in the worker's memory.
+        while (queued >= EAGER_BYTES) await new Promise((resolve) => { resume = resolve; });
         const { done, value } = await reader.read();
         if (done) break;
         queue.push(value);
+        queued += value.length;
         wake?.();
       }
     } catch (e) {
@@ -213,7 +222,15 @@ function eagerReader(body) {
     async next() {
       while (queue.length === 0 && !ended) await new Promise((resolve) => { wake = resolve; });
       wake = null;
-      if (queue.length > 0) return queue.shift();
+      if (queue.length > 0) {
+        const chunk = queue.shift();
+        queued -= chunk.length;
+        if (queued < EAGER_BYTES) {
+          resume?.();
+          resume = null;
+        }
+        return chunk;
+      }
       if (error) throw error;
       return null;
     },

@@ -104,6 +104,8 @@ describe("big models load by streaming", { skip }, () => {
   for (const { backend, size, source } of LOADS) {
     it(`${size} on ${backend} from a ${source === "url" ? "URL" : "File"}: loads, answers, within its wasm memory`, { timeout: LOAD_TIMEOUT }, async (t) => {
       const { page, problems } = await openPage(context, `${server.url}/`);
+      // Each phase as it starts, so that a load that stalls says where in the log.
+      page.on("console", (m) => { if (m.text().startsWith("bigmodel:")) console.log(`${size} ${backend} ${source}: ${m.text().slice(10)}`); });
       try {
         await page.waitForFunction(() => document.title === "ready", null, { timeout: 30_000 });
         if (source === "file") await page.setInputFiles("#model-file", files[size]);
@@ -154,10 +156,17 @@ async function loadAndChat({ backend, source, url }) {
   const { createEngine, deleteCachedModel, estimateMemory } = window.pagedlm;
   const model = source === "file" ? document.querySelector("#model-file").files[0] : url;
   // From the header alone, before anything is downloaded.
+  const step = (what) => console.log(`bigmodel: ${what} at ${Math.round(performance.now())} ms`);
+  step("estimate");
   const estimate = await estimateMemory(model, { backend });
   const phases = {};
   const t0 = performance.now();
-  const engine = await createEngine(model, { backend, onProgress: (p) => { phases[p.phase] ??= performance.now() - t0; } });
+  const onProgress = (p) => {
+    if (phases[p.phase] === undefined) step(p.phase);
+    phases[p.phase] ??= performance.now() - t0;
+  };
+  const engine = await createEngine(model, { backend, onProgress });
+  step("chat turn");
   const loadMs = performance.now() - t0;
   try {
     const stats = await engine.stats();
