@@ -21,6 +21,7 @@ pub mod request;
 pub mod rng;
 pub mod sampler;
 pub mod sched;
+pub mod speculate;
 #[cfg(feature = "testing")]
 pub mod synth;
 pub mod time;

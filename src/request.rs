@@ -5,7 +5,8 @@ use crate::constraint::{Constrained, Constraint};
 use crate::error::EngineError;
 use crate::kv::SeqId;
 use crate::reasoning::{Reasoning, ReasoningSplitter};
-use crate::sampler::{Sampler, SamplingParams};
+use crate::sampler::{Sampler, SamplingParams, MAX_REPETITION_WINDOW};
+use crate::speculate::{Drafter, Speculative};
 use crate::time::now_ms;
 use crate::tokenizer::StreamDecoder;
 use crate::tools::{ToolCall, Tools};
@@ -50,6 +51,22 @@ pub struct GenerateRequest {
     /// ([`Generation::reasoning_content`], [`Event::Token`]'s `reasoning`) and the constraint
     /// applies after it.
     pub reasoning: Option<Reasoning>,
+    /// Whether this request drafts ([`crate::speculate`]); `None`: the engine's
+    /// [`crate::sched::SchedConfig::speculative`].
+    pub speculative: Option<Speculative>,
+    /// Most draft tokens per step; `None`: the engine's [`crate::sched::SchedConfig::max_draft`].
+    pub max_draft: Option<u32>,
+    /// What the output is expected to be (OpenAI's predicted outputs): drafted from first,
+    /// followed along as the output advances.
+    pub prediction: Option<Prediction>,
+}
+
+/// A request's predicted output: text (tokenized as text that follows the prompt, without
+/// special tokens) or token ids.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Prediction {
+    Text(String),
+    Tokens(Vec<u32>),
 }
 
 impl GenerateRequest {
@@ -82,6 +99,9 @@ impl Default for GenerateRequest {
             tools: None,
             chat_template_kwargs: serde_json::Map::new(),
             reasoning: None,
+            speculative: None,
+            max_draft: None,
+            prediction: None,
         }
     }
 }
@@ -97,12 +117,13 @@ impl FinishReason {
     }
 }
 
-/// How a request handles its tokens: its sampler, its streaming decoder and its constraint's
-/// matcher, if any.
+/// How a request handles its tokens: its sampler, its streaming decoder, its constraint's
+/// matcher, if any, and its drafter.
 pub(crate) struct Handling {
     pub sampler: Sampler,
     pub decoder: StreamDecoder,
     pub constrained: Option<Constrained>,
+    pub drafter: Drafter,
 }
 
 /// One generated token as streamed to the caller.
@@ -137,6 +158,11 @@ pub struct Generation {
     /// The physical KV blocks the request's sequence held at its end, in order (the prefix
     /// cache keeps them for the next turn until evicted).
     pub blocks: Vec<u32>,
+    /// Draft tokens (speculative decoding: a prediction's or prompt lookup's) that the output
+    /// took, and those it did not (OpenAI's `accepted_prediction_tokens`,
+    /// `rejected_prediction_tokens`).
+    pub accepted_prediction_tokens: u32,
+    pub rejected_prediction_tokens: u32,
     /// Set when a constrained generation ended before its output was complete (at
     /// `max_tokens`, the context limit, a stop string or an abort): the text does not match.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -173,6 +199,10 @@ pub(crate) struct RowSampling {
     /// holds when the step chooses ([`Request::mask`]), which for a step planned ahead is after
     /// the step before commits.
     pub constrained: bool,
+    /// In a verification step: how many of the window's last tokens (the draft tokens after
+    /// this row's) it must not see. Such a row's window (its first row's) holds the draft, and
+    /// no row appends its token to the ring.
+    pub hidden: Option<u32>,
 }
 
 /// What a request did with a token it was given ([`Request::accept`]).
@@ -218,6 +248,7 @@ pub(crate) struct Request {
     pub admitted_step: u64,
     /// The next token, sampled and streamed but not yet fed to the model.
     pending: Option<u32>,
+    drafter: Drafter,
 }
 
 impl Request {
@@ -241,6 +272,7 @@ impl Request {
             enqueued_step: step,
             admitted_step: 0,
             pending: None,
+            drafter: handling.drafter,
         }
     }
 
@@ -301,7 +333,56 @@ impl Request {
             let all = self.tokens();
             all[all.len().saturating_sub(params.repetition_window as usize)..].to_vec()
         });
-        Some(RowSampling { params: params.clone(), counter, window, constrained })
+        Some(RowSampling { params: params.clone(), counter, window, constrained, hidden: None })
+    }
+
+    /// The draft to verify with its next decode row: at most `limit` tokens, none for a request
+    /// that does not draft or whose penalty ring could not hold its window and the draft, and
+    /// none for a constrained one (its matcher holds one state: the masks of rows after a
+    /// draft token are not known).
+    pub fn draft(&self, limit: u32) -> Vec<u32> {
+        let params = self.sampler.params();
+        let penalty_room = if params.repetition_penalty == 1.0 { limit } else { MAX_REPETITION_WINDOW.saturating_sub(params.repetition_window) };
+        if self.constrained.is_some() || !self.drafter.active() {
+            return Vec::new();
+        }
+        let left = (self.params.max_tokens as usize).saturating_sub(self.generated.len() + 1) as u32;
+        let limit = limit.min(penalty_room).min(left);
+        let mut draft = self.drafter.propose(&self.tokens(), limit);
+        draft.truncate(crate::speculate::quantize_draft(draft.len() as u32) as usize);
+        draft
+    }
+
+    /// Whether it may draft at its next step (no step can be planned ahead of it then).
+    pub fn drafting(&self) -> bool {
+        self.constrained.is_none() && self.drafter.active()
+    }
+
+    /// The sampling of a verification step's rows: its decode row and the rows of `draft`, each
+    /// predicting the position after its token, the first writing the penalty window with the
+    /// draft to the ring and each seeing the ring up to its own token.
+    pub fn draft_sampling(&self, draft: &[u32]) -> Vec<Option<RowSampling>> {
+        let k = draft.len() as u32;
+        (0..=k)
+            .map(|i| {
+                let mut s = self.row_sampling(self.computed + 1 + i, i == 0)?;
+                if let Some(window) = &mut s.window {
+                    if !window.is_empty() {
+                        window.extend(draft);
+                        let keep = (self.sampler.params().repetition_window + k) as usize;
+                        window.drain(..window.len().saturating_sub(keep));
+                    }
+                }
+                s.hidden = Some(k - i);
+                Some(s)
+            })
+            .collect()
+    }
+
+    /// After a decode step: `proposed` draft tokens, `accepted` of them taken, `asked` when the
+    /// step asked for a draft ([`crate::speculate::Drafter::record`]).
+    pub fn record_draft(&mut self, proposed: u32, accepted: u32, asked: bool) {
+        self.drafter.record(proposed, accepted, asked);
     }
 
     /// The tokens its constraint allows next (`ceil(vocab / 32)` words), past every token it
@@ -363,6 +444,7 @@ impl Request {
             }
         }
         self.generated.push(next);
+        self.drafter.advance(next);
         // The model's own ids always decode; an error here would be a broken vocabulary.
         let piece = self.decoder.push(next).unwrap_or_default();
         self.text.push_str(&piece);
@@ -420,6 +502,8 @@ impl Request {
             prefill_ms: prefill_done - self.submitted_ms,
             decode_ms: now - prefill_done,
             blocks,
+            accepted_prediction_tokens: self.drafter.accepted,
+            rejected_prediction_tokens: self.drafter.rejected,
             warning: self
                 .constrained
                 .as_ref()

@@ -33,6 +33,7 @@ use std::collections::{HashMap, VecDeque};
 use crate::error::EngineError;
 use crate::kv::{KvCache, KvError, KvLayout, SeqId};
 use crate::request::{Event, FinishReason, GenerateRequest, Generation, Handling, Request, RequestId, RowSampling};
+use crate::speculate::Speculative;
 
 /// How the scheduler batches.
 #[derive(Clone, Debug)]
@@ -48,11 +49,36 @@ pub struct SchedConfig {
     /// Plan the next decode step while the one before is still on the GPU
     /// ([`Scheduler::plan_ahead`]), so that the GPU need not wait for the CPU between steps.
     pub lookahead: bool,
+    /// Whether requests draft tokens to verify with their next one ([`crate::speculate`]) unless
+    /// a request says otherwise. The Rust API's default is `Off` (a step is one token per
+    /// sequence); the package's and the CLI's is [`SchedConfig::FOR_USERS_SPECULATIVE`].
+    pub speculative: Speculative,
+    /// Most draft tokens per sequence and step (a request may ask for fewer).
+    pub max_draft: u32,
+}
+
+impl SchedConfig {
+    /// What the package and the CLI take when `speculative` is not given.
+    pub const FOR_USERS_SPECULATIVE: Speculative = Speculative::Auto;
+
+    /// Most logit rows one step may have: a token and its draft per sequence, within the step.
+    pub fn max_logit_rows(&self) -> u32 {
+        let per_sequence = if self.speculative == Speculative::Off { 1 } else { 1 + self.max_draft };
+        (self.max_batch * per_sequence).min(self.step_tokens.max(self.max_batch)).max(self.max_batch)
+    }
 }
 
 impl Default for SchedConfig {
     fn default() -> Self {
-        SchedConfig { max_batch: 8, step_tokens: 256, cache_aware: true, age_limit: 64, lookahead: true }
+        SchedConfig {
+            max_batch: 8,
+            step_tokens: 256,
+            cache_aware: true,
+            age_limit: 64,
+            lookahead: true,
+            speculative: Speculative::Off,
+            max_draft: crate::speculate::DEFAULT_MAX_DRAFT,
+        }
     }
 }
 
@@ -78,13 +104,18 @@ struct Chunk {
     completes: bool,
 }
 
-/// The rows of one step: decode rows first (one per decoding request), then at most one prefill
-/// chunk.
+/// The rows of one step: decode rows first (one per decoding request, followed by its draft's
+/// rows when it drafts), then at most one prefill chunk.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Plan {
     rows: Vec<Row>,
-    /// The request of each decode row, in row order.
+    /// The request of each decode row, in row order (a drafting request's rows one after the
+    /// other: its next token's, then its draft's).
     decode: Vec<RequestId>,
+    /// Draft rows in the step.
+    drafted: u32,
+    /// The requests asked for a draft in this step (whether one matched or not).
+    asked: Vec<RequestId>,
     prefill: Option<Chunk>,
     /// How each logit row chooses its token, in [`Plan::logit_rows`] order: `None` greedy (the
     /// argmax), else sampled on the GPU.
@@ -110,6 +141,12 @@ impl Plan {
     /// every row is greedy.
     pub fn sampling(&self) -> &[Option<RowSampling>] {
         &self.sampling
+    }
+
+    /// Whether the step verifies drafts: its sequences' next positions depend on how many are
+    /// accepted, so no step can be planned ahead of it.
+    pub fn drafts(&self) -> bool {
+        self.drafted > 0
     }
 
     /// Whether a constrained row's mask comes from the token the step before produces: a step
@@ -161,6 +198,8 @@ pub(crate) struct Scheduler {
     running: Vec<Request>,
     stats: SchedStats,
     next_id: u64,
+    /// The last step planned by [`Scheduler::reserve`] verifies drafts.
+    drafting: bool,
 }
 
 impl Scheduler {
@@ -168,7 +207,7 @@ impl Scheduler {
         if config.max_batch == 0 || config.step_tokens == 0 || max_chunk == 0 {
             return Err(EngineError::InvalidArgument("max_batch, step_tokens and prefill_chunk must be at least 1".into()));
         }
-        Ok(Scheduler { config, max_chunk, waiting: VecDeque::new(), running: Vec::new(), stats: SchedStats::default(), next_id: 0 })
+        Ok(Scheduler { config, max_chunk, waiting: VecDeque::new(), running: Vec::new(), stats: SchedStats::default(), next_id: 0, drafting: false })
     }
 
     /// Queues a request (its prompt and parameters already checked); returns its id.
@@ -305,16 +344,33 @@ impl Scheduler {
         Admission::Admitted(event)
     }
 
-    /// Plans the rows of the next step (nothing is reserved yet).
-    fn plan(&self) -> Plan {
+    /// Plans the rows of the next step (nothing is reserved yet). With `drafts`, a decoding
+    /// request that drafts ([`Request::draft`]) gets its draft's rows after its next token's, each
+    /// a logit row, within the step's rows (one is kept for a prefill chunk) and `max_len`.
+    fn plan(&self, max_len: u32, drafts: bool) -> Plan {
         let mut plan = Plan::default();
-        for r in &self.running {
-            if !r.in_prefill() {
-                if let (Some(token), Some(seq)) = (r.pending(), r.seq) {
-                    plan.rows.push(Row { seq, token: Some(token), position: r.computed });
-                    plan.decode.push(r.id);
-                    plan.sampling.push(r.row_sampling(r.computed + 1, true));
-                }
+        let decoding: Vec<&Request> = self.running.iter().filter(|r| !r.in_prefill() && r.pending().is_some() && r.seq.is_some()).collect();
+        let prefilling = self.running.iter().any(|r| r.in_prefill());
+        let mut spare = self.config.step_tokens.saturating_sub(decoding.len() as u32 + prefilling as u32);
+        for r in decoding {
+            let (Some(token), Some(seq)) = (r.pending(), r.seq) else { continue };
+            let room = max_len.saturating_sub(r.computed + 1);
+            let ask = drafts && spare > 0 && room > 0 && r.drafting();
+            let draft = if ask { r.draft(spare.min(room)) } else { Vec::new() };
+            if ask {
+                plan.asked.push(r.id);
+            }
+            spare -= draft.len() as u32;
+            plan.drafted += draft.len() as u32;
+            plan.rows.push(Row { seq, token: Some(token), position: r.computed });
+            for (i, &d) in draft.iter().enumerate() {
+                plan.rows.push(Row { seq, token: Some(d), position: r.computed + 1 + i as u32 });
+            }
+            plan.decode.extend(std::iter::repeat_n(r.id, draft.len() + 1));
+            if draft.is_empty() {
+                plan.sampling.push(r.row_sampling(r.computed + 1, true));
+            } else {
+                plan.sampling.extend(r.draft_sampling(&draft));
             }
         }
         let budget = self.config.step_tokens.saturating_sub(plan.rows.len() as u32).clamp(1, self.max_chunk);
@@ -344,8 +400,10 @@ impl Scheduler {
     /// grow ends with the error, and a sequence at the context limit ends with what it has
     /// (both reported in `events`). An empty plan means there is nothing to run.
     pub fn reserve(&mut self, kv: &mut KvCache, events: &mut Vec<Event>) -> Result<Plan, EngineError> {
+        // Each request's drafter decides whether it drafts ([`Request::draft`]).
+        let mut drafts = true;
         loop {
-            let plan = self.plan();
+            let plan = self.plan(kv.max_seq_len, drafts);
             let bs = kv.block_size();
             let mut last: HashMap<SeqId, (RequestId, u32)> = HashMap::new();
             for id in plan.requests() {
@@ -377,7 +435,13 @@ impl Scheduler {
                 if !plan.rows.is_empty() {
                     self.stats.steps += 1;
                 }
+                self.drafting = plan.drafts();
                 return Ok(plan);
+            }
+            if plan.drafts() {
+                // Short of blocks: the drafts go before any sequence is preempted.
+                drafts = false;
+                continue;
             }
             // Keep the oldest admitted sequence; preempt the newest.
             let keep = self.running.iter().min_by_key(|r| (r.admitted_step, r.id)).map(|r| r.id).expect("rows imply running");
@@ -416,7 +480,9 @@ impl Scheduler {
         if !self.config.lookahead || could_admit {
             return Ok(None);
         }
-        if self.running.iter().any(|r| r.in_prefill() || r.pending().is_none()) {
+        // A step verifying drafts leaves its sequences' next positions open, and a sequence
+        // that may draft gets its draft from the tokens the step in flight produces.
+        if self.drafting || self.running.iter().any(|r| r.in_prefill() || r.pending().is_none() || r.drafting()) {
             return Ok(None);
         }
         let bs = kv.block_size();
@@ -470,41 +536,90 @@ impl Scheduler {
     /// Takes a run step's outputs (one per [`Plan::logit_rows`] entry, in order): the rows'
     /// K/V are now computed, a prefill chunk's full blocks are published to the prefix cache
     /// (requests arriving while this one runs can share them from now on), and every request
-    /// that got logits handles its next token. Returns the tokens and finished requests.
+    /// that got logits handles its next token. A drafting request takes its tokens one after
+    /// the other while each equals the draft token its row fed ([`Scheduler::commit_decode`]).
+    /// Returns the tokens and finished requests.
     pub fn commit(&mut self, kv: &mut KvCache, plan: &Plan, outputs: Vec<(u32, Option<Vec<f32>>)>, eos: &[u32]) -> Result<Vec<Event>, EngineError> {
-        for &id in &plan.decode {
-            if let Some(i) = self.still_running(id) {
-                self.running[i].computed_rows(1, false, false);
-            }
+        let completes = plan.prefill.is_some_and(|c| c.completes);
+        if outputs.len() != plan.decode.len() + completes as usize {
+            return Err(EngineError::InvalidArgument(format!(
+                "a step of {} logit rows gave {} outputs",
+                plan.decode.len() + completes as usize,
+                outputs.len()
+            )));
         }
-        let mut wants = plan.decode.clone();
+        let tokens: Vec<u32> = outputs.into_iter().map(|(t, _)| t).collect();
+        let mut events = Vec::new();
+        let mut done = Vec::new();
+        let mut first = 0;
+        while first < plan.decode.len() {
+            let id = plan.decode[first];
+            let n = plan.decode[first..].iter().take_while(|&&d| d == id).count();
+            if let Some(i) = self.still_running(id) {
+                let asked = plan.asked.contains(&id);
+                self.commit_decode(kv, (i, &plan.rows[first..first + n], asked), &tokens[first..first + n], eos, (&mut events, &mut done))?;
+            }
+            first += n;
+        }
         if let Some(c) = plan.prefill {
             let i = self.running_index(c.id);
             let r = &mut self.running[i];
             r.computed_rows(c.rows, true, c.completes);
             kv.publish(r.seq.expect("running requests have a sequence"), &r.tokens())?;
             if c.completes {
-                wants.push(c.id);
+                let accepted = r.accept(tokens[plan.decode.len()], eos, kv.max_seq_len);
+                Self::took(c.id, accepted, (&mut events, &mut done));
             }
-        }
-        if outputs.len() != wants.len() {
-            return Err(EngineError::InvalidArgument(format!("a step of {} logit rows gave {} outputs", wants.len(), outputs.len())));
-        }
-        let mut events = Vec::new();
-        let mut done = Vec::new();
-        for (id, (token, _)) in wants.into_iter().zip(outputs) {
-            let Some(i) = self.still_running(id) else { continue };
-            let accepted = self.running[i].accept(token, eos, kv.max_seq_len);
-            if let Some((token, text, reasoning)) = accepted.token {
-                events.push(Event::Token { id, token, text, reasoning });
-            }
-            done.extend(accepted.finish.map(|reason| (id, Ok(reason))));
-            done.extend(accepted.failure.map(|e| (id, Err(e))));
         }
         for (id, result) in done {
             self.finish_running(kv, id, result, &mut events)?;
         }
         Ok(events)
+    }
+
+    /// One request's decode rows of a step (its next token's, then its draft's) and the tokens
+    /// chosen at them: row j's token is taken, and row j + 1's computed, while row j + 1 fed that
+    /// very token (its draft token was right) and the request goes on; the K/V of the rows past
+    /// that are cut from its sequence.
+    fn commit_decode(
+        &mut self,
+        kv: &mut KvCache,
+        (i, rows, asked): (usize, &[Row], bool),
+        tokens: &[u32],
+        eos: &[u32],
+        (events, done): (&mut Vec<Event>, &mut Vec<(RequestId, Result<FinishReason, EngineError>)>),
+    ) -> Result<(), EngineError> {
+        let r = &mut self.running[i];
+        let id = r.id;
+        let mut taken = 0u32;
+        let mut ended = false;
+        for (j, &token) in tokens.iter().enumerate() {
+            r.computed_rows(1, false, false);
+            let accepted = r.accept(token, eos, kv.max_seq_len);
+            ended = accepted.finish.is_some() || accepted.failure.is_some();
+            Self::took(id, accepted, (events, done));
+            if ended || rows.get(j + 1).is_none_or(|next| next.token != Some(token)) {
+                break;
+            }
+            taken += 1;
+        }
+        r.record_draft(rows.len() as u32 - 1, taken, asked);
+        // The rejected draft rows' K/V (a step with drafts has no step planned behind it, whose
+        // row would be past them too).
+        let seq = r.seq.expect("running requests have a sequence");
+        if !ended && rows.len() > 1 && kv.len(seq)? > r.computed {
+            kv.truncate(seq, r.computed)?;
+        }
+        Ok(())
+    }
+
+    /// Streams what a request did with a token and notes its end.
+    fn took(id: RequestId, accepted: crate::request::Accepted, (events, done): (&mut Vec<Event>, &mut Vec<(RequestId, Result<FinishReason, EngineError>)>)) {
+        if let Some((token, text, reasoning)) = accepted.token {
+            events.push(Event::Token { id, token, text, reasoning });
+        }
+        done.extend(accepted.finish.map(|reason| (id, Ok(reason))));
+        done.extend(accepted.failure.map(|e| (id, Err(e))));
     }
 
     /// A step failed as a whole: every request in it ends with (a copy of) the error, and

@@ -152,6 +152,13 @@ impl Flight {
                 backend.write_history(slot, window)?;
                 *ring = HistoryRing { head: window.len() as u32 % cap, len: window.len() as u32, ring: slot };
             }
+            if let Some(hidden) = s.hidden {
+                // A verification row: the ring holds the window and the draft; the row sees it
+                // up to its own token and appends nothing (the next step writes its window).
+                let view = HistoryRing { head: (ring.head + cap - hidden % cap) % cap, len: ring.len.saturating_sub(hidden), ring: slot };
+                params.push(RowParams::new(&s.params, s.counter, view)?);
+                continue;
+            }
             let mut row = RowParams::new(&s.params, s.counter, *ring)?;
             row.flags |= RowParams::APPEND_HISTORY;
             if s.constrained {

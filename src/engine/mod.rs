@@ -40,6 +40,7 @@ use crate::kv::KvCache;
 use crate::request::Handling;
 use crate::sampler::Sampler;
 use crate::sched::Scheduler;
+use crate::speculate::{Drafter, MAX_DRAFT_LIMIT};
 use crate::tokenizer::Tokenizer;
 
 use flight::Flight;
@@ -52,9 +53,10 @@ pub use crate::kv::{KvDtype, KvLayout};
 pub use crate::model::ModelConfig;
 pub use crate::profile::{ColdStep, Profile, ProfileSummary, StepProfile, TimedRun};
 pub use crate::reasoning::Reasoning;
-pub use crate::request::{Event, FinishReason, GenerateRequest, Generation, RequestId, TokenEvent};
+pub use crate::request::{Event, FinishReason, GenerateRequest, Generation, Prediction, RequestId, TokenEvent};
 pub use crate::sampler::SamplingParams;
 pub use crate::sched::{RunningInfo, SchedConfig, SchedStats};
+pub use crate::speculate::Speculative;
 pub use crate::tokenizer::{ChatFormatKind, ChatMessage};
 pub use crate::tools::{Message, ToolCall, ToolChoice, ToolFormat, Tools};
 pub use info::{EngineStats, MemoryUse, SequenceInfo};
@@ -121,8 +123,23 @@ impl Engine {
             Some(c) => Some(self.grammars()?.start(c)?),
             None => None,
         };
-        let handling = Handling { sampler, decoder: self.tokenizer.stream_decoder(), constrained };
+        let handling = Handling { sampler, decoder: self.tokenizer.stream_decoder(), constrained, drafter: self.drafter(&request)? };
         Ok(self.sched.submit(prompt, request, handling))
+    }
+
+    /// A request's drafter ([`crate::speculate`]): its prediction tokenized (as text that follows
+    /// the prompt, no special tokens), drafting up to its or the engine's `max_draft` tokens a
+    /// step unless speculation is off for it.
+    fn drafter(&self, request: &GenerateRequest) -> Result<Drafter, EngineError> {
+        let sched = &self.options.sched;
+        let on = request.speculative.unwrap_or(sched.speculative) != Speculative::Off;
+        let max_draft = if on { request.max_draft.unwrap_or(sched.max_draft).min(MAX_DRAFT_LIMIT) } else { 0 };
+        let predicted = match &request.prediction {
+            Some(Prediction::Text(text)) if on && !text.is_empty() => self.tokenizer.encode(text)?,
+            Some(Prediction::Tokens(ids)) if on => ids.clone(),
+            _ => Vec::new(),
+        };
+        Ok(Drafter::new(max_draft, predicted, true))
     }
 
     /// The constraint engine of this model's vocabulary, built at its first use.
