@@ -58,8 +58,10 @@ pub struct SchedConfig {
 }
 
 impl SchedConfig {
-    /// What the package and the CLI take when `speculative` is not given.
-    pub const FOR_USERS_SPECULATIVE: Speculative = Speculative::Auto;
+    /// What the package and the CLI take when `speculative` is not given: off until the
+    /// WebGPU figures say drafting pays there too (issue 40; on the CPU backend free text runs
+    /// at 0.93-1.02× and editing up to 1.5×, see the README).
+    pub const FOR_USERS_SPECULATIVE: Speculative = Speculative::Off;
 
     /// Most logit rows one step may have: a token and its draft per sequence, within the step.
     pub fn max_logit_rows(&self) -> u32 {
@@ -587,7 +589,7 @@ impl Scheduler {
         (i, rows, asked): (usize, &[Row], bool),
         tokens: &[u32],
         eos: &[u32],
-        (events, done): (&mut Vec<Event>, &mut Vec<(RequestId, Result<FinishReason, EngineError>)>),
+        (events, done): Outcomes<'_>,
     ) -> Result<(), EngineError> {
         let r = &mut self.running[i];
         let id = r.id;
@@ -614,7 +616,7 @@ impl Scheduler {
     }
 
     /// Streams what a request did with a token and notes its end.
-    fn took(id: RequestId, accepted: crate::request::Accepted, (events, done): (&mut Vec<Event>, &mut Vec<(RequestId, Result<FinishReason, EngineError>)>)) {
+    fn took(id: RequestId, accepted: crate::request::Accepted, (events, done): Outcomes<'_>) {
         if let Some((token, text, reasoning)) = accepted.token {
             events.push(Event::Token { id, token, text, reasoning });
         }
@@ -732,6 +734,9 @@ impl Scheduler {
         s
     }
 }
+
+/// What a commit gathers: the events so far, and the requests that end with it (and how).
+type Outcomes<'a> = (&'a mut Vec<Event>, &'a mut Vec<(RequestId, Result<FinishReason, EngineError>)>);
 
 /// What [`Scheduler::try_admit`] did with a waiting request.
 enum Admission {

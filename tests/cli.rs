@@ -611,3 +611,53 @@ fn generate_answers_with_tool_calls_and_refuses_bad_tools() {
         assert!(err.contains(needle), "{needle}: {err}");
     }
 }
+
+/// `generate --speculative auto|off --max-draft N` and an item's `prediction`: the same tokens
+/// either way (SmolLM2, greedy, on the CPU backend), every line counting the draft tokens taken
+/// and refused, and a prediction that is the output itself mostly taken.
+#[test]
+fn speculative_generate_gives_the_same_tokens_and_counts_the_drafts() {
+    let model = real_model();
+    let dir = temp_dir("speculative");
+    let text = "Alice was beginning to get very tired of sitting by her sister on the bank, and of having nothing to do.";
+    let ask = |prediction: Option<&str>| {
+        let mut item = serde_json::json!({"id": "edit", "messages": [{"role": "user", "content": format!("Repeat this sentence exactly: {text}")}]});
+        if let Some(p) = prediction {
+            item["prediction"] = serde_json::json!({"type": "content", "content": p});
+        }
+        item
+    };
+    let run = |items: Value, speculative: &str| {
+        let input = dir.join(format!("items-{speculative}.json"));
+        std::fs::write(&input, items.to_string()).unwrap();
+        let args = [
+            "generate",
+            "--model",
+            &model,
+            "--input",
+            input.to_str().unwrap(),
+            "--max-tokens",
+            "40",
+            "--backend",
+            "cpu",
+            "--speculative",
+            speculative,
+            "--max-draft",
+            "7",
+        ];
+        lines(&bin().args(args).output().unwrap())
+    };
+    let off = run(Value::Array(vec![ask(None)]), "off");
+    assert_eq!((off[0]["accepted_prediction_tokens"].as_u64(), off[0]["rejected_prediction_tokens"].as_u64()), (Some(0), Some(0)), "{}", off[0]);
+    let reply = off[0]["text"].as_str().unwrap().to_string();
+    let on = run(Value::Array(vec![ask(None), ask(Some(&reply)), ask(Some("Something else entirely, nothing like it."))]), "auto");
+    for line in &on {
+        assert_eq!(line["tokens"], off[0]["tokens"], "speculation changed the tokens: {line}");
+    }
+    let accepted = on[1]["accepted_prediction_tokens"].as_u64().unwrap();
+    let generated = on[1]["tokens"].as_array().unwrap().len() as u64;
+    assert!(accepted * 2 >= generated, "the output as its own prediction: {accepted} of {generated} tokens taken");
+    assert!(on[2]["rejected_prediction_tokens"].as_u64().unwrap() > 0, "a wrong prediction is refused: {}", on[2]);
+    let err = fails(&["generate", "--model", &model, "--prompt", "x", "--speculative", "maybe"]);
+    assert!(err.contains("--speculative") && err.contains("maybe"), "{err}");
+}

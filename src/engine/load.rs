@@ -192,7 +192,8 @@ pub fn kv_shape(config: &ModelConfig) -> KvShape {
 /// `prefill_chunk`: a prefill chunk (of the one or the other's rows, whichever is larger) and a
 /// full batch step.
 pub(super) fn largest_steps(sched: &SchedConfig, prefill_chunk: u32) -> LargestSteps {
-    LargestSteps { chunk_rows: prefill_chunk.max(sched.step_tokens), step_rows: sched.step_tokens, batch: sched.max_batch }
+    // A step verifying drafts has a logit row per draft token too.
+    LargestSteps { chunk_rows: prefill_chunk.max(sched.step_tokens), step_rows: sched.step_tokens, batch: sched.max_logit_rows() }
 }
 
 /// Bytes of K/V one token takes in a pool of `cache`'s dtype for `shape` (every layer, the

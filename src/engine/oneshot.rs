@@ -91,7 +91,9 @@ impl Engine {
     /// output is complete). Returns every generated token (the first included) and the
     /// milliseconds of those after the first.
     pub async fn generate_ignoring_eos_under(&mut self, prompt: &[u32], n: u32, constraint: Option<Constraint>) -> Result<(Vec<u32>, f64), EngineError> {
-        let request = GenerateRequest { max_tokens: n.saturating_add(1), ignore_eos: true, constraint, ..Default::default() };
+        // One token a step: what this measures is plain decoding.
+        let speculative = Some(crate::speculate::Speculative::Off);
+        let request = GenerateRequest { max_tokens: n.saturating_add(1), ignore_eos: true, constraint, speculative, ..Default::default() };
         let mut first = None;
         let g = self
             .generate(prompt, &request, &mut |_| {

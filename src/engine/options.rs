@@ -91,7 +91,8 @@ impl EngineOptions {
     /// The options the package and the CLI start from: the defaults, with the backend users get
     /// when they name none ([`BackendChoice::FOR_USERS`]).
     pub fn for_users() -> EngineOptions {
-        EngineOptions { backend: BackendChoice::FOR_USERS, ..EngineOptions::default() }
+        let sched = SchedConfig { speculative: SchedConfig::FOR_USERS_SPECULATIVE, ..SchedConfig::default() };
+        EngineOptions { backend: BackendChoice::FOR_USERS, sched, ..EngineOptions::default() }
     }
 
     /// The context these options ask for: their binding limit, adapter class, optional features

@@ -98,8 +98,10 @@ impl Engine {
     // Long: one loop over the request's steps, whose phases (warm-up, measured, captured) share its state.
     async fn profile_decode(&mut self, tokens: &[u32], method: TimingMethod, per_kernel: Option<TimedRun>) -> Result<StepProfile, EngineError> {
         let (warmup, samples_wanted) = (PROFILE_WARMUP_DECODE as usize, PROFILE_DECODE_SAMPLES as usize);
+        // Decode steps of one token each (no drafts): the step a profile describes.
+        let speculative = Some(crate::speculate::Speculative::Off);
         let request =
-            GenerateRequest { max_tokens: PROFILE_EXTRA_TOKENS, sampling: SamplingParams::greedy(), stop: Vec::new(), ignore_eos: true, ..Default::default() };
+            GenerateRequest { max_tokens: PROFILE_EXTRA_TOKENS, sampling: SamplingParams::greedy(), ignore_eos: true, speculative, ..Default::default() };
         let id = self.submit(tokens.to_vec(), request)?;
         // Tokens the request has produced (the first comes from its prefill).
         let mut produced = 0usize;

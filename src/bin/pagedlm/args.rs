@@ -42,6 +42,8 @@ pub const BACKENDS: &[&str] = &["auto", "webgpu", "cpu"];
 pub const ACTIVATIONS: &[&str] = &["auto", "f32", "int8"];
 pub const DEVICE_LIMITS: &[&str] = &["adapter", "phone"];
 pub const SCORE_MODES: &[&str] = &["decode", "prefill"];
+/// `--speculative`'s values ([`pagedlm::engine::Speculative::parse`]).
+pub const SPECULATIVE: &[&str] = &["auto", "off"];
 
 /// The engine's options, which every command takes (the README's Command line section calls them
 /// common; `tokenize`
@@ -66,6 +68,8 @@ const ENGINE: &[Opt] = &[
     opt("no-optional-features", Kind::Flag),
     opt("activations", Kind::Choice(ACTIVATIONS)),
     opt("backend", Kind::Choice(BACKENDS)),
+    opt("speculative", Kind::Choice(SPECULATIVE)),
+    opt("max-draft", Kind::Count),
 ];
 
 /// The commands, for dispatching without matching on names.

@@ -10,7 +10,7 @@ use pagedlm::sampler::SamplingParams;
 use serde_json::{json, Value};
 
 use crate::args::Args;
-use crate::setup::{constraint_option, engine_options, load_engine, print_line};
+use crate::setup::{constraint_option, load_engine, measuring_options, print_line};
 
 /// `bench --prompt-tokens` and `--gen-tokens` (as the README's Command line section documents):
 /// the prompt read for the prefill
@@ -35,7 +35,7 @@ pub(crate) async fn profile(args: &Args) -> Result<()> {
         bail!("profile prints JSON (--json, the default) or a table (--table), not both");
     }
     let n = args.count("prompt-tokens", PROFILE_PROMPT_TOKENS);
-    let mut opts = engine_options(args);
+    let mut opts = measuring_options(args);
     opts.max_context = opts.max_context.max(n + pagedlm::engine::PROFILE_EXTRA_TOKENS);
     let mut engine = load_engine(args, opts).await?;
     let p = engine.profile(n, !args.flag("no-timestamps")).await?;
@@ -161,7 +161,7 @@ async fn bench_batch(args: &Args, mut opts: EngineOptions, batch: u32, context: 
 async fn bench_transfer(args: &Args) -> Result<()> {
     let lengths = args.counts("lengths").unwrap_or(TRANSFER_LENGTHS).to_vec();
     let longest = lengths.iter().copied().max().unwrap_or(256);
-    let mut opts = engine_options(args);
+    let mut opts = measuring_options(args);
     if opts.max_context == 0 {
         opts.max_context = longest + 16;
     }
@@ -207,7 +207,7 @@ async fn bench_transfer(args: &Args) -> Result<()> {
 /// large value to compare.
 async fn bench_interference(args: &Args) -> Result<()> {
     let long = args.count("prompt-tokens", INTERFERENCE_PROMPT_TOKENS);
-    let mut opts = engine_options(args);
+    let mut opts = measuring_options(args);
     opts.prefix_cache = false;
     opts.sched.max_batch = 5;
     // Room for everything at once: the point is the schedule, not preemption.
@@ -306,7 +306,7 @@ pub(crate) async fn bench(args: &Args) -> Result<()> {
     if args.flag("interference") {
         return bench_interference(args).await;
     }
-    let mut opts = engine_options(args);
+    let mut opts = measuring_options(args);
     let needed = prompt_tokens.max(context) + gen_tokens + 1;
     if opts.max_context == 0 {
         opts.max_context = needed;

@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use pagedlm::engine::{Constraint, GenerateRequest, Message, ScoreMode, Tools};
+use pagedlm::engine::{Constraint, GenerateRequest, Message, Prediction, ScoreMode, Tools};
 use pagedlm::gguf::{Gguf, ReadAt};
 use pagedlm::tokenizer::{Tokenizer, TokenizerSpec};
 use serde_json::{json, Value};
@@ -89,6 +89,7 @@ pub(crate) async fn generate(args: &Args) -> Result<()> {
         }
         let parallel = item.get("parallel_tool_calls").and_then(Value::as_bool);
         request.tools = Tools::from_options(item.get("tools"), item.get("tool_choice"), parallel).with_context(|| format!("item {i} ({id})"))?;
+        request.prediction = prediction_option(item.get("prediction")).with_context(|| format!("item {i} ({id})"))?;
         match item.get("chat_template_kwargs") {
             None | Some(Value::Null) => {}
             Some(Value::Object(kwargs)) => request.chat_template_kwargs = kwargs.clone(),
@@ -115,6 +116,7 @@ pub(crate) async fn generate(args: &Args) -> Result<()> {
         let mut line = json!({
             "id": id, "prompt_tokens": g.prompt_tokens, "tokens": g.tokens, "text": g.text,
             "finish_reason": g.finish_reason, "prefill_ms": g.prefill_ms, "decode_ms": g.decode_ms,
+            "accepted_prediction_tokens": g.accepted_prediction_tokens, "rejected_prediction_tokens": g.rejected_prediction_tokens,
         });
         if let Some(w) = g.warning {
             line["warning"] = json!(w);
@@ -128,4 +130,15 @@ pub(crate) async fn generate(args: &Args) -> Result<()> {
         print_line(&line)?;
     }
     Ok(())
+}
+
+/// An item's `"prediction": {"type": "content", "content": str}` (OpenAI's predicted outputs).
+fn prediction_option(value: Option<&Value>) -> Result<Option<Prediction>> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match (v.get("type").and_then(Value::as_str), v.get("content").and_then(Value::as_str)) {
+            (Some("content"), Some(text)) => Ok(Some(Prediction::Text(text.to_string()))),
+            _ => bail!("\"prediction\" must be {{\"type\": \"content\", \"content\": \"...\"}}"),
+        },
+    }
 }

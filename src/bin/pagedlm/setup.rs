@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use pagedlm::engine::{AdapterClass, BackendChoice, DeviceLimits};
+use pagedlm::engine::{AdapterClass, BackendChoice, DeviceLimits, Speculative};
 use pagedlm::engine::{Constraint, Engine, EngineOptions, GenerateRequest, KvDtype, KvLayout};
 use pagedlm::gguf::{part_names, DiskFile, ReadAt};
 use serde_json::Value;
@@ -65,6 +65,8 @@ pub(crate) fn engine_options(args: &Args) -> EngineOptions {
     o.sched.step_tokens = args.count("step-tokens", o.sched.step_tokens);
     o.sched.cache_aware &= !args.flag("no-cache-aware");
     o.sched.lookahead &= !args.flag("no-lookahead");
+    o.sched.speculative = args.text("speculative").and_then(Speculative::parse).unwrap_or(o.sched.speculative);
+    o.sched.max_draft = args.count("max-draft", o.sched.max_draft);
     o.max_binding_bytes = args.given_count("max-binding-mib").map(|mib| u64::from(mib) << 20).or(o.max_binding_bytes);
     // The parser admits only the names in args::ADAPTER_CLASSES, args::BACKENDS and args::DEVICE_LIMITS.
     o.adapter_class = args.text("adapter-class").and_then(AdapterClass::parse).or(o.adapter_class);
@@ -79,6 +81,16 @@ pub(crate) fn engine_options(args: &Args) -> EngineOptions {
         None => o.int8_activations,
     };
     o.max_memory_bytes = args.given_count("max-memory-mib").map(|mib| u64::from(mib) << 20).or(o.max_memory_bytes);
+    o
+}
+
+/// [`engine_options`] for the commands that measure plain decoding (`bench`): speculation
+/// off unless `--speculative` is given.
+pub(crate) fn measuring_options(args: &Args) -> EngineOptions {
+    let mut o = engine_options(args);
+    if args.text("speculative").is_none() {
+        o.sched.speculative = Speculative::Off;
+    }
     o
 }
 
