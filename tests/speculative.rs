@@ -136,6 +136,9 @@ gpu_test! {
                 let seqs = on.sched_stats();
                 assert_eq!(seqs.running, 0);
             }
+            // A predicted token outside the vocabulary is refused when the request is submitted.
+            let bad = GenerateRequest { prediction: Some(Prediction::Tokens(vec![5, 1 << 30])), ..base.clone() };
+            assert!(on.submit(p.clone(), bad).is_err(), "{backend:?}: a prediction past the vocabulary");
         }
     }
 }

@@ -139,6 +139,10 @@ impl Engine {
             Some(Prediction::Tokens(ids)) if on => ids.clone(),
             _ => Vec::new(),
         };
+        let vocab = self.config().vocab;
+        if let Some(&id) = predicted.iter().find(|&&id| id >= vocab) {
+            return Err(EngineError::BadToken { id, vocab });
+        }
         Ok(Drafter::new(max_draft, predicted, true))
     }
 
