@@ -129,6 +129,15 @@ export interface EngineOptions {
   cacheName?: string;
   /** Where js/worker.js is served, if not next to this module. */
   workerUrl?: string | URL;
+  /**
+   * Speculative decoding: "auto" drafts tokens by prompt lookup and from a request's
+   * `prediction`, verifies them in one step with the next token and keeps the draft where it is
+   * right (the same tokens as "off"; faster where the reply copies text it was given); "off"
+   * (default): one token per step. A request's own `speculative` wins.
+   */
+  speculative?: "auto" | "off";
+  /** Most draft tokens per sequence and step (default 7). */
+  maxDraft?: number;
 }
 
 /** A text part of a message's content, as OpenAI's SDK types it (other parts are UNSUPPORTED). */
@@ -211,6 +220,14 @@ export interface ChatCompletionCreateParams {
   response_format?: ResponseFormat;
   /** The output matches this grammar (llguidance's Lark syntax); not with `response_format`. */
   grammar?: string;
+  /** Whether this request drafts (the engine's `speculative` otherwise). */
+  speculative?: "auto" | "off";
+  /**
+   * OpenAI's predicted outputs: text the reply is expected to be (a file being edited, say);
+   * drafted from and followed as the reply advances. The reply is the same with or without it;
+   * `usage.completion_tokens_details` counts its tokens taken and refused.
+   */
+  prediction?: { type: "content"; content: string | ChatContentPartText[] } | null;
   /**
    * Functions the model may call: a reply of calls has `message.tool_calls` (arguments valid
    * against each function's `parameters`) and `finish_reason: "tool_calls"`; streamed, it comes
@@ -250,6 +267,14 @@ export interface CompletionCreateParams {
   response_format?: ResponseFormat;
   /** The output matches this grammar (llguidance's Lark syntax); not with `response_format`. */
   grammar?: string;
+  /** Whether this request drafts (the engine's `speculative` otherwise). */
+  speculative?: "auto" | "off";
+  /**
+   * OpenAI's predicted outputs: text the reply is expected to be (a file being edited, say);
+   * drafted from and followed as the reply advances. The reply is the same with or without it;
+   * `usage.completion_tokens_details` counts its tokens taken and refused.
+   */
+  prediction?: { type: "content"; content: string | ChatContentPartText[] } | null;
   signal?: AbortSignal;
 }
 
@@ -259,6 +284,8 @@ export interface CompletionUsage {
   total_tokens: number;
   /** Prompt tokens whose KV came from the prefix cache instead of prefill. */
   prefix_hit_tokens: number;
+  /** Draft tokens (a `prediction`'s or prompt lookup's) the reply took, and those it did not. */
+  completion_tokens_details: { accepted_prediction_tokens: number; rejected_prediction_tokens: number };
 }
 
 export interface GenerationDetails {

@@ -362,6 +362,12 @@ class Request {
       completion_tokens: r.tokens.length,
       total_tokens: r.prompt_tokens.length + r.tokens.length,
       prefix_hit_tokens: r.prefix_hit_tokens ?? 0,
+      // OpenAI's names for predicted outputs: draft tokens (a prediction's or prompt lookup's)
+      // the reply took and those it did not.
+      completion_tokens_details: {
+        accepted_prediction_tokens: r.accepted_prediction_tokens ?? 0,
+        rejected_prediction_tokens: r.rejected_prediction_tokens ?? 0,
+      },
     };
     const details = {
       finish_reason: r.finish_reason,
@@ -476,7 +482,13 @@ class ChatCompletionStream {
 function lostWith(error, request) {
   if (error.code !== "DEVICE_LOST") return error;
   const content = request.content + (request.held ?? "");
-  const usage = { prompt_tokens: request.promptTokens, completion_tokens: request.completionTokens, total_tokens: request.promptTokens + request.completionTokens };
+  const usage = {
+    prompt_tokens: request.promptTokens,
+    completion_tokens: request.completionTokens,
+    total_tokens: request.promptTokens + request.completionTokens,
+    // The engine's counts went with the device.
+    completion_tokens_details: { accepted_prediction_tokens: 0, rejected_prediction_tokens: 0 },
+  };
   return new PagedlmError("DEVICE_LOST", error.message, { partial: { content, usage } });
 }
 

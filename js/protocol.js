@@ -8,13 +8,13 @@
 // stream one request (chat or completion).
 
 /** Options of `createEngine` that go to the wasm engine (`WebEngine.load`). */
-export const ENGINE_OPTIONS = Object.freeze(["kvDtype", "kvLayout", "blockSize", "poolTokens", "maxContext", "prefillChunk", "prefixCache", "maxBatch", "stepTokens", "maxBindingMib", "deviceLimits", "maxMemoryBytes", "adapterClass", "optionalFeatures", "backend"]);
+export const ENGINE_OPTIONS = Object.freeze(["kvDtype", "kvLayout", "blockSize", "poolTokens", "maxContext", "prefillChunk", "prefixCache", "maxBatch", "stepTokens", "maxBindingMib", "deviceLimits", "maxMemoryBytes", "adapterClass", "optionalFeatures", "backend", "speculative", "maxDraft"]);
 /** Options of `estimateMemory` only that go to the wasm engine (`WebEngine.estimateMemory`; loads ignore them). */
 export const ESTIMATE_OPTIONS = Object.freeze(["limits"]);
 /** Options of `createEngine` that js/index.js handles itself. */
 export const PACKAGE_OPTIONS = Object.freeze(["onProgress", "cache", "cacheName", "workerUrl"]);
 /** Parameters of `chat.completions.create` and `completions.create` that go to the wasm engine (`WebEngine.submit`, `submitPrompt`). */
-export const REQUEST_OPTIONS = Object.freeze(["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "repetition_penalty", "response_format", "grammar"]);
+export const REQUEST_OPTIONS = Object.freeze(["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "repetition_penalty", "response_format", "grammar", "speculative", "prediction"]);
 /** Engine options only chat requests take (a raw-text completion cannot offer tools). */
 export const CHAT_OPTIONS = Object.freeze(["tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs"]);
 /** Parameters of `chat.completions.create` that js/index.js handles itself. */

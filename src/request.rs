@@ -69,6 +69,28 @@ pub enum Prediction {
     Tokens(Vec<u32>),
 }
 
+impl Prediction {
+    /// OpenAI's `prediction` (the CLI's items and the package take it as is): `{type: "content",
+    /// content}` with `content` a string or text parts `[{type: "text", text}]` (joined); `null`
+    /// is none. Anything else is refused with what is expected.
+    pub fn from_openai(value: &serde_json::Value) -> Result<Option<Prediction>, String> {
+        let text = |part: &serde_json::Value| match (part.get("type").and_then(|t| t.as_str()), part.get("text").and_then(|t| t.as_str())) {
+            (Some("text"), Some(text)) => Some(text.to_string()),
+            _ => None,
+        };
+        let content = match value.get("content") {
+            Some(serde_json::Value::String(s)) => Some(s.clone()),
+            Some(serde_json::Value::Array(parts)) => parts.iter().map(text).collect::<Option<Vec<String>>>().map(|t| t.concat()),
+            _ => None,
+        };
+        match (value, value.get("type").and_then(|t| t.as_str()), content) {
+            (serde_json::Value::Null, _, _) => Ok(None),
+            (_, Some("content"), Some(content)) => Ok(Some(Prediction::Text(content))),
+            _ => Err("prediction must be {\"type\": \"content\", \"content\": a string or [{\"type\": \"text\", \"text\": ...}]}".into()),
+        }
+    }
+}
+
 impl GenerateRequest {
     /// The constraint its output follows: `constraint`, or its tools' grammar; after the
     /// reasoning block when the reply reasons.
@@ -510,6 +532,25 @@ impl Request {
                 .filter(|c| !c.is_accepting())
                 .map(|_| format!("the output ended ({}) before its constraint was complete: it does not match the schema or grammar", reason.as_str())),
             tool_calls,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Prediction;
+    use serde_json::json;
+
+    #[test]
+    fn a_prediction_is_read_as_openai_writes_it() {
+        let text = |s: &str| Ok(Some(Prediction::Text(s.into())));
+        assert_eq!(Prediction::from_openai(&json!({"type": "content", "content": "abc"})), text("abc"));
+        let parts = json!({"type": "content", "content": [{"type": "text", "text": "ab"}, {"type": "text", "text": "c"}]});
+        assert_eq!(Prediction::from_openai(&parts), text("abc"));
+        assert_eq!(Prediction::from_openai(&json!(null)), Ok(None));
+        for bad in [json!({"type": "text", "content": "x"}), json!({"type": "content"}), json!({"type": "content", "content": [{"type": "image"}]}), json!("x")]
+        {
+            assert!(Prediction::from_openai(&bad).unwrap_err().contains("content"), "{bad}");
         }
     }
 }

@@ -22,7 +22,8 @@ use wasm_bindgen::JsCast;
 
 use crate::engine::{
     estimate, AdapterClass, BackendChoice, ChatFormatKind, Constraint, Context, DeviceBudget, DeviceLimits, Engine, EngineError, EngineOptions, EngineStats,
-    ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout, LoadEvent, Message, Profile, ProfileSummary, RequestId, SchedStats, TokenEvent, Tools,
+    ErrorKind, Event, GenerateRequest, Generation, KvDtype, KvLayout, LoadEvent, Message, Prediction, Profile, ProfileSummary, RequestId, SchedStats,
+    Speculative, TokenEvent, Tools,
 };
 use crate::gguf::{Gguf, Prefix, ReadAhead, ReadAt};
 
@@ -132,6 +133,11 @@ struct LoadOptions {
     optional_features: Option<bool>,
     /// `"auto"` (default: WebGPU on a real GPU, else the CPU backend), `"webgpu"` or `"cpu"`.
     backend: Option<String>,
+    /// `"auto"` (draft tokens by prompt lookup and from a request's `prediction`, verified in one
+    /// step) or `"off"` (the default): a request's own `speculative` wins.
+    speculative: Option<String>,
+    /// Most draft tokens per sequence and step (default 7).
+    max_draft: Option<u32>,
     /// `estimateMemory` only (loads ignore it): what the device allows, `{maxBufferSize?,
     /// maxStorageBufferBindingSize?, memoryBytes?}`.
     limits: Option<DeviceBudget>,
@@ -163,6 +169,10 @@ impl LoadOptions {
             o.backend =
                 BackendChoice::parse(name).ok_or_else(|| WebError::invalid(format!("backend must be \"auto\", \"webgpu\" or \"cpu\", not {name:?}")))?;
         }
+        if let Some(name) = self.speculative.as_deref() {
+            o.sched.speculative = speculative(name)?;
+        }
+        o.sched.max_draft = self.max_draft.unwrap_or(o.sched.max_draft);
         if let Some(bytes) = self.max_memory_bytes {
             if !(bytes.is_finite() && bytes >= 1.0 && bytes <= 2f64.powi(53)) {
                 return Err(WebError::invalid(format!("maxMemoryBytes must be a positive number of bytes, not {bytes}")));
@@ -175,6 +185,11 @@ impl LoadOptions {
         }
         Ok(o)
     }
+}
+
+/// `"auto"` or `"off"`, for `speculative`.
+fn speculative(name: &str) -> Result<Speculative, WebError> {
+    Speculative::parse(name).ok_or_else(|| WebError::invalid(format!("speculative must be \"auto\" or \"off\", not {name:?}")))
 }
 
 /// `stop` as OpenAI accepts it: one string or a list.
@@ -210,6 +225,10 @@ struct ChatOptions {
     parallel_tool_calls: Option<bool>,
     /// Extra variables for the model's chat template (`{enable_thinking: false}` for Qwen3).
     chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// `"auto"` or `"off"`: whether this request drafts (the engine's `speculative` otherwise).
+    speculative: Option<String>,
+    /// OpenAI's predicted outputs: `{type: "content", content: string}`.
+    prediction: Option<serde_json::Value>,
 }
 
 impl ChatOptions {
@@ -225,6 +244,10 @@ impl ChatOptions {
         request.tools = Tools::from_options(self.tools.as_ref(), self.tool_choice.as_ref(), self.parallel_tool_calls).map_err(EngineError::from)?;
         request.chat_template_kwargs = self.chat_template_kwargs.unwrap_or_default();
         request.max_tokens = self.max_tokens.unwrap_or(request.max_tokens);
+        request.speculative = self.speculative.as_deref().map(speculative).transpose()?;
+        if let Some(p) = &self.prediction {
+            request.prediction = Prediction::from_openai(p).map_err(WebError::invalid)?;
+        }
         let sampling = &mut request.sampling;
         sampling.temperature = self.temperature.unwrap_or(sampling.temperature);
         sampling.top_k = self.top_k.unwrap_or(sampling.top_k);

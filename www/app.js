@@ -27,7 +27,7 @@ const ui = {
   jsonOutput: $("json-output"), jsonSchema: $("json-schema"), tools: $("tools"), toolChoice: $("tool-choice"),
   kvStats: $("kv-stats"), kvMap: $("kv-map"), kvSummary: $("kv-summary"), kvBlocks: $("kv-blocks"), kvLive: $("kv-live"),
   kvRate: $("kv-rate"), kvEvictions: $("kv-evictions"), resetCache: $("reset-cache"),
-  turnHit: $("turn-hit"), turnTtft: $("turn-ttft"), turnSpeed: $("turn-speed"),
+  turnHit: $("turn-hit"), turnTtft: $("turn-ttft"), turnSpeed: $("turn-speed"), turnDrafts: $("turn-drafts"),
   gaugeF32: $("gauge-f32"), gaugeInt8: $("gauge-int8"), gaugeF32Value: $("gauge-f32-value"), gaugeInt8Value: $("gauge-int8-value"),
   gaugeNote: $("gauge-note"),
 };
@@ -178,6 +178,8 @@ function engineOptions() {
   if (params.get("max_memory_bytes")) options.maxMemoryBytes = Number(params.get("max_memory_bytes"));
   // ?backend=cpu|auto|webgpu: which backend runs the model (the package's default, auto, otherwise).
   if (["cpu", "auto", "webgpu"].includes(params.get("backend"))) options.backend = params.get("backend");
+  // ?speculative=auto|off: speculative decoding (the package's default, off, otherwise).
+  if (["auto", "off"].includes(params.get("speculative"))) options.speculative = params.get("speculative");
   return options;
 }
 
@@ -767,9 +769,19 @@ function finishTurn(conv, bubble, usage, details, wallMs) {
     ttftMs: details.ttft_ms == null ? "" : details.ttft_ms.toFixed(0),
   });
   bubble.append(turnStats(usage, details, decodeTokS, wallMs));
-  state.lastTurn = { hit: usage.prefix_hit_tokens, prompt: usage.prompt_tokens, ttft: details.ttft_ms, speed: decodeTokS };
+  const d = usage.completion_tokens_details ?? {};
+  const drafts = { accepted: d.accepted_prediction_tokens ?? 0, drafted: (d.accepted_prediction_tokens ?? 0) + (d.rejected_prediction_tokens ?? 0) };
+  bubble.dataset.drafts = `${drafts.accepted}/${drafts.drafted}`;
+  state.lastTurn = { hit: usage.prefix_hit_tokens, prompt: usage.prompt_tokens, ttft: details.ttft_ms, speed: decodeTokS, drafts };
   if (details.stats) state.stats = { ...details.stats, running: [], queued: [] };
   claimBlocks(conv, details.blocks ?? [], usage.prefix_hit_tokens);
+}
+
+/** "drafts 12/20" (draft tokens taken of those drafted) when the turn drafted any; null otherwise. */
+function draftsText(usage) {
+  const d = usage.completion_tokens_details;
+  const drafted = (d?.accepted_prediction_tokens ?? 0) + (d?.rejected_prediction_tokens ?? 0);
+  return drafted > 0 ? `drafts ${d.accepted_prediction_tokens}/${drafted}` : null;
 }
 
 function turnStats(usage, details, tokS, wallMs) {
@@ -781,6 +793,7 @@ function turnStats(usage, details, tokS, wallMs) {
     ["", details.ttft_ms != null ? `TTFT ${(details.ttft_ms / 1000).toFixed(2)} s` : null],
     ["", tokS != null ? `${tokS.toFixed(1)} tok/s` : null],
     ["", plural(usage.completion_tokens, "token")],
+    ["", draftsText(usage)],
     ["", why],
   ];
   for (const [cls, text] of parts) {
@@ -825,7 +838,7 @@ function clearKv() {
   ui.kvMap.replaceChildren();
   Object.assign(ui.kvStats.dataset, { blocksTotal: "0", blocksUsed: "0", blocksCached: "0", blocksFree: "0", lastPrefixHit: "0" });
   for (const el of [ui.kvSummary, ui.kvBlocks, ui.kvLive, ui.kvRate, ui.kvEvictions, ui.gaugeF32Value, ui.gaugeInt8Value,
-    ui.turnHit, ui.turnTtft, ui.turnSpeed]) el.textContent = "–";
+    ui.turnHit, ui.turnTtft, ui.turnSpeed, ui.turnDrafts]) el.textContent = "–";
   ui.gaugeNote.textContent = "";
   ui.gaugeF32.style.width = "0";
   ui.gaugeInt8.style.width = "0";
@@ -980,6 +993,8 @@ function renderTurn() {
   ui.turnHit.classList.toggle("good", !!t && t.hit > 0);
   ui.turnTtft.textContent = t?.ttft != null ? `${(t.ttft / 1000).toFixed(2)} s` : "–";
   ui.turnSpeed.textContent = t?.speed != null ? `${t.speed.toFixed(1)} tok/s` : "–";
+  // Draft tokens taken of those drafted (speculative decoding; "–" when the turn drafted none).
+  ui.turnDrafts.textContent = t?.drafts?.drafted ? `${t.drafts.accepted}/${t.drafts.drafted}` : "–";
 }
 
 /**

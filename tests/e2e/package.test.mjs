@@ -492,6 +492,48 @@ describe("npm package", () => {
     assert.equal(out.bad, "INVALID_ARGUMENT");
   });
 
+  it("speculative decoding: the same reply with speculative auto and a prediction, counted in usage.completion_tokens_details, streamed too; bad values are INVALID_ARGUMENT", { timeout: TIMEOUT }, async () => {
+    const out = await page.evaluate(async () => {
+      const { createEngine } = window.pagedlm;
+      const messages = [{ role: "user", content: "Repeat this sentence exactly: Alice was beginning to get very tired of sitting by her sister on the bank." }];
+      const opts = { messages, max_tokens: 30, temperature: 0 };
+      const off = await createEngine("/model.gguf", { backend: "cpu" });
+      const plain = await off.chat.completions.create(opts);
+      await off.dispose();
+      const on = await createEngine("/model.gguf", { backend: "cpu", speculative: "auto", maxDraft: 7 });
+      const prediction = { type: "content", content: plain.choices[0].message.content };
+      const predicted = await on.chat.completions.create({ ...opts, prediction });
+      const lookup = await on.chat.completions.create(opts);
+      // Text parts, as OpenAI's SDK types the prediction's content too.
+      const half = prediction.content.length >> 1;
+      const parts = [{ type: "text", text: prediction.content.slice(0, half) }, { type: "text", text: prediction.content.slice(half) }];
+      const inParts = await on.chat.completions.create({ ...opts, prediction: { type: "content", content: parts } });
+      const offByRequest = await on.chat.completions.create({ ...opts, prediction, speculative: "off" });
+      const chunks = [];
+      for await (const c of await on.chat.completions.create({ ...opts, prediction, stream: true, stream_options: { include_usage: true } })) chunks.push(c);
+      const code = async (p) => p.then(() => "resolved", (e) => e.code);
+      const badRequest = await code(on.chat.completions.create({ ...opts, speculative: "always" }));
+      const badPrediction = await code(on.chat.completions.create({ ...opts, prediction: { type: "text", text: "x" } }));
+      await on.dispose();
+      const badEngine = await code(createEngine("/model.gguf", { backend: "cpu", speculative: "yes" }));
+      const streamed = chunks.map((c) => c.choices[0]?.delta?.content ?? "").join("");
+      return { plain, predicted, lookup, inParts, offByRequest, streamed, lastUsage: chunks.at(-1).usage, badRequest, badPrediction, badEngine };
+    });
+    const text = out.plain.choices[0].message.content;
+    assert.deepEqual(out.plain.usage.completion_tokens_details, { accepted_prediction_tokens: 0, rejected_prediction_tokens: 0 }, "off: nothing drafted");
+    for (const [what, c] of [["a prediction", out.predicted], ["prompt lookup", out.lookup], ["a prediction in text parts", out.inParts], ["speculative off per request", out.offByRequest]]) {
+      assert.equal(c.choices[0].message.content, text, `${what}: the reply speculation off gives`);
+      assert.equal(c.usage.completion_tokens, out.plain.usage.completion_tokens, what);
+    }
+    assert.deepEqual(out.inParts.usage.completion_tokens_details, out.predicted.usage.completion_tokens_details, "text parts predict as their joined text");
+    const taken = out.predicted.usage.completion_tokens_details.accepted_prediction_tokens;
+    assert.ok(taken * 2 >= out.predicted.usage.completion_tokens, `the reply as its own prediction: ${taken} of ${out.predicted.usage.completion_tokens} tokens taken`);
+    assert.deepEqual(out.offByRequest.usage.completion_tokens_details, { accepted_prediction_tokens: 0, rejected_prediction_tokens: 0 }, "a request's own off wins");
+    assert.equal(out.streamed, text, "streamed with a prediction: the same reply");
+    assert.ok(out.lastUsage.completion_tokens_details.accepted_prediction_tokens > 0, `the last chunk's usage counts the drafts: ${JSON.stringify(out.lastUsage)}`);
+    assert.deepEqual([out.badRequest, out.badPrediction, out.badEngine], ["INVALID_ARGUMENT", "INVALID_ARGUMENT", "INVALID_ARGUMENT"]);
+  });
+
   it("says WEBGPU_UNAVAILABLE without WebGPU when asked for it, and runs there on the CPU backend (backend cpu, auto or the default)", { timeout: TIMEOUT }, async () => {
     const plain = await launch({ webgpu: false });
     try {

@@ -89,7 +89,9 @@ pub(crate) async fn generate(args: &Args) -> Result<()> {
         }
         let parallel = item.get("parallel_tool_calls").and_then(Value::as_bool);
         request.tools = Tools::from_options(item.get("tools"), item.get("tool_choice"), parallel).with_context(|| format!("item {i} ({id})"))?;
-        request.prediction = prediction_option(item.get("prediction")).with_context(|| format!("item {i} ({id})"))?;
+        if let Some(p) = item.get("prediction") {
+            request.prediction = Prediction::from_openai(p).map_err(|e| anyhow!("item {i} ({id}): {e}"))?;
+        }
         match item.get("chat_template_kwargs") {
             None | Some(Value::Null) => {}
             Some(Value::Object(kwargs)) => request.chat_template_kwargs = kwargs.clone(),
@@ -130,15 +132,4 @@ pub(crate) async fn generate(args: &Args) -> Result<()> {
         print_line(&line)?;
     }
     Ok(())
-}
-
-/// An item's `"prediction": {"type": "content", "content": str}` (OpenAI's predicted outputs).
-fn prediction_option(value: Option<&Value>) -> Result<Option<Prediction>> {
-    match value {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => match (v.get("type").and_then(Value::as_str), v.get("content").and_then(Value::as_str)) {
-            (Some("content"), Some(text)) => Ok(Some(Prediction::Text(text.to_string()))),
-            _ => bail!("\"prediction\" must be {{\"type\": \"content\", \"content\": \"...\"}}"),
-        },
-    }
 }
