@@ -159,6 +159,14 @@ fn the_cpu_backend_runs_the_commands_and_says_so() {
     assert_eq!(bench[0]["backend"], "cpu", "{}", bench[0]);
     assert!(bench[0]["adapter"].as_str().unwrap().starts_with("CPU backend"), "{}", bench[0]);
     assert!(bench[0]["decode_tok_s"].as_f64().unwrap() > 0.0);
+    assert!(bench[0].get("speculative").is_none(), "bench measures without drafts unless asked: {}", bench[0]);
+    // --speculative auto adds the decode with drafts: its speed, ratio and acceptance (this
+    // model's greedy reply repeats one token, which prompt lookup drafts).
+    let drafted = run(&["bench", "--prompt-tokens", "8", "--gen-tokens", "16", "--speculative", "auto"], "cpu");
+    let s = &drafted[0]["speculative"];
+    let acceptance = s["acceptance"].as_f64().unwrap();
+    assert!(s["decode_tok_s"].as_f64().unwrap() > 0.0 && s["ratio"].as_f64().unwrap() > 0.0, "{s}");
+    assert!(acceptance > 0.0 && acceptance <= 1.0 && s["accepted"].as_u64().unwrap() > 0, "{s}");
     let webgpu = run(&["bench", "--prompt-tokens", "8", "--gen-tokens", "16"], "webgpu");
     assert_eq!(webgpu[0]["backend"], "webgpu");
     assert_eq!(webgpu[0]["backend_reason"], "asked for");

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use anyhow::{bail, Result};
-use pagedlm::engine::{Constraint, Engine, EngineOptions, Event, GenerateRequest, Profile, RequestId, StepProfile};
+use pagedlm::engine::{Constraint, Engine, EngineOptions, Event, GenerateRequest, Profile, RequestId, Speculative, StepProfile};
 use pagedlm::sampler::SamplingParams;
 use serde_json::{json, Value};
 
@@ -98,6 +98,22 @@ fn profile_table(p: &Profile) -> String {
         }
     }
     out
+}
+
+/// `bench --speculative auto`: the decode of the plain measurement again with drafts (prompt
+/// lookup; greedy, end-of-generation ignored): its tokens/s, and the draft tokens taken and
+/// refused.
+async fn bench_speculative(engine: &mut Engine, prompt: &[u32], gen_tokens: u32) -> Result<(f64, u32, u32)> {
+    let request = GenerateRequest { max_tokens: gen_tokens + 1, ignore_eos: true, speculative: Some(Speculative::Auto), ..Default::default() };
+    let mut first = None;
+    let g = engine
+        .generate(prompt, &request, &mut |_| {
+            first.get_or_insert_with(pagedlm::time::now_ms);
+            true
+        })
+        .await?;
+    let ms = pagedlm::time::now_ms() - first.unwrap_or(0.0);
+    Ok(((g.tokens.len().saturating_sub(1)) as f64 / (ms / 1000.0), g.accepted_prediction_tokens, g.rejected_prediction_tokens))
 }
 
 /// Aggregate decode throughput of `batch` sequences decoding together: every request gets its
@@ -316,6 +332,7 @@ pub(crate) async fn bench(args: &Args) -> Result<()> {
     if batch > 1 || args.given("batch") {
         return bench_batch(args, opts, batch, context.max(prompt_tokens).max(1), gen_tokens).await;
     }
+    let speculative = args.given("speculative") && opts.sched.speculative != Speculative::Off;
     let mut engine = load_engine(args, opts).await?;
     // A deterministic prompt of ordinary tokens (ids cycle through a mid-vocabulary range).
     let vocab = engine.config().vocab;
@@ -331,6 +348,10 @@ pub(crate) async fn bench(args: &Args) -> Result<()> {
     let constrained = match constraint_option(args)? {
         Some(c) => Some(bench_constrained(&mut engine, &make(decode_ctx), gen_tokens, c).await?),
         None => None,
+    };
+    let drafted = match speculative {
+        true => Some(bench_speculative(&mut engine, &make(decode_ctx), gen_tokens).await?),
+        false => None,
     };
     let memory = engine.memory();
     let mut line = json!({
@@ -355,6 +376,13 @@ pub(crate) async fn bench(args: &Args) -> Result<()> {
         line["constrained"] = json!({
             "decode_tok_s": tok_s, "tokens": tokens, "ratio": tok_s / (decode.0 as f64 / (decode.1 / 1000.0)),
             "grammar_build_ms": build_ms, "mask_ms_per_token": mask_ms, "steps_ahead_share": ahead,
+        });
+    }
+    if let Some((tok_s, accepted, rejected)) = drafted {
+        let plain = decode.0 as f64 / (decode.1 / 1000.0);
+        line["speculative"] = json!({
+            "decode_tok_s": tok_s, "ratio": tok_s / plain, "accepted": accepted, "rejected": rejected,
+            "acceptance": accepted as f64 / (accepted + rejected).max(1) as f64,
         });
     }
     print_line(&line)

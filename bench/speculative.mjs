@@ -1,0 +1,96 @@
+// Speculative decoding's figures for the README (issue 40): decode tokens/s with speculation off
+// and auto on one workload, natively through `pagedlm generate` and in headless Chromium through
+// the npm package, with their ratio per item (runs in turn, greedy, the same machine).
+//
+// The workload (SmolLM2-135M by default): an editing request (fix the typos in a paragraph of
+// tests/data/alice_chapter1.txt) with drafts from prompt lookup, the same with the corrected
+// paragraph as `prediction`, and three free chat prompts.
+//
+// Usage: node bench/speculative.mjs [native-cpu] [native-webgpu] [browser-cpu] [browser-webgpu]
+// (default: native-cpu native-webgpu browser-cpu). Env: SPEC_MAX_TOKENS (300), SPEC_RUNS (2: the
+// median of each), BENCH_MODEL (a .gguf under models/). Needs `cargo build --release` and pkg/
+// (bash scripts/build-web.sh) for the browser.
+import { execFileSync } from "node:child_process";
+import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { launch, openPage, root, startServer } from "../tests/e2e/helpers.mjs";
+
+const maxTokens = Number(process.env.SPEC_MAX_TOKENS || 300);
+const runs = Number(process.env.SPEC_RUNS || 2);
+const modelFile = process.env.BENCH_MODEL || "SmolLM2-135M-Instruct.Q4_1.gguf";
+const where = process.argv.slice(2).length ? process.argv.slice(2) : ["native-cpu", "native-webgpu", "browser-cpu"];
+
+const text = readFileSync(join(root, "tests/data/alice_chapter1.txt"), "utf8");
+const paragraph = text.slice(2000, 3600);
+const typos = paragraph.replace(/ the /g, (m, i) => (i % 3 === 0 ? " teh " : m)).replace(/and/g, (m, i) => (i % 2 === 0 ? "adn" : m));
+const user = (content) => [{ role: "user", content }];
+const ask = `Fix the typos in this text and return it unchanged otherwise:\n\n${typos}`;
+const ITEMS = [
+  { id: "edit, prompt lookup", messages: user(ask) },
+  { id: "edit, prediction", messages: user(ask), prediction: { type: "content", content: paragraph } },
+  { id: "free: a poem", messages: user("Write a short poem about the sea.") },
+  { id: "free: tips", messages: user("What are three tips for staying productive when working from home?") },
+  { id: "free: rainbow", messages: user("Explain how a rainbow forms.") },
+];
+const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
+
+/** Per item: {tok_s, tokens, accepted, rejected} of each run, natively. */
+function native(backend, speculative) {
+  const dir = mkdtempSync(join(tmpdir(), "pagedlm-spec-"));
+  const input = join(dir, "items.json");
+  writeFileSync(input, JSON.stringify(ITEMS));
+  const args = ["generate", "--model", join(root, "models", modelFile), "--backend", backend, "--max-tokens", String(maxTokens), "--speculative", speculative, "--input", input];
+  const lines = execFileSync(join(root, "target/release/pagedlm"), args, { encoding: "utf8", maxBuffer: 1 << 26 }).trim().split("\n").map((l) => JSON.parse(l));
+  return lines.map((g) => ({ tokens: g.tokens, tok_s: (g.tokens.length - 1) / (g.decode_ms / 1000), accepted: g.accepted_prediction_tokens, rejected: g.rejected_prediction_tokens }));
+}
+
+/** The same in Chromium, through the package: one engine per mode, the items in turn. */
+async function inBrowser(page, backend, speculative) {
+  return page.evaluate(async ({ items, backend, speculative, maxTokens, modelFile }) => {
+    const { createEngine } = await import("/js/index.js");
+    const engine = await createEngine(`/models/${modelFile}`, { backend, speculative, cacheName: "pagedlm-bench" });
+    const out = [];
+    for (const item of items) {
+      const { id, ...params } = item;
+      let tokens = [];
+      const r = await engine.chat.completions.create({ ...params, max_tokens: maxTokens, temperature: 0 });
+      tokens = r.choices[0].message.content;
+      const d = r.usage.completion_tokens_details;
+      out.push({ tokens, tok_s: (r.usage.completion_tokens - 1) / (r.pagedlm.decode_ms / 1000), accepted: d.accepted_prediction_tokens, rejected: d.rejected_prediction_tokens });
+    }
+    await engine.dispose();
+    return out;
+  }, { items: ITEMS, backend, speculative, maxTokens, modelFile });
+}
+
+const figures = {};
+let server;
+let browser;
+let page;
+try {
+  for (const w of where) {
+    const [kind, backend] = w.split("-");
+    if (kind === "browser" && !page) {
+      server = await startServer();
+      browser = await launch();
+      ({ page } = await openPage(browser, `${server.url}/bench-blank`));
+    }
+    const rows = { off: [], auto: [] };
+    for (let r = 0; r < runs; r++) {
+      for (const mode of ["off", "auto"]) rows[mode].push(kind === "native" ? native(backend, mode) : await inBrowser(page, backend, mode));
+    }
+    figures[w] = ITEMS.map((item, i) => {
+      const off = median(rows.off.map((run) => run[i].tok_s));
+      const auto = median(rows.auto.map((run) => run[i].tok_s));
+      const last = rows.auto.at(-1)[i];
+      const same = JSON.stringify(rows.off.at(-1)[i].tokens) === JSON.stringify(last.tokens);
+      return { item: item.id, off_tok_s: +off.toFixed(1), auto_tok_s: +auto.toFixed(1), ratio: +(auto / off).toFixed(2), accepted: last.accepted, rejected: last.rejected, same_output: same };
+    });
+    for (const f of figures[w]) console.log(`${w.padEnd(15)} ${f.item.padEnd(20)} off ${String(f.off_tok_s).padStart(6)}  auto ${String(f.auto_tok_s).padStart(6)}  ×${f.ratio}  drafts ${f.accepted}/${f.accepted + f.rejected}${f.same_output ? "" : "  OUTPUT DIFFERS"}`);
+  }
+} finally {
+  await browser?.close();
+  await server?.close();
+}
+console.log(JSON.stringify({ model: modelFile, max_tokens: maxTokens, runs, figures }));
