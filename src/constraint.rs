@@ -284,6 +284,38 @@ impl Constrained {
         self.refresh()
     }
 
+    /// The masks of the rows after a draft's tokens: mask i is the one after `draft[..=i]`, for
+    /// the longest prefix of `draft` the constraint allows (a forbidden token ends the draft
+    /// before it; a token that completes the output ends it after itself). The matcher is
+    /// rolled back after, so its state and mask are as before.
+    pub fn draft_masks(&mut self, draft: &[u32]) -> Vec<Vec<u32>> {
+        let (mask, only_eos) = (self.mask.clone(), self.only_eos);
+        let mut masks = Vec::new();
+        for &t in draft {
+            if self.only_eos || !self.allows(t) || self.matcher.consume_token(t).is_err() {
+                break;
+            }
+            // The token was consumed: whatever the mask, it is rolled back below.
+            let consumed = masks.len() + 1;
+            if self.refresh().is_err() {
+                masks.truncate(consumed - 1);
+                let _ = self.matcher.rollback(consumed);
+                self.mask = mask;
+                self.only_eos = only_eos;
+                return masks;
+            }
+            masks.push(self.mask.clone());
+        }
+        if !masks.is_empty() {
+            // A rollback of tokens it consumed cannot fail but for a broken matcher, whose next
+            // `advance` then fails the request with the reason.
+            let _ = self.matcher.rollback(masks.len());
+        }
+        self.mask = mask;
+        self.only_eos = only_eos;
+        masks
+    }
+
     /// Recomputes the mask from the matcher's state.
     fn refresh(&mut self) -> Result<(), ConstraintError> {
         let set = self.matcher.compute_mask_or_eos().map_err(|e| ConstraintError::Failed(e.to_string()))?;

@@ -358,26 +358,33 @@ impl Request {
         Some(RowSampling { params: params.clone(), counter, window, constrained, hidden: None })
     }
 
-    /// The draft to verify with its next decode row: at most `limit` tokens, none for a request
-    /// that does not draft or whose penalty ring could not hold its window and the draft, and
-    /// none for a constrained one (its matcher holds one state: the masks of rows after a
-    /// draft token are not known).
-    pub fn draft(&self, limit: u32) -> Vec<u32> {
+    /// The draft to verify with its next decode row, at most `limit` tokens (none for a request
+    /// that does not draft, or whose penalty ring could not hold its window and the draft), and
+    /// for a constrained request the masks of the rows after each draft token, the draft cut
+    /// where its constraint forbids a token ([`Constrained::draft_masks`]).
+    pub fn draft(&mut self, limit: u32) -> (Vec<u32>, Vec<Vec<u32>>) {
         let params = self.sampler.params();
         let penalty_room = if params.repetition_penalty == 1.0 { limit } else { MAX_REPETITION_WINDOW.saturating_sub(params.repetition_window) };
-        if self.constrained.is_some() || !self.drafter.active() {
-            return Vec::new();
+        if !self.drafter.active() {
+            return (Vec::new(), Vec::new());
         }
         let left = (self.params.max_tokens as usize).saturating_sub(self.generated.len() + 1) as u32;
         let limit = limit.min(penalty_room).min(left);
         let mut draft = self.drafter.propose(&self.tokens(), limit);
-        draft.truncate(crate::speculate::quantize_draft(draft.len() as u32) as usize);
-        draft
+        let mut masks = Vec::new();
+        if let Some(c) = &mut self.constrained {
+            masks = c.draft_masks(&draft);
+            draft.truncate(masks.len());
+        }
+        let n = crate::speculate::quantize_draft(draft.len() as u32) as usize;
+        draft.truncate(n);
+        masks.truncate(n);
+        (draft, masks)
     }
 
     /// Whether it may draft at its next step (no step can be planned ahead of it then).
     pub fn drafting(&self) -> bool {
-        self.constrained.is_none() && self.drafter.active()
+        self.drafter.active()
     }
 
     /// The sampling of a verification step's rows: its decode row and the rows of `draft`, each

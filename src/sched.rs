@@ -118,6 +118,9 @@ pub(crate) struct Plan {
     drafted: u32,
     /// The requests asked for a draft in this step (whether one matched or not).
     asked: Vec<RequestId>,
+    /// The masks of constrained draft rows (logit row, mask): the constraint's state after the
+    /// draft tokens before the row ([`crate::constraint::Constrained::draft_masks`]).
+    masks: Vec<(u32, Vec<u32>)>,
     prefill: Option<Chunk>,
     /// How each logit row chooses its token, in [`Plan::logit_rows`] order: `None` greedy (the
     /// argmax), else sampled on the GPU.
@@ -349,21 +352,27 @@ impl Scheduler {
     /// Plans the rows of the next step (nothing is reserved yet). With `drafts`, a decoding
     /// request that drafts ([`Request::draft`]) gets its draft's rows after its next token's, each
     /// a logit row, within the step's rows (one is kept for a prefill chunk) and `max_len`.
-    fn plan(&self, max_len: u32, drafts: bool) -> Plan {
+    fn plan(&mut self, max_len: u32, drafts: bool) -> Plan {
         let mut plan = Plan::default();
-        let decoding: Vec<&Request> = self.running.iter().filter(|r| !r.in_prefill() && r.pending().is_some() && r.seq.is_some()).collect();
+        let decoding: Vec<usize> = (0..self.running.len())
+            .filter(|&i| !self.running[i].in_prefill() && self.running[i].pending().is_some() && self.running[i].seq.is_some())
+            .collect();
         let prefilling = self.running.iter().any(|r| r.in_prefill());
         let mut spare = self.config.step_tokens.saturating_sub(decoding.len() as u32 + prefilling as u32);
-        for r in decoding {
+        for i in decoding {
+            let r = &mut self.running[i];
             let (Some(token), Some(seq)) = (r.pending(), r.seq) else { continue };
             let room = max_len.saturating_sub(r.computed + 1);
             let ask = drafts && spare > 0 && room > 0 && r.drafting();
-            let draft = if ask { r.draft(spare.min(room)) } else { Vec::new() };
+            let (draft, masks) = if ask { r.draft(spare.min(room)) } else { (Vec::new(), Vec::new()) };
             if ask {
                 plan.asked.push(r.id);
             }
             spare -= draft.len() as u32;
             plan.drafted += draft.len() as u32;
+            let first = plan.decode.len() as u32;
+            // Row i (after the draft's first i tokens) chooses under the mask after them.
+            plan.masks.extend(masks.into_iter().enumerate().map(|(i, m)| (first + 1 + i as u32, m)));
             plan.rows.push(Row { seq, token: Some(token), position: r.computed });
             for (i, &d) in draft.iter().enumerate() {
                 plan.rows.push(Row { seq, token: Some(d), position: r.computed + 1 + i as u32 });
@@ -458,9 +467,17 @@ impl Scheduler {
     /// mask) from each request's matcher as it stands: called when the step's tokens are chosen
     /// (for a step planned ahead, after the step before has committed). A row whose request
     /// ended has none (its token is discarded).
-    pub fn masks(&self, plan: &Plan) -> Vec<(u32, &[u32])> {
+    pub fn masks<'a>(&'a self, plan: &'a Plan) -> Vec<(u32, &'a [u32])> {
         let masked = plan.logit_requests().zip(&plan.sampling).enumerate().filter(|(_, (_, s))| s.as_ref().is_some_and(|s| s.constrained));
-        masked.filter_map(|(k, (id, _))| Some((k as u32, self.running[self.still_running(id)?].mask()?))).collect()
+        masked
+            .filter_map(|(k, (id, _))| {
+                let r = &self.running[self.still_running(id)?];
+                match plan.masks.iter().find(|(row, _)| *row == k as u32) {
+                    Some((_, mask)) => Some((k as u32, mask.as_slice())),
+                    None => Some((k as u32, r.mask()?)),
+                }
+            })
+            .collect()
     }
 
     /// Plans the step after the one in flight, before that one's tokens are known: the next row

@@ -142,3 +142,39 @@ gpu_test! {
         }
     }
 }
+
+gpu_test! {
+    // Constrained requests draft too: every verified row chooses under the mask of the
+    // constraint's state after the draft tokens before it, and a draft token the grammar
+    // forbids ends the draft there. Greedy and sampled, on both backends: the tokens of
+    // speculation off, and the output still matches.
+    async fn constrained_requests_draft_under_each_rows_mask() {
+        let bytes = tiny_model(44);
+        let prompt: Vec<u32> = (0..12).map(|i| 3 + (i * 11) % 90).collect();
+        let lark = "start: \"id=\" NUM (\",\" NUM)*\nNUM: /[1-9][0-9]?/\n";
+        let constraint = Some(pagedlm::engine::Constraint::Lark(lark.into()));
+        let sampled = SamplingParams { temperature: 0.8, seed: 9, ..SamplingParams::greedy() };
+        for backend in [BackendChoice::Cpu, BackendChoice::Webgpu] {
+            for sampling in [SamplingParams::greedy(), sampled.clone()] {
+                let base = GenerateRequest { max_tokens: 24, sampling, constraint: constraint.clone(), ..Default::default() };
+                let mut off = Engine::load(&bytes, options(backend, KvDtype::F32, 1, Speculative::Off)).await.unwrap();
+                let want = off.generate(&prompt, &base, &mut |_| true).await.unwrap();
+                let mut on = Engine::load(&bytes, options(backend, KvDtype::F32, 1, Speculative::Auto)).await.unwrap();
+                // The output as its prediction, then with a token no grammar state allows ("x")
+                // in its middle: drafts taken, then cut before the forbidden token.
+                let mut broken = want.tokens.clone();
+                let x = off.tokenizer().encode("x").unwrap();
+                assert_eq!(x.len(), 1);
+                broken.insert(broken.len() / 2, x[0]);
+                for (what, prediction) in [("its own output", want.tokens.clone()), ("a forbidden token in it", broken)] {
+                    let r = GenerateRequest { prediction: Some(Prediction::Tokens(prediction)), ..base.clone() };
+                    let got = on.generate(&prompt, &r, &mut |_| true).await.unwrap();
+                    let case = format!("{backend:?}, {:?}, {what}", base.sampling.temperature);
+                    assert_eq!((&got.tokens, &got.text), (&want.tokens, &want.text), "{case}");
+                    assert!(got.text.starts_with("id="), "{case}: {:?}", got.text);
+                    assert!(got.accepted_prediction_tokens > 0, "{case}: no draft was taken");
+                }
+            }
+        }
+    }
+}

@@ -156,7 +156,11 @@ impl Flight {
                 // A verification row: the ring holds the window and the draft; the row sees it
                 // up to its own token and appends nothing (the next step writes its window).
                 let view = HistoryRing { head: (ring.head + cap - hidden % cap) % cap, len: ring.len.saturating_sub(hidden), ring: slot };
-                params.push(RowParams::new(&s.params, s.counter, view)?);
+                let mut row = RowParams::new(&s.params, s.counter, view)?;
+                if s.constrained {
+                    row.flags |= RowParams::MASKED;
+                }
+                params.push(row);
                 continue;
             }
             let mut row = RowParams::new(&s.params, s.counter, *ring)?;
