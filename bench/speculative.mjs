@@ -2,9 +2,10 @@
 // and auto on one workload, natively through `pagedlm generate` and in headless Chromium through
 // the npm package, with their ratio per item (runs in turn, greedy, the same machine).
 //
-// The workload (SmolLM2-135M by default): an editing request (fix the typos in a paragraph of
-// tests/data/alice_chapter1.txt) with drafts from prompt lookup, the same with the corrected
-// paragraph as `prediction`, and three free chat prompts.
+// The workload (SmolLM2-135M by default): an editing request (correct the spelling of a paragraph
+// of tests/data/alice_chapter1.txt, written out whole) with drafts from prompt lookup, the same
+// with the corrected paragraph as `prediction`, a rename in a small function, and three free
+// chat prompts.
 //
 // Usage: node bench/speculative.mjs [native-cpu] [native-webgpu] [browser-cpu] [browser-webgpu]
 // (default: native-cpu native-webgpu browser-cpu). Env: SPEC_MAX_TOKENS (300), SPEC_RUNS (2: the
@@ -22,13 +23,26 @@ const modelFile = process.env.BENCH_MODEL || "SmolLM2-135M-Instruct.Q4_1.gguf";
 const where = process.argv.slice(2).length ? process.argv.slice(2) : ["native-cpu", "native-webgpu", "browser-cpu"];
 
 const text = readFileSync(join(root, "tests/data/alice_chapter1.txt"), "utf8");
-const paragraph = text.slice(2000, 3600);
+const paragraph = text.slice(2000, 3000);
 const typos = paragraph.replace(/ the /g, (m, i) => (i % 3 === 0 ? " teh " : m)).replace(/and/g, (m, i) => (i % 2 === 0 ? "adn" : m));
+const code = `function tally(items) {
+  let count = 0;
+  for (const item of items) {
+    if (item.done) count += 1;
+    else if (item.partial) count += 0.5;
+  }
+  console.log("count", count);
+  return count;
+}
+`;
 const user = (content) => [{ role: "user", content }];
-const ask = `Fix the typos in this text and return it unchanged otherwise:\n\n${typos}`;
+// SmolLM2-135M writes a text out again when asked this way (other wordings get a reply about it).
+const fix = `Correct the spelling in the following text. Write out the whole corrected text.\n\nText:\n${typos}\n\nCorrected text:`;
+const rename = `Rename the variable count to total in this code. Write out the whole code.\n\nCode:\n${code}\nCode with total:`;
 const ITEMS = [
-  { id: "edit, prompt lookup", messages: user(ask) },
-  { id: "edit, prediction", messages: user(ask), prediction: { type: "content", content: paragraph } },
+  { id: "edit, prompt lookup", messages: user(fix) },
+  { id: "edit, prediction", messages: user(fix), prediction: { type: "content", content: paragraph } },
+  { id: "rename, lookup", messages: user(rename) },
   { id: "free: a poem", messages: user("Write a short poem about the sea.") },
   { id: "free: tips", messages: user("What are three tips for staying productive when working from home?") },
   { id: "free: rainbow", messages: user("Explain how a rainbow forms.") },
@@ -42,7 +56,7 @@ function native(backend, speculative) {
   writeFileSync(input, JSON.stringify(ITEMS));
   const args = ["generate", "--model", join(root, "models", modelFile), "--backend", backend, "--max-tokens", String(maxTokens), "--speculative", speculative, "--input", input];
   const lines = execFileSync(join(root, "target/release/pagedlm"), args, { encoding: "utf8", maxBuffer: 1 << 26 }).trim().split("\n").map((l) => JSON.parse(l));
-  return lines.map((g) => ({ tokens: g.tokens, tok_s: (g.tokens.length - 1) / (g.decode_ms / 1000), accepted: g.accepted_prediction_tokens, rejected: g.rejected_prediction_tokens }));
+  return lines.map((g) => ({ tokens: g.tokens, n: g.tokens.length, tok_s: (g.tokens.length - 1) / (g.decode_ms / 1000), accepted: g.accepted_prediction_tokens, rejected: g.rejected_prediction_tokens }));
 }
 
 /** The same in Chromium, through the package: one engine per mode, the items in turn. */
@@ -57,7 +71,7 @@ async function inBrowser(page, backend, speculative) {
       const r = await engine.chat.completions.create({ ...params, max_tokens: maxTokens, temperature: 0 });
       tokens = r.choices[0].message.content;
       const d = r.usage.completion_tokens_details;
-      out.push({ tokens, tok_s: (r.usage.completion_tokens - 1) / (r.pagedlm.decode_ms / 1000), accepted: d.accepted_prediction_tokens, rejected: d.rejected_prediction_tokens });
+      out.push({ tokens, n: r.usage.completion_tokens, tok_s: (r.usage.completion_tokens - 1) / (r.pagedlm.decode_ms / 1000), accepted: d.accepted_prediction_tokens, rejected: d.rejected_prediction_tokens });
     }
     await engine.dispose();
     return out;
@@ -85,9 +99,9 @@ try {
       const auto = median(rows.auto.map((run) => run[i].tok_s));
       const last = rows.auto.at(-1)[i];
       const same = JSON.stringify(rows.off.at(-1)[i].tokens) === JSON.stringify(last.tokens);
-      return { item: item.id, off_tok_s: +off.toFixed(1), auto_tok_s: +auto.toFixed(1), ratio: +(auto / off).toFixed(2), accepted: last.accepted, rejected: last.rejected, same_output: same };
+      return { item: item.id, tokens: last.n, off_tok_s: +off.toFixed(1), auto_tok_s: +auto.toFixed(1), ratio: +(auto / off).toFixed(2), accepted: last.accepted, rejected: last.rejected, same_output: same };
     });
-    for (const f of figures[w]) console.log(`${w.padEnd(15)} ${f.item.padEnd(20)} off ${String(f.off_tok_s).padStart(6)}  auto ${String(f.auto_tok_s).padStart(6)}  ×${f.ratio}  drafts ${f.accepted}/${f.accepted + f.rejected}${f.same_output ? "" : "  OUTPUT DIFFERS"}`);
+    for (const f of figures[w]) console.log(`${w.padEnd(15)} ${f.item.padEnd(20)} ${String(f.tokens).padStart(4)} tokens  off ${String(f.off_tok_s).padStart(6)}  auto ${String(f.auto_tok_s).padStart(6)}  ×${f.ratio}  drafts ${f.accepted}/${f.accepted + f.rejected}${f.same_output ? "" : "  OUTPUT DIFFERS"}`);
   }
 } finally {
   await browser?.close();
