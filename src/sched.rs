@@ -58,9 +58,9 @@ pub struct SchedConfig {
 }
 
 impl SchedConfig {
-    /// What the package and the CLI take when `speculative` is not given: off until the
-    /// WebGPU figures say drafting pays there too (issue 40; on the CPU backend free text runs
-    /// at 0.93-1.02× and editing up to 1.5×, see the README).
+    /// What the package and the CLI take when `speculative` is not given: off for now (issue 40:
+    /// free text holds at 0.99-1.08×, but on a GPU a verification step ends with a blocking
+    /// readback, and the memory estimate does not count its graphs yet; see the README).
     pub const FOR_USERS_SPECULATIVE: Speculative = Speculative::Off;
 
     /// Most logit rows one step may have: a token and its draft per sequence, within the step.
