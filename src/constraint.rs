@@ -291,25 +291,21 @@ impl Constrained {
     pub fn draft_masks(&mut self, draft: &[u32]) -> Vec<Vec<u32>> {
         let (mask, only_eos) = (self.mask.clone(), self.only_eos);
         let mut masks = Vec::new();
+        let mut consumed = 0;
         for &t in draft {
             if self.only_eos || !self.allows(t) || self.matcher.consume_token(t).is_err() {
                 break;
             }
-            // The token was consumed: whatever the mask, it is rolled back below.
-            let consumed = masks.len() + 1;
+            consumed += 1;
             if self.refresh().is_err() {
-                masks.truncate(consumed - 1);
-                let _ = self.matcher.rollback(consumed);
-                self.mask = mask;
-                self.only_eos = only_eos;
-                return masks;
+                break;
             }
             masks.push(self.mask.clone());
         }
-        if !masks.is_empty() {
+        if consumed > 0 {
             // A rollback of tokens it consumed cannot fail but for a broken matcher, whose next
             // `advance` then fails the request with the reason.
-            let _ = self.matcher.rollback(masks.len());
+            let _ = self.matcher.rollback(consumed);
         }
         self.mask = mask;
         self.only_eos = only_eos;

@@ -51,10 +51,10 @@ pub struct GenerateRequest {
     /// ([`Generation::reasoning_content`], [`Event::Token`]'s `reasoning`) and the constraint
     /// applies after it.
     pub reasoning: Option<Reasoning>,
-    /// Whether this request drafts ([`crate::speculate`]); `None`: the engine's
-    /// [`crate::sched::SchedConfig::speculative`].
+    /// Whether this request drafts ([`crate::speculate`]); `None`: the engine's choice
+    /// (`SchedConfig::speculative`).
     pub speculative: Option<Speculative>,
-    /// Most draft tokens per step; `None`: the engine's [`crate::sched::SchedConfig::max_draft`].
+    /// Most draft tokens per step; `None`: the engine's (`SchedConfig::max_draft`).
     pub max_draft: Option<u32>,
     /// What the output is expected to be (OpenAI's predicted outputs): drafted from first,
     /// followed along as the output advances.

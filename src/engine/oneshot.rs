@@ -5,7 +5,7 @@ use crate::backend;
 use crate::error::EngineError;
 use crate::kv::SeqId;
 use crate::model::Logits;
-use crate::request::GenerateRequest;
+use crate::request::{GenerateRequest, Generation};
 use crate::sampler::top_k;
 
 use super::{Constraint, Engine};
@@ -94,14 +94,21 @@ impl Engine {
         // One token a step: what this measures is plain decoding.
         let speculative = Some(crate::speculate::Speculative::Off);
         let request = GenerateRequest { max_tokens: n.saturating_add(1), ignore_eos: true, constraint, speculative, ..Default::default() };
+        let (g, ms) = self.generate_timed(prompt, &request).await?;
+        Ok((g.tokens, ms))
+    }
+
+    /// For benchmarks: [`Engine::generate`] with the milliseconds from its first token to its end
+    /// (the decode of the tokens after the first, as a caller sees it).
+    pub async fn generate_timed(&mut self, prompt: &[u32], request: &GenerateRequest) -> Result<(Generation, f64), EngineError> {
         let mut first = None;
         let g = self
-            .generate(prompt, &request, &mut |_| {
+            .generate(prompt, request, &mut |_| {
                 first.get_or_insert_with(crate::time::now_ms);
                 true
             })
             .await?;
-        Ok((g.tokens, first.map_or(0.0, |t0| crate::time::now_ms() - t0)))
+        Ok((g, first.map_or(0.0, |t0| crate::time::now_ms() - t0)))
     }
 
     /// Teacher forcing: reads `ids` and, for every position p from `from - 1` to `len - 1`,

@@ -105,15 +105,8 @@ fn profile_table(p: &Profile) -> String {
 /// refused.
 async fn bench_speculative(engine: &mut Engine, prompt: &[u32], gen_tokens: u32) -> Result<(f64, u32, u32)> {
     let request = GenerateRequest { max_tokens: gen_tokens + 1, ignore_eos: true, speculative: Some(Speculative::Auto), ..Default::default() };
-    let mut first = None;
-    let g = engine
-        .generate(prompt, &request, &mut |_| {
-            first.get_or_insert_with(pagedlm::time::now_ms);
-            true
-        })
-        .await?;
-    let ms = pagedlm::time::now_ms() - first.unwrap_or(0.0);
-    Ok(((g.tokens.len().saturating_sub(1)) as f64 / (ms / 1000.0), g.accepted_prediction_tokens, g.rejected_prediction_tokens))
+    let (g, ms) = engine.generate_timed(prompt, &request).await?;
+    Ok((g.tokens.len().saturating_sub(1) as f64 / (ms / 1000.0), g.accepted_prediction_tokens, g.rejected_prediction_tokens))
 }
 
 /// Aggregate decode throughput of `batch` sequences decoding together: every request gets its
