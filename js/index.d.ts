@@ -127,6 +127,12 @@ export interface EngineOptions {
   cache?: boolean;
   /** The OPFS folder and Cache API cache models are kept in (default "pagedlm-models-v1"). */
   cacheName?: string;
+  /**
+   * A download that receives nothing for this long (default 30000 ms) has stalled: it is asked
+   * again from the byte it reached (a Range request, into OPFS), up to 3 times in a row, then fails
+   * with MODEL_DOWNLOAD. Without OPFS (nothing to resume into) the first stall fails it.
+   */
+  downloadStallMs?: number;
   /** Where js/worker.js is served, if not next to this module. */
   workerUrl?: string | URL;
   /**

@@ -12,7 +12,7 @@
 // messages back into promises and async iterables; the messages are those of js/protocol.js.
 
 import { ENGINE_OPTIONS, ESTIMATE_OPTIONS, PACKAGE_OPTIONS, requestOptions, toWorker } from "./protocol.js";
-import { DEFAULT_STORE, deleteCachedModel as deleteStored, listCachedModels as listStored } from "./storage.js";
+import { DEFAULT_STALL_MS, DEFAULT_STORE, deleteCachedModel as deleteStored, listCachedModels as listStored } from "./storage.js";
 
 /** Errors from pagedlm: an `Error` with a `code` (WEBGPU_UNAVAILABLE, MODEL_FORMAT, ...). */
 export class PagedlmError extends Error {
@@ -54,7 +54,7 @@ function askPersistence() {
 
 /** The engine options of `options` (checked against `known`, ENGINE_OPTIONS by default) and the package's own. */
 function splitOptions(options, what, known = ENGINE_OPTIONS) {
-  const { onProgress, cache = true, cacheName = DEFAULT_STORE, workerUrl, ...rest } = options ?? {};
+  const { onProgress, cache = true, cacheName = DEFAULT_STORE, downloadStallMs = DEFAULT_STALL_MS, workerUrl, ...rest } = options ?? {};
   const engineOptions = {};
   for (const [k, v] of Object.entries(rest)) {
     if (!known.includes(k)) throw invalid(`${what}: unknown option ${k} (known: ${[...known, ...PACKAGE_OPTIONS].join(", ")})`);
@@ -62,7 +62,8 @@ function splitOptions(options, what, known = ENGINE_OPTIONS) {
   }
   if (onProgress !== undefined && typeof onProgress !== "function") throw invalid(`${what}: onProgress must be a function`);
   if (typeof cacheName !== "string" || cacheName === "") throw invalid(`${what}: cacheName must be a non-empty string`);
-  return { engineOptions, onProgress, store: { enabled: !!cache, name: cacheName }, workerUrl };
+  if (!(Number.isFinite(downloadStallMs) && downloadStallMs > 0)) throw invalid(`${what}: downloadStallMs must be a positive number of milliseconds`);
+  return { engineOptions, onProgress, store: { enabled: !!cache, name: cacheName, stallMs: downloadStallMs }, workerUrl };
 }
 
 function startWorker(workerUrl) {
@@ -752,6 +753,6 @@ export async function deleteCachedModel(url, { cacheName = DEFAULT_STORE } = {})
   try {
     return await deleteStored(absoluteUrl(url), cacheName);
   } catch (e) {
-    throw e instanceof PagedlmError ? e : new PagedlmError(e?.code ?? "INTERNAL", e?.message ?? String(e));
+    throw e instanceof PagedlmError ? e : new PagedlmError(typeof e?.code === "string" ? e.code : "INTERNAL", e?.message ?? String(e));
   }
 }

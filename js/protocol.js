@@ -12,7 +12,7 @@ export const ENGINE_OPTIONS = Object.freeze(["kvDtype", "kvLayout", "blockSize",
 /** Options of `estimateMemory` only that go to the wasm engine (`WebEngine.estimateMemory`; loads ignore them). */
 export const ESTIMATE_OPTIONS = Object.freeze(["limits"]);
 /** Options of `createEngine` that js/index.js handles itself. */
-export const PACKAGE_OPTIONS = Object.freeze(["onProgress", "cache", "cacheName", "workerUrl"]);
+export const PACKAGE_OPTIONS = Object.freeze(["onProgress", "cache", "cacheName", "downloadStallMs", "workerUrl"]);
 /** Parameters of `chat.completions.create` and `completions.create` that go to the wasm engine (`WebEngine.submit`, `submitPrompt`). */
 export const REQUEST_OPTIONS = Object.freeze(["max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "repetition_penalty", "response_format", "grammar", "speculative", "prediction"]);
 /** Engine options only chat requests take (a raw-text completion cannot offer tools). */
@@ -33,7 +33,7 @@ export function requestOptions(params, chat = false) {
  * @typedef {{role: string, content: string | null, tool_calls?: ToolCall[], tool_call_id?: string, reasoning_content?: string}} ChatMessage
  * @typedef {{id: string, type: "function", function: {name: string, arguments: string}}} ToolCall
  * @typedef {{code: string, message: string}} ErrorBody
- * @typedef {{enabled: boolean, name: string}} CacheOptions  `name`: the OPFS folder and Cache API cache models are stored in (js/storage.js)
+ * @typedef {{enabled: boolean, name: string, stallMs?: number}} CacheOptions  `name`: the OPFS folder and Cache API cache models are stored in (js/storage.js); `stallMs`: how long a download may receive nothing
  * @typedef {{phase: string, loaded?: number, total?: number, resumed_from?: number, part?: number, parts?: number, note?: string, storage?: string}} Progress
  * @typedef {string | ArrayBuffer | ArrayBufferView | Blob | FileSystemFileHandle} ModelSource  a URL (absolute), bytes, a File/Blob or an OPFS file handle
  *

@@ -22,6 +22,12 @@ export const DEFAULT_STORE = "pagedlm-models-v1";
 /** How often a download makes its progress durable (the most a cut tab loses). */
 const FLUSH_BYTES = 16 << 20;
 const FLUSH_MS = 1000;
+/** A download that receives nothing for this long is asked again from where it stopped (OPFS) or fails. */
+export const DEFAULT_STALL_MS = 30_000;
+/** Stalls in a row (no byte between them) before a download fails. */
+const MAX_STALLS = 3;
+/** A flush to storage slower than this is reported in a progress note. */
+const SLOW_FLUSH_MS = 5_000;
 /** How often download progress is reported. */
 const REPORT_MS = 50;
 
@@ -31,6 +37,7 @@ function fail(code, message) {
   return Object.assign(new Error(message), { code });
 }
 
+const secondsText = (ms) => `${(ms / 1000).toFixed(ms < 10_000 ? 1 : 0)} s`;
 const bytesText = (n) => `${n.toLocaleString("en-US")} bytes (${(n / 1e9).toFixed(2)} GB)`;
 
 /**
@@ -239,10 +246,53 @@ function eagerReader(body) {
 }
 
 /**
+ * A response for `url` from byte `have` on (a Range request with If-Range when `have` > 0), for
+ * the download `meta` describes ({size, etag, lastModified}). Resolves to {response, have, note}:
+ * `have` 0 and a `note` saying why when the server sends another file or ignores ranges, so the
+ * download starts over.
+ */
+async function openFrom(url, have, meta) {
+  if (have === 0) return { response: await request(url), have: 0, note: null };
+  const validator = meta.etag ?? meta.lastModified;
+  const response = await request(url, { range: `bytes=${have}-`, ...(validator ? { "if-range": validator } : {}) }, { rangeNotSatisfiable: true });
+  const range = contentRange(response);
+  const { etag } = validators(response);
+  if (response.status === 416) {
+    // Nothing past `have`: a server file shorter than the partial one (it changed), or one
+    // whose last bytes were written but not yet marked complete. Either way, fetch it whole.
+    const note = "the file on the server is not the one the cut download holds: downloading it again from the start";
+    return { response: await request(url), have: 0, note };
+  }
+  if (response.status === 206 && !(range && range.start === have && (range.size == null || meta.size == null || range.size === meta.size) && (!meta.etag || !etag || etag === meta.etag))) {
+    // A range of another file than the one the partial download holds: start over.
+    await response.body?.cancel().catch(() => {});
+    const note = "the file on the server changed since the download was cut: downloading it again from the start";
+    return { response: await request(url), have: 0, note };
+  }
+  if (response.status !== 206) {
+    const note = meta.etag || meta.lastModified
+      ? "the server sent the whole file (it changed since the download was cut, or it ignores ranges): downloading it again from the start"
+      : "the server ignores ranges: downloading the model again from the start";
+    return { response, have: 0, note };
+  }
+  return { response, have, note: null };
+}
+
+/** What `next()` resolves to when nothing arrived for the stall time. */
+const STALLED = Symbol("stalled");
+
+/** `promise`, or STALLED after `ms` when it has not settled by then. */
+function orStalled(promise, ms) {
+  let timer;
+  const stall = new Promise((resolve) => { timer = setTimeout(() => resolve(STALLED), ms); });
+  return Promise.race([promise, stall]).finally(() => clearTimeout(timer));
+}
+
+/**
  * Part `index` of `urls` in OPFS folder `folder`: the stored file when complete, else downloaded
  * into it, resuming a partial download. Resolves to {blob, source: "cache"|"network"}.
  */
-function opfsPart(folder, urls, index, report) {
+function opfsPart(folder, urls, index, stallMs, report) {
   const url = urls[index];
   const key = fileKey(url);
   return withFileLock(url, async () => {
@@ -253,47 +303,21 @@ function opfsPart(folder, urls, index, report) {
       return { blob: await (await folder.getFileHandle(`${key}.gguf`)).getFile(), source: "cache" };
     }
     // What a cut download left: up to its last flush, and no more than the file holds.
-    let have = mine && !meta.complete ? Math.max(0, Math.min(meta.written ?? 0, onDisk)) : 0;
-    let note = null;
-    let response;
-    if (have > 0) {
-      const validator = meta.etag ?? meta.lastModified;
-      response = await request(url, { range: `bytes=${have}-`, ...(validator ? { "if-range": validator } : {}) }, { rangeNotSatisfiable: true });
-      const range = contentRange(response);
-      const { etag } = validators(response);
-      if (response.status === 416) {
-        // Nothing past `have`: a server file shorter than the partial one (it changed), or one
-        // whose last bytes were written but not yet marked complete. Either way, fetch it whole.
-        note = "the file on the server is not the one the cut download holds: downloading it again from the start";
-        have = 0;
-        response = await request(url);
-      } else if (response.status === 206 && !(range && range.start === have && (range.size == null || range.size === meta.size) && (!meta.etag || !etag || etag === meta.etag))) {
-        // A range of another file than the one the partial download holds: start over.
-        await response.body?.cancel().catch(() => {});
-        note = "the file on the server changed since the download was cut: downloading it again from the start";
-        have = 0;
-        response = await request(url);
-      } else if (response.status !== 206) {
-        note = meta.etag || meta.lastModified
-          ? "the server sent the whole file (it changed since the download was cut, or it ignores ranges): downloading it again from the start"
-          : "the server ignores ranges: downloading the model again from the start";
-        have = 0;
-      }
-    } else {
-      response = await request(url);
-    }
+    const kept = mine && !meta.complete ? Math.max(0, Math.min(meta.written ?? 0, onDisk)) : 0;
+    const opened = await openFrom(url, kept, meta);
+    let { response } = opened;
+    const { have, note } = opened;
     const range = response.status === 206 ? contentRange(response) : null;
-    const total = range ? range.size : bodyLength(response);
-    const resumedFrom = have;
-    const body = eagerReader(response.body);
+    let total = range ? range.size : bodyLength(response);
+    let resumedFrom = have;
+    let body = eagerReader(response.body);
     try {
       if (total != null) await checkQuota(url, total - have);
     } catch (e) {
       await body.cancel();
       throw e;
     }
-    const { etag, lastModified } = validators(response);
-    const base = { url, model: urls[0], part: index + 1, parts: urls.length, size: total, etag, lastModified };
+    let base = { url, model: urls[0], part: index + 1, parts: urls.length, size: total, ...validators(response) };
     const handle = await folder.getFileHandle(`${key}.gguf`, { create: true });
     const access = await handle.createSyncAccessHandle();
     let at = have;
@@ -306,19 +330,49 @@ function opfsPart(folder, urls, index, report) {
       if (note) report({ ...event(), note });
       let flushed = { bytes: have, at: performance.now() };
       const flush = async () => {
+        const started = performance.now();
         access.flush();
         await writeMeta(folder, key, { ...base, complete: false, written: at });
         flushed = { bytes: at, at: performance.now() };
+        // Storage this slow looks like a stalled download from outside: say where the time goes.
+        const took = flushed.at - started;
+        if (took >= SLOW_FLUSH_MS) report({ ...event(), note: `writing to browser storage is slow: making ${bytesText(at)} durable took ${secondsText(took)}` });
       };
+      // Stalls in a row with no byte between them; past MAX_STALLS the download fails.
+      let stalls = 0;
       for (;;) {
         let chunk;
         try {
-          chunk = await body.next();
+          chunk = await orStalled(body.next(), stallMs);
         } catch (e) {
           await flush();
           throw fail("MODEL_DOWNLOAD", `Downloading the model from ${url} stopped after ${at.toLocaleString("en-US")} of ${total == null ? "?" : total.toLocaleString("en-US")} bytes: ${e?.message || e}. Loading it again resumes from there.`);
         }
+        if (chunk === STALLED) {
+          // Nothing for the stall time, the connection still open: drop it and ask again from
+          // the byte reached, as a reload would.
+          await flush();
+          body.cancel();
+          const silent = `received nothing for ${secondsText(stallMs)} after ${at.toLocaleString("en-US")} of ${total == null ? "?" : total.toLocaleString("en-US")} bytes`;
+          if (++stalls > MAX_STALLS) throw fail("MODEL_DOWNLOAD", `Downloading the model from ${url} stalled: it ${silent}, ${stalls} times in a row. Loading it again resumes from there.`);
+          const again = await openFrom(url, at, base);
+          response = again.response;
+          const againRange = response.status === 206 ? contentRange(response) : null;
+          if (again.have !== at) {
+            // Another file, or a server that ignores ranges: the bytes so far are not its own.
+            at = 0;
+            resumedFrom = 0;
+            access.truncate(0);
+            total = againRange ? againRange.size : bodyLength(response);
+            base = { ...base, size: total, ...validators(response) };
+            await flush();
+          }
+          body = eagerReader(response.body);
+          report({ ...event(), note: `the download ${silent}: asked the server again from byte ${at.toLocaleString("en-US")}${again.note ? ` (${again.note})` : ""}` });
+          continue;
+        }
         if (chunk === null) break;
+        stalls = 0;
         // A write the quota stops returns a count other than the chunk's length (Chrome 156
         // returns 2^32 - 8) where the spec says it throws QuotaExceededError: both mean full.
         const written = access.write(chunk, { at });
@@ -347,29 +401,51 @@ function opfsPart(folder, urls, index, report) {
 }
 
 /**
- * `response`'s body passed through, counted into progress events; errors with MODEL_DOWNLOAD
- * when it ends short of `total`.
+ * `response`'s body passed through, counted into progress events, as {stream, failure()}: the
+ * stream errors with MODEL_DOWNLOAD when it ends short of `total` or receives nothing for
+ * `stallMs` (nothing to resume into here), and `failure()` is that error (Cache.put() reports any
+ * error of its body as its own generic one).
  */
-function counted(response, url, total, report) {
+function counted(response, url, total, report, stallMs) {
+  const reader = response.body.getReader();
   let loaded = 0;
+  let failure = null;
+  const failed = (e) => {
+    failure = e;
+    return e;
+  };
   const progress = throttled(report);
-  return response.body.pipeThrough(new TransformStream({
-    transform(chunk, controller) {
-      loaded += chunk.length;
-      progress({ phase: "download", loaded, total: total ?? 0 });
-      controller.enqueue(chunk);
-    },
-    flush() {
-      if (total != null && loaded !== total) {
-        throw fail("MODEL_DOWNLOAD", `The model download from ${url} ended after ${loaded.toLocaleString("en-US")} of ${total.toLocaleString("en-US")} bytes. Try again.`);
+  const stream = new ReadableStream({
+    async pull(controller) {
+      const got = await orStalled(reader.read(), stallMs);
+      if (got === STALLED) {
+        reader.cancel().catch(() => {});
+        throw failed(fail("MODEL_DOWNLOAD", `Downloading the model from ${url} stalled: it received nothing for ${secondsText(stallMs)} after ${loaded.toLocaleString("en-US")} of ${total == null ? "?" : total.toLocaleString("en-US")} bytes. Try again.`));
       }
-      progress({ phase: "download", loaded, total: total ?? loaded }, true);
+      if (got.done) {
+        if (total != null && loaded !== total) {
+          throw failed(fail("MODEL_DOWNLOAD", `The model download from ${url} ended after ${loaded.toLocaleString("en-US")} of ${total.toLocaleString("en-US")} bytes. Try again.`));
+        }
+        progress({ phase: "download", loaded, total: total ?? loaded }, true);
+        controller.close();
+        return;
+      }
+      loaded += got.value.length;
+      progress({ phase: "download", loaded, total: total ?? 0 });
+      controller.enqueue(got.value);
     },
-  }));
+    cancel: (reason) => reader.cancel(reason),
+  });
+  return { stream, failure: () => failure };
+}
+
+/** `e` as the package's error: its own when it has a code, else MODEL_DOWNLOAD for `url`. */
+function downloadError(e, url) {
+  return typeof e?.code === "string" ? e : fail("MODEL_DOWNLOAD", `Downloading the model from ${url} failed: ${e?.message || e}.`);
 }
 
 /** Part `url` from the Cache API when there whole, else downloaded into it (no resume). */
-async function cachePart(cache, url, report) {
+async function cachePart(cache, url, stallMs, report) {
   const hit = await cache.match(url).catch(() => undefined);
   if (hit) {
     const blob = await hit.blob();
@@ -388,12 +464,13 @@ async function cachePart(cache, url, report) {
     }
   }
   const headers = { "content-type": "application/octet-stream", ...(total != null ? { "content-length": String(total) } : {}) };
+  const body = counted(response, url, total, report, stallMs);
   try {
-    await cache.put(url, new Response(counted(response, url, total, report), { headers }));
+    await cache.put(url, new Response(body.stream, { headers }));
   } catch (e) {
     await cache.delete(url).catch(() => {});
     if (isQuotaError(e)) throw quotaError(url, total ?? 0, await navigator.storage?.estimate?.().then((s) => s.quota - s.usage, () => 0) ?? 0);
-    throw e?.code ? e : fail("MODEL_DOWNLOAD", `Downloading the model from ${url} failed: ${e?.message || e}.`);
+    throw downloadError(body.failure() ?? e, url);
   }
   const stored = await cache.match(url);
   report({ phase: "stored", loaded: total ?? 0, total: total ?? 0, storage: "cache" });
@@ -401,13 +478,14 @@ async function cachePart(cache, url, report) {
 }
 
 /** Part `url` downloaded into a Blob (no storage). */
-async function blobPart(url, report) {
+async function blobPart(url, stallMs, report) {
   const response = await request(url);
   const total = bodyLength(response);
+  const body = counted(response, url, total, report, stallMs);
   try {
-    return { blob: await new Response(counted(response, url, total, report)).blob(), source: "network" };
+    return { blob: await new Response(body.stream).blob(), source: "network" };
   } catch (e) {
-    throw e?.code ? e : fail("MODEL_DOWNLOAD", `Downloading the model from ${url} failed: ${e?.message || e}.`);
+    throw downloadError(body.failure() ?? e, url);
   }
 }
 
@@ -419,6 +497,7 @@ async function blobPart(url, report) {
  */
 export async function modelFiles(url, store, report) {
   const urls = modelParts(url);
+  const stallMs = store.stallMs ?? DEFAULT_STALL_MS;
   const folder = store.enabled && opfsWritable() ? await opfsFolder(store.name, true) : null;
   const cache = store.enabled && !folder ? await openCache(store.name, true) : null;
   const storage = folder ? "opfs" : cache ? "cache" : null;
@@ -427,7 +506,7 @@ export async function modelFiles(url, store, report) {
   try {
     for (let i = 0; i < urls.length; i++) {
       const partReport = urls.length > 1 ? (e) => report({ ...e, part: i + 1, parts: urls.length }) : report;
-      const got = folder ? await opfsPart(folder, urls, i, partReport) : cache ? await cachePart(cache, urls[i], partReport) : await blobPart(urls[i], partReport);
+      const got = folder ? await opfsPart(folder, urls, i, stallMs, partReport) : cache ? await cachePart(cache, urls[i], stallMs, partReport) : await blobPart(urls[i], stallMs, partReport);
       blobs.push(got.blob);
       if (got.source === "cache") fromStorage += 1;
     }

@@ -23,6 +23,10 @@ bash scripts/fetch-gemma.sh --quiet
 
 # Elapsed time at each phase (from the start of this script), so a CI log says where the time went.
 phase() { echo "== $1 [$SECONDS s]"; }
+# Every stream's lines are kept here too, so that a failing run ends with its failures: CI shows
+# the log's tail, where the lines of one failing test are far above among thousands.
+log=$(mktemp)
+keep() { tee -a "$log"; }
 
 # How the run is packed on 2 cores. Beside a Chromium suite the native suites run 4-5x slower
 # (lavapipe and SwiftShader fight for the cores: 640 s alone, ~2,900 s beside the browser suites
@@ -47,14 +51,14 @@ if ! cargo fmt --check >/dev/null 2>&1; then
   cargo fmt --check -l 2>/dev/null | sed 's/^/[lint]   /'
   lint_rc=1
 fi
-( set -o pipefail; cargo clippy --quiet --all-targets -- -D warnings 2>&1 | sed -u 's/^/[lint] /' ) || lint_rc=1
-( set -o pipefail; cargo clippy --quiet --lib --target wasm32-unknown-unknown -- -D warnings 2>&1 | sed -u 's/^/[lint] /' ) || lint_rc=1
+( set -o pipefail; cargo clippy --quiet --all-targets -- -D warnings 2>&1 | sed -u 's/^/[lint] /' | keep ) || lint_rc=1
+( set -o pipefail; cargo clippy --quiet --lib --target wasm32-unknown-unknown -- -D warnings 2>&1 | sed -u 's/^/[lint] /' | keep ) || lint_rc=1
 phase "formatting and lints done (exit $lint_rc)"
 
 vulkan=$(command -v vulkaninfo >/dev/null && vulkaninfo --summary 2>/dev/null | awk -F= '/deviceName/{print $2; exit}' || echo lavapipe)
 phase "native tests (Vulkan:${vulkan:- lavapipe}) [native]"
 native_rc=0
-( set -o pipefail; cargo test --quiet 2>&1 | sed -u 's/^/[native] /' ) || native_rc=$?
+( set -o pipefail; cargo test --quiet 2>&1 | sed -u 's/^/[native] /' | keep ) || native_rc=$?
 phase "native tests done (exit $native_rc)"
 
 # The release package the end-to-end tests load, the browser suites, and the writer of the tiny
@@ -83,20 +87,27 @@ phase "browser tests (headless Chromium, WebGPU) [browser], then end-to-end [e2e
 (
   set -o pipefail
   rc=0
-  browser $(printf -- '--test %s ' "${heavy[@]}") | sed -u 's/^/[browser] /' || rc=1
+  browser $(printf -- '--test %s ' "${heavy[@]}") | sed -u 's/^/[browser] /' | keep || rc=1
   echo "== heavy browser tests done (exit $rc) [$SECONDS s]"
-  npm run --silent test:e2e 2>&1 | sed -u 's/^/[e2e] /' || rc=$((rc | 2))
+  npm run --silent test:e2e 2>&1 | sed -u 's/^/[e2e] /' | keep || rc=$((rc | 2))
   exit $rc
 ) &
 first=$!
 rest_rc=0
-( set -o pipefail; browser "${rest[@]}" | sed -u 's/^/[browser+] /' ) || rest_rc=$?
+( set -o pipefail; browser "${rest[@]}" | sed -u 's/^/[browser+] /' | keep ) || rest_rc=$?
 phase "other browser tests done (exit $rest_rc)"
 first_rc=0
 wait $first || first_rc=$?
 phase "heavy browser tests and end-to-end done (exit $first_rc: 1 browser, 2 end-to-end)"
 if [ $lint_rc -ne 0 ] || [ $native_rc -ne 0 ] || [ $build_rc -ne 0 ] || [ $first_rc -ne 0 ] || [ $rest_rc -ne 0 ]; then
+  # The failures again, last: each failing test's line and what follows it (its error), the
+  # failing suites' summaries, lint errors and panics.
+  echo "== what failed, from the lines above:"
+  grep -E -A14 '^\[[a-z0-9+]+\] +not ok|^\[[a-z0-9+]+\] (error|warning)(\[|:)|panicked at|^\[[a-z0-9+]+\] failures:$|test result: FAILED|stalled' "$log" \
+    | grep -v -E '^\[[a-z0-9+]+\] +(duration_ms|location|failureType|\.\.\.|---)' | head -150 || true
+  rm -f "$log"
   echo "test: lints exited $lint_rc, native tests $native_rc, builds $build_rc, heavy browser tests and end-to-end $first_rc, other browser tests $rest_rc" >&2
   exit 1
 fi
+rm -f "$log"
 phase "all tests passed"

@@ -185,6 +185,8 @@ async function loadAndChat({ backend, source, url }) {
     const share = `${p.phase} ${p.total ? Math.floor((20 * p.loaded) / p.total) * 5 : 0}%`;
     if (share !== reported) step(share);
     reported = share;
+    // A stall the package recovered from, or storage that is slow to write.
+    if (p.note) step(`${p.phase} note: ${p.note}`);
   };
   const engine = await createEngine(model, { backend, onProgress });
   step("chat turn");

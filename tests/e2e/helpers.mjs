@@ -54,7 +54,8 @@ const TYPES = { ".html": "text/html; charset=utf-8", ".js": "text/javascript; ch
  * served from elsewhere: `bytes` = only the first n bytes (a short file, its length told truly);
  * `cutAt` = close the connection after n body bytes, once (then serve normally); `truncateAt` =
  * close it at byte n of the file, every time (the server promises more bytes than it ever
- * sends); `noRange` = ignore Range
+ * sends); `stallAt` = stop sending after n body bytes and keep the connection open (once;
+ * `stallAlways`: every time), as a server or proxy that hangs does; `noRange` = ignore Range
  * (always the whole file, 200). Routes may be changed between requests (a file replaced). Byte
  * ranges, ETag and If-Range as scripts/serve.mjs answers them. Counts requests (`hits`) and the
  * body bytes sent (`served`) per path.
@@ -86,10 +87,23 @@ export async function staticServer(dir, routes = {}) {
       route.cut = true;
       limit = route.cutAt;
     }
+    let stall = Infinity;
+    if (route?.stallAt != null && (route.stallAlways || !route.stalled)) {
+      route.stalled = true;
+      stall = Math.max(0, route.stallAt - body.start);
+    }
     let sent = 0;
     const stream = createReadStream(file, body);
     const count = (n) => { sent += n; served.set(path, (served.get(path) ?? 0) + n); };
     stream.on("data", (chunk) => {
+      if (sent + chunk.length >= stall) {
+        // Bytes up to `stall`, then silence on an open connection (closed when the client goes).
+        stream.destroy();
+        const part = chunk.subarray(0, stall - sent);
+        count(part.length);
+        res.write(part);
+        return;
+      }
       if (sent + chunk.length >= limit) {
         // The first `limit` bytes reach the client, then the connection ends mid-body, a moment
         // later as a failing network does (Chrome drops body bytes it has not handed to the page

@@ -127,6 +127,35 @@ describe("model storage", () => {
     assert.ok(third.events.some((e) => e.phase === "cache"), "the cache phase is reported");
   });
 
+  it("asks again from where it stopped when a download receives nothing, and fails after stalls in a row", { timeout: TIMEOUT }, async () => {
+    const at = Math.floor(size * 0.4);
+    routes["/stall.gguf"] = { file: tiny, stallAt: at };
+    const { page } = await site();
+    const out = await loadAndChat(page, "/stall.gguf", { downloadStallMs: 500 });
+    assert.ok(!out.code, `the stalled download recovers: ${out.code} ${out.message}`);
+    assert.ok(out.tokens > 0);
+    const notes = out.events.filter((e) => e.note).map((e) => e.note);
+    assert.ok(notes.some((n) => /received nothing for 0.5 s after [\d,]+ of [\d,]+ bytes: asked the server again from byte [\d,]+/.test(n)), `a progress note says so: ${JSON.stringify(notes)}`);
+    assert.equal(server.hits.get("/stall.gguf"), 2, "one request, then one Range request");
+    assert.equal(server.served.get("/stall.gguf"), size, "no byte fetched twice");
+    assert.equal((await listed(page)).find((m) => m.url.endsWith("/stall.gguf"))?.complete, true);
+
+    // A server that hangs every time: the load fails, saying so, with what it got kept.
+    routes["/hangs.gguf"] = { file: tiny, stallAt: at, stallAlways: true };
+    const hung = await loadAndChat(page, "/hangs.gguf", { downloadStallMs: 300 });
+    assert.equal(hung.code, "MODEL_DOWNLOAD", JSON.stringify(hung));
+    assert.match(hung.message, /stalled: it received nothing for 0.3 s after [\d,]+ of [\d,]+ bytes, 4 times in a row/);
+    assert.equal(server.hits.get("/hangs.gguf"), 4);
+    const partial = (await listed(page)).find((m) => m.url.endsWith("/hangs.gguf"));
+    assert.deepEqual([partial?.complete, partial?.bytes], [false, at], "the bytes that came are kept for a resume");
+
+    // Without OPFS (the Cache API) there is nothing to resume into: the first stall fails.
+    routes["/hangs-cache.gguf"] = { file: tiny, stallAt: at };
+    const cached = await loadAndChat(page, "/hangs-cache.gguf", { downloadStallMs: 300, workerUrl: "/no-opfs-worker.js" });
+    assert.equal(cached.code, "MODEL_DOWNLOAD", JSON.stringify(cached));
+    assert.match(cached.message, /stalled: it received nothing/);
+  });
+
   it("loads a split GGUF from its first part's URL, lists it whole and deletes every part", { timeout: TIMEOUT }, async () => {
     const { page, problems } = await site();
     const out = await loadAndChat(page, "/split-00001-of-00003.gguf");
