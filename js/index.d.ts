@@ -138,8 +138,9 @@ export interface EngineOptions {
   /**
    * Speculative decoding: "auto" drafts tokens by prompt lookup and from a request's
    * `prediction`, verifies them in one step with the next token and keeps the draft where it is
-   * right (the same tokens as "off"; faster where the reply copies text it was given); "off"
-   * (default): one token per step. A request's own `speculative` wins.
+   * right (the same tokens as "off"; faster where the reply copies text it was given), and stops
+   * drafting for a while where drafts are not taken (default "auto"); "off": one token per step.
+   * A request's own `speculative` wins.
    */
   speculative?: "auto" | "off";
   /** Most draft tokens per sequence and step (default 7). */

@@ -271,6 +271,9 @@ pub(crate) struct Request {
     /// The next token, sampled and streamed but not yet fed to the model.
     pending: Option<u32>,
     drafter: Drafter,
+    /// The rows it got in the step planned last: their first position and the draft after its
+    /// next token's row ([`Request::in_flight`]).
+    planned: Option<(u32, Vec<u32>)>,
 }
 
 impl Request {
@@ -295,6 +298,7 @@ impl Request {
             admitted_step: 0,
             pending: None,
             drafter: handling.drafter,
+            planned: None,
         }
     }
 
@@ -387,14 +391,14 @@ impl Request {
         self.drafter.active()
     }
 
-    /// The sampling of a verification step's rows: its decode row and the rows of `draft`, each
-    /// predicting the position after its token, the first writing the penalty window with the
-    /// draft to the ring and each seeing the ring up to its own token.
-    pub fn draft_sampling(&self, draft: &[u32]) -> Vec<Option<RowSampling>> {
+    /// The sampling of a verification step's rows: its decode row at `position` and the rows of
+    /// `draft`, each predicting the position after its token, the first writing the penalty
+    /// window with the draft to the ring and each seeing the ring up to its own token.
+    pub fn draft_sampling(&self, position: u32, draft: &[u32]) -> Vec<Option<RowSampling>> {
         let k = draft.len() as u32;
         (0..=k)
             .map(|i| {
-                let mut s = self.row_sampling(self.computed + 1 + i, i == 0)?;
+                let mut s = self.row_sampling(position + 1 + i, i == 0)?;
                 if let Some(window) = &mut s.window {
                     if !window.is_empty() {
                         window.extend(draft);
@@ -406,6 +410,51 @@ impl Request {
                 Some(s)
             })
             .collect()
+    }
+
+    /// Notes the rows it got in the step just planned: from `position`, its next token's, then
+    /// `draft`'s.
+    pub fn planned(&mut self, position: u32, draft: &[u32]) {
+        self.planned = Some((position, draft.to_vec()));
+    }
+
+    /// The draft of its rows in the step in flight when those rows start where its computed K/V
+    /// end (their tokens are still to come), else `None`: it has no rows in flight, or they were
+    /// planned past a draft that was not taken whole and will be discarded.
+    pub fn in_flight(&self) -> Option<&[u32]> {
+        self.planned.as_ref().filter(|(position, _)| *position == self.computed).map(|(_, draft)| draft.as_slice())
+    }
+
+    /// Whether it may draft in a step planned ahead of its rows in flight: its draft rows'
+    /// choice needs nothing the CPU learns from those rows (no constraint, whose masks follow
+    /// the tokens; no penalty, whose window would hold them).
+    pub fn drafts_ahead(&self) -> bool {
+        self.constrained.is_none() && self.sampler.params().repetition_penalty == 1.0
+    }
+
+    /// The draft for a step planned ahead of its rows in flight, which verify `flight`: made as
+    /// if that draft is taken whole and the token after it is the drafter's own guess (a wrong
+    /// guess only costs the draft), at most `limit` tokens; cut as [`Request::draft`] cuts.
+    pub fn draft_ahead(&self, flight: &[u32], limit: u32) -> Vec<u32> {
+        if !self.drafter.active() || !self.drafts_ahead() {
+            return Vec::new();
+        }
+        // The rows in flight give `flight.len() + 1` tokens when the draft is taken whole.
+        let after = self.generated.len() + flight.len() + 2;
+        let limit = limit.min((self.params.max_tokens as usize).saturating_sub(after) as u32);
+        if limit == 0 {
+            return Vec::new();
+        }
+        let mut context = self.tokens();
+        context.extend(flight);
+        let mut drafter = self.drafter.clone();
+        flight.iter().for_each(|&t| drafter.advance(t));
+        let Some(&guess) = drafter.propose(&context, 1).first() else { return Vec::new() };
+        context.push(guess);
+        drafter.advance(guess);
+        let mut draft = drafter.propose(&context, limit);
+        draft.truncate(crate::speculate::quantize_draft(draft.len() as u32) as usize);
+        draft
     }
 
     /// After a decode step: `proposed` draft tokens, `accepted` of them taken, `asked` when the
@@ -420,17 +469,18 @@ impl Request {
         self.constrained.as_ref().map(Constrained::mask)
     }
 
-    /// Whether the token it gets next ends it by its token limit or at `max_len` computed
-    /// tokens ([`Request::accept`]'s length test, one token early): a step planned ahead has
-    /// no row for it.
-    pub fn ends_with_next(&self, max_len: u32) -> bool {
-        self.generated.len() + 1 >= self.params.max_tokens as usize || self.computed + 1 >= max_len
+    /// Whether the next `n` tokens it gets (a step in flight, verifying a draft of `n - 1`) may
+    /// end it by its token limit or at `max_len` computed tokens ([`Request::accept`]'s length
+    /// test, early): a step planned ahead has no row for it.
+    pub fn ends_within(&self, n: u32, max_len: u32) -> bool {
+        self.generated.len() + n as usize >= self.params.max_tokens as usize || self.computed + n >= max_len
     }
 
     /// Called when the scheduler (re)admits it on `seq` with `hit` tokens already cached;
     /// returns the [`Event::Admitted`] of its first admission.
     pub fn admitted(&mut self, seq: SeqId, hit: u32, step: u64) -> Option<Event> {
         self.seq = Some(seq);
+        self.planned = None;
         self.computed = hit;
         self.admitted_step = step;
         if self.first_hit.is_some() {
@@ -498,6 +548,7 @@ impl Request {
     /// Called when it is preempted: its K/V are gone (to the prefix cache) and it waits again.
     pub fn preempted(&mut self, step: u64) {
         self.seq = None;
+        self.planned = None;
         self.computed = 0;
         self.enqueued_step = step;
     }

@@ -58,10 +58,10 @@ pub struct SchedConfig {
 }
 
 impl SchedConfig {
-    /// What the package and the CLI take when `speculative` is not given: off for now (issue 40:
-    /// free text holds at 0.99-1.08×, but on a GPU a verification step ends with a blocking
-    /// readback, and the memory estimate does not count its graphs yet; see the README).
-    pub const FOR_USERS_SPECULATIVE: Speculative = Speculative::Off;
+    /// What the package and the CLI take when `speculative` is not given: auto, since free text
+    /// holds (0.99-1.08× on the README's figures: a sequence whose drafts do not pay pauses) and
+    /// verification steps are planned ahead on the GPU like any decode step.
+    pub const FOR_USERS_SPECULATIVE: Speculative = Speculative::Auto;
 
     /// Most logit rows one step may have: a token and its draft per sequence, within the step.
     pub fn max_logit_rows(&self) -> u32 {
@@ -148,10 +148,45 @@ impl Plan {
         &self.sampling
     }
 
-    /// Whether the step verifies drafts: its sequences' next positions depend on how many are
-    /// accepted, so no step can be planned ahead of it.
+    /// Whether the step verifies drafts.
     pub fn drafts(&self) -> bool {
         self.drafted > 0
+    }
+
+    /// Adds request `r`'s decode rows: its next token (`None`: fed on the GPU by the step in
+    /// flight) at `position` of `seq`, then `draft`'s tokens, each a logit row; `asked` when it
+    /// was asked for a draft.
+    fn decode_rows(&mut self, r: &mut Request, (seq, token, position): (SeqId, Option<u32>, u32), draft: &[u32], asked: bool) {
+        if asked {
+            self.asked.push(r.id);
+        }
+        self.drafted += draft.len() as u32;
+        self.rows.push(Row { seq, token, position });
+        for (i, &d) in draft.iter().enumerate() {
+            self.rows.push(Row { seq, token: Some(d), position: position + 1 + i as u32 });
+        }
+        self.decode.extend(std::iter::repeat_n(r.id, draft.len() + 1));
+        if draft.is_empty() {
+            // A row fed on the GPU continues the penalty ring there; one fed here writes it.
+            self.sampling.push(r.row_sampling(position + 1, token.is_some()));
+        } else {
+            self.sampling.extend(r.draft_sampling(position, draft));
+        }
+    }
+
+    /// Notes in each request of `running` with decode rows here where they start and the draft
+    /// they verify ([`Request::planned`]): once the step is sure to run.
+    fn note_planned(&self, running: &mut [Request]) {
+        let mut first = 0;
+        while first < self.decode.len() {
+            let id = self.decode[first];
+            let n = self.decode[first..].iter().take_while(|&&d| d == id).count();
+            if let Some(r) = running.iter_mut().find(|r| r.id == id) {
+                let draft: Vec<u32> = self.rows[first + 1..first + n].iter().filter_map(|row| row.token).collect();
+                r.planned(self.rows[first].position, &draft);
+            }
+            first += n;
+        }
     }
 
     /// Whether a constrained row's mask comes from the token the step before produces: a step
@@ -203,8 +238,6 @@ pub(crate) struct Scheduler {
     running: Vec<Request>,
     stats: SchedStats,
     next_id: u64,
-    /// The last step planned by [`Scheduler::reserve`] verifies drafts.
-    drafting: bool,
 }
 
 impl Scheduler {
@@ -212,7 +245,7 @@ impl Scheduler {
         if config.max_batch == 0 || config.step_tokens == 0 || max_chunk == 0 {
             return Err(EngineError::InvalidArgument("max_batch, step_tokens and prefill_chunk must be at least 1".into()));
         }
-        Ok(Scheduler { config, max_chunk, waiting: VecDeque::new(), running: Vec::new(), stats: SchedStats::default(), next_id: 0, drafting: false })
+        Ok(Scheduler { config, max_chunk, waiting: VecDeque::new(), running: Vec::new(), stats: SchedStats::default(), next_id: 0 })
     }
 
     /// Queues a request (its prompt and parameters already checked); returns its id.
@@ -365,24 +398,11 @@ impl Scheduler {
             let room = max_len.saturating_sub(r.computed + 1);
             let ask = drafts && spare > 0 && room > 0 && r.drafting();
             let (draft, masks) = if ask { r.draft(spare.min(room)) } else { (Vec::new(), Vec::new()) };
-            if ask {
-                plan.asked.push(r.id);
-            }
             spare -= draft.len() as u32;
-            plan.drafted += draft.len() as u32;
             let first = plan.decode.len() as u32;
             // Row i (after the draft's first i tokens) chooses under the mask after them.
             plan.masks.extend(masks.into_iter().enumerate().map(|(i, m)| (first + 1 + i as u32, m)));
-            plan.rows.push(Row { seq, token: Some(token), position: r.computed });
-            for (i, &d) in draft.iter().enumerate() {
-                plan.rows.push(Row { seq, token: Some(d), position: r.computed + 1 + i as u32 });
-            }
-            plan.decode.extend(std::iter::repeat_n(r.id, draft.len() + 1));
-            if draft.is_empty() {
-                plan.sampling.push(r.row_sampling(r.computed + 1, true));
-            } else {
-                plan.sampling.extend(r.draft_sampling(&draft));
-            }
+            plan.decode_rows(r, (seq, Some(token), r.computed), &draft, ask);
         }
         let budget = self.config.step_tokens.saturating_sub(plan.rows.len() as u32).clamp(1, self.max_chunk);
         // The oldest admitted sequence still reading its context gets the chunk.
@@ -446,7 +466,7 @@ impl Scheduler {
                 if !plan.rows.is_empty() {
                     self.stats.steps += 1;
                 }
-                self.drafting = plan.drafts();
+                plan.note_planned(&mut self.running);
                 return Ok(plan);
             }
             if plan.drafts() {
@@ -489,48 +509,84 @@ impl Scheduler {
     /// its mask needs the token in flight ([`Plan::awaits_masks`]): the engine submits such a
     /// step's forward pass at once and chooses its tokens after the step before commits, so
     /// the GPU runs the forward pass while the CPU reads the token and computes the mask.
-    /// A sequence whose step in flight reaches
-    /// its token or context limit gets no row (it ends when that step commits); one that ends
-    /// otherwise (end of generation, a stop string, an abort) has its extra row undone when it
-    /// ends (its sequence is cut back to what was committed, [`Scheduler::finish_running`]), so
-    /// what it returns and what the prefix cache keeps are as without lookahead.
+    ///
+    /// A sequence whose rows in flight verify a draft gets its row after them, as if the draft
+    /// is taken whole, and a draft of its own after that ([`Request::draft_ahead`]): when the
+    /// draft in flight is cut, those rows start past what the sequence took and are discarded
+    /// when they commit ([`Scheduler::commit_decode`]), and the step planned after that one
+    /// gives the sequence its row where it stands, with the token it took (known by then). A
+    /// sequence that may draft under a constraint or a penalty plans no step ahead.
+    ///
+    /// A sequence whose step in flight may reach its token or context limit gets no row (it
+    /// ends when that step commits); one that ends otherwise (end of generation, a stop string,
+    /// an abort) has its extra rows undone when it ends (its sequence is cut back to what was
+    /// committed, [`Scheduler::finish_running`]), so what it returns and what the prefix cache
+    /// keeps are as without lookahead.
     pub fn plan_ahead(&mut self, kv: &mut KvCache) -> Result<Option<Plan>, EngineError> {
         let could_admit = !self.waiting.is_empty() && self.running.len() < self.config.max_batch as usize;
         if !self.config.lookahead || could_admit {
             return Ok(None);
         }
-        // A step verifying drafts leaves its sequences' next positions open, and a sequence
-        // that may draft gets its draft from the tokens the step in flight produces.
-        if self.drafting || self.running.iter().any(|r| r.in_prefill() || r.pending().is_none() || r.drafting()) {
+        if self.running.iter().any(|r| r.in_prefill() || r.pending().is_none() || (r.drafting() && !r.drafts_ahead())) {
             return Ok(None);
         }
         let bs = kv.block_size();
+        let max_len = kv.max_seq_len;
         let mut plan = Plan::default();
+        let mut spare = self.config.step_tokens.saturating_sub(self.running.len() as u32);
         let mut need = 0u32;
-        for r in self.running.iter().filter(|r| !r.ends_with_next(kv.max_seq_len)) {
+        for r in &mut self.running {
             let seq = r.seq.expect("running requests have a sequence");
             let len = kv.len(seq)?;
-            if len >= kv.max_seq_len {
+            // After its rows in flight, fed the token they end with; or, when those rows will be
+            // discarded (or it has none), where it stands, with the token it took.
+            let (token, flight) = match r.in_flight() {
+                Some(flight) if len > r.computed => {
+                    if r.ends_within(len - r.computed, max_len) {
+                        continue;
+                    }
+                    (None, flight.to_vec())
+                }
+                _ if len == r.computed => (r.pending(), Vec::new()),
+                _ => return Ok(None),
+            };
+            if len >= max_len {
                 continue;
             }
-            need += (len + 1).div_ceil(bs).saturating_sub(kv.blocks(seq)?.len() as u32);
-            plan.rows.push(Row { seq, token: None, position: len });
-            plan.decode.push(r.id);
-            plan.sampling.push(r.row_sampling(len + 1, false));
+            let room = max_len.saturating_sub(len + 1);
+            let ask = spare > 0 && room > 0 && r.drafting();
+            let draft = match (ask, token) {
+                (false, _) => Vec::new(),
+                (true, None) => r.draft_ahead(&flight, spare.min(room)),
+                (true, Some(_)) => r.draft(spare.min(room)).0,
+            };
+            spare -= draft.len() as u32;
+            need += (len + 1 + draft.len() as u32).div_ceil(bs).saturating_sub(kv.blocks(seq)?.len() as u32);
+            plan.decode_rows(r, (seq, token, len), &draft, ask);
         }
         let stats = kv.stats();
         if plan.rows.is_empty() || (need > stats.blocks_free + stats.blocks_cached && kv.layout != KvLayout::Contiguous) {
             return Ok(None);
         }
-        for (i, row) in plan.rows.iter().enumerate() {
-            if kv.append(row.seq, 1).is_err() {
+        // Each sequence's rows start at its length: one append for them all.
+        let mut grown: Vec<(SeqId, u32)> = Vec::new();
+        for row in &plan.rows {
+            match grown.last_mut() {
+                Some((seq, n)) if *seq == row.seq => *n += 1,
+                _ => grown.push((row.seq, 1)),
+            }
+        }
+        for (i, &(seq, n)) in grown.iter().enumerate() {
+            if kv.append(seq, n).is_err() {
                 // Short of blocks after all (a windowed group): undo and plan as usual.
-                for done in &plan.rows[..i] {
-                    kv.truncate(done.seq, done.position)?;
+                for &(done, m) in &grown[..i] {
+                    let len = kv.len(done)?;
+                    kv.truncate(done, len - m)?;
                 }
                 return Ok(None);
             }
         }
+        plan.note_planned(&mut self.running);
         self.stats.steps += 1;
         self.stats.steps_ahead += 1;
         Ok(Some(plan))
@@ -599,7 +655,9 @@ impl Scheduler {
     /// One request's decode rows of a step (its next token's, then its draft's) and the tokens
     /// chosen at them: row j's token is taken, and row j + 1's computed, while row j + 1 fed that
     /// very token (its draft token was right) and the request goes on; the K/V of the rows past
-    /// that are cut from its sequence.
+    /// that are cut from its sequence, with any rows a step planned ahead put after them. Rows
+    /// that do not start where the request stands were planned ahead past a draft that was cut
+    /// ([`Scheduler::plan_ahead`]): their tokens are discarded (their K/V went with the cut).
     fn commit_decode(
         &mut self,
         kv: &mut KvCache,
@@ -609,6 +667,9 @@ impl Scheduler {
         (events, done): Outcomes<'_>,
     ) -> Result<(), EngineError> {
         let r = &mut self.running[i];
+        if rows[0].position != r.computed {
+            return Ok(());
+        }
         let id = r.id;
         let mut taken = 0u32;
         let mut ended = false;
@@ -622,11 +683,12 @@ impl Scheduler {
             }
             taken += 1;
         }
-        r.record_draft(rows.len() as u32 - 1, taken, asked);
-        // The rejected draft rows' K/V (a step with drafts has no step planned behind it, whose
-        // row would be past them too).
+        let drafted = rows.len() as u32 - 1;
+        r.record_draft(drafted, taken, asked);
+        // The rejected draft rows' K/V, and those of rows planned ahead behind them. (A request
+        // that ended is cut back when it finishes.)
         let seq = r.seq.expect("running requests have a sequence");
-        if !ended && rows.len() > 1 && kv.len(seq)? > r.computed {
+        if !ended && taken < drafted && kv.len(seq)? > r.computed {
             kv.truncate(seq, r.computed)?;
         }
         Ok(())

@@ -3,7 +3,8 @@
 //! output itself, and from a prediction with mistakes in it, greedy and sampled requests (with
 //! a repetition penalty, whose window then holds the draft) give exactly the tokens they give
 //! with speculation off, alone and 8 at a time, on f32 and INT8 K/V; the drafts are taken where
-//! they are right (the usage counts them) and the cache holds no rejected row afterwards.
+//! they are right (the usage counts them) and the cache holds no rejected row afterwards. On the
+//! GPU, verification steps are planned ahead of the step in flight with the same tokens.
 mod common;
 
 #[cfg(target_arch = "wasm32")]
@@ -108,6 +109,59 @@ gpu_test! {
                     assert_eq!(pool.blocks_free, pool.blocks_total, "{what}: blocks leaked");
                 }
             }
+        }
+    }
+}
+
+gpu_test! {
+    async fn on_the_gpu_verification_steps_are_planned_ahead_with_the_same_tokens() {
+        // Greedy and sampled requests without a penalty draft in steps planned ahead of the one in
+        // flight: exact predictions (whole drafts taken) and wrong ones (drafts cut, the rows
+        // planned past them discarded) give the tokens of a run without drafts, and most steps
+        // go ahead, so the loop does not wait on a readback to draft.
+        let bytes = tiny_model(41);
+        let mut rng = Rng::new(44);
+        let sampled = SamplingParams { temperature: 0.9, top_p: 0.95, seed: 5, ..SamplingParams::greedy() };
+        let mut work = Vec::new();
+        for _ in 0..3 {
+            let p = prompt(&mut rng);
+            for sampling in [SamplingParams::greedy(), sampled.clone()] {
+                work.push((p.clone(), GenerateRequest { max_tokens: 40, sampling, ignore_eos: true, ..Default::default() }));
+            }
+        }
+        let mut off = Engine::load(&bytes, options(BackendChoice::Webgpu, KvDtype::F32, 1, Speculative::Off)).await.unwrap();
+        let want = run(&mut off, &work).await;
+        let exact: Vec<Prediction> = want.iter().map(|g| Prediction::Tokens(g.tokens.clone())).collect();
+        let wrong: Vec<Prediction> = want
+            .iter()
+            .map(|g| Prediction::Tokens(g.tokens.iter().enumerate().map(|(i, &t)| if i % 7 == 6 { 3 + (t + 11) % 200 } else { t }).collect()))
+            .collect();
+        for max_batch in [1u32, 6] {
+            let mut on = Engine::load(&bytes, options(BackendChoice::Webgpu, KvDtype::F32, max_batch, Speculative::Auto)).await.unwrap();
+            for (source, predictions) in [("an exact prediction", &exact), ("a wrong prediction", &wrong)] {
+                let with: Vec<(Vec<u32>, GenerateRequest)> =
+                    work.iter().zip(predictions).map(|((p, r), x)| (p.clone(), GenerateRequest { prediction: Some(x.clone()), ..r.clone() })).collect();
+                let before = on.sched_stats();
+                let got = run(&mut on, &with).await;
+                let after = on.sched_stats();
+                let what = format!("batch {max_batch}, {source}");
+                for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g.tokens, w.tokens, "{what}: request {k} differs from its run without drafts");
+                }
+                let accepted: u32 = got.iter().map(|g| g.accepted_prediction_tokens).sum();
+                let rejected: u32 = got.iter().map(|g| g.rejected_prediction_tokens).sum();
+                let (steps, ahead) = (after.steps - before.steps, after.steps_ahead - before.steps_ahead);
+                common::report(&format!("{what}: {ahead} of {steps} steps planned ahead; {accepted} draft tokens accepted, {rejected} rejected"));
+                assert!(accepted > 0, "{what}: no draft taken");
+                if source == "a wrong prediction" {
+                    assert!(rejected > 0, "{what}: no draft cut");
+                }
+                // Only a request's prefill step and the step after it cannot go ahead.
+                assert!(steps - ahead <= 2 * work.len() as u64, "{what}: only {ahead} of {steps} steps planned ahead");
+            }
+            on.reset_cache().unwrap();
+            let pool = on.stats().pool;
+            assert_eq!(pool.blocks_free, pool.blocks_total, "batch {max_batch}: blocks leaked");
         }
     }
 }

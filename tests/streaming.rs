@@ -161,7 +161,7 @@ gpu_test! {
 #[cfg(not(target_arch = "wasm32"))]
 gpu_test! {
     async fn the_estimate_matches_what_the_engine_holds() {
-        use pagedlm::engine::{estimate, DeviceBudget};
+        use pagedlm::engine::{estimate, DeviceBudget, MemoryEstimate, SchedConfig, Speculative};
         use pagedlm::gguf::Prefix;
         // The estimate from the header alone: the weights exactly what each backend then holds, the
         // KV cache what the pool takes, the total within 5% of what the engine holds after a
@@ -174,9 +174,16 @@ gpu_test! {
         assert_eq!(Gguf::header_need(&prefix).unwrap(), None);
         let gguf = Gguf::open(&[&prefix]).unwrap();
         for backend in [BackendChoice::Webgpu, BackendChoice::Cpu] {
-            let opts = EngineOptions { backend, max_context: 1024, ..EngineOptions::for_users() };
+            let users = EngineOptions { backend, max_context: 1024, ..EngineOptions::for_users() };
+            // Speculation (the users' default) may build a step of a token and a draft per
+            // sequence, whose logit rows the estimate counts: more than the plain steps here hold.
+            let opts = EngineOptions { sched: SchedConfig { speculative: Speculative::Off, ..users.sched.clone() }, ..users.clone() };
             let e = estimate(&gguf, &opts, DeviceBudget::default()).unwrap();
             assert!(e.fits && e.reasons.is_empty(), "{e:?}");
+            let drafting = estimate(&gguf, &users, DeviceBudget::default()).unwrap();
+            let more = |per: fn(&MemoryEstimate) -> u64| per(&drafting) as i64 - per(&e) as i64;
+            assert!(more(|x| x.activations_bytes.webgpu) > 0, "the estimate counts verification steps' logit rows: {drafting:?}");
+            assert_eq!(more(|x| x.total_bytes.webgpu), more(|x| x.activations_bytes.webgpu), "and only those");
             let mut engine = Engine::load(&bytes, opts.clone()).await.unwrap();
             // A prompt past one prefill chunk: the engine then holds its largest step's graph.
             let prompt: Vec<u32> = (0..600).map(|i| 100 + i).collect();

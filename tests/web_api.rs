@@ -356,6 +356,7 @@ fn the_documented_engine_defaults_are_the_library_ones() {
         ("stepTokens", format!("(default {})", o.sched.step_tokens)),
         ("optionalFeatures", format!("(default {})", o.optional_features)),
         ("backend", format!("(default \"{}\")", name(serde_json::json!(o.backend)))),
+        ("speculative", format!("(default \"{}\")", name(serde_json::json!(o.sched.speculative)))),
     ];
     for (option, said) in documented {
         let at = options.find(&format!("\n  {option}?:")).unwrap_or_else(|| panic!("EngineOptions has no {option}"));

@@ -178,7 +178,7 @@ function engineOptions() {
   if (params.get("max_memory_bytes")) options.maxMemoryBytes = Number(params.get("max_memory_bytes"));
   // ?backend=cpu|auto|webgpu: which backend runs the model (the package's default, auto, otherwise).
   if (["cpu", "auto", "webgpu"].includes(params.get("backend"))) options.backend = params.get("backend");
-  // ?speculative=auto|off: speculative decoding (the package's default, off, otherwise).
+  // ?speculative=auto|off: speculative decoding (the package's default, auto, otherwise).
   if (["auto", "off"].includes(params.get("speculative"))) options.speculative = params.get("speculative");
   return options;
 }

@@ -492,15 +492,16 @@ describe("npm package", () => {
     assert.equal(out.bad, "INVALID_ARGUMENT");
   });
 
-  it("speculative decoding: the same reply with speculative auto and a prediction, counted in usage.completion_tokens_details, streamed too; bad values are INVALID_ARGUMENT", { timeout: TIMEOUT }, async () => {
+  it("speculative decoding (the default): the same reply as speculative off, with prompt lookup and a prediction, counted in usage.completion_tokens_details, streamed too; bad values are INVALID_ARGUMENT", { timeout: TIMEOUT }, async () => {
     const out = await page.evaluate(async () => {
       const { createEngine } = window.pagedlm;
       const messages = [{ role: "user", content: "Repeat this sentence exactly: Alice was beginning to get very tired of sitting by her sister on the bank." }];
       const opts = { messages, max_tokens: 30, temperature: 0 };
-      const off = await createEngine("/model.gguf", { backend: "cpu" });
+      const off = await createEngine("/model.gguf", { backend: "cpu", speculative: "off" });
       const plain = await off.chat.completions.create(opts);
       await off.dispose();
-      const on = await createEngine("/model.gguf", { backend: "cpu", speculative: "auto", maxDraft: 7 });
+      // The default is speculative: "auto".
+      const on = await createEngine("/model.gguf", { backend: "cpu", maxDraft: 7 });
       const prediction = { type: "content", content: plain.choices[0].message.content };
       const predicted = await on.chat.completions.create({ ...opts, prediction });
       const lookup = await on.chat.completions.create(opts);
@@ -528,6 +529,8 @@ describe("npm package", () => {
     assert.deepEqual(out.inParts.usage.completion_tokens_details, out.predicted.usage.completion_tokens_details, "text parts predict as their joined text");
     const taken = out.predicted.usage.completion_tokens_details.accepted_prediction_tokens;
     assert.ok(taken * 2 >= out.predicted.usage.completion_tokens, `the reply as its own prediction: ${taken} of ${out.predicted.usage.completion_tokens} tokens taken`);
+    const looked = out.lookup.usage.completion_tokens_details.accepted_prediction_tokens;
+    assert.ok(looked > 0, `an engine with the default options drafts by prompt lookup (the reply repeats the prompt): ${JSON.stringify(out.lookup.usage)}`);
     assert.deepEqual(out.offByRequest.usage.completion_tokens_details, { accepted_prediction_tokens: 0, rejected_prediction_tokens: 0 }, "a request's own off wins");
     assert.equal(out.streamed, text, "streamed with a prediction: the same reply");
     assert.ok(out.lastUsage.completion_tokens_details.accepted_prediction_tokens > 0, `the last chunk's usage counts the drafts: ${JSON.stringify(out.lastUsage)}`);
