@@ -278,7 +278,7 @@ pub(crate) struct Request {
 
 impl Request {
     pub fn new(id: RequestId, prompt: Vec<u32>, params: GenerateRequest, handling: Handling, step: u64) -> Request {
-        Request {
+        let mut r = Request {
             id,
             prompt,
             splitter: params.reasoning.as_ref().map(Reasoning::splitter),
@@ -299,7 +299,12 @@ impl Request {
             pending: None,
             drafter: handling.drafter,
             planned: None,
-        }
+        };
+        // A paused drafter probes only where drafting never holds a step back (see
+        // `Request::drafts_ahead`): a constrained or penalized sequence that may draft gets no
+        // step planned ahead.
+        r.drafter.probe = r.drafts_ahead();
+        r
     }
 
     /// Every token of the sequence: the prompt, then what was generated.
@@ -369,7 +374,7 @@ impl Request {
     pub fn draft(&mut self, limit: u32) -> (Vec<u32>, Vec<Vec<u32>>) {
         let params = self.sampler.params();
         let penalty_room = if params.repetition_penalty == 1.0 { limit } else { MAX_REPETITION_WINDOW.saturating_sub(params.repetition_window) };
-        if !self.drafter.active() {
+        if !self.drafter.may_draft() {
             return (Vec::new(), Vec::new());
         }
         let left = (self.params.max_tokens as usize).saturating_sub(self.generated.len() + 1) as u32;
@@ -386,9 +391,9 @@ impl Request {
         (draft, masks)
     }
 
-    /// Whether it may draft at its next step (no step can be planned ahead of it then).
+    /// Whether it may draft at its next step.
     pub fn drafting(&self) -> bool {
-        self.drafter.active()
+        self.drafter.may_draft()
     }
 
     /// The sampling of a verification step's rows: its decode row at `position` and the rows of
@@ -436,7 +441,7 @@ impl Request {
     /// if that draft is taken whole and the token after it is the drafter's own guess (a wrong
     /// guess only costs the draft), at most `limit` tokens; cut as [`Request::draft`] cuts.
     pub fn draft_ahead(&self, flight: &[u32], limit: u32) -> Vec<u32> {
-        if !self.drafter.active() || !self.drafts_ahead() {
+        if !self.drafter.may_draft() || !self.drafts_ahead() {
             return Vec::new();
         }
         // The rows in flight give `flight.len() + 1` tokens when the draft is taken whole.

@@ -8,7 +8,9 @@
 //!   drafter re-synchronises by looking the output's last tokens up in the prediction;
 //! - **prompt lookup**: the longest suffix of the context (n = [`MAX_NGRAM`] down to 1 tokens)
 //!   found earlier in the context (prompt and output), most recent occurrence first, proposes
-//!   the tokens that followed it.
+//!   the tokens that followed it. Off the prediction's track, the longer of the two matches
+//!   drafts (the prediction's on a tie): a reply that leaves the prediction to repeat itself is
+//!   still drafted.
 //!
 //! Verification is the scheduler's and the request's (see `sched.rs`): every drafted row is a
 //! logit row whose token is chosen as it would be without speculation (the argmax, or the
@@ -23,7 +25,10 @@
 //! accepted, cut to one more than what was accepted otherwise), and a sequence whose recent
 //! acceptance (an exponential average over its drafting steps, a step without a proposal
 //! counting as nothing accepted) falls below [`PAUSE_BELOW`] stops drafting for a while,
-//! longer each time, so free text runs as without speculation.
+//! longer each time, so free text runs as without speculation. A paused sequence still probes:
+//! when its last [`MAX_NGRAM`] tokens occur earlier it drafts [`PROBE`] token, and a probe
+//! taken whole ends the pause, so a reply that turns to copying (a list written out again, a
+//! loop) is drafted from there on, not after the pause.
 
 /// Longest context suffix prompt lookup matches.
 pub const MAX_NGRAM: usize = 3;
@@ -40,6 +45,9 @@ const EMA_ALPHA: f32 = 0.3;
 /// Decode steps of the first pause; each pause after it doubles, up to [`MAX_PAUSE`].
 const FIRST_PAUSE: u32 = 16;
 const MAX_PAUSE: u32 = 512;
+/// Draft tokens of a probe: a paused sequence whose context's last [`MAX_NGRAM`] tokens occur
+/// earlier drafts this many, and a probe taken whole ends its pause.
+const PROBE: u32 = 1;
 
 /// Whether sequences draft (`speculative` in the package, `--speculative` in the CLI).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -91,6 +99,8 @@ pub struct Drafter {
     steps: u32,
     /// Decode steps left without drafting, and the next pause's length.
     paused: u32,
+    /// Whether a paused sequence probes ([`PROBE`]).
+    pub probe: bool,
     next_pause: u32,
     /// Draft tokens accepted and rejected so far (the usage's accepted/rejected prediction tokens).
     pub accepted: u32,
@@ -111,24 +121,35 @@ impl Drafter {
             average: 1.0,
             steps: 0,
             paused: 0,
+            probe: true,
             next_pause: FIRST_PAUSE,
             accepted: 0,
             rejected: 0,
         }
     }
 
-    /// Whether it may draft at the next step (it drafts at all and is not paused): a step planned
-    /// ahead of the one in flight has no room for drafts, so the scheduler plans none while a
-    /// sequence may draft.
+    /// Whether it drafts at all and is not paused.
     pub fn active(&self) -> bool {
-        self.max_draft > 0 && self.paused == 0 && (self.lookup || !self.predicted.is_empty())
+        self.drafts() && self.paused == 0
+    }
+
+    /// Whether it may propose a draft at the next step: it is not paused, or it probes while
+    /// paused ([`PROBE`]).
+    pub fn may_draft(&self) -> bool {
+        self.drafts() && (self.paused == 0 || self.probe)
+    }
+
+    /// Whether it drafts at all (paused or not).
+    fn drafts(&self) -> bool {
+        self.max_draft > 0 && (self.lookup || !self.predicted.is_empty())
     }
 
     /// The draft for the token after `context` (the sequence's tokens, its pending one last), at
     /// most `limit` tokens and at most its adaptive length.
     pub fn propose(&self, context: &[u32], limit: u32) -> Vec<u32> {
-        let n = limit.min(self.length) as usize;
-        if !self.active() || n == 0 || context.is_empty() {
+        let probing = self.paused > 0;
+        let n = if probing { limit.min(PROBE) } else { limit.min(self.length) } as usize;
+        if !self.drafts() || (probing && !self.probe) || n == 0 || context.is_empty() {
             return Vec::new();
         }
         if let Some(c) = self.cursor {
@@ -136,16 +157,20 @@ impl Drafter {
                 return self.predicted[c..].iter().take(n).copied().collect();
             }
         }
-        if let Some(at) = lookup(&self.predicted, context, None) {
-            return self.predicted[at..].iter().take(n).copied().collect();
+        // The longer match of the context's last tokens, in the prediction or (prompt lookup)
+        // earlier in the context; the prediction on a tie.
+        let in_prediction = lookup(&self.predicted, context, None);
+        let last = context.len() - 1;
+        let in_context = if self.lookup { lookup(&context[..last], context, Some(last)) } else { None };
+        let (source, at, m) = match (in_prediction, in_context) {
+            (Some((at, m)), c) if c.is_none_or(|(_, k)| m >= k) => (&self.predicted[..], at, m),
+            (_, Some((at, m))) => (context, at, m),
+            _ => return Vec::new(),
+        };
+        if probing && m < MAX_NGRAM {
+            return Vec::new();
         }
-        if self.lookup {
-            let last = context.len() - 1;
-            if let Some(at) = lookup(&context[..last], context, Some(last)) {
-                return context[at..].iter().take(n).copied().collect();
-            }
-        }
-        Vec::new()
+        source[at..].iter().take(n).copied().collect()
     }
 
     /// Follows the prediction with a token the output took.
@@ -160,6 +185,18 @@ impl Drafter {
     /// taken, `asked` when the step asked it for a draft (0 proposed then: nothing matched).
     /// Counts them, adapts the length and pauses a sequence whose drafts do not pay.
     pub fn record(&mut self, proposed: u32, accepted: u32, asked: bool) {
+        if self.paused > 0 && proposed > 0 {
+            self.accepted += accepted;
+            self.rejected += proposed - accepted;
+            if accepted == proposed {
+                // A probe taken whole: the text copies again.
+                self.paused = 0;
+                self.average = 1.0;
+                self.steps = 0;
+                self.length = self.max_draft.min(2 * PROBE);
+                return;
+            }
+        }
         if self.paused > 0 {
             self.paused -= 1;
             if self.paused == 0 {
@@ -186,14 +223,14 @@ impl Drafter {
 }
 
 /// Where the tokens after the longest suffix of `context` (n = [`MAX_NGRAM`] down to 1) found in
-/// `source` start: the most recent occurrence whose continuation is not empty (in `source`
-/// before `end`, when `source` is the context's own start).
-fn lookup(source: &[u32], context: &[u32], end: Option<usize>) -> Option<usize> {
+/// `source` start, and n: the most recent occurrence whose continuation is not empty (in
+/// `source` before `end`, when `source` is the context's own start).
+fn lookup(source: &[u32], context: &[u32], end: Option<usize>) -> Option<(usize, usize)> {
     let end = end.unwrap_or(source.len()).min(source.len());
     for n in (1..=MAX_NGRAM.min(context.len())).rev() {
         let suffix = &context[context.len() - n..];
         if let Some(start) = (0..end.saturating_sub(n)).rev().find(|&i| &source[i..i + n] == suffix) {
-            return Some(start + n);
+            return Some((start + n, n));
         }
     }
     None
@@ -286,6 +323,37 @@ mod tests {
             d.record(0, 0, true);
         }
         assert_eq!(d.paused, 2 * FIRST_PAUSE);
+    }
+
+    #[test]
+    fn a_paused_drafter_probes_on_a_full_match_and_a_probe_taken_whole_ends_the_pause() {
+        let mut d = Drafter::new(7, Vec::new(), true);
+        d.paused = FIRST_PAUSE;
+        assert!(!d.active() && d.may_draft());
+        // The last 3 tokens (5 6 7) occur earlier: one token is probed; on a 2-token match, none.
+        assert_eq!(d.propose(&[5, 6, 7, 8, 9, 1, 5, 6, 7], 7), vec![8]);
+        assert_eq!(d.propose(&[5, 6, 7, 8, 9, 1, 2, 6, 7], 7), Vec::<u32>::new());
+        d.record(1, 0, true);
+        assert_eq!((d.paused, d.rejected), (FIRST_PAUSE - 1, 1), "a probe not taken: the pause goes on");
+        d.record(1, 1, true);
+        assert!(d.active(), "a probe taken whole ends the pause");
+        assert_eq!(d.propose(&[5, 6, 7, 8, 9, 1, 5, 6, 7], 7), vec![8, 9], "and the draft grows from there");
+        // Without probes (a constrained or penalized sequence), a paused drafter proposes nothing.
+        let mut quiet = Drafter::new(7, Vec::new(), true);
+        (quiet.paused, quiet.probe) = (FIRST_PAUSE, false);
+        assert!(!quiet.may_draft());
+        assert_eq!(quiet.propose(&[5, 6, 7, 8, 9, 1, 5, 6, 7], 7), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn the_longer_match_wins_between_the_prediction_and_the_context() {
+        // The prediction matches the last token (7) only; the context matches the last three.
+        let mut d = Drafter::new(4, vec![7, 40, 41], true);
+        d.advance(1);
+        let context = [5, 6, 7, 8, 9, 5, 6, 7];
+        assert_eq!(d.propose(&context, 4), vec![8, 9, 5, 6]);
+        // On a tie the prediction wins.
+        assert_eq!(d.propose(&[1, 7, 2, 7], 4), vec![40, 41]);
     }
 
     /// The engine's rule (draw from p with the row's sampler, accept when the draw is the draft)
