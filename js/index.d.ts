@@ -143,7 +143,10 @@ export interface EngineOptions {
    * A request's own `speculative` wins.
    */
   speculative?: "auto" | "off";
-  /** Most draft tokens per sequence and step (default 7). */
+  /**
+   * Most draft tokens per sequence and step (default 15): a draft that follows a `prediction`
+   * the reply agrees with may be this long; prompt lookup drafts at most 7.
+   */
   maxDraft?: number;
 }
 

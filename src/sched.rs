@@ -33,7 +33,7 @@ use std::collections::{HashMap, VecDeque};
 use crate::error::EngineError;
 use crate::kv::{KvCache, KvError, KvLayout, SeqId};
 use crate::request::{Event, FinishReason, GenerateRequest, Generation, Handling, Request, RequestId, RowSampling};
-use crate::speculate::Speculative;
+use crate::speculate::{Speculative, MAX_VERIFY_ROWS};
 
 /// How the scheduler batches.
 #[derive(Clone, Debug)]
@@ -63,10 +63,18 @@ impl SchedConfig {
     /// verification steps are planned ahead on the GPU like any decode step.
     pub const FOR_USERS_SPECULATIVE: Speculative = Speculative::Auto;
 
-    /// Most logit rows one step may have: a token and its draft per sequence, within the step.
+    /// Most logit rows one step may have: a token per sequence; with speculation, their drafts
+    /// too, within the step and [`MAX_VERIFY_ROWS`], and a prefill chunk's last row.
     pub fn max_logit_rows(&self) -> u32 {
-        let per_sequence = if self.speculative == Speculative::Off { 1 } else { 1 + self.max_draft };
-        (self.max_batch * per_sequence).min(self.step_tokens.max(self.max_batch)).max(self.max_batch)
+        if self.speculative == Speculative::Off {
+            return self.max_batch;
+        }
+        (self.max_batch * (1 + self.max_draft)).min(self.step_tokens.max(self.max_batch)).min(self.max_verify_rows()) + 1
+    }
+
+    /// Most logit rows of decoding sequences in a step with drafts.
+    fn max_verify_rows(&self) -> u32 {
+        MAX_VERIFY_ROWS.max(self.max_batch)
     }
 }
 
@@ -391,7 +399,8 @@ impl Scheduler {
             .filter(|&i| !self.running[i].in_prefill() && self.running[i].pending().is_some() && self.running[i].seq.is_some())
             .collect();
         let prefilling = self.running.iter().any(|r| r.in_prefill());
-        let mut spare = self.config.step_tokens.saturating_sub(decoding.len() as u32 + prefilling as u32);
+        let rows = decoding.len() as u32;
+        let mut spare = self.config.step_tokens.saturating_sub(rows + prefilling as u32).min(self.config.max_verify_rows().saturating_sub(rows));
         for i in decoding {
             let r = &mut self.running[i];
             let (Some(token), Some(seq)) = (r.pending(), r.seq) else { continue };
@@ -533,7 +542,8 @@ impl Scheduler {
         let bs = kv.block_size();
         let max_len = kv.max_seq_len;
         let mut plan = Plan::default();
-        let mut spare = self.config.step_tokens.saturating_sub(self.running.len() as u32);
+        let rows = self.running.len() as u32;
+        let mut spare = self.config.step_tokens.saturating_sub(rows).min(self.config.max_verify_rows().saturating_sub(rows));
         let mut need = 0u32;
         for r in &mut self.running {
             let seq = r.seq.expect("running requests have a sequence");

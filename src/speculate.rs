@@ -32,8 +32,16 @@
 
 /// Longest context suffix prompt lookup matches.
 pub const MAX_NGRAM: usize = 3;
-/// Most draft tokens per sequence and step unless asked otherwise.
-pub const DEFAULT_MAX_DRAFT: u32 = 7;
+/// Most draft tokens per sequence and step unless asked otherwise: the length a draft that
+/// follows a prediction on its track may reach.
+pub const DEFAULT_MAX_DRAFT: u32 = 15;
+/// Most draft tokens a lookup proposes (prompt lookup, or a prediction found again after a
+/// mismatch): a match of a few tokens says less about what follows than a prediction the output
+/// agrees with.
+pub const LOOKUP_MAX_DRAFT: u32 = 7;
+/// Most logit rows of decoding sequences (next tokens and drafts together) in one step: what a
+/// verification step's logits may take (rows × vocabulary × 4 bytes).
+pub const MAX_VERIFY_ROWS: u32 = 64;
 /// Most draft tokens per sequence and step one may ask for.
 pub const MAX_DRAFT_LIMIT: u32 = 31;
 /// Below this average acceptance (accepted / proposed per drafting step) a sequence pauses.
@@ -170,7 +178,7 @@ impl Drafter {
         if probing && m < MAX_NGRAM {
             return Vec::new();
         }
-        source[at..].iter().take(n).copied().collect()
+        source[at..].iter().take(n.min(LOOKUP_MAX_DRAFT as usize)).copied().collect()
     }
 
     /// Follows the prediction with a token the output took.

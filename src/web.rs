@@ -136,7 +136,7 @@ struct LoadOptions {
     /// `"auto"` (draft tokens by prompt lookup and from a request's `prediction`, verified in one
     /// step) or `"off"` (the default): a request's own `speculative` wins.
     speculative: Option<String>,
-    /// Most draft tokens per sequence and step (default 7).
+    /// Most draft tokens per sequence and step (default 15; prompt lookup drafts at most 7).
     max_draft: Option<u32>,
     /// `estimateMemory` only (loads ignore it): what the device allows, `{maxBufferSize?,
     /// maxStorageBufferBindingSize?, memoryBytes?}`.

@@ -52,7 +52,7 @@ const USAGE: &str = "usage: pagedlm <tokenize|score|generate|bench|trace|profile
             --activations auto|f32|int8   (the matmuls' activations; auto: f32)
             --backend auto|webgpu|cpu   (default auto: WebGPU on a real GPU, else cpu; cpu: CPU kernels, no device)
             --speculative auto|off  --max-draft N   (draft tokens by prompt lookup and from an item's
-             `prediction`, verified in one step; default auto, 7; bench measures without unless given)
+             `prediction`, verified in one step; default auto, 15; bench measures without unless given)
             (every command takes them; tokenize reads only --model)
   tokenize  --texts FILE.json
   score     --input FILE.json [--mode decode|prefill]
