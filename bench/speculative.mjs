@@ -4,8 +4,9 @@
 //
 // The workload (SmolLM2-135M by default): an editing request (correct the spelling of a paragraph
 // of tests/data/alice_chapter1.txt, written out whole) with drafts from prompt lookup, the same
-// with the corrected paragraph as `prediction`, a rename in a small function, and three free
-// chat prompts.
+// with the corrected paragraph as `prediction`, a rename in two functions (about 250 tokens of
+// code) with prompt lookup and with the code as `prediction` (as OpenAI's guide to predicted
+// outputs does for a refactoring), a rename in a small function, and three free chat prompts.
 //
 // Usage: node bench/speculative.mjs [native-cpu] [native-webgpu] [browser-cpu] [browser-webgpu]
 // (default: native-cpu native-webgpu browser-cpu). Env: SPEC_MAX_TOKENS (300), SPEC_RUNS (2: the
@@ -35,13 +36,46 @@ const code = `function tally(items) {
   return count;
 }
 `;
+// About 250 tokens of code.
+const longCode = `function summarize(orders, today) {
+  let count = 0;
+  let revenue = 0;
+  const late = [];
+  for (const order of orders) {
+    if (order.cancelled) continue;
+    count += 1;
+    revenue += order.price * order.quantity;
+    if (order.due < today && !order.shipped) {
+      late.push(order.id);
+    }
+  }
+  const average = count > 0 ? revenue / count : 0;
+  console.log("orders", count, "revenue", revenue.toFixed(2));
+  if (late.length > 0) {
+    console.log("late orders:", late.join(", "));
+  }
+  return { count, revenue, average, late };
+}
+
+function report(groups, today) {
+  const lines = [];
+  for (const [name, orders] of Object.entries(groups)) {
+    const summary = summarize(orders, today);
+    lines.push(name + ": " + summary.count + " orders, " + summary.late.length + " late");
+  }
+  return lines.join("\\n");
+}
+`;
 const user = (content) => [{ role: "user", content }];
 // SmolLM2-135M writes a text out again when asked this way (other wordings get a reply about it).
 const fix = `Correct the spelling in the following text. Write out the whole corrected text.\n\nText:\n${typos}\n\nCorrected text:`;
 const rename = `Rename the variable count to total in this code. Write out the whole code.\n\nCode:\n${code}\nCode with total:`;
+const renameLong = `Rename the variable count to total in this code. Write out the whole code.\n\nCode:\n${longCode}\nCode with total:`;
 const ITEMS = [
   { id: "edit, prompt lookup", messages: user(fix) },
   { id: "edit, prediction", messages: user(fix), prediction: { type: "content", content: paragraph } },
+  { id: "rename 250, lookup", messages: user(renameLong) },
+  { id: "rename 250, prediction", messages: user(renameLong), prediction: { type: "content", content: longCode } },
   { id: "rename, lookup", messages: user(rename) },
   { id: "free: a poem", messages: user("Write a short poem about the sea.") },
   { id: "free: tips", messages: user("What are three tips for staying productive when working from home?") },
