@@ -430,6 +430,12 @@ impl Request {
         self.planned.as_ref().filter(|(position, _)| *position == self.computed).map(|(_, draft)| draft.as_slice())
     }
 
+    /// Whether the draft its rows in flight verify is likely taken whole (see
+    /// [`crate::speculate::Drafter::confident`]), so that rows planned past it are likely kept.
+    pub fn confident(&self) -> bool {
+        self.drafter.confident()
+    }
+
     /// Whether it may draft in a step planned ahead of its rows in flight: its draft rows'
     /// choice needs nothing the CPU learns from those rows (no constraint, whose masks follow
     /// the tokens; no penalty, whose window would hold them).

@@ -6,7 +6,8 @@
 //!   tokenized when the request is submitted and followed along as the output advances: while
 //!   the output agrees with it, the draft is what comes next in it; after a mismatch the
 //!   drafter re-synchronises by looking the output's last tokens up in the prediction;
-//! - **prompt lookup**: the longest suffix of the context (n = [`MAX_NGRAM`] down to 1 tokens)
+//! - **prompt lookup**: the longest suffix of the context (n = [`MAX_NGRAM`] down to
+//!   [`MIN_NGRAM`] tokens)
 //!   found earlier in the context (prompt and output), most recent occurrence first, proposes
 //!   the tokens that followed it. Off the prediction's track, the longer of the two matches
 //!   drafts (the prediction's on a tie): a reply that leaves the prediction to repeat itself is
@@ -32,6 +33,9 @@
 
 /// Longest context suffix prompt lookup matches.
 pub const MAX_NGRAM: usize = 3;
+/// Shortest: a single token found earlier says too little about what follows (in free text
+/// such drafts are mostly refused, and each costs a row).
+pub const MIN_NGRAM: usize = 2;
 /// Most draft tokens per sequence and step unless asked otherwise: the length a draft that
 /// follows a prediction on its track may reach.
 pub const DEFAULT_MAX_DRAFT: u32 = 15;
@@ -45,9 +49,16 @@ pub const MAX_VERIFY_ROWS: u32 = 64;
 /// Most draft tokens per sequence and step one may ask for.
 pub const MAX_DRAFT_LIMIT: u32 = 31;
 /// Below this average acceptance (accepted / proposed per drafting step) a sequence pauses.
-pub const PAUSE_BELOW: f32 = 0.3;
+pub const PAUSE_BELOW: f32 = 0.5;
 /// Drafting steps a sequence makes before its average can pause it.
-const WARMUP_STEPS: u32 = 3;
+const WARMUP_STEPS: u32 = 1;
+/// The average a sequence drafts again with after a pause (or a probe taken whole): one refused
+/// draft pauses it again.
+const RESUME_AVERAGE: f32 = 0.6;
+/// The average from which a draft is likely taken whole: a step on the GPU is planned past a
+/// draft in flight only then, since a cut draft discards the rows planned past it (a whole step
+/// for a sequence alone).
+const CONFIDENT: f32 = 0.75;
 /// Weight of the newest step in the average.
 const EMA_ALPHA: f32 = 0.3;
 /// Decode steps of the first pause; each pause after it doubles, up to [`MAX_PAUSE`].
@@ -147,6 +158,12 @@ impl Drafter {
         self.drafts() && (self.paused == 0 || self.probe)
     }
 
+    /// Whether a draft it proposed is likely taken whole: it is not paused (a probe is a guess)
+    /// and its average acceptance is at least [`CONFIDENT`].
+    pub fn confident(&self) -> bool {
+        self.paused == 0 && self.average >= CONFIDENT
+    }
+
     /// Whether it drafts at all (paused or not).
     fn drafts(&self) -> bool {
         self.max_draft > 0 && (self.lookup || !self.predicted.is_empty())
@@ -199,7 +216,7 @@ impl Drafter {
             if accepted == proposed {
                 // A probe taken whole: the text copies again.
                 self.paused = 0;
-                self.average = 1.0;
+                self.average = RESUME_AVERAGE;
                 self.steps = 0;
                 self.length = self.max_draft.min(2 * PROBE);
                 return;
@@ -208,7 +225,7 @@ impl Drafter {
         if self.paused > 0 {
             self.paused -= 1;
             if self.paused == 0 {
-                self.average = 1.0;
+                self.average = RESUME_AVERAGE;
                 self.steps = 0;
                 self.length = self.max_draft.min(2);
             }
@@ -230,12 +247,12 @@ impl Drafter {
     }
 }
 
-/// Where the tokens after the longest suffix of `context` (n = [`MAX_NGRAM`] down to 1) found in
+/// Where the tokens after the longest suffix of `context` (n = [`MAX_NGRAM`] down to [`MIN_NGRAM`]) found in
 /// `source` start, and n: the most recent occurrence whose continuation is not empty (in
 /// `source` before `end`, when `source` is the context's own start).
 fn lookup(source: &[u32], context: &[u32], end: Option<usize>) -> Option<(usize, usize)> {
     let end = end.unwrap_or(source.len()).min(source.len());
-    for n in (1..=MAX_NGRAM.min(context.len())).rev() {
+    for n in (MIN_NGRAM..=MAX_NGRAM.min(context.len())).rev() {
         let suffix = &context[context.len() - n..];
         if let Some(start) = (0..end.saturating_sub(n)).rev().find(|&i| &source[i..i + n] == suffix) {
             return Some((start + n, n));
@@ -282,11 +299,12 @@ mod tests {
         let d = Drafter::new(4, Vec::new(), true);
         // "1 2 3 4 5 ... 2 3" -> the 2-gram "2 3" matched, "4 5" follows.
         assert_eq!(d.propose(&[1, 2, 3, 4, 5, 9, 2, 3], 4), vec![4, 5, 9, 2]);
-        // The most recent occurrence wins: "7" was followed by 8 then by 6.
-        assert_eq!(d.propose(&[7, 8, 0, 7, 6, 5, 7], 2), vec![6, 5]);
-        // Nothing matches: no draft; a limit of 0: none.
+        // The most recent occurrence wins: "0 7" was followed by 8 then by 6.
+        assert_eq!(d.propose(&[0, 7, 8, 0, 7, 6, 5, 0, 7], 2), vec![6, 5]);
+        // Nothing matches, or only one token (shorter than MIN_NGRAM): no draft; a limit of 0: none.
         assert_eq!(d.propose(&[1, 2, 3], 4), Vec::<u32>::new());
-        assert_eq!(d.propose(&[1, 2, 1], 0), Vec::<u32>::new());
+        assert_eq!(d.propose(&[7, 8, 0, 7], 4), Vec::<u32>::new());
+        assert_eq!(d.propose(&[1, 2, 1, 2], 0), Vec::<u32>::new());
         assert_eq!(Drafter::new(4, Vec::new(), false).propose(&[1, 2, 3, 1, 2], 4), Vec::<u32>::new(), "lookup off");
     }
 
@@ -298,11 +316,13 @@ mod tests {
             d.advance(t);
         }
         assert_eq!(d.propose(&[1, 2, 10, 11], 8), vec![12, 13, 14]);
-        // The output went its own way (99), then came back to 13: lookup finds it again.
+        // The output went its own way (99), then came back to 13 14: lookup finds it again.
         d.advance(99);
         assert_eq!(d.propose(&[1, 2, 10, 11, 99], 8), Vec::<u32>::new());
         d.advance(13);
-        assert_eq!(d.propose(&[1, 2, 10, 11, 99, 13], 8), vec![14, 15]);
+        assert_eq!(d.propose(&[1, 2, 10, 11, 99, 13], 8), Vec::<u32>::new(), "one token is too short a match");
+        d.advance(14);
+        assert_eq!(d.propose(&[1, 2, 10, 11, 99, 13, 14], 8), vec![15]);
     }
 
     #[test]
@@ -355,13 +375,13 @@ mod tests {
 
     #[test]
     fn the_longer_match_wins_between_the_prediction_and_the_context() {
-        // The prediction matches the last token (7) only; the context matches the last three.
-        let mut d = Drafter::new(4, vec![7, 40, 41], true);
+        // The prediction matches the last two tokens (6 7) only; the context the last three.
+        let mut d = Drafter::new(4, vec![6, 7, 40, 41], true);
         d.advance(1);
         let context = [5, 6, 7, 8, 9, 5, 6, 7];
         assert_eq!(d.propose(&context, 4), vec![8, 9, 5, 6]);
         // On a tie the prediction wins.
-        assert_eq!(d.propose(&[1, 7, 2, 7], 4), vec![40, 41]);
+        assert_eq!(d.propose(&[1, 6, 7, 2, 6, 7], 4), vec![40, 41]);
     }
 
     /// The engine's rule (draw from p with the row's sampler, accept when the draw is the draft)
