@@ -10,8 +10,9 @@
 //
 // Usage: node bench/speculative.mjs [native-cpu] [native-webgpu] [browser-cpu] [browser-webgpu]
 // (default: native-cpu native-webgpu browser-cpu). Env: SPEC_MAX_TOKENS (300), SPEC_RUNS (2: the
-// median of each), BENCH_MODEL (a .gguf under models/). Needs `cargo build --release` and pkg/
-// (bash scripts/build-web.sh) for the browser.
+// median of each; the order of off and auto alternates from run to run), SPEC_ITEMS (items whose
+// id contains one of these comma-separated words, e.g. "free"), BENCH_MODEL (a .gguf under
+// models/). Needs `cargo build --release` and pkg/ (bash scripts/build-web.sh) for the browser.
 import { execFileSync } from "node:child_process";
 import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -71,7 +72,7 @@ const user = (content) => [{ role: "user", content }];
 const fix = `Correct the spelling in the following text. Write out the whole corrected text.\n\nText:\n${typos}\n\nCorrected text:`;
 const rename = `Rename the variable count to total in this code. Write out the whole code.\n\nCode:\n${code}\nCode with total:`;
 const renameLong = `Rename the variable count to total in this code. Write out the whole code.\n\nCode:\n${longCode}\nCode with total:`;
-const ITEMS = [
+const ALL_ITEMS = [
   { id: "edit, prompt lookup", messages: user(fix) },
   { id: "edit, prediction", messages: user(fix), prediction: { type: "content", content: paragraph } },
   { id: "rename 250, lookup", messages: user(renameLong) },
@@ -81,6 +82,9 @@ const ITEMS = [
   { id: "free: tips", messages: user("What are three tips for staying productive when working from home?") },
   { id: "free: rainbow", messages: user("Explain how a rainbow forms.") },
 ];
+const picked = process.env.SPEC_ITEMS?.split(",").filter(Boolean);
+const ITEMS = picked ? ALL_ITEMS.filter((item) => picked.some((word) => item.id.includes(word))) : ALL_ITEMS;
+if (!ITEMS.length) throw new Error(`SPEC_ITEMS=${process.env.SPEC_ITEMS} picks no item`);
 const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
 
 /** Per item: {tok_s, tokens, accepted, rejected} of each run, natively. */
@@ -126,7 +130,7 @@ try {
     }
     const rows = { off: [], auto: [] };
     for (let r = 0; r < runs; r++) {
-      for (const mode of ["off", "auto"]) rows[mode].push(kind === "native" ? native(backend, mode) : await inBrowser(page, backend, mode));
+      for (const mode of r % 2 ? ["auto", "off"] : ["off", "auto"]) rows[mode].push(kind === "native" ? native(backend, mode) : await inBrowser(page, backend, mode));
     }
     figures[w] = ITEMS.map((item, i) => {
       const off = median(rows.off.map((run) => run[i].tok_s));
