@@ -50,6 +50,20 @@ function freeBytes(dir) {
   return bavail * bsize;
 }
 
+/**
+ * Writes the page cache's dirty pages to disk (`sync`) and logs how long it took. The test writes
+ * 5.9 GB of models and each URL load stores up to 3.5 GB more: on a slow disk the kernel throttles
+ * a writer past its dirty-page limit, and a write into browser storage that blocks the worker for
+ * minutes (no timer runs there meanwhile) looks like a stalled load. Flushed before each load, the
+ * time goes to the setup, and the log says how slow the disk is.
+ */
+function flushPageCache(when) {
+  const t0 = Date.now();
+  execFileSync("sync");
+  const ms = Date.now() - t0;
+  console.log(`flushed the page cache ${when} in ${(ms / 1000).toFixed(1)} s`);
+}
+
 /** Writes the big model of `bytes` to `out` with the same writer binary the other tests use. */
 function writeBigModel(out, bytes) {
   const args = ["--target-bytes", String(bytes), "--seed", SEED, "--out", out];
@@ -79,6 +93,7 @@ describe("big models load by streaming", { skip }, () => {
       const written = writeBigModel(files[name], bytes);
       console.log(`wrote ${name}: ${written.bytes} bytes, vocab ${written.vocab}, hidden ${written.hidden}, in ${written.write_s.toFixed(1)} s`);
     }
+    flushPageCache("after writing the models");
     site = join(dir, "site");
     execFileSync("mkdir", ["-p", site]);
     // prepack builds pkg/ if a source changed.
@@ -106,6 +121,7 @@ describe("big models load by streaming", { skip }, () => {
 
   for (const { backend, size, source } of LOADS) {
     it(`${size} on ${backend} from a ${source === "url" ? "URL" : "File"}: loads, answers, within its wasm memory`, { timeout: LOAD_TIMEOUT }, async (t) => {
+      flushPageCache(`before the ${size} ${backend} load`);
       const { page, problems } = await openPage(context, `${server.url}/`);
       // Each phase as it starts (and every 5% of the bytes), so that a load that stalls says
       // where in the log; one silent for STALL_MS fails with its last report.
