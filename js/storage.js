@@ -332,7 +332,15 @@ function opfsPart(folder, urls, index, stallMs, report) {
       const flush = async () => {
         const started = performance.now();
         access.flush();
-        await writeMeta(folder, key, { ...base, complete: false, written: at });
+        // The resume record is written through a handle of its own, asked of the browser's storage
+        // each time: say so while it has not come back, since from outside it looks like a
+        // stalled download (no other timer watches this wait).
+        const waiting = setTimeout(() => report({ ...event(), note: `writing to browser storage has not finished after ${secondsText(SLOW_FLUSH_MS)} (the resume record at ${bytesText(at)})` }), SLOW_FLUSH_MS);
+        try {
+          await writeMeta(folder, key, { ...base, complete: false, written: at });
+        } finally {
+          clearTimeout(waiting);
+        }
         flushed = { bytes: at, at: performance.now() };
         // Storage this slow looks like a stalled download from outside: say where the time goes.
         const took = flushed.at - started;
