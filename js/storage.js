@@ -133,18 +133,6 @@ async function checkQuota(url, needed) {
   if (needed > available) throw quotaError(url, needed, available);
 }
 
-async function writeMeta(folder, key, meta) {
-  const access = await (await folder.getFileHandle(`${key}.json`, { create: true })).createSyncAccessHandle();
-  try {
-    const bytes = new TextEncoder().encode(JSON.stringify(meta));
-    access.truncate(0);
-    access.write(bytes, { at: 0 });
-    access.flush();
-  } finally {
-    access.close();
-  }
-}
-
 async function request(url, headers = {}, { rangeNotSatisfiable = false } = {}) {
   let response;
   try {
@@ -320,11 +308,27 @@ function opfsPart(folder, urls, index, stallMs, report) {
     let base = { url, model: urls[0], part: index + 1, parts: urls.length, size: total, ...validators(response) };
     const handle = await folder.getFileHandle(`${key}.gguf`, { create: true });
     const access = await handle.createSyncAccessHandle();
+    // The resume record's handle is opened once for the whole download and written in place at
+    // each flush: asking the browser for a new handle at every flush hung in CI (one such request
+    // in a few dozen never came back, and the download with it).
+    let record;
+    try {
+      record = await (await folder.getFileHandle(`${key}.json`, { create: true })).createSyncAccessHandle();
+    } catch (e) {
+      access.close();
+      throw e;
+    }
+    const putMeta = (meta) => {
+      const bytes = new TextEncoder().encode(JSON.stringify(meta));
+      record.truncate(0);
+      record.write(bytes, { at: 0 });
+      record.flush();
+    };
     let at = have;
     try {
       access.truncate(have);
       access.flush();
-      await writeMeta(folder, key, { ...base, complete: false, written: have });
+      putMeta({ ...base, complete: false, written: have });
       const progress = throttled(report);
       const event = () => ({ phase: "download", loaded: at, total: total ?? 0, ...(resumedFrom > 0 ? { resumed_from: resumedFrom } : {}), ...(urls.length > 1 ? { part: index + 1, parts: urls.length } : {}) });
       if (note) report({ ...event(), note });
@@ -332,15 +336,7 @@ function opfsPart(folder, urls, index, stallMs, report) {
       const flush = async () => {
         const started = performance.now();
         access.flush();
-        // The resume record is written through a handle of its own, asked of the browser's storage
-        // each time: say so while it has not come back, since from outside it looks like a
-        // stalled download (no other timer watches this wait).
-        const waiting = setTimeout(() => report({ ...event(), note: `writing to browser storage has not finished after ${secondsText(SLOW_FLUSH_MS)} (the resume record at ${bytesText(at)})` }), SLOW_FLUSH_MS);
-        try {
-          await writeMeta(folder, key, { ...base, complete: false, written: at });
-        } finally {
-          clearTimeout(waiting);
-        }
+        putMeta({ ...base, complete: false, written: at });
         flushed = { bytes: at, at: performance.now() };
         // Storage this slow looks like a stalled download from outside: say where the time goes.
         const took = flushed.at - started;
@@ -394,7 +390,7 @@ function opfsPart(folder, urls, index, stallMs, report) {
         throw fail("MODEL_DOWNLOAD", `The model download from ${url} ended after ${at.toLocaleString("en-US")} of ${total.toLocaleString("en-US")} bytes. Loading it again resumes from there.`);
       }
       access.flush();
-      await writeMeta(folder, key, { ...base, size: at, complete: true, written: at });
+      putMeta({ ...base, size: at, complete: true, written: at });
       progress(event(), true);
     } catch (e) {
       if (!isQuotaError(e)) throw e;
@@ -402,6 +398,7 @@ function opfsPart(folder, urls, index, stallMs, report) {
     } finally {
       body.cancel();
       access.close();
+      record.close();
     }
     report({ phase: "stored", loaded: at, total: at, storage: "opfs", ...(urls.length > 1 ? { part: index + 1, parts: urls.length } : {}) });
     return { blob: await handle.getFile(), source: "network" };
