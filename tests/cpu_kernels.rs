@@ -5,7 +5,8 @@
 //! the dequantizer,
 //! and the activation quantization against its formula. Odd row counts (rows that do not fill
 //! the last parallel task), one and many activation rows, weights from the quantizers and from
-//! random bytes (every code of every field). Pure CPU; natively and in the browser.
+//! random bytes (every code of every field). Pure CPU; natively and in the browser, where a
+//! row's int8 product is also checked bit-equal whatever rows share its step.
 
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
@@ -65,7 +66,7 @@ fn cases() -> Vec<(GgmlType, usize)> {
 /// Row counts: one, a few, and counts that leave the last parallel task partly filled.
 const ROWS: [usize; 4] = [1, 7, 67, 130];
 /// Activation rows: decode (1), fewer than a group of four, and groups plus a remainder.
-const NS: [usize; 3] = [1, 3, 9];
+const NS: [usize; 4] = [1, 2, 3, 9];
 
 fn dequantized(t: GgmlType, raw: &[u8], rows: usize, cols: usize) -> Vec<f32> {
     let mut w = vec![0f32; rows * cols];
@@ -181,6 +182,33 @@ fn the_int8_path_matches_the_int8_rounded_activations() {
                         );
                     }
                 }
+            }
+        }
+    }
+}
+
+/// In wasm (int8 activations, the browser's CPU backend), a row's product is bit-equal whatever
+/// rows share its step: one row alone, or within any group of one to nine (speculation's draft
+/// rows and batches must not change a token that a step of one row chooses).
+#[cfg(target_arch = "wasm32")]
+#[wasm_bindgen_test::wasm_bindgen_test]
+fn in_wasm_a_rows_int8_product_does_not_depend_on_the_rows_beside_it() {
+    let mut rng = Rng::new(15);
+    for (t, cols) in cases() {
+        let (rows, n) = (7, 9);
+        let raw = weights(t, rows, cols, true, &mut rng);
+        let m = QMatrix::new(t, rows, cols, &raw).unwrap();
+        let x = activations(n, cols, &mut rng);
+        let xq = Int8Rows::quantize(&x, n).unwrap();
+        let mut all = vec![f32::NAN; n * rows];
+        matmul_acts(&m, Acts::Int8(&xq, &x), n, &mut all);
+        for k in 1..=n {
+            // The first k rows alone give the same bits as among all nine.
+            let (xk, xqk) = (&x[..k * cols], Int8Rows::quantize(&x[..k * cols], k).unwrap());
+            let mut out = vec![f32::NAN; k * rows];
+            matmul_acts(&m, Acts::Int8(&xqk, xk), k, &mut out);
+            for (i, (a, b)) in out.iter().zip(&all).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "{} {cols}: row {} of {k}: {a} alone, {b} among {n}", t.name(), i / rows);
             }
         }
     }

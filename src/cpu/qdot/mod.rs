@@ -551,23 +551,32 @@ fn unpacked_dot_f32<const AVX2: bool>(u: &Unpacked, x: &[f32]) -> f32 {
     acc
 }
 
-/// `o[t] = u · xq[t]` with int8 activations, for each of the `o.len()` rows of `xq`.
+/// `o[t] = u · xq[t]` with int8 activations, for each of the `o.len()` rows of `xq`: four rows
+/// at a time, then the one to three left together.
 #[inline(always)]
 fn int8_times<const AVX2: bool>(u: &Unpacked, xq: &Int8Rows, o: &mut [f32]) {
     let mut quads = o.chunks_exact_mut(4);
     let mut t = 0;
     for o4 in &mut quads {
-        let xs = [xq.row(t), xq.row(t + 1), xq.row(t + 2), xq.row(t + 3)];
-        let r = dot_i8_x4::<AVX2>(u, xs);
-        for (o, (r, x)) in o4.iter_mut().zip(r.into_iter().zip(xs)) {
-            *o = r + min_term::<AVX2>(u, x);
-        }
+        int8_rows::<AVX2, 4>(u, xq, t, o4);
         t += 4;
     }
-    for o in quads.into_remainder() {
-        let x = xq.row(t);
-        *o = dot_i8::<AVX2>(u, x) + min_term::<AVX2>(u, x);
-        t += 1;
+    let rest = quads.into_remainder();
+    match rest.len() {
+        3 => int8_rows::<AVX2, 3>(u, xq, t, rest),
+        2 => int8_rows::<AVX2, 2>(u, xq, t, rest),
+        1 => int8_rows::<AVX2, 1>(u, xq, t, rest),
+        _ => {}
+    }
+}
+
+/// `o[k] = u · xq[t + k]` for the `N` rows from `t`, minimums included.
+#[inline(always)]
+fn int8_rows<const AVX2: bool, const N: usize>(u: &Unpacked, xq: &Int8Rows, t: usize, o: &mut [f32]) {
+    let xs: [Int8Row<'_>; N] = std::array::from_fn(|k| xq.row(t + k));
+    let r = dot_i8_rows::<AVX2, N>(u, xs);
+    for (o, (r, x)) in o.iter_mut().zip(r.into_iter().zip(xs)) {
+        *o = r + min_term::<AVX2>(u, x);
     }
 }
 
@@ -604,41 +613,34 @@ fn dot_f32_x4<const AVX2: bool>(w: &[f32], x: [&[f32]; 4]) -> [f32; 4] {
     x.map(|x| dot(w, x))
 }
 
-/// The integer part of `u · x[k]` for four int8 rows: Σ over blocks of (weight sub-block scale ×
+/// The integer part of `u · x[k]` for `N` int8 rows: Σ over blocks of (weight sub-block scale ×
 /// activation block scale) × the i32 sum of code products (per 16 values for 16-value
-/// sub-blocks). Minimums are [`min_term`]'s.
+/// sub-blocks). Minimums are [`min_term`]'s. A row's result does not depend on `N`.
 #[inline(always)]
-fn dot_i8_x4<const AVX2: bool>(u: &Unpacked, x: [Int8Row<'_>; 4]) -> [f32; 4] {
+fn dot_i8_rows<const AVX2: bool, const N: usize>(u: &Unpacked, x: [Int8Row<'_>; N]) -> [f32; N] {
     for x in &x {
         assert!(x.qs.len() == u.q.len() && x.d.len() * ACT_BLOCK == u.q.len(), "int8 row length");
     }
     #[cfg(target_arch = "x86_64")]
     if AVX2 {
         // SAFETY: as in `dot_f32`; the lengths were checked above.
-        return unsafe { avx2::dot_i8_x4(u, x) };
+        return unsafe {
+            match <[Int8Row<'_>; 4]>::try_from(&x[..]) {
+                Ok(x4) => {
+                    let r = avx2::dot_i8_x4(u, x4);
+                    std::array::from_fn(|k| r[k])
+                }
+                Err(_) => x.map(|x| avx2::dot_i8(u, x)),
+            }
+        };
     }
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    return simd128::dot_i8_x4(u, x);
+    return simd128::dot_i8_n(u, x);
     #[allow(unreachable_code)]
     x.map(|x| dot_i8_portable(u, x))
 }
 
-/// [`dot_i8_x4`] for one row.
-#[inline(always)]
-fn dot_i8<const AVX2: bool>(u: &Unpacked, x: Int8Row<'_>) -> f32 {
-    assert!(x.qs.len() == u.q.len() && x.d.len() * ACT_BLOCK == u.q.len(), "int8 row length");
-    #[cfg(target_arch = "x86_64")]
-    if AVX2 {
-        // SAFETY: as in `dot_f32`; the lengths were checked above.
-        return unsafe { avx2::dot_i8(u, x) };
-    }
-    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    return simd128::dot_i8(u, x);
-    #[allow(unreachable_code)]
-    dot_i8_portable(u, x)
-}
-
-/// [`dot_i8_x4`] for one row in portable Rust (i32 sums per 16 values, which LLVM vectorizes).
+/// [`dot_i8_rows`] for one row in portable Rust (i32 sums per 16 values, which LLVM vectorizes).
 #[inline(always)]
 fn dot_i8_portable(u: &Unpacked, x: Int8Row<'_>) -> f32 {
     let mut acc = [0f32; 2];

@@ -1,5 +1,5 @@
 //! The dot products of [`super`] in wasm SIMD128 (every browser with WebGPU has it, and the
-//! browsers the CPU backend is for): quants multiplied in registers, four rows per weight load.
+//! browsers the CPU backend is for): quants multiplied in registers, up to four rows per weight load.
 
 use core::arch::wasm32::*;
 
@@ -35,63 +35,53 @@ pub(super) fn unpacked_dot_f32(u: &Unpacked, x: &[f32]) -> f32 {
     hsum(f32x4_add(acc_lo, acc_hi))
 }
 
-/// The i32 code-product sums of one 16-value half: i8 widened to i16, `i32x4.dot_i16x8`
-/// pairs (|w| ≤ 128, |x| ≤ 127: no pair overflows), four lanes each holding four products.
-#[inline(always)]
-fn half_dot(w: v128, x: v128) -> v128 {
-    i32x4_add(i32x4_dot_i16x8(i16x8_extend_low_i8x16(w), i16x8_extend_low_i8x16(x)), i32x4_dot_i16x8(i16x8_extend_high_i8x16(w), i16x8_extend_high_i8x16(x)))
-}
-
 #[inline(always)]
 fn hsum(v: v128) -> f32 {
     (f32x4_extract_lane::<0>(v) + f32x4_extract_lane::<1>(v)) + (f32x4_extract_lane::<2>(v) + f32x4_extract_lane::<3>(v))
 }
 
-/// [`super::dot_i8_x4`] with SIMD128: per 32-value block, each half's i32 sums
-/// ([`half_dot`]) converted to f32 and multiplied by (weight half scale × activation block
-/// scale) into one accumulator per row; the weight halves are loaded once for the four rows.
+/// [`super::dot_i8_x4`] with SIMD128, for `N` (1 to 4) activation rows at once: per 32-value
+/// block the weight codes are loaded and widened to i16 once, then, per row, multiplied with its
+/// codes by `i32x4.dot_i16x8` (|w| ≤ 128, |x| ≤ 127: no pair overflows). Where the block has one
+/// scale (32-value sub-blocks) its two halves' i32 sums are added first (exact: |sum| < 2²⁰) and
+/// scaled once; 16-value sub-blocks scale each half. Each row's arithmetic is the same whatever
+/// `N` is, so a row's product does not depend on the rows beside it (a draft's rows, a batch).
 /// The caller checked every row's length.
 #[inline(always)]
-pub(super) fn dot_i8_x4(u: &Unpacked, x: [Int8Row<'_>; 4]) -> [f32; 4] {
+pub(super) fn dot_i8_n<const N: usize>(u: &Unpacked, x: [Int8Row<'_>; N]) -> [f32; N] {
+    if u.sub == 16 {
+        dot_i8_scaled::<N, true>(u, x)
+    } else {
+        dot_i8_scaled::<N, false>(u, x)
+    }
+}
+
+/// [`dot_i8_n`] with the sub-block size fixed: `HALVES`, a scale per 16-value half.
+#[inline(always)]
+fn dot_i8_scaled<const N: usize, const HALVES: bool>(u: &Unpacked, x: [Int8Row<'_>; N]) -> [f32; N] {
     let blocks = u.q.len() / ACT_BLOCK;
     let pw = u.q.as_ptr();
     let px = x.map(|x| x.qs.as_ptr());
-    let mut acc = [f32x4_splat(0.0); 4];
+    let mut acc = [f32x4_splat(0.0); N];
     for b in 0..blocks {
         // SAFETY: the weight row and every activation row hold `blocks` whole blocks of 32
         // codes (checked by the caller); block b reads codes 32b..32b+32, unaligned loads.
         let (w_lo, w_hi) = unsafe { (v128_load(pw.add(b * ACT_BLOCK) as *const v128), v128_load(pw.add(b * ACT_BLOCK + 16) as *const v128)) };
+        let w = [i16x8_extend_low_i8x16(w_lo), i16x8_extend_high_i8x16(w_lo), i16x8_extend_low_i8x16(w_hi), i16x8_extend_high_i8x16(w_hi)];
         let (s_lo, s_hi) = half_scales(u, b);
-        for k in 0..4 {
+        for k in 0..N {
             // SAFETY: as above.
             let (x_lo, x_hi) = unsafe { (v128_load(px[k].add(b * ACT_BLOCK) as *const v128), v128_load(px[k].add(b * ACT_BLOCK + 16) as *const v128)) };
+            let lo = i32x4_add(i32x4_dot_i16x8(w[0], i16x8_extend_low_i8x16(x_lo)), i32x4_dot_i16x8(w[1], i16x8_extend_high_i8x16(x_lo)));
+            let hi = i32x4_add(i32x4_dot_i16x8(w[2], i16x8_extend_low_i8x16(x_hi)), i32x4_dot_i16x8(w[3], i16x8_extend_high_i8x16(x_hi)));
             let d = x[k].d[b];
-            let lo = f32x4_mul(f32x4_convert_i32x4(half_dot(w_lo, x_lo)), f32x4_splat(s_lo * d));
-            let hi = f32x4_mul(f32x4_convert_i32x4(half_dot(w_hi, x_hi)), f32x4_splat(s_hi * d));
-            acc[k] = f32x4_add(acc[k], f32x4_add(lo, hi));
+            let block = if HALVES {
+                f32x4_add(f32x4_mul(f32x4_convert_i32x4(lo), f32x4_splat(s_lo * d)), f32x4_mul(f32x4_convert_i32x4(hi), f32x4_splat(s_hi * d)))
+            } else {
+                f32x4_mul(f32x4_convert_i32x4(i32x4_add(lo, hi)), f32x4_splat(s_lo * d))
+            };
+            acc[k] = f32x4_add(acc[k], block);
         }
     }
     acc.map(hsum)
-}
-
-/// [`dot_i8_x4`] for one row.
-#[inline(always)]
-pub(super) fn dot_i8(u: &Unpacked, x: Int8Row<'_>) -> f32 {
-    let blocks = u.q.len() / ACT_BLOCK;
-    let (pw, px) = (u.q.as_ptr(), x.qs.as_ptr());
-    let mut acc = f32x4_splat(0.0);
-    for b in 0..blocks {
-        // SAFETY: as in `dot_i8_x4`.
-        let (lo, hi) = unsafe {
-            let (w, q) = (pw.add(b * ACT_BLOCK), px.add(b * ACT_BLOCK));
-            (
-                half_dot(v128_load(w as *const v128), v128_load(q as *const v128)),
-                half_dot(v128_load(w.add(16) as *const v128), v128_load(q.add(16) as *const v128)),
-            )
-        };
-        let (s_lo, s_hi) = half_scales(u, b);
-        let d = x.d[b];
-        acc = f32x4_add(acc, f32x4_add(f32x4_mul(f32x4_convert_i32x4(lo), f32x4_splat(s_lo * d)), f32x4_mul(f32x4_convert_i32x4(hi), f32x4_splat(s_hi * d))));
-    }
-    hsum(acc)
 }
