@@ -7,9 +7,11 @@
 //!   the output agrees with it, the draft is what comes next in it; after a mismatch the
 //!   drafter re-synchronises by looking the output's last tokens up in the prediction;
 //! - **prompt lookup**: the longest suffix of the context (n = [`MAX_NGRAM`] down to
-//!   [`MIN_NGRAM`] tokens)
-//!   found earlier in the context (prompt and output), most recent occurrence first, proposes
-//!   the tokens that followed it. Off the prediction's track, the longer of the two matches
+//!   [`MIN_NGRAM`] tokens) found earlier in the context (prompt and output) proposes the tokens
+//!   that followed it; of its occurrences, the one whose tokens before it agree with the
+//!   context's furthest back (the text being copied), the most recent on a tie. A match of
+//!   [`LONG_MATCH`] tokens or more drafts as far as a prediction on its track, a shorter one at
+//!   most [`LOOKUP_MAX_DRAFT`]. Off the prediction's track, the longer of the two matches
 //!   drafts (the prediction's on a tie): a reply that leaves the prediction to repeat itself is
 //!   still drafted.
 //!
@@ -43,6 +45,11 @@ pub const DEFAULT_MAX_DRAFT: u32 = 15;
 /// mismatch): a match of a few tokens says less about what follows than a prediction the output
 /// agrees with.
 pub const LOOKUP_MAX_DRAFT: u32 = 7;
+/// Context tokens from which a lookup's match counts as text being copied: it drafts up to the
+/// request's `max_draft` then, as a prediction on its track does, not [`LOOKUP_MAX_DRAFT`].
+pub const LONG_MATCH: usize = 8;
+/// Longest match a lookup measures ([`LONG_MATCH`] and the choice between occurrences).
+const MAX_MATCH: usize = 32;
 /// Most logit rows of decoding sequences (next tokens and drafts together) in one step: what a
 /// verification step's logits may take (rows × vocabulary × 4 bytes).
 pub const MAX_VERIFY_ROWS: u32 = 64;
@@ -195,7 +202,8 @@ impl Drafter {
         if probing && m < MAX_NGRAM {
             return Vec::new();
         }
-        source[at..].iter().take(n.min(LOOKUP_MAX_DRAFT as usize)).copied().collect()
+        let cap = if m >= LONG_MATCH { self.max_draft } else { LOOKUP_MAX_DRAFT };
+        source[at..].iter().take(n.min(cap as usize)).copied().collect()
     }
 
     /// Follows the prediction with a token the output took.
@@ -247,15 +255,32 @@ impl Drafter {
     }
 }
 
-/// Where the tokens after the longest suffix of `context` (n = [`MAX_NGRAM`] down to [`MIN_NGRAM`]) found in
-/// `source` start, and n: the most recent occurrence whose continuation is not empty (in
-/// `source` before `end`, when `source` is the context's own start).
+/// Where the tokens after the longest suffix of `context` (n = [`MAX_NGRAM`] down to
+/// [`MIN_NGRAM`]) found in `source` start, and how long the match is: of that suffix's
+/// occurrences (in `source` before `end`, when `source` is the context's own start, with a
+/// continuation), the one whose match with the context's end reaches back furthest (up to
+/// [`MAX_MATCH`] tokens), the most recent on a tie. A long match is text being copied: where
+/// a short suffix occurs several times, the place the output copies from is the one whose
+/// tokens before it agree too.
 fn lookup(source: &[u32], context: &[u32], end: Option<usize>) -> Option<(usize, usize)> {
     let end = end.unwrap_or(source.len()).min(source.len());
     for n in (MIN_NGRAM..=MAX_NGRAM.min(context.len())).rev() {
-        let suffix = &context[context.len() - n..];
-        if let Some(start) = (0..end.saturating_sub(n)).rev().find(|&i| &source[i..i + n] == suffix) {
-            return Some((start + n, n));
+        let (before, suffix) = context.split_at(context.len() - n);
+        let mut best: Option<(usize, usize)> = None;
+        for i in (0..end.saturating_sub(n)).rev() {
+            if source[i..i + n] != *suffix {
+                continue;
+            }
+            let back = source[..i].iter().rev().zip(before.iter().rev()).take(MAX_MATCH - n).take_while(|(a, b)| a == b).count();
+            if best.is_none_or(|(_, m)| n + back > m) {
+                best = Some((i + n, n + back));
+            }
+            if n + back == MAX_MATCH {
+                break;
+            }
+        }
+        if best.is_some() {
+            return best;
         }
     }
     None
@@ -371,6 +396,23 @@ mod tests {
         (quiet.paused, quiet.probe) = (FIRST_PAUSE, false);
         assert!(!quiet.may_draft());
         assert_eq!(quiet.propose(&[5, 6, 7, 8, 9, 1, 5, 6, 7], 7), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn a_lookup_takes_the_occurrence_the_output_copies_and_drafts_longer_on_a_long_match() {
+        // "1 2" occurs twice before the end; the earlier one is preceded by 8 9, as the end is:
+        // that is the text being copied, so its continuation (5) is drafted, not the most
+        // recent one's (7).
+        let d = Drafter::new(4, Vec::new(), true);
+        assert_eq!(d.propose(&[8, 9, 1, 2, 5, 6, 3, 1, 2, 7, 8, 9, 1, 2], 2), vec![5, 6]);
+        // A match shorter than LONG_MATCH drafts at most LOOKUP_MAX_DRAFT; one of LONG_MATCH
+        // tokens or more drafts up to the request's limit.
+        let source: Vec<u32> = (100..140).collect();
+        let d = Drafter::new(DEFAULT_MAX_DRAFT, Vec::new(), true);
+        let short = [source.clone(), vec![1], source[..LONG_MATCH - 1].to_vec()].concat();
+        assert_eq!(d.propose(&short, DEFAULT_MAX_DRAFT), source[LONG_MATCH - 1..][..LOOKUP_MAX_DRAFT as usize].to_vec());
+        let long = [source.clone(), vec![1], source[..LONG_MATCH].to_vec()].concat();
+        assert_eq!(d.propose(&long, DEFAULT_MAX_DRAFT), source[LONG_MATCH..][..DEFAULT_MAX_DRAFT as usize].to_vec());
     }
 
     #[test]
