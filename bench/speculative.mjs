@@ -3,8 +3,8 @@
 // the npm package, with their ratio per item (runs in turn, greedy, the same machine).
 //
 // The workload (SmolLM2-135M by default): an editing request (correct the spelling of a paragraph
-// of tests/data/alice_chapter1.txt, written out whole) with drafts from prompt lookup, the same
-// with the corrected paragraph as `prediction`, a rename in two functions (about 250 tokens of
+// of tests/data/alice_chapter1.txt, 371 tokens, written out whole) with drafts from prompt lookup, the same
+// with the corrected paragraph as `prediction`, a rename in three functions (about 330 tokens of
 // code) with prompt lookup and with the code as `prediction` (as OpenAI's guide to predicted
 // outputs does for a refactoring), a rename in a small function, and three free chat prompts.
 //
@@ -25,7 +25,7 @@ const modelFile = process.env.BENCH_MODEL || "SmolLM2-135M-Instruct.Q4_1.gguf";
 const where = process.argv.slice(2).length ? process.argv.slice(2) : ["native-cpu", "native-webgpu", "browser-cpu"];
 
 const text = readFileSync(join(root, "tests/data/alice_chapter1.txt"), "utf8");
-const paragraph = text.slice(2000, 3000);
+const paragraph = text.slice(2000, 3400);
 const typos = paragraph.replace(/ the /g, (m, i) => (i % 3 === 0 ? " teh " : m)).replace(/and/g, (m, i) => (i % 2 === 0 ? "adn" : m));
 const code = `function tally(items) {
   let count = 0;
@@ -37,7 +37,7 @@ const code = `function tally(items) {
   return count;
 }
 `;
-// About 250 tokens of code.
+// About 330 tokens of code (333 in SmolLM2's vocabulary).
 const longCode = `function summarize(orders, today) {
   let count = 0;
   let revenue = 0;
@@ -66,6 +66,17 @@ function report(groups, today) {
   }
   return lines.join("\\n");
 }
+
+function overdue(orders, today) {
+  let count = 0;
+  for (const order of orders) {
+    if (!order.shipped && !order.cancelled && order.due < today) {
+      count += 1;
+    }
+  }
+  console.log("overdue", count);
+  return count;
+}
 `;
 const user = (content) => [{ role: "user", content }];
 // SmolLM2-135M writes a text out again when asked this way (other wordings get a reply about it).
@@ -75,8 +86,8 @@ const renameLong = `Rename the variable count to total in this code. Write out t
 const ALL_ITEMS = [
   { id: "edit, prompt lookup", messages: user(fix) },
   { id: "edit, prediction", messages: user(fix), prediction: { type: "content", content: paragraph } },
-  { id: "rename 250, lookup", messages: user(renameLong) },
-  { id: "rename 250, prediction", messages: user(renameLong), prediction: { type: "content", content: longCode } },
+  { id: "rename 330, lookup", messages: user(renameLong) },
+  { id: "rename 330, prediction", messages: user(renameLong), prediction: { type: "content", content: longCode } },
   { id: "rename, lookup", messages: user(rename) },
   { id: "free: a poem", messages: user("Write a short poem about the sea.") },
   { id: "free: tips", messages: user("What are three tips for staying productive when working from home?") },
