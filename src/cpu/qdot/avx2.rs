@@ -142,10 +142,10 @@ pub(super) unsafe fn dot_f32_x4(w: &[f32], x: [&[f32]; 4]) -> [f32; 4] {
     out
 }
 
-/// [`super::dot_i8_rows`] for four rows: per 32-value block, `|w|` and the activations with w's signs
-/// (`maddubs` multiplies unsigned by signed bytes; |w| ≤ 128 and |x| ≤ 127, so no pair sum
-/// saturates), i16 pairs summed to i32 lanes (lanes 0..4: values 0..16, 4..8: 16..32),
-/// converted and multiplied by the lanes' scales. The caller checked every row's length.
+/// [`super::dot_i8_rows`] for four rows: per 32-value block, `|w|` and the activations with w's
+/// signs (`maddubs` multiplies unsigned by signed bytes; |w| ≤ 128 and |x| ≤ 127, so no pair sum
+/// saturates), i16 pairs summed to i32 lanes (lanes 0..4: values 0..16, 4..8: 16..32), converted
+/// and multiplied by the lanes' scales. The caller checked every row's length.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 pub(super) unsafe fn dot_i8_x4(u: &Unpacked, x: [Int8Row<'_>; 4]) -> [f32; 4] {

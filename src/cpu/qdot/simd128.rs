@@ -1,5 +1,6 @@
 //! The dot products of [`super`] in wasm SIMD128 (every browser with WebGPU has it, and the
-//! browsers the CPU backend is for): quants multiplied in registers, up to four rows per weight load.
+//! browsers the CPU backend is for): quants multiplied in registers, up to four rows per weight
+//! load.
 
 use core::arch::wasm32::*;
 
@@ -40,13 +41,13 @@ fn hsum(v: v128) -> f32 {
     (f32x4_extract_lane::<0>(v) + f32x4_extract_lane::<1>(v)) + (f32x4_extract_lane::<2>(v) + f32x4_extract_lane::<3>(v))
 }
 
-/// [`super::dot_i8_x4`] with SIMD128, for `N` (1 to 4) activation rows at once: per 32-value
+/// [`super::dot_i8_rows`] with SIMD128, for `N` (1 to 4) activation rows at once: per 32-value
 /// block the weight codes are loaded and widened to i16 once, then, per row, multiplied with its
 /// codes by `i32x4.dot_i16x8` (|w| ≤ 128, |x| ≤ 127: no pair overflows). Where the block has one
 /// scale (32-value sub-blocks) its two halves' i32 sums are added first (exact: |sum| < 2²⁰) and
-/// scaled once; 16-value sub-blocks scale each half. Each row's arithmetic is the same whatever
-/// `N` is, so a row's product does not depend on the rows beside it (a draft's rows, a batch).
-/// The caller checked every row's length.
+/// scaled once; 16-value sub-blocks scale each half. Each row's arithmetic is the same whatever `N`
+/// is, so a row's product does not depend on the rows beside it (a draft's rows, a batch). The
+/// caller checked every row's length.
 #[inline(always)]
 pub(super) fn dot_i8_n<const N: usize>(u: &Unpacked, x: [Int8Row<'_>; N]) -> [f32; N] {
     if u.sub == 16 {
