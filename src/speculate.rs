@@ -263,27 +263,28 @@ impl Drafter {
 /// a short suffix occurs several times, the place the output copies from is the one whose
 /// tokens before it agree too.
 fn lookup(source: &[u32], context: &[u32], end: Option<usize>) -> Option<(usize, usize)> {
+    // One scan for the shortest suffix: an occurrence of a longer one matches further back, so
+    // the longest match is also the longest suffix's.
     let end = end.unwrap_or(source.len()).min(source.len());
-    for n in (MIN_NGRAM..=MAX_NGRAM.min(context.len())).rev() {
-        let (before, suffix) = context.split_at(context.len() - n);
-        let mut best: Option<(usize, usize)> = None;
-        for i in (0..end.saturating_sub(n)).rev() {
-            if source[i..i + n] != *suffix {
-                continue;
-            }
-            let back = source[..i].iter().rev().zip(before.iter().rev()).take(MAX_MATCH - n).take_while(|(a, b)| a == b).count();
-            if best.is_none_or(|(_, m)| n + back > m) {
-                best = Some((i + n, n + back));
-            }
-            if n + back == MAX_MATCH {
-                break;
-            }
+    let n = MIN_NGRAM;
+    if context.len() < n {
+        return None;
+    }
+    let (before, suffix) = context.split_at(context.len() - n);
+    let mut best: Option<(usize, usize)> = None;
+    for i in (0..end.saturating_sub(n)).rev() {
+        if source[i..i + n] != *suffix {
+            continue;
         }
-        if best.is_some() {
-            return best;
+        let back = source[..i].iter().rev().zip(before.iter().rev()).take(MAX_MATCH - n).take_while(|(a, b)| a == b).count();
+        if best.is_none_or(|(_, m)| n + back > m) {
+            best = Some((i + n, n + back));
+        }
+        if n + back == MAX_MATCH {
+            break;
         }
     }
-    None
+    best
 }
 
 /// The standard speculative-sampling rule for one drafted row (Leviathan et al., Chen et al.):
