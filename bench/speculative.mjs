@@ -12,7 +12,8 @@
 // (default: native-cpu native-webgpu browser-cpu). Env: SPEC_MAX_TOKENS (300), SPEC_RUNS (2: the
 // median of each; the order of off and auto alternates from run to run), SPEC_ITEMS (items whose
 // id contains one of these comma-separated words, e.g. "free"), BENCH_MODEL (a .gguf under
-// models/). Needs `cargo build --release` and pkg/ (bash scripts/build-web.sh) for the browser.
+// models/), SPEC_ARGS (more `pagedlm generate` arguments natively, e.g. "--activations int8").
+// Needs `cargo build --release` and pkg/ (bash scripts/build-web.sh) for the browser.
 import { execFileSync } from "node:child_process";
 import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -103,7 +104,7 @@ function native(backend, speculative) {
   const dir = mkdtempSync(join(tmpdir(), "pagedlm-spec-"));
   const input = join(dir, "items.json");
   writeFileSync(input, JSON.stringify(ITEMS));
-  const args = ["generate", "--model", join(root, "models", modelFile), "--backend", backend, "--max-tokens", String(maxTokens), "--speculative", speculative, "--input", input];
+  const args = ["generate", "--model", join(root, "models", modelFile), "--backend", backend, "--max-tokens", String(maxTokens), "--speculative", speculative, "--input", input, ...(process.env.SPEC_ARGS?.split(" ").filter(Boolean) ?? [])];
   const lines = execFileSync(join(root, "target/release/pagedlm"), args, { encoding: "utf8", maxBuffer: 1 << 26 }).trim().split("\n").map((l) => JSON.parse(l));
   return lines.map((g) => ({ tokens: g.tokens, n: g.tokens.length, tok_s: (g.tokens.length - 1) / (g.decode_ms / 1000), accepted: g.accepted_prediction_tokens, rejected: g.rejected_prediction_tokens }));
 }

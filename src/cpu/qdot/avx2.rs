@@ -22,32 +22,25 @@ unsafe fn f16_at(p: *const u8) -> f32 {
 }
 
 /// One Q8_0 row (`row.len()` = 34 × blocks) times one int8 activation row of its length,
-/// read from the blocks in place (the quants times the activations' codes as in
-/// [`dot_i8`], times the product of the two scales).
+/// read from the blocks in place: the same arithmetic as [`dot_i8_n`] on the row unpacked (the
+/// block's scale is its f16 as f32 there too), so a row's product is the same bits whichever
+/// kernel the row count picks.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q8_0_dot_i8(row: &[u8], x: Int8Row<'_>) -> f32 {
     let blocks = row.len() / Q8_0_BYTES;
     assert!(x.qs.len() == blocks * ACT_BLOCK && x.d.len() == blocks, "int8 row length");
     let ones = _mm256_set1_epi16(1);
     let (pw, px) = (row.as_ptr(), x.qs.as_ptr());
-    let block = |b: usize, acc: __m256| {
+    let mut acc = _mm256_setzero_ps();
+    for b in 0..blocks {
         let blk = pw.add(b * Q8_0_BYTES);
         let wv = _mm256_loadu_si256(blk.add(2) as *const __m256i);
         let xv = _mm256_loadu_si256(px.add(b * ACT_BLOCK) as *const __m256i);
         let p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)), ones);
-        _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16_at(blk) * *x.d.get_unchecked(b)), acc)
-    };
-    let (mut even, mut odd) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut b = 0;
-    while b + 2 <= blocks {
-        even = block(b, even);
-        odd = block(b + 1, odd);
-        b += 2;
+        let s = _mm256_mul_ps(_mm256_set1_ps(f16_at(blk)), _mm256_set1_ps(*x.d.get_unchecked(b)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc);
     }
-    if b < blocks {
-        even = block(b, even);
-    }
-    hsum(_mm256_add_ps(even, odd))
+    hsum(acc)
 }
 
 /// One Q8_0 row times one f32 activation row of its length, read from the blocks in place:
@@ -116,25 +109,35 @@ pub(super) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) + tail
 }
 
-/// `[w · x[k]]` for four rows, each weight vector loaded once.
+/// `[w · x[k]]` for `N` (1 to 4) rows, each weight vector loaded once; per row two accumulators
+/// over alternate 8-value groups, then the tail, so a row's sum is the same whatever `N` is.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-pub(super) unsafe fn dot_f32_x4(w: &[f32], x: [&[f32]; 4]) -> [f32; 4] {
+pub(super) unsafe fn dot_f32_n<const N: usize>(w: &[f32], x: [&[f32]; N]) -> [f32; N] {
     let len = x.iter().fold(w.len(), |m, x| m.min(x.len()));
     let pw = w.as_ptr();
     let px = x.map(|x| x.as_ptr());
-    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut even = [_mm256_setzero_ps(); N];
+    let mut odd = [_mm256_setzero_ps(); N];
     let mut i = 0;
-    while i + 8 <= len {
-        let wv = _mm256_loadu_ps(pw.add(i));
-        for k in 0..4 {
-            acc[k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(px[k].add(i)), acc[k]);
+    while i + 16 <= len {
+        let (w0, w1) = (_mm256_loadu_ps(pw.add(i)), _mm256_loadu_ps(pw.add(i + 8)));
+        for k in 0..N {
+            even[k] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(px[k].add(i)), even[k]);
+            odd[k] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(px[k].add(i + 8)), odd[k]);
+        }
+        i += 16;
+    }
+    if i + 8 <= len {
+        let w0 = _mm256_loadu_ps(pw.add(i));
+        for k in 0..N {
+            even[k] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(px[k].add(i)), even[k]);
         }
         i += 8;
     }
-    let mut out = [0f32; 4];
-    for k in 0..4 {
-        out[k] = hsum(acc[k]);
+    let mut out = [0f32; N];
+    for k in 0..N {
+        out[k] = hsum(_mm256_add_ps(even[k], odd[k]));
         for j in i..len {
             out[k] += w[j] * x[k][j];
         }
@@ -142,30 +145,35 @@ pub(super) unsafe fn dot_f32_x4(w: &[f32], x: [&[f32]; 4]) -> [f32; 4] {
     out
 }
 
-/// [`super::dot_i8_rows`] for four rows: per 32-value block, `|w|` and the activations with w's
-/// signs (`maddubs` multiplies unsigned by signed bytes; |w| ≤ 128 and |x| ≤ 127, so no pair sum
-/// saturates), i16 pairs summed to i32 lanes (lanes 0..4: values 0..16, 4..8: 16..32), converted
-/// and multiplied by the lanes' scales. The caller checked every row's length.
+/// [`super::dot_i8_rows`] for `N` (1 to 4) rows: per 32-value block, `|w|` once and each row's
+/// activations with w's signs (`maddubs` multiplies unsigned by signed bytes; |w| ≤ 128 and
+/// |x| ≤ 127, so no pair sum saturates), i16 pairs summed to i32 lanes (lanes 0..4: values
+/// 0..16, 4..8: 16..32), converted and multiplied by the lanes' scales into one accumulator per
+/// row. A row's arithmetic is the same whatever `N` is. The caller checked every row's length.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-pub(super) unsafe fn dot_i8_x4(u: &Unpacked, x: [Int8Row<'_>; 4]) -> [f32; 4] {
+pub(super) unsafe fn dot_i8_n<const N: usize>(u: &Unpacked, x: [Int8Row<'_>; N]) -> [f32; N] {
     let ones = _mm256_set1_epi16(1);
     let blocks = u.q.len() / ACT_BLOCK;
-    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut acc = [_mm256_setzero_ps(); N];
     let pw = u.q.as_ptr();
     let px = x.map(|x| x.qs.as_ptr());
     for b in 0..blocks {
         let wv = _mm256_loadu_si256(pw.add(b * ACT_BLOCK) as *const __m256i);
         let aw = _mm256_sign_epi8(wv, wv);
         let ws = if u.sub == 16 { _mm256_set_m128(_mm_set1_ps(u.scale[2 * b + 1]), _mm_set1_ps(u.scale[2 * b])) } else { _mm256_set1_ps(u.scale[b]) };
-        for k in 0..4 {
+        for k in 0..N {
             let xv = _mm256_loadu_si256(px[k].add(b * ACT_BLOCK) as *const __m256i);
             let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv)), ones);
             let s = _mm256_mul_ps(ws, _mm256_set1_ps(*x[k].d.get_unchecked(b)));
             acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[k]);
         }
     }
-    [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])]
+    let mut out = [0f32; N];
+    for (o, a) in out.iter_mut().zip(acc) {
+        *o = hsum(a);
+    }
+    out
 }
 
 /// [`super::unpacked_dot_f32`]: per 32-value block, the quants widened to f32 and multiplied
@@ -187,33 +195,4 @@ pub(super) unsafe fn unpacked_dot_f32(u: &Unpacked, x: &[f32]) -> f32 {
         acc_hi = _mm256_fmadd_ps(hi, _mm256_set1_ps(s_hi), acc_hi);
     }
     hsum(_mm256_add_ps(acc_lo, acc_hi))
-}
-
-/// [`dot_i8_x4`] for one row, two sums over alternate blocks.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-pub(super) unsafe fn dot_i8(u: &Unpacked, x: Int8Row<'_>) -> f32 {
-    let ones = _mm256_set1_epi16(1);
-    let blocks = u.q.len() / ACT_BLOCK;
-    let (pw, px) = (u.q.as_ptr(), x.qs.as_ptr());
-    let block = |b: usize, acc: __m256| {
-        let wv = _mm256_loadu_si256(pw.add(b * ACT_BLOCK) as *const __m256i);
-        let xv = _mm256_loadu_si256(px.add(b * ACT_BLOCK) as *const __m256i);
-        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)), ones);
-        let dx = *x.d.get_unchecked(b);
-        let s =
-            if u.sub == 16 { _mm256_set_m128(_mm_set1_ps(u.scale[2 * b + 1] * dx), _mm_set1_ps(u.scale[2 * b] * dx)) } else { _mm256_set1_ps(u.scale[b] * dx) };
-        _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc)
-    };
-    let (mut even, mut odd) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut b = 0;
-    while b + 2 <= blocks {
-        even = block(b, even);
-        odd = block(b + 1, odd);
-        b += 2;
-    }
-    if b < blocks {
-        even = block(b, even);
-    }
-    hsum(_mm256_add_ps(even, odd))
 }

@@ -514,20 +514,24 @@ fn decode_float(ty: GgmlType, raw: &[u8], out: &mut [f32]) {
     }
 }
 
-/// `o[t] = w · x[t]` for each of the `o.len()` rows of `x`, four at a time.
+/// `o[t] = w · x[t]` for each of the `o.len()` rows of `x`: four at a time, then the one to three
+/// left together, each row's sum the same bits whatever rows are beside it.
 #[inline(always)]
 fn f32_times<const AVX2: bool>(w: &[f32], x: &[f32], o: &mut [f32]) {
     let cols = w.len();
+    let row = |t: usize| &x[t * cols..(t + 1) * cols];
     let mut quads = o.chunks_exact_mut(4);
     let mut t = 0;
     for o4 in &mut quads {
-        let xs = [&x[t * cols..(t + 1) * cols], &x[(t + 1) * cols..(t + 2) * cols], &x[(t + 2) * cols..(t + 3) * cols], &x[(t + 3) * cols..(t + 4) * cols]];
-        o4.copy_from_slice(&dot_f32_x4::<AVX2>(w, xs));
+        o4.copy_from_slice(&dot_f32_n::<AVX2, 4>(w, [row(t), row(t + 1), row(t + 2), row(t + 3)]));
         t += 4;
     }
-    for o in quads.into_remainder() {
-        *o = dot_f32::<AVX2>(w, &x[t * cols..(t + 1) * cols]);
-        t += 1;
+    let rest = quads.into_remainder();
+    match rest.len() {
+        3 => rest.copy_from_slice(&dot_f32_n::<AVX2, 3>(w, [row(t), row(t + 1), row(t + 2)])),
+        2 => rest.copy_from_slice(&dot_f32_n::<AVX2, 2>(w, [row(t), row(t + 1)])),
+        1 => rest.copy_from_slice(&dot_f32_n::<AVX2, 1>(w, [row(t)])),
+        _ => {}
     }
 }
 
@@ -602,13 +606,13 @@ fn dot_f32<const AVX2: bool>(a: &[f32], b: &[f32]) -> f32 {
     dot(a, b)
 }
 
-/// `[w · x[0], .., w · x[3]]` in f32 (all of `w`'s length).
+/// `[w · x[k]]` in f32 for `N` rows (all of `w`'s length), a row's sum the same whatever `N`.
 #[inline(always)]
-fn dot_f32_x4<const AVX2: bool>(w: &[f32], x: [&[f32]; 4]) -> [f32; 4] {
+fn dot_f32_n<const AVX2: bool, const N: usize>(w: &[f32], x: [&[f32]; N]) -> [f32; N] {
     #[cfg(target_arch = "x86_64")]
     if AVX2 {
         // SAFETY: as in `dot_f32`.
-        return unsafe { avx2::dot_f32_x4(w, x) };
+        return unsafe { avx2::dot_f32_n(w, x) };
     }
     x.map(|x| dot(w, x))
 }
@@ -624,15 +628,7 @@ fn dot_i8_rows<const AVX2: bool, const N: usize>(u: &Unpacked, x: [Int8Row<'_>; 
     #[cfg(target_arch = "x86_64")]
     if AVX2 {
         // SAFETY: as in `dot_f32`; the lengths were checked above.
-        return unsafe {
-            match <[Int8Row<'_>; 4]>::try_from(&x[..]) {
-                Ok(x4) => {
-                    let r = avx2::dot_i8_x4(u, x4);
-                    std::array::from_fn(|k| r[k])
-                }
-                Err(_) => x.map(|x| avx2::dot_i8(u, x)),
-            }
-        };
+        return unsafe { avx2::dot_i8_n(u, x) };
     }
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     return simd128::dot_i8_n(u, x);
