@@ -7,14 +7,14 @@
 //! correct implementations diverge in free-running text; compared step by step on the same
 //! history, they must agree wherever the decision is clear.
 //!
-//! The engine runs as it does by default, its matmuls multiplying f32 activations, its logits held
-//! to numpy within NUMPY_LOGIT_TOL. Int8 activations (opt-in; the CPU backend's default in wasm)
-//! round as llama.cpp's do, turning f32-sized differences into whole steps that carry through the
-//! layers, so their logits may stray from numpy's about as far as llama.cpp's own do (up to ~1.0
-//! on llama.cpp's tokens in the reference files; allowed: twice that). The WebGPU backend's
-//! (minimums times the exact activation sums) miss 3 of llama.cpp's clear steps and are measured
-//! natively, not checked (`--ignored`); the CPU backend's (minimums times the rounded sums, as
-//! llama.cpp) miss none and are checked in the browser.
+//! The engine runs as it does by default: on the GPU its matmuls multiply f32 activations, its
+//! logits held to numpy within NUMPY_LOGIT_TOL. Int8 activations (opt-in on the GPU; the CPU
+//! backend's default) round as llama.cpp's do, turning f32-sized differences into whole steps that
+//! carry through the layers, so their logits may stray from numpy's about as far as llama.cpp's
+//! own do (up to ~1.0 on llama.cpp's tokens in the reference files; allowed: twice that). The
+//! WebGPU backend's (minimums times the exact activation sums) miss 3 of llama.cpp's clear steps
+//! and are measured natively, not checked (`--ignored`); the CPU backend's (minimums times the
+//! rounded sums, as llama.cpp) miss none and are checked natively and in the browser.
 mod common;
 
 #[cfg(target_arch = "wasm32")]
@@ -220,12 +220,13 @@ fn golden_with_int8_activations_is_measured() {
     }
 }
 
-/// Int8 activations on the CPU backend, both paths: a measurement, as above.
+/// F32 activations on the CPU backend (int8 are its default), both paths over every prompt: a
+/// measurement, as above (two prompts are checked below).
 #[cfg(not(target_arch = "wasm32"))]
 #[test]
 #[ignore]
-fn golden_on_the_cpu_backend_with_int8_activations_is_measured() {
-    let cpu = EngineOptions { backend: BackendChoice::Cpu, int8_activations: Some(true), ..EngineOptions::default() };
+fn golden_on_the_cpu_backend_with_f32_activations_is_measured() {
+    let cpu = EngineOptions { backend: BackendChoice::Cpu, int8_activations: Some(false), ..EngineOptions::default() };
     for mode in [ScoreMode::Decode, ScoreMode::Prefill] {
         pollster::block_on(golden_with(mode, cpu.clone(), None, false));
     }
@@ -237,12 +238,15 @@ fn opts_int8(engine: &Engine) -> bool {
 }
 
 /// The CPU backend (tests/cpu_backend.rs has its breadth): every prompt through the prefill
-/// path with f32 K/V, and two through the decode path with INT8 K/V.
+/// path with f32 K/V (int8 activations, its default), two through the decode path with f32
+/// activations (the option), and two with INT8 K/V.
 #[cfg(not(target_arch = "wasm32"))]
 #[test]
 fn golden_on_the_cpu_backend_matches_llamacpp_and_numpy() {
     let cpu = EngineOptions { backend: BackendChoice::Cpu, ..EngineOptions::default() };
     pollster::block_on(golden_with(ScoreMode::Prefill, cpu.clone(), None, true));
+    let f32_acts = EngineOptions { int8_activations: Some(false), ..cpu.clone() };
+    pollster::block_on(golden_with(ScoreMode::Decode, f32_acts, Some(&["pub_raw_capital", "pub_raw_numbers"]), true));
     let int8_kv = EngineOptions { kv_dtype: KvDtype::Int8, ..cpu };
     pollster::block_on(golden_with(ScoreMode::Decode, int8_kv, Some(&["pub_raw_capital", "pub_raw_numbers"]), true));
 }
