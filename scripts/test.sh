@@ -78,10 +78,43 @@ for f in tests/*.rs; do
   t=$(basename "$f" .rs)
   [[ " ${heavy[*]} " == *" $t "* ]] || rest+=(--test "$t")
 done
-browser() {
+browser_once() {
   # A suite's timeout leaves room for the stream running beside it on a slow machine.
   CHROMEDRIVER=/usr/bin/chromedriver WASM_BINDGEN_TEST_TIMEOUT=${WASM_BINDGEN_TEST_TIMEOUT:-1200} \
     wasm-pack test --headless --chrome -- "$@" 2>&1 | grep --line-buffered -v "failed to get wasm-pack version"
+}
+# The last suite of a stream's output if its runner ended without a verdict (no "test result:"
+# nor "no tests to run!" after its "Running" line), as its cargo arguments.
+without_verdict() {
+  awk '/Running (unittests src\/lib|tests\/[a-z0-9_]+)\.rs/ {
+         if ($0 ~ /src\/lib\.rs/) t = "--lib"
+         else { match($0, /tests\/[a-z0-9_]+\.rs/); t = "--test " substr($0, RSTART + 6, RLENGTH - 9) }
+         v = 0
+       }
+       /test result: |no tests to run!/ { v = 1 }
+       END { if (t != "" && !v) print t }' "$1"
+}
+# One stream of browser suites (cargo stops at the first failing one). When a suite's runner ends
+# without a verdict (the browser or its driver died, or a port it took was taken: it says "Failed
+# to detect test as having been run" or "Error: ..."), that suite and those after it run once
+# more, and the stream says so; a failing verdict is never rerun.
+browser() {
+  local out rc=0 dead args=("$@") i
+  out=$(mktemp)
+  browser_once "$@" | tee "$out" || rc=$?
+  dead=$(without_verdict "$out")
+  rm -f "$out"
+  if [ $rc -ne 0 ] && [ -n "$dead" ]; then
+    for ((i = 0; i < ${#args[@]}; i++)); do
+      if [ "${args[i]}" = "$dead" ] || [ "${args[i]} ${args[i + 1]:-}" = "$dead" ]; then
+        echo "== no verdict from ${dead#--test }: running it and the suites after it once more"
+        rc=0
+        browser_once "${args[@]:i}" || rc=$?
+        break
+      fi
+    done
+  fi
+  return $rc
 }
 phase "browser tests (headless Chromium, WebGPU) [browser], then end-to-end [e2e], beside the other browser tests [browser+]"
 (
@@ -103,7 +136,7 @@ if [ $lint_rc -ne 0 ] || [ $native_rc -ne 0 ] || [ $build_rc -ne 0 ] || [ $first
   # The failures again, last: each failing test's line and what follows it (its error), the
   # failing suites' summaries, lint errors and panics.
   echo "== what failed, from the lines above:"
-  grep -E -A14 '^\[[a-z0-9+]+\] +not ok|^\[[a-z0-9+]+\] (error|warning)(\[|:)|panicked at|^\[[a-z0-9+]+\] failures:$|test result: FAILED|stalled' "$log" \
+  grep -E -A14 '^\[[a-z0-9+]+\] +not ok|^\[[a-z0-9+]+\] ([Ee]rror|warning)(\[|:)|panicked at|^\[[a-z0-9+]+\] failures:$|test result: FAILED|stalled|Failed to detect test|== no verdict' "$log" \
     | grep -v -E '^\[[a-z0-9+]+\] +(duration_ms|location|failureType|\.\.\.|---)' | head -150 || true
   rm -f "$log"
   echo "test: lints exited $lint_rc, native tests $native_rc, builds $build_rc, heavy browser tests and end-to-end $first_rc, other browser tests $rest_rc" >&2
