@@ -12,7 +12,8 @@
 // (default: native-cpu native-webgpu browser-cpu). Env: SPEC_MAX_TOKENS (300), SPEC_RUNS (2: the
 // median of each; the order of off and auto alternates from run to run), SPEC_ITEMS (items whose
 // id contains one of these comma-separated words, e.g. "free"), BENCH_MODEL (a .gguf under
-// models/), SPEC_ARGS (more `pagedlm generate` arguments natively, e.g. "--activations int8").
+// models/), SPEC_ARGS (more `pagedlm generate` arguments natively, e.g. "--activations int8"),
+// SPEC_WASM=simd128 (the browser gets no relaxed-SIMD build, so the worker takes the SIMD128 one).
 // Needs `cargo build --release` and pkg/ (bash scripts/build-web.sh) for the browser.
 import { execFileSync } from "node:child_process";
 import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
@@ -121,7 +122,7 @@ async function inBrowser(page, backend, speculative) {
       const r = await engine.chat.completions.create({ ...params, max_tokens: maxTokens, temperature: 0 });
       tokens = r.choices[0].message.content;
       const d = r.usage.completion_tokens_details;
-      out.push({ tokens, n: r.usage.completion_tokens, tok_s: (r.usage.completion_tokens - 1) / (r.pagedlm.decode_ms / 1000), accepted: d.accepted_prediction_tokens, rejected: d.rejected_prediction_tokens });
+      out.push({ tokens, n: r.usage.completion_tokens, tok_s: (r.usage.completion_tokens - 1) / (r.pagedlm.decode_ms / 1000), accepted: d.accepted_prediction_tokens, rejected: d.rejected_prediction_tokens, variant: engine.info.variant });
     }
     await engine.dispose();
     return out;
@@ -138,7 +139,9 @@ try {
     if (kind === "browser" && !page) {
       server = await startServer();
       browser = await launch();
-      ({ page } = await openPage(browser, `${server.url}/bench-blank`));
+      ({ page } = await openPage(browser));
+      if (process.env.SPEC_WASM === "simd128") await page.route("**/pagedlm_relaxed_bg.wasm", (r) => r.fulfill({ status: 404 }));
+      await page.goto(`${server.url}/bench-blank`);
     }
     const rows = { off: [], auto: [] };
     for (let r = 0; r < runs; r++) {
@@ -151,6 +154,7 @@ try {
       const same = JSON.stringify(rows.off.at(-1)[i].tokens) === JSON.stringify(last.tokens);
       return { item: item.id, tokens: last.n, off_tok_s: +off.toFixed(1), auto_tok_s: +auto.toFixed(1), ratio: +(auto / off).toFixed(2), accepted: last.accepted, rejected: last.rejected, same_output: same };
     });
+    if (kind === "browser") console.log(`${w}: ${rows.auto.at(-1)[0].variant}`);
     for (const f of figures[w]) console.log(`${w.padEnd(15)} ${f.item.padEnd(20)} ${String(f.tokens).padStart(4)} tokens  off ${String(f.off_tok_s).padStart(6)}  auto ${String(f.auto_tok_s).padStart(6)}  ×${f.ratio}  drafts ${f.accepted}/${f.accepted + f.rejected}${f.same_output ? "" : "  OUTPUT DIFFERS"}`);
   }
 } finally {

@@ -466,7 +466,7 @@ export interface EngineInfo {
   adapter: string;
   /** True when the kernels run on a CPU: the CPU backend, or WebGPU on a software GPU. */
   is_cpu: boolean;
-  /** The kernel variants in use: adapter class and optional features, e.g. "cpu" or "discrete+f16"; "cpu+simd128+int8-activations" on the CPU backend in a browser. */
+  /** The kernel variants in use: adapter class and optional features, e.g. "cpu" or "discrete+f16"; "cpu+simd128+int8-activations" on the CPU backend in a browser, "cpu+simd128+relaxed-simd+int8-activations" where it has relaxed SIMD (Chromium 114 on; the same results). */
   variant: string;
   /** Which backend runs the model. */
   backend: "webgpu" | "cpu";

@@ -80,8 +80,9 @@ for f in tests/*.rs; do
 done
 browser_once() {
   # A suite's timeout leaves room for the stream running beside it on a slow machine.
+  # shellcheck disable=SC2086
   CHROMEDRIVER=/usr/bin/chromedriver WASM_BINDGEN_TEST_TIMEOUT=${WASM_BINDGEN_TEST_TIMEOUT:-1200} \
-    wasm-pack test --headless --chrome -- "$@" 2>&1 | grep --line-buffered -v "failed to get wasm-pack version"
+    wasm-pack test --headless --chrome ${WASM_PACK_PROFILE:-} -- "$@" 2>&1 | grep --line-buffered -v "failed to get wasm-pack version"
 }
 # The last suite of a stream's output if its runner ended without a verdict (no "test result:"
 # nor "no tests to run!" after its "Running" line), as its cargo arguments.
@@ -128,6 +129,11 @@ phase "browser tests (headless Chromium, WebGPU) [browser], then end-to-end [e2e
 first=$!
 rest_rc=0
 ( set -o pipefail; browser "${rest[@]}" | sed -u 's/^/[browser+] /' | keep ) || rest_rc=$?
+# The relaxed-SIMD build's kernels too (the package's other wasm module, which Chromium runs in
+# the end-to-end tests): their int8 products bit-equal to the scalar twin that the SIMD128
+# build's match above. Release, on the dependencies scripts/build-web.sh built for it.
+( set -o pipefail; CARGO_TARGET_DIR=target/relaxed RUSTFLAGS="-C target-feature=+simd128,+relaxed-simd" WASM_PACK_PROFILE=--release \
+  browser --test cpu_kernels | sed -u 's/^/[relaxed] /' | keep ) || rest_rc=$?
 phase "other browser tests done (exit $rest_rc)"
 first_rc=0
 wait $first || first_rc=$?

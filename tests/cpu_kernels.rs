@@ -12,7 +12,7 @@
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 use pagedlm::cpu::kernels::{matmul, matmul_acts, QMatrix};
-use pagedlm::cpu::qdot::{Acts, Int8Rows, Unpacked, ACT_BLOCK};
+use pagedlm::cpu::qdot::{Acts, Int8Rows, Unpacked, ACT_BLOCK, LANE_ORDER, RELAXED};
 use pagedlm::gguf::GgmlType;
 use pagedlm::quant::{bytes_of, dequantize, quantize};
 use pagedlm::rng::Rng;
@@ -102,12 +102,28 @@ fn unpacked_rows_are_bit_equal_to_the_dequantizer() {
             let mut got = vec![f32::NAN; cols];
             for r in 0..3 {
                 u.unpack(t, &raw[r * row_bytes..(r + 1) * row_bytes]);
+                check_bias(t, &u, random_bytes);
                 u.expand(&mut got);
                 for (j, (g, w)) in got.iter().zip(&want[r * cols..(r + 1) * cols]).enumerate() {
                     assert_eq!(g.to_bits(), w.to_bits(), "{} row {r} value {j}: {g} instead of {w}", t.name());
                 }
             }
         }
+    }
+}
+
+/// The type's bias (its row in `quant::WEIGHT_TYPES`): codes plus bias fit 7 bits, which relaxed
+/// SIMD's int8 dot product needs, and random bytes (every stored code) reach 0; without one
+/// (Q8_0) the codes need 8.
+fn check_bias(t: GgmlType, u: &Unpacked, random_bytes: bool) {
+    let (lo, hi) = u.q.iter().fold((i32::MAX, i32::MIN), |(lo, hi), &q| (lo.min(q.into()), hi.max(q.into())));
+    match u.bias {
+        Some(b) => {
+            let b = i32::from(b);
+            assert!(lo + b >= 0 && hi + b <= 127, "{}: codes {lo}..={hi} plus bias {b} do not fit 7 bits", t.name());
+            assert!(!random_bytes || lo + b == 0, "{}: random codes reach {lo}, not −{b}", t.name());
+        }
+        None => assert!(!random_bytes || hi - lo > 127, "{}: codes {lo}..={hi} would fit 7 bits with a bias", t.name()),
     }
 }
 
@@ -215,6 +231,72 @@ fn a_rows_int8_product_does_not_depend_on_the_rows_beside_it() {
     }
 }
 
+/// The wasm kernels' arithmetic in scalar Rust (their twin): per 32-value block and per lane j of
+/// four, the i32 sum of the code products at 2j, 2j+1, 2j+8 and 2j+9 of each 16-value half, in
+/// f32 times the weight's sub-block scale times the activation block's scale (the halves' sums
+/// added first where the sub-block is 32 values), summed per lane over the blocks, the lanes
+/// summed as (0 + 1) + (2 + 3), then the minimums' term.
+#[cfg(target_arch = "wasm32")]
+fn simd_twin(u: &Unpacked, x: &Int8Rows, t: usize) -> f32 {
+    let x = x.row(t);
+    let mut acc = [0f32; 4];
+    for b in 0..u.q.len() / ACT_BLOCK {
+        let lane = |h: usize, j: usize| -> i32 {
+            [2 * j, 2 * j + 1, 2 * j + 8, 2 * j + 9]
+                .iter()
+                .map(|&i| i32::from(u.q[b * ACT_BLOCK + 16 * h + i]) * i32::from(x.qs[b * ACT_BLOCK + 16 * h + i]))
+                .sum()
+        };
+        let d = x.d[b];
+        for (j, acc) in acc.iter_mut().enumerate() {
+            *acc += if u.sub == 16 {
+                lane(0, j) as f32 * (u.scale[2 * b] * d) + lane(1, j) as f32 * (u.scale[2 * b + 1] * d)
+            } else {
+                (lane(0, j) + lane(1, j)) as f32 * (u.scale[b] * d)
+            };
+        }
+    }
+    let min = match (u.has_min, u.sub) {
+        (false, _) => 0.0,
+        (true, 16) => pagedlm::cpu::qdot::dot(&u.min, x.dsum16),
+        (true, _) => pagedlm::cpu::qdot::dot(&u.min, x.sum),
+    };
+    ((acc[0] + acc[1]) + (acc[2] + acc[3])) + min
+}
+
+/// In wasm, a row's int8 product is bit-equal to the kernels' scalar twin for every quantized
+/// type and 1 to 9 rows: in the SIMD128 build, and in the build with relaxed SIMD (whose
+/// dot product sums other codes per lane unless they are kept in `LANE_ORDER`), so the two
+/// builds give the same bits.
+#[cfg(target_arch = "wasm32")]
+#[wasm_bindgen_test::wasm_bindgen_test]
+fn in_wasm_a_rows_int8_product_is_bit_equal_to_the_kernels_twin() {
+    let mut rng = Rng::new(16);
+    let mut checked = 0;
+    for (t, cols) in cases() {
+        let Some(mut u) = Unpacked::new(t, cols) else { continue };
+        let rows = 5;
+        let raw = weights(t, rows, cols, true, &mut rng);
+        let m = QMatrix::new(t, rows, cols, &raw).unwrap();
+        for n in NS {
+            let x = activations(n, cols, &mut rng);
+            let xq = Int8Rows::quantize(&x, n).unwrap();
+            let mut out = vec![f32::NAN; n * rows];
+            matmul_acts(&m, Acts::Int8(&xq, &x), n, &mut out);
+            let row_bytes = raw.len() / rows;
+            for r in 0..rows {
+                u.unpack(t, &raw[r * row_bytes..(r + 1) * row_bytes]);
+                for t_ in 0..n {
+                    let (got, want) = (out[t_ * rows + r], simd_twin(&u, &xq, t_));
+                    assert_eq!(got.to_bits(), want.to_bits(), "{} {cols} (relaxed SIMD: {RELAXED}), n {n}: out[{t_}][{r}] {got}, the twin {want}", t.name());
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 0);
+}
+
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 #[cfg_attr(not(target_arch = "wasm32"), test)]
 fn activations_quantize_as_the_shaders_do() {
@@ -239,6 +321,20 @@ fn activations_quantize_as_the_shaders_do() {
                 let codes: i32 = row.qs[b * ACT_BLOCK + 16 * h..][..16].iter().map(|&c| i32::from(c)).sum();
                 assert_eq!(row.dsum16[2 * b + h], d * codes as f32, "row {t} block {b}: half {h}'s sum");
             }
+        }
+        // A build with relaxed SIMD also keeps the codes in lane order, with each 4's sum.
+        if RELAXED {
+            for (i, (l, q)) in row.lanes.chunks_exact(16).zip(row.qs.chunks_exact(16)).enumerate() {
+                for (p, &j) in LANE_ORDER.iter().enumerate() {
+                    assert_eq!(l[p], q[j], "row {t} run {i}: lane code {p}");
+                }
+                for j in 0..4 {
+                    let s: i32 = l[4 * j..4 * j + 4].iter().map(|&c| i32::from(c)).sum();
+                    assert_eq!(row.lane_sums[4 * i + j], s, "row {t} run {i}: lane {j}'s sum");
+                }
+            }
+        } else {
+            assert!(row.lanes.is_empty() && row.lane_sums.is_empty(), "lanes are kept only for relaxed SIMD");
         }
     }
     assert!(Int8Rows::quantize(&x[..100], 1).is_none(), "100 values are not whole blocks");

@@ -101,12 +101,15 @@ impl Backend for CpuBackend {
         format!("CPU backend ({} threads)", kernels::threads())
     }
 
-    /// `"cpu"`, with `+simd128` when the wasm build has SIMD and `+int8-activations` when the
-    /// matmuls use them.
+    /// `"cpu"`, with `+simd128` when the wasm build has SIMD, `+relaxed-simd` when it has relaxed
+    /// SIMD too, and `+int8-activations` when the matmuls use them.
     fn variant_name(&self) -> String {
         let mut name = String::from("cpu");
         if cfg!(target_feature = "simd128") {
             name += "+simd128";
+        }
+        if cfg!(target_feature = "relaxed-simd") {
+            name += "+relaxed-simd";
         }
         if self.model.int8_activations {
             name += "+int8-activations";

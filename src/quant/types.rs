@@ -86,11 +86,14 @@ pub enum PadAt {
 }
 
 /// How the CPU backend unpacks a quantized row (`cpu/qdot.rs`): one scale per sub-block of
-/// `values`, and with `has_min` one minimum too (`value = scale · q + min`).
+/// `values`, and with `has_min` one minimum too (`value = scale · q + min`). `bias`: what the
+/// unpacked codes `q` take off the stored ones, where those fit 7 bits (`q + bias` in 0..=127,
+/// the unsigned operand of relaxed SIMD's int8 dot product); `None` where they take 8 (Q8_0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SubBlocks {
     pub values: usize,
     pub has_min: bool,
+    pub bias: Option<u8>,
 }
 
 /// One weight type pagedlm computes with.
@@ -109,8 +112,8 @@ pub struct WeightType {
     pub row_fallback: Option<GgmlType>,
 }
 
-const fn sub(values: usize, has_min: bool) -> Option<SubBlocks> {
-    Some(SubBlocks { values, has_min })
+const fn sub(values: usize, has_min: bool, bias: Option<u8>) -> Option<SubBlocks> {
+    Some(SubBlocks { values, has_min, bias })
 }
 
 /// Every supported type, in [`GgmlType::SUPPORTED`]'s order (ggml's id order); one row per
@@ -122,19 +125,19 @@ pub const WEIGHT_TYPES: [WeightType; GgmlType::SUPPORTED.len()] = {
     use GpuPacking::{Blocks, Interleaved};
     use PadAt::{AfterHeader, End, Nowhere};
     [
-        WeightType { ggml_type: G::F32,  codec: Float,  gpu: Blocks(Nowhere),                                  cpu: None,             llama_file_type: 0,  row_fallback: None },
-        WeightType { ggml_type: G::F16,  codec: Float,  gpu: Blocks(Nowhere),                                  cpu: None,             llama_file_type: 1,  row_fallback: None },
-        WeightType { ggml_type: G::Q4_0, codec: Legacy, gpu: Blocks(AfterHeader),                              cpu: sub(QK, false),   llama_file_type: 2,  row_fallback: None },
-        WeightType { ggml_type: G::Q4_1, codec: Legacy, gpu: Interleaved { group_rows: 4, header_bytes: 4 },   cpu: sub(QK, true),    llama_file_type: 3,  row_fallback: None },
-        WeightType { ggml_type: G::Q5_0, codec: Legacy, gpu: Blocks(AfterHeader),                              cpu: sub(QK, false),   llama_file_type: 8,  row_fallback: None },
-        WeightType { ggml_type: G::Q5_1, codec: Legacy, gpu: Blocks(Nowhere),                                  cpu: sub(QK, true),    llama_file_type: 9,  row_fallback: None },
-        WeightType { ggml_type: G::Q8_0, codec: Legacy, gpu: Interleaved { group_rows: 8, header_bytes: 2 },   cpu: sub(QK, false),   llama_file_type: 7,  row_fallback: None },
-        WeightType { ggml_type: G::Q2_K, codec: K,      gpu: Blocks(Nowhere),                                  cpu: sub(16, true),    llama_file_type: 10, row_fallback: Some(G::Q4_0) },
-        WeightType { ggml_type: G::Q3_K, codec: K,      gpu: Blocks(End),                                      cpu: sub(16, false),   llama_file_type: 12, row_fallback: Some(G::Q4_0) },
-        WeightType { ggml_type: G::Q4_K, codec: K,      gpu: Blocks(Nowhere),                                  cpu: sub(32, true),    llama_file_type: 15, row_fallback: Some(G::Q5_0) },
-        WeightType { ggml_type: G::Q5_K, codec: K,      gpu: Blocks(Nowhere),                                  cpu: sub(32, true),    llama_file_type: 17, row_fallback: Some(G::Q5_1) },
-        WeightType { ggml_type: G::Q6_K, codec: K,      gpu: Blocks(End),                                      cpu: sub(16, false),   llama_file_type: 18, row_fallback: Some(G::Q8_0) },
-        WeightType { ggml_type: G::BF16, codec: Float,  gpu: Blocks(Nowhere),                                  cpu: None,             llama_file_type: 32, row_fallback: None },
+        WeightType { ggml_type: G::F32,  codec: Float,  gpu: Blocks(Nowhere),                                  cpu: None,                            llama_file_type: 0,  row_fallback: None },
+        WeightType { ggml_type: G::F16,  codec: Float,  gpu: Blocks(Nowhere),                                  cpu: None,                            llama_file_type: 1,  row_fallback: None },
+        WeightType { ggml_type: G::Q4_0, codec: Legacy, gpu: Blocks(AfterHeader),                              cpu: sub(QK, false, Some(8)),         llama_file_type: 2,  row_fallback: None },
+        WeightType { ggml_type: G::Q4_1, codec: Legacy, gpu: Interleaved { group_rows: 4, header_bytes: 4 },   cpu: sub(QK, true, Some(0)),          llama_file_type: 3,  row_fallback: None },
+        WeightType { ggml_type: G::Q5_0, codec: Legacy, gpu: Blocks(AfterHeader),                              cpu: sub(QK, false, Some(16)),        llama_file_type: 8,  row_fallback: None },
+        WeightType { ggml_type: G::Q5_1, codec: Legacy, gpu: Blocks(Nowhere),                                  cpu: sub(QK, true, Some(0)),          llama_file_type: 9,  row_fallback: None },
+        WeightType { ggml_type: G::Q8_0, codec: Legacy, gpu: Interleaved { group_rows: 8, header_bytes: 2 },   cpu: sub(QK, false, None),            llama_file_type: 7,  row_fallback: None },
+        WeightType { ggml_type: G::Q2_K, codec: K,      gpu: Blocks(Nowhere),                                  cpu: sub(16, true, Some(0)),          llama_file_type: 10, row_fallback: Some(G::Q4_0) },
+        WeightType { ggml_type: G::Q3_K, codec: K,      gpu: Blocks(End),                                      cpu: sub(16, false, Some(4)),         llama_file_type: 12, row_fallback: Some(G::Q4_0) },
+        WeightType { ggml_type: G::Q4_K, codec: K,      gpu: Blocks(Nowhere),                                  cpu: sub(32, true, Some(0)),          llama_file_type: 15, row_fallback: Some(G::Q5_0) },
+        WeightType { ggml_type: G::Q5_K, codec: K,      gpu: Blocks(Nowhere),                                  cpu: sub(32, true, Some(0)),          llama_file_type: 17, row_fallback: Some(G::Q5_1) },
+        WeightType { ggml_type: G::Q6_K, codec: K,      gpu: Blocks(End),                                      cpu: sub(16, false, Some(32)),        llama_file_type: 18, row_fallback: Some(G::Q8_0) },
+        WeightType { ggml_type: G::BF16, codec: Float,  gpu: Blocks(Nowhere),                                  cpu: None,                            llama_file_type: 32, row_fallback: None },
     ]
 };
 

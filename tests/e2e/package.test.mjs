@@ -82,7 +82,7 @@ describe("npm package", () => {
 
   it("ships types and only what a page needs", () => {
     const files = execFileSync("tar", ["-tzf", join(site, readdirSync(site).find((f) => f.endsWith(".tgz")))]).toString().trim().split("\n");
-    for (const f of ["package/js/index.js", "package/js/worker.js", "package/js/protocol.js", "package/js/index.d.ts", "package/pkg/pagedlm.js", "package/pkg/pagedlm_bg.wasm"]) {
+    for (const f of ["package/js/index.js", "package/js/worker.js", "package/js/protocol.js", "package/js/index.d.ts", "package/pkg/pagedlm.js", "package/pkg/pagedlm_bg.wasm", "package/pkg/pagedlm_relaxed_bg.wasm"]) {
       assert.ok(files.includes(f), `${f} is in the tarball (${files.join(", ")})`);
     }
     assert.ok(!files.some((f) => f.includes("/src/") || f.includes("/www/") || f.endsWith(".gguf")), "no sources, page or model in the tarball");
@@ -437,7 +437,7 @@ describe("npm package", () => {
     assert.equal(out.badLimits?.code, "INVALID_ARGUMENT", `an unknown deviceLimits: ${JSON.stringify(out.badLimits)}`);
   });
 
-  it("runs on the CPU backend: the WebGPU backend's greedy reply, auto (the default) takes it on a software GPU and says why, a bad backend is INVALID_ARGUMENT", { timeout: TIMEOUT }, async () => {
+  it("runs on the CPU backend: the WebGPU backend's greedy reply, in the relaxed-SIMD build and in the SIMD128 one where that is not served, auto (the default) takes it on a software GPU and says why, a bad backend is INVALID_ARGUMENT", { timeout: TIMEOUT }, async () => {
     const out = await page.evaluate(async () => {
       const { createEngine } = window.pagedlm;
       const ask = { messages: [{ role: "user", content: "Name a fruit." }], max_tokens: 12, temperature: 0 };
@@ -475,10 +475,30 @@ describe("npm package", () => {
       const bad = await createEngine("/tiny.gguf", { backend: "gpu" }).then(() => null, (e) => e.code);
       return { webgpu, cpu, auto, byDefault, abort, bad };
     });
+    // A server without the relaxed-SIMD build: the worker says so and takes the SIMD128 one.
+    await page.route("**/pagedlm_relaxed_bg.wasm", (r) => r.fulfill({ status: 404 }));
+    const warnings = [];
+    const onConsole = (m) => { if (m.type() === "warning") warnings.push(m.text()); };
+    page.on("console", onConsole);
+    const simd128 = await page.evaluate(async () => {
+      const engine = await window.pagedlm.createEngine("/tiny.gguf", { backend: "cpu" });
+      const text = (await engine.chat.completions.create({ messages: [{ role: "user", content: "Name a fruit." }], max_tokens: 12, temperature: 0 })).choices[0].message.content;
+      const { variant } = engine.info;
+      await engine.dispose();
+      return { text, variant };
+    });
+    page.off("console", onConsole);
+    await page.unroute("**/pagedlm_relaxed_bg.wasm");
+    assert.equal(simd128.variant, "cpu+simd128+int8-activations", JSON.stringify(simd128));
+    assert.ok(warnings.some((w) => /relaxed-SIMD build did not load/.test(w)), `the worker says why: ${JSON.stringify(warnings)}`);
+    assert.equal(simd128.text, out.cpu.text, "both builds give the same greedy reply");
     assert.equal(out.webgpu.info.backend, "webgpu");
     assert.equal(out.cpu.info.backend, "cpu", JSON.stringify(out.cpu.info));
     assert.equal(out.cpu.info.backend_reason, "asked for");
     assert.match(out.cpu.info.adapter, /^CPU backend/);
+    // Chromium has relaxed SIMD: the worker took that build (bit-equal to the SIMD128 one, which
+    // the wasm-bindgen browser suites run).
+    assert.match(out.cpu.info.variant, /^cpu\+simd128\+relaxed-simd\+int8-activations$/, JSON.stringify(out.cpu.info));
     assert.ok(out.cpu.memory.weights_bytes > 0 && out.cpu.memory.kv_bytes > 0, JSON.stringify(out.cpu.memory));
     assert.equal(out.cpu.text, out.webgpu.text, "the CPU backend gives the WebGPU backend's greedy reply");
     // SwiftShader is a fallback adapter (a CPU emulation): auto leaves it for the CPU backend.

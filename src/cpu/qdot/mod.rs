@@ -32,12 +32,11 @@ use crate::quant::{SubBlocks, WeightType, QK, QK_K};
 /// Values per activation block of [`Int8Rows`] (one f32 scale each).
 pub const ACT_BLOCK: usize = QK;
 
-/// How a quantized type's row unpacks: values per sub-block (one scale, maybe one minimum)
-/// and whether values have a minimum term (the type's [`SubBlocks`]). `None` for F32, F16,
-/// BF16 and unsupported types.
-pub fn sub_blocks(ty: GgmlType) -> Option<(usize, bool)> {
-    let SubBlocks { values, has_min } = WeightType::of(ty)?.cpu?;
-    Some((values, has_min))
+/// How a quantized type's row unpacks (the type's [`SubBlocks`]): values per sub-block (one
+/// scale, maybe one minimum), whether values have a minimum term, and the codes' bias. `None`
+/// for F32, F16, BF16 and unsupported types.
+pub fn sub_blocks(ty: GgmlType) -> Option<SubBlocks> {
+    WeightType::of(ty)?.cpu
 }
 
 /// Bytes of one row of `cols` values of `ty`, `None` if `cols` is not whole blocks of it.
@@ -86,15 +85,17 @@ pub struct Unpacked {
     pub sub: usize,
     /// Whether the type has a minimum.
     pub has_min: bool,
+    /// What the unpacker took off the stored codes, where those fit 7 bits ([`SubBlocks`]).
+    pub bias: Option<u8>,
 }
 
 impl Unpacked {
     /// Room for rows of `cols` values of `ty`; `None` for a type that does not unpack
     /// ([`sub_blocks`]) or `cols` not whole blocks of it.
     pub fn new(ty: GgmlType, cols: usize) -> Option<Unpacked> {
-        let (sub, has_min) = sub_blocks(ty)?;
+        let SubBlocks { values: sub, has_min, bias } = sub_blocks(ty)?;
         row_bytes(ty, cols)?;
-        Some(Unpacked { q: vec![0; cols], scale: vec![0.0; cols / sub], min: vec![0.0; cols / sub], sub, has_min })
+        Some(Unpacked { q: vec![0; cols], scale: vec![0.0; cols / sub], min: vec![0.0; cols / sub], sub, has_min, bias })
     }
 
     /// Unpacks `row` (exactly one row of `ty` of this unpacker's `cols`; `ty` the type it was
@@ -323,16 +324,32 @@ pub struct Int8Rows {
     d: Vec<f32>,
     sum: Vec<f32>,
     dsum16: Vec<f32>,
+    lanes: Vec<i8>,
+    lane_sums: Vec<i32>,
 }
 
-/// One row of [`Int8Rows`]: `qs[cols]`, and per 32 values `d` and `sum`, per 16 `dsum16`.
+/// One row of [`Int8Rows`]: `qs[cols]`, and per 32 values `d` and `sum`, per 16 `dsum16`. In a
+/// build with relaxed SIMD also the codes in [`LANE_ORDER`] (`lanes[cols]`) and the sum of each
+/// run of 4 of those (`lane_sums[cols / 4]`); empty in other builds.
 #[derive(Clone, Copy)]
 pub struct Int8Row<'a> {
     pub qs: &'a [i8],
     pub d: &'a [f32],
     pub sum: &'a [f32],
     pub dsum16: &'a [f32],
+    pub lanes: &'a [i8],
+    pub lane_sums: &'a [i32],
 }
+
+/// Whether this is a wasm build with relaxed SIMD (`scripts/build-web.sh`'s second build), whose
+/// int8 dot product sums each run of 4 codes into an i32 lane.
+pub const RELAXED: bool = cfg!(all(target_arch = "wasm32", target_feature = "relaxed-simd"));
+
+/// The order a relaxed build keeps each 16 activation codes in (and reads the weight codes in):
+/// its dot product's lane `j` then sums codes 2j, 2j+1, 2j+8 and 2j+9, the lane the SIMD128
+/// kernel's `i32x4.dot_i16x8` pair gives them, so both builds' i32 lanes, and so their f32
+/// sums, are the same bits.
+pub const LANE_ORDER: [usize; 16] = [0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15];
 
 impl Int8Rows {
     /// Quantizes `n` rows of `x` (`x.len() = n · cols`); `None` if the rows are not whole
@@ -342,7 +359,17 @@ impl Int8Rows {
             return None;
         }
         let blocks = x.len() / ACT_BLOCK;
-        let mut r = Int8Rows { cols: x.len() / n, n, qs: vec![0; x.len()], d: vec![0.0; blocks], sum: vec![0.0; blocks], dsum16: vec![0.0; 2 * blocks] };
+        let lanes = if RELAXED { x.len() } else { 0 };
+        let mut r = Int8Rows {
+            cols: x.len() / n,
+            n,
+            qs: vec![0; x.len()],
+            d: vec![0.0; blocks],
+            sum: vec![0.0; blocks],
+            dsum16: vec![0.0; 2 * blocks],
+            lanes: vec![0; lanes],
+            lane_sums: vec![0; lanes / 4],
+        };
         for (i, (v, q)) in x.chunks_exact(ACT_BLOCK).zip(r.qs.chunks_exact_mut(ACT_BLOCK)).enumerate() {
             let amax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
             let d = amax / 127.0;
@@ -353,6 +380,12 @@ impl Int8Rows {
             r.sum[i] = d * (halves[0] + halves[1]) as f32;
             for (h, half) in halves.into_iter().enumerate() {
                 r.dsum16[2 * i + h] = d * half as f32;
+            }
+        }
+        if RELAXED {
+            for ((q, l), s) in r.qs.chunks_exact(16).zip(r.lanes.chunks_exact_mut(16)).zip(r.lane_sums.chunks_exact_mut(4)) {
+                l.iter_mut().zip(LANE_ORDER).for_each(|(l, j)| *l = q[j]);
+                s.iter_mut().zip(l.chunks_exact(4)).for_each(|(s, run)| *s = run.iter().map(|&c| i32::from(c)).sum());
             }
         }
         Some(r)
@@ -367,6 +400,8 @@ impl Int8Rows {
             d: &self.d[t * b..(t + 1) * b],
             sum: &self.sum[t * b..(t + 1) * b],
             dsum16: &self.dsum16[2 * t * b..2 * (t + 1) * b],
+            lanes: if RELAXED { &self.lanes[t * c..(t + 1) * c] } else { &[] },
+            lane_sums: if RELAXED { &self.lane_sums[t * c / 4..(t + 1) * c / 4] } else { &[] },
         }
     }
 }
@@ -624,6 +659,7 @@ fn dot_f32_n<const AVX2: bool, const N: usize>(w: &[f32], x: [&[f32]; N]) -> [f3
 fn dot_i8_rows<const AVX2: bool, const N: usize>(u: &Unpacked, x: [Int8Row<'_>; N]) -> [f32; N] {
     for x in &x {
         assert!(x.qs.len() == u.q.len() && x.d.len() * ACT_BLOCK == u.q.len(), "int8 row length");
+        assert!(!RELAXED || (x.lanes.len() == u.q.len() && x.lane_sums.len() * 4 == u.q.len()), "int8 row lanes");
     }
     #[cfg(target_arch = "x86_64")]
     if AVX2 {

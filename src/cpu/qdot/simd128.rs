@@ -50,6 +50,15 @@ fn hsum(v: v128) -> f32 {
 /// caller checked every row's length.
 #[inline(always)]
 pub(super) fn dot_i8_n<const N: usize>(u: &Unpacked, x: [Int8Row<'_>; N]) -> [f32; N] {
+    #[cfg(target_feature = "relaxed-simd")]
+    if let Some(bias) = u.bias {
+        return match (u.sub == 16, bias > 0) {
+            (true, true) => dot_i8_relaxed::<N, true, true>(u, x, bias),
+            (true, false) => dot_i8_relaxed::<N, true, false>(u, x, 0),
+            (false, true) => dot_i8_relaxed::<N, false, true>(u, x, bias),
+            (false, false) => dot_i8_relaxed::<N, false, false>(u, x, 0),
+        };
+    }
     if u.sub == 16 {
         dot_i8_scaled::<N, true>(u, x)
     } else {
@@ -75,6 +84,62 @@ fn dot_i8_scaled<const N: usize, const HALVES: bool>(u: &Unpacked, x: [Int8Row<'
             let (x_lo, x_hi) = unsafe { (v128_load(px[k].add(b * ACT_BLOCK) as *const v128), v128_load(px[k].add(b * ACT_BLOCK + 16) as *const v128)) };
             let lo = i32x4_add(i32x4_dot_i16x8(w[0], i16x8_extend_low_i8x16(x_lo)), i32x4_dot_i16x8(w[1], i16x8_extend_high_i8x16(x_lo)));
             let hi = i32x4_add(i32x4_dot_i16x8(w[2], i16x8_extend_low_i8x16(x_hi)), i32x4_dot_i16x8(w[3], i16x8_extend_high_i8x16(x_hi)));
+            let d = x[k].d[b];
+            let block = if HALVES {
+                f32x4_add(f32x4_mul(f32x4_convert_i32x4(lo), f32x4_splat(s_lo * d)), f32x4_mul(f32x4_convert_i32x4(hi), f32x4_splat(s_hi * d)))
+            } else {
+                f32x4_mul(f32x4_convert_i32x4(i32x4_add(lo, hi)), f32x4_splat(s_lo * d))
+            };
+            acc[k] = f32x4_add(acc[k], block);
+        }
+    }
+    acc.map(hsum)
+}
+
+/// [`dot_i8_n`] with relaxed SIMD's int8 dot product (`i32x4.relaxed_dot_i8x16_i7x16_add_s`; on
+/// x86 a `pmaddubsw` and a `pmaddwd`) for weights whose codes plus `bias` fit 7 bits (every
+/// type but Q8_0): the activation codes are read in [`super::LANE_ORDER`] (kept so by
+/// [`super::Int8Rows`]), the weight codes put in that order by one shuffle and biased to ≥ 0
+/// (`BIASED`), and each i32 lane starts at −bias × the sum of its 4 activation codes. Each lane
+/// is then exactly the i32 lane of [`dot_i8_scaled`], and the rest is its arithmetic: the same
+/// bits as the SIMD128 build, for any `N`. The caller checked every row's length.
+#[cfg(target_feature = "relaxed-simd")]
+#[inline(always)]
+fn dot_i8_relaxed<const N: usize, const HALVES: bool, const BIASED: bool>(u: &Unpacked, x: [Int8Row<'_>; N], bias: u8) -> [f32; N] {
+    let blocks = u.q.len() / ACT_BLOCK;
+    let pw = u.q.as_ptr();
+    let (px, ps) = (x.map(|x| x.lanes.as_ptr()), x.map(|x| x.lane_sums.as_ptr()));
+    let (bias8, minus_bias) = (i8x16_splat(bias as i8), i32x4_splat(-i32::from(bias)));
+    let in_lane_order = |v: v128| {
+        let v = i8x16_shuffle::<0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15>(v, v);
+        if BIASED {
+            i8x16_add(v, bias8)
+        } else {
+            v
+        }
+    };
+    let mut acc = [f32x4_splat(0.0); N];
+    for b in 0..blocks {
+        // SAFETY: the weight row and every activation row hold `blocks` whole blocks of 32
+        // codes, and the rows' lane sums 8 per block (checked by the caller; `Int8Rows` makes
+        // both in a relaxed build); block b reads codes 32b..32b+32 and sums 8b..8b+8,
+        // unaligned loads.
+        let (w_lo, w_hi) = unsafe { (v128_load(pw.add(b * ACT_BLOCK) as *const v128), v128_load(pw.add(b * ACT_BLOCK + 16) as *const v128)) };
+        let (w_lo, w_hi) = (in_lane_order(w_lo), in_lane_order(w_hi));
+        let (s_lo, s_hi) = half_scales(u, b);
+        for k in 0..N {
+            // SAFETY: as above.
+            let (x_lo, x_hi) = unsafe { (v128_load(px[k].add(b * ACT_BLOCK) as *const v128), v128_load(px[k].add(b * ACT_BLOCK + 16) as *const v128)) };
+            let (c_lo, c_hi) = if BIASED {
+                // SAFETY: as above.
+                unsafe {
+                    (i32x4_mul(v128_load(ps[k].add(8 * b) as *const v128), minus_bias), i32x4_mul(v128_load(ps[k].add(8 * b + 4) as *const v128), minus_bias))
+                }
+            } else {
+                (i32x4_splat(0), i32x4_splat(0))
+            };
+            let lo = i32x4_relaxed_dot_i8x16_i7x16_add(x_lo, w_lo, c_lo);
+            let hi = i32x4_relaxed_dot_i8x16_i7x16_add(x_hi, w_hi, c_hi);
             let d = x[k].d[b];
             let block = if HALVES {
                 f32x4_add(f32x4_mul(f32x4_convert_i32x4(lo), f32x4_splat(s_lo * d)), f32x4_mul(f32x4_convert_i32x4(hi), f32x4_splat(s_hi * d)))
