@@ -34,8 +34,8 @@ const RELAXED_SIMD_PROBE = new Uint8Array([
 
 /**
  * Instantiates the wasm engine (once): the build with relaxed SIMD where the browser has it,
- * whose int8 dot products take half the instructions (a step's extra rows, speculative drafts
- * and batches, cost less) and give the same bits; else the SIMD128 build.
+ * whose int8 dot products take fewer instructions (a step's extra rows, speculative drafts and
+ * batches, cost less) and give the same bits; else the SIMD128 build.
  */
 async function initWasm() {
   if (WebAssembly.validate(RELAXED_SIMD_PROBE)) {

@@ -24,7 +24,9 @@
 //!   activations.
 //!
 //! The inner loops come in three builds: AVX2 + FMA on x86_64 (chosen at run time), SIMD128 in
-//! wasm when the crate is built with `+simd128`, and portable Rust that LLVM vectorizes.
+//! wasm when the crate is built with `+simd128`, and portable Rust that LLVM vectorizes. A wasm
+//! build with `+relaxed-simd` as well (the package's second module) multiplies int8 codes with
+//! relaxed SIMD's dot product, giving the SIMD128 build's bits ([`LANE_ORDER`]).
 
 use crate::gguf::GgmlType;
 use crate::quant::{SubBlocks, WeightType, QK, QK_K};
