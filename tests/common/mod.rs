@@ -143,6 +143,16 @@ pub fn report(line: &str) {
     wasm_bindgen_test::console_log!("{line}");
 }
 
+/// Lets the page's event loop run (in wasm a zero-delay timeout; natively nothing). The CPU
+/// backend computes on the test page's main thread without waiting on anything, and WebDriver,
+/// which polls the page for the test's output, ends the run when the page answers nothing for
+/// 30 s ("Timed out receiving message from renderer"): a browser test on the CPU backend yields
+/// between its pieces of work, each well under that on a loaded machine.
+pub async fn yield_to_page() {
+    #[cfg(target_arch = "wasm32")]
+    pagedlm::time::sleep_ms(0).await;
+}
+
 /// Milliseconds since an arbitrary origin, in both runtimes.
 pub fn now_ms() -> f64 {
     pagedlm::time::now_ms()
