@@ -165,6 +165,14 @@ fn int8_view(x: &[f32]) -> Vec<f64> {
     view
 }
 
+/// `m` times the `n` rows of `x` with int8 activations: the quantized rows and `out[n][rows]`.
+fn int8_product(m: &QMatrix, x: &[f32], n: usize) -> (Int8Rows, Vec<f32>) {
+    let xq = Int8Rows::quantize(x, n).unwrap();
+    let mut out = vec![f32::NAN; n * m.rows];
+    matmul_acts(m, Acts::Int8(&xq, x), n, &mut out);
+    (xq, out)
+}
+
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 #[cfg_attr(not(target_arch = "wasm32"), test)]
 fn the_int8_path_matches_the_int8_rounded_activations() {
@@ -177,9 +185,7 @@ fn the_int8_path_matches_the_int8_rounded_activations() {
             let m = QMatrix::new(t, rows, cols, &raw).unwrap();
             for n in NS {
                 let x = activations(n, cols, &mut rng);
-                let xq = Int8Rows::quantize(&x, n).unwrap();
-                let mut out = vec![f32::NAN; n * rows];
-                matmul_acts(&m, Acts::Int8(&xq, &x), n, &mut out);
+                let (_, out) = int8_product(&m, &x, n);
                 for t_ in 0..n {
                     let xr = &x[t_ * cols..(t_ + 1) * cols];
                     let view = int8_view(xr);
@@ -280,9 +286,7 @@ fn in_wasm_a_rows_int8_product_is_bit_equal_to_the_kernels_twin() {
         let m = QMatrix::new(t, rows, cols, &raw).unwrap();
         for n in NS {
             let x = activations(n, cols, &mut rng);
-            let xq = Int8Rows::quantize(&x, n).unwrap();
-            let mut out = vec![f32::NAN; n * rows];
-            matmul_acts(&m, Acts::Int8(&xq, &x), n, &mut out);
+            let (xq, out) = int8_product(&m, &x, n);
             let row_bytes = raw.len() / rows;
             for r in 0..rows {
                 u.unpack(t, &raw[r * row_bytes..(r + 1) * row_bytes]);

@@ -84,16 +84,22 @@ fn dot_i8_scaled<const N: usize, const HALVES: bool>(u: &Unpacked, x: [Int8Row<'
             let (x_lo, x_hi) = unsafe { (v128_load(px[k].add(b * ACT_BLOCK) as *const v128), v128_load(px[k].add(b * ACT_BLOCK + 16) as *const v128)) };
             let lo = i32x4_add(i32x4_dot_i16x8(w[0], i16x8_extend_low_i8x16(x_lo)), i32x4_dot_i16x8(w[1], i16x8_extend_high_i8x16(x_lo)));
             let hi = i32x4_add(i32x4_dot_i16x8(w[2], i16x8_extend_low_i8x16(x_hi)), i32x4_dot_i16x8(w[3], i16x8_extend_high_i8x16(x_hi)));
-            let d = x[k].d[b];
-            let block = if HALVES {
-                f32x4_add(f32x4_mul(f32x4_convert_i32x4(lo), f32x4_splat(s_lo * d)), f32x4_mul(f32x4_convert_i32x4(hi), f32x4_splat(s_hi * d)))
-            } else {
-                f32x4_mul(f32x4_convert_i32x4(i32x4_add(lo, hi)), f32x4_splat(s_lo * d))
-            };
-            acc[k] = f32x4_add(acc[k], block);
+            acc[k] = f32x4_add(acc[k], scaled::<HALVES>((lo, hi), (s_lo, s_hi), x[k].d[b]));
         }
     }
     acc.map(hsum)
+}
+
+/// One block's i32 lanes (`lo`, `hi`: its two 16-value halves) in f32 times the weight's scales
+/// times the activation block's scale `d`: each half by its own scale (`HALVES`), or the halves
+/// added first (exact) and scaled once. Both int8 kernels end a block with it.
+#[inline(always)]
+fn scaled<const HALVES: bool>((lo, hi): (v128, v128), (s_lo, s_hi): (f32, f32), d: f32) -> v128 {
+    if HALVES {
+        f32x4_add(f32x4_mul(f32x4_convert_i32x4(lo), f32x4_splat(s_lo * d)), f32x4_mul(f32x4_convert_i32x4(hi), f32x4_splat(s_hi * d)))
+    } else {
+        f32x4_mul(f32x4_convert_i32x4(i32x4_add(lo, hi)), f32x4_splat(s_lo * d))
+    }
 }
 
 /// [`dot_i8_n`] with relaxed SIMD's int8 dot product (`i32x4.relaxed_dot_i8x16_i7x16_add_s`; on
@@ -140,13 +146,7 @@ fn dot_i8_relaxed<const N: usize, const HALVES: bool, const BIASED: bool>(u: &Un
             };
             let lo = i32x4_relaxed_dot_i8x16_i7x16_add(x_lo, w_lo, c_lo);
             let hi = i32x4_relaxed_dot_i8x16_i7x16_add(x_hi, w_hi, c_hi);
-            let d = x[k].d[b];
-            let block = if HALVES {
-                f32x4_add(f32x4_mul(f32x4_convert_i32x4(lo), f32x4_splat(s_lo * d)), f32x4_mul(f32x4_convert_i32x4(hi), f32x4_splat(s_hi * d)))
-            } else {
-                f32x4_mul(f32x4_convert_i32x4(i32x4_add(lo, hi)), f32x4_splat(s_lo * d))
-            };
-            acc[k] = f32x4_add(acc[k], block);
+            acc[k] = f32x4_add(acc[k], scaled::<HALVES>((lo, hi), (s_lo, s_hi), x[k].d[b]));
         }
     }
     acc.map(hsum)
